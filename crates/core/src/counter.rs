@@ -1,0 +1,636 @@
+//! One counter's state and every decision on it: check, grant, commit (refund), renew,
+//! release, pause. All functions take `now` (microseconds on the deciding clock) as an argument
+//! and read no clock, so the same arithmetic runs in the memory store, under the model checker
+//! and in the simulators.
+//!
+//! A request over several limits is decided by the store in two phases: `check` every counter
+//! (no units move), then `grant` on every counter only if all allowed. `check` may normalise
+//! the state (drop what has expired, adapt to a changed policy); normalising never changes a
+//! decision, so a denied request leaves the counters as good as untouched.
+
+use std::collections::VecDeque;
+
+use crate::policy::{Algorithm, Kind, Policy, Priority};
+
+/// A sliding log keeps at most this many buckets; grants closer together than
+/// `window / SLIDING_BUCKETS_MAX` share a bucket stamped with the latest grant's time, which
+/// counts the earlier ones a little longer than needed (never shorter). Steady-state
+/// utilisation is therefore at least 64/65 of the limit, and memory per key is bounded.
+pub const SLIDING_BUCKETS_MAX: u64 = 64;
+
+/// Open reservations remembered per counter for `commit` refunds. Past this the oldest are
+/// forgotten: their units stay used (safe) and committing them reports them gone.
+pub const RESERVATIONS_TRACKED_MAX: usize = 4096;
+
+/// Outstanding leases per counter; a concurrency limit above this cannot be written.
+pub const LEASES_MAX: u64 = 100_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bucket {
+    opened_at: u64,
+    stamp: u64,
+    units: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reservation {
+    seq: u64,
+    units: u64,
+    at: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lease {
+    fence: u64,
+    slots: u64,
+    expires_at: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Body {
+    Empty,
+    Sliding { buckets: VecDeque<Bucket> },
+    /// `window` is the index of the aligned window `used` counts in, `window_us` its length.
+    Fixed { window: u64, window_us: u64, used: u64 },
+    /// `emission_us` is the interval `tat` was built with.
+    Gcra { tat: u64, emission_us: u64, last_seq: u64 },
+    Leases { leases: Vec<Lease> },
+}
+
+/// The state of one counter: one limit, or one `(limit, key)` pair for a limit with `per`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counter {
+    paused_until: u64,
+    /// Next reservation number or fencing token. Starts at the creation time in micros, so a
+    /// counter evicted and created again still hands out larger numbers (see `idle_at`).
+    next_seq: u64,
+    reservations: VecDeque<Reservation>,
+    body: Body,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    /// Not enough units open to the request's priority.
+    Capacity,
+    /// The limit (or key) is paused, or recovering from a store's loss of state.
+    Paused,
+}
+
+/// A refusal: a value, not an error.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denial {
+    /// Exact time until the request would be granted if nothing else changed.
+    pub retry_after_us: u64,
+    /// Units open to the request's priority now.
+    pub remaining: u64,
+    pub reason: DenyReason,
+}
+
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Reservation number (rate) or fencing token (concurrency).
+    pub seq: u64,
+    /// Units still open to the request's priority after this grant.
+    pub remaining: u64,
+    /// Time until every unit counted now stops counting.
+    pub reset_after_us: u64,
+    /// For a lease: when it expires unless renewed.
+    pub lease_expires_at: Option<u64>,
+}
+
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Granted(Grant),
+    Denied(Denial),
+}
+
+impl Verdict {
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Verdict::Granted(_))
+    }
+}
+
+/// A request that no amount of waiting could satisfy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostError {
+    pub cost: u64,
+    /// Units open to the request's priority when the counter is empty.
+    pub capacity: u64,
+}
+
+impl std::fmt::Display for CostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.cost == 0 {
+            write!(f, "cost must be at least 1")
+        } else {
+            write!(
+                f,
+                "cost {} exceeds the {} units this limit can ever grant at this priority",
+                self.cost, self.capacity
+            )
+        }
+    }
+}
+
+impl std::error::Error for CostError {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PermitError {
+    /// This counter never issued that number.
+    Unknown,
+    /// Committed already, or its units no longer count (its period ended).
+    Gone,
+    /// `renew` on a lease that expired or was released.
+    LeaseExpired,
+    /// `commit(used)` with `used` above the permit's cost.
+    UsedAboveCost { used: u64, cost: u64 },
+    /// `renew` on a rate permit, or a lease operation on a rate limit.
+    WrongKind,
+}
+
+impl std::fmt::Display for PermitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PermitError::Unknown => write!(f, "unknown permit"),
+            PermitError::Gone => write!(f, "permit already committed or expired"),
+            PermitError::LeaseExpired => write!(f, "lease expired or released"),
+            PermitError::UsedAboveCost { used, cost } => {
+                write!(f, "used {used} is above the permit's cost {cost}")
+            }
+            PermitError::WrongKind => write!(f, "operation does not apply to this kind of limit"),
+        }
+    }
+}
+
+impl std::error::Error for PermitError {}
+
+/// What a successful commit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Committed {
+    /// Rate units given back.
+    pub refunded: u64,
+    /// Lease slots given back (0 when the lease had already ended: release is idempotent).
+    pub released: u64,
+}
+
+fn sliding_bucket_span(policy_window_us: u64, limit: u64) -> u64 {
+    if limit <= SLIDING_BUCKETS_MAX {
+        // Fewer units than buckets: every grant fits a bucket of its own; stay exact.
+        0
+    } else {
+        policy_window_us / SLIDING_BUCKETS_MAX
+    }
+}
+
+impl Counter {
+    /// A fresh counter at `now`: nothing counted, nothing paused.
+    pub fn new(now: u64) -> Counter {
+        Counter {
+            paused_until: 0,
+            next_seq: now,
+            reservations: VecDeque::new(),
+            body: Body::Empty,
+        }
+    }
+
+    /// A fresh counter that grants nothing before `until`: what a store uses in place of state it
+    /// lost, so that nothing granted before the loss can be granted again (G6).
+    pub fn recovering(now: u64, until: u64) -> Counter {
+        let mut counter = Counter::new(now.max(until));
+        counter.paused_until = until;
+        counter
+    }
+
+    pub fn paused_until(&self) -> u64 {
+        self.paused_until
+    }
+
+    /// Pause until `until`. Pauses only extend.
+    pub fn pause(&mut self, until: u64) {
+        self.paused_until = self.paused_until.max(until);
+    }
+
+    /// The instant from which this counter is indistinguishable from `Counter::new`: nothing
+    /// counts, nothing is paused, no permit can still be committed, and the clock has passed
+    /// every number it handed out. A store may forget the counter from then on.
+    pub fn idle_at(&self, policy: &Policy) -> u64 {
+        let mut idle = self.paused_until.max(self.next_seq);
+        let window = match policy.kind() {
+            Kind::Rate(rate) => rate.window_us(),
+            Kind::Concurrency(_) => 0,
+        };
+        if let Some(last) = self.reservations.back() {
+            idle = idle.max(last.at.saturating_add(window));
+        }
+        let body_idle = match &self.body {
+            Body::Empty => 0,
+            Body::Sliding { buckets } => buckets
+                .back()
+                .map_or(0, |bucket| bucket.stamp.saturating_add(window)),
+            Body::Fixed {
+                window: index,
+                window_us,
+                used,
+            } => {
+                if *used == 0 {
+                    0
+                } else {
+                    index.saturating_add(1).saturating_mul(*window_us)
+                }
+            }
+            Body::Gcra { tat, .. } => *tat,
+            Body::Leases { leases } => leases.iter().map(|lease| lease.expires_at).max().unwrap_or(0),
+        };
+        idle.max(body_idle)
+    }
+
+    /// Bring the body in line with `policy` and drop what no longer counts at `now`.
+    /// A body of another kind (the policy changed) carries over what it still counts.
+    fn normalise(&mut self, policy: &Policy, now: u64) {
+        match policy.kind() {
+            Kind::Rate(rate) => {
+                let window = rate.window_us();
+                while self
+                    .reservations
+                    .front()
+                    .is_some_and(|r| r.at.saturating_add(window) <= now)
+                {
+                    self.reservations.pop_front();
+                }
+                let used_before = self.rate_units_counted(now);
+                match (rate.algorithm(), &mut self.body) {
+                    (Algorithm::Sliding, Body::Sliding { buckets }) => {
+                        while buckets
+                            .front()
+                            .is_some_and(|b| b.stamp.saturating_add(window) <= now)
+                        {
+                            buckets.pop_front();
+                        }
+                    }
+                    (
+                        Algorithm::Fixed,
+                        Body::Fixed {
+                            window: index,
+                            window_us,
+                            used,
+                        },
+                    ) if *window_us == window => {
+                        let current = now / window;
+                        if *index < current {
+                            *index = current;
+                            *used = 0;
+                        }
+                    }
+                    (Algorithm::Gcra { .. }, Body::Gcra { emission_us, .. })
+                        if *emission_us == rate.emission_us() => {}
+                    (algorithm, _) => {
+                        self.body = match algorithm {
+                            Algorithm::Sliding => {
+                                let mut buckets = VecDeque::new();
+                                if used_before > 0 {
+                                    buckets.push_back(Bucket {
+                                        opened_at: now,
+                                        stamp: now,
+                                        units: used_before,
+                                    });
+                                }
+                                Body::Sliding { buckets }
+                            }
+                            Algorithm::Fixed => Body::Fixed {
+                                window: now / window,
+                                window_us: window,
+                                used: used_before,
+                            },
+                            Algorithm::Gcra { .. } => Body::Gcra {
+                                tat: now.saturating_add(
+                                    used_before.saturating_mul(rate.emission_us()),
+                                ),
+                                emission_us: rate.emission_us(),
+                                last_seq: 0,
+                            },
+                        };
+                    }
+                }
+            }
+            Kind::Concurrency(_) => {
+                self.reservations.clear();
+                match &mut self.body {
+                    Body::Leases { leases } => leases.retain(|lease| lease.expires_at > now),
+                    _ => {
+                        self.body = Body::Leases { leases: Vec::new() };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rate units the current body counts at `now`, whatever its algorithm (used to carry
+    /// state across a policy change). Leases count as nothing here.
+    fn rate_units_counted(&self, now: u64) -> u64 {
+        match &self.body {
+            Body::Empty | Body::Leases { .. } => 0,
+            // Callers prune first when the policy matches; across a change, count every bucket.
+            Body::Sliding { buckets } => buckets.iter().map(|b| b.units).sum(),
+            Body::Fixed { used, .. } => *used,
+            Body::Gcra {
+                tat, emission_us, ..
+            } => tat.saturating_sub(now).div_ceil(*emission_us),
+        }
+    }
+
+    /// Units in use (rate units counted, or lease slots held) after `normalise`.
+    fn used(&self, policy: &Policy, now: u64) -> u64 {
+        match (&self.body, policy.kind()) {
+            (Body::Sliding { buckets }, _) => buckets.iter().map(|b| b.units).sum(),
+            (Body::Fixed { used, .. }, _) => *used,
+            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
+                // Units the bucket holds: the backlog in emission intervals, rounded up. A grant
+                // of `cost` fits when this plus `cost` is within the burst, which is GCRA's own
+                // test `max(tat, now) + cost * T <= now + burst * T`.
+                tat.saturating_sub(now).div_ceil(rate.emission_us())
+            }
+            (Body::Leases { leases }, _) => leases.iter().map(|lease| lease.slots).sum(),
+            _ => 0,
+        }
+    }
+
+    /// Time from `now` until `cost` more units fit under `open` (units open to the priority),
+    /// assuming nothing else is granted or given back. Zero when they fit now.
+    fn wait_for_room(&self, policy: &Policy, now: u64, cost: u64, open: u64) -> u64 {
+        let used = self.used(policy, now);
+        if used + cost <= open {
+            return 0;
+        }
+        let excess = used + cost - open;
+        match (&self.body, policy.kind()) {
+            (Body::Sliding { buckets }, Kind::Rate(rate)) => {
+                let mut freed = 0;
+                for bucket in buckets {
+                    freed += bucket.units;
+                    if freed >= excess {
+                        return (bucket.stamp + rate.window_us()).saturating_sub(now);
+                    }
+                }
+                unreachable!("cost is at most the capacity, so expiring every bucket makes room")
+            }
+            (Body::Fixed { window: index, .. }, Kind::Rate(rate)) => (index + 1)
+                .saturating_mul(rate.window_us())
+                .saturating_sub(now),
+            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
+                // Fits once the backlog `tat - t` is at most `(open - cost) * T`.
+                tat.saturating_sub((open - cost) * rate.emission_us())
+                    .saturating_sub(now)
+            }
+            (Body::Leases { leases }, _) => {
+                let mut expiries: Vec<(u64, u64)> = leases
+                    .iter()
+                    .map(|lease| (lease.expires_at, lease.slots))
+                    .collect();
+                expiries.sort_unstable();
+                let mut freed = 0;
+                for (expires_at, slots) in expiries {
+                    freed += slots;
+                    if freed >= excess {
+                        return expires_at.saturating_sub(now);
+                    }
+                }
+                unreachable!("cost is at most the capacity, so expiring every lease makes room")
+            }
+            _ => 0,
+        }
+    }
+
+    /// Would `cost` units at `priority` be granted at `now`? Moves no units.
+    pub fn check(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Option<Denial>, CostError> {
+        let open = policy.capacity_for(priority);
+        if cost == 0 || cost > open {
+            return Err(CostError {
+                cost,
+                capacity: open,
+            });
+        }
+        self.normalise(policy, now);
+        let room_after_us = self.wait_for_room(policy, now, cost, open);
+        let pause_after_us = self.paused_until.saturating_sub(now);
+        if room_after_us == 0 && pause_after_us == 0 {
+            return Ok(None);
+        }
+        let used = self.used(policy, now);
+        Ok(Some(Denial {
+            retry_after_us: room_after_us.max(pause_after_us),
+            remaining: open.saturating_sub(used),
+            reason: if pause_after_us > 0 {
+                DenyReason::Paused
+            } else {
+                DenyReason::Capacity
+            },
+        }))
+    }
+
+    /// Grant `cost` units. Call only right after `check` allowed the same request at the same
+    /// `now`; granting past the limit is a broken invariant and panics rather than overdraw.
+    pub fn grant(&mut self, policy: &Policy, now: u64, cost: u64, priority: Priority) -> Grant {
+        let open = policy.capacity_for(priority);
+        assert!(
+            self.paused_until <= now && self.used(policy, now) + cost <= open,
+            "grant without room: check must allow it first"
+        );
+        let seq = self.next_seq.max(now);
+        self.next_seq = seq + 1;
+        let mut lease_expires_at = None;
+        let mut reserved_at = now;
+        match (&mut self.body, policy.kind()) {
+            (Body::Sliding { buckets }, Kind::Rate(rate)) => {
+                let span = sliding_bucket_span(rate.window_us(), rate.limit());
+                // Never stamp earlier than the newest bucket, so stamps stay ordered even if
+                // the deciding clock steps back.
+                let at = buckets.back().map_or(now, |last| last.stamp.max(now));
+                reserved_at = at;
+                match buckets.back_mut() {
+                    Some(last) if at - last.opened_at <= span && (span > 0 || at == last.stamp) => {
+                        last.stamp = at;
+                        last.units += cost;
+                    }
+                    _ => buckets.push_back(Bucket {
+                        opened_at: at,
+                        stamp: at,
+                        units: cost,
+                    }),
+                }
+            }
+            (Body::Fixed { used, .. }, Kind::Rate(_)) => *used += cost,
+            (Body::Gcra { tat, last_seq, .. }, Kind::Rate(rate)) => {
+                *tat = (*tat).max(now) + cost * rate.emission_us();
+                *last_seq = seq;
+            }
+            (Body::Leases { leases }, Kind::Concurrency(concurrency)) => {
+                let expires_at = now + concurrency.lease_ttl_us();
+                leases.push(Lease {
+                    fence: seq,
+                    slots: cost,
+                    expires_at,
+                });
+                lease_expires_at = Some(expires_at);
+            }
+            _ => unreachable!("normalise gives the body the policy's kind"),
+        }
+        if !policy.is_concurrency() {
+            if self.reservations.len() >= RESERVATIONS_TRACKED_MAX {
+                self.reservations.pop_front();
+            }
+            self.reservations.push_back(Reservation {
+                seq,
+                units: cost,
+                at: reserved_at,
+            });
+        }
+        let used = self.used(policy, now);
+        Grant {
+            seq,
+            remaining: open.saturating_sub(used),
+            reset_after_us: self.idle_at(policy).saturating_sub(now).min(policy.memory_us()),
+            lease_expires_at,
+        }
+    }
+
+    /// `check` then `grant`: the decision for a request on this counter alone.
+    pub fn decide(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Verdict, CostError> {
+        Ok(match self.check(policy, now, cost, priority)? {
+            Some(denial) => Verdict::Denied(denial),
+            None => Verdict::Granted(self.grant(policy, now, cost, priority)),
+        })
+    }
+
+    /// Commit a rate reservation (refund `cost - used`) or release a lease (`used` ignored).
+    /// Once per permit: a second commit of a reservation is `Gone`; a second release of a
+    /// lease is a no-op that reports `released: 0`, so it can never free a slot twice.
+    pub fn commit(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        seq: u64,
+        used: u64,
+    ) -> Result<Committed, PermitError> {
+        if seq >= self.next_seq {
+            return Err(PermitError::Unknown);
+        }
+        self.normalise(policy, now);
+        match (&mut self.body, policy.kind()) {
+            (Body::Leases { leases }, _) => {
+                let released = match leases.iter().position(|lease| lease.fence == seq) {
+                    Some(index) => leases.swap_remove(index).slots,
+                    None => 0,
+                };
+                Ok(Committed {
+                    refunded: 0,
+                    released,
+                })
+            }
+            (body, Kind::Rate(rate)) => {
+                let index = self
+                    .reservations
+                    .binary_search_by_key(&seq, |r| r.seq)
+                    .map_err(|_| PermitError::Gone)?;
+                let reservation = self.reservations[index];
+                if used > reservation.units {
+                    return Err(PermitError::UsedAboveCost {
+                        used,
+                        cost: reservation.units,
+                    });
+                }
+                self.reservations.remove(index);
+                let give_back = reservation.units - used;
+                let refunded = match body {
+                    Body::Sliding { buckets } => {
+                        // The bucket that holds the reservation: the last one opened at or before it.
+                        match buckets.iter_mut().rev().find(|b| b.opened_at <= reservation.at) {
+                            Some(bucket) if bucket.stamp >= reservation.at => {
+                                let refund = give_back.min(bucket.units);
+                                bucket.units -= refund;
+                                refund
+                            }
+                            _ => 0,
+                        }
+                    }
+                    Body::Fixed {
+                        window: index,
+                        used: window_used,
+                        ..
+                    } => {
+                        if reservation.at / rate.window_us() == *index {
+                            let refund = give_back.min(*window_used);
+                            *window_used -= refund;
+                            refund
+                        } else {
+                            0
+                        }
+                    }
+                    Body::Gcra { tat, last_seq, .. } => {
+                        // Only the newest grant can be taken back exactly: an older one's time may
+                        // since have been absorbed by an idle gap (see ARCHITECTURE.md).
+                        if *last_seq == seq {
+                            *tat = tat.saturating_sub(give_back * rate.emission_us());
+                            give_back
+                        } else {
+                            0
+                        }
+                    }
+                    Body::Empty | Body::Leases { .. } => 0,
+                };
+                if let Body::Sliding { buckets } = body {
+                    buckets.retain(|b| b.units > 0);
+                }
+                Ok(Committed {
+                    refunded,
+                    released: 0,
+                })
+            }
+            _ => Err(PermitError::WrongKind),
+        }
+    }
+
+    /// Extend a lease to `now + lease_ttl`. Returns the new expiry.
+    pub fn renew(&mut self, policy: &Policy, now: u64, fence: u64) -> Result<u64, PermitError> {
+        let Kind::Concurrency(concurrency) = policy.kind() else {
+            return Err(PermitError::WrongKind);
+        };
+        if fence >= self.next_seq {
+            return Err(PermitError::Unknown);
+        }
+        self.normalise(policy, now);
+        let Body::Leases { leases } = &mut self.body else {
+            unreachable!("normalise gives a concurrency policy a lease body")
+        };
+        let lease = leases
+            .iter_mut()
+            .find(|lease| lease.fence == fence)
+            .ok_or(PermitError::LeaseExpired)?;
+        lease.expires_at = now + concurrency.lease_ttl_us();
+        Ok(lease.expires_at)
+    }
+
+    /// Units open to `priority` at `now` and the time until every counted unit stops counting.
+    pub fn status(&mut self, policy: &Policy, now: u64, priority: Priority) -> (u64, u64) {
+        self.normalise(policy, now);
+        let used = self.used(policy, now);
+        (
+            policy.capacity_for(priority).saturating_sub(used),
+            self.idle_at(policy).saturating_sub(now).min(policy.memory_us()),
+        )
+    }
+}
