@@ -25,28 +25,28 @@ pub const RESERVATIONS_TRACKED_MAX: usize = 4096;
 /// Outstanding leases per counter; a concurrency limit above this cannot be written.
 pub const LEASES_MAX: u64 = 100_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Bucket {
     opened_at: u64,
     stamp: u64,
     units: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Reservation {
     seq: u64,
     units: u64,
     at: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Lease {
     fence: u64,
     slots: u64,
     expires_at: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Body {
     Empty,
     Sliding { buckets: VecDeque<Bucket> },
@@ -58,7 +58,7 @@ enum Body {
 }
 
 /// The state of one counter: one limit, or one `(limit, key)` pair for a limit with `per`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Counter {
     paused_until: u64,
     /// Next reservation number or fencing token. Starts at the creation time in micros, so a
