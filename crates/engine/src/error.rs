@@ -1,0 +1,64 @@
+//! The engine's error type. A denial is not an error (see `Outcome`); these are failures: bad
+//! input, unknown names, a store that cannot answer. Only the server maps them to HTTP codes.
+
+use tollgate_core::{CostError, PermitError, PolicyError};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request field is malformed; names the field and the reason.
+    #[error("{field}: {reason}")]
+    InvalidRequest { field: &'static str, reason: String },
+    #[error("unknown limit {name:?}")]
+    UnknownLimit { name: String },
+    /// The request can never be granted at its priority, however long it waits.
+    #[error("limit {limit:?}: {source}")]
+    Cost { limit: String, source: CostError },
+    /// A permit operation that does not apply: unknown, committed already, expired.
+    #[error("permit: {source}")]
+    Permit { source: PermitError },
+    /// The store cannot be reached or answered with a failure; nothing was granted.
+    #[error("store unavailable: {reason}")]
+    StoreUnavailable { reason: String },
+    /// Tracking a new key would exceed the configured `keys_tracked_max` (G7).
+    #[error("too many keys tracked: the store's keys_tracked_max of {keys_tracked_max} is reached")]
+    TooManyKeys { keys_tracked_max: u64 },
+    /// The limiter is shutting down and takes no new waits.
+    #[error("the limiter is shutting down")]
+    ShuttingDown,
+}
+
+impl Error {
+    /// Whether the same request may succeed if tried again later unchanged.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::StoreUnavailable { .. } | Error::TooManyKeys { .. } | Error::ShuttingDown
+        )
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidRequest {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<PermitError> for Error {
+    fn from(source: PermitError) -> Error {
+        Error::Permit { source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An invalid policy is invalid input, named by its field.
+impl From<PolicyError> for Error {
+    fn from(error: PolicyError) -> Error {
+        Error::InvalidRequest {
+            field: error.field,
+            reason: error.reason,
+        }
+    }
+}

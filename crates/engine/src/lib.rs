@@ -1,0 +1,34 @@
+//! Tollgate: keep a fleet of programs inside the limits that APIs impose.
+//!
+//! A [`Limiter`] holds named [`Limit`]s and decides requests against a [`Store`]: the
+//! in-memory [`MemoryStore`] for one process, or a shared store for many. A request names one
+//! or more limits and is granted on all or none; it may wait, in priority order, for room.
+//! Grants are [`Permit`]s: rate units that `commit(used)` partly refunds, and leases with
+//! fencing tokens that `release` ends and `renew` extends. A pause (a vendor's "retry after")
+//! stops every grant on a limit until it ends.
+//!
+//! The arithmetic lives in [`tollgate_core`], re-exported here.
+
+mod clock;
+mod error;
+mod limiter;
+mod limits;
+mod memory;
+mod permit;
+mod store;
+mod sync;
+mod waiters;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use error::{Error, Result};
+pub use limiter::{
+    Denied, DenialReason, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, Request,
+};
+pub use limits::{KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name};
+pub use memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
+pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
+pub use store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take};
+pub use tollgate_core::{
+    self as core, Algorithm, Committed, CostError, PermitError, Policy, PolicyError, Priority,
+    Reserve,
+};

@@ -1,0 +1,784 @@
+//! The limiter: resolves limit names to policies, asks the store, waits when asked to, and
+//! hands out permits. Waiting is ordered by `waiters` (priority, then arrival) and sleeps on
+//! exact retry hints or wake-ups, never on a polling interval.
+
+use std::sync::RwLock;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::time::Instant;
+use tollgate_core::{Committed, DenyReason, Priority, UNITS_MAX};
+
+use crate::clock::MonotonicClock;
+use crate::error::{Error, Result};
+use crate::limits::{Limit, LimitTable, check_key};
+use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
+use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
+use crate::store::{CounterId, CounterOutcome, Decision, Store, Take};
+use std::sync::Arc;
+
+use crate::sync::Ordering;
+use crate::waiters::WaitQueue;
+
+/// Longest pause accepted, in milliseconds: one day.
+pub const PAUSE_MS_MAX: u64 = 24 * 3600 * 1000;
+
+/// How a limiter behaves; every field is the caller's decision.
+#[derive(Clone, Debug)]
+pub struct LimiterConfig {
+    /// Longest a request may wait; longer waits are cut to this.
+    pub wait_max: Duration,
+    /// Key for permit ids; share it between processes that accept each other's ids.
+    pub permit_secret: PermitSecret,
+}
+
+/// A request for units of one or more limits, granted on all of them or none.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    limits: SmallVec<[&'a str; 2]>,
+    key: Option<&'a str>,
+    cost: u64,
+    priority: Priority,
+    wait: Duration,
+}
+
+impl<'a> Request<'a> {
+    /// One unit of `limit`, at normal priority, not waiting.
+    pub fn new(limit: &'a str) -> Request<'a> {
+        Request::all(&[limit])
+    }
+
+    /// One unit of every limit in `limits`, granted on all or none.
+    pub fn all(limits: &[&'a str]) -> Request<'a> {
+        Request {
+            limits: limits.iter().copied().collect(),
+            key: None,
+            cost: 1,
+            priority: Priority::Normal,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// The key for limits counted `per` key (ignored by the others).
+    pub fn key(mut self, key: &'a str) -> Request<'a> {
+        self.key = Some(key);
+        self
+    }
+
+    pub fn cost(mut self, cost: u64) -> Request<'a> {
+        self.cost = cost;
+        self
+    }
+
+    pub fn priority(mut self, priority: Priority) -> Request<'a> {
+        self.priority = priority;
+        self
+    }
+
+    /// How long to wait for a grant (capped by `LimiterConfig::wait_max`). Zero: answer now.
+    pub fn wait(mut self, wait: Duration) -> Request<'a> {
+        self.wait = wait;
+        self
+    }
+}
+
+/// Why a request was not granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenialReason {
+    /// Not enough capacity open to the request's priority.
+    Capacity,
+    /// A limit or key is paused, or its store is recovering from a loss of state.
+    Paused,
+    /// Requests of the same or higher priority wait ahead of it in this process.
+    Queued,
+}
+
+/// A request not granted within its wait.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denied {
+    /// When to try again: exact if nothing else changes.
+    pub retry_after: Duration,
+    pub reason: DenialReason,
+    pub limits: Vec<LimitStatus>,
+}
+
+/// The answer to an acquire.
+#[must_use]
+#[derive(Debug)]
+pub enum Outcome {
+    Granted(Permit),
+    Denied(Denied),
+}
+
+impl Outcome {
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Outcome::Granted(_))
+    }
+
+    pub fn granted(self) -> Option<Permit> {
+        match self {
+            Outcome::Granted(permit) => Some(permit),
+            Outcome::Denied(_) => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<dyn Store>,
+    limits: RwLock<Arc<LimitTable>>,
+    waiters: WaitQueue,
+    config: LimiterConfig,
+    shutting_down: AtomicBool,
+}
+
+/// The handle applications use: cheap to clone, all clones share one state.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tollgate::Error> {
+/// use std::time::Duration;
+/// use tollgate::{Algorithm, Limit, Limiter, Policy, Priority, Request, Reserve};
+///
+/// let limiter = Limiter::in_memory();
+/// let policy = Policy::rate(2, 1_000_000, 0, Algorithm::Sliding, Reserve::default())?;
+/// limiter.set_limit(Limit::new("vendor-x", policy, None)?);
+///
+/// let permit = limiter.acquire(&Request::new("vendor-x")).await?.granted().expect("room");
+/// // ... call the vendor ...
+/// permit.commit(1).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Limiter {
+    shared: Arc<Shared>,
+}
+
+struct Resolved {
+    limits: SmallVec<[Arc<Limit>; 2]>,
+}
+
+impl Resolved {
+    fn counter<'r>(&'r self, index: usize, key: Option<&'r str>) -> CounterId<'r> {
+        let limit = &self.limits[index];
+        CounterId {
+            limit: limit.name(),
+            key: limit.per().and(key),
+        }
+    }
+
+    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; 2]> {
+        (0..self.limits.len())
+            .map(|index| Take {
+                counter: self.counter(index, key),
+                policy: self.limits[index].policy(),
+            })
+            .collect()
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Limiter {
+    pub fn new(store: Arc<dyn Store>, config: LimiterConfig) -> Limiter {
+        Limiter {
+            shared: Arc::new(Shared {
+                store,
+                limits: RwLock::new(Arc::new(LimitTable::default())),
+                waiters: WaitQueue::default(),
+                config,
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A limiter on a fresh in-memory store: at most a million counters, waits up to a minute,
+    /// a random permit secret, decisions on this process's monotonic clock.
+    pub fn in_memory() -> Limiter {
+        let store = MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 1_000_000,
+                recover_on_start: false,
+            },
+            Arc::new(MonotonicClock::new()),
+        );
+        Limiter::new(
+            Arc::new(store),
+            LimiterConfig {
+                wait_max: Duration::from_secs(60),
+                permit_secret: PermitSecret::random(),
+            },
+        )
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    pub fn config(&self) -> &LimiterConfig {
+        &self.shared.config
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Arc<LimitTable> {
+        match self.shared.limits.read() {
+            Ok(table) => table.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn update_limits(&self, change: impl FnOnce(&LimitTable) -> Option<LimitTable>) -> bool {
+        let changed = {
+            let mut table = match self.shared.limits.write() {
+                Ok(table) => table,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            match change(&table) {
+                Some(next) => {
+                    *table = Arc::new(next);
+                    true
+                }
+                None => false,
+            }
+        };
+        if changed {
+            // A new policy may have room where the old had none.
+            self.shared.waiters.wake_all();
+        }
+        changed
+    }
+
+    /// Add or replace one limit. Counters keep their state across a policy change.
+    pub fn set_limit(&self, limit: Limit) {
+        self.update_limits(|table| Some(table.with(limit)));
+    }
+
+    /// Remove a limit; returns whether it existed.
+    pub fn remove_limit(&self, name: &str) -> bool {
+        self.update_limits(|table| table.without(name))
+    }
+
+    /// Put a whole new table in force at once (a rules reload).
+    pub fn replace_limits(&self, table: LimitTable) {
+        self.update_limits(|_| Some(table));
+    }
+
+    fn resolve(&self, names: &[&str], key: Option<&str>) -> Result<Resolved> {
+        if names.is_empty() {
+            return Err(Error::invalid("limits", "name at least one limit"));
+        }
+        if names.len() > COUNTERS_PER_REQUEST_MAX {
+            return Err(Error::invalid(
+                "limits",
+                format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
+            ));
+        }
+        if let Some(key) = key {
+            check_key(key).map_err(|reason| Error::invalid("key", reason))?;
+        }
+        let table = match self.shared.limits.read() {
+            Ok(table) => table,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut limits = SmallVec::new();
+        for (index, name) in names.iter().enumerate() {
+            if names[..index].contains(name) {
+                return Err(Error::invalid(
+                    "limits",
+                    format!("limit {name:?} is named twice"),
+                ));
+            }
+            let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
+                name: (*name).to_owned(),
+            })?;
+            if limit.per().is_some() && key.is_none() {
+                return Err(Error::invalid(
+                    "key",
+                    format!(
+                        "limit {name:?} counts per {}; give a key",
+                        limit.per().unwrap_or_default()
+                    ),
+                ));
+            }
+            limits.push(limit.clone());
+        }
+        Ok(Resolved { limits })
+    }
+
+    fn check_request(request: &Request<'_>) -> Result<()> {
+        if request.cost == 0 || request.cost > UNITS_MAX {
+            return Err(Error::invalid(
+                "cost",
+                format!("must be between 1 and {UNITS_MAX}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ask once, without waiting.
+    pub async fn try_acquire(&self, request: &Request<'_>) -> Result<Outcome> {
+        Limiter::check_request(request)?;
+        let resolved = self.resolve(&request.limits, request.key)?;
+        let takes = resolved.takes(request.key);
+        let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
+        if let Some(retry_at_us) = self.shared.waiters.blocked(&counters, request.priority) {
+            return Ok(Outcome::Denied(self.queued_denial(&resolved, retry_at_us)));
+        }
+        let decision = self
+            .shared
+            .store
+            .acquire(&takes, request.cost, request.priority)
+            .await?;
+        Ok(self.outcome(&resolved, request.key, decision))
+    }
+
+    /// Acquire, waiting up to the request's `wait` for room. Cancel-safe: dropping the future
+    /// leaves the queue and holds nothing (with a remote store, a grant whose answer was lost
+    /// mid-flight stays counted until it expires, which errs on the safe side).
+    pub async fn acquire(&self, request: &Request<'_>) -> Result<Outcome> {
+        let wait = request.wait.min(self.shared.config.wait_max);
+        if wait.is_zero() {
+            return self.try_acquire(request).await;
+        }
+        Limiter::check_request(request)?;
+        let deadline = Instant::now() + wait;
+        let mut last_denial = None;
+        {
+            let resolved = self.resolve(&request.limits, request.key)?;
+            let takes = resolved.takes(request.key);
+            let counters: SmallVec<[CounterId<'_>; 2]> =
+                takes.iter().map(|t| t.counter).collect();
+            if self
+                .shared
+                .waiters
+                .blocked(&counters, request.priority)
+                .is_none()
+            {
+                let decision = self
+                    .shared
+                    .store
+                    .acquire(&takes, request.cost, request.priority)
+                    .await?;
+                match self.outcome(&resolved, request.key, decision) {
+                    Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
+                    Outcome::Denied(denied) => last_denial = Some(denied),
+                }
+            }
+        }
+        // Queue behind everyone of the same or higher priority on these counters.
+        let resolved = self.resolve(&request.limits, request.key)?;
+        let counters: SmallVec<[CounterId<'_>; 2]> = resolved
+            .takes(request.key)
+            .iter()
+            .map(|t| t.counter)
+            .collect();
+        let waiter = self.shared.waiters.register(&counters, request.priority);
+        drop(counters);
+        drop(resolved);
+        loop {
+            if self.shared.shutting_down.load(Ordering::Acquire) {
+                return Err(Error::ShuttingDown);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let mut wake_at = deadline;
+            if self.shared.waiters.is_head(&waiter) {
+                // Limits may have changed while waiting: resolve again every time.
+                let resolved = self.resolve(&request.limits, request.key)?;
+                let takes = resolved.takes(request.key);
+                let decision = self
+                    .shared
+                    .store
+                    .acquire(&takes, request.cost, request.priority)
+                    .await?;
+                match self.outcome(&resolved, request.key, decision) {
+                    Outcome::Granted(permit) => {
+                        // Leaving the queue signals whoever heads it next.
+                        drop(waiter);
+                        return Ok(Outcome::Granted(permit));
+                    }
+                    Outcome::Denied(denied) => {
+                        wake_at = deadline.min(Instant::now() + denied.retry_after);
+                        self.shared
+                            .waiters
+                            .set_retry_at(&waiter, micros(wake_at.elapsed_since_origin()));
+                        last_denial = Some(denied);
+                    }
+                }
+            }
+            let _ = tokio::time::timeout_at(wake_at, waiter.signal.notified()).await;
+        }
+        drop(waiter);
+        let mut denied = match last_denial {
+            Some(denied) => denied,
+            None => {
+                let resolved = self.resolve(&request.limits, request.key)?;
+                self.queued_denial(&resolved, 0)
+            }
+        };
+        denied.retry_after = denied.retry_after.saturating_sub(deadline.elapsed());
+        Ok(Outcome::Denied(denied))
+    }
+
+    fn queued_denial(&self, resolved: &Resolved, retry_at_us: u64) -> Denied {
+        let now_us = micros(Instant::now().elapsed_since_origin());
+        Denied {
+            // Not exact: it depends on the requests ahead; the head's own hint, at least 1 ms.
+            retry_after: Duration::from_micros(retry_at_us.saturating_sub(now_us).max(1_000)),
+            reason: DenialReason::Queued,
+            limits: resolved
+                .limits
+                .iter()
+                .map(|limit| LimitStatus {
+                    name: limit.name().to_owned(),
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    fence: None,
+                    lease_expires_in: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn outcome(&self, resolved: &Resolved, key: Option<&str>, decision: Decision) -> Outcome {
+        if decision.is_granted() {
+            let mut parts = SmallVec::new();
+            for (index, outcome) in decision.outcomes.iter().enumerate() {
+                if let CounterOutcome::Granted(grant) = outcome {
+                    let limit = &resolved.limits[index];
+                    parts.push(GrantedPart {
+                        part: Part {
+                            limit: limit.shared_name().clone(),
+                            key: resolved.counter(index, key).key.map(Into::into),
+                            seq: grant.seq,
+                            lease: limit.policy().is_concurrency(),
+                        },
+                        remaining: grant.remaining,
+                        reset_after_us: grant.reset_after_us,
+                        lease_expires_in_us: grant
+                            .lease_expires_at
+                            .map(|at| at.saturating_sub(decision.now_us)),
+                    });
+                }
+            }
+            return Outcome::Granted(Permit {
+                shared: self.shared.clone(),
+                parts,
+                settled: false,
+            });
+        }
+        let mut reason = DenialReason::Capacity;
+        let limits = decision
+            .outcomes
+            .iter()
+            .zip(&resolved.limits)
+            .map(|(outcome, limit)| {
+                let (remaining, wait_us) = match outcome {
+                    CounterOutcome::Denied(denial) => {
+                        if denial.reason == DenyReason::Paused {
+                            reason = DenialReason::Paused;
+                        }
+                        (denial.remaining, denial.retry_after_us)
+                    }
+                    CounterOutcome::Allowed { remaining } => (*remaining, 0),
+                    CounterOutcome::Granted(grant) => (grant.remaining, grant.reset_after_us),
+                };
+                LimitStatus {
+                    name: limit.name().to_owned(),
+                    remaining,
+                    reset_after: Duration::from_micros(wait_us),
+                    fence: None,
+                    lease_expires_in: None,
+                }
+            })
+            .collect();
+        Outcome::Denied(Denied {
+            retry_after: Duration::from_micros(decision.retry_after_us()),
+            reason,
+            limits,
+        })
+    }
+
+    async fn settle_part(&self, part: &Part, used: u64) -> Result<Committed> {
+        settle_part(&self.shared, part, used).await
+    }
+
+    /// Commit a permit by id: refund `cost - used` of its rate units, release its leases.
+    pub async fn commit(&self, id: &str, used: u64) -> Result<Committed> {
+        let parts = decode(&self.shared.config.permit_secret, id)?;
+        let mut total = Committed {
+            refunded: 0,
+            released: 0,
+        };
+        let mut first_error = None;
+        for part in &parts {
+            match self.settle_part(part, used).await {
+                Ok(committed) => {
+                    total.refunded += committed.refunded;
+                    total.released += committed.released;
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(total),
+        }
+    }
+
+    /// Renew every lease of a permit, by id. Returns the time until the earliest expiry.
+    pub async fn renew(&self, id: &str) -> Result<Duration> {
+        let parts = decode(&self.shared.config.permit_secret, id)?;
+        renew_parts(&self.shared, parts.iter()).await
+    }
+
+    /// Grant nothing on `limit` (and `key`, for a limit counted per key; without a key, on every
+    /// key) for `duration`, in every process sharing the store. Pauses only extend. Returns the
+    /// time until the pause ends.
+    pub async fn pause(&self, limit: &str, key: Option<&str>, duration: Duration) -> Result<Duration> {
+        let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        if duration.is_zero() || duration_ms > PAUSE_MS_MAX {
+            return Err(Error::invalid(
+                "retry_after_ms",
+                format!("must be between 1 and {PAUSE_MS_MAX}"),
+            ));
+        }
+        let resolved = self.resolve(&[limit], None).or_else(|error| match error {
+            // A pause without a key on a per-key limit pauses every key.
+            Error::InvalidRequest { field: "key", .. } => {
+                let table = self.limits();
+                let limit = table.get(limit).cloned().ok_or_else(|| Error::UnknownLimit {
+                    name: limit.to_owned(),
+                })?;
+                Ok(Resolved {
+                    limits: std::iter::once(limit).collect(),
+                })
+            }
+            other => Err(other),
+        })?;
+        let target = &resolved.limits[0];
+        if let Some(key) = key {
+            if target.per().is_none() {
+                return Err(Error::invalid(
+                    "key",
+                    format!("limit {limit:?} is not counted per key"),
+                ));
+            }
+            check_key(key).map_err(|reason| Error::invalid("key", reason))?;
+        }
+        let take = Take {
+            counter: CounterId {
+                limit: target.name(),
+                key,
+            },
+            policy: target.policy(),
+        };
+        let remaining_us = self.shared.store.pause(take, micros(duration)).await?;
+        Ok(Duration::from_micros(remaining_us))
+    }
+
+    /// Stop taking waits: every waiting acquire returns `ShuttingDown` now, and so does every
+    /// new one that would wait. Requests that do not wait are still answered.
+    pub fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        self.shared.waiters.wake_all();
+    }
+}
+
+trait ElapsedSinceOrigin {
+    fn elapsed_since_origin(&self) -> Duration;
+}
+
+impl ElapsedSinceOrigin for Instant {
+    /// Monotonic microseconds relative to a process-wide origin, for queue hints.
+    fn elapsed_since_origin(&self) -> Duration {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let origin = *ORIGIN.get_or_init(Instant::now);
+        self.saturating_duration_since(origin)
+    }
+}
+
+async fn settle_part(shared: &Shared, part: &Part, used: u64) -> Result<Committed> {
+    let table = match shared.limits.read() {
+        Ok(table) => table.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    let Some(limit) = table.get(&part.limit) else {
+        // The limit is gone, and with it anything its permits could give back.
+        return Err(tollgate_core::PermitError::Gone.into());
+    };
+    let counter = CounterId {
+        limit: &part.limit,
+        key: part.key.as_deref(),
+    };
+    let take = Take {
+        counter,
+        policy: limit.policy(),
+    };
+    let committed = shared.store.commit(take, part.seq, used).await?;
+    if committed.refunded > 0 || committed.released > 0 {
+        shared.waiters.wake_head(counter);
+    }
+    Ok(committed)
+}
+
+async fn renew_parts(shared: &Shared, parts: impl Iterator<Item = &Part>) -> Result<Duration> {
+    let table = match shared.limits.read() {
+        Ok(table) => table.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    let mut earliest: Option<u64> = None;
+    for part in parts.filter(|part| part.lease) {
+        let limit = table
+            .get(&part.limit)
+            .ok_or(Error::from(tollgate_core::PermitError::LeaseExpired))?;
+        let take = Take {
+            counter: CounterId {
+                limit: &part.limit,
+                key: part.key.as_deref(),
+            },
+            policy: limit.policy(),
+        };
+        let renewed = shared.store.renew(take, part.seq).await?;
+        earliest = Some(earliest.map_or(renewed.expires_in_us, |e| e.min(renewed.expires_in_us)));
+    }
+    earliest
+        .map(Duration::from_micros)
+        .ok_or(Error::from(tollgate_core::PermitError::WrongKind))
+}
+
+#[derive(Debug)]
+struct GrantedPart {
+    part: Part,
+    remaining: u64,
+    reset_after_us: u64,
+    lease_expires_in_us: Option<u64>,
+}
+
+/// A grant on one or more limits.
+///
+/// Rate units count as used from the grant; `commit(used)` gives back the ones not used.
+/// Dropping a permit without committing keeps every rate unit used (the calls may have
+/// happened) and **releases its leases** (whoever held the guard no longer holds the resource),
+/// at once for an in-process store, or from a spawned task for a remote one; with no runtime
+/// to spawn on, the lease runs out at its TTL. To keep a lease beyond the guard, `detach` it.
+#[must_use = "a permit holds units or a lease; commit or release it when the work is done"]
+#[derive(Debug)]
+pub struct Permit {
+    shared: Arc<Shared>,
+    parts: SmallVec<[GrantedPart; 2]>,
+    settled: bool,
+}
+
+impl Permit {
+    /// The text form, to commit, renew or release from elsewhere (`Limiter::commit`).
+    pub fn id(&self) -> PermitId {
+        let parts: SmallVec<[Part; 2]> = self.parts.iter().map(|p| p.part.clone()).collect();
+        encode(&self.shared.config.permit_secret, &parts)
+    }
+
+    /// Per limit: what remains, when it resets, and the lease's fence and expiry.
+    pub fn limits(&self) -> Vec<LimitStatus> {
+        self.parts
+            .iter()
+            .map(|granted| LimitStatus {
+                name: granted.part.limit.to_string(),
+                remaining: granted.remaining,
+                reset_after: Duration::from_micros(granted.reset_after_us),
+                fence: granted.part.lease.then_some(granted.part.seq),
+                lease_expires_in: granted.lease_expires_in_us.map(Duration::from_micros),
+            })
+            .collect()
+    }
+
+    /// The fencing token of the first lease in this permit.
+    pub fn fence(&self) -> Option<u64> {
+        self.parts
+            .iter()
+            .find(|granted| granted.part.lease)
+            .map(|granted| granted.part.seq)
+    }
+
+    /// Done: `used` units of each rate limit were used (the rest are refunded) and leases are
+    /// released. Once per permit, which the move enforces.
+    pub async fn commit(mut self, used: u64) -> Result<Committed> {
+        self.settled = true;
+        let mut total = Committed {
+            refunded: 0,
+            released: 0,
+        };
+        for granted in &self.parts {
+            let committed = settle_part(&self.shared, &granted.part, used).await?;
+            total.refunded += committed.refunded;
+            total.released += committed.released;
+        }
+        Ok(total)
+    }
+
+    /// Release the leases; rate units stay used.
+    pub async fn release(self) -> Result<Committed> {
+        let cost = u64::MAX;
+        let mut total = Committed {
+            refunded: 0,
+            released: 0,
+        };
+        let mut permit = self;
+        permit.settled = true;
+        for granted in permit.parts.iter().filter(|granted| granted.part.lease) {
+            let committed = settle_part(&permit.shared, &granted.part, cost).await?;
+            total.released += committed.released;
+        }
+        Ok(total)
+    }
+
+    /// Extend every lease by its TTL. Returns the time until the earliest expiry.
+    pub async fn renew(&mut self) -> Result<Duration> {
+        let expires_in = renew_parts(&self.shared, self.parts.iter().map(|g| &g.part)).await?;
+        for granted in self.parts.iter_mut().filter(|g| g.part.lease) {
+            granted.lease_expires_in_us = Some(micros(expires_in));
+        }
+        Ok(expires_in)
+    }
+
+    /// Give up the guard, keeping every unit and lease; returns the id to settle it later.
+    pub fn detach(mut self) -> PermitId {
+        self.settled = true;
+        self.id()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.settled || !self.parts.iter().any(|granted| granted.part.lease) {
+            return;
+        }
+        let leases: Vec<Part> = self
+            .parts
+            .iter()
+            .filter(|granted| granted.part.lease)
+            .map(|granted| granted.part.clone())
+            .collect();
+        let shared = self.shared.clone();
+        let release = async move {
+            for part in &leases {
+                // Nothing to report to: a failed release leaves the lease to its TTL.
+                let _ = settle_part(&shared, part, 0).await;
+            }
+        };
+        // In-process stores answer at once; poll once and be done without a runtime.
+        let mut release = Box::pin(release);
+        let waker = std::task::Waker::noop();
+        let mut context = std::task::Context::from_waker(waker);
+        if release.as_mut().poll(&mut context).is_pending() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(release);
+            }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The in-memory store: counters for one process, in shards so that threads deciding on
+//! different keys rarely meet on a lock.
+//!
+//! Memory follows live state (G7): a counter is forgotten once the core says it is idle (it
+//! can no longer affect a decision). Every operation on a shard also examines the next couple
+//! of counters under a rotating cursor and drops the idle ones, so reclaiming memory is spread
+//! over normal traffic, never a stop-the-world sweep; `sweep` does the same in bounded steps
+//! for a background task when traffic stops. A configured cap on tracked counters turns
+//! unbounded growth into a clear `TooManyKeys` error.
+//!
+//! A request over several counters locks every shard it touches, in ascending shard order
+//! (so two requests never wait on each other in a cycle), checks all, then grants all or none.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use indexmap::{Equivalent, IndexMap};
+use smallvec::SmallVec;
+use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take};
+use std::sync::Arc;
+
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
+
+/// Shards per store. A power of two well above the core count keeps lock collisions rare.
+const SHARDS: usize = 64;
+/// Counters examined for idleness by each operation on a shard.
+const SWEEP_PER_OPERATION: usize = 2;
+/// Counters examined, over all shards, before a new key is refused for the cap.
+const SWEEP_BEFORE_REFUSING: usize = 1024;
+/// Counters one request may name.
+pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
+
+#[derive(Debug, PartialEq, Eq)]
+struct OwnedCounterId {
+    limit: Box<str>,
+    key: Option<Box<str>>,
+}
+
+impl OwnedCounterId {
+    fn borrow(&self) -> CounterId<'_> {
+        CounterId {
+            limit: &self.limit,
+            key: self.key.as_deref(),
+        }
+    }
+}
+
+// Hashes exactly like `CounterId`, so the map can be searched with a borrowed id.
+impl Hash for OwnedCounterId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.borrow().hash(state);
+    }
+}
+
+impl Equivalent<OwnedCounterId> for CounterId<'_> {
+    fn equivalent(&self, owned: &OwnedCounterId) -> bool {
+        *self == owned.borrow()
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    counter: Counter,
+    /// From this instant the counter is idle and may be dropped (`Counter::idle_at`).
+    idle_at: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    counters: IndexMap<OwnedCounterId, Entry, foldhash::fast::RandomState>,
+    cursor: usize,
+}
+
+impl Shard {
+    /// Examine up to `budget` counters from the cursor; drop the idle ones. Returns how many.
+    fn sweep(&mut self, now: u64, budget: usize) -> usize {
+        let mut dropped = 0;
+        for _ in 0..budget {
+            if self.counters.is_empty() {
+                break;
+            }
+            if self.cursor >= self.counters.len() {
+                self.cursor = 0;
+            }
+            let idle = self
+                .counters
+                .get_index(self.cursor)
+                .is_some_and(|(_, entry)| entry.idle_at <= now);
+            if idle {
+                // The last counter moves into the cursor's place and is examined next.
+                self.counters.swap_remove_index(self.cursor);
+                dropped += 1;
+            } else {
+                self.cursor += 1;
+            }
+        }
+        dropped
+    }
+}
+
+/// Builder-free configuration: every field is a decision the caller makes.
+#[derive(Debug, Clone)]
+pub struct MemoryStoreConfig {
+    /// Counters tracked at most; past it new keys get `TooManyKeys` (G7).
+    pub keys_tracked_max: u64,
+    /// Treat the store's start as a loss of state: grant nothing on a counter until one full
+    /// period (or lease TTL) after the start, because a previous incarnation of this process may
+    /// have granted units that still count (G6). Off for a library whose process owns the quota;
+    /// on for a server that others rely on across its restarts.
+    pub recover_on_start: bool,
+}
+
+/// Counters in this process's memory.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    keys_tracked_max: u64,
+    tracked: AtomicUsize,
+    /// Limit-wide pauses (`pause` with no key), by limit name; consulted for every counter of
+    /// the limit. `pauses_active` lets the common case skip the lock.
+    pauses: Mutex<Vec<(Box<str>, u64)>>,
+    pauses_active: AtomicUsize,
+    started_at: Option<u64>,
+}
+
+impl MemoryStore {
+    pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
+        let started_at = config.recover_on_start.then(|| clock.now_us());
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            clock,
+            keys_tracked_max: config.keys_tracked_max,
+            tracked: AtomicUsize::new(0),
+            pauses: Mutex::new(Vec::new()),
+            pauses_active: AtomicUsize::new(0),
+            started_at,
+        }
+    }
+
+    fn shard_of(&self, counter: CounterId<'_>) -> usize {
+        (self.hasher.hash_one(counter) as usize) % SHARDS
+    }
+
+    fn fresh_counter(&self, policy: &Policy, now: u64) -> Counter {
+        match self.started_at {
+            Some(started_at) if now < started_at.saturating_add(policy.memory_us()) => {
+                Counter::recovering(now, started_at + policy.memory_us())
+            }
+            _ => Counter::new(now),
+        }
+    }
+
+    /// The entry for `counter`, created if absent (subject to the cap).
+    fn entry<'s>(
+        &self,
+        shard: &'s mut Shard,
+        counter: CounterId<'_>,
+        policy: &Policy,
+        now: u64,
+    ) -> Result<&'s mut Entry> {
+        if let Some(index) = shard.counters.get_index_of(&counter) {
+            return Ok(&mut shard.counters[index]);
+        }
+        if self.tracked.load(Ordering::Relaxed) as u64 >= self.keys_tracked_max {
+            self.sweep_for_room(shard, now);
+            if self.tracked.load(Ordering::Relaxed) as u64 >= self.keys_tracked_max {
+                return Err(Error::TooManyKeys {
+                    keys_tracked_max: self.keys_tracked_max,
+                });
+            }
+        }
+        self.tracked.fetch_add(1, Ordering::Relaxed);
+        let counter_state = self.fresh_counter(policy, now);
+        let owned = OwnedCounterId {
+            limit: counter.limit.into(),
+            key: counter.key.map(Into::into),
+        };
+        let (index, _) = shard.counters.insert_full(
+            owned,
+            Entry {
+                idle_at: now,
+                counter: counter_state,
+            },
+        );
+        Ok(&mut shard.counters[index])
+    }
+
+    /// At the cap: drop idle counters, first in `shard` (locked by the caller), then in the
+    /// others. Other shards are only tried, never waited for: the caller may hold some of them,
+    /// and waiting out of shard order could deadlock.
+    fn sweep_for_room(&self, shard: &mut Shard, now: u64) {
+        let per_shard = SWEEP_BEFORE_REFUSING / SHARDS;
+        let mut dropped = shard.sweep(now, per_shard);
+        for other in self.shards.iter() {
+            if dropped > 0 {
+                break;
+            }
+            if let Ok(mut other) = other.try_lock() {
+                dropped += other.sweep(now, per_shard);
+            }
+        }
+        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+    }
+
+    fn limit_paused_until(&self, limit: &str) -> u64 {
+        if self.pauses_active.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        lock(&self.pauses)
+            .iter()
+            .find(|(name, _)| &**name == limit)
+            .map_or(0, |(_, until)| *until)
+    }
+
+    fn sweep_after(&self, shard: &mut Shard, now: u64) {
+        let dropped = shard.sweep(now, SWEEP_PER_OPERATION);
+        if dropped > 0 {
+            self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+        }
+    }
+
+    /// Drop idle counters, examining at most `budget_per_shard` in each shard. For a background
+    /// task: memory comes back even when no traffic touches a shard. Returns how many it dropped.
+    pub fn sweep(&self, budget_per_shard: usize) -> usize {
+        let now = self.clock.now_us();
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            dropped += lock(shard).sweep(now, budget_per_shard);
+        }
+        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Counters tracked now.
+    pub fn len(&self) -> usize {
+        self.tracked.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn acquire_now(&self, takes: &[Take<'_>], cost: u64, priority: Priority) -> Result<Decision> {
+        if takes.len() > COUNTERS_PER_REQUEST_MAX {
+            return Err(Error::invalid(
+                "limits",
+                format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
+            ));
+        }
+        let shard_of_take: SmallVec<[usize; 2]> =
+            takes.iter().map(|take| self.shard_of(take.counter)).collect();
+        let mut order: SmallVec<[usize; 2]> = shard_of_take.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 2]> =
+            order.iter().map(|&index| lock(&self.shards[index])).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or_default();
+        let now = self.clock.now_us();
+
+        let mut outcomes: SmallVec<[CounterOutcome; 2]> = SmallVec::with_capacity(takes.len());
+        let mut all_allowed = true;
+        for (take, &shard) in takes.iter().zip(&shard_of_take) {
+            let limit_pause_until = self.limit_paused_until(take.counter.limit);
+            let entry = self.entry(&mut guards[guard_of(shard)], take.counter, take.policy, now)?;
+            let check = entry
+                .counter
+                .check(take.policy, now, cost, priority)
+                .map_err(|source| Error::Cost {
+                    limit: take.counter.limit.to_owned(),
+                    source,
+                })?;
+            let outcome = match check {
+                Some(mut denial) => {
+                    if limit_pause_until > now {
+                        denial.retry_after_us = denial.retry_after_us.max(limit_pause_until - now);
+                        denial.reason = DenyReason::Paused;
+                    }
+                    CounterOutcome::Denied(denial)
+                }
+                None if limit_pause_until > now => {
+                    let (remaining, _) = entry.counter.status(take.policy, now, priority);
+                    CounterOutcome::Denied(tollgate_core::Denial {
+                        retry_after_us: limit_pause_until - now,
+                        remaining,
+                        reason: DenyReason::Paused,
+                    })
+                }
+                None => {
+                    let (remaining, _) = entry.counter.status(take.policy, now, priority);
+                    CounterOutcome::Allowed { remaining }
+                }
+            };
+            all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
+            outcomes.push(outcome);
+        }
+        if all_allowed {
+            for ((take, &shard), outcome) in takes.iter().zip(&shard_of_take).zip(&mut outcomes) {
+                let shard = &mut guards[guard_of(shard)];
+                let index = shard
+                    .counters
+                    .get_index_of(&take.counter)
+                    .expect("checked above under the same lock");
+                let entry = &mut shard.counters[index];
+                let grant = entry.counter.grant(take.policy, now, cost, priority);
+                entry.idle_at = entry.counter.idle_at(take.policy);
+                *outcome = CounterOutcome::Granted(grant);
+            }
+        }
+        for guard in guards.iter_mut() {
+            self.sweep_after(guard, now);
+        }
+        Ok(Decision { now_us: now, outcomes })
+    }
+
+    fn with_existing<T>(
+        &self,
+        take: Take<'_>,
+        absent: impl FnOnce() -> Result<T>,
+        present: impl FnOnce(&mut Counter, u64) -> Result<T>,
+    ) -> Result<T> {
+        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+        let now = self.clock.now_us();
+        let result = match shard.counters.get_index_of(&take.counter) {
+            None => absent(),
+            Some(index) => {
+                let entry = &mut shard.counters[index];
+                let result = present(&mut entry.counter, now);
+                entry.idle_at = entry.counter.idle_at(take.policy);
+                result
+            }
+        };
+        self.sweep_after(&mut shard, now);
+        result
+    }
+
+    fn pause_now(&self, take: Take<'_>, duration_us: u64) -> Result<u64> {
+        let now = self.clock.now_us();
+        let until = now.saturating_add(duration_us);
+        match take.counter.key {
+            None => {
+                let mut pauses = lock(&self.pauses);
+                pauses.retain(|(_, until)| *until > now);
+                let until = match pauses
+                    .iter_mut()
+                    .find(|(name, _)| &**name == take.counter.limit)
+                {
+                    Some((_, current)) => {
+                        *current = (*current).max(until);
+                        *current
+                    }
+                    None => {
+                        pauses.push((take.counter.limit.into(), until));
+                        until
+                    }
+                };
+                self.pauses_active.store(pauses.len(), Ordering::Release);
+                Ok(until - now)
+            }
+            Some(_) => {
+                let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+                let entry = self.entry(&mut shard, take.counter, take.policy, now)?;
+                entry.counter.pause(until);
+                entry.idle_at = entry.counter.idle_at(take.policy);
+                Ok(entry.counter.paused_until().saturating_sub(now))
+            }
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::ready(self.acquire_now(takes, cost, priority))
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        StoreFuture::ready(self.with_existing(
+            take,
+            || {
+                // Forgotten counters were idle: nothing they granted still counts.
+                if take.policy.is_concurrency() {
+                    Ok(Committed {
+                        refunded: 0,
+                        released: 0,
+                    })
+                } else {
+                    Err(tollgate_core::PermitError::Gone.into())
+                }
+            },
+            |counter, now| Ok(counter.commit(take.policy, now, seq, used)?),
+        ))
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        StoreFuture::ready(self.with_existing(
+            take,
+            || Err(tollgate_core::PermitError::LeaseExpired.into()),
+            |counter, now| {
+                let expires_at = counter.renew(take.policy, now, fence)?;
+                Ok(Renewed {
+                    expires_in_us: expires_at.saturating_sub(now),
+                })
+            },
+        ))
+    }
+
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        StoreFuture::ready(self.pause_now(take, duration_us))
+    }
+
+    fn tracked_keys(&self) -> Option<u64> {
+        Some(self.len() as u64)
+    }
+}

@@ -1,0 +1,152 @@
+//! The seam between the engine and where counters live. A store decides atomically, with its
+//! own clock, on all counters of one request: every check, then every grant, or nothing.
+//! The engine knows nothing of how a store keeps its counters; stores know nothing of waiting,
+//! priorities across requests, or permits as guards.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use smallvec::SmallVec;
+use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
+
+use crate::error::Result;
+
+/// One counter: a limit, and the key for limits counted `per` key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CounterId<'a> {
+    pub limit: &'a str,
+    pub key: Option<&'a str>,
+}
+
+/// A counter and the policy it is decided under.
+#[derive(Clone, Copy, Debug)]
+pub struct Take<'a> {
+    pub counter: CounterId<'a>,
+    pub policy: &'a Policy,
+}
+
+/// What a store answers for one counter of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterOutcome {
+    Granted(Grant),
+    /// This counter would have allowed the request, but another counter denied it, so nothing
+    /// was taken here. `remaining` is what stays open to the request's priority.
+    Allowed { remaining: u64 },
+    Denied(Denial),
+}
+
+/// A store's answer to an acquire: granted on every counter, or on none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The store's clock at the decision, in microseconds.
+    pub now_us: u64,
+    /// One outcome per counter, in the request's order.
+    pub outcomes: SmallVec<[CounterOutcome; 2]>,
+}
+
+impl Decision {
+    pub fn is_granted(&self) -> bool {
+        self.outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, CounterOutcome::Granted(_)))
+    }
+
+    /// The exact wait before the whole request could be granted: the longest of its denials.
+    pub fn retry_after_us(&self) -> u64 {
+        self.outcomes
+            .iter()
+            .map(|outcome| match outcome {
+                CounterOutcome::Denied(denial) => denial.retry_after_us,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A lease's new expiry after `renew`, relative to the store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    pub expires_in_us: u64,
+}
+
+/// The future a store returns: already resolved for in-process stores (no allocation, no
+/// await point), boxed for stores that do I/O.
+pub enum StoreFuture<'a, T> {
+    Ready(Option<Result<T>>),
+    Pending(Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>),
+}
+
+impl<T> fmt::Debug for StoreFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreFuture::Ready(_) => f.write_str("StoreFuture::Ready"),
+            StoreFuture::Pending(_) => f.write_str("StoreFuture::Pending"),
+        }
+    }
+}
+
+impl<'a, T> StoreFuture<'a, T> {
+    pub fn ready(result: Result<T>) -> StoreFuture<'a, T> {
+        StoreFuture::Ready(Some(result))
+    }
+
+    pub fn boxed(future: impl Future<Output = Result<T>> + Send + 'a) -> StoreFuture<'a, T> {
+        StoreFuture::Pending(Box::pin(future))
+    }
+
+    /// The result, if the store answered without waiting.
+    pub fn into_ready(self) -> Option<Result<T>> {
+        match self {
+            StoreFuture::Ready(result) => result,
+            StoreFuture::Pending(_) => None,
+        }
+    }
+}
+
+// Neither variant is structurally pinned: the value is moved out whole, the boxed future is
+// pinned by its box.
+impl<T> Unpin for StoreFuture<'_, T> {}
+
+impl<T> Future for StoreFuture<'_, T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        match self.get_mut() {
+            StoreFuture::Ready(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                None => panic!("StoreFuture polled after completion"),
+            },
+            StoreFuture::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+/// Where counters live. Every method is one atomic step on the store's side.
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Check every take, and grant `cost` on all of them only if all allow it.
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision>;
+
+    /// Commit a reservation (refund `cost - used`) or release a lease.
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed>;
+
+    /// Extend a lease by its policy's TTL from the store's now.
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed>;
+
+    /// Grant nothing on this counter for `duration_us` from the store's now; with no key on a
+    /// limit counted per key, on every key of the limit. Pauses only extend. Returns the time
+    /// until the pause ends.
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64>;
+
+    /// How many counters the store tracks now, if it can tell cheaply.
+    fn tracked_keys(&self) -> Option<u64> {
+        None
+    }
+}

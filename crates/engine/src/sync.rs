@@ -1,0 +1,22 @@
+//! The synchronisation primitives the engine is built on, from `std` normally and from `loom`
+//! under `--cfg tollgate_loom`, so the same store and wait-queue code is model-checked by loom.
+//! (A cfg of our own, not `loom`: tokio reads `loom` too and must stay as it is.)
+
+#[cfg(tollgate_loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(tollgate_loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+#[cfg(not(tollgate_loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(tollgate_loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+/// Lock a mutex, ignoring poisoning: every critical section in the engine leaves its data
+/// consistent before anything that can panic, so a poisoned lock holds valid state.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

@@ -1,0 +1,263 @@
+//! The queue of requests waiting in this process, and how they are woken.
+//!
+//! Every waiting request has an order `(priority, ticket)`: higher priority first, then first
+//! come first served. Each counter keeps its waiters sorted by that order, and only a request
+//! that heads the queue of *every* counter it needs may ask the store. Because the order is one
+//! total order over all waiters, the request that is smallest overall heads all its queues,
+//! so some request can always proceed: no two waiters block each other in a cycle.
+//!
+//! A head that is denied sleeps for the store's exact retry hint; the others sleep until they
+//! become head. Anything that may free capacity (a refund, a release, a head leaving, a policy
+//! change) signals the head of the affected queue. A `Signal` remembers a notification that
+//! arrives before its waiter sleeps, so no wake-up is lost; a waiter dropped mid-wait leaves
+//! every queue and signals the new heads, so cancellation holds nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use tollgate_core::Priority;
+
+use crate::store::CounterId;
+use std::sync::Arc;
+
+use crate::sync::{AtomicUsize, Mutex, Ordering, lock};
+
+/// A one-slot wake-up flag: `notify` before `notified` is polled is remembered, not lost.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    state: Mutex<SignalState>,
+}
+
+#[derive(Debug, Default)]
+struct SignalState {
+    notified: bool,
+    waker: Option<Waker>,
+}
+
+impl Signal {
+    pub(crate) fn notify(&self) {
+        let waker = {
+            let mut state = lock(&self.state);
+            state.notified = true;
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    pub(crate) fn notified(&self) -> Notified<'_> {
+        Notified { signal: self }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Notified<'a> {
+    signal: &'a Signal,
+}
+
+impl Future for Notified<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = lock(&self.signal.state);
+        if state.notified {
+            state.notified = false;
+            Poll::Ready(())
+        } else {
+            state.waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+/// Position in every queue: lower sorts first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Order {
+    /// 0 for high, 1 for normal, 2 for low.
+    rank: u8,
+    ticket: u64,
+}
+
+fn rank(priority: Priority) -> u8 {
+    match priority {
+        Priority::High => 0,
+        Priority::Normal => 1,
+        Priority::Low => 2,
+    }
+}
+
+type QueueKey = (Box<str>, Option<Box<str>>);
+
+fn queue_key(counter: CounterId<'_>) -> QueueKey {
+    (counter.limit.into(), counter.key.map(Into::into))
+}
+
+#[derive(Debug, Default)]
+struct CounterQueue {
+    waiters: BTreeMap<Order, Arc<Signal>>,
+    /// When the head expects to be granted, from its last denial (monotonic micros).
+    head_retry_at_us: u64,
+}
+
+#[derive(Debug, Default)]
+struct Queues {
+    next_ticket: u64,
+    by_counter: HashMap<QueueKey, CounterQueue>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct WaitQueue {
+    queues: Mutex<Queues>,
+    /// Waiters registered now; lets requests skip the lock when nobody waits.
+    waiting: AtomicUsize,
+}
+
+/// A registered waiter. Leaves every queue when dropped.
+#[derive(Debug)]
+pub(crate) struct Waiter<'q> {
+    queue: &'q WaitQueue,
+    order: Order,
+    keys: Vec<QueueKey>,
+    pub(crate) signal: Arc<Signal>,
+}
+
+impl WaitQueue {
+    /// Whether a request of `priority` on `counters` must queue behind someone: a waiter of the
+    /// same or higher priority already waits on one of them.
+    pub(crate) fn blocked(&self, counters: &[CounterId<'_>], priority: Priority) -> Option<u64> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let queues = lock(&self.queues);
+        let mut blocked_until = None;
+        for counter in counters {
+            let key = queue_key(*counter);
+            if let Some(queue) = queues.by_counter.get(&key) {
+                if let Some((order, _)) = queue.waiters.first_key_value() {
+                    if order.rank <= rank(priority) {
+                        blocked_until = Some(blocked_until.unwrap_or(0).max(queue.head_retry_at_us));
+                    }
+                }
+            }
+        }
+        blocked_until
+    }
+
+    pub(crate) fn register(&self, counters: &[CounterId<'_>], priority: Priority) -> Waiter<'_> {
+        let mut queues = lock(&self.queues);
+        let order = Order {
+            rank: rank(priority),
+            ticket: queues.next_ticket,
+        };
+        queues.next_ticket += 1;
+        let signal = Arc::new(Signal::default());
+        let keys: Vec<QueueKey> = counters.iter().map(|c| queue_key(*c)).collect();
+        for key in &keys {
+            queues
+                .by_counter
+                .entry(key.clone())
+                .or_default()
+                .waiters
+                .insert(order, signal.clone());
+        }
+        self.waiting.fetch_add(1, Ordering::Release);
+        Waiter {
+            queue: self,
+            order,
+            keys,
+            signal,
+        }
+    }
+
+    /// Whether `waiter` heads the queue of every counter it needs.
+    pub(crate) fn is_head(&self, waiter: &Waiter<'_>) -> bool {
+        let queues = lock(&self.queues);
+        waiter.keys.iter().all(|key| {
+            queues
+                .by_counter
+                .get(key)
+                .and_then(|queue| queue.waiters.first_key_value())
+                .is_some_and(|(order, _)| *order == waiter.order)
+        })
+    }
+
+    /// Record when the head of `waiter`'s queues expects its grant (for requests that will not
+    /// wait and ask when to come back).
+    pub(crate) fn set_retry_at(&self, waiter: &Waiter<'_>, retry_at_us: u64) {
+        let mut queues = lock(&self.queues);
+        for key in &waiter.keys {
+            if let Some(queue) = queues.by_counter.get_mut(key) {
+                queue.head_retry_at_us = retry_at_us;
+            }
+        }
+    }
+
+    /// Signal the head waiter of `counter`'s queue, if any: capacity may have come back.
+    pub(crate) fn wake_head(&self, counter: CounterId<'_>) {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let head = {
+            let queues = lock(&self.queues);
+            queues
+                .by_counter
+                .get(&queue_key(counter))
+                .and_then(|queue| queue.waiters.first_key_value())
+                .map(|(_, signal)| signal.clone())
+        };
+        if let Some(signal) = head {
+            signal.notify();
+        }
+    }
+
+    /// Signal every waiter (limits changed, or shutting down).
+    pub(crate) fn wake_all(&self) {
+        let signals: Vec<Arc<Signal>> = {
+            let queues = lock(&self.queues);
+            queues
+                .by_counter
+                .values()
+                .flat_map(|queue| queue.waiters.values().cloned())
+                .collect()
+        };
+        for signal in signals {
+            signal.notify();
+        }
+    }
+
+    fn leave(&self, waiter: &Waiter<'_>) {
+        let mut heads = Vec::new();
+        {
+            let mut queues = lock(&self.queues);
+            for key in &waiter.keys {
+                if let Some(queue) = queues.by_counter.get_mut(key) {
+                    let was_head = queue
+                        .waiters
+                        .first_key_value()
+                        .is_some_and(|(order, _)| *order == waiter.order);
+                    queue.waiters.remove(&waiter.order);
+                    match queue.waiters.first_key_value() {
+                        None => {
+                            queues.by_counter.remove(key);
+                        }
+                        Some((_, next)) if was_head => heads.push(next.clone()),
+                        Some(_) => {}
+                    }
+                }
+            }
+            self.waiting.fetch_sub(1, Ordering::Release);
+        }
+        for signal in heads {
+            signal.notify();
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.queue.leave(self);
+    }
+}

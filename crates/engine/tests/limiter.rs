@@ -1,0 +1,432 @@
+//! The limiter's behaviour through its public API, on the in-memory store, with time driven by
+//! tokio's paused clock (decisions and waiting share it, so every run is the same).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    Algorithm, DenialReason, Error, Limit, Limiter, LimiterConfig, MemoryStore,
+    MemoryStoreConfig, MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority,
+    Request, Reserve,
+};
+
+const SECOND_US: u64 = 1_000_000;
+
+fn limiter_with(keys_tracked_max: u64, recover_on_start: bool) -> Limiter {
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max,
+            recover_on_start,
+        },
+        Arc::new(MonotonicClock::new()),
+    );
+    Limiter::new(
+        Arc::new(store),
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: PermitSecret::random(),
+        },
+    )
+}
+
+fn rate(limit: u64, period_us: u64, algorithm: Algorithm) -> Policy {
+    Policy::rate(limit, period_us, 0, algorithm, Reserve::default()).expect("valid policy")
+}
+
+fn add(limiter: &Limiter, name: &str, policy: Policy, per: Option<&str>) {
+    limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
+}
+
+fn denied(outcome: Outcome) -> tollgate::Denied {
+    match outcome {
+        Outcome::Denied(denied) => denied,
+        Outcome::Granted(permit) => panic!("expected a denial, got {:?}", permit.limits()),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_denial_says_exactly_when_to_come_back() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(2, SECOND_US, Algorithm::Sliding), None);
+    let request = Request::new("vendor");
+    let first = limiter.try_acquire(&request).await.expect("ok").granted().expect("room");
+    assert_eq!(first.limits()[0].remaining, 1);
+    tokio::time::advance(Duration::from_millis(300)).await;
+    let _second = limiter.try_acquire(&request).await.expect("ok").granted().expect("room");
+    let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
+    assert_eq!(denial.reason, DenialReason::Capacity);
+    assert_eq!(denial.retry_after, Duration::from_millis(700));
+    tokio::time::advance(Duration::from_millis(699)).await;
+    assert!(!limiter.try_acquire(&request).await.expect("ok").is_granted());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(limiter.try_acquire(&request).await.expect("ok").is_granted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_over_several_limits_takes_all_or_nothing() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "a", rate(5, SECOND_US, Algorithm::Fixed), None);
+    add(&limiter, "b", rate(5, SECOND_US, Algorithm::Fixed), None);
+    add(&limiter, "c", rate(1, SECOND_US, Algorithm::Fixed), None);
+    let _c = limiter.try_acquire(&Request::new("c")).await.expect("ok").granted().expect("room");
+    // Fails on the third limit: the first two must not lose a unit.
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::all(&["a", "b", "c"]))
+            .await
+            .expect("ok"),
+    );
+    assert_eq!(denial.limits.len(), 3);
+    assert_eq!(denial.limits[0].remaining, 5);
+    assert_eq!(denial.limits[2].remaining, 0);
+    let both = limiter
+        .try_acquire(&Request::all(&["a", "b"]).cost(5))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("a and b are untouched");
+    assert_eq!(both.limits().iter().map(|l| l.remaining).collect::<Vec<_>>(), vec![0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn commit_refunds_unused_units_once() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), None);
+    let permit = limiter
+        .try_acquire(&Request::new("vendor").cost(10))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
+    let id = permit.detach();
+    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    let committed = limiter.commit(id.as_str(), 4).await.expect("first commit");
+    assert_eq!(committed.refunded, 6);
+    let again = limiter.commit(id.as_str(), 4).await;
+    assert!(matches!(again, Err(Error::Permit { source: PermitError::Gone })), "{again:?}");
+    let six = limiter.try_acquire(&Request::new("vendor").cost(6)).await.expect("ok");
+    assert!(six.is_granted());
+    let over = limiter.commit(id.as_str(), 11).await;
+    assert!(over.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_rate_permit_keeps_its_units_used() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Sliding), None);
+    drop(limiter.try_acquire(&Request::new("vendor")).await.expect("ok"));
+    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_fence_renew_expire_and_release_once() {
+    let limiter = Limiter::in_memory();
+    let policy = Policy::concurrency(1, SECOND_US, Reserve::default()).expect("valid");
+    add(&limiter, "pool", policy, None);
+    let first = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
+    let first_fence = first.fence().expect("a lease has a fence");
+    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    let id = first.detach();
+    tokio::time::advance(Duration::from_millis(900)).await;
+    assert_eq!(limiter.renew(id.as_str()).await.expect("renews"), Duration::from_secs(1));
+    tokio::time::advance(Duration::from_millis(900)).await;
+    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    // Not renewed: it expires, and the next holder gets a larger fence.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let second = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("expired");
+    assert!(second.fence().expect("fence") > first_fence);
+    let renew_expired = limiter.renew(id.as_str()).await;
+    assert!(matches!(renew_expired, Err(Error::Permit { source: PermitError::LeaseExpired })));
+    // The expired holder's release must not free the current holder's slot.
+    let stale = limiter.commit(id.as_str(), 0).await.expect("release is idempotent");
+    assert_eq!(stale.released, 0);
+    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    let second_id = second.detach();
+    assert_eq!(limiter.commit(second_id.as_str(), 0).await.expect("release").released, 1);
+    assert_eq!(limiter.commit(second_id.as_str(), 0).await.expect("again").released, 0);
+    let third = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
+    let fourth = limiter.try_acquire(&Request::new("pool")).await.expect("ok");
+    assert!(!fourth.is_granted(), "a second release handed out a slot twice");
+    drop(third);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_lease_is_released() {
+    let limiter = Limiter::in_memory();
+    let policy = Policy::concurrency(1, 60 * SECOND_US, Reserve::default()).expect("valid");
+    add(&limiter, "pool", policy, None);
+    let lease = limiter.try_acquire(&Request::new("pool")).await.expect("ok");
+    assert!(lease.is_granted());
+    drop(lease);
+    assert!(limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn pauses_stop_every_key_and_only_extend() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(100, SECOND_US, Algorithm::Sliding), Some("account"));
+    let request = Request::new("vendor").key("acme");
+    assert!(limiter.try_acquire(&request).await.expect("ok").is_granted());
+    let left = limiter.pause("vendor", None, Duration::from_secs(15)).await.expect("pause");
+    assert_eq!(left, Duration::from_secs(15));
+    // A shorter pause does not shorten it.
+    let left = limiter.pause("vendor", None, Duration::from_secs(1)).await.expect("pause");
+    assert_eq!(left, Duration::from_secs(15));
+    let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
+    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.retry_after, Duration::from_secs(15));
+    let other = denied(limiter.try_acquire(&Request::new("vendor").key("other")).await.expect("ok"));
+    assert_eq!(other.reason, DenialReason::Paused);
+    // One key alone.
+    tokio::time::advance(Duration::from_secs(15)).await;
+    limiter.pause("vendor", Some("acme"), Duration::from_secs(2)).await.expect("pause");
+    assert!(!limiter.try_acquire(&request).await.expect("ok").is_granted());
+    assert!(limiter.try_acquire(&Request::new("vendor").key("other")).await.expect("ok").is_granted());
+    // A waiter sleeps through the pause and is granted when it ends.
+    let waited = limiter
+        .acquire(&request.clone().wait(Duration::from_secs(5)))
+        .await
+        .expect("ok");
+    assert!(waited.is_granted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_is_refused_with_the_field_named() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), Some("user"));
+    add(&limiter, "flat", rate(10, SECOND_US, Algorithm::Sliding), None);
+    let field = |result: Result<Outcome, Error>| match result {
+        Err(Error::InvalidRequest { field, .. }) => field,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(field(limiter.try_acquire(&Request::new("vendor")).await), "key");
+    let long_key = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
+    assert_eq!(field(limiter.try_acquire(&Request::new("vendor").key(&long_key)).await), "key");
+    assert_eq!(field(limiter.try_acquire(&Request::new("flat").cost(0)).await), "cost");
+    assert_eq!(field(limiter.try_acquire(&Request::all(&["flat", "flat"])).await), "limits");
+    assert_eq!(field(limiter.try_acquire(&Request::all(&[])).await), "limits");
+    assert!(matches!(
+        limiter.try_acquire(&Request::new("nope")).await,
+        Err(Error::UnknownLimit { .. })
+    ));
+    assert!(matches!(
+        limiter.try_acquire(&Request::new("flat").cost(11)).await,
+        Err(Error::Cost { .. })
+    ));
+    assert!(matches!(
+        limiter.commit("not-a-permit", 0).await,
+        Err(Error::InvalidRequest { field: "permit", .. })
+    ));
+    assert!(matches!(
+        limiter.pause("flat", Some("u"), Duration::from_secs(1)).await,
+        Err(Error::InvalidRequest { field: "key", .. })
+    ));
+    assert!(matches!(
+        limiter.pause("flat", None, Duration::ZERO).await,
+        Err(Error::InvalidRequest { field: "retry_after_ms", .. })
+    ));
+    assert!(Limit::new("Upper", rate(1, SECOND_US, Algorithm::Fixed), None).is_err());
+    assert!(Limit::new(&"a".repeat(129), rate(1, SECOND_US, Algorithm::Fixed), None).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_highest_priority_first_then_in_arrival_order() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Fixed), None);
+    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, priority) in [
+        ("low-1", Priority::Low),
+        ("normal-1", Priority::Normal),
+        ("high-1", Priority::High),
+        ("normal-2", Priority::Normal),
+        ("high-2", Priority::High),
+    ] {
+        let limiter = limiter.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let request = Request::new("vendor")
+                .priority(priority)
+                .wait(Duration::from_secs(30));
+            let outcome = limiter.acquire(&request).await.expect("ok");
+            assert!(outcome.is_granted(), "{name} waited in vain");
+            order.lock().expect("lock").push(name);
+        }));
+        // Arrive in the listed order.
+        tokio::task::yield_now().await;
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(
+        *order.lock().expect("lock"),
+        vec!["high-1", "high-2", "normal-1", "normal-2", "low-1"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_priority_is_never_delayed_by_lower_waiters_or_reserves() {
+    let limiter = Limiter::in_memory();
+    let policy = Policy::rate(
+        5,
+        SECOND_US,
+        0,
+        Algorithm::Sliding,
+        Reserve { high: 2, normal: 0 },
+    )
+    .expect("valid");
+    add(&limiter, "vendor", policy, None);
+    // Bulk work takes what it may: 3 units, and then waits.
+    for _ in 0..3 {
+        let outcome = limiter.try_acquire(&Request::new("vendor").priority(Priority::Low)).await;
+        assert!(outcome.expect("ok").is_granted());
+    }
+    let bulk = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("vendor").priority(Priority::Low).wait(Duration::from_secs(10));
+            limiter.acquire(&request).await.expect("ok").is_granted()
+        })
+    };
+    tokio::task::yield_now().await;
+    // High finds its reserve at once, despite the waiting bulk request.
+    let high = limiter
+        .try_acquire(&Request::new("vendor").priority(Priority::High).cost(2))
+        .await
+        .expect("ok");
+    assert!(high.is_granted());
+    assert!(bulk.await.expect("task"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_woken_by_a_release_not_a_timer() {
+    let limiter = Limiter::in_memory();
+    let policy = Policy::concurrency(1, 3600 * SECOND_US, Reserve::default()).expect("valid");
+    add(&limiter, "pool", policy, None);
+    let held = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
+    let start = tokio::time::Instant::now();
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("pool").wait(Duration::from_secs(60));
+            let permit = limiter.acquire(&request).await.expect("ok").granted().expect("granted");
+            (tokio::time::Instant::now(), permit.fence())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    held.release().await.expect("release");
+    let (granted_at, fence) = waiter.await.expect("task");
+    assert_eq!(granted_at - start, Duration::from_millis(250));
+    assert!(fence.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_holds_nothing_and_passes_the_turn_on() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Fixed), None);
+    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    let first = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("vendor").wait(Duration::from_secs(30));
+            limiter.acquire(&request).await.map(|outcome| outcome.is_granted())
+        })
+    };
+    tokio::task::yield_now().await;
+    let second = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("vendor").wait(Duration::from_secs(30));
+            limiter.acquire(&request).await.map(|outcome| outcome.is_granted())
+        })
+    };
+    tokio::task::yield_now().await;
+    first.abort();
+    assert!(first.await.is_err());
+    assert!(second.await.expect("task").expect("ok"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_ends_reports_the_remaining_retry() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(1, 10 * SECOND_US, Algorithm::Fixed), None);
+    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    let start = tokio::time::Instant::now();
+    let outcome = limiter
+        .acquire(&Request::new("vendor").wait(Duration::from_secs(2)))
+        .await
+        .expect("ok");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    let denial = denied(outcome);
+    assert!(denial.retry_after <= Duration::from_secs(8), "{denial:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_ends_waits_with_a_clear_error() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(1, 10 * SECOND_US, Algorithm::Fixed), None);
+    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .acquire(&Request::new("vendor").wait(Duration::from_secs(5)))
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    limiter.shutdown();
+    assert!(matches!(waiter.await.expect("task"), Err(Error::ShuttingDown)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
+    let limiter = limiter_with(100, false);
+    add(&limiter, "per-user", rate(1, SECOND_US, Algorithm::Sliding), Some("user"));
+    let store = limiter.store().clone();
+    for user in 0..100 {
+        let key = format!("user-{user}");
+        let outcome = limiter.try_acquire(&Request::new("per-user").key(&key)).await;
+        assert!(outcome.expect("ok").is_granted());
+    }
+    assert_eq!(store.tracked_keys(), Some(100));
+    let full = limiter.try_acquire(&Request::new("per-user").key("one-more")).await;
+    assert!(matches!(full, Err(Error::TooManyKeys { keys_tracked_max: 100 })), "{full:?}");
+    // One period later every counter is idle; new keys push the old ones out.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for user in 100..200 {
+        let key = format!("user-{user}");
+        let outcome = limiter.try_acquire(&Request::new("per-user").key(&key)).await;
+        assert!(outcome.expect("room after eviction").is_granted());
+    }
+    assert_eq!(store.tracked_keys(), Some(100));
+    // The new ones are live: the cap holds.
+    let full = limiter.try_acquire(&Request::new("per-user").key("one-more")).await;
+    assert!(matches!(full, Err(Error::TooManyKeys { .. })), "{full:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_server_store_waits_one_period_before_granting() {
+    let limiter = limiter_with(1000, true);
+    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), None);
+    let denial = denied(limiter.try_acquire(&Request::new("vendor")).await.expect("ok"));
+    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.retry_after, Duration::from_secs(1));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_policy_keeps_what_was_granted() {
+    let limiter = Limiter::in_memory();
+    add(&limiter, "vendor", rate(3, SECOND_US, Algorithm::Sliding), None);
+    for _ in 0..3 {
+        assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    }
+    add(&limiter, "vendor", rate(5, SECOND_US, Algorithm::Sliding), None);
+    for _ in 0..2 {
+        assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    }
+    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+}
