@@ -1,0 +1,1 @@
+//! The tollgate binary: serve, limits, acquire, simulate.

@@ -1,0 +1,1 @@
+//! The HTTP API v1, admin, metrics and health endpoints.
