@@ -49,12 +49,24 @@ struct Lease {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Body {
     Empty,
-    Sliding { buckets: VecDeque<Bucket> },
+    Sliding {
+        buckets: VecDeque<Bucket>,
+    },
     /// `window` is the index of the aligned window `used` counts in, `window_us` its length.
-    Fixed { window: u64, window_us: u64, used: u64 },
+    Fixed {
+        window: u64,
+        window_us: u64,
+        used: u64,
+    },
     /// `emission_us` is the interval `tat` was built with.
-    Gcra { tat: u64, emission_us: u64, last_seq: u64 },
-    Leases { leases: Vec<Lease> },
+    Gcra {
+        tat: u64,
+        emission_us: u64,
+        last_seq: u64,
+    },
+    Leases {
+        leases: Vec<Lease>,
+    },
 }
 
 /// The state of one counter: one limit, or one `(limit, key)` pair for a limit with `per`.
@@ -218,14 +230,22 @@ impl Counter {
     /// every number it handed out. A store may forget the counter from then on.
     pub fn idle_at(&self, policy: &Policy) -> u64 {
         let mut idle = self.paused_until.max(self.next_seq);
+        if let (Some(last), Kind::Rate(rate)) = (self.reservations.back(), policy.kind()) {
+            idle = idle.max(last.at.saturating_add(rate.window_us()));
+        }
+        idle.max(self.counted_until(policy))
+    }
+
+    /// The instant from which the body counts nothing: the newest sliding bucket has left the
+    /// window, the fixed window has ended, the GCRA backlog has drained, every lease has ended.
+    /// Unlike `idle_at`, this leaves out what only matters to forgetting the counter (permits
+    /// that can still be committed, numbers handed out), so it is the honest reset time.
+    fn counted_until(&self, policy: &Policy) -> u64 {
         let window = match policy.kind() {
             Kind::Rate(rate) => rate.window_us(),
             Kind::Concurrency(_) => 0,
         };
-        if let Some(last) = self.reservations.back() {
-            idle = idle.max(last.at.saturating_add(window));
-        }
-        let body_idle = match &self.body {
+        match &self.body {
             Body::Empty => 0,
             Body::Sliding { buckets } => buckets
                 .back()
@@ -242,9 +262,12 @@ impl Counter {
                 }
             }
             Body::Gcra { tat, .. } => *tat,
-            Body::Leases { leases } => leases.iter().map(|lease| lease.expires_at).max().unwrap_or(0),
-        };
-        idle.max(body_idle)
+            Body::Leases { leases } => leases
+                .iter()
+                .map(|lease| lease.expires_at)
+                .max()
+                .unwrap_or(0),
+        }
     }
 
     /// Bring the body in line with `policy` and drop what no longer counts at `now`.
@@ -305,9 +328,8 @@ impl Counter {
                                 used: used_before,
                             },
                             Algorithm::Gcra { .. } => Body::Gcra {
-                                tat: now.saturating_add(
-                                    used_before.saturating_mul(rate.emission_us()),
-                                ),
+                                tat: now
+                                    .saturating_add(used_before.saturating_mul(rate.emission_us())),
                                 emission_us: rate.emission_us(),
                                 last_seq: 0,
                             },
@@ -497,7 +519,10 @@ impl Counter {
         Grant {
             seq,
             remaining: open.saturating_sub(used),
-            reset_after_us: self.idle_at(policy).saturating_sub(now).min(policy.memory_us()),
+            reset_after_us: self
+                .counted_until(policy)
+                .saturating_sub(now)
+                .min(policy.memory_us()),
             lease_expires_at,
         }
     }
@@ -558,7 +583,11 @@ impl Counter {
                 let refunded = match body {
                     Body::Sliding { buckets } => {
                         // The bucket that holds the reservation: the last one opened at or before it.
-                        match buckets.iter_mut().rev().find(|b| b.opened_at <= reservation.at) {
+                        match buckets
+                            .iter_mut()
+                            .rev()
+                            .find(|b| b.opened_at <= reservation.at)
+                        {
                             Some(bucket) if bucket.stamp >= reservation.at => {
                                 let refund = give_back.min(bucket.units);
                                 bucket.units -= refund;
@@ -630,7 +659,9 @@ impl Counter {
         let used = self.used(policy, now);
         (
             policy.capacity_for(priority).saturating_sub(used),
-            self.idle_at(policy).saturating_sub(now).min(policy.memory_us()),
+            self.counted_until(policy)
+                .saturating_sub(now)
+                .min(policy.memory_us()),
         )
     }
 }

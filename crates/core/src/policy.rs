@@ -250,6 +250,21 @@ impl Policy {
             margin_us,
             algorithm,
         };
+        if let Algorithm::Gcra { burst } = algorithm {
+            // The decision adds up to `burst * T` to `now`. Unchecked, `burst` and `T` at their
+            // maxima overflow `u64`; keep the time a full burst takes to drain within the longest
+            // window a rate limit can count in (period plus margin, 366 days each).
+            let drain_us_max = 2 * SPAN_US_MAX;
+            if burst
+                .checked_mul(rate.emission_us())
+                .is_none_or(|drain_us| drain_us > drain_us_max)
+            {
+                return Err(refuse(
+                    "burst",
+                    "a full burst must drain within 732 days: burst * period / limit is too long",
+                ));
+            }
+        }
         check_reserve(reserve, rate.capacity())?;
         Ok(Policy {
             kind: Kind::Rate(rate),
