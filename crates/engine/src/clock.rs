@@ -32,6 +32,12 @@ impl MonotonicClock {
     }
 }
 
+impl Default for MonotonicClock {
+    fn default() -> MonotonicClock {
+        MonotonicClock::new()
+    }
+}
+
 impl Clock for MonotonicClock {
     fn now_us(&self) -> u64 {
         let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX / 4);

@@ -19,12 +19,17 @@ mod store;
 mod sync;
 mod waiters;
 
+#[cfg(all(test, tollgate_loom))]
+mod loom_tests;
+
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use error::{Error, Result};
 pub use limiter::{
-    Denied, DenialReason, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, Request,
+    DenialReason, Denied, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, Request,
 };
-pub use limits::{KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name};
+pub use limits::{
+    KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,
+};
 pub use memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
 pub use store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take};
@@ -32,3 +37,8 @@ pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, PermitError, Policy, PolicyError, Priority,
     Reserve,
 };
+
+/// The README's examples compile and run as doc tests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

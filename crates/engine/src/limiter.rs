@@ -348,8 +348,7 @@ impl Limiter {
         {
             let resolved = self.resolve(&request.limits, request.key)?;
             let takes = resolved.takes(request.key);
-            let counters: SmallVec<[CounterId<'_>; 2]> =
-                takes.iter().map(|t| t.counter).collect();
+            let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
             if self
                 .shared
                 .waiters
@@ -541,7 +540,12 @@ impl Limiter {
     /// Grant nothing on `limit` (and `key`, for a limit counted per key; without a key, on every
     /// key) for `duration`, in every process sharing the store. Pauses only extend. Returns the
     /// time until the pause ends.
-    pub async fn pause(&self, limit: &str, key: Option<&str>, duration: Duration) -> Result<Duration> {
+    pub async fn pause(
+        &self,
+        limit: &str,
+        key: Option<&str>,
+        duration: Duration,
+    ) -> Result<Duration> {
         let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         if duration.is_zero() || duration_ms > PAUSE_MS_MAX {
             return Err(Error::invalid(
@@ -553,9 +557,12 @@ impl Limiter {
             // A pause without a key on a per-key limit pauses every key.
             Error::InvalidRequest { field: "key", .. } => {
                 let table = self.limits();
-                let limit = table.get(limit).cloned().ok_or_else(|| Error::UnknownLimit {
-                    name: limit.to_owned(),
-                })?;
+                let limit = table
+                    .get(limit)
+                    .cloned()
+                    .ok_or_else(|| Error::UnknownLimit {
+                        name: limit.to_owned(),
+                    })?;
                 Ok(Resolved {
                     limits: std::iter::once(limit).collect(),
                 })
@@ -775,10 +782,10 @@ impl Drop for Permit {
         let mut release = Box::pin(release);
         let waker = std::task::Waker::noop();
         let mut context = std::task::Context::from_waker(waker);
-        if release.as_mut().poll(&mut context).is_pending() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(release);
-            }
+        if release.as_mut().poll(&mut context).is_pending()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(release);
         }
     }
 }

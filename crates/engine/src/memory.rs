@@ -11,7 +11,9 @@
 //! A request over several counters locks every shard it touches, in ascending shard order
 //! (so two requests never wait on each other in a cycle), checks all, then grants all or none.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+#[cfg(not(tollgate_loom))]
+use std::hash::BuildHasher;
+use std::hash::{Hash, Hasher};
 
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
@@ -25,10 +27,15 @@ use std::sync::Arc;
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
 
 /// Shards per store. A power of two well above the core count keeps lock collisions rare.
+#[cfg(not(tollgate_loom))]
 const SHARDS: usize = 64;
+/// Under loom, few shards, so that requests meet on locks and in lock order.
+#[cfg(tollgate_loom)]
+const SHARDS: usize = 2;
 /// Counters examined for idleness by each operation on a shard.
 const SWEEP_PER_OPERATION: usize = 2;
-/// Counters examined, over all shards, before a new key is refused for the cap.
+/// Counters examined, over all shards, before a new key is refused for the cap: first in the
+/// key's own shard, under the request's locks; then, with no lock held, in every shard.
 const SWEEP_BEFORE_REFUSING: usize = 1024;
 /// Counters one request may name.
 pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
@@ -117,6 +124,7 @@ pub struct MemoryStoreConfig {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
+    #[cfg_attr(tollgate_loom, allow(dead_code))]
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
     keys_tracked_max: u64,
@@ -143,8 +151,17 @@ impl MemoryStore {
         }
     }
 
+    #[cfg(not(tollgate_loom))]
     fn shard_of(&self, counter: CounterId<'_>) -> usize {
         (self.hasher.hash_one(counter) as usize) % SHARDS
+    }
+
+    /// Under loom the shard must not depend on a random seed (every execution must be the same):
+    /// the last bytes of limit and key pick it, so tests choose which counters share a shard.
+    #[cfg(tollgate_loom)]
+    fn shard_of(&self, counter: CounterId<'_>) -> usize {
+        let last = |text: &str| usize::from(text.as_bytes().last().copied().unwrap_or(0));
+        (last(counter.limit) + counter.key.map_or(0, last)) % SHARDS
     }
 
     fn fresh_counter(&self, policy: &Policy, now: u64) -> Counter {
@@ -167,15 +184,17 @@ impl MemoryStore {
         if let Some(index) = shard.counters.get_index_of(&counter) {
             return Ok(&mut shard.counters[index]);
         }
-        if self.tracked.load(Ordering::Relaxed) as u64 >= self.keys_tracked_max {
-            self.sweep_for_room(shard, now);
-            if self.tracked.load(Ordering::Relaxed) as u64 >= self.keys_tracked_max {
+        // Claim a place before inserting, so that two shards inserting at once cannot both
+        // take the last one.
+        if !self.claim_place() {
+            let dropped = shard.sweep(now, SWEEP_BEFORE_REFUSING / SHARDS);
+            self.tracked.fetch_sub(dropped, Ordering::AcqRel);
+            if !self.claim_place() {
                 return Err(Error::TooManyKeys {
                     keys_tracked_max: self.keys_tracked_max,
                 });
             }
         }
-        self.tracked.fetch_add(1, Ordering::Relaxed);
         let counter_state = self.fresh_counter(policy, now);
         let owned = OwnedCounterId {
             limit: counter.limit.into(),
@@ -191,21 +210,13 @@ impl MemoryStore {
         Ok(&mut shard.counters[index])
     }
 
-    /// At the cap: drop idle counters, first in `shard` (locked by the caller), then in the
-    /// others. Other shards are only tried, never waited for: the caller may hold some of them,
-    /// and waiting out of shard order could deadlock.
-    fn sweep_for_room(&self, shard: &mut Shard, now: u64) {
-        let per_shard = SWEEP_BEFORE_REFUSING / SHARDS;
-        let mut dropped = shard.sweep(now, per_shard);
-        for other in self.shards.iter() {
-            if dropped > 0 {
-                break;
-            }
-            if let Ok(mut other) = other.try_lock() {
-                dropped += other.sweep(now, per_shard);
-            }
+    fn claim_place(&self) -> bool {
+        let before = self.tracked.fetch_add(1, Ordering::AcqRel);
+        if before as u64 >= self.keys_tracked_max {
+            self.tracked.fetch_sub(1, Ordering::AcqRel);
+            return false;
         }
-        self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+        true
     }
 
     fn limit_paused_until(&self, limit: &str) -> u64 {
@@ -246,20 +257,46 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn acquire_now(&self, takes: &[Take<'_>], cost: u64, priority: Priority) -> Result<Decision> {
+    pub(crate) fn acquire_now(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Decision> {
+        match self.acquire_locked(takes, cost, priority) {
+            Err(Error::TooManyKeys { .. }) => {
+                // The key's own shard had no idle counter to give up; look in all of them, with
+                // no lock held (taking more locks while holding some could deadlock), once.
+                self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
+                self.acquire_locked(takes, cost, priority)
+            }
+            other => other,
+        }
+    }
+
+    fn acquire_locked(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Decision> {
         if takes.len() > COUNTERS_PER_REQUEST_MAX {
             return Err(Error::invalid(
                 "limits",
                 format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
             ));
         }
-        let shard_of_take: SmallVec<[usize; 2]> =
-            takes.iter().map(|take| self.shard_of(take.counter)).collect();
+        let shard_of_take: SmallVec<[usize; 2]> = takes
+            .iter()
+            .map(|take| self.shard_of(take.counter))
+            .collect();
         let mut order: SmallVec<[usize; 2]> = shard_of_take.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 2]> =
-            order.iter().map(|&index| lock(&self.shards[index])).collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 2]> = order
+            .iter()
+            .map(|&index| lock(&self.shards[index]))
+            .collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or_default();
         let now = self.clock.now_us();
 
@@ -315,7 +352,10 @@ impl MemoryStore {
         for guard in guards.iter_mut() {
             self.sweep_after(guard, now);
         }
-        Ok(Decision { now_us: now, outcomes })
+        Ok(Decision {
+            now_us: now,
+            outcomes,
+        })
     }
 
     fn with_existing<T>(

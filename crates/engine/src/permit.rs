@@ -161,7 +161,9 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self) -> Result<u64> {
         let bytes = self.take(8)?;
-        Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| malformed("truncated"))?))
+        Ok(u64::from_le_bytes(
+            bytes.try_into().map_err(|_| malformed("truncated"))?,
+        ))
     }
 }
 
@@ -170,7 +172,7 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
     if id.len() > PERMIT_ID_CHARS_MAX {
         return Err(malformed("too long"));
     }
-    if id.len() % 2 != 0 || id.len() < 4 + 16 {
+    if !id.len().is_multiple_of(2) || id.len() < 4 + 16 {
         return Err(malformed("wrong length"));
     }
     let digit = |c: u8| match c {
@@ -259,7 +261,13 @@ mod tests {
         assert!(decode(&PermitSecret::random(), &id).is_err());
         for bad in ["", "zz", "0102", &"0".repeat(PERMIT_ID_CHARS_MAX + 2)] {
             assert!(
-                matches!(decode(&secret, bad), Err(Error::InvalidRequest { field: "permit", .. })),
+                matches!(
+                    decode(&secret, bad),
+                    Err(Error::InvalidRequest {
+                        field: "permit",
+                        ..
+                    })
+                ),
                 "{bad:?}"
             );
         }

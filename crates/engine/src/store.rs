@@ -33,7 +33,9 @@ pub enum CounterOutcome {
     Granted(Grant),
     /// This counter would have allowed the request, but another counter denied it, so nothing
     /// was taken here. `remaining` is what stays open to the request's priority.
-    Allowed { remaining: u64 },
+    Allowed {
+        remaining: u64,
+    },
     Denied(Denial),
 }
 

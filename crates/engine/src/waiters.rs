@@ -135,12 +135,11 @@ impl WaitQueue {
         let mut blocked_until = None;
         for counter in counters {
             let key = queue_key(*counter);
-            if let Some(queue) = queues.by_counter.get(&key) {
-                if let Some((order, _)) = queue.waiters.first_key_value() {
-                    if order.rank <= rank(priority) {
-                        blocked_until = Some(blocked_until.unwrap_or(0).max(queue.head_retry_at_us));
-                    }
-                }
+            if let Some(queue) = queues.by_counter.get(&key)
+                && let Some((order, _)) = queue.waiters.first_key_value()
+                && order.rank <= rank(priority)
+            {
+                blocked_until = Some(blocked_until.unwrap_or(0).max(queue.head_retry_at_us));
             }
         }
         blocked_until

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, DenialReason, Error, Limit, Limiter, LimiterConfig, MemoryStore,
-    MemoryStoreConfig, MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority,
-    Request, Reserve,
+    Algorithm, DenialReason, Error, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -47,19 +46,46 @@ fn denied(outcome: Outcome) -> tollgate::Denied {
 #[tokio::test(start_paused = true)]
 async fn a_denial_says_exactly_when_to_come_back() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(2, SECOND_US, Algorithm::Sliding), None);
+    add(
+        &limiter,
+        "vendor",
+        rate(2, SECOND_US, Algorithm::Sliding),
+        None,
+    );
     let request = Request::new("vendor");
-    let first = limiter.try_acquire(&request).await.expect("ok").granted().expect("room");
+    let first = limiter
+        .try_acquire(&request)
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
     assert_eq!(first.limits()[0].remaining, 1);
     tokio::time::advance(Duration::from_millis(300)).await;
-    let _second = limiter.try_acquire(&request).await.expect("ok").granted().expect("room");
+    let _second = limiter
+        .try_acquire(&request)
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
     let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
     assert_eq!(denial.reason, DenialReason::Capacity);
     assert_eq!(denial.retry_after, Duration::from_millis(700));
     tokio::time::advance(Duration::from_millis(699)).await;
-    assert!(!limiter.try_acquire(&request).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&request)
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     tokio::time::advance(Duration::from_millis(1)).await;
-    assert!(limiter.try_acquire(&request).await.expect("ok").is_granted());
+    assert!(
+        limiter
+            .try_acquire(&request)
+            .await
+            .expect("ok")
+            .is_granted()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -68,7 +94,12 @@ async fn a_request_over_several_limits_takes_all_or_nothing() {
     add(&limiter, "a", rate(5, SECOND_US, Algorithm::Fixed), None);
     add(&limiter, "b", rate(5, SECOND_US, Algorithm::Fixed), None);
     add(&limiter, "c", rate(1, SECOND_US, Algorithm::Fixed), None);
-    let _c = limiter.try_acquire(&Request::new("c")).await.expect("ok").granted().expect("room");
+    let _c = limiter
+        .try_acquire(&Request::new("c"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
     // Fails on the third limit: the first two must not lose a unit.
     let denial = denied(
         limiter
@@ -85,13 +116,24 @@ async fn a_request_over_several_limits_takes_all_or_nothing() {
         .expect("ok")
         .granted()
         .expect("a and b are untouched");
-    assert_eq!(both.limits().iter().map(|l| l.remaining).collect::<Vec<_>>(), vec![0, 0]);
+    assert_eq!(
+        both.limits()
+            .iter()
+            .map(|l| l.remaining)
+            .collect::<Vec<_>>(),
+        vec![0, 0]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn commit_refunds_unused_units_once() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), None);
+    add(
+        &limiter,
+        "vendor",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        None,
+    );
     let permit = limiter
         .try_acquire(&Request::new("vendor").cost(10))
         .await
@@ -99,12 +141,29 @@ async fn commit_refunds_unused_units_once() {
         .granted()
         .expect("room");
     let id = permit.detach();
-    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     let committed = limiter.commit(id.as_str(), 4).await.expect("first commit");
     assert_eq!(committed.refunded, 6);
     let again = limiter.commit(id.as_str(), 4).await;
-    assert!(matches!(again, Err(Error::Permit { source: PermitError::Gone })), "{again:?}");
-    let six = limiter.try_acquire(&Request::new("vendor").cost(6)).await.expect("ok");
+    assert!(
+        matches!(
+            again,
+            Err(Error::Permit {
+                source: PermitError::Gone
+            })
+        ),
+        "{again:?}"
+    );
+    let six = limiter
+        .try_acquire(&Request::new("vendor").cost(6))
+        .await
+        .expect("ok");
     assert!(six.is_granted());
     let over = limiter.commit(id.as_str(), 11).await;
     assert!(over.is_err());
@@ -113,9 +172,25 @@ async fn commit_refunds_unused_units_once() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_rate_permit_keeps_its_units_used() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Sliding), None);
-    drop(limiter.try_acquire(&Request::new("vendor")).await.expect("ok"));
-    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    add(
+        &limiter,
+        "vendor",
+        rate(1, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    drop(
+        limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok"),
+    );
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -123,30 +198,94 @@ async fn leases_fence_renew_expire_and_release_once() {
     let limiter = Limiter::in_memory();
     let policy = Policy::concurrency(1, SECOND_US, Reserve::default()).expect("valid");
     add(&limiter, "pool", policy, None);
-    let first = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
+    let first = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
     let first_fence = first.fence().expect("a lease has a fence");
-    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     let id = first.detach();
     tokio::time::advance(Duration::from_millis(900)).await;
-    assert_eq!(limiter.renew(id.as_str()).await.expect("renews"), Duration::from_secs(1));
+    assert_eq!(
+        limiter.renew(id.as_str()).await.expect("renews"),
+        Duration::from_secs(1)
+    );
     tokio::time::advance(Duration::from_millis(900)).await;
-    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     // Not renewed: it expires, and the next holder gets a larger fence.
     tokio::time::advance(Duration::from_millis(100)).await;
-    let second = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("expired");
+    let second = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("expired");
     assert!(second.fence().expect("fence") > first_fence);
     let renew_expired = limiter.renew(id.as_str()).await;
-    assert!(matches!(renew_expired, Err(Error::Permit { source: PermitError::LeaseExpired })));
+    assert!(matches!(
+        renew_expired,
+        Err(Error::Permit {
+            source: PermitError::LeaseExpired
+        })
+    ));
     // The expired holder's release must not free the current holder's slot.
-    let stale = limiter.commit(id.as_str(), 0).await.expect("release is idempotent");
+    let stale = limiter
+        .commit(id.as_str(), 0)
+        .await
+        .expect("release is idempotent");
     assert_eq!(stale.released, 0);
-    assert!(!limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     let second_id = second.detach();
-    assert_eq!(limiter.commit(second_id.as_str(), 0).await.expect("release").released, 1);
-    assert_eq!(limiter.commit(second_id.as_str(), 0).await.expect("again").released, 0);
-    let third = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
-    let fourth = limiter.try_acquire(&Request::new("pool")).await.expect("ok");
-    assert!(!fourth.is_granted(), "a second release handed out a slot twice");
+    assert_eq!(
+        limiter
+            .commit(second_id.as_str(), 0)
+            .await
+            .expect("release")
+            .released,
+        1
+    );
+    assert_eq!(
+        limiter
+            .commit(second_id.as_str(), 0)
+            .await
+            .expect("again")
+            .released,
+        0
+    );
+    let third = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
+    let fourth = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok");
+    assert!(
+        !fourth.is_granted(),
+        "a second release handed out a slot twice"
+    );
     drop(third);
 }
 
@@ -155,33 +294,79 @@ async fn a_dropped_lease_is_released() {
     let limiter = Limiter::in_memory();
     let policy = Policy::concurrency(1, 60 * SECOND_US, Reserve::default()).expect("valid");
     add(&limiter, "pool", policy, None);
-    let lease = limiter.try_acquire(&Request::new("pool")).await.expect("ok");
+    let lease = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok");
     assert!(lease.is_granted());
     drop(lease);
-    assert!(limiter.try_acquire(&Request::new("pool")).await.expect("ok").is_granted());
+    assert!(
+        limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn pauses_stop_every_key_and_only_extend() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(100, SECOND_US, Algorithm::Sliding), Some("account"));
+    add(
+        &limiter,
+        "vendor",
+        rate(100, SECOND_US, Algorithm::Sliding),
+        Some("account"),
+    );
     let request = Request::new("vendor").key("acme");
-    assert!(limiter.try_acquire(&request).await.expect("ok").is_granted());
-    let left = limiter.pause("vendor", None, Duration::from_secs(15)).await.expect("pause");
+    assert!(
+        limiter
+            .try_acquire(&request)
+            .await
+            .expect("ok")
+            .is_granted()
+    );
+    let left = limiter
+        .pause("vendor", None, Duration::from_secs(15))
+        .await
+        .expect("pause");
     assert_eq!(left, Duration::from_secs(15));
     // A shorter pause does not shorten it.
-    let left = limiter.pause("vendor", None, Duration::from_secs(1)).await.expect("pause");
+    let left = limiter
+        .pause("vendor", None, Duration::from_secs(1))
+        .await
+        .expect("pause");
     assert_eq!(left, Duration::from_secs(15));
     let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
     assert_eq!(denial.reason, DenialReason::Paused);
     assert_eq!(denial.retry_after, Duration::from_secs(15));
-    let other = denied(limiter.try_acquire(&Request::new("vendor").key("other")).await.expect("ok"));
+    let other = denied(
+        limiter
+            .try_acquire(&Request::new("vendor").key("other"))
+            .await
+            .expect("ok"),
+    );
     assert_eq!(other.reason, DenialReason::Paused);
     // One key alone.
     tokio::time::advance(Duration::from_secs(15)).await;
-    limiter.pause("vendor", Some("acme"), Duration::from_secs(2)).await.expect("pause");
-    assert!(!limiter.try_acquire(&request).await.expect("ok").is_granted());
-    assert!(limiter.try_acquire(&Request::new("vendor").key("other")).await.expect("ok").is_granted());
+    limiter
+        .pause("vendor", Some("acme"), Duration::from_secs(2))
+        .await
+        .expect("pause");
+    assert!(
+        !limiter
+            .try_acquire(&request)
+            .await
+            .expect("ok")
+            .is_granted()
+    );
+    assert!(
+        limiter
+            .try_acquire(&Request::new("vendor").key("other"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
     // A waiter sleeps through the pause and is granted when it ends.
     let waited = limiter
         .acquire(&request.clone().wait(Duration::from_secs(5)))
@@ -193,18 +378,47 @@ async fn pauses_stop_every_key_and_only_extend() {
 #[tokio::test(start_paused = true)]
 async fn bad_input_is_refused_with_the_field_named() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), Some("user"));
-    add(&limiter, "flat", rate(10, SECOND_US, Algorithm::Sliding), None);
+    add(
+        &limiter,
+        "vendor",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        Some("user"),
+    );
+    add(
+        &limiter,
+        "flat",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        None,
+    );
     let field = |result: Result<Outcome, Error>| match result {
         Err(Error::InvalidRequest { field, .. }) => field,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    assert_eq!(field(limiter.try_acquire(&Request::new("vendor")).await), "key");
+    assert_eq!(
+        field(limiter.try_acquire(&Request::new("vendor")).await),
+        "key"
+    );
     let long_key = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
-    assert_eq!(field(limiter.try_acquire(&Request::new("vendor").key(&long_key)).await), "key");
-    assert_eq!(field(limiter.try_acquire(&Request::new("flat").cost(0)).await), "cost");
-    assert_eq!(field(limiter.try_acquire(&Request::all(&["flat", "flat"])).await), "limits");
-    assert_eq!(field(limiter.try_acquire(&Request::all(&[])).await), "limits");
+    assert_eq!(
+        field(
+            limiter
+                .try_acquire(&Request::new("vendor").key(&long_key))
+                .await
+        ),
+        "key"
+    );
+    assert_eq!(
+        field(limiter.try_acquire(&Request::new("flat").cost(0)).await),
+        "cost"
+    );
+    assert_eq!(
+        field(limiter.try_acquire(&Request::all(&["flat", "flat"])).await),
+        "limits"
+    );
+    assert_eq!(
+        field(limiter.try_acquire(&Request::all(&[])).await),
+        "limits"
+    );
     assert!(matches!(
         limiter.try_acquire(&Request::new("nope")).await,
         Err(Error::UnknownLimit { .. })
@@ -215,15 +429,23 @@ async fn bad_input_is_refused_with_the_field_named() {
     ));
     assert!(matches!(
         limiter.commit("not-a-permit", 0).await,
-        Err(Error::InvalidRequest { field: "permit", .. })
+        Err(Error::InvalidRequest {
+            field: "permit",
+            ..
+        })
     ));
     assert!(matches!(
-        limiter.pause("flat", Some("u"), Duration::from_secs(1)).await,
+        limiter
+            .pause("flat", Some("u"), Duration::from_secs(1))
+            .await,
         Err(Error::InvalidRequest { field: "key", .. })
     ));
     assert!(matches!(
         limiter.pause("flat", None, Duration::ZERO).await,
-        Err(Error::InvalidRequest { field: "retry_after_ms", .. })
+        Err(Error::InvalidRequest {
+            field: "retry_after_ms",
+            ..
+        })
     ));
     assert!(Limit::new("Upper", rate(1, SECOND_US, Algorithm::Fixed), None).is_err());
     assert!(Limit::new(&"a".repeat(129), rate(1, SECOND_US, Algorithm::Fixed), None).is_err());
@@ -232,8 +454,16 @@ async fn bad_input_is_refused_with_the_field_named() {
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_highest_priority_first_then_in_arrival_order() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Fixed), None);
-    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    add(
+        &limiter,
+        "vendor",
+        rate(1, SECOND_US, Algorithm::Fixed),
+        None,
+    );
+    let _taken = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("ok");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (name, priority) in [
@@ -279,13 +509,17 @@ async fn a_higher_priority_is_never_delayed_by_lower_waiters_or_reserves() {
     add(&limiter, "vendor", policy, None);
     // Bulk work takes what it may: 3 units, and then waits.
     for _ in 0..3 {
-        let outcome = limiter.try_acquire(&Request::new("vendor").priority(Priority::Low)).await;
+        let outcome = limiter
+            .try_acquire(&Request::new("vendor").priority(Priority::Low))
+            .await;
         assert!(outcome.expect("ok").is_granted());
     }
     let bulk = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
-            let request = Request::new("vendor").priority(Priority::Low).wait(Duration::from_secs(10));
+            let request = Request::new("vendor")
+                .priority(Priority::Low)
+                .wait(Duration::from_secs(10));
             limiter.acquire(&request).await.expect("ok").is_granted()
         })
     };
@@ -304,13 +538,23 @@ async fn a_waiter_is_woken_by_a_release_not_a_timer() {
     let limiter = Limiter::in_memory();
     let policy = Policy::concurrency(1, 3600 * SECOND_US, Reserve::default()).expect("valid");
     add(&limiter, "pool", policy, None);
-    let held = limiter.try_acquire(&Request::new("pool")).await.expect("ok").granted().expect("room");
+    let held = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
     let start = tokio::time::Instant::now();
     let waiter = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
             let request = Request::new("pool").wait(Duration::from_secs(60));
-            let permit = limiter.acquire(&request).await.expect("ok").granted().expect("granted");
+            let permit = limiter
+                .acquire(&request)
+                .await
+                .expect("ok")
+                .granted()
+                .expect("granted");
             (tokio::time::Instant::now(), permit.fence())
         })
     };
@@ -324,13 +568,24 @@ async fn a_waiter_is_woken_by_a_release_not_a_timer() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_holds_nothing_and_passes_the_turn_on() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(1, SECOND_US, Algorithm::Fixed), None);
-    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    add(
+        &limiter,
+        "vendor",
+        rate(1, SECOND_US, Algorithm::Fixed),
+        None,
+    );
+    let _taken = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("ok");
     let first = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
             let request = Request::new("vendor").wait(Duration::from_secs(30));
-            limiter.acquire(&request).await.map(|outcome| outcome.is_granted())
+            limiter
+                .acquire(&request)
+                .await
+                .map(|outcome| outcome.is_granted())
         })
     };
     tokio::task::yield_now().await;
@@ -338,7 +593,10 @@ async fn a_cancelled_waiter_holds_nothing_and_passes_the_turn_on() {
         let limiter = limiter.clone();
         tokio::spawn(async move {
             let request = Request::new("vendor").wait(Duration::from_secs(30));
-            limiter.acquire(&request).await.map(|outcome| outcome.is_granted())
+            limiter
+                .acquire(&request)
+                .await
+                .map(|outcome| outcome.is_granted())
         })
     };
     tokio::task::yield_now().await;
@@ -350,8 +608,16 @@ async fn a_cancelled_waiter_holds_nothing_and_passes_the_turn_on() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_that_ends_reports_the_remaining_retry() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(1, 10 * SECOND_US, Algorithm::Fixed), None);
-    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    add(
+        &limiter,
+        "vendor",
+        rate(1, 10 * SECOND_US, Algorithm::Fixed),
+        None,
+    );
+    let _taken = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("ok");
     let start = tokio::time::Instant::now();
     let outcome = limiter
         .acquire(&Request::new("vendor").wait(Duration::from_secs(2)))
@@ -365,8 +631,16 @@ async fn a_wait_that_ends_reports_the_remaining_retry() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_ends_waits_with_a_clear_error() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(1, 10 * SECOND_US, Algorithm::Fixed), None);
-    let _taken = limiter.try_acquire(&Request::new("vendor")).await.expect("ok");
+    add(
+        &limiter,
+        "vendor",
+        rate(1, 10 * SECOND_US, Algorithm::Fixed),
+        None,
+    );
+    let _taken = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("ok");
     let waiter = {
         let limiter = limiter.clone();
         tokio::spawn(async move {
@@ -377,56 +651,124 @@ async fn shutdown_ends_waits_with_a_clear_error() {
     };
     tokio::task::yield_now().await;
     limiter.shutdown();
-    assert!(matches!(waiter.await.expect("task"), Err(Error::ShuttingDown)));
+    assert!(matches!(
+        waiter.await.expect("task"),
+        Err(Error::ShuttingDown)
+    ));
 }
 
 #[tokio::test(start_paused = true)]
 async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
     let limiter = limiter_with(100, false);
-    add(&limiter, "per-user", rate(1, SECOND_US, Algorithm::Sliding), Some("user"));
+    add(
+        &limiter,
+        "per-user",
+        rate(1, SECOND_US, Algorithm::Sliding),
+        Some("user"),
+    );
     let store = limiter.store().clone();
     for user in 0..100 {
         let key = format!("user-{user}");
-        let outcome = limiter.try_acquire(&Request::new("per-user").key(&key)).await;
+        let outcome = limiter
+            .try_acquire(&Request::new("per-user").key(&key))
+            .await;
         assert!(outcome.expect("ok").is_granted());
     }
     assert_eq!(store.tracked_keys(), Some(100));
-    let full = limiter.try_acquire(&Request::new("per-user").key("one-more")).await;
-    assert!(matches!(full, Err(Error::TooManyKeys { keys_tracked_max: 100 })), "{full:?}");
+    let full = limiter
+        .try_acquire(&Request::new("per-user").key("one-more"))
+        .await;
+    assert!(
+        matches!(
+            full,
+            Err(Error::TooManyKeys {
+                keys_tracked_max: 100
+            })
+        ),
+        "{full:?}"
+    );
     // One period later every counter is idle; new keys push the old ones out.
     tokio::time::advance(Duration::from_secs(1)).await;
     for user in 100..200 {
         let key = format!("user-{user}");
-        let outcome = limiter.try_acquire(&Request::new("per-user").key(&key)).await;
+        let outcome = limiter
+            .try_acquire(&Request::new("per-user").key(&key))
+            .await;
         assert!(outcome.expect("room after eviction").is_granted());
     }
     assert_eq!(store.tracked_keys(), Some(100));
     // The new ones are live: the cap holds.
-    let full = limiter.try_acquire(&Request::new("per-user").key("one-more")).await;
+    let full = limiter
+        .try_acquire(&Request::new("per-user").key("one-more"))
+        .await;
     assert!(matches!(full, Err(Error::TooManyKeys { .. })), "{full:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_restarted_server_store_waits_one_period_before_granting() {
     let limiter = limiter_with(1000, true);
-    add(&limiter, "vendor", rate(10, SECOND_US, Algorithm::Sliding), None);
-    let denial = denied(limiter.try_acquire(&Request::new("vendor")).await.expect("ok"));
+    add(
+        &limiter,
+        "vendor",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok"),
+    );
     assert_eq!(denial.reason, DenialReason::Paused);
     assert_eq!(denial.retry_after, Duration::from_secs(1));
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    assert!(
+        limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_changed_policy_keeps_what_was_granted() {
     let limiter = Limiter::in_memory();
-    add(&limiter, "vendor", rate(3, SECOND_US, Algorithm::Sliding), None);
+    add(
+        &limiter,
+        "vendor",
+        rate(3, SECOND_US, Algorithm::Sliding),
+        None,
+    );
     for _ in 0..3 {
-        assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+        assert!(
+            limiter
+                .try_acquire(&Request::new("vendor"))
+                .await
+                .expect("ok")
+                .is_granted()
+        );
     }
-    add(&limiter, "vendor", rate(5, SECOND_US, Algorithm::Sliding), None);
+    add(
+        &limiter,
+        "vendor",
+        rate(5, SECOND_US, Algorithm::Sliding),
+        None,
+    );
     for _ in 0..2 {
-        assert!(limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+        assert!(
+            limiter
+                .try_acquire(&Request::new("vendor"))
+                .await
+                .expect("ok")
+                .is_granted()
+        );
     }
-    assert!(!limiter.try_acquire(&Request::new("vendor")).await.expect("ok").is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("ok")
+            .is_granted()
+    );
 }
