@@ -1,0 +1,329 @@
+//! The rules in force and how they change: one immutable `RuleSet` snapshot, swapped whole,
+//! rebuilt from the SQL table on every poll, PostgreSQL notification and admin write.
+//!
+//! A row that fails validation is reported and skipped, but if an earlier version of the same
+//! limit was valid, that version stays in force: an administrator's typo never silently lifts
+//! a limit. Counters live in the store by limit name, so a reload never refills them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tollgate::{LimitTable, Limiter};
+
+use crate::rule::{RawRule, Rule, RuleError};
+use crate::sql::{SourceError, SqlSource, column_of};
+
+/// Rules in force at most; rows past it are refused, so memory stays bounded.
+pub const RULES_MAX: usize = 10_000;
+
+/// A row that is not in force as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RejectedRow {
+    pub name: String,
+    /// The table column at fault.
+    pub column: String,
+    pub reason: String,
+    /// Whether an earlier valid version of this limit is still in force.
+    pub previous_in_force: bool,
+}
+
+/// One version of the rules in force.
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    version: u64,
+    rules: BTreeMap<String, Arc<Rule>>,
+    rejected: Vec<RejectedRow>,
+}
+
+impl RuleSet {
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Rule>> {
+        self.rules.get(name)
+    }
+
+    /// The rules in force, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Rows of the table not in force as written, at the last reload.
+    pub fn rejected(&self) -> &[RejectedRow] {
+        &self.rejected
+    }
+
+    /// The rules whose `match` matches a request. A linear scan: rule sets are small
+    /// (`RULES_MAX`), and the scan keeps the order of names, which makes answers stable.
+    pub fn matching<'s>(
+        &'s self,
+        method: &'s str,
+        normalized_path: &'s str,
+    ) -> impl Iterator<Item = &'s Arc<Rule>> + 's {
+        self.rules.values().filter(move |rule| {
+            rule.matcher()
+                .is_some_and(|matcher| matcher.matches(method, normalized_path))
+        })
+    }
+}
+
+/// Counts for metrics, read at scrape time.
+#[derive(Debug, Default)]
+pub struct RulesStats {
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
+    /// Rows rejected at the last successful reload.
+    pub rows_rejected: AtomicU64,
+    /// Whether the last reload reached the database.
+    pub last_reload_ok: AtomicBool,
+}
+
+/// A rule refused by the admin API, or a database that could not store it.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error(transparent)]
+    Invalid(#[from] RuleError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+#[derive(Debug)]
+struct State {
+    version: u64,
+    /// What was last applied: the valid rules and the rejected rows with their reasons.
+    in_force: BTreeMap<String, Arc<Rule>>,
+    rejected: BTreeMap<String, RejectedRow>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    source: SqlSource,
+    limiter: Limiter,
+    /// Serializes reloads and admin writes, so snapshots are applied in order.
+    state: Mutex<State>,
+    snapshot: RwLock<Arc<RuleSet>>,
+    stats: RulesStats,
+}
+
+/// The rules of one server: the SQL table, the snapshot in force, and the limiter it feeds.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    inner: Arc<Inner>,
+}
+
+impl Rules {
+    /// Load the table and put its rules in force on `limiter`. Fails if the table cannot be
+    /// read: a server should not start with no idea of its limits.
+    pub async fn start(source: SqlSource, limiter: Limiter) -> Result<Rules, SourceError> {
+        let rules = Rules {
+            inner: Arc::new(Inner {
+                source,
+                limiter,
+                state: Mutex::new(State {
+                    version: 0,
+                    in_force: BTreeMap::new(),
+                    rejected: BTreeMap::new(),
+                }),
+                snapshot: RwLock::new(Arc::new(RuleSet::default())),
+                stats: RulesStats::default(),
+            }),
+        };
+        rules.reload().await?;
+        Ok(rules)
+    }
+
+    pub fn source(&self) -> &SqlSource {
+        &self.inner.source
+    }
+
+    pub fn limiter(&self) -> &Limiter {
+        &self.inner.limiter
+    }
+
+    pub fn stats(&self) -> &RulesStats {
+        &self.inner.stats
+    }
+
+    /// The rules in force now.
+    pub fn snapshot(&self) -> Arc<RuleSet> {
+        match self.inner.snapshot.read() {
+            Ok(snapshot) => snapshot.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Read the table and apply it. On a database error nothing changes.
+    pub async fn reload(&self) -> Result<Arc<RuleSet>, SourceError> {
+        let mut state = self.inner.state.lock().await;
+        let rows = match self.inner.source.load().await {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.inner.stats.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                self.inner.stats.last_reload_ok.store(false, Ordering::Relaxed);
+                return Err(error);
+            }
+        };
+        let mut in_force = BTreeMap::new();
+        let mut rejected = BTreeMap::new();
+        for row in rows {
+            let validated = row.rule.and_then(|raw| raw.validate(&row.name));
+            let validated = match validated {
+                Ok(_) if in_force.len() >= RULES_MAX => Err(RuleError {
+                    field: "name",
+                    reason: format!("more than {RULES_MAX} rules; this one is not loaded"),
+                }),
+                other => other,
+            };
+            match validated {
+                Ok(rule) => {
+                    let rule = match state.in_force.get(&row.name) {
+                        // Keep the same Arc when nothing changed, so equality checks are cheap.
+                        Some(previous) if **previous == rule => previous.clone(),
+                        _ => Arc::new(rule),
+                    };
+                    in_force.insert(row.name, rule);
+                }
+                Err(error) => {
+                    let previous = state.in_force.get(&row.name).cloned();
+                    let rejection = RejectedRow {
+                        name: row.name.clone(),
+                        column: column_of(error.field).to_owned(),
+                        reason: error.reason,
+                        previous_in_force: previous.is_some(),
+                    };
+                    if state.rejected.get(&row.name) != Some(&rejection) {
+                        tracing::warn!(
+                            table = %self.inner.source.table(),
+                            row = %rejection.name,
+                            column = %rejection.column,
+                            reason = %rejection.reason,
+                            previous_version_kept = rejection.previous_in_force,
+                            "rules row rejected"
+                        );
+                    }
+                    if let Some(previous) = previous {
+                        in_force.insert(row.name.clone(), previous);
+                    }
+                    rejected.insert(row.name, rejection);
+                }
+            }
+        }
+        for name in state.rejected.keys() {
+            if !rejected.contains_key(name) {
+                tracing::info!(row = %name, "rules row no longer rejected");
+            }
+        }
+        self.inner.stats.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        self.inner.stats.last_reload_ok.store(true, Ordering::Relaxed);
+        self.inner
+            .stats
+            .rows_rejected
+            .store(rejected.len() as u64, Ordering::Relaxed);
+        let changed = state.version == 0 || in_force != state.in_force || rejected != state.rejected;
+        if !changed {
+            return Ok(self.snapshot());
+        }
+        let limits_changed = state.version == 0 || in_force != state.in_force;
+        state.version += 1;
+        if limits_changed {
+            // Counters are kept by name in the store: replacing the table refills nothing.
+            self.inner.limiter.replace_limits(LimitTable::new(
+                state.version,
+                in_force.values().map(|rule| rule.limit().clone()),
+            ));
+            tracing::info!(version = state.version, limits = in_force.len(), "rules applied");
+        }
+        let snapshot = Arc::new(RuleSet {
+            version: state.version,
+            rules: in_force.clone(),
+            rejected: rejected.values().cloned().collect(),
+        });
+        state.in_force = in_force;
+        state.rejected = rejected;
+        match self.inner.snapshot.write() {
+            Ok(mut slot) => *slot = snapshot.clone(),
+            Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
+        }
+        Ok(snapshot)
+    }
+
+    /// Validate a rule, write it to the table, and put the table in force at once.
+    pub async fn put(&self, name: &str, raw: &RawRule) -> Result<Arc<Rule>, RulesError> {
+        let rule = raw.validate(name)?;
+        self.inner.source.upsert(&rule).await?;
+        let snapshot = self.reload().await?;
+        // The row just written is valid, so it is what is in force (unless an administrator
+        // changed it in between, in which case theirs is the newer truth).
+        Ok(snapshot
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rule)))
+    }
+
+    /// Delete a rule's row and put the table in force at once. Returns whether it existed.
+    pub async fn delete(&self, name: &str) -> Result<bool, RulesError> {
+        let existed = self.inner.source.delete(name).await?;
+        self.reload().await?;
+        Ok(existed)
+    }
+
+    /// Reload every `interval`, and at once on a change notification where the database sends
+    /// them, until `stop` turns true. Failed reloads are logged and retried at the next tick.
+    pub fn spawn_reloader(&self, interval: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        let rules = self.clone();
+        tokio::spawn(async move {
+            let mut feed = None;
+            let mut feed_wanted = rules.inner.source.backend() == "postgres";
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                if feed.is_none() && feed_wanted {
+                    match rules.inner.source.change_feed().await {
+                        Ok(Some(opened)) => feed = Some(opened),
+                        Ok(None) => feed_wanted = false,
+                        Err(error) => {
+                            tracing::warn!(%error, "rules change feed unavailable; polling only")
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = stop.changed() => {}
+                    _ = ticker.tick() => {}
+                    changed = next_change(&mut feed) => {
+                        if let Err(error) = changed {
+                            tracing::warn!(%error, "rules change feed lost; reconnecting");
+                            feed = None;
+                        }
+                    }
+                }
+                if *stop.borrow() {
+                    break;
+                }
+                if let Err(error) = rules.reload().await {
+                    tracing::warn!(%error, "rules reload failed; the previous rules stay in force");
+                }
+            }
+        })
+    }
+}
+
+async fn next_change(feed: &mut Option<crate::sql::ChangeFeed>) -> Result<(), SourceError> {
+    match feed {
+        Some(feed) => feed.changed().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,366 @@
+//! Rules: a limit plus an optional request `match`, validated in two stages. `RawRule` is the
+//! input as written (an HTTP body or an SQL row), with every field optional and numbers signed,
+//! so that nothing is refused by the parser with a vague message; `RawRule::validate` turns it
+//! into a `Rule` or an error that names the field and the reason.
+
+use serde::{Deserialize, Serialize};
+use tollgate::{Algorithm, Limit, Policy, Reserve, check_key, check_limit_name};
+
+use crate::path::Match;
+
+/// A rule as written: the body of `PUT /v1/limits/{name}`, or one row of the rules table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    /// Optional in a body (the name is in the path); when given it must equal the path's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `rate` or `concurrency`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Units per period (rate) or leases outstanding (concurrency).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Rate limits: the period, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_ms: Option<i64>,
+    /// Rate limits: `sliding` (default), `fixed` or `gcra`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// `gcra` only: the largest burst, in units (default: `limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<i64>,
+    /// Rate limits: time added to the period to absorb delivery jitter, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_ms: Option<i64>,
+    /// Concurrency limits: how long a lease lives without renewal, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<i64>,
+    /// Units kept for a priority level or higher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<RawReserve>,
+    /// A label (`user`, `account`): each key given at acquire gets its own counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<String>,
+    /// Inbound throttling: which requests the rule applies to.
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matcher: Option<RawMatch>,
+}
+
+/// Units kept for `high` (and for `normal` and higher).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RawReserve {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normal: Option<i64>,
+}
+
+/// `{"method": "GET", "path": "/entity/#/bundle"}`; `*` for any method or any path.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    #[serde(default)]
+    pub method: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// Why a rule was refused: the field (as named in JSON, dotted for nested fields) and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct RuleError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn refuse(field: &'static str, reason: impl Into<String>) -> RuleError {
+    RuleError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A validated rule: the limit the engine enforces, its `match`, and its canonical form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    limit: Limit,
+    matcher: Option<Match>,
+    canonical: RawRule,
+}
+
+impl Rule {
+    pub fn name(&self) -> &str {
+        self.limit.name()
+    }
+
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    pub fn matcher(&self) -> Option<&Match> {
+        self.matcher.as_ref()
+    }
+
+    /// The rule as stored and shown: the name, defaults filled in, the path normalized.
+    pub fn canonical(&self) -> &RawRule {
+        &self.canonical
+    }
+}
+
+const MICROS_PER_MS: i64 = 1_000;
+
+fn required(field: &'static str, value: Option<i64>) -> Result<i64, RuleError> {
+    value.ok_or_else(|| refuse(field, "is required"))
+}
+
+fn positive(field: &'static str, value: i64) -> Result<u64, RuleError> {
+    if value < 1 {
+        return Err(refuse(field, format!("must be at least 1, got {value}")));
+    }
+    Ok(value.unsigned_abs())
+}
+
+fn not_negative(field: &'static str, value: i64) -> Result<u64, RuleError> {
+    if value < 0 {
+        return Err(refuse(field, format!("must not be negative, got {value}")));
+    }
+    Ok(value.unsigned_abs())
+}
+
+fn ms_to_us(field: &'static str, ms: u64) -> Result<u64, RuleError> {
+    ms.checked_mul(MICROS_PER_MS.unsigned_abs())
+        .ok_or_else(|| refuse(field, "is too large"))
+}
+
+fn absent<T>(field: &'static str, value: &Option<T>, why: &str) -> Result<(), RuleError> {
+    match value {
+        Some(_) => Err(refuse(field, why.to_owned())),
+        None => Ok(()),
+    }
+}
+
+impl RawRule {
+    /// The second stage: check every field and build the rule named `name`.
+    pub fn validate(&self, name: &str) -> Result<Rule, RuleError> {
+        check_limit_name(name).map_err(|reason| refuse("name", reason))?;
+        if let Some(given) = &self.name {
+            if given != name {
+                return Err(refuse(
+                    "name",
+                    format!("{given:?} differs from the name in the path, {name:?}"),
+                ));
+            }
+        }
+        let kind = self
+            .kind
+            .as_deref()
+            .ok_or_else(|| refuse("kind", "is required: \"rate\" or \"concurrency\""))?;
+        let reserve = self.reserve()?;
+        let limit = positive("limit", required("limit", self.limit)?)?;
+        let mut canonical = RawRule {
+            name: Some(name.to_owned()),
+            kind: Some(kind.to_owned()),
+            limit: self.limit,
+            reserve: (reserve != Reserve::default()).then(|| RawReserve {
+                high: (reserve.high > 0).then_some(reserve.high as i64),
+                normal: (reserve.normal > 0).then_some(reserve.normal as i64),
+            }),
+            per: self.per.clone(),
+            ..RawRule::default()
+        };
+        let policy = match kind {
+            "rate" => {
+                absent(
+                    "lease_ttl_ms",
+                    &self.lease_ttl_ms,
+                    "applies only to concurrency limits",
+                )?;
+                let period_ms = positive("period_ms", required("period_ms", self.period_ms)?)?;
+                let margin_ms = not_negative("margin_ms", self.margin_ms.unwrap_or(0))?;
+                let algorithm = match self.algorithm.as_deref().unwrap_or("sliding") {
+                    "sliding" => {
+                        absent("burst", &self.burst, "applies only to the gcra algorithm")?;
+                        Algorithm::Sliding
+                    }
+                    "fixed" => {
+                        absent("burst", &self.burst, "applies only to the gcra algorithm")?;
+                        Algorithm::Fixed
+                    }
+                    "gcra" => Algorithm::Gcra {
+                        burst: positive("burst", self.burst.unwrap_or(limit as i64))?,
+                    },
+                    other => {
+                        return Err(refuse(
+                            "algorithm",
+                            format!("must be \"sliding\", \"fixed\" or \"gcra\", got {other:?}"),
+                        ));
+                    }
+                };
+                canonical.period_ms = self.period_ms;
+                canonical.algorithm = Some(algorithm.name().to_owned());
+                canonical.margin_ms = (margin_ms > 0).then_some(margin_ms as i64);
+                if let Algorithm::Gcra { burst } = algorithm {
+                    canonical.burst = Some(burst as i64);
+                }
+                Policy::rate(
+                    limit,
+                    ms_to_us("period_ms", period_ms)?,
+                    ms_to_us("margin_ms", margin_ms)?,
+                    algorithm,
+                    reserve,
+                )
+            }
+            "concurrency" => {
+                let why = "applies only to rate limits";
+                absent("period_ms", &self.period_ms, why)?;
+                absent("algorithm", &self.algorithm, why)?;
+                absent("burst", &self.burst, why)?;
+                absent("margin_ms", &self.margin_ms, why)?;
+                let ttl_ms = positive("lease_ttl_ms", required("lease_ttl_ms", self.lease_ttl_ms)?)?;
+                canonical.lease_ttl_ms = self.lease_ttl_ms;
+                Policy::concurrency(limit, ms_to_us("lease_ttl_ms", ttl_ms)?, reserve)
+            }
+            other => {
+                return Err(refuse(
+                    "kind",
+                    format!("must be \"rate\" or \"concurrency\", got {other:?}"),
+                ));
+            }
+        }
+        .map_err(|error| refuse(error.field, error.reason))?;
+        if let Some(per) = &self.per {
+            check_key(per).map_err(|reason| refuse("per", reason))?;
+        }
+        let matcher = match &self.matcher {
+            None => None,
+            Some(raw) => {
+                let method = raw
+                    .method
+                    .as_deref()
+                    .ok_or_else(|| refuse("match.method", "is required (\"*\" for any)"))?;
+                let path = raw
+                    .path
+                    .as_deref()
+                    .ok_or_else(|| refuse("match.path", "is required (\"*\" for any)"))?;
+                let matcher = Match::new(method, path).map_err(|(field, reason)| refuse(field, reason))?;
+                canonical.matcher = Some(RawMatch {
+                    method: Some(matcher.method().to_owned()),
+                    path: Some(matcher.path().to_owned()),
+                });
+                Some(matcher)
+            }
+        };
+        let limit = Limit::new(name, policy, self.per.as_deref())
+            .map_err(|error| refuse("name", error.to_string()))?;
+        Ok(Rule {
+            limit,
+            matcher,
+            canonical,
+        })
+    }
+
+    fn reserve(&self) -> Result<Reserve, RuleError> {
+        let Some(raw) = &self.reserve else {
+            return Ok(Reserve::default());
+        };
+        Ok(Reserve {
+            high: not_negative("reserve.high", raw.high.unwrap_or(0))?,
+            normal: not_negative("reserve.normal", raw.normal.unwrap_or(0))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> RawRule {
+        serde_json::from_str(json).expect("parses")
+    }
+
+    fn field_of(json: &str) -> &'static str {
+        parse(json).validate("vendor-x").expect_err("invalid").field
+    }
+
+    #[test]
+    fn a_rate_rule_gets_its_defaults_filled_in() {
+        let rule = parse(r#"{"kind":"rate","limit":10,"period_ms":1000,"reserve":{"high":2}}"#)
+            .validate("vendor-x")
+            .expect("valid");
+        assert_eq!(rule.name(), "vendor-x");
+        let canonical = rule.canonical();
+        assert_eq!(canonical.algorithm.as_deref(), Some("sliding"));
+        assert_eq!(canonical.reserve.as_ref().and_then(|r| r.high), Some(2));
+        assert_eq!(rule.limit().policy().capacity(), 10);
+    }
+
+    #[test]
+    fn a_seed_002_row_is_a_fixed_rule_per_user_with_a_match() {
+        let rule = parse(
+            r#"{"kind":"rate","limit":3,"period_ms":60000,"algorithm":"fixed","per":"user",
+                "match":{"method":"get","path":"/entity/123/bundle"}}"#,
+        )
+        .validate("entity-bundle")
+        .expect("valid");
+        let matcher = rule.matcher().expect("has a match");
+        assert!(matcher.matches("GET", "/entity/#/bundle"));
+        assert_eq!(rule.canonical().matcher.as_ref().and_then(|m| m.path.as_deref()), Some("/entity/#/bundle"));
+        assert_eq!(rule.limit().per(), Some("user"));
+    }
+
+    #[test]
+    fn gcra_bursts_default_to_the_limit() {
+        let rule = parse(r#"{"kind":"rate","limit":5,"period_ms":1000,"algorithm":"gcra"}"#)
+            .validate("g")
+            .expect("valid");
+        assert_eq!(rule.canonical().burst, Some(5));
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases = [
+            (r#"{"limit":1,"period_ms":1}"#, "kind"),
+            (r#"{"kind":"leaky","limit":1,"period_ms":1}"#, "kind"),
+            (r#"{"kind":"rate","period_ms":1000}"#, "limit"),
+            (r#"{"kind":"rate","limit":0,"period_ms":1000}"#, "limit"),
+            (r#"{"kind":"rate","limit":-3,"period_ms":1000}"#, "limit"),
+            (r#"{"kind":"rate","limit":1}"#, "period_ms"),
+            (r#"{"kind":"rate","limit":1,"period_ms":0}"#, "period_ms"),
+            (r#"{"kind":"rate","limit":1,"period_ms":-1000}"#, "period_ms"),
+            (r#"{"kind":"rate","limit":1,"period_ms":9223372036854775807}"#, "period_ms"),
+            (r#"{"kind":"rate","limit":1,"period_ms":1000,"margin_ms":-1}"#, "margin_ms"),
+            (r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"x"}"#, "algorithm"),
+            (r#"{"kind":"rate","limit":1,"period_ms":1000,"burst":3}"#, "burst"),
+            (r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"gcra","burst":0}"#, "burst"),
+            (r#"{"kind":"rate","limit":1,"period_ms":1000,"lease_ttl_ms":10}"#, "lease_ttl_ms"),
+            (r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":2}}"#, "reserve"),
+            (r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":-1}}"#, "reserve.high"),
+            (r#"{"kind":"rate","limit":2,"period_ms":1000,"per":""}"#, "per"),
+            (r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"path":"/"}}"#, "match.method"),
+            (r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"method":"GET","path":"x"}}"#, "match.path"),
+            (r#"{"kind":"concurrency","limit":2}"#, "lease_ttl_ms"),
+            (r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":0}"#, "lease_ttl_ms"),
+            (r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":10,"period_ms":5}"#, "period_ms"),
+            (r#"{"name":"other","kind":"concurrency","limit":2,"lease_ttl_ms":10}"#, "name"),
+        ];
+        for (json, field) in cases {
+            assert_eq!(field_of(json), field, "{json}");
+        }
+        let bad_name = parse(r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":10}"#)
+            .validate("Vendor X")
+            .expect_err("bad name");
+        assert_eq!(bad_name.field, "name");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let error = serde_json::from_str::<RawRule>(r#"{"kind":"rate","limt":1}"#)
+            .expect_err("unknown field");
+        assert!(error.to_string().contains("limt"), "{error}");
+    }
+}
