@@ -183,15 +183,21 @@ fn micros(duration: Duration) -> u64 {
 
 impl Limiter {
     pub fn new(store: Arc<dyn Store>, config: LimiterConfig) -> Limiter {
-        Limiter {
-            shared: Arc::new(Shared {
-                store,
-                limits: RwLock::new(Arc::new(LimitTable::default())),
-                waiters: WaitQueue::default(),
-                config,
-                shutting_down: AtomicBool::new(false),
-            }),
-        }
+        let shared = Arc::new(Shared {
+            store,
+            limits: RwLock::new(Arc::new(LimitTable::default())),
+            waiters: WaitQueue::default(),
+            config,
+            shutting_down: AtomicBool::new(false),
+        });
+        // Weak: the store lives inside `Shared`, and must not keep it alive.
+        let weak = Arc::downgrade(&shared);
+        shared.store.on_wake(Arc::new(move |counter| {
+            if let Some(shared) = weak.upgrade() {
+                shared.waiters.wake_head(counter);
+            }
+        }));
+        Limiter { shared }
     }
 
     /// A limiter on a fresh in-memory store: at most a million counters, waits up to a minute,

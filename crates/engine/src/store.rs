@@ -126,6 +126,9 @@ impl<T> Future for StoreFuture<'_, T> {
     }
 }
 
+/// Called with a counter on which capacity came back.
+pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
+
 /// Where counters live. Every method is one atomic step on the store's side.
 pub trait Store: Send + Sync + fmt::Debug {
     /// Check every take, and grant `cost` on all of them only if all allow it.
@@ -146,6 +149,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// limit counted per key, on every key of the limit. Pauses only extend. Returns the time
     /// until the pause ends.
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64>;
+
+    /// Register the limiter's wake-up: a store shared between processes calls it when another
+    /// process gave capacity back on a counter (a refund, a release), so that waiters here ask
+    /// again at once instead of sleeping out their retry hint. In-process stores need not: the
+    /// limiter sees their refunds and releases itself.
+    fn on_wake(&self, wake: WakeFn) {
+        let _ = wake;
+    }
 
     /// How many counters the store tracks now, if it can tell cheaply.
     fn tracked_keys(&self) -> Option<u64> {

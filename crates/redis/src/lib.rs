@@ -1,1 +1,584 @@
-//! The Redis store: shared counters for many processes, decided atomically in Lua on Redis's clock.
+//! The Redis store: counters shared by any number of processes and machines.
+//!
+//! Every operation (acquire over several counters, commit, renew, pause) is one `EVALSHA` of
+//! `tollgate.lua`, which decides atomically with the same arithmetic as the decision core, on
+//! Redis's clock (`TIME`), never a worker's (G5). The script is loaded once and called by its
+//! SHA; after a script-cache flush the client loads it again transparently.
+//!
+//! Keys: `tg:{<namespace>}:...`. The namespace is the hash tag, so every key of one decision
+//! lands on one Redis Cluster slot; limit names and user keys stay outside the braces, length-
+//! prefixed, so no input can address another limit's or another key's counter. Every key is
+//! written with its expiry in the same script, so no key lives without a TTL and Redis's memory
+//! follows live state (G7).
+//!
+//! Lost state (G6): a generation hash `{born, ver}` is bumped by every operation; a missing
+//! hash, or a version lower than this client has seen (failover to a stale replica), starts a new
+//! generation, and every counter created within one period (or lease TTL) of its birth grants
+//! nothing until then. Unreachable Redis: `store_unavailable`, unless `fail_open` is set.
+//!
+//! Waiting across processes: the script publishes a counter's key on the namespace's wake
+//! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
+//! the limiter's wake-up, so a waiter in one process wakes when another releases.
+
+mod keys;
+// mod leasing;
+
+#[cfg(test)]
+mod differential_tests;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use redis::{RedisError, Script, Value};
+use smallvec::SmallVec;
+use tollgate::{
+    CounterId, CounterOutcome, Decision, Error, Renewed, Result, Store, StoreFuture, Take, WakeFn,
+};
+use tollgate_core::{
+    Algorithm, Committed, Denial, DenyReason, Grant, Kind, PermitError, Policy, Priority,
+};
+
+pub use keys::check_namespace;
+
+const SCRIPT: &str = include_str!("tollgate.lua");
+
+/// How a Redis store connects and behaves.
+#[derive(Clone, Debug)]
+pub struct RedisStoreConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// The hash tag of every key, and the unit of atomicity: limits decided together must share
+    /// a namespace. `[a-z0-9_-]`, at most 64 bytes.
+    pub namespace: String,
+    /// Grant when Redis cannot be reached. Off (fail-closed) unless the operator decides that
+    /// overdrawing a quota is better than stopping; then every grant made while Redis is down is
+    /// a grant no limit counted.
+    pub fail_open: bool,
+    /// How long one operation may take before it counts as unreachable.
+    pub timeout: Duration,
+}
+
+/// Counters in Redis, shared by every process on the same namespace.
+pub struct RedisStore {
+    connection: ConnectionManager,
+    script: Script,
+    keys: keys::Keys,
+    config: RedisStoreConfig,
+    /// The highest generation version seen: a lower one from Redis means it lost state.
+    version_seen: Arc<AtomicU64>,
+    /// The generation's birth in the last reply (for tests mirroring the script).
+    born_seen: AtomicU64,
+    wake: Arc<Mutex<Option<WakeFn>>>,
+    subscriber: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.config.namespace)
+            .field("fail_open", &self.config.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if let Some(subscriber) = self.subscriber.take() {
+            subscriber.abort();
+        }
+    }
+}
+
+fn unavailable(error: impl fmt::Display) -> Error {
+    Error::StoreUnavailable {
+        reason: error.to_string(),
+    }
+}
+
+/// The nine numbers the script reads for a policy.
+fn policy_args(policy: &Policy) -> [u64; 9] {
+    let reserve = policy.reserve();
+    match policy.kind() {
+        Kind::Rate(rate) => {
+            let (algorithm, burst) = match rate.algorithm() {
+                Algorithm::Sliding => (1, 0),
+                Algorithm::Fixed => (2, 0),
+                Algorithm::Gcra { burst } => (3, burst),
+            };
+            [
+                1,
+                rate.limit(),
+                rate.period_us(),
+                rate.margin_us(),
+                algorithm,
+                burst,
+                0,
+                reserve.high,
+                reserve.normal,
+            ]
+        }
+        Kind::Concurrency(concurrency) => [
+            2,
+            concurrency.limit(),
+            0,
+            0,
+            0,
+            0,
+            concurrency.lease_ttl_us(),
+            reserve.high,
+            reserve.normal,
+        ],
+    }
+}
+
+fn priority_arg(priority: Priority) -> u64 {
+    match priority {
+        Priority::Low => 0,
+        Priority::Normal => 1,
+        Priority::High => 2,
+    }
+}
+
+/// The script's reply, read as a list of integers after its leading status word.
+struct Reply {
+    status: String,
+    numbers: Vec<i64>,
+}
+
+fn parse_reply(value: Value) -> Result<Reply> {
+    let Value::Array(items) = value else {
+        return Err(Error::StoreUnavailable {
+            reason: format!("unexpected script reply {value:?}"),
+        });
+    };
+    let mut items = items.into_iter();
+    let status = match items.next() {
+        Some(Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Some(Value::SimpleString(text)) => text,
+        other => {
+            return Err(Error::StoreUnavailable {
+                reason: format!("unexpected script status {other:?}"),
+            });
+        }
+    };
+    let numbers = items
+        .map(|item| match item {
+            Value::Int(number) => Ok(number),
+            other => Err(Error::StoreUnavailable {
+                reason: format!("unexpected script value {other:?}"),
+            }),
+        })
+        .collect::<Result<Vec<i64>>>()?;
+    Ok(Reply { status, numbers })
+}
+
+fn u(number: i64) -> u64 {
+    u64::try_from(number).unwrap_or(0)
+}
+
+/// The head every successful reply starts with.
+#[derive(Clone, Copy, Debug)]
+struct Head {
+    now_us: u64,
+    version: u64,
+    born_us: u64,
+    lost: bool,
+}
+
+impl RedisStore {
+    /// Connect, load the script, and subscribe to the namespace's wake-ups.
+    pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore> {
+        keys::check_namespace(&config.namespace).map_err(|reason| Error::InvalidRequest {
+            field: "namespace",
+            reason,
+        })?;
+        let client =
+            redis::Client::open(config.url.as_str()).map_err(|error| Error::InvalidRequest {
+                field: "store",
+                reason: format!("not a Redis URL: {error}"),
+            })?;
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(1);
+        let connection = tokio::time::timeout(
+            config.timeout,
+            ConnectionManager::new_with_config(client.clone(), manager_config),
+        )
+        .await
+        .map_err(|_| unavailable("timed out connecting to Redis"))?
+        .map_err(unavailable)?;
+        let script = Script::new(SCRIPT);
+        let mut loader = connection.clone();
+        script
+            .prepare_invoke()
+            .load_async(&mut loader)
+            .await
+            .map_err(unavailable)?;
+        let keys = keys::Keys::new(&config.namespace);
+        let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
+        let subscriber = tokio::spawn(subscribe(
+            client,
+            keys.wake_channel().to_owned(),
+            keys.clone(),
+            wake.clone(),
+        ));
+        Ok(RedisStore {
+            connection,
+            script,
+            keys,
+            config,
+            version_seen: Arc::new(AtomicU64::new(0)),
+            born_seen: AtomicU64::new(0),
+            wake,
+            subscriber: Some(subscriber),
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.config.namespace
+    }
+
+    /// Run the script: one round trip. `keys` and `args` follow the script's header.
+    async fn run(&self, keys: &[String], args: &[Vec<u8>]) -> Result<(Head, Reply)> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(self.keys.generation());
+        for key in keys {
+            invocation.key(key.as_str());
+        }
+        for arg in args {
+            invocation.arg(arg.as_slice());
+        }
+        let mut connection = self.connection.clone();
+        let value: Value = tokio::time::timeout(
+            self.config.timeout,
+            invocation.invoke_async(&mut connection),
+        )
+        .await
+        .map_err(|_| unavailable("Redis did not answer in time"))?
+        .map_err(|error: RedisError| unavailable(error))?;
+        let reply = parse_reply(value)?;
+        if reply.numbers.len() < 4 {
+            return Err(unavailable("script reply without its head"));
+        }
+        let head = Head {
+            now_us: u(reply.numbers[0]),
+            version: u(reply.numbers[1]),
+            born_us: u(reply.numbers[2]),
+            lost: reply.numbers[3] != 0,
+        };
+        self.version_seen.fetch_max(head.version, Ordering::AcqRel);
+        self.born_seen.store(head.born_us, Ordering::Release);
+        if head.lost {
+            tracing::warn!(
+                namespace = %self.config.namespace,
+                "Redis lost Tollgate's state; granting nothing on a limit until one period after {}",
+                head.born_us
+            );
+        }
+        Ok((head, reply))
+    }
+
+    fn common_args(&self, operation: &str) -> Vec<Vec<u8>> {
+        vec![
+            operation.as_bytes().to_vec(),
+            self.version_seen
+                .load(Ordering::Acquire)
+                .to_string()
+                .into_bytes(),
+            self.keys.wake_channel().as_bytes().to_vec(),
+        ]
+    }
+
+    async fn acquire_remote(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Decision> {
+        if takes.len() > tollgate::COUNTERS_PER_REQUEST_MAX {
+            return Err(Error::InvalidRequest {
+                field: "limits",
+                reason: format!(
+                    "at most {} limits per request",
+                    tollgate::COUNTERS_PER_REQUEST_MAX
+                ),
+            });
+        }
+        let mut keys = Vec::with_capacity(takes.len() * 2);
+        let mut args = self.common_args("acquire");
+        args.push(cost.to_string().into_bytes());
+        args.push(priority_arg(priority).to_string().into_bytes());
+        args.push(takes.len().to_string().into_bytes());
+        for take in takes {
+            keys.push(self.keys.counter(take.counter));
+            keys.push(self.keys.limit_pause(take.counter.limit));
+            for number in policy_args(take.policy) {
+                args.push(number.to_string().into_bytes());
+            }
+        }
+        let (head, reply) = match self.run(&keys, &args).await {
+            Ok(answer) => answer,
+            Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
+                tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
+                return Ok(fail_open_decision(takes.len()));
+            }
+            Err(error) => return Err(error),
+        };
+        match reply.status.as_str() {
+            "ok" => {}
+            "cost" => {
+                let index = usize::try_from(reply.numbers.get(4).copied().unwrap_or(1))
+                    .unwrap_or(1)
+                    .saturating_sub(1);
+                let limit = takes.get(index).map_or("", |take| take.counter.limit);
+                return Err(Error::Cost {
+                    limit: limit.to_owned(),
+                    source: tollgate_core::CostError {
+                        cost,
+                        capacity: u(reply.numbers.get(5).copied().unwrap_or(0)),
+                    },
+                });
+            }
+            other => return Err(unavailable(format!("unexpected script status {other}"))),
+        }
+        let numbers = &reply.numbers[4..];
+        if numbers.len() != takes.len() * 5 {
+            return Err(unavailable("script reply of the wrong length"));
+        }
+        let outcomes: SmallVec<[CounterOutcome; 2]> = numbers
+            .chunks(5)
+            .map(|outcome| match outcome[0] {
+                0 => CounterOutcome::Granted(Grant {
+                    seq: u(outcome[1]),
+                    remaining: u(outcome[2]),
+                    reset_after_us: u(outcome[3]),
+                    lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
+                }),
+                1 => CounterOutcome::Allowed {
+                    remaining: u(outcome[2]),
+                },
+                _ => CounterOutcome::Denied(Denial {
+                    retry_after_us: u(outcome[1]),
+                    remaining: u(outcome[2]),
+                    reason: if outcome[3] == 1 {
+                        DenyReason::Paused
+                    } else {
+                        DenyReason::Capacity
+                    },
+                }),
+            })
+            .collect();
+        Ok(Decision {
+            now_us: head.now_us,
+            outcomes,
+        })
+    }
+
+    async fn commit_remote(&self, take: Take<'_>, seq: u64, used: u64) -> Result<Committed> {
+        self.commit_at(take, seq, used).await.1
+    }
+
+    /// Commit, and the store's clock at the decision (0 when Redis did not answer).
+    pub(crate) async fn commit_at(
+        &self,
+        take: Take<'_>,
+        seq: u64,
+        used: u64,
+    ) -> (u64, Result<Committed>) {
+        let mut args = self.common_args("commit");
+        for number in policy_args(take.policy) {
+            args.push(number.to_string().into_bytes());
+        }
+        args.push(seq.to_string().into_bytes());
+        args.push(used.to_string().into_bytes());
+        let keys = [self.keys.counter(take.counter)];
+        let (head, reply) = match self.run(&keys, &args).await {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
+            "ok" => Ok(Committed {
+                refunded: u(reply.numbers.get(4).copied().unwrap_or(0)),
+                released: u(reply.numbers.get(5).copied().unwrap_or(0)),
+            }),
+            status => Err(permit_error(status, &reply.numbers, used)),
+        };
+        (head.now_us, result)
+    }
+
+    async fn renew_remote(&self, take: Take<'_>, fence: u64) -> Result<Renewed> {
+        let (now, result) = self.renew_at(take, fence).await;
+        result.map(|expires_at| Renewed {
+            expires_in_us: expires_at.saturating_sub(now),
+        })
+    }
+
+    /// Renew, and the store's clock at the decision; the result is the absolute expiry.
+    pub(crate) async fn renew_at(&self, take: Take<'_>, fence: u64) -> (u64, Result<u64>) {
+        let mut args = self.common_args("renew");
+        for number in policy_args(take.policy) {
+            args.push(number.to_string().into_bytes());
+        }
+        args.push(fence.to_string().into_bytes());
+        let keys = [self.keys.counter(take.counter)];
+        let (head, reply) = match self.run(&keys, &args).await {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
+            "ok" => Ok(u(reply.numbers.get(4).copied().unwrap_or(0))),
+            status => Err(permit_error(status, &reply.numbers, 0)),
+        };
+        (head.now_us, result)
+    }
+
+    async fn pause_remote(&self, take: Take<'_>, duration_us: u64) -> Result<u64> {
+        let (now, result) = self.pause_at(take, duration_us).await;
+        result.map(|until| until.saturating_sub(now))
+    }
+
+    /// Pause, and the store's clock at the decision; the result is the absolute end.
+    pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
+        let mut args = self.common_args("pause");
+        for number in policy_args(take.policy) {
+            args.push(number.to_string().into_bytes());
+        }
+        args.push(duration_us.to_string().into_bytes());
+        let keyed = take.counter.key.is_some();
+        args.push(if keyed { b"1".to_vec() } else { b"0".to_vec() });
+        let key = if keyed {
+            self.keys.counter(take.counter)
+        } else {
+            self.keys.limit_pause(take.counter.limit)
+        };
+        let (head, reply) = match self.run(&[key], &args).await {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
+            "ok" => Ok(u(reply.numbers.get(4).copied().unwrap_or(0))),
+            other => Err(unavailable(format!("unexpected script status {other}"))),
+        };
+        (head.now_us, result)
+    }
+
+    /// The generation's birth as of the last reply, in the store's microseconds.
+    pub fn last_born_us(&self) -> u64 {
+        self.born_seen.load(Ordering::Acquire)
+    }
+
+    /// The Redis key that holds `counter` (for tests and operators).
+    pub fn counter_key(&self, counter: CounterId<'_>) -> String {
+        self.keys.counter(counter)
+    }
+
+    /// The prefix every key of this store starts with.
+    pub fn key_prefix(&self) -> &str {
+        self.keys.prefix()
+    }
+}
+
+fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
+    let source = match status {
+        "unknown" => PermitError::Unknown,
+        "gone" => PermitError::Gone,
+        "lease_expired" => PermitError::LeaseExpired,
+        "wrong_kind" => PermitError::WrongKind,
+        "used_above_cost" => PermitError::UsedAboveCost {
+            used,
+            cost: u(numbers.get(4).copied().unwrap_or(0)),
+        },
+        other => return unavailable(format!("unexpected script status {other}")),
+    };
+    Error::Permit { source }
+}
+
+/// A grant on every counter that counts nothing: what fail-open answers while Redis is down.
+fn fail_open_decision(counters: usize) -> Decision {
+    Decision {
+        now_us: 0,
+        outcomes: (0..counters)
+            .map(|_| {
+                CounterOutcome::Granted(Grant {
+                    seq: 0,
+                    remaining: 0,
+                    reset_after_us: 0,
+                    lease_expires_at: None,
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Listen on the wake channel, reconnecting with a capped backoff, and pass every counter whose
+/// capacity came back to the limiter's wake-up.
+async fn subscribe(
+    client: redis::Client,
+    channel: String,
+    keys: keys::Keys,
+    wake: Arc<Mutex<Option<WakeFn>>>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if pubsub.subscribe(&channel).await.is_ok() {
+                    backoff = Duration::from_millis(50);
+                    let mut messages = pubsub.on_message();
+                    while let Some(message) = messages.next().await {
+                        let payload: Vec<u8> = message.get_payload_bytes().to_vec();
+                        let Ok(text) = String::from_utf8(payload) else {
+                            continue;
+                        };
+                        if let Some((limit, key)) = keys.parse_counter(&text) {
+                            let handler = wake.lock().ok().and_then(|slot| slot.clone());
+                            if let Some(handler) = handler {
+                                handler(CounterId {
+                                    limit: &limit,
+                                    key: key.as_deref(),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            Err(error) => tracing::debug!(%error, "wake-up subscription failed; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority))
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        StoreFuture::boxed(self.commit_remote(take, seq, used))
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        StoreFuture::boxed(self.renew_remote(take, fence))
+    }
+
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        StoreFuture::boxed(self.pause_remote(take, duration_us))
+    }
+
+    fn on_wake(&self, wake: WakeFn) {
+        if let Ok(mut slot) = self.wake.lock() {
+            *slot = Some(wake);
+        }
+    }
+}

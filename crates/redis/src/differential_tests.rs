@@ -1,0 +1,278 @@
+//! The Lua script against the decision core: random operation sequences run through Redis,
+//! and every answer is compared with what `tollgate_core::Counter` says at the same instant (the
+//! script reports the `TIME` it decided at; the core is asked at exactly that time). Any
+//! difference between the two implementations of the arithmetic fails here.
+//!
+//! Needs `TOLLGATE_TEST_REDIS`; skipped (loudly) without it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use tollgate::{CounterId, CounterOutcome, Error, Take};
+use tollgate_core::{
+    Algorithm, Committed, Counter, PermitError, Policy, Priority, Reserve, Verdict,
+};
+
+use crate::{RedisStore, RedisStoreConfig};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        cost: u64,
+        priority: Priority,
+    },
+    /// Commit the permit `pick` (modulo how many there are) with `used` (modulo its cost + 2,
+    /// so that `used > cost` is tried too).
+    Commit {
+        pick: usize,
+        used: u64,
+    },
+    Renew {
+        pick: usize,
+    },
+    Pause {
+        duration_ms: u64,
+    },
+    Sleep {
+        ms: u64,
+    },
+}
+
+fn priority() -> impl Strategy<Value = Priority> {
+    prop_oneof![
+        Just(Priority::Low),
+        Just(Priority::Normal),
+        Just(Priority::High)
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (1u64..4, priority()).prop_map(|(cost, priority)| Op::Acquire { cost, priority }),
+        2 => (any::<usize>(), 0u64..6).prop_map(|(pick, used)| Op::Commit { pick, used }),
+        1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
+        1 => (1u64..40).prop_map(|duration_ms| Op::Pause { duration_ms }),
+        2 => (0u64..60).prop_map(|ms| Op::Sleep { ms }),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    let reserve = (0u64..2, 0u64..2).prop_map(|(high, normal)| Reserve { high, normal });
+    prop_oneof![
+        (3u64..8, 20u64..120, 0u64..10, reserve.clone()).prop_map(
+            |(limit, period_ms, margin_ms, r)| {
+                Policy::rate(
+                    limit,
+                    period_ms * 1000,
+                    margin_ms * 1000,
+                    Algorithm::Sliding,
+                    r,
+                )
+                .expect("valid")
+            }
+        ),
+        (70u64..140, 20u64..120, reserve.clone()).prop_map(|(limit, period_ms, r)| {
+            Policy::rate(limit, period_ms * 1000, 0, Algorithm::Sliding, r).expect("valid")
+        }),
+        (3u64..8, 20u64..120, reserve.clone()).prop_map(|(limit, period_ms, r)| {
+            Policy::rate(limit, period_ms * 1000, 0, Algorithm::Fixed, r).expect("valid")
+        }),
+        (3u64..8, 20u64..120, 3u64..8, reserve.clone()).prop_map(|(limit, period_ms, burst, r)| {
+            Policy::rate(limit, period_ms * 1000, 0, Algorithm::Gcra { burst }, r).expect("valid")
+        }),
+        (3u64..6, 20u64..120, reserve).prop_map(|(limit, ttl_ms, r)| {
+            Policy::concurrency(limit, ttl_ms * 1000, r).expect("valid")
+        }),
+    ]
+}
+
+fn redis_url() -> Option<String> {
+    match std::env::var("TOLLGATE_TEST_REDIS") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            eprintln!("SKIPPED: TOLLGATE_TEST_REDIS is unset; the Lua script was not compared");
+            None
+        }
+    }
+}
+
+/// One sequence: every answer from Redis equals the core's at the same instant.
+async fn compare(
+    store: &RedisStore,
+    limit: &str,
+    policy: Policy,
+    ops: &[Op],
+) -> Result<(), String> {
+    let counter_id = CounterId {
+        limit,
+        key: Some("k"),
+    };
+    let take = Take {
+        counter: counter_id,
+        policy: &policy,
+    };
+    let mut core: Option<Counter> = None;
+    // (seq, cost) of every grant so far
+    let mut permits: Vec<(u64, u64)> = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        let context = |what: String| format!("step {step} {op:?}: {what}");
+        match op {
+            Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            Op::Acquire { cost, priority } => {
+                let takes = [take];
+                let result = store.acquire_remote(&takes, *cost, *priority).await;
+                let (head, outcome) = match result {
+                    Ok(decision) => (decision.now_us, Some(decision.outcomes[0])),
+                    Err(Error::Cost { .. }) => (0, None),
+                    Err(other) => return Err(context(format!("store failed: {other}"))),
+                };
+                let Some(outcome) = outcome else {
+                    // The core must refuse the cost too (checked without a clock).
+                    let open = policy.capacity_for(*priority);
+                    if *cost <= open {
+                        return Err(context(format!("Redis refused cost {cost} <= {open}")));
+                    }
+                    continue;
+                };
+                let now = head;
+                let born = store.last_born_us();
+                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
+                let expected = counter
+                    .decide(&policy, now, *cost, *priority)
+                    .map_err(|e| context(format!("core refused the cost: {e}")))?;
+                let same = match (expected, outcome) {
+                    (Verdict::Granted(grant), CounterOutcome::Granted(redis)) => {
+                        permits.push((grant.seq, *cost));
+                        grant == redis
+                    }
+                    (Verdict::Denied(denial), CounterOutcome::Denied(redis)) => denial == redis,
+                    _ => false,
+                };
+                if !same {
+                    return Err(context(format!(
+                        "core {expected:?} != redis {outcome:?} at {now}"
+                    )));
+                }
+            }
+            Op::Commit { pick, used } => {
+                if permits.is_empty() {
+                    continue;
+                }
+                // Mostly one of the newest few: older ones have usually expired.
+                let newest = permits.len().min(4);
+                let (seq, cost) = if pick % 5 == 0 {
+                    permits[pick % permits.len()]
+                } else {
+                    permits[permits.len() - 1 - pick % newest]
+                };
+                let used = used % (cost + 2);
+                let (now, redis) = store.commit_at(take, seq, used).await;
+                let expected = match core.as_mut() {
+                    Some(counter) if now > 0 => counter.commit(&policy, now, seq, used),
+                    _ => continue,
+                };
+                compare_permit_results(expected, redis).map_err(context)?;
+            }
+            Op::Renew { pick } => {
+                if permits.is_empty() || !policy.is_concurrency() {
+                    continue;
+                }
+                let (fence, _) = permits[pick % permits.len()];
+                let (now, redis) = store.renew_at(take, fence).await;
+                let expected = match core.as_mut() {
+                    Some(counter) if now > 0 => counter.renew(&policy, now, fence),
+                    _ => continue,
+                };
+                compare_permit_results(expected, redis).map_err(context)?;
+            }
+            Op::Pause { duration_ms } => {
+                let (now, until) = store.pause_at(take, duration_ms * 1000).await;
+                let until = until.map_err(|e| context(format!("pause failed: {e}")))?;
+                let born = store.last_born_us();
+                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
+                counter.pause(now + duration_ms * 1000);
+                if counter.paused_until() != until {
+                    return Err(context(format!(
+                        "core paused until {} != redis {until}",
+                        counter.paused_until()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fresh(policy: &Policy, now: u64, born: u64) -> Counter {
+    let until = born + policy.memory_us();
+    if now < until {
+        Counter::recovering(now, until)
+    } else {
+        Counter::new(now)
+    }
+}
+
+fn compare_permit_results<T: PartialEq + std::fmt::Debug>(
+    core: Result<T, PermitError>,
+    redis: Result<T, Error>,
+) -> Result<(), String> {
+    let redis = redis.map_err(|error| match error {
+        Error::Permit { source } => Ok(source),
+        other => Err(other.to_string()),
+    });
+    match (core, redis) {
+        (Ok(a), Ok(b)) if a == b => Ok(()),
+        (Err(a), Err(Ok(b))) if a == b => Ok(()),
+        (a, b) => Err(format!("core {a:?} != redis {b:?}")),
+    }
+}
+
+#[test]
+fn the_lua_script_decides_exactly_like_the_core() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = Arc::new(
+        runtime
+            .block_on(RedisStore::connect(RedisStoreConfig {
+                url,
+                namespace: format!("differential-{}", std::process::id()),
+                fail_open: false,
+                timeout: Duration::from_secs(5),
+            }))
+            .expect("connect to Redis"),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let result = runner.run(
+        &(policy(), proptest::collection::vec(op(), 1..60)),
+        |(policy, ops)| {
+            // A limit name of its own per case: no state carries over between cases.
+            let name = format!(
+                "l{}",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let outcome = runtime.block_on(compare(&store, &name, policy, &ops));
+            prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+            Ok(())
+        },
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+/// What `Committed` looks like from a lease release, for the compile-time check that the
+/// store's commit result is the core's type.
+#[allow(dead_code)]
+fn committed_is_the_core_type(committed: Committed) -> Committed {
+    committed
+}
