@@ -10,6 +10,7 @@
 //! The arithmetic lives in [`tollgate_core`], re-exported here.
 
 mod clock;
+pub mod conformance;
 mod error;
 mod limiter;
 mod limits;

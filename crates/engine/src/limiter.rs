@@ -473,6 +473,7 @@ impl Limiter {
             return Outcome::Granted(Permit {
                 shared: self.shared.clone(),
                 parts,
+                decided_at_us: decision.now_us,
                 settled: false,
             });
         }
@@ -686,6 +687,7 @@ struct GrantedPart {
 pub struct Permit {
     shared: Arc<Shared>,
     parts: SmallVec<[GrantedPart; 2]>,
+    decided_at_us: u64,
     settled: bool,
 }
 
@@ -708,6 +710,12 @@ impl Permit {
                 lease_expires_in: granted.lease_expires_in_us.map(Duration::from_micros),
             })
             .collect()
+    }
+
+    /// When the store granted it, in microseconds on the store's clock (Redis `TIME`, or the
+    /// memory store's clock): the time limits count it at.
+    pub fn decided_at_us(&self) -> u64 {
+        self.decided_at_us
     }
 
     /// The fencing token of the first lease in this permit.

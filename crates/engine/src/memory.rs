@@ -21,7 +21,9 @@ use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take};
+use crate::store::{
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+};
 use std::sync::Arc;
 
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
@@ -134,6 +136,17 @@ pub struct MemoryStore {
     pauses: Mutex<Vec<(Box<str>, u64)>>,
     pauses_active: AtomicUsize,
     started_at: Option<u64>,
+    /// The wake-ups of every limiter on this store.
+    wake: WakeHandlers,
+}
+
+#[derive(Default)]
+struct WakeHandlers(Mutex<Vec<WakeFn>>);
+
+impl std::fmt::Debug for WakeHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WakeHandlers({})", lock(&self.0).len())
+    }
 }
 
 impl MemoryStore {
@@ -148,6 +161,7 @@ impl MemoryStore {
             pauses: Mutex::new(Vec::new()),
             pauses_active: AtomicUsize::new(0),
             started_at,
+            wake: WakeHandlers::default(),
         }
     }
 
@@ -424,7 +438,7 @@ impl Store for MemoryStore {
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        StoreFuture::ready(self.with_existing(
+        let result = self.with_existing(
             take,
             || {
                 // Forgotten counters were idle: nothing they granted still counts.
@@ -438,7 +452,17 @@ impl Store for MemoryStore {
                 }
             },
             |counter, now| Ok(counter.commit(take.policy, now, seq, used)?),
-        ))
+        );
+        if let Ok(committed) = &result
+            && (committed.refunded > 0 || committed.released > 0)
+        {
+            // Every limiter on this store, not only the one that committed, has waiters to wake.
+            let handlers: Vec<WakeFn> = lock(&self.wake.0).clone();
+            for handler in handlers {
+                handler(take.counter);
+            }
+        }
+        StoreFuture::ready(result)
     }
 
     fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
@@ -456,6 +480,10 @@ impl Store for MemoryStore {
 
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         StoreFuture::ready(self.pause_now(take, duration_us))
+    }
+
+    fn on_wake(&self, wake: WakeFn) {
+        lock(&self.wake.0).push(wake);
     }
 
     fn tracked_keys(&self) -> Option<u64> {

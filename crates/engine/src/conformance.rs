@@ -1,0 +1,660 @@
+//! The behaviour every store must show through the limiter, as one suite that each store's tests
+//! run (`conformance_tests!`), so the memory store and the Redis store are held to the same
+//! cases rather than to copies that drift apart.
+//!
+//! The suite runs on the wall clock (a shared store has its own clock, which no test can pause),
+//! so it asserts safety exactly and timing only with generous room: never more than a limit,
+//! never a double release; a wait ends "well before" a deadline that would only be reached if a
+//! wake-up were lost. Counting is done from the grants' own decision times (`decided_at_us`, the
+//! deciding clock of G1), by the test, never from the store's numbers.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Algorithm, Policy, Priority, Reserve};
+
+use crate::{
+    DenialReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
+    Request, Store,
+};
+
+/// Two views of one shared state: two handles a store's users would open (for the memory store,
+/// the same store twice; for Redis, two connections on one namespace).
+#[derive(Debug, Clone)]
+pub struct Stores {
+    pub first: Arc<dyn Store>,
+    pub second: Arc<dyn Store>,
+}
+
+const MS: u64 = 1_000;
+
+fn limiter(store: &Arc<dyn Store>, secret: PermitSecret) -> Limiter {
+    Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: secret,
+        },
+    )
+}
+
+fn pair(stores: &Stores) -> (Limiter, Limiter) {
+    let secret = PermitSecret::random();
+    (
+        limiter(&stores.first, secret),
+        limiter(&stores.second, secret),
+    )
+}
+
+fn rate(limit: u64, period_ms: u64, algorithm: Algorithm) -> Policy {
+    Policy::rate(limit, period_ms * MS, 0, algorithm, Reserve::default()).expect("valid policy")
+}
+
+fn add(limiters: &[&Limiter], name: &str, policy: Policy, per: Option<&str>) {
+    for limiter in limiters {
+        limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
+    }
+}
+
+fn denied(outcome: Outcome) -> crate::Denied {
+    match outcome {
+        Outcome::Denied(denied) => denied,
+        Outcome::Granted(permit) => panic!("expected a denial, got {:?}", permit.limits()),
+    }
+}
+
+/// Grant up to the limit, then deny with a hint that is honest: after waiting it out, granted.
+pub async fn rate_limits_grant_to_the_limit_and_hint_honestly(stores: Stores) {
+    let (limiter, _) = pair(&stores);
+    for (name, algorithm) in [
+        ("sliding", Algorithm::Sliding),
+        ("fixed", Algorithm::Fixed),
+        ("gcra", Algorithm::Gcra { burst: 3 }),
+    ] {
+        add(&[&limiter], name, rate(3, 400, algorithm), None);
+        let request = Request::new(name);
+        let mut granted = 0;
+        let denial = loop {
+            match limiter.try_acquire(&request).await.expect("store answers") {
+                Outcome::Granted(_) => granted += 1,
+                Outcome::Denied(denial) => break denial,
+            }
+            // A fixed window may roll over mid-loop; more than two windows' worth is a bug.
+            assert!(granted <= 6, "{name}: {granted} grants without a denial");
+        };
+        assert!(granted >= 1, "{name}: nothing granted on a fresh limit");
+        assert_eq!(denial.reason, DenialReason::Capacity, "{name}");
+        assert!(
+            !denial.retry_after.is_zero() && denial.retry_after <= Duration::from_millis(400),
+            "{name}: retry after {:?}",
+            denial.retry_after
+        );
+        tokio::time::sleep(denial.retry_after).await;
+        let outcome = limiter.try_acquire(&request).await.expect("store answers");
+        assert!(
+            outcome.is_granted(),
+            "{name}: still denied after the hinted wait"
+        );
+    }
+}
+
+/// A request over several limits takes from all of them or from none.
+pub async fn several_limits_are_all_or_nothing(stores: Stores) {
+    let (limiter, _) = pair(&stores);
+    add(&[&limiter], "a", rate(5, 60_000, Algorithm::Sliding), None);
+    add(&[&limiter], "b", rate(5, 60_000, Algorithm::Sliding), None);
+    add(&[&limiter], "c", rate(1, 60_000, Algorithm::Sliding), None);
+    let _c = limiter
+        .try_acquire(&Request::new("c"))
+        .await
+        .expect("answers");
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::all(&["a", "b", "c"]))
+            .await
+            .expect("answers"),
+    );
+    assert_eq!(denial.limits[0].remaining, 5);
+    assert_eq!(denial.limits[1].remaining, 5);
+    let both = limiter
+        .try_acquire(&Request::all(&["a", "b"]).cost(5))
+        .await
+        .expect("answers");
+    assert!(
+        both.is_granted(),
+        "the failed request took units from a or b"
+    );
+}
+
+/// `commit(used)` gives back `cost - used`, once.
+pub async fn commit_refunds_unused_units_once(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    add(
+        &[&limiter, &other],
+        "vendor",
+        rate(10, 60_000, Algorithm::Sliding),
+        None,
+    );
+    let permit = limiter
+        .try_acquire(&Request::new("vendor").cost(10))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("room");
+    let id = permit.detach();
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    // Committed through the other handle: a permit id is good in every process.
+    let committed = other.commit(id.as_str(), 4).await.expect("commit");
+    assert_eq!(committed.refunded, 6);
+    let again = limiter.commit(id.as_str(), 4).await;
+    assert!(
+        matches!(
+            again,
+            Err(Error::Permit {
+                source: PermitError::Gone
+            })
+        ),
+        "{again:?}"
+    );
+    let six = limiter
+        .try_acquire(&Request::new("vendor").cost(6))
+        .await
+        .expect("answers");
+    assert!(six.is_granted());
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+}
+
+/// Leases: fences grow, renewals extend, a release frees a slot once, a dropped guard releases.
+pub async fn leases_fence_renew_and_release_once(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let policy = Policy::concurrency(1, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", policy, None);
+    let first = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("answers");
+    let first = first.granted().expect("a free slot");
+    let first_fence = first.fence().expect("a lease has a fence");
+    assert!(
+        !other
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    let id = first.detach();
+    let renewed = other.renew(id.as_str()).await.expect("renews");
+    assert!(renewed > Duration::from_secs(25), "{renewed:?}");
+    assert_eq!(
+        other
+            .commit(id.as_str(), 0)
+            .await
+            .expect("release")
+            .released,
+        1
+    );
+    assert_eq!(
+        limiter
+            .commit(id.as_str(), 0)
+            .await
+            .expect("idempotent")
+            .released,
+        0
+    );
+    let second = other
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("answers");
+    let second = second.granted().expect("released slot");
+    assert!(second.fence().expect("fence") > first_fence);
+    // The old holder's second release must not free the new holder's slot.
+    assert_eq!(
+        limiter
+            .commit(id.as_str(), 0)
+            .await
+            .expect("idempotent")
+            .released,
+        0
+    );
+    assert!(
+        !limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    let renew_released = limiter.renew(id.as_str()).await;
+    assert!(matches!(
+        renew_released,
+        Err(Error::Permit {
+            source: PermitError::LeaseExpired
+        })
+    ));
+    // A dropped guard releases (at once in process, from a task for a remote store).
+    drop(second);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("answers")
+            .is_granted()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a dropped lease was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Pauses stop every key of a limit (or one key), only extend, and end on time.
+pub async fn pauses_stop_grants_and_only_extend(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let policy = rate(100, 1_000, Algorithm::Sliding);
+    add(&[&limiter, &other], "vendor", policy, Some("account"));
+    let acme = Request::new("vendor").key("acme");
+    assert!(
+        limiter
+            .try_acquire(&acme)
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    let left = other
+        .pause("vendor", None, Duration::from_millis(1_500))
+        .await
+        .expect("pause");
+    assert!(left > Duration::from_millis(1_000));
+    let left = limiter
+        .pause("vendor", None, Duration::from_millis(10))
+        .await
+        .expect("pause");
+    assert!(
+        left > Duration::from_millis(1_000),
+        "a shorter pause shortened it: {left:?}"
+    );
+    let denial = denied(limiter.try_acquire(&acme).await.expect("answers"));
+    assert_eq!(denial.reason, DenialReason::Paused);
+    assert!(denial.retry_after > Duration::from_millis(1_000));
+    let other_key = Request::new("vendor").key("globex");
+    assert_eq!(
+        denied(limiter.try_acquire(&other_key).await.expect("answers")).reason,
+        DenialReason::Paused
+    );
+    let started = Instant::now();
+    let waited = limiter
+        .acquire(&acme.clone().wait(Duration::from_secs(20)))
+        .await
+        .expect("answers");
+    assert!(waited.is_granted());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "granted during the pause"
+    );
+    // One key alone.
+    other
+        .pause("vendor", Some("acme"), Duration::from_secs(30))
+        .await
+        .expect("pause");
+    assert!(
+        !limiter
+            .try_acquire(&acme)
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    assert!(
+        limiter
+            .try_acquire(&other_key)
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+}
+
+/// A waiter is woken when another handle gives capacity back, not when its hint runs out.
+pub async fn waiters_wake_when_another_handle_releases(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    // The lease would expire only after a minute: a waiter granted sooner was woken.
+    let policy = Policy::concurrency(1, 60_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", policy, None);
+    let held = other
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("free");
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("pool").wait(Duration::from_secs(50));
+            limiter
+                .acquire(&request)
+                .await
+                .map(|outcome| outcome.is_granted())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    held.release().await.expect("release");
+    assert!(waiter.await.expect("task").expect("answers"));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the waiter slept out its hint instead of being woken"
+    );
+}
+
+/// Waiters are served highest priority first, then in arrival order.
+pub async fn waiters_are_served_by_priority_then_arrival(stores: Stores) {
+    let (limiter, _) = pair(&stores);
+    add(&[&limiter], "vendor", rate(1, 150, Algorithm::Fixed), None);
+    let _taken = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, priority) in [
+        ("low", Priority::Low),
+        ("normal-1", Priority::Normal),
+        ("high", Priority::High),
+        ("normal-2", Priority::Normal),
+    ] {
+        let limiter = limiter.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let request = Request::new("vendor")
+                .priority(priority)
+                .wait(Duration::from_secs(30));
+            let outcome = limiter.acquire(&request).await.expect("answers");
+            assert!(outcome.is_granted(), "{name} waited in vain");
+            order.lock().expect("lock").push(name);
+        }));
+        // Let it reach the queue before the next arrives.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let order = order.lock().expect("lock").clone();
+    // The first waiter may be granted at the first window boundary before the others arrive;
+    // from then on the queue order holds.
+    let expected = ["high", "normal-1", "normal-2", "low"];
+    let served: Vec<&str> = order
+        .iter()
+        .copied()
+        .filter(|name| expected.contains(name))
+        .collect();
+    let tail = &served[served.len() - 3..];
+    let expected_tail: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|name| tail.contains(name))
+        .collect();
+    assert_eq!(tail, expected_tail.as_slice(), "served {order:?}");
+}
+
+/// Tasks acquiring and committing at random never put more than the limit in any window, as
+/// counted from the grants' decision times by this test.
+pub async fn random_traffic_never_exceeds_the_limit(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    for (name, algorithm) in [("sliding", Algorithm::Sliding), ("fixed", Algorithm::Fixed)] {
+        let limit = 5;
+        let period_us = 200 * MS;
+        add(&[&limiter, &other], name, rate(limit, 200, algorithm), None);
+        // (decided_at_us, units still counted)
+        let log = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+        let end = Instant::now() + Duration::from_millis(2_500);
+        let mut tasks = Vec::new();
+        for task in 0..8u64 {
+            let limiter = if task % 2 == 0 {
+                limiter.clone()
+            } else {
+                other.clone()
+            };
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut state = task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                let mut next = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state
+                };
+                while Instant::now() < end {
+                    let cost = 1 + next() % 3;
+                    let request = Request::new(name)
+                        .cost(cost)
+                        .wait(Duration::from_millis(next() % 300));
+                    if let Some(permit) =
+                        limiter.acquire(&request).await.expect("answers").granted()
+                    {
+                        let used = next() % (cost + 1);
+                        let index = {
+                            let mut log = log.lock().expect("log");
+                            log.push((permit.decided_at_us(), cost));
+                            log.len() - 1
+                        };
+                        if next() % 2 == 0 {
+                            let committed = permit.commit(used).await.expect("commit");
+                            let mut log = log.lock().expect("log");
+                            log[index].1 -= committed.refunded;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(next() % 20)).await;
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let mut log = log.lock().expect("log").clone();
+        assert!(!log.is_empty(), "{name}: nothing was granted");
+        log.sort_unstable();
+        match algorithm {
+            Algorithm::Fixed => {
+                let mut per_window = BTreeMap::new();
+                for (at, units) in &log {
+                    *per_window.entry(at / period_us).or_insert(0) += units;
+                }
+                for (window, units) in per_window {
+                    assert!(
+                        units <= limit,
+                        "{name}: window {window} has {units} > {limit}"
+                    );
+                }
+            }
+            _ => {
+                for (start, (at, _)) in log.iter().enumerate() {
+                    let units: u64 = log[start..]
+                        .iter()
+                        .take_while(|(later, _)| *later < at + period_us)
+                        .map(|(_, units)| units)
+                        .sum();
+                    assert!(
+                        units <= limit,
+                        "{name}: {units} units in [{at}, +period) > {limit}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Seed 000 on the wall clock: a bulk caller and three priority callers on N in 5..=7 per
+/// period; never an overshoot, and every priority call is served.
+pub async fn bulk_and_priority_callers_never_overshoot(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    for limit in 5..=7u64 {
+        let name = format!("seed-000-{limit}");
+        let period_us = 100 * MS;
+        let policy = Policy::rate(
+            limit,
+            period_us,
+            0,
+            Algorithm::Sliding,
+            Reserve { high: 2, normal: 0 },
+        )
+        .expect("valid");
+        add(&[&limiter, &other], &name, policy, None);
+        let log = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let end = Instant::now() + Duration::from_millis(2_000);
+        let bulk = {
+            let limiter = limiter.clone();
+            let log = log.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    let request = Request::new(&name)
+                        .priority(Priority::Low)
+                        .wait(Duration::from_secs(1));
+                    if let Some(permit) =
+                        limiter.acquire(&request).await.expect("answers").granted()
+                    {
+                        log.lock().expect("log").push(permit.decided_at_us());
+                        permit.commit(1).await.expect("commit");
+                    }
+                }
+            })
+        };
+        let mut callers = Vec::new();
+        for caller in 0..3u64 {
+            let limiter = other.clone();
+            let log = log.clone();
+            let name = name.clone();
+            callers.push(tokio::spawn(async move {
+                let mut calls = 0;
+                while Instant::now() < end {
+                    tokio::time::sleep(Duration::from_millis(50 + 37 * caller)).await;
+                    let cost = 1 + (calls + caller) % 2;
+                    let request = Request::new(&name)
+                        .priority(Priority::High)
+                        .cost(cost)
+                        .wait(Duration::from_secs(10));
+                    let permit = limiter
+                        .acquire(&request)
+                        .await
+                        .expect("answers")
+                        .granted()
+                        .expect("a priority call is served");
+                    {
+                        let mut log = log.lock().expect("log");
+                        for _ in 0..cost {
+                            log.push(permit.decided_at_us());
+                        }
+                    }
+                    calls += 1;
+                    permit.commit(cost).await.expect("commit");
+                }
+                calls
+            }));
+        }
+        bulk.await.expect("bulk");
+        for caller in callers {
+            assert!(caller.await.expect("caller") > 0);
+        }
+        let mut calls = log.lock().expect("log").clone();
+        calls.sort_unstable();
+        let mut start = 0;
+        for end in 0..calls.len() {
+            while calls[end] - calls[start] >= period_us {
+                start += 1;
+            }
+            let count = (end - start + 1) as u64;
+            assert!(count <= limit, "N={limit}: {count} calls within one period");
+        }
+    }
+}
+
+/// Bad input is refused with the field named, whatever the store.
+pub async fn bad_input_is_refused_with_the_field_named(stores: Stores) {
+    let (limiter, _) = pair(&stores);
+    add(
+        &[&limiter],
+        "per-user",
+        rate(10, 1_000, Algorithm::Sliding),
+        Some("user"),
+    );
+    add(
+        &[&limiter],
+        "flat",
+        rate(10, 1_000, Algorithm::Sliding),
+        None,
+    );
+    let field = |result: Result<Outcome, Error>| match result {
+        Err(Error::InvalidRequest { field, .. }) => field,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        field(limiter.try_acquire(&Request::new("per-user")).await),
+        "key"
+    );
+    let long_key = "k".repeat(crate::KEY_BYTES_MAX + 1);
+    let long = Request::new("per-user").key(&long_key);
+    assert_eq!(field(limiter.try_acquire(&long).await), "key");
+    assert_eq!(
+        field(limiter.try_acquire(&Request::new("flat").cost(0)).await),
+        "cost"
+    );
+    assert!(matches!(
+        limiter.try_acquire(&Request::new("flat").cost(11)).await,
+        Err(Error::Cost { .. })
+    ));
+    assert!(matches!(
+        limiter.try_acquire(&Request::new("missing")).await,
+        Err(Error::UnknownLimit { .. })
+    ));
+    assert!(matches!(
+        limiter.commit("00", 0).await,
+        Err(Error::InvalidRequest {
+            field: "permit",
+            ..
+        })
+    ));
+}
+
+/// One `#[tokio::test]` per conformance case, each given fresh stores by `$factory`, an
+/// `async fn(&'static str) -> Option<Stores>` (None: skipped, having said why).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:path) => {
+        $crate::conformance_tests!(@each $factory,
+            rate_limits_grant_to_the_limit_and_hint_honestly,
+            several_limits_are_all_or_nothing,
+            commit_refunds_unused_units_once,
+            leases_fence_renew_and_release_once,
+            pauses_stop_grants_and_only_extend,
+            waiters_wake_when_another_handle_releases,
+            waiters_are_served_by_priority_then_arrival,
+            random_traffic_never_exceeds_the_limit,
+            bulk_and_priority_callers_never_overshoot,
+            bad_input_is_refused_with_the_field_named,
+        );
+    };
+    (@each $factory:path, $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                if let Some(stores) = $factory(stringify!($name)).await {
+                    $crate::conformance::$name(stores).await;
+                }
+            }
+        )*
+    };
+}

@@ -1,0 +1,22 @@
+//! The store conformance suite on the in-memory store: two limiters over one store.
+
+use std::sync::Arc;
+
+use tollgate::conformance::Stores;
+use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock, Store};
+
+async fn memory_stores(_test: &'static str) -> Option<Stores> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 10_000,
+            recover_on_start: false,
+        },
+        Arc::new(MonotonicClock::new()),
+    ));
+    Some(Stores {
+        first: store.clone(),
+        second: store,
+    })
+}
+
+tollgate::conformance_tests!(memory_stores);

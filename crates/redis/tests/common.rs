@@ -1,0 +1,63 @@
+//! What the Redis store's tests share: connecting to the test Redis, or saying loudly why not.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use tollgate_redis::{RedisStore, RedisStoreConfig};
+
+pub fn redis_url(test: &str) -> Option<String> {
+    match std::env::var("TOLLGATE_TEST_REDIS") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            eprintln!(
+                "SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis"
+            );
+            None
+        }
+    }
+}
+
+/// A namespace no other test or run uses.
+pub fn namespace(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.subsec_nanos())
+        .unwrap_or(0);
+    let short: String = test
+        .chars()
+        .filter(|c| c.is_ascii_lowercase() || *c == '_')
+        .take(40)
+        .collect();
+    format!("t-{short}-{}-{nanos}", std::process::id())
+}
+
+pub async fn connect(url: &str, namespace: &str) -> RedisStore {
+    RedisStore::connect(RedisStoreConfig {
+        url: url.to_owned(),
+        namespace: namespace.to_owned(),
+        fail_open: false,
+        timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect to Redis")
+}
+
+/// Mark a namespace as new rather than lost: a test that is not about store loss should not
+/// wait out the recovery period a fresh generation imposes (G6). Writes what the script writes
+/// for a generation born at time zero.
+pub async fn declare_fresh(url: &str, namespace: &str) {
+    let client = redis::Client::open(url).expect("url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let key = format!("tg:{{{namespace}}}:gen");
+    let _: () = redis::pipe()
+        .hset(&key, "born", 0)
+        .hset(&key, "ver", 1)
+        .pexpire(&key, 3_600_000)
+        .query_async(&mut connection)
+        .await
+        .expect("write the generation");
+}
