@@ -1,0 +1,74 @@
+//! Failover to a stale replica: Redis answers, but with an older state that lacks recent
+//! grants. The generation's version tells: it is lower than this client has seen, so the store
+//! starts a new generation and grants nothing on a limit for one period (G6).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    Algorithm, DenialReason, Limit, Limiter, LimiterConfig, Outcome, PermitSecret, Policy, Request,
+    Reserve,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
+    let Some(url) = common::redis_url("a_stale_replica_is_detected_and_nothing_is_regranted")
+    else {
+        return;
+    };
+    let namespace = common::namespace("stale");
+    common::declare_fresh(&url, &namespace).await;
+    let store = Arc::new(common::connect(&url, &namespace).await);
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(10),
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    let policy =
+        Policy::rate(2, 1_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("valid");
+    limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .try_acquire(&Request::new("vendor"))
+                .await
+                .expect("answers")
+                .is_granted()
+        );
+    }
+    // The replica the store fails over to never saw those grants, and is a few versions behind.
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let counter_key = store.counter_key(tollgate::CounterId {
+        limit: "vendor",
+        key: None,
+    });
+    let generation = format!("tg:{{{namespace}}}:gen");
+    let _: () = redis::pipe()
+        .del(&counter_key)
+        .hset(&generation, "ver", 1)
+        .query_async(&mut connection)
+        .await
+        .expect("make the state stale");
+    match limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers")
+    {
+        Outcome::Denied(denial) => {
+            assert_eq!(denial.reason, DenialReason::Paused);
+            assert!(
+                denial.retry_after > Duration::from_millis(900),
+                "{denial:?}"
+            );
+        }
+        Outcome::Granted(_) => panic!("granted on a stale replica's empty counter"),
+    }
+}
