@@ -1,1 +1,237 @@
-//! The HTTP API v1, admin, metrics and health endpoints.
+//! The Tollgate server: HTTP API v1 (admin and data plane), Prometheus metrics, health and
+//! readiness, graceful shutdown. The only crate that knows HTTP status codes.
+//!
+//! [`run`] wires the parts: a store (memory, or later a shared one, behind `Arc<dyn Store>`),
+//! a [`tollgate::Limiter`] over it, the SQL rules feeding the limiter, and the router.
+
+mod api;
+mod config;
+mod error;
+mod extract;
+mod metrics;
+mod openapi;
+mod state;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio::sync::watch;
+use tollgate::{Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret, Store};
+use tollgate_rules::{Rules, SourceError, SqlSource};
+
+pub use config::{
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
+    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
+    ServerConfig, StoreChoice, parse_permit_secret,
+};
+pub use error::{ApiError, Code};
+
+use crate::error::Code as ErrorCode;
+use crate::metrics::{CodeLabels, Metrics, MeteredStore};
+use crate::state::AppState;
+
+/// Idle memory-store counters examined per shard by each background sweep.
+const SWEEP_PER_SHARD: usize = 64;
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    #[error("store {store}: {reason}")]
+    Store { store: String, reason: String },
+    #[error(transparent)]
+    Rules(#[from] SourceError),
+    #[error("listen on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serve: {0}")]
+    Serve(std::io::Error),
+}
+
+fn build_store(config: &ServerConfig) -> Result<(Arc<dyn Store>, Option<Arc<MemoryStore>>), ServerError> {
+    match &config.store {
+        StoreChoice::Memory => {
+            let store = Arc::new(MemoryStore::new(
+                MemoryStoreConfig {
+                    keys_tracked_max: config.keys_tracked_max,
+                    recover_on_start: config.recover_on_start,
+                },
+                Arc::new(MonotonicClock::new()),
+            ));
+            Ok((store.clone(), Some(store)))
+        }
+        StoreChoice::Redis(url) => Err(ServerError::Store {
+            store: redact_redis(url),
+            reason: "the Redis store is not available in this build of tollgate; use --store memory"
+                .into(),
+        }),
+    }
+}
+
+fn redact_redis(url: &str) -> String {
+    tollgate_rules::redact(url)
+}
+
+/// The router, with every endpoint of API v1.
+fn router(state: AppState) -> Router {
+    let body_bytes_max = usize::try_from(state.config().body_bytes_max).unwrap_or(usize::MAX);
+    Router::new()
+        .route("/v1/limits", get(api::list_limits))
+        .route(
+            "/v1/limits/{name}",
+            get(api::get_limit).put(api::put_limit).delete(api::delete_limit),
+        )
+        .route("/v1/acquire", post(api::acquire))
+        .route("/v1/permits/{permit}/commit", post(api::commit))
+        .route("/v1/permits/{permit}/renew", post(api::renew))
+        .route("/v1/pause", post(api::pause))
+        .route("/v1/check", post(api::check))
+        .route("/metrics", get(api::metrics))
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(api::not_found)
+        .method_not_allowed_fallback(api::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_bytes_max))
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            count_errors,
+        ))
+        .with_state(state)
+}
+
+async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(openapi::document())
+}
+
+async fn count_errors(State(state): State<AppState>, response: Response) -> Response {
+    if let Some(code) = response.extensions().get::<ErrorCode>() {
+        state
+            .metrics()
+            .errors
+            .get_or_create(&CodeLabels {
+                code: code.as_str(),
+            })
+            .inc();
+    }
+    response
+}
+
+/// The OpenAPI document, as served at `/openapi.json`.
+pub fn openapi_document() -> String {
+    openapi::document().to_pretty_json().unwrap_or_default()
+}
+
+/// Start the server and serve until `shutdown` resolves; then stop taking waits (waiting
+/// acquirers get a clear error), let in-flight requests finish within `shutdown_grace`, and
+/// return. `on_listening` is told the bound address (useful with port 0).
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    if config.admin_token.is_none() {
+        tracing::warn!(
+            "no admin token is configured: the admin API (/v1/limits) answers 401 to every \
+             request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
+        );
+    }
+    if config.recover_on_start && config.store == StoreChoice::Memory {
+        tracing::info!(
+            "recover_on_start: each limit grants nothing until one period (or lease TTL) after \
+             start, since a previous run may have granted units that still count"
+        );
+    }
+    let (store, memory) = build_store(&config)?;
+    let store_seconds = metrics::store_seconds_family();
+    let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
+    let permit_secret = match config.permit_secret {
+        Some(bytes) => PermitSecret::from_bytes(bytes),
+        None => PermitSecret::random(),
+    };
+    let limiter = Limiter::new(
+        metered.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_millis(config.wait_ms_max),
+            permit_secret,
+        },
+    );
+    let source = SqlSource::connect(&config.rules_url, &config.rules_table).await?;
+    tracing::info!(
+        rules = %tollgate_rules::redact(&config.rules_url),
+        table = %config.rules_table,
+        "rules database ready"
+    );
+    let rules = Rules::start(source, limiter.clone()).await?;
+    let metrics = Metrics::new(rules.clone(), metered, store_seconds);
+    let (stop_sender, stop) = watch::channel(false);
+    let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
+    let sweeper = memory.map(|memory| spawn_sweeper(memory, stop.clone()));
+    let listen = config.listen;
+    let shutdown_grace = config.shutdown_grace;
+    let state = AppState::new(config, limiter, rules, metrics);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServerError::Listen {
+            address: listen,
+            source,
+        })?;
+    let address = listener.local_addr().map_err(|source| ServerError::Listen {
+        address: listen,
+        source,
+    })?;
+    tracing::info!(%address, "listening");
+    on_listening(address);
+
+    let (draining_sender, mut draining) = watch::channel(false);
+    let signal_state = state.clone();
+    let graceful = async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        signal_state.begin_shutdown();
+        let _ = draining_sender.send(true);
+    };
+    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(graceful);
+    let served = tokio::select! {
+        served = serve => served.map_err(ServerError::Serve),
+        () = async {
+            let _ = draining.wait_for(|draining| *draining).await;
+            tokio::time::sleep(shutdown_grace).await;
+        } => {
+            tracing::warn!(?shutdown_grace, "requests still in flight after the grace period; stopping");
+            Ok(())
+        }
+    };
+    let _ = stop_sender.send(true);
+    let _ = reloader.await;
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
+    }
+    tracing::info!("stopped");
+    served
+}
+
+/// Reclaim idle counters when traffic is too low to do it in passing.
+fn spawn_sweeper(memory: Arc<MemoryStore>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => { memory.sweep(SWEEP_PER_SHARD); }
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+    })
+}

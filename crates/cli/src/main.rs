@@ -1,0 +1,585 @@
+//! The `tollgate` binary: `serve` runs the server; `limits` manages a running server's limits
+//! through its admin API; `acquire` runs a command under a permit.
+//!
+//! Configuration is read in two stages (as ripgrep does): raw values from the config file, the
+//! environment (`TOLLGATE_*`) and flags, merged with flags winning over the environment and the
+//! environment over the file; then resolved and validated into the server's `ServerConfig`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use hyper::Method;
+use serde::Deserialize;
+use tollgate_cli::client::{Answer, Client};
+use tollgate_cli::parse_duration;
+use tollgate_server::{
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
+    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
+    ServerConfig, StoreChoice, parse_permit_secret,
+};
+
+const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
+/// How long client commands wait for an answer beyond the acquire's own wait.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Exit code of `acquire` when nothing was granted within the wait (sysexits EX_TEMPFAIL).
+const EXIT_NOT_GRANTED: u8 = 75;
+/// Exit code of a client command whose server failed or could not be reached (EX_UNAVAILABLE).
+const EXIT_SERVER_FAILED: u8 = 69;
+/// Exit code of `acquire` when the command could not be started (as a shell does).
+const EXIT_COMMAND_NOT_STARTED: u8 = 127;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Keep a fleet of programs inside the limits that APIs impose.",
+    long_about = "Keep a fleet of programs inside the limits that APIs impose.\n\n\
+        Start a server with `tollgate serve` (memory store, rules in ./tollgate.db, \
+        127.0.0.1:7070), define a limit with `tollgate limits put`, and run work under it \
+        with `tollgate acquire`.\n\n\
+        Settings come from flags, then TOLLGATE_* environment variables, then the TOML file \
+        given by --config (flags win). The admin token is read from TOLLGATE_ADMIN_TOKEN or \
+        the config file's admin_token, never from a flag (flags show in `ps`).",
+    after_help = "Example:\n  \
+        export TOLLGATE_ADMIN_TOKEN=$(openssl rand -hex 16)\n  \
+        tollgate serve &\n  \
+        tollgate limits put vendor-x '{\"kind\":\"rate\",\"limit\":10,\"period_ms\":1000}'\n  \
+        tollgate acquire vendor-x --wait 5s -- curl -s https://api.vendor-x.example/items"
+)]
+struct Cli {
+    /// TOML config file (see docs/server.md for its keys).
+    #[arg(long, global = true, env = "TOLLGATE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server: HTTP API v1, admin API, /metrics, /healthz, /readyz.
+    Serve(ServeArgs),
+    /// List, show, create or replace, and delete limits on a running server (admin API).
+    Limits {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[command(subcommand)]
+        action: LimitsAction,
+    },
+    /// Run COMMAND under a permit of LIMIT, then commit it; exits with COMMAND's status.
+    ///
+    /// Exits 75 if no permit was granted within --wait, 69 if the server failed or could not
+    /// be reached, 127 if COMMAND could not be started. Leases are renewed while COMMAND runs.
+    /// COMMAND is run directly, not through a shell: use `-- sh -c '...'` for pipelines.
+    Acquire(AcquireArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServerArgs {
+    /// Server to talk to [env TOLLGATE_SERVER; file: server; default http://127.0.0.1:7070].
+    #[arg(long, env = "TOLLGATE_SERVER", value_name = "URL")]
+    server: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum LimitsAction {
+    /// All limits in force, and rows of the rules table that failed validation.
+    List,
+    /// One limit.
+    Get { name: String },
+    /// Create or replace a limit. RULE is JSON, `@FILE`, or `-` for standard input, e.g.
+    /// '{"kind":"rate","limit":10,"period_ms":1000}' or
+    /// '{"kind":"concurrency","limit":5,"lease_ttl_ms":30000}'.
+    Put { name: String, rule: String },
+    /// Delete a limit.
+    Delete { name: String },
+}
+
+#[derive(Args, Debug)]
+struct AcquireArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    /// The limits to take from (all or none).
+    #[arg(required = true, value_name = "LIMIT")]
+    limits: Vec<String>,
+    /// Key, for limits counted per key (e.g. a user or account id).
+    #[arg(long)]
+    key: Option<String>,
+    /// high, normal or low.
+    #[arg(long, default_value = "normal")]
+    priority: String,
+    /// Units to take.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// How long to wait for a permit: 0, 500ms, 2s, 1m (capped by the server's wait_ms_max).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    wait: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on [env TOLLGATE_LISTEN; default 127.0.0.1:7070].
+    #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
+    listen: Option<String>,
+    /// `memory` or redis://HOST:PORT/DB [env TOLLGATE_STORE; default memory].
+    #[arg(long, env = "TOLLGATE_STORE", value_name = "STORE")]
+    store: Option<String>,
+    /// Rules database: sqlite://FILE, postgres://..., mysql://... [env TOLLGATE_RULES;
+    /// default sqlite://tollgate.db].
+    #[arg(long, env = "TOLLGATE_RULES", value_name = "URL")]
+    rules: Option<String>,
+    /// Rules table name [env TOLLGATE_RULES_TABLE; default tollgate_limits].
+    #[arg(long, env = "TOLLGATE_RULES_TABLE", value_name = "NAME")]
+    rules_table: Option<String>,
+    /// How often to re-read the rules table, ms [env TOLLGATE_RELOAD_INTERVAL_MS; default 2000].
+    #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", value_name = "MS")]
+    reload_interval_ms: Option<u64>,
+    /// Longest wait honoured, ms [env TOLLGATE_WAIT_MS_MAX; default 60000].
+    #[arg(long, env = "TOLLGATE_WAIT_MS_MAX", value_name = "MS")]
+    wait_ms_max: Option<u64>,
+    /// Largest request body, bytes [env TOLLGATE_BODY_BYTES_MAX; default 65536].
+    #[arg(long, env = "TOLLGATE_BODY_BYTES_MAX", value_name = "BYTES")]
+    body_bytes_max: Option<u32>,
+    /// Memory store: counters tracked at most [env TOLLGATE_KEYS_TRACKED_MAX; default 1000000].
+    #[arg(long, env = "TOLLGATE_KEYS_TRACKED_MAX", value_name = "N")]
+    keys_tracked_max: Option<u64>,
+    /// Memory store: grant nothing on a limit until one period after start, in case a previous
+    /// run granted units that still count [env TOLLGATE_RECOVER_ON_START; default true].
+    #[arg(long, env = "TOLLGATE_RECOVER_ON_START", value_name = "BOOL")]
+    recover_on_start: Option<bool>,
+    /// Time in-flight requests get to finish on shutdown, ms [env TOLLGATE_SHUTDOWN_GRACE_MS;
+    /// default 10000].
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_GRACE_MS", value_name = "MS")]
+    shutdown_grace_ms: Option<u64>,
+    /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [env TOLLGATE_LOG; default info].
+    #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
+    log: Option<String>,
+    /// `text` or `json` [env TOLLGATE_LOG_FORMAT; default text].
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_name = "FORMAT")]
+    log_format: Option<String>,
+}
+
+/// The config file, as written. Unknown keys are refused, so a typo is not silently ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    store: Option<String>,
+    rules: Option<String>,
+    rules_table: Option<String>,
+    reload_interval_ms: Option<u64>,
+    admin_token: Option<String>,
+    data_token: Option<String>,
+    body_bytes_max: Option<u32>,
+    wait_ms_max: Option<u64>,
+    keys_tracked_max: Option<u64>,
+    recover_on_start: Option<bool>,
+    permit_secret: Option<String>,
+    shutdown_grace_ms: Option<u64>,
+    log: Option<String>,
+    log_format: Option<String>,
+    /// For client commands: the server's URL.
+    server: Option<String>,
+}
+
+fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
+    let Some(path) = path else {
+        return Ok(FileConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+/// An environment variable that is set and not empty.
+fn env_text(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tollgate: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_SERVER_FAILED);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("tollgate: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let file = read_file_config(cli.config.as_deref())?;
+    match cli.command {
+        Command::Serve(args) => serve(args, file).await,
+        Command::Limits { server, action } => limits(server, action, file).await,
+        Command::Acquire(args) => acquire(args, file).await,
+    }
+}
+
+// ---- serve ---------------------------------------------------------------------------------
+
+fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerConfig, String, String)> {
+    let listen_text = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+    let listen: SocketAddr = listen_text
+        .parse()
+        .map_err(|error| anyhow!("listen {listen_text:?}: {error} (e.g. 127.0.0.1:7070)"))?;
+    let store_text = args.store.or(file.store).unwrap_or_else(|| "memory".to_owned());
+    let store = StoreChoice::parse(&store_text).map_err(|reason| anyhow!("store: {reason}"))?;
+    let rules_url = args
+        .rules
+        .or(file.rules)
+        .unwrap_or_else(|| DEFAULT_RULES_URL.to_owned());
+    let rules_table = args
+        .rules_table
+        .or(file.rules_table)
+        .unwrap_or_else(|| tollgate_rules::DEFAULT_TABLE.to_owned());
+    tollgate_rules::check_table_name(&rules_table)
+        .map_err(|reason| anyhow!("rules_table {rules_table:?}: {reason}"))?;
+    let reload_interval_ms = args
+        .reload_interval_ms
+        .or(file.reload_interval_ms)
+        .unwrap_or(DEFAULT_RELOAD_INTERVAL_MS);
+    if reload_interval_ms < RELOAD_INTERVAL_MS_MIN {
+        bail!("reload_interval_ms must be at least {RELOAD_INTERVAL_MS_MIN}");
+    }
+    let body_bytes_max = args
+        .body_bytes_max
+        .or(file.body_bytes_max)
+        .unwrap_or(DEFAULT_BODY_BYTES_MAX);
+    if body_bytes_max < 256 {
+        bail!("body_bytes_max must be at least 256");
+    }
+    let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
+        Some(text) => Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?),
+        None => None,
+    };
+    let config = ServerConfig {
+        listen,
+        store,
+        rules_url,
+        rules_table,
+        reload_interval: Duration::from_millis(reload_interval_ms),
+        admin_token: env_text("TOLLGATE_ADMIN_TOKEN").or(file.admin_token),
+        data_token: env_text("TOLLGATE_DATA_TOKEN").or(file.data_token),
+        body_bytes_max,
+        wait_ms_max: args.wait_ms_max.or(file.wait_ms_max).unwrap_or(DEFAULT_WAIT_MS_MAX),
+        keys_tracked_max: args
+            .keys_tracked_max
+            .or(file.keys_tracked_max)
+            .unwrap_or(DEFAULT_KEYS_TRACKED_MAX),
+        recover_on_start: args.recover_on_start.or(file.recover_on_start).unwrap_or(true),
+        permit_secret,
+        shutdown_grace: Duration::from_millis(
+            args.shutdown_grace_ms
+                .or(file.shutdown_grace_ms)
+                .unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
+        ),
+    };
+    let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
+    let log_format = args.log_format.or(file.log_format).unwrap_or_else(|| "text".to_owned());
+    Ok((config, log, log_format))
+}
+
+fn init_logging(filter: &str, format: &str) -> Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let targets: tracing_subscriber::filter::Targets = filter
+        .parse()
+        .map_err(|error| anyhow!("log filter {filter:?}: {error}"))?;
+    let registry = tracing_subscriber::registry().with(targets);
+    match format {
+        "text" => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()?,
+        "json" => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()?,
+        other => bail!("log_format must be text or json, got {other:?}"),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
+async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
+    let (config, log, log_format) = resolve_server_config(args, file)?;
+    init_logging(&log, &log_format)?;
+    tracing::info!(?config, "starting");
+    tollgate_server::run(config, shutdown_signal(), |address| {
+        // A stable line on standard output for scripts (and tests) that start on port 0.
+        println!("tollgate: listening on http://{address}");
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---- client commands -----------------------------------------------------------------------
+
+fn client(server: ServerArgs, file: &FileConfig, token: Option<String>, timeout: Duration) -> Result<Client> {
+    let url = server
+        .server
+        .or_else(|| file.server.clone())
+        .unwrap_or_else(|| DEFAULT_SERVER_URL.to_owned());
+    Ok(Client::new(&url, token, timeout)?)
+}
+
+/// Print an error answer; returns the exit code for it.
+fn report_error(answer: &Answer) -> ExitCode {
+    let code = answer.error_code().unwrap_or("unknown");
+    let message = answer.error_message().map_or_else(|| answer.text(), str::to_owned);
+    eprintln!("tollgate: {} {code}: {message}", answer.status.as_u16());
+    if answer.status.is_server_error() {
+        ExitCode::from(EXIT_SERVER_FAILED)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_json(answer: &Answer) -> Result<()> {
+    match &answer.json {
+        Some(json) => println!("{}", serde_json::to_string_pretty(json)?),
+        None => println!("{}", answer.text()),
+    }
+    Ok(())
+}
+
+fn read_rule(rule: &str) -> Result<serde_json::Value> {
+    let text = if rule == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the rule from standard input")?
+    } else if let Some(path) = rule.strip_prefix('@') {
+        std::fs::read_to_string(path).with_context(|| format!("reading the rule from {path}"))?
+    } else {
+        rule.to_owned()
+    };
+    serde_json::from_str(&text).context("the rule is not valid JSON")
+}
+
+/// A path segment: limit names are validated by the server; encode anything that would change
+/// the path's meaning.
+fn segment(name: &str) -> String {
+    let mut encoded = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b':' | b'-') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> Result<ExitCode> {
+    let token = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone());
+    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let answer = match &action {
+        LimitsAction::List => client.send(Method::GET, "/v1/limits", None).await?,
+        LimitsAction::Get { name } => {
+            client
+                .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
+                .await?
+        }
+        LimitsAction::Put { name, rule } => {
+            let body = read_rule(rule)?;
+            client
+                .send(Method::PUT, &format!("/v1/limits/{}", segment(name)), Some(&body))
+                .await?
+        }
+        LimitsAction::Delete { name } => {
+            client
+                .send(Method::DELETE, &format!("/v1/limits/{}", segment(name)), None)
+                .await?
+        }
+    };
+    if !answer.status.is_success() {
+        return Ok(report_error(&answer));
+    }
+    print_json(&answer)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
+    let token = env_text("TOLLGATE_DATA_TOKEN").or_else(|| file.data_token.clone());
+    let client = client(args.server, &file, token, CLIENT_TIMEOUT + args.wait)?;
+    let wait_ms = u64::try_from(args.wait.as_millis()).unwrap_or(u64::MAX);
+    let mut body = serde_json::json!({
+        "limits": args.limits,
+        "cost": args.cost,
+        "priority": args.priority,
+        "wait_ms": wait_ms,
+    });
+    if let (Some(key), Some(object)) = (&args.key, body.as_object_mut()) {
+        object.insert("key".into(), serde_json::Value::String(key.clone()));
+    }
+    let answer = match client.send(Method::POST, "/v1/acquire", Some(&body)).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
+        }
+    };
+    if answer.status.as_u16() == 429 {
+        let retry = answer
+            .json
+            .as_ref()
+            .and_then(|json| json.get("retry_after_ms"))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        eprintln!("tollgate: not granted within {wait_ms} ms; retry after {retry} ms");
+        return Ok(ExitCode::from(EXIT_NOT_GRANTED));
+    }
+    if !answer.status.is_success() {
+        let code = report_error(&answer);
+        return Ok(if answer.status.is_server_error() {
+            code
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let grant = answer.json.unwrap_or_default();
+    let permit = grant
+        .get("permit")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| anyhow!("the server's grant has no permit"))?
+        .to_owned();
+    // Renew leases at a third of their lifetime, so two missed renewals still leave time.
+    let lease_ms = grant
+        .get("limits")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|limit| limit.get("expires_ms").and_then(serde_json::Value::as_u64))
+        .min();
+    let renewer = lease_ms.map(|lease_ms| {
+        let client = client.clone();
+        let permit = permit.clone();
+        tokio::spawn(async move {
+            let period = Duration::from_millis((lease_ms / 3).max(10));
+            loop {
+                tokio::time::sleep(period).await;
+                let path = format!("/v1/permits/{permit}/renew");
+                match client.send(Method::POST, &path, None).await {
+                    Ok(answer) if answer.status.is_success() => {}
+                    Ok(answer) => {
+                        eprintln!(
+                            "tollgate: lease renewal refused: {}",
+                            answer.error_message().unwrap_or_default()
+                        );
+                        break;
+                    }
+                    Err(error) => eprintln!("tollgate: lease renewal failed: {error}"),
+                }
+            }
+        })
+    });
+    let (program, arguments) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no command given after --"))?;
+    let status = match tokio::process::Command::new(program).args(arguments).spawn() {
+        Ok(mut child) => {
+            // Ctrl-C reaches the command too (same process group); stay alive to commit.
+            loop {
+                tokio::select! {
+                    status = child.wait() => break Some(status),
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+        }
+        Err(error) => {
+            eprintln!("tollgate: cannot run {program:?}: {error}");
+            None
+        }
+    };
+    if let Some(renewer) = renewer {
+        renewer.abort();
+    }
+    // A command that never started made no call: refund everything. Otherwise the units were
+    // (or may have been) used.
+    let used = if status.is_some() { args.cost } else { 0 };
+    let commit = client
+        .send(
+            Method::POST,
+            &format!("/v1/permits/{permit}/commit"),
+            Some(&serde_json::json!({ "used": used })),
+        )
+        .await;
+    match commit {
+        Ok(answer) if answer.status.is_success() => {}
+        Ok(answer) => {
+            report_error(&answer);
+        }
+        Err(error) => eprintln!("tollgate: commit failed: {error}"),
+    }
+    let code = match status {
+        None => EXIT_COMMAND_NOT_STARTED,
+        Some(Ok(status)) => exit_code_of(status),
+        Some(Err(error)) => {
+            eprintln!("tollgate: waiting for {program:?}: {error}");
+            1
+        }
+    };
+    Ok(ExitCode::from(code))
+}
+
+/// The command's exit code, or 128 + the signal that ended it, as shells report.
+fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+    if let Some(code) = status.code() {
+        return u8::try_from(code & 0xff).unwrap_or(1);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return u8::try_from((128 + signal) & 0xff).unwrap_or(1);
+        }
+    }
+    1
+}

@@ -1,0 +1,674 @@
+//! The handlers of HTTP API v1 and their wire types. The wire types are the source of the
+//! OpenAPI document (`openapi.rs`), so the document cannot drift from what is served.
+
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::extract::rejection::PathRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tollgate::{
+    DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name,
+};
+use tollgate_rules::{RawRule, normalize_path};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, Code, ErrorBody, ErrorDetail};
+use crate::extract::{Admin, Body, Data};
+use crate::metrics::{DenialLabels, LimitLabels};
+use crate::state::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn ms_ceil(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
+}
+
+fn path_name(path: Result<Path<String>, PathRejection>, field: &str) -> ApiResult<String> {
+    path.map(|Path(value)| value)
+        .map_err(|rejection| ApiError::bad_field(field, rejection.body_text()))
+}
+
+fn limit_name(path: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+    let name = path_name(path, "name")?;
+    check_limit_name(&name).map_err(|reason| ApiError::bad_field("name", reason))?;
+    Ok(name)
+}
+
+// ---- Admin ---------------------------------------------------------------------------------
+
+/// All limits in force, and the rows of the rules table that are not in force as written.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct LimitList {
+    /// Grows with every change of the rules in force.
+    version: u64,
+    limits: Vec<RawRule>,
+    rejected: Vec<RejectedRow>,
+}
+
+/// A row of the rules table that failed validation.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RejectedRow {
+    name: String,
+    /// The table column at fault.
+    column: String,
+    reason: String,
+    /// Whether an earlier valid version of this limit is still in force.
+    previous_in_force: bool,
+}
+
+#[utoipa::path(get, path = "/v1/limits", tag = "admin",
+    security(("bearer" = [])),
+    responses((status = 200, body = LimitList), (status = 401, body = ErrorBody)))]
+pub(crate) async fn list_limits(_: Admin, State(state): State<AppState>) -> Json<LimitList> {
+    let snapshot = state.rules().snapshot();
+    Json(LimitList {
+        version: snapshot.version(),
+        limits: snapshot.iter().map(|rule| rule.canonical().clone()).collect(),
+        rejected: snapshot
+            .rejected()
+            .iter()
+            .map(|row| RejectedRow {
+                name: row.name.clone(),
+                column: row.column.clone(),
+                reason: row.reason.clone(),
+                previous_in_force: row.previous_in_force,
+            })
+            .collect(),
+    })
+}
+
+#[utoipa::path(get, path = "/v1/limits/{name}", tag = "admin",
+    security(("bearer" = [])),
+    params(("name" = String, Path, description = "limit name, [a-z0-9][a-z0-9._:-]{0,127}")),
+    responses((status = 200, body = RawRule), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub(crate) async fn get_limit(
+    _: Admin,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<RawRule>> {
+    let name = limit_name(name)?;
+    let snapshot = state.rules().snapshot();
+    let rule = snapshot
+        .get(&name)
+        .ok_or_else(|| ApiError::not_found(format!("unknown limit {name:?}")))?;
+    Ok(Json(rule.canonical().clone()))
+}
+
+#[utoipa::path(put, path = "/v1/limits/{name}", tag = "admin",
+    security(("bearer" = [])),
+    params(("name" = String, Path, description = "limit name, [a-z0-9][a-z0-9._:-]{0,127}")),
+    request_body = RawRule,
+    responses((status = 200, description = "the stored limit", body = RawRule),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub(crate) async fn put_limit(
+    _: Admin,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    Body(raw): Body<RawRule>,
+) -> ApiResult<Json<RawRule>> {
+    let name = limit_name(name)?;
+    let rule = state.rules().put(&name, &raw).await?;
+    tracing::info!(limit = %name, "limit stored");
+    Ok(Json(rule.canonical().clone()))
+}
+
+/// What a delete removed.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Deleted {
+    name: String,
+    deleted: bool,
+}
+
+#[utoipa::path(delete, path = "/v1/limits/{name}", tag = "admin",
+    security(("bearer" = [])),
+    params(("name" = String, Path, description = "limit name")),
+    responses((status = 200, body = Deleted), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub(crate) async fn delete_limit(
+    _: Admin,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<Deleted>> {
+    let name = limit_name(name)?;
+    if !state.rules().delete(&name).await? {
+        return Err(ApiError::not_found(format!("unknown limit {name:?}")));
+    }
+    tracing::info!(limit = %name, "limit deleted");
+    Ok(Json(Deleted {
+        name,
+        deleted: true,
+    }))
+}
+
+// ---- Data plane ----------------------------------------------------------------------------
+
+/// `POST /v1/acquire`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AcquireBody {
+    /// The limits to take from, all or none.
+    limits: Vec<String>,
+    /// The key, for limits counted `per` key.
+    #[serde(default)]
+    key: Option<String>,
+    /// Units to take (default 1).
+    #[serde(default)]
+    cost: Option<u64>,
+    /// `high`, `normal` (default) or `low`.
+    #[serde(default)]
+    priority: Option<String>,
+    /// How long to wait for room, in milliseconds (default 0: answer now); capped by the
+    /// server's `wait_ms_max`.
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+/// One limit's state after a decision.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct LimitView {
+    name: String,
+    /// Units still open to the request's priority.
+    remaining: u64,
+    /// Milliseconds until everything counted now stops counting.
+    reset_ms: u64,
+    /// Leases: the fencing token; it only grows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<u64>,
+    /// Leases: milliseconds until the lease expires unless renewed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_ms: Option<u64>,
+}
+
+impl From<&LimitStatus> for LimitView {
+    fn from(status: &LimitStatus) -> LimitView {
+        LimitView {
+            name: status.name.clone(),
+            remaining: status.remaining,
+            reset_ms: ms_ceil(status.reset_after),
+            fence: status.fence,
+            expires_ms: status.lease_expires_in.map(ms_ceil),
+        }
+    }
+}
+
+/// A grant.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Granted {
+    /// Opaque id, to commit (and renew, for leases).
+    permit: String,
+    limits: Vec<LimitView>,
+}
+
+/// 429: not granted within the wait.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RateLimited {
+    error: ErrorDetail,
+    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
+    retry_after_ms: u64,
+    /// `capacity`, `paused` or `queued`.
+    reason: &'static str,
+    limits: Vec<LimitView>,
+}
+
+fn reason_name(reason: DenialReason) -> &'static str {
+    match reason {
+        DenialReason::Capacity => "capacity",
+        DenialReason::Paused => "paused",
+        DenialReason::Queued => "queued",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
+fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
+    let retry_after_ms = ms_ceil(denied.retry_after);
+    let reason = reason_name(denied.reason);
+    let body = RateLimited {
+        error: ErrorDetail {
+            code: Code::RateLimited.as_str(),
+            message: format!("not granted: {reason}; retry after {retry_after_ms} ms"),
+            field: None,
+        },
+        retry_after_ms,
+        reason,
+        limits: denied.limits.iter().map(LimitView::from).collect(),
+    };
+    let mut body = match serde_json::to_value(&body) {
+        Ok(body) => body,
+        Err(error) => return crate::error::internal(error.to_string()).into_response(),
+    };
+    if let (Some(serde_json::Value::Object(extra)), Some(object)) = (extra, body.as_object_mut()) {
+        object.extend(extra);
+    }
+    let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response();
+    let seconds = retry_after_ms.div_ceil(1_000);
+    if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
+
+fn priority(text: Option<&str>) -> ApiResult<Priority> {
+    match text {
+        None => Ok(Priority::Normal),
+        Some(text) => Priority::parse(text).ok_or_else(|| {
+            ApiError::bad_field("priority", format!("must be high, normal or low, got {text:?}"))
+        }),
+    }
+}
+
+/// Decrements the waiters gauge however the request ends (answered, or dropped because the
+/// client went away).
+struct Waiting<'s> {
+    state: &'s AppState,
+    limits: Vec<String>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        for limit in &self.limits {
+            self.state
+                .metrics()
+                .waiters
+                .get_or_create(&LimitLabels {
+                    limit: limit.clone(),
+                })
+                .dec();
+        }
+    }
+}
+
+fn count_outcome(state: &AppState, names: &[&str], outcome: &Outcome) {
+    let metrics = state.metrics();
+    for name in names {
+        match outcome {
+            Outcome::Granted(_) => {
+                metrics
+                    .grants
+                    .get_or_create(&LimitLabels {
+                        limit: (*name).to_owned(),
+                    })
+                    .inc();
+            }
+            Outcome::Denied(denied) => {
+                metrics
+                    .denials
+                    .get_or_create(&DenialLabels {
+                        limit: (*name).to_owned(),
+                        reason: reason_name(denied.reason),
+                    })
+                    .inc();
+            }
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/acquire", tag = "data",
+    request_body = AcquireBody,
+    responses((status = 200, body = Granted), (status = 429, body = RateLimited),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
+pub(crate) async fn acquire(
+    _: Data,
+    State(state): State<AppState>,
+    Body(body): Body<AcquireBody>,
+) -> ApiResult<Response> {
+    for (index, name) in body.limits.iter().enumerate() {
+        check_limit_name(name).map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
+    }
+    let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
+    let wait_ms = body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max);
+    let mut request = Request::all(&names)
+        .cost(body.cost.unwrap_or(1))
+        .priority(priority(body.priority.as_deref())?)
+        .wait(Duration::from_millis(wait_ms));
+    if let Some(key) = body.key.as_deref() {
+        request = request.key(key);
+    }
+    let outcome = if wait_ms == 0 {
+        state.limiter().acquire(&request).await?
+    } else {
+        // Only existing limits become metric labels: resolve before counting waiters.
+        let table = state.limiter().limits();
+        let known = names.iter().all(|name| table.get(name).is_some());
+        let started = Instant::now();
+        let _waiting = known.then(|| {
+            for name in &names {
+                state
+                    .metrics()
+                    .waiters
+                    .get_or_create(&LimitLabels {
+                        limit: (*name).to_owned(),
+                    })
+                    .inc();
+            }
+            Waiting {
+                state: &state,
+                limits: body.limits.clone(),
+            }
+        });
+        let outcome = state.limiter().acquire(&request).await?;
+        for name in &names {
+            state
+                .metrics()
+                .wait_seconds
+                .get_or_create(&LimitLabels {
+                    limit: (*name).to_owned(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        outcome
+    };
+    count_outcome(&state, &names, &outcome);
+    Ok(match outcome {
+        Outcome::Granted(permit) => {
+            let limits = permit.limits().iter().map(LimitView::from).collect();
+            let id = permit.detach();
+            Json(Granted {
+                permit: id.to_string(),
+                limits,
+            })
+            .into_response()
+        }
+        Outcome::Denied(denied) => rate_limited(&denied, None),
+    })
+}
+
+/// `POST /v1/permits/{permit}/commit`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CommitBody {
+    /// Units used, 0 to the permit's cost; the rest are refunded. Leases are released.
+    #[serde(default)]
+    used: Option<u64>,
+}
+
+/// What a commit gave back.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct CommitAnswer {
+    /// Rate units refunded.
+    refunded: u64,
+    /// Leases released.
+    released: u64,
+}
+
+#[utoipa::path(post, path = "/v1/permits/{permit}/commit", tag = "data",
+    params(("permit" = String, Path, description = "the permit id from /v1/acquire")),
+    request_body = CommitBody,
+    responses((status = 200, body = CommitAnswer), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn commit(
+    _: Data,
+    State(state): State<AppState>,
+    permit: Result<Path<String>, PathRejection>,
+    Body(body): Body<CommitBody>,
+) -> ApiResult<Json<CommitAnswer>> {
+    let permit = path_name(permit, "permit")?;
+    let used = body
+        .used
+        .ok_or_else(|| ApiError::bad_field("used", "is required: the units used, 0 to cost"))?;
+    let committed = state.limiter().commit(&permit, used).await?;
+    Ok(Json(CommitAnswer {
+        refunded: committed.refunded,
+        released: committed.released,
+    }))
+}
+
+/// `POST /v1/permits/{permit}/renew` takes an empty body or `{}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RenewBody {}
+
+/// A renewed lease.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RenewAnswer {
+    /// Milliseconds until the earliest lease of the permit expires unless renewed again.
+    expires_ms: u64,
+}
+
+#[utoipa::path(post, path = "/v1/permits/{permit}/renew", tag = "data",
+    params(("permit" = String, Path, description = "the permit id from /v1/acquire")),
+    responses((status = 200, body = RenewAnswer), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn renew(
+    _: Data,
+    State(state): State<AppState>,
+    permit: Result<Path<String>, PathRejection>,
+    Body(_): Body<RenewBody>,
+) -> ApiResult<Json<RenewAnswer>> {
+    let permit = path_name(permit, "permit")?;
+    let expires_in = state.limiter().renew(&permit).await?;
+    Ok(Json(RenewAnswer {
+        expires_ms: ms_ceil(expires_in),
+    }))
+}
+
+/// `POST /v1/pause`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PauseBody {
+    limit: String,
+    /// For a limit counted per key: pause that key only (without it, every key).
+    #[serde(default)]
+    key: Option<String>,
+    /// How long to grant nothing, in milliseconds. Pauses only extend.
+    retry_after_ms: u64,
+}
+
+/// A pause in force.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct PauseAnswer {
+    limit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    /// Milliseconds until the pause ends (longer than asked if an earlier pause runs longer).
+    paused_ms: u64,
+}
+
+#[utoipa::path(post, path = "/v1/pause", tag = "data",
+    request_body = PauseBody,
+    responses((status = 200, body = PauseAnswer), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)))]
+pub(crate) async fn pause(
+    _: Data,
+    State(state): State<AppState>,
+    Body(body): Body<PauseBody>,
+) -> ApiResult<Json<PauseAnswer>> {
+    check_limit_name(&body.limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+    let remaining = state
+        .limiter()
+        .pause(
+            &body.limit,
+            body.key.as_deref(),
+            Duration::from_millis(body.retry_after_ms),
+        )
+        .await?;
+    tracing::info!(limit = %body.limit, paused_ms = ms_ceil(remaining), "paused");
+    Ok(Json(PauseAnswer {
+        limit: body.limit,
+        key: body.key,
+        paused_ms: ms_ceil(remaining),
+    }))
+}
+
+/// `POST /v1/check`: may this inbound request proceed?
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckBody {
+    /// Who makes the request: the key for limits counted `per` key.
+    #[serde(default)]
+    user: Option<String>,
+    method: String,
+    /// The request path as received; it is normalized here (ids become `#`).
+    path: String,
+}
+
+/// An inbound request allowed.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct CheckAnswer {
+    allowed: bool,
+    /// The normalized path that was matched.
+    path: String,
+    /// The limits whose `match` matched, by name.
+    matched: Vec<String>,
+    /// When a concurrency limit applied: commit this permit when the request is done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permit: Option<String>,
+    limits: Vec<LimitView>,
+}
+
+/// Paths longer than this are refused rather than normalized.
+const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
+
+#[utoipa::path(post, path = "/v1/check", tag = "data",
+    request_body = CheckBody,
+    responses((status = 200, body = CheckAnswer), (status = 429, body = RateLimited),
+        (status = 400, body = ErrorBody)))]
+pub(crate) async fn check(
+    _: Data,
+    State(state): State<AppState>,
+    Body(body): Body<CheckBody>,
+) -> ApiResult<Response> {
+    if body.path.len() > CHECK_PATH_BYTES_MAX {
+        return Err(ApiError::bad_field(
+            "path",
+            format!("must be at most {CHECK_PATH_BYTES_MAX} bytes"),
+        ));
+    }
+    if body.method.is_empty() || !body.method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err(ApiError::bad_field("method", "must be an HTTP method"));
+    }
+    let path = normalize_path(&body.path);
+    let snapshot = state.rules().snapshot();
+    let matched: Vec<String> = snapshot
+        .matching(&body.method, &path)
+        .map(|rule| rule.name().to_owned())
+        .take(tollgate::COUNTERS_PER_REQUEST_MAX)
+        .collect();
+    if matched.is_empty() {
+        return Ok(Json(CheckAnswer {
+            allowed: true,
+            path,
+            matched,
+            permit: None,
+            limits: Vec::new(),
+        })
+        .into_response());
+    }
+    let names: Vec<&str> = matched.iter().map(String::as_str).collect();
+    let mut request = Request::all(&names);
+    if let Some(user) = body.user.as_deref() {
+        request = request.key(user);
+    }
+    let outcome = state.limiter().try_acquire(&request).await.map_err(|error| match error {
+        tollgate::Error::InvalidRequest { field: "key", reason } => ApiError::bad_field("user", reason),
+        other => ApiError::from(other),
+    })?;
+    count_outcome(&state, &names, &outcome);
+    Ok(match outcome {
+        Outcome::Granted(permit) => {
+            let limits = permit.limits().iter().map(LimitView::from).collect();
+            let has_lease = permit.fence().is_some();
+            let id = permit.detach();
+            Json(CheckAnswer {
+                allowed: true,
+                path,
+                matched: matched.clone(),
+                permit: has_lease.then(|| id.to_string()),
+                limits,
+            })
+            .into_response()
+        }
+        Outcome::Denied(denied) => rate_limited(
+            &denied,
+            Some(serde_json::json!({ "allowed": false, "path": path, "matched": matched })),
+        ),
+    })
+}
+
+// ---- Operations ----------------------------------------------------------------------------
+
+/// Liveness and readiness.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Health {
+    /// `ok`, or what is wrong.
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rules: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, body = Health)))]
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        rules: None,
+        store: None,
+    })
+}
+
+/// How long readiness waits on the rules database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, body = Health), (status = 503, body = Health)))]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
+    let rules = match tokio::time::timeout(READY_TIMEOUT, state.rules().source().ping()).await {
+        Ok(Ok(())) => "ok".to_owned(),
+        Ok(Err(error)) => format!("unreachable: {error}"),
+        Err(_) => "unreachable: no answer within 2 s".to_owned(),
+    };
+    // The memory store is in this process; a shared store is checked by its own requests.
+    let store = if state.is_shutting_down() {
+        "shutting down".to_owned()
+    } else {
+        "ok".to_owned()
+    };
+    let ready = rules == "ok" && store == "ok";
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(Health {
+            status: if ready { "ok".into() } else { "not ready".into() },
+            rules: Some(rules),
+            store: Some(store),
+        }),
+    )
+        .into_response()
+}
+
+pub(crate) async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
+    let text = state
+        .metrics()
+        .render()
+        .map_err(|error| crate::error::internal(error.to_string()))?;
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint; see /openapi.json")
+}
+
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        Code::BadRequest,
+        "method not allowed on this endpoint; see /openapi.json",
+    )
+}

@@ -1,0 +1,104 @@
+//! The server's resolved configuration. Every field is a decision made by whoever builds it
+//! (the `tollgate` binary merges file, environment and flags); the defaults it falls back to
+//! are the named constants here, so documentation and code cannot drift apart.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Loopback only unless told otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_RULES_URL: &str = "sqlite://tollgate.db";
+pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 2_000;
+/// Reloads more often than this would only load the database.
+pub const RELOAD_INTERVAL_MS_MIN: u64 = 50;
+pub const DEFAULT_BODY_BYTES_MAX: u32 = 64 * 1024;
+pub const DEFAULT_WAIT_MS_MAX: u64 = 60_000;
+pub const DEFAULT_KEYS_TRACKED_MAX: u64 = 1_000_000;
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+
+/// Where counters live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// In this process's memory: one server holds the quota.
+    Memory,
+    /// A Redis URL, shared by every replica.
+    Redis(String),
+}
+
+impl StoreChoice {
+    /// `memory` or a `redis://` / `rediss://` URL.
+    pub fn parse(text: &str) -> Result<StoreChoice, String> {
+        if text == "memory" {
+            return Ok(StoreChoice::Memory);
+        }
+        if text.starts_with("redis://") || text.starts_with("rediss://") {
+            return Ok(StoreChoice::Redis(text.to_owned()));
+        }
+        Err(format!(
+            "{text:?} is not a store: use \"memory\" or redis://HOST:PORT/DB"
+        ))
+    }
+}
+
+/// Everything `tollgate serve` needs.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub store: StoreChoice,
+    /// `sqlite://FILE`, `postgres://...` or `mysql://...`.
+    pub rules_url: String,
+    pub rules_table: String,
+    /// How often the rules table is re-read (PostgreSQL also notifies at once).
+    pub reload_interval: Duration,
+    /// Bearer token for `/v1/limits`; with none, the admin API answers 401.
+    pub admin_token: Option<String>,
+    /// Bearer token for the data plane; with none, the data plane is open.
+    pub data_token: Option<String>,
+    pub body_bytes_max: u32,
+    /// Longest `wait_ms` honoured; longer waits are cut to it.
+    pub wait_ms_max: u64,
+    /// Memory store: counters tracked at most (G7).
+    pub keys_tracked_max: u64,
+    /// Memory store: grant nothing on a limit until one period after start, because a previous
+    /// incarnation of this server may have granted units that still count (G6).
+    pub recover_on_start: bool,
+    /// Key for permit ids; replicas that accept each other's ids share it. Random if unset.
+    pub permit_secret: Option<[u8; 16]>,
+    /// After a shutdown signal, how long in-flight requests get to finish.
+    pub shutdown_grace: Duration,
+}
+
+// Tokens and the permit secret stay out of logs.
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("rules_url", &tollgate_rules::redact(&self.rules_url))
+            .field("rules_table", &self.rules_table)
+            .field("reload_interval", &self.reload_interval)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
+            .field("data_token", &self.data_token.as_ref().map(|_| "<set>"))
+            .field("body_bytes_max", &self.body_bytes_max)
+            .field("wait_ms_max", &self.wait_ms_max)
+            .field("keys_tracked_max", &self.keys_tracked_max)
+            .field("recover_on_start", &self.recover_on_start)
+            .field("permit_secret", &self.permit_secret.map(|_| "<set>"))
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+/// A permit secret from 32 hex digits.
+pub fn parse_permit_secret(text: &str) -> Result<[u8; 16], String> {
+    let text = text.trim();
+    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("must be 32 hex digits (16 bytes), e.g. from `openssl rand -hex 16`".into());
+    }
+    let mut bytes = [0u8; 16];
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16)
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(bytes)
+}

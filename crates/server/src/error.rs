@@ -1,0 +1,181 @@
+//! The API's errors: `{"error": {"code", "message"}}` with one of SPEC's codes, and the only
+//! place where a failure becomes an HTTP status. Engine and rules errors map here, once.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tollgate::{Error, PermitError};
+use tollgate_rules::{RuleError, RulesError, SourceError};
+
+/// The wire codes (SPEC "HTTP API v1").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    BadRequest,
+    Unauthorized,
+    NotFound,
+    RateLimited,
+    StoreUnavailable,
+    TooManyKeys,
+    Conflict,
+    Internal,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::BadRequest => "bad_request",
+            Code::Unauthorized => "unauthorized",
+            Code::NotFound => "not_found",
+            Code::RateLimited => "rate_limited",
+            Code::StoreUnavailable => "store_unavailable",
+            Code::TooManyKeys => "too_many_keys",
+            Code::Conflict => "conflict",
+            Code::Internal => "internal",
+        }
+    }
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: Code,
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub field: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    pub(crate) error: ErrorDetail,
+}
+
+/// The error object of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// One of `bad_request`, `unauthorized`, `not_found`, `rate_limited`, `store_unavailable`,
+    /// `too_many_keys`, `conflict`, `internal`.
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    /// The request field at fault, for `bad_request`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) field: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: Code, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    /// A bad request naming the field at fault; the message starts with the field.
+    pub fn bad_field(field: impl Into<String>, reason: impl std::fmt::Display) -> ApiError {
+        let field = field.into();
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: Code::BadRequest,
+            message: format!("{field}: {reason}"),
+            field: Some(field),
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthorized, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, Code::NotFound, message)
+    }
+
+    pub(crate) fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.as_str(),
+                message: self.message.clone(),
+                field: self.field.clone(),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        // For the error-counting middleware.
+        response.extensions_mut().insert(self.code);
+        if self.code == Code::Unauthorized {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> ApiError {
+        let message = error.to_string();
+        match error {
+            Error::InvalidRequest { field, reason } => ApiError::bad_field(field, reason),
+            Error::UnknownLimit { .. } => ApiError::not_found(message),
+            Error::Cost { .. } => ApiError::bad_field("cost", message),
+            Error::Permit { source } => match source {
+                PermitError::Unknown => ApiError::not_found(message),
+                PermitError::UsedAboveCost { .. } => ApiError::bad_field("used", source),
+                PermitError::Gone | PermitError::LeaseExpired | PermitError::WrongKind => {
+                    ApiError::new(StatusCode::CONFLICT, Code::Conflict, message)
+                }
+                #[allow(unreachable_patterns)]
+                _ => ApiError::new(StatusCode::CONFLICT, Code::Conflict, message),
+            },
+            Error::StoreUnavailable { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::StoreUnavailable, message)
+            }
+            Error::TooManyKeys { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::TooManyKeys, message)
+            }
+            // Transient, like an unreachable store: a replica that is not stopping will answer.
+            Error::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Code::StoreUnavailable,
+                "the server is shutting down; retry against another replica or after restart",
+            ),
+            #[allow(unreachable_patterns)]
+            _ => internal(message),
+        }
+    }
+}
+
+impl From<RuleError> for ApiError {
+    fn from(error: RuleError) -> ApiError {
+        ApiError::bad_field(error.field, error.reason)
+    }
+}
+
+impl From<SourceError> for ApiError {
+    fn from(error: SourceError) -> ApiError {
+        tracing::error!(%error, "rules database failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::StoreUnavailable,
+            format!("the rules database is unavailable: {error}"),
+        )
+    }
+}
+
+impl From<RulesError> for ApiError {
+    fn from(error: RulesError) -> ApiError {
+        match error {
+            RulesError::Invalid(error) => error.into(),
+            RulesError::Source(error) => error.into(),
+        }
+    }
+}
+
+pub(crate) fn internal(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, message)
+}

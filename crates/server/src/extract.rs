@@ -1,0 +1,217 @@
+//! Request extraction: bearer tokens (compared in constant time) and JSON bodies whose every
+//! refusal names the field at fault, including unknown fields and oversized bodies.
+
+use axum::body::Bytes;
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Equal if `given` equals `expected`, in time that depends only on the lengths, so that a
+/// caller cannot learn the token a byte at a time from response times.
+pub(crate) fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut difference = given.len() ^ expected.len();
+    for (index, byte) in expected.iter().enumerate() {
+        let other = given.get(index).copied().unwrap_or(0);
+        difference |= usize::from(byte ^ other);
+    }
+    std::hint::black_box(difference) == 0
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let scheme = value.get(..7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| value[7..].trim_ascii())
+}
+
+fn check(headers: &HeaderMap, expected: &str, what: &str) -> Result<(), ApiError> {
+    match bearer(headers) {
+        None => Err(ApiError::unauthorized(format!(
+            "{what} needs the header Authorization: Bearer <token>"
+        ))),
+        Some(given) if constant_time_eq(given, expected.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::unauthorized(format!("wrong {what} token"))),
+    }
+}
+
+/// Proof that a request carries the admin token. With no admin token configured, the admin
+/// API is closed to everyone.
+#[derive(Debug)]
+pub(crate) struct Admin;
+
+impl<S: Send + Sync> FromRequestParts<S> for Admin
+where
+    AppState: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Admin, ApiError> {
+        let state = AppState::from_ref(state);
+        match state.config().admin_token.as_deref() {
+            None => Err(ApiError::unauthorized(
+                "the admin API is disabled: no admin token is configured (TOLLGATE_ADMIN_TOKEN)",
+            )),
+            Some(expected) => check(&parts.headers, expected, "the admin API").map(|()| Admin),
+        }
+    }
+}
+
+/// Proof that a data-plane request carries the data token, when one is configured.
+#[derive(Debug)]
+pub(crate) struct Data;
+
+impl<S: Send + Sync> FromRequestParts<S> for Data
+where
+    AppState: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Data, ApiError> {
+        let state = AppState::from_ref(state);
+        match state.config().data_token.as_deref() {
+            None => Ok(Data),
+            Some(expected) => check(&parts.headers, expected, "the data plane").map(|()| Data),
+        }
+    }
+}
+
+/// A JSON body. An empty body reads as `{}`, so endpoints whose fields are all optional take
+/// none.
+#[derive(Debug)]
+pub(crate) struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T>
+where
+    AppState: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Body<T>, ApiError> {
+        let body_bytes_max = AppState::from_ref(state).config().body_bytes_max;
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::bad_field(
+                    "body",
+                    format!("must be at most {body_bytes_max} bytes (body_bytes_max)"),
+                )
+            } else {
+                ApiError::bad_field("body", rejection.body_text())
+            }
+        })?;
+        parse(&bytes).map(Body)
+    }
+}
+
+/// Parse JSON into `T`, naming the field at fault in every error.
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        describe(&path, &inner)
+    })?;
+    deserializer
+        .end()
+        .map_err(|error| ApiError::bad_field("body", format!("malformed JSON: {error}")))?;
+    Ok(value)
+}
+
+fn describe(path: &str, error: &serde_json::Error) -> ApiError {
+    use serde_json::error::Category;
+    if matches!(error.classify(), Category::Syntax | Category::Eof | Category::Io) {
+        return ApiError::bad_field("body", format!("malformed JSON: {error}"));
+    }
+    let message = error.to_string();
+    // serde names unknown and missing fields in back-quotes; the path is their parent's.
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix))
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name.to_owned());
+    // The path ends at an unknown field, but at the parent of a missing one.
+    let field = match (named, path) {
+        (Some(name), "." | "") => name,
+        (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
+            path.to_owned()
+        }
+        (Some(name), parent) => format!("{parent}.{name}"),
+        (None, "." | "") => "body".to_owned(),
+        (None, path) => path.to_owned(),
+    };
+    // serde_json appends " at line L column C"; the field is a better locator.
+    let reason = message
+        .rsplit_once(" at line ")
+        .map_or(message.as_str(), |(reason, _)| reason);
+    ApiError::bad_field(field, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Sample {
+        cost: Option<u64>,
+        inner: Option<Inner>,
+        list: Option<Vec<String>>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        high: Option<i64>,
+    }
+
+    fn field(json: &str) -> Option<String> {
+        parse::<Sample>(json.as_bytes()).expect_err("refused").field
+    }
+
+    #[test]
+    fn every_refusal_names_a_field() {
+        assert_eq!(field(r#"{"cost":-1}"#).as_deref(), Some("cost"));
+        assert_eq!(field(r#"{"cost":"one"}"#).as_deref(), Some("cost"));
+        assert_eq!(field(r#"{"bogus":1}"#).as_deref(), Some("bogus"));
+        assert_eq!(field(r#"{"inner":{"low":1}}"#).as_deref(), Some("inner.low"));
+        assert_eq!(field(r#"{"list":[1]}"#).as_deref(), Some("list[0]"));
+        assert_eq!(field(r#"{"cost":1"#).as_deref(), Some("body"));
+        assert_eq!(field(r#"{"cost":1} x"#).as_deref(), Some("body"));
+        assert_eq!(field("[]").as_deref(), Some("body"));
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Needs {
+            inner: Inner2,
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Inner2 {
+            level: u64,
+        }
+        let missing = parse::<Needs>(br#"{"inner":{}}"#).expect_err("missing");
+        assert_eq!(missing.field.as_deref(), Some("inner.level"));
+        let missing = parse::<Needs>(b"{}").expect_err("missing");
+        assert_eq!(missing.field.as_deref(), Some("inner"));
+        assert!(parse::<Sample>(b"  ").is_ok());
+    }
+
+    #[test]
+    fn tokens_compare_equal_only_when_equal() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret1", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+}

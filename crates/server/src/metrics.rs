@@ -1,0 +1,257 @@
+//! Prometheus metrics. Labels are limit names (bounded by the rules table), denial reasons,
+//! store operations and error codes; never keys, which are unbounded and may be personal data.
+//!
+//! Store round trips are timed by wrapping the store (`MeteredStore`), so every store, present
+//! or future, is measured the same way without the engine knowing about metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tollgate::{Committed, Decision, Priority, Renewed, Store, StoreFuture, Take};
+use tollgate_rules::Rules;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LimitLabels {
+    pub(crate) limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DenialLabels {
+    pub(crate) limit: String,
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OperationLabels {
+    pub(crate) operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CodeLabels {
+    pub(crate) code: &'static str,
+}
+
+pub(crate) type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn wait_histogram() -> Histogram {
+    // 1 ms to about 65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn store_histogram() -> Histogram {
+    // 10 µs to about 0.3 s.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Metrics {
+    registry: Arc<Registry>,
+    pub(crate) grants: Family<LimitLabels, Counter>,
+    pub(crate) denials: Family<DenialLabels, Counter>,
+    pub(crate) waiters: Family<LimitLabels, Gauge>,
+    pub(crate) wait_seconds: HistogramFamily<LimitLabels>,
+    pub(crate) errors: Family<CodeLabels, Counter>,
+}
+
+impl Metrics {
+    /// The registry, with the rules and store read at scrape time.
+    pub(crate) fn new(
+        rules: Rules,
+        store: Arc<dyn Store>,
+        store_seconds: HistogramFamily<OperationLabels>,
+    ) -> Metrics {
+        let mut registry = Registry::with_prefix("tollgate");
+        let grants = Family::<LimitLabels, Counter>::default();
+        registry.register("grants", "Acquires granted, by limit", grants.clone());
+        let denials = Family::<DenialLabels, Counter>::default();
+        registry.register(
+            "denials",
+            "Acquires not granted within their wait, by limit and reason (capacity, paused, queued)",
+            denials.clone(),
+        );
+        let waiters = Family::<LimitLabels, Gauge>::default();
+        registry.register(
+            "waiters",
+            "Acquires waiting for room now, by limit",
+            waiters.clone(),
+        );
+        let wait_seconds: HistogramFamily<LimitLabels> =
+            Family::new_with_constructor(wait_histogram);
+        registry.register(
+            "acquire_wait_seconds",
+            "Time acquires that were allowed to wait spent before their answer, by limit",
+            wait_seconds.clone(),
+        );
+        registry.register(
+            "store_round_trip_seconds",
+            "Store round trips, by operation",
+            store_seconds.clone(),
+        );
+        let errors = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "http_errors",
+            "Error answers, by code",
+            errors.clone(),
+        );
+        registry.register_collector(Box::new(ScrapeTime { rules, store }));
+        Metrics {
+            registry: Arc::new(registry),
+            grants,
+            denials,
+            waiters,
+            wait_seconds,
+            errors,
+        }
+    }
+
+    /// The text exposition format.
+    pub(crate) fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// Values owned elsewhere, read at each scrape.
+#[derive(Debug)]
+struct ScrapeTime {
+    rules: Rules,
+    store: Arc<dyn Store>,
+}
+
+fn encode_one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let metric_encoder = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(metric_encoder)
+}
+
+impl prometheus_client::collector::Collector for ScrapeTime {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = self.rules.stats();
+        let snapshot = self.rules.snapshot();
+        {
+            let reloads = ConstCounter::new(stats.reloads_ok.load(Relaxed));
+            let failed = ConstCounter::new(stats.reloads_failed.load(Relaxed));
+            let mut family = encoder.encode_descriptor(
+                "rules_reloads",
+                "Reads of the rules table, by outcome (ok, failed)",
+                None,
+                reloads.metric_type(),
+            )?;
+            reloads.encode(family.encode_family(&[("outcome", "ok")])?)?;
+            failed.encode(family.encode_family(&[("outcome", "failed")])?)?;
+        }
+        encode_one(
+            &mut encoder,
+            "rules_rows_rejected",
+            "Rows of the rules table that failed validation at the last reload",
+            &ConstGauge::new(stats.rows_rejected.load(Relaxed) as i64),
+        )?;
+        encode_one(
+            &mut encoder,
+            "rules_limits",
+            "Limits in force",
+            &ConstGauge::new(snapshot.len() as i64),
+        )?;
+        encode_one(
+            &mut encoder,
+            "rules_version",
+            "Version of the rules in force; it grows with every change applied",
+            &ConstGauge::new(snapshot.version() as i64),
+        )?;
+        if let Some(tracked) = self.store.tracked_keys() {
+            encode_one(
+                &mut encoder,
+                "keys_tracked",
+                "Counters the store tracks now (bounded by keys_tracked_max)",
+                &ConstGauge::new(i64::try_from(tracked).unwrap_or(i64::MAX)),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The family `MeteredStore` records into, made before the registry that exposes it.
+pub(crate) fn store_seconds_family() -> HistogramFamily<OperationLabels> {
+    Family::new_with_constructor(store_histogram)
+}
+
+/// A store that times every round trip of the store it wraps.
+#[derive(Debug)]
+pub(crate) struct MeteredStore {
+    inner: Arc<dyn Store>,
+    seconds: HistogramFamily<OperationLabels>,
+}
+
+impl MeteredStore {
+    pub(crate) fn new(inner: Arc<dyn Store>, seconds: HistogramFamily<OperationLabels>) -> MeteredStore {
+        MeteredStore { inner, seconds }
+    }
+
+    fn timed<'a, T: Send + 'a>(
+        &'a self,
+        operation: &'static str,
+        started: Instant,
+        future: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
+        match future {
+            StoreFuture::Ready(result) => {
+                self.observe(operation, started);
+                StoreFuture::Ready(result)
+            }
+            StoreFuture::Pending(pending) => StoreFuture::boxed(async move {
+                let result = pending.await;
+                self.observe(operation, started);
+                result
+            }),
+        }
+    }
+
+    fn observe(&self, operation: &'static str, started: Instant) {
+        self.seconds
+            .get_or_create(&OperationLabels { operation })
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+impl Store for MeteredStore {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        let started = Instant::now();
+        self.timed("acquire", started, self.inner.acquire(takes, cost, priority))
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        let started = Instant::now();
+        self.timed("commit", started, self.inner.commit(take, seq, used))
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        let started = Instant::now();
+        self.timed("renew", started, self.inner.renew(take, fence))
+    }
+
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        let started = Instant::now();
+        self.timed("pause", started, self.inner.pause(take, duration_us))
+    }
+
+    fn tracked_keys(&self) -> Option<u64> {
+        self.inner.tracked_keys()
+    }
+}

@@ -1,0 +1,64 @@
+//! The state every handler shares, behind one `Arc` (cloning it per connection shares, never
+//! copies, the limiter).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tollgate::Limiter;
+use tollgate_rules::Rules;
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+
+#[derive(Clone, Debug)]
+pub(crate) struct AppState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ServerConfig,
+    limiter: Limiter,
+    rules: Rules,
+    metrics: Metrics,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub(crate) fn new(config: ServerConfig, limiter: Limiter, rules: Rules, metrics: Metrics) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                config,
+                limiter,
+                rules,
+                metrics,
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn limiter(&self) -> &Limiter {
+        &self.inner.limiter
+    }
+
+    pub(crate) fn rules(&self) -> &Rules {
+        &self.inner.rules
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn begin_shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Release);
+        self.inner.limiter.shutdown();
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Acquire)
+    }
+}
