@@ -1,0 +1,381 @@
+//! The SQL rules source against real databases: SQLite always; PostgreSQL and MariaDB/MySQL
+//! when `TOLLGATE_TEST_POSTGRES` / `TOLLGATE_TEST_MYSQL` name them (skipped loudly otherwise).
+//! Each test works in its own table, so tests run in parallel and leave each other alone.
+//! Waiting is a poll until true with a generous deadline, never a fixed sleep.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tollgate::{Limiter, Request};
+use tollgate_rules::{RawRule, Rules, SqlSource};
+
+/// Far beyond any reload interval used here; only a broken reload takes this long.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn unique_table(test: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let serial = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut name = format!("t{}_{}_{nanos:x}{serial}_", std::process::id() % 100_000, test);
+    name.truncate(40);
+    name
+}
+
+/// A connection for plain SQL, as an administrator would use.
+enum Admin {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl Admin {
+    async fn connect(url: &str) -> Admin {
+        if url.starts_with("sqlite:") {
+            Admin::Sqlite(sqlx::SqlitePool::connect(url).await.expect("sqlite"))
+        } else if url.starts_with("postgres") {
+            Admin::Postgres(sqlx::PgPool::connect(url).await.expect("postgres"))
+        } else {
+            Admin::MySql(sqlx::MySqlPool::connect(url).await.expect("mysql"))
+        }
+    }
+
+    async fn exec(&self, sql: &str) {
+        let result = match self {
+            Admin::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Admin::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Admin::MySql(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+        };
+        if let Err(error) = result {
+            panic!("{sql}: {error}");
+        }
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        let result = match self {
+            Admin::Sqlite(pool) => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await,
+            Admin::Postgres(pool) => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await,
+            Admin::MySql(pool) => sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await,
+        };
+        result.unwrap_or_else(|error| panic!("{sql}: {error}"))
+    }
+
+    async fn drop_table(&self, table: &str) {
+        for sql in [
+            format!("DROP TABLE IF EXISTS {table}"),
+            format!("DROP TABLE IF EXISTS {table}_migrations"),
+        ] {
+            let _ = match self {
+                Admin::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
+                Admin::Postgres(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
+                Admin::MySql(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
+            };
+        }
+        if let Admin::Postgres(pool) = self {
+            let _ = sqlx::query(&format!("DROP FUNCTION IF EXISTS {table}_notify()"))
+                .execute(pool)
+                .await;
+        }
+    }
+}
+
+/// The database URLs to run on: SQLite in a temporary directory, and the others if set.
+fn urls(directory: &tempfile::TempDir) -> Vec<String> {
+    let mut urls = vec![format!(
+        "sqlite://{}",
+        directory.path().join("rules.db").display()
+    )];
+    for variable in ["TOLLGATE_TEST_POSTGRES", "TOLLGATE_TEST_MYSQL"] {
+        match std::env::var(variable) {
+            Ok(url) if !url.is_empty() => urls.push(url),
+            _ => eprintln!("SKIPPED: the {variable} part of this test: {variable} unset"),
+        }
+    }
+    urls
+}
+
+async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < DEADLINE, "not within {DEADLINE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+struct Setup {
+    rules: Rules,
+    limiter: Limiter,
+    admin: Admin,
+    table: String,
+    stop: watch::Sender<bool>,
+}
+
+async fn setup(url: &str, test: &str, reload_interval: Duration) -> Setup {
+    let table = unique_table(test);
+    let source = SqlSource::connect(url, &table).await.expect("connects and migrates");
+    let limiter = Limiter::in_memory();
+    let rules = Rules::start(source, limiter.clone()).await.expect("loads");
+    let (stop, stopped) = watch::channel(false);
+    rules.spawn_reloader(reload_interval, stopped);
+    let admin = Admin::connect(url).await;
+    Setup {
+        rules,
+        limiter,
+        admin,
+        table,
+        stop,
+    }
+}
+
+impl Setup {
+    async fn finish(self) {
+        let _ = self.stop.send(true);
+        self.admin.drop_table(&self.table).await;
+    }
+
+    fn in_force(&self, name: &str) -> Option<u64> {
+        self.limiter
+            .limits()
+            .get(name)
+            .map(|limit| limit.policy().capacity())
+    }
+}
+
+fn rate_row(table: &str, name: &str, limit: i64) -> String {
+    format!(
+        "INSERT INTO {table} (name, kind, limit_units, period_ms) VALUES ('{name}', 'rate', {limit}, 60000)"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_sql_edits_take_effect_within_the_reload_interval() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let setup = setup(&url, "edits", Duration::from_millis(100)).await;
+        let table = setup.table.clone();
+        setup.admin.exec(&rate_row(&table, "vendor-x", 5)).await;
+        until(&format!("{url}: insert seen"), async || setup.in_force("vendor-x") == Some(5)).await;
+        setup
+            .admin
+            .exec(&format!("UPDATE {table} SET limit_units = 7 WHERE name = 'vendor-x'"))
+            .await;
+        until(&format!("{url}: update seen"), async || setup.in_force("vendor-x") == Some(7)).await;
+        setup
+            .admin
+            .exec(&format!("DELETE FROM {table} WHERE name = 'vendor-x'"))
+            .await;
+        until(&format!("{url}: delete seen"), async || setup.in_force("vendor-x").is_none()).await;
+        setup.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let setup = setup(&url, "invalid", Duration::from_millis(100)).await;
+        let table = setup.table.clone();
+        setup.admin.exec(&rate_row(&table, "a", 3)).await;
+        setup.admin.exec(&rate_row(&table, "b", 4)).await;
+        until(&format!("{url}: rows seen"), async || {
+            setup.in_force("a") == Some(3) && setup.in_force("b") == Some(4)
+        })
+        .await;
+        // `a` turns invalid; a new row `c` is invalid from the start; `b` changes validly.
+        setup
+            .admin
+            .exec(&format!("UPDATE {table} SET limit_units = -1 WHERE name = 'a'"))
+            .await;
+        setup
+            .admin
+            .exec(&format!(
+                "INSERT INTO {table} (name, kind, limit_units, period_ms, algorithm) VALUES ('c', 'rate', 1, 1000, 'leaky')"
+            ))
+            .await;
+        setup
+            .admin
+            .exec(&format!("UPDATE {table} SET limit_units = 9 WHERE name = 'b'"))
+            .await;
+        until(&format!("{url}: valid change seen"), async || setup.in_force("b") == Some(9)).await;
+        let snapshot = setup.rules.snapshot();
+        assert_eq!(setup.in_force("a"), Some(3), "{url}: a's last valid version stays");
+        assert_eq!(setup.in_force("c"), None, "{url}: c was never valid");
+        let rejected: Vec<(&str, &str, bool)> = snapshot
+            .rejected()
+            .iter()
+            .map(|row| (row.name.as_str(), row.column.as_str(), row.previous_in_force))
+            .collect();
+        assert_eq!(
+            rejected,
+            vec![("a", "limit_units", true), ("c", "algorithm", false)],
+            "{url}"
+        );
+        assert_eq!(
+            setup.rules.stats().rows_rejected.load(Ordering::Relaxed),
+            2,
+            "{url}"
+        );
+        // Fixing the row puts the new version in force.
+        setup
+            .admin
+            .exec(&format!("UPDATE {table} SET limit_units = 2 WHERE name = 'a'"))
+            .await;
+        until(&format!("{url}: fix seen"), async || setup.in_force("a") == Some(2)).await;
+        setup.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_never_refills_a_live_counter() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let url = &urls(&directory)[0];
+    let setup = setup(url, "refill", Duration::from_millis(50)).await;
+    let table = setup.table.clone();
+    setup.admin.exec(&rate_row(&table, "vendor-x", 2)).await;
+    until("row seen", async || setup.in_force("vendor-x") == Some(2)).await;
+    for _ in 0..2 {
+        let permit = setup
+            .limiter
+            .try_acquire(&Request::new("vendor-x"))
+            .await
+            .expect("ok")
+            .granted()
+            .expect("room");
+        drop(permit);
+    }
+    // Reloads with no change, a change elsewhere, and a change of this very limit's
+    // algorithm-neutral field: none may give back a unit.
+    let version = setup.rules.snapshot().version();
+    setup.admin.exec(&rate_row(&table, "other", 1)).await;
+    until("other seen", async || setup.in_force("other").is_some()).await;
+    setup
+        .admin
+        .exec(&format!("UPDATE {table} SET reserve_high = 1 WHERE name = 'vendor-x'"))
+        .await;
+    until("reserve seen", async || setup.rules.snapshot().version() >= version + 2).await;
+    for _ in 0..3 {
+        setup.rules.reload().await.expect("reload");
+        let outcome = setup
+            .limiter
+            .try_acquire(&Request::new("vendor-x").priority(tollgate::Priority::High))
+            .await
+            .expect("ok");
+        assert!(!outcome.is_granted(), "a reload refilled the counter");
+    }
+    setup.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_writes_go_to_the_table_and_apply_at_once() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        // A reload interval so long that only the write path can explain the change.
+        let setup = setup(&url, "writes", Duration::from_secs(3_600)).await;
+        let table = setup.table.clone();
+        let raw: RawRule = serde_json::from_str(
+            r#"{"kind":"rate","limit":10,"period_ms":1000,"algorithm":"gcra","burst":4,
+                "reserve":{"high":1},"per":"user","match":{"method":"get","path":"/e/12/b"}}"#,
+        )
+        .expect("json");
+        let stored = setup.rules.put("vendor-x", &raw).await.expect("stored");
+        assert_eq!(stored.canonical().burst, Some(4));
+        assert_eq!(setup.in_force("vendor-x"), Some(4), "{url}");
+        assert_eq!(
+            setup
+                .admin
+                .count(&format!(
+                    "SELECT COUNT(*) FROM {table} WHERE name = 'vendor-x' AND match_path = '/e/#/b' AND match_method = 'GET' AND per = 'user'"
+                ))
+                .await,
+            1,
+            "{url}"
+        );
+        // Written again, it round-trips to the same rule.
+        let again = setup
+            .rules
+            .put("vendor-x", stored.canonical())
+            .await
+            .expect("stored again");
+        assert_eq!(again.canonical(), stored.canonical(), "{url}");
+        assert!(setup.rules.delete("vendor-x").await.expect("deleted"));
+        assert!(!setup.rules.delete("vendor-x").await.expect("absent"));
+        assert_eq!(setup.in_force("vendor-x"), None, "{url}");
+        setup.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_notifies_changes_without_waiting_for_the_poll() {
+    let Ok(url) = std::env::var("TOLLGATE_TEST_POSTGRES") else {
+        eprintln!("SKIPPED: postgres_notifies_changes_without_waiting_for_the_poll: TOLLGATE_TEST_POSTGRES unset");
+        return;
+    };
+    // Polling once an hour: only the trigger's notification can bring the change in time.
+    let setup = setup(&url, "notify", Duration::from_secs(3_600)).await;
+    let table = setup.table.clone();
+    // The listener starts in the background; repeat the edit until it is heard.
+    let started = Instant::now();
+    let mut limit = 1;
+    loop {
+        setup
+            .admin
+            .exec(&format!(
+                "INSERT INTO {table} (name, kind, limit_units, period_ms) VALUES ('n', 'rate', {limit}, 1000)
+                 ON CONFLICT (name) DO UPDATE SET limit_units = excluded.limit_units"
+            ))
+            .await;
+        let seen = Instant::now();
+        let mut heard = false;
+        while seen.elapsed() < Duration::from_secs(2) {
+            if setup.in_force("n") == Some(limit) {
+                heard = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if heard {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "no notification within {DEADLINE:?}");
+        limit += 1;
+    }
+    setup.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cells_of_the_wrong_type_reject_only_their_row() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let url = &urls(&directory)[0];
+    let setup = setup(url, "types", Duration::from_millis(50)).await;
+    let table = setup.table.clone();
+    setup.admin.exec(&rate_row(&table, "good", 3)).await;
+    // SQLite stores whatever it is given: text in an integer column must not crash anything.
+    setup
+        .admin
+        .exec(&format!(
+            "INSERT INTO {table} (name, kind, limit_units, period_ms) VALUES ('bad', 'rate', 'ten', 1000)"
+        ))
+        .await;
+    until("rows seen", async || {
+        setup.in_force("good") == Some(3) && !setup.rules.snapshot().rejected().is_empty()
+    })
+    .await;
+    let snapshot = setup.rules.snapshot();
+    assert_eq!(snapshot.rejected()[0].name, "bad");
+    assert_eq!(snapshot.rejected()[0].column, "limit_units");
+    assert!(setup.in_force("bad").is_none());
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn bad_urls_and_table_names_are_refused_clearly() {
+    let error = SqlSource::connect("oracle://x", "t").await.expect_err("refused");
+    assert!(error.to_string().contains("sqlite://"), "{error}");
+    let error = SqlSource::connect("sqlite::memory:", "bad-name")
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("bad-name"), "{error}");
+}
