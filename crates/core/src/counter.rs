@@ -19,8 +19,10 @@ use crate::policy::{Algorithm, Kind, Policy, Priority};
 pub const SLIDING_BUCKETS_MAX: u64 = 64;
 
 /// Open reservations remembered per counter for `commit` refunds. Past this the oldest are
-/// forgotten: their units stay used (safe) and committing them reports them gone.
-pub const RESERVATIONS_TRACKED_MAX: usize = 4096;
+/// forgotten: their units stay used (safe) and committing them reports them gone. Callers that
+/// commit promptly hold few open at once; the cap keeps a counter's state small (a shared store
+/// reads and writes it whole on every decision) when permits are dropped uncommitted.
+pub const RESERVATIONS_TRACKED_MAX: usize = 256;
 
 /// Outstanding leases per counter; a concurrency limit above this cannot be written.
 pub const LEASES_MAX: u64 = 100_000;
@@ -49,8 +51,11 @@ struct Lease {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Body {
     Empty,
+    /// `units` is the sum of the buckets' units, kept as they change, so that deciding reads
+    /// it instead of summing up to `SLIDING_BUCKETS_MAX` buckets each time.
     Sliding {
         buckets: VecDeque<Bucket>,
+        units: u64,
     },
     /// `window` is the index of the aligned window `used` counts in, `window_us` its length.
     Fixed {
@@ -247,7 +252,7 @@ impl Counter {
         };
         match &self.body {
             Body::Empty => 0,
-            Body::Sliding { buckets } => buckets
+            Body::Sliding { buckets, .. } => buckets
                 .back()
                 .map_or(0, |bucket| bucket.stamp.saturating_add(window)),
             Body::Fixed {
@@ -283,13 +288,13 @@ impl Counter {
                 {
                     self.reservations.pop_front();
                 }
-                let used_before = self.rate_units_counted(now);
                 match (rate.algorithm(), &mut self.body) {
-                    (Algorithm::Sliding, Body::Sliding { buckets }) => {
-                        while buckets
+                    (Algorithm::Sliding, Body::Sliding { buckets, units }) => {
+                        while let Some(expired) = buckets
                             .front()
-                            .is_some_and(|b| b.stamp.saturating_add(window) <= now)
+                            .filter(|b| b.stamp.saturating_add(window) <= now)
                         {
+                            *units -= expired.units;
                             buckets.pop_front();
                         }
                     }
@@ -310,6 +315,7 @@ impl Counter {
                     (Algorithm::Gcra { .. }, Body::Gcra { emission_us, .. })
                         if *emission_us == rate.emission_us() => {}
                     (algorithm, _) => {
+                        let used_before = self.rate_units_counted(now);
                         self.body = match algorithm {
                             Algorithm::Sliding => {
                                 let mut buckets = VecDeque::new();
@@ -320,7 +326,10 @@ impl Counter {
                                         units: used_before,
                                     });
                                 }
-                                Body::Sliding { buckets }
+                                Body::Sliding {
+                                    buckets,
+                                    units: used_before,
+                                }
                             }
                             Algorithm::Fixed => Body::Fixed {
                                 window: now / window,
@@ -355,7 +364,7 @@ impl Counter {
         match &self.body {
             Body::Empty | Body::Leases { .. } => 0,
             // Callers prune first when the policy matches; across a change, count every bucket.
-            Body::Sliding { buckets } => buckets.iter().map(|b| b.units).sum(),
+            Body::Sliding { units, .. } => *units,
             Body::Fixed { used, .. } => *used,
             Body::Gcra {
                 tat, emission_us, ..
@@ -366,7 +375,10 @@ impl Counter {
     /// Units in use (rate units counted, or lease slots held) after `normalise`.
     fn used(&self, policy: &Policy, now: u64) -> u64 {
         match (&self.body, policy.kind()) {
-            (Body::Sliding { buckets }, _) => buckets.iter().map(|b| b.units).sum(),
+            (Body::Sliding { buckets, units }, _) => {
+                debug_assert_eq!(*units, buckets.iter().map(|b| b.units).sum::<u64>());
+                *units
+            }
             (Body::Fixed { used, .. }, _) => *used,
             (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
                 // Units the bucket holds: the backlog in emission intervals, rounded up. A grant
@@ -388,7 +400,7 @@ impl Counter {
         }
         let excess = used + cost - open;
         match (&self.body, policy.kind()) {
-            (Body::Sliding { buckets }, Kind::Rate(rate)) => {
+            (Body::Sliding { buckets, .. }, Kind::Rate(rate)) => {
                 let mut freed = 0;
                 for bucket in buckets {
                     freed += bucket.units;
@@ -471,7 +483,8 @@ impl Counter {
         let mut lease_expires_at = None;
         let mut reserved_at = now;
         match (&mut self.body, policy.kind()) {
-            (Body::Sliding { buckets }, Kind::Rate(rate)) => {
+            (Body::Sliding { buckets, units }, Kind::Rate(rate)) => {
+                *units += cost;
                 let span = sliding_bucket_span(rate.window_us(), rate.limit());
                 // Never stamp earlier than the newest bucket, so stamps stay ordered even if
                 // the deciding clock steps back.
@@ -581,7 +594,7 @@ impl Counter {
                 self.reservations.remove(index);
                 let give_back = reservation.units - used;
                 let refunded = match body {
-                    Body::Sliding { buckets } => {
+                    Body::Sliding { buckets, units } => {
                         // The bucket that holds the reservation: the last one opened at or before it.
                         match buckets
                             .iter_mut()
@@ -591,6 +604,7 @@ impl Counter {
                             Some(bucket) if bucket.stamp >= reservation.at => {
                                 let refund = give_back.min(bucket.units);
                                 bucket.units -= refund;
+                                *units -= refund;
                                 refund
                             }
                             _ => 0,
@@ -621,7 +635,7 @@ impl Counter {
                     }
                     Body::Empty | Body::Leases { .. } => 0,
                 };
-                if let Body::Sliding { buckets } = body {
+                if let Body::Sliding { buckets, .. } = body {
                     buckets.retain(|b| b.units > 0);
                 }
                 Ok(Committed {

@@ -21,7 +21,7 @@
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
 
 mod keys;
-// mod leasing;
+mod leasing;
 
 #[cfg(test)]
 mod differential_tests;
@@ -43,6 +43,7 @@ use tollgate_core::{
 };
 
 pub use keys::check_namespace;
+pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 
 const SCRIPT: &str = include_str!("tollgate.lua");
 

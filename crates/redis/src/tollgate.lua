@@ -17,7 +17,7 @@
 --   algorithm (1 sliding, 2 fixed, 3 gcra), burst, lease_ttl_us, reserve_high, reserve_normal
 
 local SLIDING_BUCKETS_MAX = 64
-local RESERVATIONS_TRACKED_MAX = 4096
+local RESERVATIONS_TRACKED_MAX = 256
 -- The generation hash outlives any counter; idle longer than this, a namespace starts over
 -- (and waits one period, as after a loss).
 local GEN_TTL_MS = 30 * 24 * 3600 * 1000
@@ -64,11 +64,24 @@ local function capacity_for(p, priority)
   return p.capacity - p.res_high - p.res_normal
 end
 
--- Counter state: p paused_until, s next_seq, r reservations {seq, units, at, ...},
+-- Reservations are kept as a string of 24-byte records (seq, units, at as big-endian doubles,
+-- exact for integers below 2^53): appending and dropping from the front cost a copy, not a
+-- table per record, so a counter with many open reservations stays cheap to load and save.
+local RECORD = 24
+
+local function record_at(r, index)
+  return struct.unpack('>d', r, (index - 1) * RECORD + 17)
+end
+
+local function record(r, index)
+  return struct.unpack('>ddd', r, (index - 1) * RECORD + 1)
+end
+
+-- Counter state: p paused_until, s next_seq, r reservations (records, see above),
 -- k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra, 4 leases), b body list, and for fixed
 -- w window index, wu window_us, u used; for gcra t tat, e emission_us, l last_seq.
 local function fresh(now, hold_until)
-  local c = { p = 0, s = now, r = {}, k = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
+  local c = { p = 0, s = now, r = '', k = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
   if hold_until and hold_until > now then
     c.p = hold_until
     c.s = hold_until
@@ -97,13 +110,10 @@ local function normalise(c, p, now)
   if p.kind == 1 then
     local window = p.window
     local r = c.r
+    local count = #r / RECORD
     local drop = 0
-    while drop * 3 < #r and r[drop * 3 + 3] + window <= now do drop = drop + 1 end
-    if drop > 0 then
-      local kept = {}
-      for i = drop * 3 + 1, #r do kept[#kept + 1] = r[i] end
-      c.r = kept
-    end
+    while drop < count and record_at(r, drop + 1) + window <= now do drop = drop + 1 end
+    if drop > 0 then c.r = string.sub(r, drop * RECORD + 1) end
     local used_before = units_counted(c, now)
     if p.alg == 1 and c.k == 1 then
       local b = c.b
@@ -140,7 +150,7 @@ local function normalise(c, p, now)
       end
     end
   else
-    c.r = {}
+    c.r = ''
     if c.k == 4 then
       local kept = {}
       for i = 1, #c.b, 3 do
@@ -221,7 +231,9 @@ end
 
 local function idle_at(c, p)
   local idle = math.max(c.p, c.s)
-  if p.kind == 1 and #c.r > 0 then idle = math.max(idle, c.r[#c.r] + p.window) end
+  if p.kind == 1 and #c.r > 0 then
+    idle = math.max(idle, record_at(c.r, #c.r / RECORD) + p.window)
+  end
   return math.max(idle, counted_until(c, p))
 end
 
@@ -276,15 +288,9 @@ local function grant(c, p, now, cost, priority)
     c.b[n + 3] = lease_expires_at
   end
   if p.kind == 1 then
-    if #c.r >= RESERVATIONS_TRACKED_MAX * 3 then
-      local kept = {}
-      for i = 4, #c.r do kept[#kept + 1] = c.r[i] end
-      c.r = kept
-    end
-    local n = #c.r
-    c.r[n + 1] = seq
-    c.r[n + 2] = cost
-    c.r[n + 3] = reserved_at
+    local r = c.r
+    if #r >= RESERVATIONS_TRACKED_MAX * RECORD then r = string.sub(r, RECORD + 1) end
+    c.r = r .. struct.pack('>ddd', seq, cost, reserved_at)
   end
   return { seq, sub0(open, used(c, p, now)), reset_after(c, p, now), lease_expires_at }
 end
@@ -399,18 +405,20 @@ if op == 'commit' then
     return { 'ok', head[1], head[2], head[3], head[4], 0, released }
   end
   local index = nil
-  for i = 1, #c.r, 3 do
-    if c.r[i] == seq then index = i break end
+  local units, at
+  for i = 1, #c.r / RECORD do
+    local record_seq, record_units, record_at_us = record(c.r, i)
+    if record_seq == seq then
+      index, units, at = i, record_units, record_at_us
+      break
+    end
   end
   if not index then
     save(KEYS[2], c, p, now)
     return { 'gone', head[1], head[2], head[3], head[4] }
   end
-  local units, at = c.r[index + 1], c.r[index + 2]
   if used_units > units then return { 'used_above_cost', head[1], head[2], head[3], head[4], units } end
-  table.remove(c.r, index)
-  table.remove(c.r, index)
-  table.remove(c.r, index)
+  c.r = string.sub(c.r, 1, (index - 1) * RECORD) .. string.sub(c.r, index * RECORD + 1)
   local give_back = units - used_units
   local refunded = 0
   if c.k == 1 then

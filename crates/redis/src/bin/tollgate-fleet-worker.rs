@@ -27,8 +27,21 @@ fn argument<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> 
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let url: String = argument(&args, 0, "URL");
     let namespace: String = argument(&args, 1, "NAMESPACE");

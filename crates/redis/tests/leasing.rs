@@ -1,0 +1,110 @@
+//! Quota leasing across two leasing stores on one namespace (two processes' worth): blocks are
+//! handed out locally, and in no window of one period do the callers, together, receive more
+//! than the limit. Counted from the instants the callers received their grants.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tollgate_redis::{LeasingConfig, LeasingStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_blocks_never_put_more_than_the_limit_in_a_period() {
+    let Some(url) = common::redis_url("leased_blocks_never_put_more_than_the_limit_in_a_period")
+    else {
+        return;
+    };
+    let namespace = common::namespace("leasing");
+    common::declare_fresh(&url, &namespace).await;
+    let limit = 40;
+    let period = Duration::from_millis(200);
+    let policy = Policy::rate(
+        limit,
+        period.as_micros() as u64,
+        50_000,
+        Algorithm::Sliding,
+        Reserve::default(),
+    )
+    .expect("valid");
+    let secret = PermitSecret::random();
+    let mut stores = Vec::new();
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let store = LeasingStore::new(
+            Arc::new(common::connect(&url, &namespace).await),
+            LeasingConfig {
+                block_lifetime: Duration::from_millis(50),
+                block_units_max: 16,
+            },
+        );
+        let limiter = Limiter::new(
+            store.clone(),
+            LimiterConfig {
+                wait_max: Duration::from_secs(10),
+                permit_secret: secret,
+            },
+        );
+        limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+        stores.push(store);
+        limiters.push(limiter);
+    }
+    let origin = Instant::now();
+    let end = origin + Duration::from_secs(4);
+    let received = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let grants = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let limiter = limiters[task % 2].clone();
+        let received = received.clone();
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                let request = Request::new("vendor").wait(Duration::from_millis(500));
+                if let Some(permit) = limiter.acquire(&request).await.expect("answers").granted() {
+                    grants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    received.lock().expect("log").push(origin.elapsed());
+                    // Every fifth call turns out not to be needed: give its unit back.
+                    let used = u64::from(task % 5 != 0);
+                    permit.commit(used).await.expect("commit");
+                    if used == 0 {
+                        received.lock().expect("log").pop();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let mut received = received.lock().expect("log").clone();
+    received.sort_unstable();
+    let mut start = 0;
+    let mut most = 0;
+    for end in 0..received.len() {
+        while received[end] - received[start] >= period {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    let (local, acquires, returns) = stores
+        .iter()
+        .map(|store| store.counts())
+        .fold((0, 0, 0), |sum, counts| {
+            (sum.0 + counts.0, sum.1 + counts.1, sum.2 + counts.2)
+        });
+    let grants = grants.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "leasing: {grants} grants ({} used), {local} from blocks, {acquires} store acquires, \
+         {returns} returns, at most {most} used in a period",
+        received.len()
+    );
+    assert!(
+        most as u64 <= limit,
+        "{most} grants within one period > {limit}"
+    );
+    assert!(local > 0, "no grant came from a block");
+    assert!(acquires < grants, "leasing saved no round trip");
+}
