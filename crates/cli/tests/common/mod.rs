@@ -1,0 +1,233 @@
+//! Test support: start the built `tollgate` binary as a real server process on a free port in
+//! its own temporary directory, talk to it over HTTP, stop it with a real signal.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use tollgate_cli::client::{Answer, Client};
+
+/// Far beyond what any step needs on an idle machine; only a hang takes this long.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
+
+/// Environment variables the server reads; cleared so the caller's shell cannot leak in.
+const SERVER_VARIABLES: [&str; 17] = [
+    "TOLLGATE_CONFIG",
+    "TOLLGATE_LISTEN",
+    "TOLLGATE_STORE",
+    "TOLLGATE_RULES",
+    "TOLLGATE_RULES_TABLE",
+    "TOLLGATE_RELOAD_INTERVAL_MS",
+    "TOLLGATE_ADMIN_TOKEN",
+    "TOLLGATE_DATA_TOKEN",
+    "TOLLGATE_BODY_BYTES_MAX",
+    "TOLLGATE_WAIT_MS_MAX",
+    "TOLLGATE_KEYS_TRACKED_MAX",
+    "TOLLGATE_RECOVER_ON_START",
+    "TOLLGATE_PERMIT_SECRET",
+    "TOLLGATE_SHUTDOWN_GRACE_MS",
+    "TOLLGATE_LOG",
+    "TOLLGATE_LOG_FORMAT",
+    "TOLLGATE_SERVER",
+];
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_tollgate")
+}
+
+/// A `tollgate` command with a clean environment, in `directory`.
+pub fn command(directory: &std::path::Path) -> Command {
+    let mut command = Command::new(binary());
+    command.current_dir(directory);
+    for variable in SERVER_VARIABLES {
+        command.env_remove(variable);
+    }
+    command
+}
+
+pub struct Server {
+    child: Child,
+    pub url: String,
+    pub directory: tempfile::TempDir,
+    log: PathBuf,
+}
+
+/// How a test server starts.
+pub struct Options<'a> {
+    pub args: Vec<&'a str>,
+    pub env: Vec<(&'a str, &'a str)>,
+    /// Start without `--recover-on-start false`, to see the default.
+    pub default_recovery: bool,
+    pub directory: Option<tempfile::TempDir>,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options {
+            args: Vec::new(),
+            env: vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
+            default_recovery: false,
+            directory: None,
+        }
+    }
+}
+
+impl Server {
+    /// A server with the admin token set, no start-up recovery, rules in ./tollgate.db.
+    pub fn start() -> Server {
+        Server::start_with(Options::default())
+    }
+
+    pub fn start_with(options: Options<'_>) -> Server {
+        let directory = options
+            .directory
+            .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
+        let log = directory.path().join("server.log");
+        let mut command = command(directory.path());
+        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        if !options.default_recovery {
+            command.args(["--recover-on-start", "false"]);
+        }
+        command.args(&options.args);
+        for (name, value) in &options.env {
+            command.env(name, value);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        let mut child = command.spawn().expect("spawn tollgate serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(url) = line.strip_prefix("tollgate: listening on ") {
+                    let _ = sender.send(url.to_owned());
+                }
+            }
+        });
+        let url = match receiver.recv_timeout(DEADLINE) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("the server did not start within {DEADLINE:?}; its log:\n{log}");
+            }
+        };
+        Server {
+            child,
+            url,
+            directory,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn admin(&self) -> Client {
+        Client::new(&self.url, Some(ADMIN_TOKEN.to_owned()), DEADLINE).expect("client")
+    }
+
+    pub fn anonymous(&self) -> Client {
+        Client::new(&self.url, None, DEADLINE).expect("client")
+    }
+
+    pub fn with_token(&self, token: &str) -> Client {
+        Client::new(&self.url, Some(token.to_owned()), DEADLINE).expect("client")
+    }
+
+    /// Send SIGTERM and wait for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        self.wait_exit()
+    }
+
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(started.elapsed() < DEADLINE, "the server did not exit; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn call(client: &Client, method: Method, path: &str, body: &str) -> Answer {
+    client
+        .send_raw(method, path, body.as_bytes().to_vec(), DEADLINE)
+        .await
+        .expect("the server answers")
+}
+
+pub async fn post(client: &Client, path: &str, body: &str) -> Answer {
+    call(client, Method::POST, path, body).await
+}
+
+/// Create or replace a limit, expecting success.
+pub async fn put_limit(server: &Server, name: &str, rule: &str) -> serde_json::Value {
+    let answer = call(&server.admin(), Method::PUT, &format!("/v1/limits/{name}"), rule).await;
+    assert_eq!(answer.status, 200, "put {name}: {}", answer.text());
+    answer.json.expect("json")
+}
+
+/// The permit of a granted acquire.
+pub async fn granted(client: &Client, body: &str) -> serde_json::Value {
+    let answer = post(client, "/v1/acquire", body).await;
+    assert_eq!(answer.status, 200, "acquire {body}: {}", answer.text());
+    answer.json.expect("json")
+}
+
+pub fn permit_of(grant: &serde_json::Value) -> String {
+    grant["permit"].as_str().expect("permit").to_owned()
+}
+
+/// An error answer with this status, code and (if given) field.
+#[track_caller]
+pub fn assert_error(answer: &Answer, status: u16, code: &str, field: Option<&str>) {
+    assert_eq!(answer.status.as_u16(), status, "{}", answer.text());
+    assert_eq!(answer.error_code(), Some(code), "{}", answer.text());
+    assert!(answer.error_message().is_some_and(|m| !m.is_empty()), "{}", answer.text());
+    if let Some(field) = field {
+        let json = answer.json.as_ref().expect("json");
+        assert_eq!(json["error"]["field"].as_str(), Some(field), "{}", answer.text());
+        assert!(
+            answer.error_message().is_some_and(|m| m.contains(field)),
+            "the message names the field: {}",
+            answer.text()
+        );
+    }
+}
+
+/// Poll `condition` until true, failing after `DEADLINE`.
+pub async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < DEADLINE, "not within {DEADLINE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
