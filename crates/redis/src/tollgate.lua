@@ -18,8 +18,9 @@
 
 local SLIDING_BUCKETS_MAX = 64
 local RESERVATIONS_TRACKED_MAX = 256
--- The generation hash outlives any counter; idle longer than this, a namespace starts over
--- (and waits one period, as after a loss).
+-- The generation hash outlives any counter; its expiry is pushed back every 1024 operations.
+-- A namespace idle longer than this (or with fewer operations) starts over and waits one
+-- period, as after a loss.
 local GEN_TTL_MS = 30 * 24 * 3600 * 1000
 
 local floor = math.floor
@@ -77,11 +78,18 @@ local function record(r, index)
   return struct.unpack('>ddd', r, (index - 1) * RECORD + 1)
 end
 
+-- Sliding buckets are records too (opened, stamp, units), in field q, with their units' sum in
+-- qu, so a decision touches only the first and last bucket unless it must look further.
+local function bucket(q, index)
+  return struct.unpack('>ddd', q, (index - 1) * RECORD + 1)
+end
+
 -- Counter state: p paused_until, s next_seq, r reservations (records, see above),
--- k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra, 4 leases), b body list, and for fixed
+-- k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra, 4 leases), q and qu sliding buckets,
+-- b the leases {fence, slots, expires_at, ...}, and for fixed
 -- w window index, wu window_us, u used; for gcra t tat, e emission_us, l last_seq.
 local function fresh(now, hold_until)
-  local c = { p = 0, s = now, r = '', k = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
+  local c = { p = 0, s = now, r = '', k = 0, q = '', qu = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
   if hold_until and hold_until > now then
     c.p = hold_until
     c.s = hold_until
@@ -96,10 +104,7 @@ local function load(key, now, gen, p)
 end
 
 local function units_counted(c, now)
-  if c.k == 1 then
-    local sum = 0
-    for i = 3, #c.b, 3 do sum = sum + c.b[i] end
-    return sum
+  if c.k == 1 then return c.qu
   elseif c.k == 2 then return c.u
   elseif c.k == 3 then return div_ceil(sub0(c.t, now), c.e)
   end
@@ -116,14 +121,16 @@ local function normalise(c, p, now)
     if drop > 0 then c.r = string.sub(r, drop * RECORD + 1) end
     local used_before = units_counted(c, now)
     if p.alg == 1 and c.k == 1 then
-      local b = c.b
-      local first = 1
-      while first <= #b and b[first + 1] + window <= now do first = first + 3 end
-      if first > 1 then
-        local kept = {}
-        for i = first, #b do kept[#kept + 1] = b[i] end
-        c.b = kept
+      local q = c.q
+      local count = #q / RECORD
+      local drop = 0
+      while drop < count do
+        local _, stamp, units = bucket(q, drop + 1)
+        if stamp + window > now then break end
+        c.qu = c.qu - units
+        drop = drop + 1
       end
+      if drop > 0 then c.q = string.sub(q, drop * RECORD + 1) end
     elseif p.alg == 2 and c.k == 2 and c.wu == window then
       local current = floor(now / window)
       if c.w < current then
@@ -134,9 +141,14 @@ local function normalise(c, p, now)
       -- nothing expires in a TAT
     else
       c.b = {}
+      c.q = ''
+      c.qu = 0
       if p.alg == 1 then
         c.k = 1
-        if used_before > 0 then c.b = { now, now, used_before } end
+        if used_before > 0 then
+          c.q = struct.pack('>ddd', now, now, used_before)
+          c.qu = used_before
+        end
       elseif p.alg == 2 then
         c.k = 2
         c.w = floor(now / window)
@@ -164,15 +176,14 @@ local function normalise(c, p, now)
     else
       c.k = 4
       c.b = {}
+      c.q = ''
+      c.qu = 0
     end
   end
 end
 
 local function used(c, p, now)
-  if c.k == 1 then
-    local sum = 0
-    for i = 3, #c.b, 3 do sum = sum + c.b[i] end
-    return sum
+  if c.k == 1 then return c.qu
   elseif c.k == 2 then return c.u
   elseif c.k == 3 then return div_ceil(sub0(c.t, now), p.emission)
   elseif c.k == 4 then
@@ -189,9 +200,10 @@ local function wait_for_room(c, p, now, cost, open)
   local excess = in_use + cost - open
   if c.k == 1 then
     local freed = 0
-    for i = 1, #c.b, 3 do
-      freed = freed + c.b[i + 2]
-      if freed >= excess then return sub0(c.b[i + 1] + p.window, now) end
+    for i = 1, #c.q / RECORD do
+      local _, stamp, units = bucket(c.q, i)
+      freed = freed + units
+      if freed >= excess then return sub0(stamp + p.window, now) end
     end
   elseif c.k == 2 then
     return sub0((c.w + 1) * p.window, now)
@@ -215,8 +227,9 @@ end
 
 local function counted_until(c, p)
   if c.k == 1 then
-    if #c.b == 0 then return 0 end
-    return c.b[#c.b - 1] + p.window
+    if #c.q == 0 then return 0 end
+    local _, stamp = bucket(c.q, #c.q / RECORD)
+    return stamp + p.window
   elseif c.k == 2 then
     if c.u == 0 then return 0 end
     return (c.w + 1) * c.wu
@@ -263,18 +276,20 @@ local function grant(c, p, now, cost, priority)
   if c.k == 1 then
     local span = 0
     if p.limit > SLIDING_BUCKETS_MAX then span = floor(p.window / SLIDING_BUCKETS_MAX) end
-    local n = #c.b
+    local n = #c.q / RECORD
     local at = now
-    if n > 0 then at = math.max(c.b[n - 1], now) end
-    reserved_at = at
-    if n > 0 and at - c.b[n - 2] <= span and (span > 0 or at == c.b[n - 1]) then
-      c.b[n - 1] = at
-      c.b[n] = c.b[n] + cost
-    else
-      c.b[n + 1] = at
-      c.b[n + 2] = at
-      c.b[n + 3] = cost
+    local opened, stamp, units
+    if n > 0 then
+      opened, stamp, units = bucket(c.q, n)
+      at = math.max(stamp, now)
     end
+    reserved_at = at
+    if n > 0 and at - opened <= span and (span > 0 or at == stamp) then
+      c.q = string.sub(c.q, 1, (n - 1) * RECORD) .. struct.pack('>ddd', opened, at, units + cost)
+    else
+      c.q = c.q .. struct.pack('>ddd', at, at, cost)
+    end
+    c.qu = c.qu + cost
   elseif c.k == 2 then
     c.u = c.u + cost
   elseif c.k == 3 then
@@ -308,17 +323,20 @@ end
 -- means Redis lost state (restart without persistence, flush, failover to a stale replica):
 -- start a new generation born now, so every counter created before born + memory waits (G6).
 local function generation(key, now, seen)
-  local fields = redis.call('HMGET', key, 'born', 'ver')
-  local born, ver = tonumber(fields[1]), tonumber(fields[2])
+  -- ver before this call is ver - 1; below what the client saw means a stale replica.
+  local ver = redis.call('HINCRBY', key, 'ver', 1)
+  local born = tonumber(redis.call('HGET', key, 'born'))
   local lost = 0
-  if born == nil or ver == nil or ver < seen then
+  if born == nil or ver <= seen then
     born = now
-    ver = seen
+    ver = seen + 1
     lost = 1
+    redis.call('HSET', key, 'born', born, 'ver', ver)
+    redis.call('PEXPIRE', key, GEN_TTL_MS)
+  elseif ver % 1024 == 0 then
+    -- Keep the expiry ahead without a write on every call.
+    redis.call('PEXPIRE', key, GEN_TTL_MS)
   end
-  ver = ver + 1
-  redis.call('HSET', key, 'born', born, 'ver', ver)
-  redis.call('PEXPIRE', key, GEN_TTL_MS)
   return { born = born, ver = ver, lost = lost }
 end
 
@@ -422,23 +440,24 @@ if op == 'commit' then
   local give_back = units - used_units
   local refunded = 0
   if c.k == 1 then
-    local found = nil
-    for i = #c.b - 2, 1, -3 do
-      if c.b[i] <= at then found = i break end
-    end
-    if found and c.b[found + 1] >= at then
-      refunded = math.min(give_back, c.b[found + 2])
-      c.b[found + 2] = c.b[found + 2] - refunded
-    end
-    local kept = {}
-    for i = 1, #c.b, 3 do
-      if c.b[i + 2] > 0 then
-        kept[#kept + 1] = c.b[i]
-        kept[#kept + 1] = c.b[i + 1]
-        kept[#kept + 1] = c.b[i + 2]
+    -- The bucket that holds the reservation: the last one opened at or before it.
+    for i = #c.q / RECORD, 1, -1 do
+      local opened, stamp, units = bucket(c.q, i)
+      if opened <= at then
+        if stamp >= at then
+          refunded = math.min(give_back, units)
+          local before = string.sub(c.q, 1, (i - 1) * RECORD)
+          local after = string.sub(c.q, i * RECORD + 1)
+          if units - refunded > 0 then
+            c.q = before .. struct.pack('>ddd', opened, stamp, units - refunded) .. after
+          else
+            c.q = before .. after
+          end
+          c.qu = c.qu - refunded
+        end
+        break
       end
     end
-    c.b = kept
   elseif c.k == 2 then
     if floor(at / p.window) == c.w then
       refunded = math.min(give_back, c.u)

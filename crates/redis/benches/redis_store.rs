@@ -1,0 +1,214 @@
+//! Decisions per second and latency through the Redis store, next to the physical ceiling of
+//! the same Redis: `redis-benchmark` running a trivial `EVALSHA` (a script returning 1) with the
+//! same number of connections, in the same run. Also: Redis commands per decision (from
+//! `INFO commandstats`), and what quota leasing saves.
+//!
+//! `cargo bench -p tollgate-redis --bench redis_store` (Redis from TOLLGATE_TEST_REDIS, else
+//! 127.0.0.1:6379; `redis-benchmark` on the PATH). A wall-clock benchmark: run it on a quiet
+//! machine and read the ratios, which the noise affects less than the absolute numbers.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::{
+    Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve, Store,
+};
+use tollgate_redis::{LeasingConfig, LeasingStore, RedisStore, RedisStoreConfig};
+
+const RUN: Duration = Duration::from_secs(3);
+const CALLERS: [usize; 3] = [1, 8, 64];
+
+struct Figures {
+    per_second: f64,
+    p50_us: u64,
+    p99_us: u64,
+    decisions: u64,
+}
+
+async fn measure(limiter: &Limiter, callers: usize) -> Figures {
+    let end = Instant::now() + RUN;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let limiter = limiter.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(100_000);
+            while Instant::now() < end {
+                let asked = Instant::now();
+                let outcome = limiter.try_acquire(&Request::new("bench")).await;
+                latencies.push(asked.elapsed().as_micros() as u64);
+                assert!(
+                    outcome.expect("store answers").is_granted(),
+                    "the bench limit denied"
+                );
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
+    Figures {
+        per_second: latencies.len() as f64 / elapsed,
+        p50_us: at(0.50),
+        p99_us: at(0.99),
+        decisions: latencies.len() as u64,
+    }
+}
+
+fn redis_cli(host: &str, port: &str, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-h", host, "-p", port])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// `redis-benchmark` on a trivial EVALSHA with `callers` connections: requests per second.
+fn ceiling(host: &str, port: &str, sha: &str, callers: usize) -> f64 {
+    let requests = (60_000 * callers.min(8)).to_string();
+    let output = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            host,
+            "-p",
+            port,
+            "-q",
+            "-n",
+            &requests,
+            "-c",
+            &callers.to_string(),
+        ])
+        .args(["EVALSHA", sha, "0"])
+        .output()
+        .expect("redis-benchmark runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // "EVALSHA ... 0: 81234.56 requests per second, p50=0.303 msec"
+    text.rsplit('\r')
+        .find_map(|part| {
+            let (_, rest) = part.split_once(": ")?;
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .unwrap_or(0.0)
+}
+
+fn evalsha_calls(host: &str, port: &str) -> u64 {
+    let stats = redis_cli(host, port, &["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|line| line.starts_with("cmdstat_evalsha:"))
+        .and_then(|line| line.split("calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
+    let limiter = Limiter::new(
+        store,
+        LimiterConfig {
+            wait_max: Duration::from_secs(10),
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    limiter.set_limit(Limit::new("bench", policy, None).expect("valid"));
+    limiter
+}
+
+fn main() {
+    let url =
+        std::env::var("TOLLGATE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let address = url.trim_start_matches("redis://").trim_end_matches('/');
+    let address = address.split('/').next().unwrap_or("127.0.0.1:6379");
+    let (host, port) = address.split_once(':').unwrap_or((address, "6379"));
+    let sha = redis_cli(host, port, &["SCRIPT", "LOAD", "return 1"]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let namespace = format!("bench-{}", std::process::id());
+    // A fresh namespace, not a lost one: skip the recovery period (see the store's docs, G6).
+    redis_cli(
+        host,
+        port,
+        &[
+            "HSET",
+            &format!("tg:{{{namespace}}}:gen"),
+            "born",
+            "0",
+            "ver",
+            "1",
+        ],
+    );
+    redis_cli(
+        host,
+        port,
+        &["PEXPIRE", &format!("tg:{{{namespace}}}:gen"), "600000"],
+    );
+    let store = runtime.block_on(RedisStore::connect(RedisStoreConfig {
+        url: url.clone(),
+        namespace,
+        fail_open: false,
+        timeout: Duration::from_secs(5),
+    }));
+    let store: Arc<dyn Store> = Arc::new(store.expect("connect to Redis"));
+    // A limit that never binds: what is measured is the decision, not the waiting.
+    let never_binds = Policy::rate(
+        1_000_000_000,
+        1_000_000,
+        50_000,
+        Algorithm::Sliding,
+        Reserve::default(),
+    )
+    .expect("valid");
+    let limiter = limiter_on(store.clone(), never_binds);
+
+    println!("callers | tollgate decisions/s | p50 us | p99 us | EVALSHA ceiling/s | ratio");
+    for callers in CALLERS {
+        let before = evalsha_calls(host, port);
+        let figures = runtime.block_on(measure(&limiter, callers));
+        let calls = evalsha_calls(host, port) - before;
+        let ceiling = ceiling(host, port, &sha, callers);
+        println!(
+            "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>17.0} | {:.2}   (EVALSHA per decision: {:.3})",
+            figures.per_second,
+            figures.p50_us,
+            figures.p99_us,
+            ceiling,
+            figures.per_second / ceiling,
+            calls as f64 / figures.decisions as f64
+        );
+    }
+
+    let leasing = runtime.block_on(async {
+        LeasingStore::new(
+            store.clone(),
+            LeasingConfig {
+                block_lifetime: Duration::from_millis(50),
+                block_units_max: 256,
+            },
+        )
+    });
+    let leased = limiter_on(leasing.clone(), never_binds);
+    println!("with leasing (blocks of up to 256 units, 50 ms):");
+    println!("callers | tollgate decisions/s | p50 us | p99 us | Redis calls per decision");
+    for callers in CALLERS {
+        let before = evalsha_calls(host, port);
+        let figures = runtime.block_on(measure(&leased, callers));
+        let calls = evalsha_calls(host, port) - before;
+        println!(
+            "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:.4}",
+            figures.per_second,
+            figures.p50_us,
+            figures.p99_us,
+            calls as f64 / figures.decisions as f64
+        );
+    }
+}
