@@ -36,6 +36,10 @@ fn add(limiter: &Limiter, name: &str, policy: Policy, per: Option<&str>) {
     limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
 }
 
+async fn granted(limiter: &Limiter, request: &Request<'_>) -> bool {
+    limiter.try_acquire(request).await.expect("ok").is_granted()
+}
+
 fn denied(outcome: Outcome) -> tollgate::Denied {
     match outcome {
         Outcome::Denied(denied) => denied,
@@ -71,21 +75,9 @@ async fn a_denial_says_exactly_when_to_come_back() {
     assert_eq!(denial.reason, DenialReason::Capacity);
     assert_eq!(denial.retry_after, Duration::from_millis(700));
     tokio::time::advance(Duration::from_millis(699)).await;
-    assert!(
-        !limiter
-            .try_acquire(&request)
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &request).await);
     tokio::time::advance(Duration::from_millis(1)).await;
-    assert!(
-        limiter
-            .try_acquire(&request)
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(granted(&limiter, &request).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -141,13 +133,7 @@ async fn commit_refunds_unused_units_once() {
         .granted()
         .expect("room");
     let id = permit.detach();
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("vendor"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
     let committed = limiter.commit(id.as_str(), 4).await.expect("first commit");
     assert_eq!(committed.refunded, 6);
     let again = limiter.commit(id.as_str(), 4).await;
@@ -184,13 +170,7 @@ async fn a_dropped_rate_permit_keeps_its_units_used() {
             .await
             .expect("ok"),
     );
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("vendor"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -205,13 +185,7 @@ async fn leases_fence_renew_expire_and_release_once() {
         .granted()
         .expect("room");
     let first_fence = first.fence().expect("a lease has a fence");
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("pool")).await);
     let id = first.detach();
     tokio::time::advance(Duration::from_millis(900)).await;
     assert_eq!(
@@ -219,13 +193,7 @@ async fn leases_fence_renew_expire_and_release_once() {
         Duration::from_secs(1)
     );
     tokio::time::advance(Duration::from_millis(900)).await;
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("pool")).await);
     // Not renewed: it expires, and the next holder gets a larger fence.
     tokio::time::advance(Duration::from_millis(100)).await;
     let second = limiter
@@ -248,13 +216,7 @@ async fn leases_fence_renew_expire_and_release_once() {
         .await
         .expect("release is idempotent");
     assert_eq!(stale.released, 0);
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("pool")).await);
     let second_id = second.detach();
     assert_eq!(
         limiter
@@ -300,13 +262,7 @@ async fn a_dropped_lease_is_released() {
         .expect("ok");
     assert!(lease.is_granted());
     drop(lease);
-    assert!(
-        limiter
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(granted(&limiter, &Request::new("pool")).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -319,13 +275,7 @@ async fn pauses_stop_every_key_and_only_extend() {
         Some("account"),
     );
     let request = Request::new("vendor").key("acme");
-    assert!(
-        limiter
-            .try_acquire(&request)
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(granted(&limiter, &request).await);
     let left = limiter
         .pause("vendor", None, Duration::from_secs(15))
         .await
@@ -353,20 +303,8 @@ async fn pauses_stop_every_key_and_only_extend() {
         .pause("vendor", Some("acme"), Duration::from_secs(2))
         .await
         .expect("pause");
-    assert!(
-        !limiter
-            .try_acquire(&request)
-            .await
-            .expect("ok")
-            .is_granted()
-    );
-    assert!(
-        limiter
-            .try_acquire(&Request::new("vendor").key("other"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &request).await);
+    assert!(granted(&limiter, &Request::new("vendor").key("other")).await);
     // A waiter sleeps through the pause and is granted when it ends.
     let waited = limiter
         .acquire(&request.clone().wait(Duration::from_secs(5)))
@@ -722,13 +660,7 @@ async fn a_restarted_server_store_waits_one_period_before_granting() {
     assert_eq!(denial.reason, DenialReason::Paused);
     assert_eq!(denial.retry_after, Duration::from_secs(1));
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(
-        limiter
-            .try_acquire(&Request::new("vendor"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(granted(&limiter, &Request::new("vendor")).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -741,13 +673,7 @@ async fn a_changed_policy_keeps_what_was_granted() {
         None,
     );
     for _ in 0..3 {
-        assert!(
-            limiter
-                .try_acquire(&Request::new("vendor"))
-                .await
-                .expect("ok")
-                .is_granted()
-        );
+        assert!(granted(&limiter, &Request::new("vendor")).await);
     }
     add(
         &limiter,
@@ -756,19 +682,7 @@ async fn a_changed_policy_keeps_what_was_granted() {
         None,
     );
     for _ in 0..2 {
-        assert!(
-            limiter
-                .try_acquire(&Request::new("vendor"))
-                .await
-                .expect("ok")
-                .is_granted()
-        );
+        assert!(granted(&limiter, &Request::new("vendor")).await);
     }
-    assert!(
-        !limiter
-            .try_acquire(&Request::new("vendor"))
-            .await
-            .expect("ok")
-            .is_granted()
-    );
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
 }
