@@ -18,7 +18,8 @@ use tollgate_cli::client::{Answer, Client};
 use tollgate_cli::parse_duration;
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS,
+    DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
     ServerConfig, StoreChoice, parse_permit_secret,
 };
 
@@ -157,6 +158,17 @@ struct ServeArgs {
     /// default 10000].
     #[arg(long, env = "TOLLGATE_SHUTDOWN_GRACE_MS", value_name = "MS")]
     shutdown_grace_ms: Option<u64>,
+    /// Redis store: namespace of every key; replicas sharing a quota share it
+    /// [env TOLLGATE_REDIS_NAMESPACE; default tollgate].
+    #[arg(long, env = "TOLLGATE_REDIS_NAMESPACE", value_name = "NAME")]
+    redis_namespace: Option<String>,
+    /// Redis store: grant when Redis is unreachable (fail-open) instead of answering
+    /// store_unavailable [env TOLLGATE_STORE_FAIL_OPEN; default false].
+    #[arg(long, env = "TOLLGATE_STORE_FAIL_OPEN", value_name = "BOOL")]
+    store_fail_open: Option<bool>,
+    /// Redis store: time one operation may take, ms [env TOLLGATE_STORE_TIMEOUT_MS; default 1000].
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", value_name = "MS")]
+    store_timeout_ms: Option<u64>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [env TOLLGATE_LOG; default info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -182,6 +194,9 @@ struct FileConfig {
     recover_on_start: Option<bool>,
     permit_secret: Option<String>,
     shutdown_grace_ms: Option<u64>,
+    redis_namespace: Option<String>,
+    store_fail_open: Option<bool>,
+    store_timeout_ms: Option<u64>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -292,6 +307,16 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
             args.shutdown_grace_ms
                 .or(file.shutdown_grace_ms)
                 .unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
+        ),
+        redis_namespace: args
+            .redis_namespace
+            .or(file.redis_namespace)
+            .unwrap_or_else(|| DEFAULT_REDIS_NAMESPACE.to_owned()),
+        store_fail_open: args.store_fail_open.or(file.store_fail_open).unwrap_or(false),
+        store_timeout: Duration::from_millis(
+            args.store_timeout_ms
+                .or(file.store_timeout_ms)
+                .unwrap_or(DEFAULT_STORE_TIMEOUT_MS),
         ),
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());

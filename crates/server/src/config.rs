@@ -15,6 +15,8 @@ pub const DEFAULT_BODY_BYTES_MAX: u32 = 64 * 1024;
 pub const DEFAULT_WAIT_MS_MAX: u64 = 60_000;
 pub const DEFAULT_KEYS_TRACKED_MAX: u64 = 1_000_000;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+pub const DEFAULT_REDIS_NAMESPACE: &str = "tollgate";
+pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
 
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +68,13 @@ pub struct ServerConfig {
     pub permit_secret: Option<[u8; 16]>,
     /// After a shutdown signal, how long in-flight requests get to finish.
     pub shutdown_grace: Duration,
+    /// Redis store: the namespace (hash tag) of every key; replicas sharing a quota share it.
+    pub redis_namespace: String,
+    /// Redis store: grant when Redis cannot be reached. Off: an unreachable store answers
+    /// `store_unavailable` (G6); on, grants made meanwhile are counted by no limit.
+    pub store_fail_open: bool,
+    /// Redis store: how long one operation may take before Redis counts as unreachable.
+    pub store_timeout: Duration,
 }
 
 // Tokens and the permit secret stay out of logs.
@@ -73,7 +82,7 @@ impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerConfig")
             .field("listen", &self.listen)
-            .field("store", &self.store)
+            .field("store", &redacted_store(&self.store))
             .field("rules_url", &tollgate_rules::redact(&self.rules_url))
             .field("rules_table", &self.rules_table)
             .field("reload_interval", &self.reload_interval)
@@ -85,6 +94,9 @@ impl std::fmt::Debug for ServerConfig {
             .field("recover_on_start", &self.recover_on_start)
             .field("permit_secret", &self.permit_secret.map(|_| "<set>"))
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("redis_namespace", &self.redis_namespace)
+            .field("store_fail_open", &self.store_fail_open)
+            .field("store_timeout", &self.store_timeout)
             .finish()
     }
 }
@@ -101,4 +113,11 @@ pub fn parse_permit_secret(text: &str) -> Result<[u8; 16], String> {
             .map_err(|error| error.to_string())?;
     }
     Ok(bytes)
+}
+
+fn redacted_store(store: &StoreChoice) -> String {
+    match store {
+        StoreChoice::Memory => "memory".to_owned(),
+        StoreChoice::Redis(url) => tollgate_rules::redact(url),
+    }
 }

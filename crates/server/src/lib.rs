@@ -27,7 +27,8 @@ use tollgate_rules::{Rules, SourceError, SqlSource};
 
 pub use config::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS,
+    DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
     ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
@@ -57,7 +58,9 @@ pub enum ServerError {
     Serve(std::io::Error),
 }
 
-fn build_store(config: &ServerConfig) -> Result<(Arc<dyn Store>, Option<Arc<MemoryStore>>), ServerError> {
+async fn build_store(
+    config: &ServerConfig,
+) -> Result<(Arc<dyn Store>, Option<Arc<MemoryStore>>), ServerError> {
     match &config.store {
         StoreChoice::Memory => {
             let store = Arc::new(MemoryStore::new(
@@ -69,16 +72,33 @@ fn build_store(config: &ServerConfig) -> Result<(Arc<dyn Store>, Option<Arc<Memo
             ));
             Ok((store.clone(), Some(store)))
         }
-        StoreChoice::Redis(url) => Err(ServerError::Store {
-            store: redact_redis(url),
-            reason: "the Redis store is not available in this build of tollgate; use --store memory"
-                .into(),
-        }),
+        StoreChoice::Redis(url) => {
+            if config.permit_secret.is_none() {
+                tracing::warn!(
+                    "no permit_secret is configured: permits granted by this replica cannot be \
+                     committed through another; give every replica the same TOLLGATE_PERMIT_SECRET"
+                );
+            }
+            let store = tollgate_redis::RedisStore::connect(tollgate_redis::RedisStoreConfig {
+                url: url.clone(),
+                namespace: config.redis_namespace.clone(),
+                fail_open: config.store_fail_open,
+                timeout: config.store_timeout,
+            })
+            .await
+            .map_err(|error| ServerError::Store {
+                store: tollgate_rules::redact(url),
+                reason: error.to_string(),
+            })?;
+            tracing::info!(
+                store = %tollgate_rules::redact(url),
+                namespace = %config.redis_namespace,
+                fail_open = config.store_fail_open,
+                "redis store connected"
+            );
+            Ok((Arc::new(store), None))
+        }
     }
-}
-
-fn redact_redis(url: &str) -> String {
-    tollgate_rules::redact(url)
 }
 
 /// The router, with every endpoint of API v1.
@@ -151,7 +171,7 @@ pub async fn run(
              start, since a previous run may have granted units that still count"
         );
     }
-    let (store, memory) = build_store(&config)?;
+    let (store, memory) = build_store(&config).await?;
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
     let permit_secret = match config.permit_secret {

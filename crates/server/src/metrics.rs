@@ -251,6 +251,10 @@ impl Store for MeteredStore {
         self.timed("pause", started, self.inner.pause(take, duration_us))
     }
 
+    fn on_wake(&self, wake: tollgate::WakeFn) {
+        self.inner.on_wake(wake);
+    }
+
     fn tracked_keys(&self) -> Option<u64> {
         self.inner.tracked_keys()
     }
