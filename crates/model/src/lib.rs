@@ -1,0 +1,21 @@
+//! Model checking of the seeds' protocols and of Tollgate's own, over the real decision core.
+//!
+//! Each module is one small state machine checked exhaustively by stateright:
+//!
+//! - [`calls`]: seeds 000 and 003, calls against a central counter (naive, check-then-act,
+//!   await with and without a reset, reservation).
+//! - [`tokens`]: seed 001, a prepaid token pool guarded by a lock that times out, and the same
+//!   pool guarded by leases counted in the store.
+//! - [`protocol`]: Tollgate's own protocol, workers against one store whose state is real
+//!   `tollgate_core::Counter`s, so the arithmetic that is checked is the arithmetic that runs.
+//!
+//! [`run`] explores a model and [`trace`] prints a discovery step by step. The bounds of every
+//! model come from [`Bound`]: small by default so `cargo test` stays quick, larger with
+//! `TOLLGATE_MODEL_BOUND=large` (see `docs/models.md`).
+
+pub mod calls;
+pub mod protocol;
+mod run;
+pub mod tokens;
+
+pub use run::{Bound, Outcome, run, trace};
