@@ -65,12 +65,18 @@ pub struct Client {
 
 impl Client {
     /// A client for `base` (`http://HOST:PORT`), sending `token` as a bearer token if given.
-    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Client, ClientError> {
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
         let base = base.trim_end_matches('/').to_owned();
-        let uri: Uri = base.parse().map_err(|error: hyper::http::uri::InvalidUri| ClientError::BadUrl {
-            url: base.clone(),
-            reason: error.to_string(),
-        })?;
+        let uri: Uri = base
+            .parse()
+            .map_err(|error: hyper::http::uri::InvalidUri| ClientError::BadUrl {
+                url: base.clone(),
+                reason: error.to_string(),
+            })?;
         match uri.scheme_str() {
             Some("http") => {}
             Some("https") => {
@@ -141,14 +147,14 @@ impl Client {
                 reason: error.to_string(),
             })?;
         let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|error| ClientError::Unreachable {
-                    url: url.clone(),
-                    reason: error_chain(&error),
-                })?;
+            let response =
+                self.http
+                    .request(request)
+                    .await
+                    .map_err(|error| ClientError::Unreachable {
+                        url: url.clone(),
+                        reason: error_chain(&error),
+                    })?;
             let (parts, body) = response.into_parts();
             let limited = http_body_util::Limited::new(body, RESPONSE_BYTES_MAX);
             let body = limited

@@ -27,7 +27,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1_000.0,
         "m" => 60_000.0,
         "h" => 3_600_000.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
     };
     let ms = (value * unit_ms).ceil();
     if !ms.is_finite() || ms < 0.0 || ms > DURATION_MS_MAX as f64 {

@@ -17,10 +17,10 @@ use serde::Deserialize;
 use tollgate_cli::client::{Answer, Client};
 use tollgate_cli::parse_duration;
 use tollgate_server::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_REDIS_NAMESPACE, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS,
-    DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
-    ServerConfig, StoreChoice, parse_permit_secret,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
+    StoreChoice, parse_permit_secret,
 };
 
 const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
@@ -249,7 +249,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 
 // ---- serve ---------------------------------------------------------------------------------
 
-fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerConfig, String, String)> {
+fn resolve_server_config(
+    args: ServeArgs,
+    file: FileConfig,
+) -> Result<(ServerConfig, String, String)> {
     let listen_text = args
         .listen
         .or(file.listen)
@@ -257,7 +260,10 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
     let listen: SocketAddr = listen_text
         .parse()
         .map_err(|error| anyhow!("listen {listen_text:?}: {error} (e.g. 127.0.0.1:7070)"))?;
-    let store_text = args.store.or(file.store).unwrap_or_else(|| "memory".to_owned());
+    let store_text = args
+        .store
+        .or(file.store)
+        .unwrap_or_else(|| "memory".to_owned());
     let store = StoreChoice::parse(&store_text).map_err(|reason| anyhow!("store: {reason}"))?;
     let rules_url = args
         .rules
@@ -284,7 +290,9 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
         bail!("body_bytes_max must be at least 256");
     }
     let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
-        Some(text) => Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?),
+        Some(text) => {
+            Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?)
+        }
         None => None,
     };
     let config = ServerConfig {
@@ -296,12 +304,18 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
         admin_token: env_text("TOLLGATE_ADMIN_TOKEN").or(file.admin_token),
         data_token: env_text("TOLLGATE_DATA_TOKEN").or(file.data_token),
         body_bytes_max,
-        wait_ms_max: args.wait_ms_max.or(file.wait_ms_max).unwrap_or(DEFAULT_WAIT_MS_MAX),
+        wait_ms_max: args
+            .wait_ms_max
+            .or(file.wait_ms_max)
+            .unwrap_or(DEFAULT_WAIT_MS_MAX),
         keys_tracked_max: args
             .keys_tracked_max
             .or(file.keys_tracked_max)
             .unwrap_or(DEFAULT_KEYS_TRACKED_MAX),
-        recover_on_start: args.recover_on_start.or(file.recover_on_start).unwrap_or(true),
+        recover_on_start: args
+            .recover_on_start
+            .or(file.recover_on_start)
+            .unwrap_or(true),
         permit_secret,
         shutdown_grace: Duration::from_millis(
             args.shutdown_grace_ms
@@ -312,7 +326,10 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
             .redis_namespace
             .or(file.redis_namespace)
             .unwrap_or_else(|| DEFAULT_REDIS_NAMESPACE.to_owned()),
-        store_fail_open: args.store_fail_open.or(file.store_fail_open).unwrap_or(false),
+        store_fail_open: args
+            .store_fail_open
+            .or(file.store_fail_open)
+            .unwrap_or(false),
         store_timeout: Duration::from_millis(
             args.store_timeout_ms
                 .or(file.store_timeout_ms)
@@ -320,7 +337,10 @@ fn resolve_server_config(args: ServeArgs, file: FileConfig) -> Result<(ServerCon
         ),
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
-    let log_format = args.log_format.or(file.log_format).unwrap_or_else(|| "text".to_owned());
+    let log_format = args
+        .log_format
+        .or(file.log_format)
+        .unwrap_or_else(|| "text".to_owned());
     Ok((config, log, log_format))
 }
 
@@ -388,7 +408,12 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
 
 // ---- client commands -----------------------------------------------------------------------
 
-fn client(server: ServerArgs, file: &FileConfig, token: Option<String>, timeout: Duration) -> Result<Client> {
+fn client(
+    server: ServerArgs,
+    file: &FileConfig,
+    token: Option<String>,
+    timeout: Duration,
+) -> Result<Client> {
     let url = server
         .server
         .or_else(|| file.server.clone())
@@ -399,7 +424,9 @@ fn client(server: ServerArgs, file: &FileConfig, token: Option<String>, timeout:
 /// Print an error answer; returns the exit code for it.
 fn report_error(answer: &Answer) -> ExitCode {
     let code = answer.error_code().unwrap_or("unknown");
-    let message = answer.error_message().map_or_else(|| answer.text(), str::to_owned);
+    let message = answer
+        .error_message()
+        .map_or_else(|| answer.text(), str::to_owned);
     eprintln!("tollgate: {} {code}: {message}", answer.status.as_u16());
     if answer.status.is_server_error() {
         ExitCode::from(EXIT_SERVER_FAILED)
@@ -454,12 +481,20 @@ async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> R
         LimitsAction::Put { name, rule } => {
             let body = read_rule(rule)?;
             client
-                .send(Method::PUT, &format!("/v1/limits/{}", segment(name)), Some(&body))
+                .send(
+                    Method::PUT,
+                    &format!("/v1/limits/{}", segment(name)),
+                    Some(&body),
+                )
                 .await?
         }
         LimitsAction::Delete { name } => {
             client
-                .send(Method::DELETE, &format!("/v1/limits/{}", segment(name)), None)
+                .send(
+                    Method::DELETE,
+                    &format!("/v1/limits/{}", segment(name)),
+                    None,
+                )
                 .await?
         }
     };
@@ -548,7 +583,10 @@ async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
         .command
         .split_first()
         .ok_or_else(|| anyhow!("no command given after --"))?;
-    let status = match tokio::process::Command::new(program).args(arguments).spawn() {
+    let status = match tokio::process::Command::new(program)
+        .args(arguments)
+        .spawn()
+    {
         Ok(mut child) => {
             // Ctrl-C reaches the command too (same process group); stay alive to commit.
             loop {

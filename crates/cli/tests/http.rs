@@ -33,7 +33,11 @@ async fn admin_endpoints_need_the_admin_token() {
     });
     let answer = call(&closed.admin(), Method::GET, "/v1/limits", "").await;
     assert_error(&answer, 401, "unauthorized", None);
-    assert!(closed.log().contains("no admin token is configured"), "{}", closed.log());
+    assert!(
+        closed.log().contains("no admin token is configured"),
+        "{}",
+        closed.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +78,12 @@ async fn limits_are_stored_listed_shown_and_deleted() {
     assert_eq!(names, ["pool", "vendor-x"]);
     assert_eq!(list["rejected"], serde_json::json!([]));
     // Replacing keeps one limit; deleting removes it; a second delete finds nothing.
-    put_limit(&server, "vendor-x", r#"{"kind":"rate","limit":3,"period_ms":1000}"#).await;
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":3,"period_ms":1000}"#,
+    )
+    .await;
     let shown = call(&admin, Method::GET, "/v1/limits/vendor-x", "").await;
     assert_eq!(shown.json.expect("json")["limit"], 3);
     let deleted = call(&admin, Method::DELETE, "/v1/limits/vendor-x", "").await;
@@ -101,33 +110,93 @@ async fn bad_limits_are_refused_naming_the_field() {
     });
     let admin = server.admin();
     let cases: [(&str, &str, &str); 17] = [
-        ("a", r#"{"kind":"rate","limit":0,"period_ms":1000}"#, "limit"),
-        ("a", r#"{"kind":"rate","limit":-5,"period_ms":1000}"#, "limit"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":0}"#, "period_ms"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":-1000}"#, "period_ms"),
+        (
+            "a",
+            r#"{"kind":"rate","limit":0,"period_ms":1000}"#,
+            "limit",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":-5,"period_ms":1000}"#,
+            "limit",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":0}"#,
+            "period_ms",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":-1000}"#,
+            "period_ms",
+        ),
         ("a", r#"{"kind":"rate","limit":5}"#, "period_ms"),
-        ("a", r#"{"kind":"rate","limit":"ten","period_ms":1000}"#, "limit"),
-        ("a", r#"{"kind":"rate","limit":1.5,"period_ms":1000}"#, "limit"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":1000,"colour":"red"}"#, "colour"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"low":1}}"#, "reserve.low"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"high":5}}"#, "reserve"),
-        ("a", r#"{"kind":"concurrency","limit":5,"lease_ttl_ms":-1}"#, "lease_ttl_ms"),
+        (
+            "a",
+            r#"{"kind":"rate","limit":"ten","period_ms":1000}"#,
+            "limit",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":1.5,"period_ms":1000}"#,
+            "limit",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"colour":"red"}"#,
+            "colour",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"low":1}}"#,
+            "reserve.low",
+        ),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"high":5}}"#,
+            "reserve",
+        ),
+        (
+            "a",
+            r#"{"kind":"concurrency","limit":5,"lease_ttl_ms":-1}"#,
+            "lease_ttl_ms",
+        ),
         ("a", r#"{"kind":"bucket","limit":5}"#, "kind"),
         ("a", r#"{"kind":"rate","limit":5,"period_ms":1000"#, "body"),
         ("a", r#"[1,2]"#, "body"),
         ("Bad_Name", RATE, "name"),
-        ("a", r#"{"kind":"rate","limit":5,"period_ms":1000,"match":{"method":"GET","path":"x"}}"#, "match.path"),
-        ("a", &format!(r#"{{"kind":"rate","limit":5,"period_ms":1000,"per":"{}"}}"#, "x".repeat(2000)), "body"),
+        (
+            "a",
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"match":{"method":"GET","path":"x"}}"#,
+            "match.path",
+        ),
+        (
+            "a",
+            &format!(
+                r#"{{"kind":"rate","limit":5,"period_ms":1000,"per":"{}"}}"#,
+                "x".repeat(2000)
+            ),
+            "body",
+        ),
     ];
     for (name, body, field) in cases {
         let answer = call(&admin, Method::PUT, &format!("/v1/limits/{name}"), body).await;
         assert_error(&answer, 400, "bad_request", Some(field));
     }
     let long_name = "a".repeat(129);
-    let answer = call(&admin, Method::PUT, &format!("/v1/limits/{long_name}"), RATE).await;
+    let answer = call(
+        &admin,
+        Method::PUT,
+        &format!("/v1/limits/{long_name}"),
+        RATE,
+    )
+    .await;
     assert_error(&answer, 400, "bad_request", Some("name"));
     // Nothing refused was stored.
-    let list = call(&admin, Method::GET, "/v1/limits", "").await.json.expect("json");
+    let list = call(&admin, Method::GET, "/v1/limits", "")
+        .await
+        .json
+        .expect("json");
     assert_eq!(list["limits"], serde_json::json!([]));
 }
 
@@ -135,23 +204,40 @@ async fn bad_limits_are_refused_naming_the_field() {
 async fn bad_data_plane_requests_are_refused_naming_the_field() {
     let server = Server::start();
     put_limit(&server, "vendor-x", RATE).await;
-    put_limit(&server, "per-user", r#"{"kind":"rate","limit":2,"period_ms":1000,"per":"user"}"#).await;
+    put_limit(
+        &server,
+        "per-user",
+        r#"{"kind":"rate","limit":2,"period_ms":1000,"per":"user"}"#,
+    )
+    .await;
     let client = server.anonymous();
     let long_key = "k".repeat(300);
     let cases = [
         (r#"{"limits":["vendor-x"],"cost":0}"#.to_owned(), "cost"),
         (r#"{"limits":["vendor-x"],"cost":-1}"#.to_owned(), "cost"),
         (r#"{"limits":["vendor-x"],"cost":"1"}"#.to_owned(), "cost"),
-        (r#"{"limits":["vendor-x"],"wait_ms":-1}"#.to_owned(), "wait_ms"),
-        (r#"{"limits":["vendor-x"],"priority":"urgent"}"#.to_owned(), "priority"),
-        (r#"{"limits":["vendor-x"],"colour":"red"}"#.to_owned(), "colour"),
+        (
+            r#"{"limits":["vendor-x"],"wait_ms":-1}"#.to_owned(),
+            "wait_ms",
+        ),
+        (
+            r#"{"limits":["vendor-x"],"priority":"urgent"}"#.to_owned(),
+            "priority",
+        ),
+        (
+            r#"{"limits":["vendor-x"],"colour":"red"}"#.to_owned(),
+            "colour",
+        ),
         (r#"{"limits":"vendor-x"}"#.to_owned(), "limits"),
         (r#"{"limits":[]}"#.to_owned(), "limits"),
         (r#"{}"#.to_owned(), "limits"),
         (r#"{"limits":["Vendor X"]}"#.to_owned(), "limits[0]"),
         (r#"{"limits":["vendor-x","vendor-x"]}"#.to_owned(), "limits"),
         (r#"{"limits":["per-user"]}"#.to_owned(), "key"),
-        (format!(r#"{{"limits":["per-user"],"key":"{long_key}"}}"#), "key"),
+        (
+            format!(r#"{{"limits":["per-user"],"key":"{long_key}"}}"#),
+            "key",
+        ),
         (r#"{"limits":["vendor-x"],"cost":5}"#.to_owned(), "cost"),
         ("not json".to_owned(), "body"),
     ];
@@ -159,17 +245,42 @@ async fn bad_data_plane_requests_are_refused_naming_the_field() {
         let answer = post(&client, "/v1/acquire", &body).await;
         assert_error(&answer, 400, "bad_request", Some(field));
     }
-    let oversized = format!(r#"{{"limits":["vendor-x"],"key":"{}"}}"#, "k".repeat(70_000));
-    assert_error(&post(&client, "/v1/acquire", &oversized).await, 400, "bad_request", Some("body"));
+    let oversized = format!(
+        r#"{{"limits":["vendor-x"],"key":"{}"}}"#,
+        "k".repeat(70_000)
+    );
+    assert_error(
+        &post(&client, "/v1/acquire", &oversized).await,
+        400,
+        "bad_request",
+        Some("body"),
+    );
     for (body, field) in [
         (r#"{"limit":"vendor-x"}"#, "retry_after_ms"),
-        (r#"{"limit":"vendor-x","retry_after_ms":0}"#, "retry_after_ms"),
-        (r#"{"limit":"vendor-x","retry_after_ms":-5}"#, "retry_after_ms"),
-        (r#"{"limit":"vendor-x","retry_after_ms":100,"why":1}"#, "why"),
-        (r#"{"limit":"vendor-x","key":"u1","retry_after_ms":100}"#, "key"),
+        (
+            r#"{"limit":"vendor-x","retry_after_ms":0}"#,
+            "retry_after_ms",
+        ),
+        (
+            r#"{"limit":"vendor-x","retry_after_ms":-5}"#,
+            "retry_after_ms",
+        ),
+        (
+            r#"{"limit":"vendor-x","retry_after_ms":100,"why":1}"#,
+            "why",
+        ),
+        (
+            r#"{"limit":"vendor-x","key":"u1","retry_after_ms":100}"#,
+            "key",
+        ),
         (r#"{"limit":"NOPE","retry_after_ms":100}"#, "limit"),
     ] {
-        assert_error(&post(&client, "/v1/pause", body).await, 400, "bad_request", Some(field));
+        assert_error(
+            &post(&client, "/v1/pause", body).await,
+            400,
+            "bad_request",
+            Some(field),
+        );
     }
     for (body, field) in [
         ("{}", "used"),
@@ -203,12 +314,19 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
     let first = granted(&client, r#"{"limits":["vendor-x"],"cost":2}"#).await;
     assert_eq!(first["limits"][0]["name"], "vendor-x");
     assert_eq!(first["limits"][0]["remaining"], 0);
-    assert!(first["limits"][0]["reset_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000));
+    assert!(
+        first["limits"][0]["reset_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0 && ms <= 60_000)
+    );
     let denied = post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await;
     assert_error(&denied, 429, "rate_limited", None);
     let body = denied.json.as_ref().expect("json");
     let retry_after_ms = body["retry_after_ms"].as_u64().expect("retry_after_ms");
-    assert!(retry_after_ms > 0 && retry_after_ms <= 60_000, "{retry_after_ms}");
+    assert!(
+        retry_after_ms > 0 && retry_after_ms <= 60_000,
+        "{retry_after_ms}"
+    );
     assert_eq!(body["reason"], "capacity");
     let header: u64 = denied.headers["retry-after"]
         .to_str()
@@ -218,10 +336,23 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
     assert_eq!(header, retry_after_ms.div_ceil(1000), "seconds, rounded up");
     // Commit one of two units: one comes back, once.
     let permit = permit_of(&first);
-    let committed = post(&client, &format!("/v1/permits/{permit}/commit"), r#"{"used":1}"#).await;
+    let committed = post(
+        &client,
+        &format!("/v1/permits/{permit}/commit"),
+        r#"{"used":1}"#,
+    )
+    .await;
     assert_eq!(committed.status, 200, "{}", committed.text());
-    assert_eq!(committed.json.expect("json"), serde_json::json!({"refunded":1,"released":0}));
-    let again = post(&client, &format!("/v1/permits/{permit}/commit"), r#"{"used":1}"#).await;
+    assert_eq!(
+        committed.json.expect("json"),
+        serde_json::json!({"refunded":1,"released":0})
+    );
+    let again = post(
+        &client,
+        &format!("/v1/permits/{permit}/commit"),
+        r#"{"used":1}"#,
+    )
+    .await;
     assert_error(&again, 409, "conflict", None);
     granted(&client, r#"{"limits":["vendor-x"]}"#).await;
     assert_error(
@@ -232,11 +363,21 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
     );
     // Used above cost is refused; a forged id is unknown; renewing a rate permit is a conflict.
     let other = server.anonymous();
-    put_limit(&server, "big", r#"{"kind":"rate","limit":100,"period_ms":60000}"#).await;
+    put_limit(
+        &server,
+        "big",
+        r#"{"kind":"rate","limit":100,"period_ms":60000}"#,
+    )
+    .await;
     let grant = granted(&other, r#"{"limits":["big"],"cost":3}"#).await;
     let permit = permit_of(&grant);
     assert_error(
-        &post(&other, &format!("/v1/permits/{permit}/commit"), r#"{"used":4}"#).await,
+        &post(
+            &other,
+            &format!("/v1/permits/{permit}/commit"),
+            r#"{"used":4}"#,
+        )
+        .await,
         400,
         "bad_request",
         Some("used"),
@@ -252,7 +393,12 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
     forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
     let forged = String::from_utf8(forged).expect("ascii");
     assert_error(
-        &post(&other, &format!("/v1/permits/{forged}/commit"), r#"{"used":0}"#).await,
+        &post(
+            &other,
+            &format!("/v1/permits/{forged}/commit"),
+            r#"{"used":0}"#,
+        )
+        .await,
         404,
         "not_found",
         None,
@@ -269,8 +415,18 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_limits_are_granted_all_or_nothing() {
     let server = Server::start();
-    put_limit(&server, "a", r#"{"kind":"rate","limit":5,"period_ms":60000}"#).await;
-    put_limit(&server, "b", r#"{"kind":"rate","limit":1,"period_ms":60000}"#).await;
+    put_limit(
+        &server,
+        "a",
+        r#"{"kind":"rate","limit":5,"period_ms":60000}"#,
+    )
+    .await;
+    put_limit(
+        &server,
+        "b",
+        r#"{"kind":"rate","limit":1,"period_ms":60000}"#,
+    )
+    .await;
     let client = server.anonymous();
     granted(&client, r#"{"limits":["b"]}"#).await;
     let denied = post(&client, "/v1/acquire", r#"{"limits":["a","b"],"cost":1}"#).await;
@@ -286,18 +442,31 @@ async fn leases_carry_fences_renew_and_release() {
     let client = server.anonymous();
     let lease = granted(&client, r#"{"limits":["pool"]}"#).await;
     let fence = lease["limits"][0]["fence"].as_u64().expect("fence");
-    assert!(lease["limits"][0]["expires_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000));
+    assert!(
+        lease["limits"][0]["expires_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0 && ms <= 60_000)
+    );
     let permit = permit_of(&lease);
     let renewed = post(&client, &format!("/v1/permits/{permit}/renew"), "").await;
     assert_eq!(renewed.status, 200, "{}", renewed.text());
-    assert!(renewed.json.expect("json")["expires_ms"].as_u64().is_some_and(|ms| ms > 0));
+    assert!(
+        renewed.json.expect("json")["expires_ms"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0)
+    );
     assert_error(
         &post(&client, "/v1/acquire", r#"{"limits":["pool"]}"#).await,
         429,
         "rate_limited",
         None,
     );
-    let released = post(&client, &format!("/v1/permits/{permit}/commit"), r#"{"used":0}"#).await;
+    let released = post(
+        &client,
+        &format!("/v1/permits/{permit}/commit"),
+        r#"{"used":0}"#,
+    )
+    .await;
     assert_eq!(released.json.expect("json")["released"], 1);
     assert_error(
         &post(&client, &format!("/v1/permits/{permit}/renew"), "{}").await,
@@ -306,7 +475,10 @@ async fn leases_carry_fences_renew_and_release() {
         None,
     );
     let next = granted(&client, r#"{"limits":["pool"]}"#).await;
-    assert!(next["limits"][0]["fence"].as_u64().expect("fence") > fence, "fences only grow");
+    assert!(
+        next["limits"][0]["fence"].as_u64().expect("fence") > fence,
+        "fences only grow"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,7 +490,12 @@ async fn a_waiting_acquire_is_granted_when_room_appears() {
     let waiter = {
         let client = server.anonymous();
         tokio::spawn(async move {
-            post(&client, "/v1/acquire", r#"{"limits":["pool"],"wait_ms":25000}"#).await
+            post(
+                &client,
+                "/v1/acquire",
+                r#"{"limits":["pool"],"wait_ms":25000}"#,
+            )
+            .await
         })
     };
     // Release once the waiter is queued (visible in the metrics).
@@ -330,7 +507,12 @@ async fn a_waiting_acquire_is_granted_when_room_appears() {
             .contains("tollgate_waiters{limit=\"pool\"} 1")
     })
     .await;
-    post(&client, &format!("/v1/permits/{holder}/commit"), r#"{"used":0}"#).await;
+    post(
+        &client,
+        &format!("/v1/permits/{holder}/commit"),
+        r#"{"used":0}"#,
+    )
+    .await;
     let answer = waiter.await.expect("joined");
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
@@ -341,11 +523,21 @@ async fn waits_are_capped_by_configuration() {
         args: vec!["--wait-ms-max", "300"],
         ..Options::default()
     });
-    put_limit(&server, "vendor-x", r#"{"kind":"rate","limit":1,"period_ms":3600000}"#).await;
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":1,"period_ms":3600000}"#,
+    )
+    .await;
     let client = server.anonymous();
     granted(&client, r#"{"limits":["vendor-x"]}"#).await;
     let started = Instant::now();
-    let answer = post(&client, "/v1/acquire", r#"{"limits":["vendor-x"],"wait_ms":3600000}"#).await;
+    let answer = post(
+        &client,
+        "/v1/acquire",
+        r#"{"limits":["vendor-x"],"wait_ms":3600000}"#,
+    )
+    .await;
     assert_error(&answer, 429, "rate_limited", None);
     // Asked for an hour, capped at 300 ms: well under the deadline even on a busy machine.
     assert!(started.elapsed() < DEADLINE, "{:?}", started.elapsed());
@@ -354,22 +546,52 @@ async fn waits_are_capped_by_configuration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_grants_and_only_extends() {
     let server = Server::start();
-    put_limit(&server, "vendor-x", r#"{"kind":"rate","limit":100,"period_ms":1000}"#).await;
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":100,"period_ms":1000}"#,
+    )
+    .await;
     let client = server.anonymous();
-    let paused = post(&client, "/v1/pause", r#"{"limit":"vendor-x","retry_after_ms":60000}"#).await;
+    let paused = post(
+        &client,
+        "/v1/pause",
+        r#"{"limit":"vendor-x","retry_after_ms":60000}"#,
+    )
+    .await;
     assert_eq!(paused.status, 200, "{}", paused.text());
     let body = paused.json.expect("json");
     assert_eq!(body["limit"], "vendor-x");
     let first_ms = body["paused_ms"].as_u64().expect("paused_ms");
     assert!(first_ms > 50_000 && first_ms <= 60_000, "{first_ms}");
     // A shorter pause does not shorten it.
-    let shorter = post(&client, "/v1/pause", r#"{"limit":"vendor-x","retry_after_ms":10}"#).await;
-    assert!(shorter.json.expect("json")["paused_ms"].as_u64().expect("ms") > 10_000);
-    let denied = post(&client, "/v1/acquire", r#"{"limits":["vendor-x"],"priority":"high"}"#).await;
+    let shorter = post(
+        &client,
+        "/v1/pause",
+        r#"{"limit":"vendor-x","retry_after_ms":10}"#,
+    )
+    .await;
+    assert!(
+        shorter.json.expect("json")["paused_ms"]
+            .as_u64()
+            .expect("ms")
+            > 10_000
+    );
+    let denied = post(
+        &client,
+        "/v1/acquire",
+        r#"{"limits":["vendor-x"],"priority":"high"}"#,
+    )
+    .await;
     assert_error(&denied, 429, "rate_limited", None);
     assert_eq!(denied.json.expect("json")["reason"], "paused");
     assert_error(
-        &post(&client, "/v1/pause", r#"{"limit":"nope","retry_after_ms":100}"#).await,
+        &post(
+            &client,
+            "/v1/pause",
+            r#"{"limit":"nope","retry_after_ms":100}"#,
+        )
+        .await,
         404,
         "not_found",
         None,
@@ -400,8 +622,14 @@ async fn check_applies_matching_rules_per_user() {
     let allowed = allowed.json.expect("json");
     assert_eq!(allowed["allowed"], true);
     assert_eq!(allowed["path"], "/repo/v1/entity/#/bundle");
-    assert_eq!(allowed["matched"], serde_json::json!(["entity-bundle", "user-concurrency"]));
-    let permit = allowed["permit"].as_str().expect("a lease applied").to_owned();
+    assert_eq!(
+        allowed["matched"],
+        serde_json::json!(["entity-bundle", "user-concurrency"])
+    );
+    let permit = allowed["permit"]
+        .as_str()
+        .expect("a lease applied")
+        .to_owned();
     let denied = post(
         &client,
         "/v1/check",
@@ -412,11 +640,29 @@ async fn check_applies_matching_rules_per_user() {
     assert_eq!(denied.json.as_ref().expect("json")["allowed"], false);
     assert!(denied.headers.contains_key("retry-after"));
     // Another user, and another path, are not affected.
-    let other = post(&client, "/v1/check", r#"{"user":"u2","method":"GET","path":"/repo/v1/entity/1/bundle"}"#).await;
+    let other = post(
+        &client,
+        "/v1/check",
+        r#"{"user":"u2","method":"GET","path":"/repo/v1/entity/1/bundle"}"#,
+    )
+    .await;
     assert_eq!(other.status, 200, "{}", other.text());
-    let unmatched = post(&client, "/v1/check", r#"{"user":"u1","method":"POST","path":"/elsewhere"}"#).await;
-    assert_eq!(unmatched.json.expect("json")["matched"], serde_json::json!(["user-concurrency"]));
-    let done = post(&client, &format!("/v1/permits/{permit}/commit"), r#"{"used":1}"#).await;
+    let unmatched = post(
+        &client,
+        "/v1/check",
+        r#"{"user":"u1","method":"POST","path":"/elsewhere"}"#,
+    )
+    .await;
+    assert_eq!(
+        unmatched.json.expect("json")["matched"],
+        serde_json::json!(["user-concurrency"])
+    );
+    let done = post(
+        &client,
+        &format!("/v1/permits/{permit}/commit"),
+        r#"{"used":1}"#,
+    )
+    .await;
     assert_eq!(done.status, 200, "{}", done.text());
     assert_error(
         &post(&client, "/v1/check", r#"{"method":"GET","path":"/x"}"#).await,
@@ -432,24 +678,53 @@ async fn too_many_keys_is_a_clear_error() {
         args: vec!["--keys-tracked-max", "2"],
         ..Options::default()
     });
-    put_limit(&server, "per-user", r#"{"kind":"rate","limit":5,"period_ms":60000,"per":"user"}"#).await;
+    put_limit(
+        &server,
+        "per-user",
+        r#"{"kind":"rate","limit":5,"period_ms":60000,"per":"user"}"#,
+    )
+    .await;
     let client = server.anonymous();
     granted(&client, r#"{"limits":["per-user"],"key":"u1"}"#).await;
     granted(&client, r#"{"limits":["per-user"],"key":"u2"}"#).await;
-    let answer = post(&client, "/v1/acquire", r#"{"limits":["per-user"],"key":"u3"}"#).await;
+    let answer = post(
+        &client,
+        "/v1/acquire",
+        r#"{"limits":["per-user"],"key":"u3"}"#,
+    )
+    .await;
     assert_error(&answer, 503, "too_many_keys", None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_plane_token_is_enforced_when_configured() {
     let server = Server::start_with(Options {
-        env: vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN), ("TOLLGATE_DATA_TOKEN", "data")],
+        env: vec![
+            ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("TOLLGATE_DATA_TOKEN", "data"),
+        ],
         ..Options::default()
     });
     put_limit(&server, "vendor-x", RATE).await;
-    for path in ["/v1/acquire", "/v1/pause", "/v1/check", "/v1/permits/00/commit", "/v1/permits/00/renew"] {
-        assert_error(&post(&server.anonymous(), path, "{}").await, 401, "unauthorized", None);
-        assert_error(&post(&server.with_token("nope"), path, "{}").await, 401, "unauthorized", None);
+    for path in [
+        "/v1/acquire",
+        "/v1/pause",
+        "/v1/check",
+        "/v1/permits/00/commit",
+        "/v1/permits/00/renew",
+    ] {
+        assert_error(
+            &post(&server.anonymous(), path, "{}").await,
+            401,
+            "unauthorized",
+            None,
+        );
+        assert_error(
+            &post(&server.with_token("nope"), path, "{}").await,
+            401,
+            "unauthorized",
+            None,
+        );
     }
     granted(&server.with_token("data"), r#"{"limits":["vendor-x"]}"#).await;
 }
@@ -490,11 +765,24 @@ async fn operations_endpoints_answer() {
         "/v1/pause",
         "/v1/check",
     ] {
-        assert!(document["paths"].get(path).is_some(), "{path} missing from the OpenAPI document");
+        assert!(
+            document["paths"].get(path).is_some(),
+            "{path} missing from the OpenAPI document"
+        );
     }
     assert!(document["components"]["schemas"].get("RawRule").is_some());
-    assert_error(&call(&client, Method::GET, "/v2/nothing", "").await, 404, "not_found", None);
-    assert_error(&call(&client, Method::GET, "/v1/acquire", "").await, 405, "bad_request", None);
+    assert_error(
+        &call(&client, Method::GET, "/v2/nothing", "").await,
+        404,
+        "not_found",
+        None,
+    );
+    assert_error(
+        &call(&client, Method::GET, "/v1/acquire", "").await,
+        405,
+        "bad_request",
+        None,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,8 +791,18 @@ async fn a_fresh_server_recovers_for_one_period_by_default() {
         default_recovery: true,
         ..Options::default()
     });
-    put_limit(&server, "hourly", r#"{"kind":"rate","limit":5,"period_ms":3600000}"#).await;
-    let denied = post(&server.anonymous(), "/v1/acquire", r#"{"limits":["hourly"]}"#).await;
+    put_limit(
+        &server,
+        "hourly",
+        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
+    )
+    .await;
+    let denied = post(
+        &server.anonymous(),
+        "/v1/acquire",
+        r#"{"limits":["hourly"]}"#,
+    )
+    .await;
     assert_error(&denied, 429, "rate_limited", None);
     assert_eq!(denied.json.expect("json")["reason"], "paused");
 }
@@ -518,7 +816,12 @@ async fn shutdown_answers_waiters_clearly_and_finishes_in_flight_requests() {
     let waiter = {
         let client = server.anonymous();
         tokio::spawn(async move {
-            post(&client, "/v1/acquire", r#"{"limits":["pool"],"wait_ms":25000}"#).await
+            post(
+                &client,
+                "/v1/acquire",
+                r#"{"limits":["pool"],"wait_ms":25000}"#,
+            )
+            .await
         })
     };
     until("the waiter is queued", async || {
@@ -534,7 +837,11 @@ async fn shutdown_answers_waiters_clearly_and_finishes_in_flight_requests() {
     });
     let answer = waiter.await.expect("joined");
     assert_error(&answer, 503, "store_unavailable", None);
-    assert!(answer.error_message().is_some_and(|m| m.contains("shutting down")));
+    assert!(
+        answer
+            .error_message()
+            .is_some_and(|m| m.contains("shutting down"))
+    );
     let (status, server) = status.await.expect("joined");
     assert!(status.success(), "exit {status:?}; log:\n{}", server.log());
     assert!(server.log().contains("stopped"));
@@ -547,15 +854,26 @@ async fn rules_edited_by_plain_sql_take_effect_and_bad_rows_keep_the_last_good_v
         ..Options::default()
     });
     // `serve` with no --rules uses ./tollgate.db: edit it as an administrator would.
-    let url = format!("sqlite://{}", server.directory.path().join("tollgate.db").display());
-    let pool = sqlx::SqlitePool::connect(&url).await.expect("the server created tollgate.db");
+    let url = format!(
+        "sqlite://{}",
+        server.directory.path().join("tollgate.db").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url)
+        .await
+        .expect("the server created tollgate.db");
     let exec = async |sql: &str| {
-        sqlx::query(sql).execute(&pool).await.unwrap_or_else(|error| panic!("{sql}: {error}"));
+        sqlx::query(sql)
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
     };
     exec("INSERT INTO tollgate_limits (name, kind, limit_units, period_ms) VALUES ('vendor-x', 'rate', 1, 60000)").await;
     let admin = server.admin();
     until("the row is in force", async || {
-        call(&admin, Method::GET, "/v1/limits/vendor-x", "").await.status == 200
+        call(&admin, Method::GET, "/v1/limits/vendor-x", "")
+            .await
+            .status
+            == 200
     })
     .await;
     let client = server.anonymous();
@@ -563,34 +881,64 @@ async fn rules_edited_by_plain_sql_take_effect_and_bad_rows_keep_the_last_good_v
     // The row turns invalid: the last valid version stays, its counter untouched.
     exec("UPDATE tollgate_limits SET period_ms = 0 WHERE name = 'vendor-x'").await;
     until("the rejection is reported", async || {
-        let list = call(&admin, Method::GET, "/v1/limits", "").await.json.expect("json");
-        list["rejected"].as_array().is_some_and(|rows| !rows.is_empty())
+        let list = call(&admin, Method::GET, "/v1/limits", "")
+            .await
+            .json
+            .expect("json");
+        list["rejected"]
+            .as_array()
+            .is_some_and(|rows| !rows.is_empty())
     })
     .await;
-    let list = call(&admin, Method::GET, "/v1/limits", "").await.json.expect("json");
+    let list = call(&admin, Method::GET, "/v1/limits", "")
+        .await
+        .json
+        .expect("json");
     assert_eq!(list["rejected"][0]["name"], "vendor-x");
     assert_eq!(list["rejected"][0]["column"], "period_ms");
     assert_eq!(list["rejected"][0]["previous_in_force"], true);
     assert_eq!(list["limits"][0]["period_ms"], 60000);
-    assert_error(&post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await, 429, "rate_limited", None);
+    assert_error(
+        &post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
     let metrics = call(&client, Method::GET, "/metrics", "").await.text();
-    assert!(metrics.contains("tollgate_rules_rows_rejected 1"), "{metrics}");
-    assert!(server.log().contains("rules row rejected"), "{}", server.log());
+    assert!(
+        metrics.contains("tollgate_rules_rows_rejected 1"),
+        "{metrics}"
+    );
+    assert!(
+        server.log().contains("rules row rejected"),
+        "{}",
+        server.log()
+    );
     // Fixed by hand, with room for more: the counter still remembers the unit granted.
-    exec("UPDATE tollgate_limits SET period_ms = 60000, limit_units = 2 WHERE name = 'vendor-x'").await;
+    exec("UPDATE tollgate_limits SET period_ms = 60000, limit_units = 2 WHERE name = 'vendor-x'")
+        .await;
     until("the fix is in force", async || {
-        let shown = call(&admin, Method::GET, "/v1/limits/vendor-x", "").await.json.expect("json");
+        let shown = call(&admin, Method::GET, "/v1/limits/vendor-x", "")
+            .await
+            .json
+            .expect("json");
         shown["limit"] == 2
     })
     .await;
     granted(&client, r#"{"limits":["vendor-x"]}"#).await;
-    assert_error(&post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await, 429, "rate_limited", None);
+    assert_error(
+        &post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
     // Admin writes land in the same table.
     put_limit(&server, "written", POOL).await;
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tollgate_limits WHERE name = 'written'")
-        .fetch_one(&pool)
-        .await
-        .expect("count");
+    let rows: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM tollgate_limits WHERE name = 'written'")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
     assert_eq!(rows, 1);
 }
 
@@ -600,7 +948,11 @@ async fn two_replicas_on_one_redis_share_one_quota() {
         eprintln!("SKIPPED: two_replicas_on_one_redis_share_one_quota: TOLLGATE_TEST_REDIS unset");
         return;
     };
-    let namespace = format!("http-test-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos());
+    let namespace = format!(
+        "http-test-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
     let secret = "00112233445566778899aabbccddeeff";
     let start = || {
         Server::start_with(Options {
@@ -615,17 +967,37 @@ async fn two_replicas_on_one_redis_share_one_quota() {
     let (first, second) = (start(), start());
     // Each replica has its own rules file here; both define the same limit.
     for server in [&first, &second] {
-        put_limit(server, "shared", r#"{"kind":"rate","limit":3,"period_ms":10000}"#).await;
+        put_limit(
+            server,
+            "shared",
+            r#"{"kind":"rate","limit":3,"period_ms":10000}"#,
+        )
+        .await;
     }
     let (a, b) = (first.anonymous(), second.anonymous());
     // A new namespace is a store that lost its state: nothing is granted for one period (G6).
     // Wait it out in the queue, then spend the quota across both replicas within the period.
-    let opening = post(&a, "/v1/acquire", r#"{"limits":["shared"],"wait_ms":25000}"#).await;
+    let opening = post(
+        &a,
+        "/v1/acquire",
+        r#"{"limits":["shared"],"wait_ms":25000}"#,
+    )
+    .await;
     assert_eq!(opening.status, 200, "{}", opening.text());
     let from_b = granted(&b, r#"{"limits":["shared"]}"#).await;
     granted(&a, r#"{"limits":["shared"]}"#).await;
-    assert_error(&post(&b, "/v1/acquire", r#"{"limits":["shared"]}"#).await, 429, "rate_limited", None);
-    assert_error(&post(&a, "/v1/acquire", r#"{"limits":["shared"]}"#).await, 429, "rate_limited", None);
+    assert_error(
+        &post(&b, "/v1/acquire", r#"{"limits":["shared"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
+    assert_error(
+        &post(&a, "/v1/acquire", r#"{"limits":["shared"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
     // A permit from one replica commits through the other (shared permit secret).
     let permit = permit_of(&from_b);
     let committed = post(&a, &format!("/v1/permits/{permit}/commit"), r#"{"used":0}"#).await;
@@ -638,7 +1010,13 @@ async fn an_unreachable_redis_is_refused_clearly_at_start() {
     let directory = tempfile::tempdir().expect("tempdir");
     // Port 1 on loopback: nothing listens there.
     let output = command(directory.path())
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "redis://127.0.0.1:1/0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis://127.0.0.1:1/0",
+        ])
         .output()
         .expect("runs");
     assert!(!output.status.success());

@@ -170,8 +170,14 @@ mod tests {
     #[test]
     fn bad_matches_name_their_field() {
         assert_eq!(Match::new("", "/").map_err(|e| e.0), Err("match.method"));
-        assert_eq!(Match::new("G ET", "/").map_err(|e| e.0), Err("match.method"));
-        assert_eq!(Match::new("GET", "relative").map_err(|e| e.0), Err("match.path"));
+        assert_eq!(
+            Match::new("G ET", "/").map_err(|e| e.0),
+            Err("match.method")
+        );
+        assert_eq!(
+            Match::new("GET", "relative").map_err(|e| e.0),
+            Err("match.path")
+        );
         let long = format!("/{}", "a".repeat(MATCH_PATH_BYTES_MAX));
         assert_eq!(Match::new("GET", &long).map_err(|e| e.0), Err("match.path"));
     }

@@ -171,8 +171,14 @@ impl Rules {
         let rows = match self.inner.source.load().await {
             Ok(rows) => rows,
             Err(error) => {
-                self.inner.stats.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                self.inner.stats.last_reload_ok.store(false, Ordering::Relaxed);
+                self.inner
+                    .stats
+                    .reloads_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .stats
+                    .last_reload_ok
+                    .store(false, Ordering::Relaxed);
                 return Err(error);
             }
         };
@@ -227,12 +233,16 @@ impl Rules {
             }
         }
         self.inner.stats.reloads_ok.fetch_add(1, Ordering::Relaxed);
-        self.inner.stats.last_reload_ok.store(true, Ordering::Relaxed);
+        self.inner
+            .stats
+            .last_reload_ok
+            .store(true, Ordering::Relaxed);
         self.inner
             .stats
             .rows_rejected
             .store(rejected.len() as u64, Ordering::Relaxed);
-        let changed = state.version == 0 || in_force != state.in_force || rejected != state.rejected;
+        let changed =
+            state.version == 0 || in_force != state.in_force || rejected != state.rejected;
         if !changed {
             return Ok(self.snapshot());
         }
@@ -244,7 +254,11 @@ impl Rules {
                 state.version,
                 in_force.values().map(|rule| rule.limit().clone()),
             ));
-            tracing::info!(version = state.version, limits = in_force.len(), "rules applied");
+            tracing::info!(
+                version = state.version,
+                limits = in_force.len(),
+                "rules applied"
+            );
         }
         let snapshot = Arc::new(RuleSet {
             version: state.version,
@@ -282,7 +296,11 @@ impl Rules {
 
     /// Reload every `interval`, and at once on a change notification where the database sends
     /// them, until `stop` turns true. Failed reloads are logged and retried at the next tick.
-    pub fn spawn_reloader(&self, interval: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    pub fn spawn_reloader(
+        &self,
+        interval: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
         let rules = self.clone();
         tokio::spawn(async move {
             let mut feed = None;

@@ -148,13 +148,11 @@ impl RawRule {
     /// The second stage: check every field and build the rule named `name`.
     pub fn validate(&self, name: &str) -> Result<Rule, RuleError> {
         check_limit_name(name).map_err(|reason| refuse("name", reason))?;
-        if let Some(given) = &self.name {
-            if given != name {
-                return Err(refuse(
-                    "name",
-                    format!("{given:?} differs from the name in the path, {name:?}"),
-                ));
-            }
+        if let Some(given) = self.name.as_ref().filter(|given| *given != name) {
+            return Err(refuse(
+                "name",
+                format!("{given:?} differs from the name in the path, {name:?}"),
+            ));
         }
         let kind = self
             .kind
@@ -221,7 +219,8 @@ impl RawRule {
                 absent("algorithm", &self.algorithm, why)?;
                 absent("burst", &self.burst, why)?;
                 absent("margin_ms", &self.margin_ms, why)?;
-                let ttl_ms = positive("lease_ttl_ms", required("lease_ttl_ms", self.lease_ttl_ms)?)?;
+                let ttl_ms =
+                    positive("lease_ttl_ms", required("lease_ttl_ms", self.lease_ttl_ms)?)?;
                 canonical.lease_ttl_ms = self.lease_ttl_ms;
                 Policy::concurrency(limit, ms_to_us("lease_ttl_ms", ttl_ms)?, reserve)
             }
@@ -247,7 +246,8 @@ impl RawRule {
                     .path
                     .as_deref()
                     .ok_or_else(|| refuse("match.path", "is required (\"*\" for any)"))?;
-                let matcher = Match::new(method, path).map_err(|(field, reason)| refuse(field, reason))?;
+                let matcher =
+                    Match::new(method, path).map_err(|(field, reason)| refuse(field, reason))?;
                 canonical.matcher = Some(RawMatch {
                     method: Some(matcher.method().to_owned()),
                     path: Some(matcher.path().to_owned()),
@@ -309,7 +309,13 @@ mod tests {
         .expect("valid");
         let matcher = rule.matcher().expect("has a match");
         assert!(matcher.matches("GET", "/entity/#/bundle"));
-        assert_eq!(rule.canonical().matcher.as_ref().and_then(|m| m.path.as_deref()), Some("/entity/#/bundle"));
+        assert_eq!(
+            rule.canonical()
+                .matcher
+                .as_ref()
+                .and_then(|m| m.path.as_deref()),
+            Some("/entity/#/bundle")
+        );
         assert_eq!(rule.limit().per(), Some("user"));
     }
 
@@ -331,22 +337,67 @@ mod tests {
             (r#"{"kind":"rate","limit":-3,"period_ms":1000}"#, "limit"),
             (r#"{"kind":"rate","limit":1}"#, "period_ms"),
             (r#"{"kind":"rate","limit":1,"period_ms":0}"#, "period_ms"),
-            (r#"{"kind":"rate","limit":1,"period_ms":-1000}"#, "period_ms"),
-            (r#"{"kind":"rate","limit":1,"period_ms":9223372036854775807}"#, "period_ms"),
-            (r#"{"kind":"rate","limit":1,"period_ms":1000,"margin_ms":-1}"#, "margin_ms"),
-            (r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"x"}"#, "algorithm"),
-            (r#"{"kind":"rate","limit":1,"period_ms":1000,"burst":3}"#, "burst"),
-            (r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"gcra","burst":0}"#, "burst"),
-            (r#"{"kind":"rate","limit":1,"period_ms":1000,"lease_ttl_ms":10}"#, "lease_ttl_ms"),
-            (r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":2}}"#, "reserve"),
-            (r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":-1}}"#, "reserve.high"),
-            (r#"{"kind":"rate","limit":2,"period_ms":1000,"per":""}"#, "per"),
-            (r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"path":"/"}}"#, "match.method"),
-            (r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"method":"GET","path":"x"}}"#, "match.path"),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":-1000}"#,
+                "period_ms",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":9223372036854775807}"#,
+                "period_ms",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":1000,"margin_ms":-1}"#,
+                "margin_ms",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"x"}"#,
+                "algorithm",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":1000,"burst":3}"#,
+                "burst",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":1000,"algorithm":"gcra","burst":0}"#,
+                "burst",
+            ),
+            (
+                r#"{"kind":"rate","limit":1,"period_ms":1000,"lease_ttl_ms":10}"#,
+                "lease_ttl_ms",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":2}}"#,
+                "reserve",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"reserve":{"high":-1}}"#,
+                "reserve.high",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"per":""}"#,
+                "per",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"path":"/"}}"#,
+                "match.method",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"match":{"method":"GET","path":"x"}}"#,
+                "match.path",
+            ),
             (r#"{"kind":"concurrency","limit":2}"#, "lease_ttl_ms"),
-            (r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":0}"#, "lease_ttl_ms"),
-            (r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":10,"period_ms":5}"#, "period_ms"),
-            (r#"{"name":"other","kind":"concurrency","limit":2,"lease_ttl_ms":10}"#, "name"),
+            (
+                r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":0}"#,
+                "lease_ttl_ms",
+            ),
+            (
+                r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":10,"period_ms":5}"#,
+                "period_ms",
+            ),
+            (
+                r#"{"name":"other","kind":"concurrency","limit":2,"lease_ttl_ms":10}"#,
+                "name",
+            ),
         ];
         for (json, field) in cases {
             assert_eq!(field_of(json), field, "{json}");

@@ -330,7 +330,9 @@ impl SqlSource {
             format!("CREATE TABLE IF NOT EXISTS {ledger} (version BIGINT NOT NULL PRIMARY KEY)");
         let select_versions = format!("SELECT version FROM {ledger}");
         let record = match self.pool {
-            Pool::Postgres(_) => format!("INSERT INTO {ledger} (version) VALUES ($1) ON CONFLICT DO NOTHING"),
+            Pool::Postgres(_) => {
+                format!("INSERT INTO {ledger} (version) VALUES ($1) ON CONFLICT DO NOTHING")
+            }
             Pool::Sqlite(_) => format!("INSERT OR IGNORE INTO {ledger} (version) VALUES (?)"),
             Pool::MySql(_) => format!("INSERT IGNORE INTO {ledger} (version) VALUES (?)"),
         };
@@ -342,7 +344,9 @@ impl SqlSource {
                     .bind(&ledger)
                     .execute(&mut *transaction)
                     .await?;
-                sqlx::query(&create_ledger).execute(&mut *transaction).await?;
+                sqlx::query(&create_ledger)
+                    .execute(&mut *transaction)
+                    .await?;
                 let applied: Vec<i64> = sqlx::query_scalar(&select_versions)
                     .fetch_all(&mut *transaction)
                     .await?;
@@ -353,7 +357,10 @@ impl SqlSource {
                     for statement in statements {
                         sqlx::query(&statement).execute(&mut *transaction).await?;
                     }
-                    sqlx::query(&record).bind(version).execute(&mut *transaction).await?;
+                    sqlx::query(&record)
+                        .bind(version)
+                        .execute(&mut *transaction)
+                        .await?;
                     tracing::info!(table = %table, version, "rules table migrated");
                 }
                 transaction.commit().await?;

@@ -20,7 +20,11 @@ fn unique_table(test: &str) -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let serial = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut name = format!("t{}_{}_{nanos:x}{serial}_", std::process::id() % 100_000, test);
+    let mut name = format!(
+        "t{}_{}_{nanos:x}{serial}_",
+        std::process::id() % 100_000,
+        test
+    );
     name.truncate(40);
     name
 }
@@ -100,7 +104,10 @@ fn urls(directory: &tempfile::TempDir) -> Vec<String> {
 async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !condition().await {
-        assert!(started.elapsed() < DEADLINE, "not within {DEADLINE:?}: {what}");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "not within {DEADLINE:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -115,7 +122,9 @@ struct Setup {
 
 async fn setup(url: &str, test: &str, reload_interval: Duration) -> Setup {
     let table = unique_table(test);
-    let source = SqlSource::connect(url, &table).await.expect("connects and migrates");
+    let source = SqlSource::connect(url, &table)
+        .await
+        .expect("connects and migrates");
     let limiter = Limiter::in_memory();
     let rules = Rules::start(source, limiter.clone()).await.expect("loads");
     let (stop, stopped) = watch::channel(false);
@@ -157,17 +166,28 @@ async fn plain_sql_edits_take_effect_within_the_reload_interval() {
         let setup = setup(&url, "edits", Duration::from_millis(100)).await;
         let table = setup.table.clone();
         setup.admin.exec(&rate_row(&table, "vendor-x", 5)).await;
-        until(&format!("{url}: insert seen"), async || setup.in_force("vendor-x") == Some(5)).await;
+        until(&format!("{url}: insert seen"), async || {
+            setup.in_force("vendor-x") == Some(5)
+        })
+        .await;
         setup
             .admin
-            .exec(&format!("UPDATE {table} SET limit_units = 7 WHERE name = 'vendor-x'"))
+            .exec(&format!(
+                "UPDATE {table} SET limit_units = 7 WHERE name = 'vendor-x'"
+            ))
             .await;
-        until(&format!("{url}: update seen"), async || setup.in_force("vendor-x") == Some(7)).await;
+        until(&format!("{url}: update seen"), async || {
+            setup.in_force("vendor-x") == Some(7)
+        })
+        .await;
         setup
             .admin
             .exec(&format!("DELETE FROM {table} WHERE name = 'vendor-x'"))
             .await;
-        until(&format!("{url}: delete seen"), async || setup.in_force("vendor-x").is_none()).await;
+        until(&format!("{url}: delete seen"), async || {
+            setup.in_force("vendor-x").is_none()
+        })
+        .await;
         setup.finish().await;
     }
 }
@@ -187,7 +207,9 @@ async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
         // `a` turns invalid; a new row `c` is invalid from the start; `b` changes validly.
         setup
             .admin
-            .exec(&format!("UPDATE {table} SET limit_units = -1 WHERE name = 'a'"))
+            .exec(&format!(
+                "UPDATE {table} SET limit_units = -1 WHERE name = 'a'"
+            ))
             .await;
         setup
             .admin
@@ -197,16 +219,31 @@ async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
             .await;
         setup
             .admin
-            .exec(&format!("UPDATE {table} SET limit_units = 9 WHERE name = 'b'"))
+            .exec(&format!(
+                "UPDATE {table} SET limit_units = 9 WHERE name = 'b'"
+            ))
             .await;
-        until(&format!("{url}: valid change seen"), async || setup.in_force("b") == Some(9)).await;
+        until(&format!("{url}: valid change seen"), async || {
+            setup.in_force("b") == Some(9)
+        })
+        .await;
         let snapshot = setup.rules.snapshot();
-        assert_eq!(setup.in_force("a"), Some(3), "{url}: a's last valid version stays");
+        assert_eq!(
+            setup.in_force("a"),
+            Some(3),
+            "{url}: a's last valid version stays"
+        );
         assert_eq!(setup.in_force("c"), None, "{url}: c was never valid");
         let rejected: Vec<(&str, &str, bool)> = snapshot
             .rejected()
             .iter()
-            .map(|row| (row.name.as_str(), row.column.as_str(), row.previous_in_force))
+            .map(|row| {
+                (
+                    row.name.as_str(),
+                    row.column.as_str(),
+                    row.previous_in_force,
+                )
+            })
             .collect();
         assert_eq!(
             rejected,
@@ -221,9 +258,14 @@ async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
         // Fixing the row puts the new version in force.
         setup
             .admin
-            .exec(&format!("UPDATE {table} SET limit_units = 2 WHERE name = 'a'"))
+            .exec(&format!(
+                "UPDATE {table} SET limit_units = 2 WHERE name = 'a'"
+            ))
             .await;
-        until(&format!("{url}: fix seen"), async || setup.in_force("a") == Some(2)).await;
+        until(&format!("{url}: fix seen"), async || {
+            setup.in_force("a") == Some(2)
+        })
+        .await;
         setup.finish().await;
     }
 }
@@ -253,9 +295,14 @@ async fn a_reload_never_refills_a_live_counter() {
     until("other seen", async || setup.in_force("other").is_some()).await;
     setup
         .admin
-        .exec(&format!("UPDATE {table} SET reserve_high = 1 WHERE name = 'vendor-x'"))
+        .exec(&format!(
+            "UPDATE {table} SET reserve_high = 1 WHERE name = 'vendor-x'"
+        ))
         .await;
-    until("reserve seen", async || setup.rules.snapshot().version() >= version + 2).await;
+    until("reserve seen", async || {
+        setup.rules.snapshot().version() >= version + 2
+    })
+    .await;
     for _ in 0..3 {
         setup.rules.reload().await.expect("reload");
         let outcome = setup
@@ -310,7 +357,9 @@ async fn admin_writes_go_to_the_table_and_apply_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notifies_changes_without_waiting_for_the_poll() {
     let Ok(url) = std::env::var("TOLLGATE_TEST_POSTGRES") else {
-        eprintln!("SKIPPED: postgres_notifies_changes_without_waiting_for_the_poll: TOLLGATE_TEST_POSTGRES unset");
+        eprintln!(
+            "SKIPPED: postgres_notifies_changes_without_waiting_for_the_poll: TOLLGATE_TEST_POSTGRES unset"
+        );
         return;
     };
     // Polling once an hour: only the trigger's notification can bring the change in time.
@@ -339,7 +388,10 @@ async fn postgres_notifies_changes_without_waiting_for_the_poll() {
         if heard {
             break;
         }
-        assert!(started.elapsed() < DEADLINE, "no notification within {DEADLINE:?}");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no notification within {DEADLINE:?}"
+        );
         limit += 1;
     }
     setup.finish().await;
@@ -372,7 +424,9 @@ async fn cells_of_the_wrong_type_reject_only_their_row() {
 
 #[tokio::test]
 async fn bad_urls_and_table_names_are_refused_clearly() {
-    let error = SqlSource::connect("oracle://x", "t").await.expect_err("refused");
+    let error = SqlSource::connect("oracle://x", "t")
+        .await
+        .expect_err("refused");
     assert!(error.to_string().contains("sqlite://"), "{error}");
     let error = SqlSource::connect("sqlite::memory:", "bad-name")
         .await

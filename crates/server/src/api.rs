@@ -4,14 +4,12 @@
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{Path, State};
 use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tollgate::{
-    DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name,
-};
+use tollgate::{DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name};
 use tollgate_rules::{RawRule, normalize_path};
 use utoipa::ToSchema;
 
@@ -66,7 +64,10 @@ pub(crate) async fn list_limits(_: Admin, State(state): State<AppState>) -> Json
     let snapshot = state.rules().snapshot();
     Json(LimitList {
         version: snapshot.version(),
-        limits: snapshot.iter().map(|rule| rule.canonical().clone()).collect(),
+        limits: snapshot
+            .iter()
+            .map(|rule| rule.canonical().clone())
+            .collect(),
         rejected: snapshot
             .rejected()
             .iter()
@@ -257,7 +258,10 @@ fn priority(text: Option<&str>) -> ApiResult<Priority> {
     match text {
         None => Ok(Priority::Normal),
         Some(text) => Priority::parse(text).ok_or_else(|| {
-            ApiError::bad_field("priority", format!("must be high, normal or low, got {text:?}"))
+            ApiError::bad_field(
+                "priority",
+                format!("must be high, normal or low, got {text:?}"),
+            )
         }),
     }
 }
@@ -319,7 +323,8 @@ pub(crate) async fn acquire(
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Response> {
     for (index, name) in body.limits.iter().enumerate() {
-        check_limit_name(name).map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
+        check_limit_name(name)
+            .map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
     }
     let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
     let wait_ms = body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max);
@@ -565,10 +570,17 @@ pub(crate) async fn check(
     if let Some(user) = body.user.as_deref() {
         request = request.key(user);
     }
-    let outcome = state.limiter().try_acquire(&request).await.map_err(|error| match error {
-        tollgate::Error::InvalidRequest { field: "key", reason } => ApiError::bad_field("user", reason),
-        other => ApiError::from(other),
-    })?;
+    let outcome = state
+        .limiter()
+        .try_acquire(&request)
+        .await
+        .map_err(|error| match error {
+            tollgate::Error::InvalidRequest {
+                field: "key",
+                reason,
+            } => ApiError::bad_field("user", reason),
+            other => ApiError::from(other),
+        })?;
     count_outcome(&state, &names, &outcome);
     Ok(match outcome {
         Outcome::Granted(permit) => {
@@ -640,7 +652,11 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     (
         status,
         Json(Health {
-            status: if ready { "ok".into() } else { "not ready".into() },
+            status: if ready {
+                "ok".into()
+            } else {
+                "not ready".into()
+            },
             rules: Some(rules),
             store: Some(store),
         }),

@@ -132,9 +132,11 @@ impl From<Error> for ApiError {
                 #[allow(unreachable_patterns)]
                 _ => ApiError::new(StatusCode::CONFLICT, Code::Conflict, message),
             },
-            Error::StoreUnavailable { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::StoreUnavailable, message)
-            }
+            Error::StoreUnavailable { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Code::StoreUnavailable,
+                message,
+            ),
             Error::TooManyKeys { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::TooManyKeys, message)
             }

@@ -93,16 +93,18 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Body<T>, ApiError> {
         let body_bytes_max = AppState::from_ref(state).config().body_bytes_max;
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::bad_field(
-                    "body",
-                    format!("must be at most {body_bytes_max} bytes (body_bytes_max)"),
-                )
-            } else {
-                ApiError::bad_field("body", rejection.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::bad_field(
+                        "body",
+                        format!("must be at most {body_bytes_max} bytes (body_bytes_max)"),
+                    )
+                } else {
+                    ApiError::bad_field("body", rejection.body_text())
+                }
+            })?;
         parse(&bytes).map(Body)
     }
 }
@@ -132,7 +134,10 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 fn describe(path: &str, error: &serde_json::Error) -> ApiError {
     use serde_json::error::Category;
-    if matches!(error.classify(), Category::Syntax | Category::Eof | Category::Io) {
+    if matches!(
+        error.classify(),
+        Category::Syntax | Category::Eof | Category::Io
+    ) {
         return ApiError::bad_field("body", format!("malformed JSON: {error}"));
     }
     let message = error.to_string();
@@ -189,7 +194,10 @@ mod tests {
         assert_eq!(field(r#"{"cost":-1}"#).as_deref(), Some("cost"));
         assert_eq!(field(r#"{"cost":"one"}"#).as_deref(), Some("cost"));
         assert_eq!(field(r#"{"bogus":1}"#).as_deref(), Some("bogus"));
-        assert_eq!(field(r#"{"inner":{"low":1}}"#).as_deref(), Some("inner.low"));
+        assert_eq!(
+            field(r#"{"inner":{"low":1}}"#).as_deref(),
+            Some("inner.low")
+        );
         assert_eq!(field(r#"{"list":[1]}"#).as_deref(), Some("list[0]"));
         assert_eq!(field(r#"{"cost":1"#).as_deref(), Some("body"));
         assert_eq!(field(r#"{"cost":1} x"#).as_deref(), Some("body"));

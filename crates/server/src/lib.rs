@@ -22,19 +22,21 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::response::Response;
 use axum::routing::{get, post};
 use tokio::sync::watch;
-use tollgate::{Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret, Store};
+use tollgate::{
+    Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret, Store,
+};
 use tollgate_rules::{Rules, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_REDIS_NAMESPACE, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS,
-    DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
-    ServerConfig, StoreChoice, parse_permit_secret,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
+    StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
 
 use crate::error::Code as ErrorCode;
-use crate::metrics::{CodeLabels, Metrics, MeteredStore};
+use crate::metrics::{CodeLabels, MeteredStore, Metrics};
 use crate::state::AppState;
 
 /// Idle memory-store counters examined per shard by each background sweep.
@@ -108,7 +110,9 @@ fn router(state: AppState) -> Router {
         .route("/v1/limits", get(api::list_limits))
         .route(
             "/v1/limits/{name}",
-            get(api::get_limit).put(api::put_limit).delete(api::delete_limit),
+            get(api::get_limit)
+                .put(api::put_limit)
+                .delete(api::delete_limit),
         )
         .route("/v1/acquire", post(api::acquire))
         .route("/v1/permits/{permit}/commit", post(api::commit))
@@ -205,10 +209,12 @@ pub async fn run(
             address: listen,
             source,
         })?;
-    let address = listener.local_addr().map_err(|source| ServerError::Listen {
-        address: listen,
-        source,
-    })?;
+    let address = listener
+        .local_addr()
+        .map_err(|source| ServerError::Listen {
+            address: listen,
+            source,
+        })?;
     tracing::info!(%address, "listening");
     on_listening(address);
 
@@ -241,7 +247,10 @@ pub async fn run(
 }
 
 /// Reclaim idle counters when traffic is too low to do it in passing.
-fn spawn_sweeper(memory: Arc<MemoryStore>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+fn spawn_sweeper(
+    memory: Arc<MemoryStore>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
         loop {

@@ -94,11 +94,7 @@ impl Metrics {
             store_seconds.clone(),
         );
         let errors = Family::<CodeLabels, Counter>::default();
-        registry.register(
-            "http_errors",
-            "Error answers, by code",
-            errors.clone(),
-        );
+        registry.register("http_errors", "Error answers, by code", errors.clone());
         registry.register_collector(Box::new(ScrapeTime { rules, store }));
         Metrics {
             registry: Arc::new(registry),
@@ -195,7 +191,10 @@ pub(crate) struct MeteredStore {
 }
 
 impl MeteredStore {
-    pub(crate) fn new(inner: Arc<dyn Store>, seconds: HistogramFamily<OperationLabels>) -> MeteredStore {
+    pub(crate) fn new(
+        inner: Arc<dyn Store>,
+        seconds: HistogramFamily<OperationLabels>,
+    ) -> MeteredStore {
         MeteredStore { inner, seconds }
     }
 
@@ -233,7 +232,11 @@ impl Store for MeteredStore {
         priority: Priority,
     ) -> StoreFuture<'a, Decision> {
         let started = Instant::now();
-        self.timed("acquire", started, self.inner.acquire(takes, cost, priority))
+        self.timed(
+            "acquire",
+            started,
+            self.inner.acquire(takes, cost, priority),
+        )
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -25,7 +25,12 @@ struct Inner {
 }
 
 impl AppState {
-    pub(crate) fn new(config: ServerConfig, limiter: Limiter, rules: Rules, metrics: Metrics) -> AppState {
+    pub(crate) fn new(
+        config: ServerConfig,
+        limiter: Limiter,
+        rules: Rules,
+        metrics: Metrics,
+    ) -> AppState {
         AppState {
             inner: Arc::new(Inner {
                 config,

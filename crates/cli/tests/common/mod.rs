@@ -167,7 +167,11 @@ impl Server {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(started.elapsed() < DEADLINE, "the server did not exit; log:\n{}", self.log());
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the server did not exit; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -193,7 +197,13 @@ pub async fn post(client: &Client, path: &str, body: &str) -> Answer {
 
 /// Create or replace a limit, expecting success.
 pub async fn put_limit(server: &Server, name: &str, rule: &str) -> serde_json::Value {
-    let answer = call(&server.admin(), Method::PUT, &format!("/v1/limits/{name}"), rule).await;
+    let answer = call(
+        &server.admin(),
+        Method::PUT,
+        &format!("/v1/limits/{name}"),
+        rule,
+    )
+    .await;
     assert_eq!(answer.status, 200, "put {name}: {}", answer.text());
     answer.json.expect("json")
 }
@@ -214,10 +224,19 @@ pub fn permit_of(grant: &serde_json::Value) -> String {
 pub fn assert_error(answer: &Answer, status: u16, code: &str, field: Option<&str>) {
     assert_eq!(answer.status.as_u16(), status, "{}", answer.text());
     assert_eq!(answer.error_code(), Some(code), "{}", answer.text());
-    assert!(answer.error_message().is_some_and(|m| !m.is_empty()), "{}", answer.text());
+    assert!(
+        answer.error_message().is_some_and(|m| !m.is_empty()),
+        "{}",
+        answer.text()
+    );
     if let Some(field) = field {
         let json = answer.json.as_ref().expect("json");
-        assert_eq!(json["error"]["field"].as_str(), Some(field), "{}", answer.text());
+        assert_eq!(
+            json["error"]["field"].as_str(),
+            Some(field),
+            "{}",
+            answer.text()
+        );
         assert!(
             answer.error_message().is_some_and(|m| m.contains(field)),
             "the message names the field: {}",
@@ -230,7 +249,10 @@ pub fn assert_error(answer: &Answer, status: u16, code: &str, field: Option<&str
 pub async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !condition().await {
-        assert!(started.elapsed() < DEADLINE, "not within {DEADLINE:?}: {what}");
+        assert!(
+            started.elapsed() < DEADLINE,
+            "not within {DEADLINE:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

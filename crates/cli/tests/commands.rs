@@ -1,0 +1,292 @@
+//! The `tollgate` command line end to end: `limits` and `acquire` against a real server
+//! process, configuration precedence (flags over environment over file), and `--help`.
+
+mod common;
+
+use std::process::Output;
+
+use common::*;
+use hyper::Method;
+
+fn run(server: &Server, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = command(server.directory.path());
+    command.args(args).env("TOLLGATE_SERVER", &server.url);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_commands_manage_a_running_server() {
+    let server = Server::start();
+    let token = [("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let put = run(
+        &server,
+        &[
+            "limits",
+            "put",
+            "vendor-x",
+            r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
+        ],
+        &token,
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    assert!(
+        stdout(&put).contains("\"algorithm\": \"sliding\""),
+        "{}",
+        stdout(&put)
+    );
+    let rule_file = server.directory.path().join("pool.json");
+    std::fs::write(
+        &rule_file,
+        r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":1000}"#,
+    )
+    .expect("write");
+    let from_file = format!("@{}", rule_file.display());
+    let put = run(&server, &["limits", "put", "pool", &from_file], &token);
+    assert!(put.status.success(), "{}", stderr(&put));
+    let list = run(&server, &["limits", "list"], &token);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let listed: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
+    assert_eq!(listed["limits"].as_array().map(Vec::len), Some(2));
+    let get = run(&server, &["limits", "get", "pool"], &token);
+    let shown: serde_json::Value = serde_json::from_slice(&get.stdout).expect("json");
+    assert_eq!(shown["lease_ttl_ms"], 1000);
+    let bad = run(
+        &server,
+        &[
+            "limits",
+            "put",
+            "pool",
+            r#"{"kind":"concurrency","limit":0,"lease_ttl_ms":1000}"#,
+        ],
+        &token,
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("400 bad_request: limit"),
+        "{}",
+        stderr(&bad)
+    );
+    let delete = run(&server, &["limits", "delete", "pool"], &token);
+    assert!(delete.status.success(), "{}", stderr(&delete));
+    let missing = run(&server, &["limits", "get", "pool"], &token);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("404 not_found"),
+        "{}",
+        stderr(&missing)
+    );
+    let anonymous = run(&server, &["limits", "list"], &[]);
+    assert!(!anonymous.status.success());
+    assert!(
+        stderr(&anonymous).contains("401 unauthorized"),
+        "{}",
+        stderr(&anonymous)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_runs_the_command_under_a_permit_and_passes_its_exit_code() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":2,"period_ms":3600000}"#,
+    )
+    .await;
+    let ran = run(
+        &server,
+        &["acquire", "vendor-x", "--", "sh", "-c", "echo ran; exit 3"],
+        &[],
+    );
+    assert_eq!(ran.status.code(), Some(3), "{}", stderr(&ran));
+    assert_eq!(stdout(&ran), "ran\n");
+    // A command that cannot start made no call: its unit is refunded.
+    let missing = run(
+        &server,
+        &["acquire", "vendor-x", "--", "/nonexistent/command"],
+        &[],
+    );
+    assert_eq!(missing.status.code(), Some(127), "{}", stderr(&missing));
+    let ok = run(
+        &server,
+        &["acquire", "vendor-x", "--cost", "1", "--", "true"],
+        &[],
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    // Two units used, committed as used: the next is not granted.
+    let refused = run(
+        &server,
+        &["acquire", "vendor-x", "--wait", "100ms", "--", "true"],
+        &[],
+    );
+    assert_eq!(refused.status.code(), Some(75), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("not granted"),
+        "{}",
+        stderr(&refused)
+    );
+    let unknown = run(&server, &["acquire", "nope", "--", "true"], &[]);
+    assert_eq!(unknown.status.code(), Some(1), "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).contains("404 not_found"),
+        "{}",
+        stderr(&unknown)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_holds_a_lease_while_the_command_runs_and_releases_it_after() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "pool",
+        r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":400}"#,
+    )
+    .await;
+    // The command outlives several lease TTLs: only renewals keep the lease.
+    let held = run(&server, &["acquire", "pool", "--", "sleep", "1.5"], &[]);
+    assert_eq!(held.status.code(), Some(0), "{}", stderr(&held));
+    assert!(
+        !stderr(&held).contains("renewal refused"),
+        "{}",
+        stderr(&held)
+    );
+    let metrics = call(&server.anonymous(), Method::GET, "/metrics", "")
+        .await
+        .text();
+    assert!(
+        metrics.contains("tollgate_store_round_trip_seconds_count{operation=\"renew\"}"),
+        "{metrics}"
+    );
+    // Released at the end: the pool is free at once.
+    granted(&server.anonymous(), r#"{"limits":["pool"]}"#).await;
+}
+
+#[test]
+fn flags_win_over_the_environment_which_wins_over_the_file() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let config = directory.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\nrules_table = \"from_file\"\nrecover_on_start = false\n",
+    )
+    .expect("write");
+    let config = config.display().to_string();
+    let tables = |directory: &tempfile::TempDir| -> Vec<String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let url = format!("sqlite://{}", directory.path().join("tollgate.db").display());
+            let pool = sqlx::SqlitePool::connect(&url).await.expect("db");
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'from_%' AND name NOT LIKE '%_migrations' ORDER BY name")
+                .fetch_all(&pool)
+                .await
+                .expect("tables")
+        })
+    };
+    let cases: [(&[&str], &[(&str, &str)], &str); 3] = [
+        (&[], &[], "from_file"),
+        (&[], &[("TOLLGATE_RULES_TABLE", "from_env")], "from_env"),
+        (
+            &["--rules-table", "from_flag"],
+            &[("TOLLGATE_RULES_TABLE", "from_env")],
+            "from_flag",
+        ),
+    ];
+    for (args, env, expected) in cases {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let mut options_args = vec!["--config", config.as_str()];
+        options_args.extend_from_slice(args);
+        let mut options_env = vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)];
+        options_env.extend_from_slice(env);
+        let mut server = Server::start_with(Options {
+            args: options_args,
+            env: options_env,
+            directory: Some(directory),
+            ..Options::default()
+        });
+        assert_eq!(tables(&server.directory), vec![expected.to_owned()]);
+        server.terminate();
+    }
+}
+
+#[test]
+fn configuration_mistakes_are_reported_not_ignored() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let config = directory.path().join("tollgate.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\nlisen = \"typo\"\n").expect("write");
+    let output = command(directory.path())
+        .args(["serve", "--config", &config.display().to_string()])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("lisen"), "{}", stderr(&output));
+    for (flag, value, named) in [
+        ("--listen", "localhost", "listen"),
+        ("--store", "memcached://x", "store"),
+        ("--rules", "oracle://x", "rules URL"),
+        ("--rules-table", "bad-name", "rules_table"),
+        ("--reload-interval-ms", "1", "reload_interval_ms"),
+    ] {
+        let output = command(directory.path())
+            .args(["serve", flag, value])
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{flag} {value}");
+        assert!(
+            stderr(&output).contains(named),
+            "{flag}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn help_explains_every_command() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let help = command(directory.path())
+        .arg("--help")
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&help.stdout);
+    for word in [
+        "serve",
+        "limits",
+        "acquire",
+        "TOLLGATE_ADMIN_TOKEN",
+        "Example",
+    ] {
+        assert!(text.contains(word), "{word} missing from --help:\n{text}");
+    }
+    let serve = command(directory.path())
+        .args(["serve", "--help"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&serve.stdout);
+    for word in [
+        "--listen",
+        "--store",
+        "--rules",
+        "--config",
+        "TOLLGATE_RULES",
+        "127.0.0.1:7070",
+    ] {
+        assert!(
+            text.contains(word),
+            "{word} missing from serve --help:\n{text}"
+        );
+    }
+}
