@@ -1,0 +1,323 @@
+//! Who makes a request: the user key that limits counted `per` user are keyed by.
+//!
+//! The source is configured, never guessed. A header is believed only when it is the
+//! configured source (an authenticating proxy in front sets it); `X-Forwarded-For` and
+//! `Forwarded` are read only when the socket peer is a configured trusted proxy, and then
+//! from the right, so a client cannot choose its own identity by sending those headers.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::ConnectInfo;
+use http::{HeaderMap, HeaderName};
+
+/// Reads the authenticated principal out of the request's extensions, where an
+/// authentication layer that runs before the throttle put it.
+pub type PrincipalFn = Arc<dyn for<'a> Fn(&'a http::Extensions) -> Option<&'a str> + Send + Sync>;
+
+/// Where the user key comes from.
+#[derive(Clone)]
+pub enum Identity {
+    /// The value of this header. Only safe when something in front (an authenticating proxy)
+    /// sets it and strips any copy sent by the client.
+    Header(HeaderName),
+    /// The authenticated principal, read from the request extensions.
+    Principal(PrincipalFn),
+    /// The client's IP address: the socket peer (from axum's `ConnectInfo<SocketAddr>`), or,
+    /// when the peer is one of these trusted proxies, the nearest untrusted address in
+    /// `Forwarded` / `X-Forwarded-For`.
+    Peer(TrustedProxies),
+}
+
+impl Identity {
+    /// The principal an authentication layer stored in the extensions.
+    pub fn principal(
+        read: impl for<'a> Fn(&'a http::Extensions) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Identity {
+        Identity::Principal(Arc::new(read))
+    }
+
+    /// The user key of a request, if this source names one.
+    pub(crate) fn user_of(
+        &self,
+        headers: &HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Option<String> {
+        match self {
+            Identity::Header(name) => {
+                let value = headers.get(name)?.to_str().ok()?.trim();
+                (!value.is_empty()).then(|| value.to_owned())
+            }
+            Identity::Principal(read) => {
+                let principal = read(extensions)?;
+                (!principal.is_empty()).then(|| principal.to_owned())
+            }
+            Identity::Peer(trusted) => {
+                let peer = extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
+                Some(client_ip(peer, headers, trusted).to_string())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Identity::Principal(_) => f.write_str("Principal(..)"),
+            Identity::Peer(trusted) => f.debug_tuple("Peer").field(trusted).finish(),
+        }
+    }
+}
+
+/// What to do with a request that matched a rule counted per user but names no user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unidentified {
+    /// Answer `401 Unauthorized`.
+    Reject,
+    /// Count every such request under this one key (all anonymous callers share a budget).
+    SharedKey(String),
+}
+
+/// An IP network: an address and a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpNet {
+    address: IpAddr,
+    prefix_len: u8,
+}
+
+impl IpNet {
+    /// `10.0.0.0/8`, `::1`, `192.0.2.7` (a bare address is a network of one).
+    pub fn parse(text: &str) -> Result<IpNet, String> {
+        let (address, prefix_len) = match text.split_once('/') {
+            Some((address, prefix)) => (
+                address,
+                Some(
+                    prefix
+                        .parse::<u8>()
+                        .map_err(|_| format!("{text:?}: the prefix length must be a number"))?,
+                ),
+            ),
+            None => (text, None),
+        };
+        let address: IpAddr = address
+            .parse()
+            .map_err(|_| format!("{text:?}: not an IP address"))?;
+        let bits = if address.is_ipv4() { 32 } else { 128 };
+        let prefix_len = prefix_len.unwrap_or(bits);
+        if prefix_len > bits {
+            return Err(format!(
+                "{text:?}: the prefix length must be at most {bits}"
+            ));
+        }
+        Ok(IpNet {
+            address: canonical(address),
+            prefix_len,
+        })
+    }
+
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.address, canonical(address)) {
+            (IpAddr::V4(net), IpAddr::V4(address)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix_len))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(address) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(address)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix_len))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(address) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// IPv4 addresses seen through an IPv6 socket (`::ffff:a.b.c.d`) are IPv4 addresses.
+fn canonical(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
+        IpAddr::V4(_) => address,
+    }
+}
+
+/// The proxies whose `Forwarded` / `X-Forwarded-For` headers are believed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    networks: Vec<IpNet>,
+}
+
+impl TrustedProxies {
+    /// No proxy is trusted: the socket peer is the client, and forwarding headers are ignored.
+    pub fn none() -> TrustedProxies {
+        TrustedProxies::default()
+    }
+
+    /// Trust these networks (`10.0.0.0/8`, `127.0.0.1`, `fd00::/8`).
+    pub fn parse<'a>(
+        networks: impl IntoIterator<Item = &'a str>,
+    ) -> Result<TrustedProxies, String> {
+        let networks = networks
+            .into_iter()
+            .map(IpNet::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TrustedProxies { networks })
+    }
+
+    pub fn contains(&self, address: IpAddr) -> bool {
+        self.networks.iter().any(|net| net.contains(address))
+    }
+}
+
+/// Forwarding hops read at most, so a huge header costs bounded work.
+const FORWARDED_HOPS_MAX: usize = 32;
+
+/// The client's address: the peer, unless the peer is a trusted proxy; then the chain of
+/// forwarded addresses is walked from the right (the hop the trusted proxy itself added) to
+/// the first address that is not a trusted proxy. Anything left of that was written by the
+/// client and is not believed.
+pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
+    let peer = canonical(peer);
+    if !trusted.contains(peer) {
+        return peer;
+    }
+    let hops = forwarded_hops(headers);
+    let mut nearest = peer;
+    for hop in hops.iter().rev() {
+        match hop {
+            // Garbage in a hop we would have to believe: stop at the last trusted address.
+            None => return nearest,
+            Some(address) => {
+                let address = canonical(*address);
+                if !trusted.contains(address) {
+                    return address;
+                }
+                nearest = address;
+            }
+        }
+    }
+    nearest
+}
+
+/// The forwarded addresses, client first: from `Forwarded` if present, else `X-Forwarded-For`.
+/// `None` marks a hop that is not an address (`unknown`, an obfuscated name, garbage).
+fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let mut hops = Vec::new();
+    let forwarded = headers.get_all(http::header::FORWARDED);
+    if forwarded.iter().next().is_some() {
+        for value in forwarded {
+            let Ok(text) = value.to_str() else {
+                hops.push(None);
+                continue;
+            };
+            for element in text.split(',') {
+                let address = element
+                    .split(';')
+                    .filter_map(|pair| pair.trim().split_once('='))
+                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                    .and_then(|(_, value)| parse_node(value.trim()));
+                hops.push(address);
+            }
+        }
+    } else {
+        for value in headers.get_all("x-forwarded-for") {
+            let Ok(text) = value.to_str() else {
+                hops.push(None);
+                continue;
+            };
+            hops.extend(text.split(',').map(|hop| parse_node(hop.trim())));
+        }
+    }
+    // Only the nearest hops matter: they are read from the right.
+    if hops.len() > FORWARDED_HOPS_MAX {
+        hops.drain(..hops.len() - FORWARDED_HOPS_MAX);
+    }
+    hops
+}
+
+/// `192.0.2.1`, `192.0.2.1:4711`, `"[2001:db8::1]:4711"`, `2001:db8::1`.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim_matches('"');
+    if let Ok(address) = text.parse::<IpAddr>() {
+        return Some(address);
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let (address, _) = rest.split_once(']')?;
+        return address.parse().ok();
+    }
+    text.parse::<SocketAddr>().ok().map(|socket| socket.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, http::HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("test address")
+    }
+
+    #[test]
+    fn forwarding_headers_are_ignored_from_untrusted_peers() {
+        let trusted = TrustedProxies::parse(["10.0.0.0/8"]).expect("valid");
+        let spoofed = headers(&[("x-forwarded-for", "1.2.3.4"), ("forwarded", "for=1.2.3.4")]);
+        assert_eq!(
+            client_ip(ip("203.0.113.9"), &spoofed, &trusted),
+            ip("203.0.113.9")
+        );
+        let none = TrustedProxies::none();
+        assert_eq!(client_ip(ip("10.0.0.1"), &spoofed, &none), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_trusted_proxy_chain_is_read_from_the_right() {
+        let trusted = TrustedProxies::parse(["10.0.0.0/8", "192.0.2.5"]).expect("valid");
+        // The client claimed 1.1.1.1; 198.51.100.7 is what our first proxy saw.
+        let chain = headers(&[("x-forwarded-for", "1.1.1.1, 198.51.100.7, 192.0.2.5")]);
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &chain, &trusted),
+            ip("198.51.100.7")
+        );
+        let forwarded = headers(&[(
+            "forwarded",
+            r#"for=1.1.1.1, for="[2001:db8::7]:4711";proto=https, for=192.0.2.5:80"#,
+        )]);
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &forwarded, &trusted),
+            ip("2001:db8::7")
+        );
+        let garbage = headers(&[("x-forwarded-for", "1.1.1.1, nonsense")]);
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &garbage, &trusted),
+            ip("10.1.2.3")
+        );
+        let empty = HeaderMap::new();
+        assert_eq!(client_ip(ip("10.1.2.3"), &empty, &trusted), ip("10.1.2.3"));
+    }
+
+    #[test]
+    fn networks_parse_and_contain() {
+        let net = IpNet::parse("192.168.0.0/16").expect("valid");
+        assert!(net.contains(ip("192.168.4.5")));
+        assert!(net.contains(ip("::ffff:192.168.4.5")));
+        assert!(!net.contains(ip("192.169.0.1")));
+        assert!(
+            IpNet::parse("0.0.0.0/0")
+                .expect("valid")
+                .contains(ip("8.8.8.8"))
+        );
+        assert!(IpNet::parse("::1").expect("valid").contains(ip("::1")));
+        assert!(IpNet::parse("10.0.0.0/33").is_err());
+        assert!(IpNet::parse("ten").is_err());
+    }
+}

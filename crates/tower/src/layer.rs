@@ -1,0 +1,525 @@
+//! The middleware: `ThrottleLayer` holds the configuration and shared state, `Throttle<S>`
+//! wraps a service, `ResponseFuture` decides and then calls the service.
+//!
+//! A request that matches no rule costs a path normalization and a hash lookup, and goes
+//! straight to the service. A matched one is decided by the limiter in one all-or-nothing
+//! request (see the crate docs); the inner service is called only when it is granted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use smallvec::SmallVec;
+use tollgate::{COUNTERS_PER_REQUEST_MAX, Denied, LimitStatus, Limiter, Outcome, Permit};
+use tollgate_rules::normalize_path;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::body::ThrottleBody;
+use crate::headers::{
+    RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_value, retry_after_value,
+};
+use crate::identity::{Identity, Unidentified};
+use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
+use crate::rules::{Matched, RuleIndex, RuleTracker, ThrottleRules};
+
+/// What to do when the store cannot decide (unreachable, failing). An explicit choice: there
+/// is no default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Let the request through unthrottled (availability over the limit).
+    FailOpen,
+    /// Answer `503 Service Unavailable` (the limit over availability).
+    FailClosed,
+}
+
+/// How the layer behaves; every field is the caller's decision (no defaults).
+#[derive(Clone, Debug)]
+pub struct ThrottleConfig {
+    /// Where the user key comes from.
+    pub identity: Identity,
+    /// What to do with a request whose user cannot be told, when a matched rule counts per user.
+    pub unidentified: Unidentified,
+    /// Send `RateLimit-Policy` and `RateLimit` on allowed responses too (always on refusals).
+    pub headers_on_allowed: bool,
+    pub on_store_error: OnStoreError,
+}
+
+/// How long a client told "too many keys" should wait: keys come back as counters go idle,
+/// which the background sweep notices within its interval.
+const TOO_MANY_KEYS_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Shared {
+    limiter: Limiter,
+    rules: RuleTracker,
+    config: ThrottleConfig,
+    counters: LayerCounters,
+}
+
+/// Applies Tollgate limits to the requests of the services it wraps. Clones share one state.
+#[derive(Clone, Debug)]
+pub struct ThrottleLayer {
+    shared: Arc<Shared>,
+}
+
+impl ThrottleLayer {
+    /// A layer over `limiter`. With [`ThrottleRules::Fixed`], the rules are put in force on
+    /// `limiter` now; with [`ThrottleRules::Sql`], `limiter` must be the one the `Rules` feed
+    /// (`rules.limiter()`), since that is where each reload puts its limits.
+    pub fn new(limiter: Limiter, rules: ThrottleRules, config: ThrottleConfig) -> ThrottleLayer {
+        let rules = RuleTracker::new(rules, &limiter);
+        ThrottleLayer {
+            shared: Arc::new(Shared {
+                limiter,
+                rules,
+                config,
+                counters: LayerCounters::default(),
+            }),
+        }
+    }
+
+    /// A layer over the SQL rules table, on the limiter it feeds.
+    pub fn from_sql(rules: tollgate_rules::Rules, config: ThrottleConfig) -> ThrottleLayer {
+        let limiter = rules.limiter().clone();
+        ThrottleLayer::new(limiter, ThrottleRules::Sql(rules), config)
+    }
+
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+
+    /// The counters so far, by rule in force.
+    pub fn metrics(&self) -> ThrottleMetrics {
+        let index = self.shared.rules.index();
+        read(
+            index
+                .entries
+                .iter()
+                .map(|entry| (entry.rule.name().to_owned(), entry.counters.clone())),
+            &self.shared.counters,
+        )
+    }
+}
+
+impl<S> Layer<S> for ThrottleLayer {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Throttle<S> {
+        Throttle {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// A service whose matched requests are throttled.
+#[derive(Clone, Debug)]
+pub struct Throttle<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Throttle<S> {
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+type Acquire = Pin<Box<dyn Future<Output = tollgate::Result<Outcome>> + Send>>;
+
+/// The layer's own answer, turned into a response once the body type is known.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: SmallVec<[(HeaderName, HeaderValue); 4]>,
+    body: Bytes,
+}
+
+impl Answer {
+    fn error(status: StatusCode, code: &str, message: &str) -> Answer {
+        let body = format!(
+            "{{\"error\":{{\"code\":\"{code}\",\"message\":{}}}}}",
+            json_string(message)
+        );
+        Answer {
+            status,
+            headers: SmallVec::new(),
+            body: Bytes::from(body),
+        }
+    }
+
+    fn into_response<B>(self) -> Response<ThrottleBody<B>> {
+        let mut response = Response::new(ThrottleBody::answer(self.body));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        response
+    }
+}
+
+/// A JSON string literal; messages are ours, but escaping keeps the body valid whatever they say.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The decision taken in `call`, before any waiting.
+enum Prepared {
+    Pass,
+    Answer(Answer),
+    Acquire {
+        acquire: Acquire,
+        index: Arc<RuleIndex>,
+        matched: Matched,
+    },
+}
+
+impl Shared {
+    fn prepare<B>(&self, request: &Request<B>) -> Prepared {
+        let path = normalize_path(request.uri().path());
+        let index = self.rules.index();
+        let matched = index.matching(request.method().as_str(), &path);
+        if matched.is_empty() {
+            bump(&self.counters.unmatched);
+            return Prepared::Pass;
+        }
+        let per_user = matched.iter().any(|&position| {
+            index.entries[position as usize]
+                .rule
+                .limit()
+                .per()
+                .is_some()
+        });
+        let user = if per_user {
+            match self
+                .config
+                .identity
+                .user_of(request.headers(), request.extensions())
+            {
+                Some(user) => Some(user),
+                None => {
+                    bump(&self.counters.unidentified);
+                    match &self.config.unidentified {
+                        Unidentified::SharedKey(key) => Some(key.clone()),
+                        Unidentified::Reject => {
+                            return Prepared::Answer(Answer::error(
+                                StatusCode::UNAUTHORIZED,
+                                "unauthorized",
+                                "this endpoint is limited per user, and the request names no user",
+                            ));
+                        }
+                    }
+                }
+            }
+        } else {
+            None
+        };
+        let limiter = self.limiter.clone();
+        let names: SmallVec<[Arc<tollgate_rules::Rule>; COUNTERS_PER_REQUEST_MAX]> = matched
+            .iter()
+            .map(|&position| index.entries[position as usize].rule.clone())
+            .collect();
+        let acquire = Box::pin(async move {
+            let limits: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> =
+                names.iter().map(|rule| rule.name()).collect();
+            let mut request = tollgate::Request::all(&limits);
+            if let Some(user) = user.as_deref() {
+                request = request.key(user);
+            }
+            limiter.try_acquire(&request).await
+        });
+        Prepared::Acquire {
+            acquire,
+            index,
+            matched,
+        }
+    }
+
+    /// `RateLimit-Policy` and `RateLimit` for the matched rules and their statuses.
+    fn rate_headers(
+        index: &RuleIndex,
+        matched: &Matched,
+        statuses: &[LimitStatus],
+    ) -> SmallVec<[(HeaderName, HeaderValue); 4]> {
+        let mut headers = SmallVec::new();
+        let entries = || matched.iter().map(|&p| &index.entries[p as usize]);
+        if let Some(value) = policy_value(entries().map(|entry| entry.policy_item.as_str())) {
+            headers.push((HeaderName::from_static(RATELIMIT_POLICY), value));
+        }
+        let statuses = statuses.iter().map(|status| {
+            let is_lease = entries()
+                .find(|entry| entry.rule.name() == status.name)
+                .is_some_and(|entry| entry.is_lease);
+            (status, is_lease)
+        });
+        if let Some(value) = ratelimit_value(statuses) {
+            headers.push((HeaderName::from_static(RATELIMIT), value));
+        }
+        headers
+    }
+
+    fn refused(&self, index: &RuleIndex, matched: &Matched, denied: &Denied) -> Answer {
+        for (status, &position) in denied.limits.iter().zip(matched) {
+            let counters = &index.entries[position as usize].counters;
+            // A limit with no unit left is one that refused (requests cost one unit).
+            if status.remaining == 0 {
+                bump(&counters.denied);
+            }
+        }
+        let retry_after_ms = denied.retry_after.as_micros().div_ceil(1_000);
+        // The server's wire format for a refusal (SPEC, HTTP API v1).
+        let mut answer = Answer {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            headers: SmallVec::new(),
+            body: Bytes::from(format!(
+                "{{\"error\":{{\"code\":\"rate_limited\",\"message\":\"too many requests; retry after {retry_after_ms} ms\"}},\"retry_after_ms\":{retry_after_ms}}}"
+            )),
+        };
+        answer.headers = Shared::rate_headers(index, matched, &denied.limits);
+        answer.headers.push((
+            http::header::RETRY_AFTER,
+            retry_after_value(denied.retry_after),
+        ));
+        answer
+    }
+
+    fn failed(&self, error: &tollgate::Error) -> Option<Answer> {
+        match error {
+            tollgate::Error::TooManyKeys { keys_tracked_max } => {
+                bump(&self.counters.too_many_keys);
+                // Not the client's fault, and not a limit of theirs: a 503, so clients and
+                // monitors treat it as the server's capacity problem it is.
+                let mut answer = Answer::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too_many_keys",
+                    &format!(
+                        "the throttle tracks its maximum of {keys_tracked_max} keys; retry shortly"
+                    ),
+                );
+                answer.headers.push((
+                    http::header::RETRY_AFTER,
+                    retry_after_value(TOO_MANY_KEYS_RETRY_AFTER),
+                ));
+                Some(answer)
+            }
+            tollgate::Error::InvalidRequest {
+                field: "key",
+                reason,
+            } => Some(Answer::error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &format!("the request's user identity is not usable: {reason}"),
+            )),
+            other => {
+                bump(&self.counters.store_errors);
+                tracing::warn!(error = %other, "throttle could not decide");
+                match self.config.on_store_error {
+                    OnStoreError::FailOpen => None,
+                    OnStoreError::FailClosed => Some(Answer::error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store_unavailable",
+                        "the throttle cannot decide now; retry shortly",
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Throttle<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ThrottleBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let state = match self.shared.prepare(&request) {
+            Prepared::Pass => State::Calling {
+                future: self.inner.call(request),
+                permit: None,
+                headers: SmallVec::new(),
+            },
+            Prepared::Answer(answer) => State::Answered {
+                answer: Some(answer),
+            },
+            Prepared::Acquire {
+                acquire,
+                index,
+                matched,
+            } => {
+                // The service that was polled ready goes with the request; this one gets a
+                // fresh clone that will be polled ready before its own next call.
+                let ready = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, ready);
+                State::Acquiring {
+                    acquire,
+                    index,
+                    matched,
+                    service: Some(ready),
+                    request: Some(request),
+                }
+            }
+        };
+        ResponseFuture {
+            shared: self.shared.clone(),
+            state,
+        }
+    }
+}
+
+pin_project! {
+    /// Decides, then calls the service with the grant held.
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        shared: Arc<Shared>,
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Acquiring {
+            acquire: Acquire,
+            index: Arc<RuleIndex>,
+            matched: Matched,
+            service: Option<S>,
+            request: Option<Request<ReqBody>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            permit: Option<Permit>,
+            headers: SmallVec<[(HeaderName, HeaderValue); 4]>,
+        },
+        Answered {
+            answer: Option<Answer>,
+        },
+    }
+}
+
+impl<S, ReqBody> std::fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    acquire,
+                    index,
+                    matched,
+                    service,
+                    request,
+                } => {
+                    let outcome = ready!(acquire.as_mut().poll(cx));
+                    let (Some(mut service), Some(request)) = (service.take(), request.take())
+                    else {
+                        // Both are taken only here, and the state changes right after.
+                        unreachable!("ResponseFuture polled after it moved on");
+                    };
+                    let shared = &**this.shared;
+                    let next = match outcome {
+                        Ok(Outcome::Granted(permit)) => {
+                            for &position in matched.iter() {
+                                bump(&index.entries[position as usize].counters.allowed);
+                            }
+                            let headers = if shared.config.headers_on_allowed {
+                                Shared::rate_headers(index, matched, &permit.limits())
+                            } else {
+                                SmallVec::new()
+                            };
+                            // Only a lease needs holding; dropping a rate-only permit keeps its
+                            // units used, which is what a served request means.
+                            let permit = permit.fence().is_some().then_some(permit);
+                            State::Calling {
+                                future: service.call(request),
+                                permit,
+                                headers,
+                            }
+                        }
+                        Ok(Outcome::Denied(denied)) => State::Answered {
+                            answer: Some(shared.refused(index, matched, &denied)),
+                        },
+                        Err(error) => match shared.failed(&error) {
+                            Some(answer) => State::Answered {
+                                answer: Some(answer),
+                            },
+                            None => State::Calling {
+                                future: service.call(request),
+                                permit: None,
+                                headers: SmallVec::new(),
+                            },
+                        },
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Calling {
+                    future,
+                    permit,
+                    headers,
+                } => {
+                    let response = ready!(future.poll(cx))?;
+                    let (mut parts, body) = response.into_parts();
+                    for (name, value) in headers.drain(..) {
+                        parts.headers.insert(name, value);
+                    }
+                    let body = ThrottleBody::inner(body, permit.take());
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+                StateProj::Answered { answer } => {
+                    let Some(answer) = answer.take() else {
+                        unreachable!("ResponseFuture polled after completion");
+                    };
+                    return Poll::Ready(Ok(answer.into_response()));
+                }
+            }
+        }
+    }
+}

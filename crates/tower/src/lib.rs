@@ -1,0 +1,33 @@
+//! Inbound throttling for axum and hyper services: a tower [`ThrottleLayer`] that applies
+//! Tollgate rules to each incoming request, per user and per endpoint (seed 002).
+//!
+//! For every request the layer normalizes the path with the rules crate's
+//! [`normalize_path`](tollgate_rules::normalize_path) (ids become `#`, the query is ignored),
+//! finds the rules whose `match` fits the method and normalized path, and asks the shared
+//! [`Limiter`](tollgate::Limiter) for one unit of all of them at once, keyed by the user for
+//! rules counted `per` user. The request is granted on every matched limit or on none, so a
+//! request the endpoint rule refuses spends nothing of the user's overall frequency or
+//! concurrency. Requests that match no rule pass through untouched.
+//!
+//! A granted concurrency lease rides in the response body ([`ThrottleBody`]) and is released
+//! when the body ends, or when the request or response is dropped (a client that disconnects
+//! mid-response gives its lease back). Refusals are `429 Too Many Requests` with
+//! `Retry-After` and the IETF `RateLimit-Policy` / `RateLimit` fields (see [`headers`]).
+//!
+//! Every clone of the layer and of the service shares one state behind an `Arc`: a server
+//! that clones its service per connection still enforces one limit.
+
+mod body;
+pub mod headers;
+mod identity;
+mod layer;
+mod metrics;
+mod rules;
+mod sweep;
+
+pub use body::ThrottleBody;
+pub use identity::{Identity, IpNet, TrustedProxies, Unidentified};
+pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
+pub use metrics::{RuleMetrics, ThrottleMetrics};
+pub use rules::ThrottleRules;
+pub use sweep::spawn_sweeper;
