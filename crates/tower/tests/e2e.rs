@@ -1,0 +1,453 @@
+//! End-to-end tests of the layer in front of a real axum server on a loopback socket: limits
+//! per user and per endpoint, the answer's fields, the chain's atomicity, leases given back
+//! when a client disconnects mid-response, and identity headers a client cannot forge.
+//!
+//! Limits have periods of an hour, so counts never depend on timing; waits have generous
+//! timeouts and only bound how long a correct result may take to appear.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::routing::get;
+use bytes::Bytes;
+use http_body::Frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::Limiter;
+use tollgate_rules::{RawRule, Rule};
+use tollgate_tower::{
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
+    Unidentified,
+};
+
+/// The authenticated user, as an authentication layer would store it.
+#[derive(Clone, Debug)]
+struct User(String);
+
+fn rule(name: &str, json: &str) -> Rule {
+    let raw: RawRule = serde_json::from_str(json).expect("test rule parses");
+    raw.validate(name).expect("test rule is valid")
+}
+
+/// Seed 002's chain: per-user concurrency, per-user frequency, then the endpoint rule.
+fn seed_002_rules() -> Vec<Rule> {
+    vec![
+        rule(
+            "user-conc",
+            r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":3600000,"per":"user",
+                "match":{"method":"*","path":"*"}}"#,
+        ),
+        rule(
+            "user-freq",
+            r#"{"kind":"rate","limit":100,"period_ms":3600000,"algorithm":"fixed","per":"user",
+                "match":{"method":"*","path":"*"}}"#,
+        ),
+        rule(
+            "entity-bundle",
+            r#"{"kind":"rate","limit":3,"period_ms":3600000,"algorithm":"fixed","per":"user",
+                "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+        ),
+    ]
+}
+
+/// A body that sends a chunk every few milliseconds and never ends: a long download.
+struct Endless {
+    ticker: tokio::time::Interval,
+}
+
+impl http_body::Body for Endless {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.ticker.poll_tick(cx) {
+            Poll::Ready(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"chunk\n"))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+async fn authenticate(mut request: Request, next: Next) -> axum::response::Response {
+    let user = request
+        .headers()
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(|user| User(user.to_owned()));
+    if let Some(user) = user {
+        request.extensions_mut().insert(user);
+    }
+    next.run(request).await
+}
+
+fn app(layer: ThrottleLayer) -> Router {
+    Router::new()
+        .route("/repo/v1/entity/{id}/bundle", get(|| async { "bundle" }))
+        .route("/repo/v1/entity/{id}", get(|| async { "entity" }))
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/download",
+            get(|| async {
+                Body::new(Endless {
+                    ticker: tokio::time::interval(Duration::from_millis(5)),
+                })
+            }),
+        )
+        .layer(layer)
+        // Outermost: authentication runs first and hands the throttle its principal.
+        .layer(axum::middleware::from_fn(authenticate))
+}
+
+async fn serve(router: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let address = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service).await;
+    });
+    address
+}
+
+fn principal_layer(limiter: &Limiter, rules: Vec<Rule>) -> ThrottleLayer {
+    ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(rules),
+        ThrottleConfig {
+            identity: Identity::principal(|extensions| {
+                extensions.get::<User>().map(|user| user.0.as_str())
+            }),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    )
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The `r` parameter of `limit`'s member of the `RateLimit` field.
+    fn remaining(&self, limit: &str) -> Option<u64> {
+        let field = self.header("ratelimit")?;
+        let member = field
+            .split(", ")
+            .find(|member| member.starts_with(&format!("\"{limit}\";")))?;
+        member
+            .split(';')
+            .find_map(|param| param.strip_prefix("r="))
+            .and_then(|r| r.parse().ok())
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection, read to the end.
+async fn send(address: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    let mut text = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str("\r\n");
+    stream.write_all(text.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("answer within 10 s")
+        .expect("read");
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(": "))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+fn bearer(user: &str) -> String {
+    format!("Bearer {user}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_apply_per_user_and_endpoint_with_the_draft_fields() {
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+
+    let first = send(address, "/repo/v1/entity/123/bundle", &auth).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some(
+            "\"user-conc\";q=2;qu=\"concurrent-requests\", \"user-freq\";q=100;w=3600, \
+             \"entity-bundle\";q=3;w=3600"
+        )
+    );
+    assert_eq!(first.remaining("user-conc"), Some(1));
+    assert_eq!(first.remaining("user-freq"), Some(99));
+    assert_eq!(first.remaining("entity-bundle"), Some(2));
+    let ratelimit = first
+        .header("ratelimit")
+        .expect("RateLimit on allowed responses");
+    assert!(
+        ratelimit.starts_with("\"user-conc\";r=1, \"user-freq\";r=99;t="),
+        "{ratelimit}"
+    );
+
+    // Ids and query strings normalize away: these are the same endpoint.
+    for path in [
+        "/repo/v1/entity/456/bundle?mask=1",
+        "/repo/v1/entity/0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00/bundle",
+    ] {
+        let answer = send(address, path, &auth).await;
+        assert_eq!(answer.status, 200, "{path}: {answer:?}");
+    }
+    let refused = send(address, "/repo/v1/entity/789/bundle", &auth).await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .and_then(|value| value.parse().ok())
+        .expect("Retry-After in whole seconds");
+    assert!((1..=3600).contains(&retry_after), "{retry_after}");
+    assert_eq!(refused.remaining("entity-bundle"), Some(0));
+    assert!(refused.header("ratelimit-policy").is_some());
+    assert!(
+        refused.body.contains("\"rate_limited\""),
+        "{}",
+        refused.body
+    );
+
+    // Another endpoint, and another user, are not affected.
+    let entity = send(address, "/repo/v1/entity/789", &auth).await;
+    assert_eq!(entity.status, 200, "{entity:?}");
+    assert_eq!(entity.remaining("entity-bundle"), None);
+    let bob = bearer("bob");
+    let bobs = send(
+        address,
+        "/repo/v1/entity/789/bundle",
+        &[("authorization", bob.as_str())],
+    )
+    .await;
+    assert_eq!(bobs.status, 200, "{bobs:?}");
+    assert_eq!(bobs.remaining("entity-bundle"), Some(2));
+
+    // Without a user, a per-user endpoint is refused rather than counted under nobody.
+    let anonymous = send(address, "/repo/v1/entity/1/bundle", &[]).await;
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_endpoint_rule_refuses_spends_nothing_else() {
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let carol = bearer("carol");
+    let auth = [("authorization", carol.as_str())];
+    for _ in 0..3 {
+        assert_eq!(
+            send(address, "/repo/v1/entity/1/bundle", &auth)
+                .await
+                .status,
+            200
+        );
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            send(address, "/repo/v1/entity/1/bundle", &auth)
+                .await
+                .status,
+            429
+        );
+    }
+    // 3 granted bundles and this request: 4 units of the user's frequency, not 9.
+    let other = send(address, "/repo/v1/entity/1", &auth).await;
+    assert_eq!(other.status, 200);
+    assert_eq!(other.remaining("user-freq"), Some(96), "{other:?}");
+    // And every refused request gave back its concurrency lease at once.
+    assert_eq!(other.remaining("user-conc"), Some(1), "{other:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let dave = bearer("dave");
+    let held = |limiter: &Limiter| {
+        let limiter = limiter.clone();
+        async move {
+            // The concurrency limit alone: is there room for one more of dave's requests?
+            let request = tollgate::Request::new("user-conc").key("dave");
+            let outcome = limiter.try_acquire(&request).await.expect("decides");
+            !outcome.is_granted()
+        }
+    };
+    // Two downloads in flight hold both of dave's leases.
+    let mut downloads = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(address).await.expect("connect");
+        let text = format!("GET /download HTTP/1.1\r\nhost: test\r\nauthorization: {dave}\r\n\r\n");
+        stream.write_all(text.as_bytes()).await.expect("write");
+        let mut first = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut first))
+            .await
+            .expect("the download starts within 10 s")
+            .expect("read");
+        assert!(String::from_utf8_lossy(&first[..read]).starts_with("HTTP/1.1 200"));
+        downloads.push(stream);
+    }
+    assert!(
+        held(&limiter).await,
+        "both leases are held during the downloads"
+    );
+    let third = send(address, "/health", &[("authorization", dave.as_str())]).await;
+    assert_eq!(third.status, 429, "{third:?}");
+
+    drop(downloads);
+    let released = tokio::time::timeout(Duration::from_secs(10), async {
+        while held(&limiter).await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        released.is_ok(),
+        "leases come back once the clients are gone"
+    );
+    let after = send(address, "/health", &[("authorization", dave.as_str())]).await;
+    assert_eq!(after.status, 200, "{after:?}");
+    assert_eq!(after.remaining("user-conc"), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_headers_sent_by_clients_are_ignored() {
+    // The principal comes from authentication; a forged user header changes nothing.
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let erin = bearer("erin");
+    for forged in ["mallory-1", "mallory-2", "mallory-3", "mallory-4"] {
+        let headers = [
+            ("authorization", erin.as_str()),
+            ("x-user", forged),
+            ("x-forwarded-for", "1.2.3.4"),
+        ];
+        let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
+        let expected = if forged == "mallory-4" { 429 } else { 200 };
+        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
+    }
+
+    // By socket peer, with no trusted proxy: X-Forwarded-For and Forwarded are not believed.
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::none()),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+        .iter()
+        .enumerate()
+    {
+        let forwarded = format!("for={forged}");
+        let headers = [
+            ("x-forwarded-for", *forged),
+            ("forwarded", forwarded.as_str()),
+        ];
+        let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
+        let expected = if index == 3 { 429 } else { 200 };
+        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
+    }
+    let by_peer = tollgate::Request::new("entity-bundle").key("127.0.0.1");
+    let outcome = limiter.try_acquire(&by_peer).await.expect("decides");
+    assert!(
+        !outcome.is_granted(),
+        "all four were counted under the peer's address"
+    );
+
+    // Behind a trusted proxy (the loopback peer), the nearest untrusted hop is the client.
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
+        let chain = format!("{forged}, 198.51.100.7");
+        let answer = send(
+            address,
+            "/repo/v1/entity/5/bundle",
+            &[("x-forwarded-for", &chain)],
+        )
+        .await;
+        let expected = if forged == "4.4.4.4" { 429 } else { 200 };
+        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_paths_pass_through_untouched() {
+    let limiter = Limiter::in_memory();
+    let endpoint_only: Vec<Rule> = seed_002_rules()
+        .into_iter()
+        .filter(|rule| rule.name() == "entity-bundle")
+        .collect();
+    let layer = principal_layer(&limiter, endpoint_only);
+    let address = serve(app(layer.clone())).await;
+    for _ in 0..10 {
+        let answer = send(address, "/health", &[]).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.header("ratelimit"), None);
+        assert_eq!(answer.header("ratelimit-policy"), None);
+        assert_eq!(answer.body, "ok");
+    }
+    let metrics = layer.metrics();
+    assert_eq!(metrics.unmatched, 10);
+    assert_eq!(metrics.rules.len(), 1);
+    assert_eq!(metrics.rules[0].rule, "entity-bundle");
+    assert_eq!(
+        limiter.store().tracked_keys(),
+        Some(0),
+        "no state for passing requests"
+    );
+}
