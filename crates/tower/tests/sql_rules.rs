@@ -1,0 +1,154 @@
+//! Seed 002's table as Tollgate rules in the rules crate's SQLite source: rows written by an
+//! administrator with plain SQL (normalized URI, max calls, period in seconds) become `fixed`
+//! limits counted per user with a `match`, and an edit applies within the reload interval.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use sqlx::sqlite::SqlitePoolOptions;
+use tollgate::Limiter;
+use tollgate_rules::{DEFAULT_TABLE, Rules, SqlSource};
+use tollgate_tower::{Identity, OnStoreError, ThrottleConfig, ThrottleLayer, Unidentified};
+use tower::{Layer, Service, ServiceExt};
+
+/// A seed 002 row as an administrator would insert it into Tollgate's rules table.
+fn seed_row(name: &str, normalized_uri: &str, max_calls: u32, period_seconds: u32) -> String {
+    format!(
+        "INSERT INTO {DEFAULT_TABLE} (name, kind, limit_units, period_ms, algorithm, per, \
+         match_method, match_path) VALUES ('{name}', 'rate', {max_calls}, {}, 'fixed', 'user', \
+         '*', '{normalized_uri}')",
+        u64::from(period_seconds) * 1000
+    )
+}
+
+async fn status_of<S>(service: &mut S, user: &str, path: &str) -> StatusCode
+where
+    S: Service<Request<String>, Response = Response<tollgate_tower::ThrottleBody<String>>>,
+    S::Error: std::fmt::Debug,
+{
+    let request = Request::get(path)
+        .header("x-user", user)
+        .body(String::new())
+        .expect("valid request");
+    let response = service
+        .ready()
+        .await
+        .expect("ready")
+        .call(request)
+        .await
+        .expect("answered");
+    response.status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let url = format!("sqlite://{}", directory.path().join("rules.db").display());
+    let source = SqlSource::connect(&url, DEFAULT_TABLE)
+        .await
+        .expect("rules database");
+    let admin = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("administrator's connection");
+    sqlx::query(&seed_row(
+        "entity-bundle",
+        "/repo/v1/entity/#/bundle",
+        2,
+        3600,
+    ))
+    .execute(&admin)
+    .await
+    .expect("insert");
+
+    let rules = Rules::start(source, Limiter::in_memory())
+        .await
+        .expect("rules load");
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let interval = Duration::from_millis(100);
+    let _reloader = rules.spawn_reloader(interval, stop);
+    let layer = ThrottleLayer::from_sql(
+        rules.clone(),
+        ThrottleConfig {
+            // Behind an authenticating proxy that sets the header.
+            identity: Identity::Header(http::HeaderName::from_static("x-user")),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let handler = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    let mut service = layer.layer(handler);
+
+    let bundle = "/repo/v1/entity/42/bundle";
+    assert_eq!(status_of(&mut service, "u1", bundle).await, StatusCode::OK);
+    assert_eq!(status_of(&mut service, "u1", bundle).await, StatusCode::OK);
+    assert_eq!(
+        status_of(&mut service, "u1", bundle).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Not yet throttled: no row for it.
+    for _ in 0..3 {
+        assert_eq!(
+            status_of(&mut service, "u1", "/repo/v1/entity/42/acl").await,
+            StatusCode::OK
+        );
+    }
+
+    // The administrator raises the bundle limit and throttles the ACL endpoint, in plain SQL.
+    sqlx::query(&format!(
+        "UPDATE {DEFAULT_TABLE} SET limit_units = 5 WHERE name = 'entity-bundle'"
+    ))
+    .execute(&admin)
+    .await
+    .expect("update");
+    sqlx::query(&seed_row("entity-acl", "/repo/v1/entity/#/acl", 1, 3600))
+        .execute(&admin)
+        .await
+        .expect("insert");
+
+    // Generous bound: the reload interval is 100 ms; allow 50 times that.
+    let applied = tokio::time::timeout(interval * 50, async {
+        loop {
+            if rules.snapshot().get("entity-acl").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(applied.is_ok(), "the edit applied within the bound");
+
+    // Counters survive the reload: 2 of the now 5 bundle calls are spent.
+    for _ in 0..3 {
+        assert_eq!(status_of(&mut service, "u1", bundle).await, StatusCode::OK);
+    }
+    assert_eq!(
+        status_of(&mut service, "u1", bundle).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status_of(&mut service, "u1", "/repo/v1/entity/7/acl").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status_of(&mut service, "u1", "/repo/v1/entity/8/acl").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status_of(&mut service, "u2", "/repo/v1/entity/8/acl").await,
+        StatusCode::OK
+    );
+
+    let metrics = layer.metrics();
+    let acl = metrics
+        .rules
+        .iter()
+        .find(|rule| rule.rule == "entity-acl")
+        .expect("acl metrics");
+    assert_eq!((acl.allowed, acl.denied), (2, 1));
+}
