@@ -1,0 +1,228 @@
+//! Throughput over HTTP keep-alive on loopback: 64 concurrent clients doing acquire + commit
+//! pairs against the built `tollgate serve`, and, when its binary is found, the equivalent
+//! single `POST /throttle` decision against `throttlecrab-server` for comparison.
+//!
+//! `cargo bench -p tollgate-cli --bench http_pairs` runs each for `BENCH_SECONDS` (default 5).
+//! throttlecrab-server is looked up in `THROTTLECRAB_SERVER`, then on `PATH`; install it into a
+//! separate root with `cargo install throttlecrab-server --root /tmp/throttlecrab-root` and set
+//! `THROTTLECRAB_SERVER=/tmp/throttlecrab-root/bin/throttlecrab-server`.
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests itself briefly.
+//! Load generator and servers share this machine's cores, so the numbers compare the two
+//! servers under the same handicap; they are not the servers' capacity on dedicated hardware.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use tollgate_cli::client::Client;
+
+const CLIENTS: usize = 64;
+const TIMEOUT: Duration = Duration::from_secs(10);
+const ADMIN_TOKEN: &str = "bench";
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_tollgate(directory: &std::path::Path) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--recover-on-start",
+            "false",
+            "--log",
+            "warn",
+        ])
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .current_dir(directory)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tollgate");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("listening line");
+    let url = line
+        .trim()
+        .strip_prefix("tollgate: listening on ")
+        .expect("listening line")
+        .to_owned();
+    (Process(child), url)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
+
+fn throttlecrab_binary() -> Option<String> {
+    if let Ok(path) = std::env::var("THROTTLECRAB_SERVER") {
+        return Some(path);
+    }
+    let found = Command::new("sh")
+        .args(["-c", "command -v throttlecrab-server"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    (!path.is_empty()).then_some(path)
+}
+
+/// Run `clients` loops of `one` for `duration`; returns operations per second.
+async fn drive<F, Fut>(url: &str, clients: usize, duration: Duration, one: F) -> f64
+where
+    F: Fn(Client) -> Fut + Send + Sync + 'static + Clone,
+    Fut: std::future::Future<Output = Client> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let url = url.to_owned();
+        let one = one.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            // One client, so one keep-alive connection, per task.
+            let mut client = Client::new(&url, None, TIMEOUT).expect("client");
+            while Instant::now() < deadline {
+                client = one(client).await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("client task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 {
+    let admin = Client::new(&url, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("client");
+    let rule = serde_json::json!({"kind":"rate","limit":1_000_000_000,"period_ms":1000,
+        "algorithm":"gcra"});
+    let put = admin
+        .send(Method::PUT, "/v1/limits/bench", Some(&rule))
+        .await
+        .expect("put");
+    assert_eq!(put.status, 200, "{}", put.text());
+    let acquire = serde_json::json!({"limits":["bench"]});
+    let commit = serde_json::json!({"used":1});
+    drive(&url, clients, duration, move |client| {
+        let acquire = acquire.clone();
+        let commit = commit.clone();
+        async move {
+            let granted = client
+                .send(Method::POST, "/v1/acquire", Some(&acquire))
+                .await
+                .expect("acquire");
+            assert_eq!(granted.status, 200, "{}", granted.text());
+            let permit = granted
+                .json
+                .as_ref()
+                .and_then(|j| j["permit"].as_str())
+                .expect("permit");
+            let path = format!("/v1/permits/{permit}/commit");
+            let committed = client
+                .send(Method::POST, &path, Some(&commit))
+                .await
+                .expect("commit");
+            assert_eq!(committed.status, 200, "{}", committed.text());
+            client
+        }
+    })
+    .await
+}
+
+async fn throttlecrab_decisions(url: String, clients: usize, duration: Duration) -> f64 {
+    let body = serde_json::json!({"key":"bench","max_burst":1_000_000_000,
+        "count_per_period":1_000_000_000,"period":1,"quantity":1});
+    drive(&url, clients, duration, move |client| {
+        let body = body.clone();
+        async move {
+            let answer = client
+                .send(Method::POST, "/throttle", Some(&body))
+                .await
+                .expect("throttle");
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            client
+        }
+    })
+    .await
+}
+
+fn main() {
+    let benching = std::env::args().any(|arg| arg == "--bench");
+    let seconds: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(5);
+    let (clients, duration) = if benching {
+        (CLIENTS, Duration::from_secs(seconds))
+    } else {
+        (4, Duration::from_millis(200))
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let directory = tempfile::tempdir().expect("tempdir");
+    let (tollgate, url) = start_tollgate(directory.path());
+    let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
+    drop(tollgate);
+    println!(
+        "tollgate serve: {pairs:.0} acquire+commit pairs/s ({:.0} requests/s), {clients} clients, {duration:?}",
+        pairs * 2.0
+    );
+    if !benching {
+        return;
+    }
+    let Some(binary) = throttlecrab_binary() else {
+        println!("throttlecrab-server: SKIPPED (not found; set THROTTLECRAB_SERVER)");
+        return;
+    };
+    let port = free_port();
+    let child = Command::new(&binary)
+        .args([
+            "--http",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn throttlecrab-server");
+    let _throttlecrab = Process(child);
+    let url = format!("http://127.0.0.1:{port}");
+    runtime.block_on(async {
+        let probe = Client::new(&url, None, TIMEOUT).expect("client");
+        let started = Instant::now();
+        while probe.send(Method::GET, "/health", None).await.is_err() {
+            assert!(
+                started.elapsed() < TIMEOUT,
+                "throttlecrab-server did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let decisions = runtime.block_on(throttlecrab_decisions(url, clients, duration));
+    println!(
+        "throttlecrab-server: {decisions:.0} throttle decisions/s (one request each; it has no commit), {clients} clients, {duration:?}"
+    );
+}
