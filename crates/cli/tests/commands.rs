@@ -197,7 +197,8 @@ fn flags_win_over_the_environment_which_wins_over_the_file() {
                 .expect("tables")
         })
     };
-    let cases: [(&[&str], &[(&str, &str)], &str); 3] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 3] = [
         (&[], &[], "from_file"),
         (&[], &[("TOLLGATE_RULES_TABLE", "from_env")], "from_env"),
         (
