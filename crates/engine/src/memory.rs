@@ -42,17 +42,35 @@ const SWEEP_BEFORE_REFUSING: usize = 1024;
 /// Counters one request may name.
 pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
 
+/// Bytes of a limit name or key kept inside the map's entry; longer ones go to the heap.
+/// Finding a counter compares its name and key, so keeping them inline spares a lookup two
+/// reads of memory elsewhere (most names and keys are short).
+const ID_BYTES_INLINE: usize = 24;
+
+/// The UTF-8 bytes of a `str`.
+type IdText = SmallVec<[u8; ID_BYTES_INLINE]>;
+
 #[derive(Debug, PartialEq, Eq)]
 struct OwnedCounterId {
-    limit: Box<str>,
-    key: Option<Box<str>>,
+    limit: IdText,
+    key: Option<IdText>,
 }
 
 impl OwnedCounterId {
+    fn new(counter: CounterId<'_>) -> OwnedCounterId {
+        OwnedCounterId {
+            limit: IdText::from_slice(counter.limit.as_bytes()),
+            key: counter.key.map(|key| IdText::from_slice(key.as_bytes())),
+        }
+    }
+
     fn borrow(&self) -> CounterId<'_> {
+        fn text(bytes: &[u8]) -> &str {
+            std::str::from_utf8(bytes).expect("copied from a str")
+        }
         CounterId {
-            limit: &self.limit,
-            key: self.key.as_deref(),
+            limit: text(&self.limit),
+            key: self.key.as_deref().map(text),
         }
     }
 }
@@ -66,7 +84,9 @@ impl Hash for OwnedCounterId {
 
 impl Equivalent<OwnedCounterId> for CounterId<'_> {
     fn equivalent(&self, owned: &OwnedCounterId) -> bool {
-        *self == owned.borrow()
+        // Equal bytes are equal strings: no need to check UTF-8 again.
+        self.limit.as_bytes() == owned.limit.as_slice()
+            && self.key.map(str::as_bytes) == owned.key.as_deref()
     }
 }
 
@@ -195,8 +215,21 @@ impl MemoryStore {
         policy: &Policy,
         now: u64,
     ) -> Result<&'s mut Entry> {
+        let index = self.entry_index(shard, counter, policy, now)?;
+        Ok(&mut shard.counters[index])
+    }
+
+    /// Where the entry for `counter` is in `shard`, created if absent (subject to the cap).
+    /// Creating one may sweep the shard, which moves other entries.
+    fn entry_index(
+        &self,
+        shard: &mut Shard,
+        counter: CounterId<'_>,
+        policy: &Policy,
+        now: u64,
+    ) -> Result<usize> {
         if let Some(index) = shard.counters.get_index_of(&counter) {
-            return Ok(&mut shard.counters[index]);
+            return Ok(index);
         }
         // Claim a place before inserting, so that two shards inserting at once cannot both
         // take the last one.
@@ -210,10 +243,7 @@ impl MemoryStore {
             }
         }
         let counter_state = self.fresh_counter(policy, now);
-        let owned = OwnedCounterId {
-            limit: counter.limit.into(),
-            key: counter.key.map(Into::into),
-        };
+        let owned = OwnedCounterId::new(counter);
         let (index, _) = shard.counters.insert_full(
             owned,
             Entry {
@@ -221,7 +251,7 @@ impl MemoryStore {
                 counter: counter_state,
             },
         );
-        Ok(&mut shard.counters[index])
+        Ok(index)
     }
 
     fn claim_place(&self) -> bool {
@@ -316,9 +346,13 @@ impl MemoryStore {
 
         let mut outcomes: SmallVec<[CounterOutcome; 2]> = SmallVec::with_capacity(takes.len());
         let mut all_allowed = true;
-        for (take, &shard) in takes.iter().zip(&shard_of_take) {
+        let mut index_of_take: SmallVec<[usize; 2]> = SmallVec::with_capacity(takes.len());
+        for (position, (take, &shard)) in takes.iter().zip(&shard_of_take).enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit);
-            let entry = self.entry(&mut guards[guard_of(shard)], take.counter, take.policy, now)?;
+            let shard = &mut guards[guard_of(shard)];
+            let index = self.entry_index(shard, take.counter, take.policy, now)?;
+            index_of_take.push(index);
+            let entry = &mut shard.counters[index];
             let check = entry
                 .counter
                 .check(take.policy, now, cost, priority)
@@ -343,7 +377,14 @@ impl MemoryStore {
                     })
                 }
                 None => {
-                    let (remaining, _) = entry.counter.status(take.policy, now, priority);
+                    // When this is the last counter and every one allows the request, it is
+                    // granted next, and the grant reports what remains: do not work it out twice.
+                    let granted_next = all_allowed && position + 1 == takes.len();
+                    let remaining = if granted_next {
+                        0
+                    } else {
+                        entry.counter.status(take.policy, now, priority).0
+                    };
                     CounterOutcome::Allowed { remaining }
                 }
             };
@@ -351,12 +392,18 @@ impl MemoryStore {
             outcomes.push(outcome);
         }
         if all_allowed {
-            for ((take, &shard), outcome) in takes.iter().zip(&shard_of_take).zip(&mut outcomes) {
+            let granting = takes.iter().zip(&shard_of_take).zip(&index_of_take);
+            for (((take, &shard), &index), outcome) in granting.zip(&mut outcomes) {
                 let shard = &mut guards[guard_of(shard)];
-                let index = shard
-                    .counters
-                    .get_index_of(&take.counter)
-                    .expect("checked above under the same lock");
+                // A later counter's insertion may have swept the shard and moved entries; the
+                // index found by the check is kept only while it still holds this counter.
+                let index = match shard.counters.get_index(index) {
+                    Some((owned, _)) if take.counter.equivalent(owned) => index,
+                    _ => shard
+                        .counters
+                        .get_index_of(&take.counter)
+                        .expect("checked above under the same lock"),
+                };
                 let entry = &mut shard.counters[index];
                 let grant = entry.counter.grant(take.policy, now, cost, priority);
                 entry.idle_at = entry.counter.idle_at(take.policy);

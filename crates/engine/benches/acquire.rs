@@ -1,0 +1,203 @@
+//! Latency of one `try_acquire` decision on the in-memory store, next to governor's limiters
+//! measured the same way: one unkeyed limit (against `RateLimiter::direct`) and 10,000 keys of
+//! a per-key limit (against `RateLimiter::keyed`), each from one thread and from two.
+//!
+//! Every limit here is too large ever to deny (a billion units a second), so the figures are
+//! the cost of a grant, not of a denial. The memory store answers at once, so the async
+//! `try_acquire` is driven by polling it once with a no-op waker: no runtime, no scheduling.
+//!
+//! Two-thread cases: each thread does half of the iterations, and the time reported is the wall
+//! time of the whole run divided by all iterations (time per decision across both threads, the
+//! inverse of throughput), for tollgate and governor alike. Perfect scaling would halve it.
+//!
+//! Run: `cargo bench -p tollgate --bench acquire -- --warm-up-time 1 --measurement-time 3`
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Barrier;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::{Algorithm, Limit, Limiter, Outcome, Policy, Request, Reserve};
+
+/// Units per period of every limit here: the largest the core accepts, never reached.
+const UNITS_PER_SECOND: u64 = 1_000_000_000;
+const SECOND_US: u64 = 1_000_000;
+/// Distinct keys in the keyed cases.
+const KEYS: usize = 10_000;
+/// Threads in the contended cases.
+const THREADS: u64 = 2;
+
+/// The value of a future that is ready on its first poll; `None` if it is not.
+fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = pin!(future);
+    let mut context = Context::from_waker(Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
+fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter {
+    let limiter = Limiter::in_memory();
+    let policy = Policy::rate(
+        UNITS_PER_SECOND,
+        SECOND_US,
+        0,
+        algorithm,
+        Reserve::default(),
+    )
+    .expect("valid policy");
+    limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
+    limiter
+}
+
+/// One decision, which must be a grant; the permit is dropped at once (free for rate units).
+fn grant(limiter: &Limiter, request: &Request<'_>) {
+    let outcome = now_or_never(limiter.try_acquire(request))
+        .expect("the memory store answers at once")
+        .expect("a valid request");
+    assert!(
+        matches!(outcome, Outcome::Granted(_)),
+        "a limit this large never denies"
+    );
+    drop(black_box(outcome));
+}
+
+fn governor_quota() -> Quota {
+    let per_second = NonZeroU32::new(UNITS_PER_SECOND as u32).expect("non-zero");
+    Quota::per_second(per_second)
+}
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|index| format!("user-{index:05}")).collect()
+}
+
+/// Run `operation(thread, iteration)` `iterations` times split over `THREADS` threads that start
+/// together; the wall time from the common start to the last thread's end.
+fn split_over_threads(iterations: u64, operation: &(dyn Fn(u64, u64) + Sync)) -> Duration {
+    let barrier = Barrier::new(THREADS as usize);
+    let per_thread = iterations.div_ceil(THREADS);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for iteration in 0..per_thread {
+                        operation(thread, iteration);
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().expect("bench thread"))
+            .collect()
+    });
+    let start = spans.iter().map(|span| span.0).min().expect("threads ran");
+    let end = spans.iter().map(|span| span.1).max().expect("threads ran");
+    // Odd counts run one extra operation, negligible against the millions per sample.
+    end.duration_since(start)
+}
+
+fn one_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("try_acquire/one_key");
+
+    let sliding = limiter_with("vendor", Algorithm::Sliding, None);
+    let gcra = limiter_with(
+        "vendor",
+        Algorithm::Gcra {
+            burst: UNITS_PER_SECOND,
+        },
+        None,
+    );
+    let governor: DefaultDirectRateLimiter = RateLimiter::direct(governor_quota());
+    let request = Request::new("vendor");
+
+    group.bench_function("tollgate_sliding/1_thread", |b| {
+        b.iter(|| grant(&sliding, &request))
+    });
+    group.bench_function("tollgate_gcra/1_thread", |b| {
+        b.iter(|| grant(&gcra, &request))
+    });
+    group.bench_function("governor_direct/1_thread", |b| {
+        b.iter(|| assert!(black_box(governor.check()).is_ok()))
+    });
+    group.bench_function("tollgate_sliding/2_threads", |b| {
+        b.iter_custom(|iterations| {
+            split_over_threads(iterations, &|_, _| grant(&sliding, &request))
+        })
+    });
+    group.bench_function("tollgate_gcra/2_threads", |b| {
+        b.iter_custom(|iterations| split_over_threads(iterations, &|_, _| grant(&gcra, &request)))
+    });
+    group.bench_function("governor_direct/2_threads", |b| {
+        b.iter_custom(|iterations| {
+            split_over_threads(iterations, &|_, _| {
+                assert!(black_box(governor.check()).is_ok())
+            })
+        })
+    });
+    group.finish();
+}
+
+fn ten_thousand_keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("try_acquire/10k_keys");
+
+    let keys = keys();
+    let sliding = limiter_with("api", Algorithm::Sliding, Some("user"));
+    let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(governor_quota());
+    // Every key is tracked before measuring, so no case pays for first insertions.
+    for key in &keys {
+        grant(&sliding, &Request::new("api").key(key));
+        assert!(governor.check_key(key).is_ok());
+    }
+    // The second thread starts half-way through the keys, so the threads rarely share a key.
+    let key_at = |thread: u64, iteration: u64| -> &String {
+        let index = (iteration as usize + thread as usize * KEYS / 2) % KEYS;
+        &keys[index]
+    };
+
+    group.bench_function("tollgate_sliding/1_thread", |b| {
+        let mut iteration = 0;
+        b.iter(|| {
+            grant(&sliding, &Request::new("api").key(key_at(0, iteration)));
+            iteration += 1;
+        })
+    });
+    group.bench_function("governor_keyed/1_thread", |b| {
+        let mut iteration = 0;
+        b.iter(|| {
+            assert!(black_box(governor.check_key(key_at(0, iteration))).is_ok());
+            iteration += 1;
+        })
+    });
+    group.bench_function("tollgate_sliding/2_threads", |b| {
+        b.iter_custom(|iterations| {
+            split_over_threads(iterations, &|thread, iteration| {
+                grant(
+                    &sliding,
+                    &Request::new("api").key(key_at(thread, iteration)),
+                )
+            })
+        })
+    });
+    group.bench_function("governor_keyed/2_threads", |b| {
+        b.iter_custom(|iterations| {
+            split_over_threads(iterations, &|thread, iteration| {
+                assert!(black_box(governor.check_key(key_at(thread, iteration))).is_ok())
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, one_key, ten_thousand_keys);
+criterion_main!(benches);
