@@ -1,1 +1,97 @@
-fn main() {}
+//! The server the throughput benchmark drives with a load generator on loopback: one trivial
+//! handler, bare, behind the Tollgate layer, or behind `tower_governor`, so that the cost of
+//! each layer per allowed request can be read off side by side.
+//!
+//! `cargo run --profile bench -p tollgate-tower --example bench_server -- MODE PORT`, with MODE:
+//! - `none`: the handler alone;
+//! - `tollgate`: one rule on every path, counted per client address, never refusing;
+//! - `tollgate-chain`: seed 002's chain (per-user concurrency, per-user frequency, endpoint
+//!   rule), none refusing;
+//! - `governor`: `tower_governor` keyed by client address, never refusing.
+//!
+//! `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
+//! `tower_governor` sends none unless asked). See docs/inbound.md for the figures.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use tollgate::Limiter;
+use tollgate_rules::{RawRule, Rule};
+use tollgate_tower::{
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
+    Unidentified,
+};
+
+fn rule(name: &str, json: &str) -> Rule {
+    let raw: RawRule = serde_json::from_str(json).expect("bench rule parses");
+    raw.validate(name).expect("bench rule is valid")
+}
+
+fn tollgate_layer(chain: bool) -> ThrottleLayer {
+    // Limits far above what a loopback benchmark reaches: every request is allowed, so the
+    // figures are the cost of an allowed request.
+    let mut rules = vec![rule(
+        "user-freq",
+        r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
+            "match":{"method":"*","path":"*"}}"#,
+    )];
+    if chain {
+        rules.push(rule(
+            "user-conc",
+            r#"{"kind":"concurrency","limit":100000,"lease_ttl_ms":60000,"per":"user",
+                "match":{"method":"*","path":"*"}}"#,
+        ));
+        rules.push(rule(
+            "root",
+            r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
+                "match":{"method":"GET","path":"/"}}"#,
+        ));
+    }
+    ThrottleLayer::new(
+        Limiter::in_memory(),
+        ThrottleRules::fixed(rules),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::none()),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: std::env::var("HEADERS").is_ok_and(|value| value == "1"),
+            on_store_error: OnStoreError::FailClosed,
+        },
+    )
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "none".to_owned());
+    let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(7080);
+    let handler = Router::new().route("/", get(|| async { "ok" }));
+    let app = match mode.as_str() {
+        "none" => handler,
+        "tollgate" => handler.layer(tollgate_layer(false)),
+        "tollgate-chain" => handler.layer(tollgate_layer(true)),
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(u32::MAX)
+                .finish()
+                .expect("valid governor configuration");
+            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
+        other => {
+            eprintln!("unknown mode {other:?}: none, tollgate, tollgate-chain or governor");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let listener = tokio::net::TcpListener::bind(address).await.expect("bind");
+        eprintln!("{mode} listening on {address}");
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, service).await.expect("serve");
+    });
+}
