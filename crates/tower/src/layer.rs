@@ -137,7 +137,8 @@ type Acquire = Pin<Box<dyn Future<Output = tollgate::Result<Outcome>> + Send>>;
 #[derive(Debug)]
 struct Answer {
     status: StatusCode,
-    headers: SmallVec<[(HeaderName, HeaderValue); 4]>,
+    // A Vec, not inline: answers are the rare path, and this keeps the futures small.
+    headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
 }
 
@@ -149,7 +150,7 @@ impl Answer {
         );
         Answer {
             status,
-            headers: SmallVec::new(),
+            headers: Vec::new(),
             body: Bytes::from(body),
         }
     }
@@ -292,12 +293,12 @@ impl Shared {
         // The server's wire format for a refusal (SPEC, HTTP API v1).
         let mut answer = Answer {
             status: StatusCode::TOO_MANY_REQUESTS,
-            headers: SmallVec::new(),
+            headers: Vec::new(),
             body: Bytes::from(format!(
                 "{{\"error\":{{\"code\":\"rate_limited\",\"message\":\"too many requests; retry after {retry_after_ms} ms\"}},\"retry_after_ms\":{retry_after_ms}}}"
             )),
         };
-        answer.headers = Shared::rate_headers(index, matched, &denied.limits);
+        answer.headers = Shared::rate_headers(index, matched, &denied.limits).into_vec();
         answer.headers.push((
             http::header::RETRY_AFTER,
             retry_after_value(denied.retry_after),
