@@ -6,6 +6,9 @@
 //! the cost of a grant, not of a denial. The memory store answers at once, so the async
 //! `try_acquire` is driven by polling it once with a no-op waker: no runtime, no scheduling.
 //!
+//! `memory_store_*` rows ask the store directly for the same grant, without the limiter around
+//! it (resolving names, the wait queue, the permit): the difference is the limiter's share.
+//!
 //! Two-thread cases: each thread does half of the iterations, and the time reported is the wall
 //! time of the whole run divided by all iterations (time per decision across both threads, the
 //! inverse of throughput), for tollgate and governor alike. Perfect scaling would halve it.
@@ -22,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::{Algorithm, Limit, Limiter, Outcome, Policy, Request, Reserve};
+use tollgate::{
+    Algorithm, CounterId, Limit, Limiter, Outcome, Policy, Priority, Request, Reserve, Take,
+};
 
 /// Units per period of every limit here: the largest the core accepts, never reached.
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
@@ -66,6 +71,26 @@ fn grant(limiter: &Limiter, request: &Request<'_>) {
         "a limit this large never denies"
     );
     drop(black_box(outcome));
+}
+
+/// The store's part of one decision alone, without the limiter around it (resolving names,
+/// the wait queue, building the permit): the same grant, asked of the store directly.
+fn store_grant(limiter: &Limiter, counter: CounterId<'_>, policy: &Policy) {
+    let takes = [Take { counter, policy }];
+    let decision = now_or_never(limiter.store().acquire(&takes, 1, Priority::Normal))
+        .expect("the memory store answers at once")
+        .expect("a valid request");
+    assert!(decision.is_granted(), "a limit this large never denies");
+    drop(black_box(decision));
+}
+
+/// The policy of `name` in force on `limiter`, read once, outside the measured loop.
+fn policy_of(limiter: &Limiter, name: &str) -> Policy {
+    *limiter
+        .limits()
+        .get(name)
+        .expect("a limit in force")
+        .policy()
 }
 
 fn governor_quota() -> Quota {
@@ -127,6 +152,14 @@ fn one_key(c: &mut Criterion) {
     group.bench_function("tollgate_gcra/1_thread", |b| {
         b.iter(|| grant(&gcra, &request))
     });
+    group.bench_function("memory_store_sliding/1_thread", |b| {
+        let counter = CounterId {
+            limit: "vendor",
+            key: None,
+        };
+        let policy = policy_of(&sliding, "vendor");
+        b.iter(|| store_grant(&sliding, counter, &policy))
+    });
     group.bench_function("governor_direct/1_thread", |b| {
         b.iter(|| assert!(black_box(governor.check()).is_ok()))
     });
@@ -169,6 +202,18 @@ fn ten_thousand_keys(c: &mut Criterion) {
         let mut iteration = 0;
         b.iter(|| {
             grant(&sliding, &Request::new("api").key(key_at(0, iteration)));
+            iteration += 1;
+        })
+    });
+    group.bench_function("memory_store_sliding/1_thread", |b| {
+        let policy = policy_of(&sliding, "api");
+        let mut iteration = 0;
+        b.iter(|| {
+            let counter = CounterId {
+                limit: "api",
+                key: Some(key_at(0, iteration)),
+            };
+            store_grant(&sliding, counter, &policy);
             iteration += 1;
         })
     });
