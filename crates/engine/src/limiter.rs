@@ -368,7 +368,7 @@ impl Limiter {
                     .await?;
                 match self.outcome(&resolved, request.key, decision) {
                     Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
-                    Outcome::Denied(denied) => last_denial = Some(denied),
+                    Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
             }
         }
@@ -407,25 +407,29 @@ impl Limiter {
                         return Ok(Outcome::Granted(permit));
                     }
                     Outcome::Denied(denied) => {
-                        wake_at = deadline.min(Instant::now() + denied.retry_after);
+                        let retry_at = Instant::now() + denied.retry_after;
+                        wake_at = deadline.min(retry_at);
                         self.shared
                             .waiters
-                            .set_retry_at(&waiter, micros(wake_at.elapsed_since_origin()));
-                        last_denial = Some(denied);
+                            .set_retry_at(&waiter, micros(retry_at.elapsed_since_origin()));
+                        last_denial = Some((denied, Instant::now()));
                     }
                 }
             }
             let _ = tokio::time::timeout_at(wake_at, waiter.signal.notified()).await;
         }
         drop(waiter);
-        let mut denied = match last_denial {
-            Some(denied) => denied,
+        let denied = match last_denial {
+            // The hint was for the moment of that denial; count the time spent since.
+            Some((mut denied, denied_at)) => {
+                denied.retry_after = denied.retry_after.saturating_sub(denied_at.elapsed());
+                denied
+            }
             None => {
                 let resolved = self.resolve(&request.limits, request.key)?;
                 self.queued_denial(&resolved, 0)
             }
         };
-        denied.retry_after = denied.retry_after.saturating_sub(deadline.elapsed());
         Ok(Outcome::Denied(denied))
     }
 
