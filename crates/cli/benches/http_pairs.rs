@@ -197,6 +197,8 @@ fn main() {
     };
     let port = free_port();
     let child = Command::new(&binary)
+        // It reads THROTTLECRAB_* variables as settings; ours is not one of them.
+        .env_remove("THROTTLECRAB_SERVER")
         .args([
             "--http",
             "--http-host",
