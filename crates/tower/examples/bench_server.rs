@@ -9,7 +9,7 @@
 //!   rule), none refusing;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!
-//! `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
+//! `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
 //! `tower_governor` sends none unless asked). See docs/inbound.md for the figures.
 
 use std::net::SocketAddr;
@@ -83,7 +83,13 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // WORKERS pins the runtime's size, so the load generator can have the other cores.
+    let workers = std::env::var("WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("runtime");
