@@ -158,6 +158,12 @@ pub trait Store: Send + Sync + fmt::Debug {
         let _ = wake;
     }
 
+    /// Whether the store answers: one round trip for a remote store (readiness checks), nothing
+    /// for an in-process one.
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
+    }
+
     /// How many counters the store tracks now, if it can tell cheaply.
     fn tracked_keys(&self) -> Option<u64> {
         None

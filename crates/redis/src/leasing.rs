@@ -411,6 +411,10 @@ impl Store for LeasingStore {
         self.inner.on_wake(wake);
     }
 
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        self.inner.ping()
+    }
+
     fn tracked_keys(&self) -> Option<u64> {
         self.inner.tracked_keys()
     }

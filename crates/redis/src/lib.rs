@@ -577,6 +577,20 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.pause_remote(take, duration_us))
     }
 
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::boxed(async move {
+            let mut connection = self.connection.clone();
+            let answer: Result<String, RedisError> = tokio::time::timeout(
+                self.config.timeout,
+                redis::cmd("PING").query_async(&mut connection),
+            )
+            .await
+            .map_err(|_| RedisError::from((redis::ErrorKind::Io, "no answer in time")))
+            .and_then(|answer| answer);
+            answer.map(|_| ()).map_err(unavailable)
+        })
+    }
+
     fn on_wake(&self, wake: WakeFn) {
         if let Ok(mut slot) = self.wake.lock() {
             *slot = Some(wake);

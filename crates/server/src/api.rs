@@ -637,11 +637,15 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
         Ok(Err(error)) => format!("unreachable: {error}"),
         Err(_) => "unreachable: no answer within 2 s".to_owned(),
     };
-    // The memory store is in this process; a shared store is checked by its own requests.
+    // One round trip for a shared store; nothing for the memory store.
     let store = if state.is_shutting_down() {
         "shutting down".to_owned()
     } else {
-        "ok".to_owned()
+        match tokio::time::timeout(READY_TIMEOUT, state.limiter().store().ping()).await {
+            Ok(Ok(())) => "ok".to_owned(),
+            Ok(Err(error)) => format!("unreachable: {error}"),
+            Err(_) => "unreachable: no answer within 2 s".to_owned(),
+        }
     };
     let ready = rules == "ok" && store == "ok";
     let status = if ready {
