@@ -276,3 +276,64 @@ fn the_lua_script_decides_exactly_like_the_core() {
 fn committed_is_the_core_type(committed: Committed) -> Committed {
     committed
 }
+
+/// Past the cap on open reservations (and through the compaction of the reservations key) the
+/// script forgets exactly the ones the core forgets.
+#[test]
+fn the_lua_script_forgets_the_same_reservations_as_the_core() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = runtime
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url,
+            namespace: format!("differential-cap-{}", std::process::id()),
+            fail_open: false,
+            timeout: Duration::from_secs(5),
+        }))
+        .expect("connect to Redis");
+    let policy = Policy::rate(
+        10_000,
+        60_000_000,
+        0,
+        Algorithm::Sliding,
+        Reserve::default(),
+    )
+    .expect("valid");
+    // A namespace declared new (not lost), so the grants start at once.
+    let client = redis::Client::open(store.config.url.as_str()).expect("url");
+    let mut connection = client.get_connection().expect("connect");
+    let generation = store.keys.generation().to_owned();
+    let _: () = redis::pipe()
+        .hset(&generation, "born", 0)
+        .hset(&generation, "ver", 1)
+        .pexpire(&generation, 600_000)
+        .query(&mut connection)
+        .expect("declare the namespace new");
+    let grants = tollgate_core::RESERVATIONS_TRACKED_MAX * 2 + 88;
+    assert!(grants > 300);
+    let mut ops: Vec<Op> = (0..grants)
+        .map(|_| Op::Acquire {
+            cost: 2,
+            priority: Priority::Normal,
+        })
+        .collect();
+    // `pick` 0 is the oldest permit, 300 (divisible by 5) `permits[300]`, 4 the newest.
+    for pick in [0, 300, 4] {
+        ops.push(Op::Commit { pick, used: 1 });
+        ops.push(Op::Commit { pick, used: 1 });
+    }
+    let outcome = runtime.block_on(compare(&store, "cap", policy, &ops));
+    assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+    // The comparison saw grants, not a recovering store's denials.
+    let reservations: usize = redis::cmd("STRLEN")
+        .arg(store.keys.reservations(CounterId {
+            limit: "cap",
+            key: Some("k"),
+        }))
+        .query(&mut connection)
+        .expect("strlen");
+    assert!(reservations > 0, "no open reservation was recorded");
+}

@@ -62,6 +62,14 @@ impl Keys {
         key
     }
 
+    /// `tg:{ns}:r:...`: the open reservations of the counter `counter` names (same fields).
+    pub(crate) fn reservations(&self, counter: tollgate::CounterId<'_>) -> String {
+        let mut key = self.counter(counter);
+        // "c:" becomes "r:" right after the prefix.
+        key.replace_range(self.prefix.len()..self.prefix.len() + 1, "r");
+        key
+    }
+
     /// `tg:{ns}:p:<len>:<limit>`: the limit-wide pause.
     pub(crate) fn limit_pause(&self, limit: &str) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 16 + limit.len());
@@ -112,6 +120,11 @@ mod tests {
             key: Some("b:1:c"),
         });
         assert_eq!(plain, "tg:{prod}:c:1:a:5:b:1:c");
+        let reservations = keys.reservations(CounterId {
+            limit: "a",
+            key: Some("b:1:c"),
+        });
+        assert_eq!(reservations, "tg:{prod}:r:1:a:5:b:1:c");
         // A key that looks like the tail of another limit's key stays a different key.
         let forged = keys.counter(CounterId {
             limit: "a",

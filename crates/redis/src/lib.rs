@@ -310,13 +310,14 @@ impl RedisStore {
                 ),
             });
         }
-        let mut keys = Vec::with_capacity(takes.len() * 2);
+        let mut keys = Vec::with_capacity(takes.len() * 3);
         let mut args = self.common_args("acquire");
         args.push(cost.to_string().into_bytes());
         args.push(priority_arg(priority).to_string().into_bytes());
         args.push(takes.len().to_string().into_bytes());
         for take in takes {
             keys.push(self.keys.counter(take.counter));
+            keys.push(self.keys.reservations(take.counter));
             keys.push(self.keys.limit_pause(take.counter.limit));
             for number in policy_args(take.policy) {
                 args.push(number.to_string().into_bytes());
@@ -397,7 +398,10 @@ impl RedisStore {
         }
         args.push(seq.to_string().into_bytes());
         args.push(used.to_string().into_bytes());
-        let keys = [self.keys.counter(take.counter)];
+        let keys = [
+            self.keys.counter(take.counter),
+            self.keys.reservations(take.counter),
+        ];
         let (head, reply) = match self.run(&keys, &args).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
@@ -426,7 +430,10 @@ impl RedisStore {
             args.push(number.to_string().into_bytes());
         }
         args.push(fence.to_string().into_bytes());
-        let keys = [self.keys.counter(take.counter)];
+        let keys = [
+            self.keys.counter(take.counter),
+            self.keys.reservations(take.counter),
+        ];
         let (head, reply) = match self.run(&keys, &args).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
@@ -452,12 +459,15 @@ impl RedisStore {
         args.push(duration_us.to_string().into_bytes());
         let keyed = take.counter.key.is_some();
         args.push(if keyed { b"1".to_vec() } else { b"0".to_vec() });
-        let key = if keyed {
-            self.keys.counter(take.counter)
+        let keys = if keyed {
+            vec![
+                self.keys.counter(take.counter),
+                self.keys.reservations(take.counter),
+            ]
         } else {
-            self.keys.limit_pause(take.counter.limit)
+            vec![self.keys.limit_pause(take.counter.limit)]
         };
-        let (head, reply) = match self.run(&[key], &args).await {
+        let (head, reply) = match self.run(&keys, &args).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };

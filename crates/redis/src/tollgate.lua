@@ -7,7 +7,9 @@
 -- is exact for such integers.
 --
 -- KEYS[1]           the generation hash {born, ver}: detects lost state (G6)
--- KEYS[2i], [2i+1]  counter i's state, and its limit's limit-wide pause
+-- acquire: KEYS[3i-1], [3i], [3i+1]  counter i's state, its reservations, its limit's pause
+-- commit, renew, pause of a key: KEYS[2], [3]  the counter's state and its reservations
+-- pause of a whole limit: KEYS[2]  the limit's pause
 -- ARGV[1]           operation: acquire | commit | renew | pause
 -- ARGV[2]           the highest generation version this client has seen
 -- ARGV[3]           the wake-up channel
@@ -65,17 +67,25 @@ local function capacity_for(p, priority)
   return p.capacity - p.res_high - p.res_normal
 end
 
--- Reservations are kept as a string of 24-byte records (seq, units, at as big-endian doubles,
--- exact for integers below 2^53): appending and dropping from the front cost a copy, not a
--- table per record, so a counter with many open reservations stays cheap to load and save.
+-- Reservations live in a key of their own beside the counter: a string of 24-byte records
+-- (seq, units, at as big-endian doubles, exact for integers below 2^53). A grant APPENDs one;
+-- records that stop counting are dropped by moving the live offset `ro` (the dead prefix is cut
+-- away once it is as long as the cap), so a decision never copies the open reservations. The
+-- state keeps `ro`, the live count `rn` and the newest record's time `rl`.
 local RECORD = 24
-
-local function record_at(r, index)
-  return struct.unpack('>d', r, (index - 1) * RECORD + 17)
-end
 
 local function record(r, index)
   return struct.unpack('>ddd', r, (index - 1) * RECORD + 1)
+end
+
+local function first_reservation_at(c)
+  local bytes = redis.call('GETRANGE', c.rk, c.ro, c.ro + RECORD - 1)
+  return struct.unpack('>d', bytes, 17)
+end
+
+local function live_reservations(c)
+  if c.rn == 0 then return '' end
+  return redis.call('GETRANGE', c.rk, c.ro, c.ro + c.rn * RECORD - 1)
 end
 
 -- Sliding buckets are records too (opened, stamp, units), in field q, with their units' sum in
@@ -84,12 +94,12 @@ local function bucket(q, index)
   return struct.unpack('>ddd', q, (index - 1) * RECORD + 1)
 end
 
--- Counter state: p paused_until, s next_seq, r reservations (records, see above),
+-- Counter state: p paused_until, s next_seq, ro/rn/rl reservations (see above),
 -- k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra, 4 leases), q and qu sliding buckets,
 -- b the leases {fence, slots, expires_at, ...}, and for fixed
 -- w window index, wu window_us, u used; for gcra t tat, e emission_us, l last_seq.
 local function fresh(now, hold_until)
-  local c = { p = 0, s = now, r = '', k = 0, q = '', qu = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
+  local c = { p = 0, s = now, ro = 0, rn = 0, rl = 0, k = 0, q = '', qu = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
   if hold_until and hold_until > now then
     c.p = hold_until
     c.s = hold_until
@@ -97,10 +107,18 @@ local function fresh(now, hold_until)
   return c
 end
 
-local function load(key, now, gen, p)
+local function load(key, reservations_key, now, gen, p)
   local raw = redis.call('GET', key)
-  if raw then return cmsgpack.unpack(raw) end
-  return fresh(now, gen.born + p.memory)
+  local c
+  if raw then
+    c = cmsgpack.unpack(raw)
+  else
+    c = fresh(now, gen.born + p.memory)
+    -- Records without their counter (the counter key was evicted) describe nothing now.
+    redis.call('DEL', reservations_key)
+  end
+  c.rk = reservations_key
+  return c
 end
 
 local function units_counted(c, now)
@@ -114,11 +132,10 @@ end
 local function normalise(c, p, now)
   if p.kind == 1 then
     local window = p.window
-    local r = c.r
-    local count = #r / RECORD
-    local drop = 0
-    while drop < count and record_at(r, drop + 1) + window <= now do drop = drop + 1 end
-    if drop > 0 then c.r = string.sub(r, drop * RECORD + 1) end
+    while c.rn > 0 and first_reservation_at(c) + window <= now do
+      c.ro = c.ro + RECORD
+      c.rn = c.rn - 1
+    end
     local used_before = units_counted(c, now)
     if p.alg == 1 and c.k == 1 then
       local q = c.q
@@ -162,7 +179,9 @@ local function normalise(c, p, now)
       end
     end
   else
-    c.r = ''
+    -- Every record is dead: keep the offset at the end of the string, so save deletes it.
+    c.ro = c.ro + c.rn * RECORD
+    c.rn = 0
     if c.k == 4 then
       local kept = {}
       for i = 1, #c.b, 3 do
@@ -244,9 +263,7 @@ end
 
 local function idle_at(c, p)
   local idle = math.max(c.p, c.s)
-  if p.kind == 1 and #c.r > 0 then
-    idle = math.max(idle, record_at(c.r, #c.r / RECORD) + p.window)
-  end
+  if p.kind == 1 and c.rn > 0 then idle = math.max(idle, c.rl + p.window) end
   return math.max(idle, counted_until(c, p))
 end
 
@@ -303,20 +320,41 @@ local function grant(c, p, now, cost, priority)
     c.b[n + 3] = lease_expires_at
   end
   if p.kind == 1 then
-    local r = c.r
-    if #r >= RESERVATIONS_TRACKED_MAX * RECORD then r = string.sub(r, RECORD + 1) end
-    c.r = r .. struct.pack('>ddd', seq, cost, reserved_at)
+    if c.rn == 0 and c.ro > 0 then
+      redis.call('DEL', c.rk)
+      c.ro = 0
+    end
+    if c.rn >= RESERVATIONS_TRACKED_MAX then
+      c.ro = c.ro + RECORD
+      c.rn = c.rn - 1
+    end
+    redis.call('APPEND', c.rk, struct.pack('>ddd', seq, cost, reserved_at))
+    c.rn = c.rn + 1
+    c.rl = reserved_at
+    if c.ro >= RESERVATIONS_TRACKED_MAX * RECORD then
+      redis.call('SET', c.rk, live_reservations(c))
+      c.ro = 0
+    end
   end
   return { seq, sub0(open, used(c, p, now)), reset_after(c, p, now), lease_expires_at }
 end
 
 local function save(key, c, p, now)
   local idle = idle_at(c, p)
-  if idle <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, cmsgpack.pack(c), 'PX', div_ceil(idle - now, 1000) + 1)
+  local reservations_key = c.rk
+  c.rk = nil
+  if c.rn == 0 and c.ro > 0 then
+    redis.call('DEL', reservations_key)
+    c.ro = 0
   end
+  if idle <= now then
+    redis.call('DEL', key, reservations_key)
+  else
+    local ttl = div_ceil(idle - now, 1000) + 1
+    redis.call('SET', key, cmsgpack.pack(c), 'PX', ttl)
+    if c.rn > 0 then redis.call('PEXPIRE', reservations_key, ttl) end
+  end
+  c.rk = reservations_key
 end
 
 -- The generation: {born, ver}. A missing hash, or a version below what this client has seen,
@@ -366,8 +404,8 @@ if op == 'acquire' then
     if cost < 1 or cost > open then
       return { 'cost', head[1], head[2], head[3], head[4], i, open }
     end
-    local c = load(KEYS[2 * i], now, gen, p)
-    local denial = check(c, p, now, cost, priority, limit_paused_until(KEYS[2 * i + 1], now))
+    local c = load(KEYS[3 * i - 1], KEYS[3 * i], now, gen, p)
+    local denial = check(c, p, now, cost, priority, limit_paused_until(KEYS[3 * i + 1], now))
     counters[i], policies[i] = c, p
     if denial then
       all_allowed = false
@@ -380,11 +418,11 @@ if op == 'acquire' then
     for i = 1, n do
       local g = grant(counters[i], policies[i], now, cost, priority)
       outcomes[i] = { 0, g[1], g[2], g[3], g[4] }
-      save(KEYS[2 * i], counters[i], policies[i], now)
+      save(KEYS[3 * i - 1], counters[i], policies[i], now)
     end
   else
     -- Normalising may have dropped expired state; keep the store as small as the core's.
-    for i = 1, n do save(KEYS[2 * i], counters[i], policies[i], now) end
+    for i = 1, n do save(KEYS[3 * i - 1], counters[i], policies[i], now) end
   end
   local reply = { 'ok', head[1], head[2], head[3], head[4] }
   for i = 1, n do
@@ -404,6 +442,7 @@ if op == 'commit' then
     return { 'gone', head[1], head[2], head[3], head[4] }
   end
   local c = cmsgpack.unpack(raw)
+  c.rk = KEYS[3]
   if seq >= c.s then return { 'unknown', head[1], head[2], head[3], head[4] } end
   normalise(c, p, now)
   if c.k == 4 then
@@ -424,8 +463,9 @@ if op == 'commit' then
   end
   local index = nil
   local units, at
-  for i = 1, #c.r / RECORD do
-    local record_seq, record_units, record_at_us = record(c.r, i)
+  local live = live_reservations(c)
+  for i = 1, c.rn do
+    local record_seq, record_units, record_at_us = record(live, i)
     if record_seq == seq then
       index, units, at = i, record_units, record_at_us
       break
@@ -436,7 +476,16 @@ if op == 'commit' then
     return { 'gone', head[1], head[2], head[3], head[4] }
   end
   if used_units > units then return { 'used_above_cost', head[1], head[2], head[3], head[4], units } end
-  c.r = string.sub(c.r, 1, (index - 1) * RECORD) .. string.sub(c.r, index * RECORD + 1)
+  live = string.sub(live, 1, (index - 1) * RECORD) .. string.sub(live, index * RECORD + 1)
+  c.rn = c.rn - 1
+  c.ro = 0
+  if c.rn > 0 then
+    redis.call('SET', c.rk, live)
+    local _, _, newest_at = record(live, c.rn)
+    c.rl = newest_at
+  else
+    redis.call('DEL', c.rk)
+  end
   local give_back = units - used_units
   local refunded = 0
   if c.k == 1 then
@@ -482,6 +531,7 @@ if op == 'renew' then
   local raw = redis.call('GET', KEYS[2])
   if not raw then return { 'lease_expired', head[1], head[2], head[3], head[4] } end
   local c = cmsgpack.unpack(raw)
+  c.rk = KEYS[3]
   if fence >= c.s then return { 'unknown', head[1], head[2], head[3], head[4] } end
   normalise(c, p, now)
   for i = 1, #c.b, 3 do
@@ -501,7 +551,7 @@ if op == 'pause' then
   local p = read_policy(ARGV, 4)
   local until_us = now + tonumber(ARGV[13])
   if tonumber(ARGV[14]) == 1 then
-    local c = load(KEYS[2], now, gen, p)
+    local c = load(KEYS[2], KEYS[3], now, gen, p)
     c.p = math.max(c.p, until_us)
     save(KEYS[2], c, p, now)
     return { 'ok', head[1], head[2], head[3], head[4], c.p }
