@@ -351,7 +351,7 @@ impl Limiter {
         Limiter::check_request(request)?;
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
-        {
+        let waiter = {
             let resolved = self.resolve(&request.limits, request.key)?;
             let takes = resolved.takes(request.key);
             let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
@@ -371,17 +371,9 @@ impl Limiter {
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
             }
-        }
-        // Queue behind everyone of the same or higher priority on these counters.
-        let resolved = self.resolve(&request.limits, request.key)?;
-        let counters: SmallVec<[CounterId<'_>; 2]> = resolved
-            .takes(request.key)
-            .iter()
-            .map(|t| t.counter)
-            .collect();
-        let waiter = self.shared.waiters.register(&counters, request.priority);
-        drop(counters);
-        drop(resolved);
+            // Queue behind everyone of the same or higher priority on these counters.
+            self.shared.waiters.register(&counters, request.priority)
+        };
         loop {
             if self.shared.shutting_down.load(Ordering::Acquire) {
                 return Err(Error::ShuttingDown);

@@ -295,6 +295,20 @@ impl RedisStore {
         ]
     }
 
+    /// The arguments of an operation on one counter: the common ones, the policy, then `extra`.
+    fn counter_args(&self, operation: &str, policy: &Policy, extra: &[u64]) -> Vec<Vec<u8>> {
+        let mut args = self.common_args(operation);
+        for number in policy_args(policy).iter().chain(extra) {
+            args.push(number.to_string().into_bytes());
+        }
+        args
+    }
+
+    /// A counter's two keys: its state and its open reservations.
+    fn counter_keys(&self, counter: CounterId<'_>) -> Vec<String> {
+        vec![self.keys.counter(counter), self.keys.reservations(counter)]
+    }
+
     async fn acquire_remote(
         &self,
         takes: &[Take<'_>],
@@ -316,8 +330,7 @@ impl RedisStore {
         args.push(priority_arg(priority).to_string().into_bytes());
         args.push(takes.len().to_string().into_bytes());
         for take in takes {
-            keys.push(self.keys.counter(take.counter));
-            keys.push(self.keys.reservations(take.counter));
+            keys.extend(self.counter_keys(take.counter));
             keys.push(self.keys.limit_pause(take.counter.limit));
             for number in policy_args(take.policy) {
                 args.push(number.to_string().into_bytes());
@@ -392,16 +405,8 @@ impl RedisStore {
         seq: u64,
         used: u64,
     ) -> (u64, Result<Committed>) {
-        let mut args = self.common_args("commit");
-        for number in policy_args(take.policy) {
-            args.push(number.to_string().into_bytes());
-        }
-        args.push(seq.to_string().into_bytes());
-        args.push(used.to_string().into_bytes());
-        let keys = [
-            self.keys.counter(take.counter),
-            self.keys.reservations(take.counter),
-        ];
+        let args = self.counter_args("commit", take.policy, &[seq, used]);
+        let keys = self.counter_keys(take.counter);
         let (head, reply) = match self.run(&keys, &args).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
@@ -425,15 +430,8 @@ impl RedisStore {
 
     /// Renew, and the store's clock at the decision; the result is the absolute expiry.
     pub(crate) async fn renew_at(&self, take: Take<'_>, fence: u64) -> (u64, Result<u64>) {
-        let mut args = self.common_args("renew");
-        for number in policy_args(take.policy) {
-            args.push(number.to_string().into_bytes());
-        }
-        args.push(fence.to_string().into_bytes());
-        let keys = [
-            self.keys.counter(take.counter),
-            self.keys.reservations(take.counter),
-        ];
+        let args = self.counter_args("renew", take.policy, &[fence]);
+        let keys = self.counter_keys(take.counter);
         let (head, reply) = match self.run(&keys, &args).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
@@ -452,18 +450,10 @@ impl RedisStore {
 
     /// Pause, and the store's clock at the decision; the result is the absolute end.
     pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
-        let mut args = self.common_args("pause");
-        for number in policy_args(take.policy) {
-            args.push(number.to_string().into_bytes());
-        }
-        args.push(duration_us.to_string().into_bytes());
         let keyed = take.counter.key.is_some();
-        args.push(if keyed { b"1".to_vec() } else { b"0".to_vec() });
+        let args = self.counter_args("pause", take.policy, &[duration_us, u64::from(keyed)]);
         let keys = if keyed {
-            vec![
-                self.keys.counter(take.counter),
-                self.keys.reservations(take.counter),
-            ]
+            self.counter_keys(take.counter)
         } else {
             vec![self.keys.limit_pause(take.counter.limit)]
         };
