@@ -133,6 +133,22 @@ struct Shared {
     shutting_down: AtomicBool,
 }
 
+impl Shared {
+    /// The limits table, read-locked. Writers replace it whole, so a poisoned lock still holds a
+    /// complete table.
+    fn table_guard(&self) -> std::sync::RwLockReadGuard<'_, Arc<LimitTable>> {
+        match self.limits.read() {
+            Ok(table) => table,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The limits table in force now.
+    fn table(&self) -> Arc<LimitTable> {
+        self.table_guard().clone()
+    }
+}
+
 /// The handle applications use: cheap to clone, all clones share one state.
 ///
 /// ```
@@ -229,10 +245,7 @@ impl Limiter {
 
     /// The limits in force.
     pub fn limits(&self) -> Arc<LimitTable> {
-        match self.shared.limits.read() {
-            Ok(table) => table.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.shared.table()
     }
 
     fn update_limits(&self, change: impl FnOnce(&LimitTable) -> Option<LimitTable>) -> bool {
@@ -284,10 +297,7 @@ impl Limiter {
         if let Some(key) = key {
             check_key(key).map_err(|reason| Error::invalid("key", reason))?;
         }
-        let table = match self.shared.limits.read() {
-            Ok(table) => table,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let table = self.shared.table_guard();
         let mut limits = SmallVec::new();
         for (index, name) in names.iter().enumerate() {
             if names[..index].contains(name) {
@@ -615,10 +625,7 @@ impl ElapsedSinceOrigin for Instant {
 }
 
 async fn settle_part(shared: &Shared, part: &Part, used: u64) -> Result<Committed> {
-    let table = match shared.limits.read() {
-        Ok(table) => table.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
+    let table = shared.table();
     let Some(limit) = table.get(&part.limit) else {
         // The limit is gone, and with it anything its permits could give back.
         return Err(tollgate_core::PermitError::Gone.into());
@@ -639,10 +646,7 @@ async fn settle_part(shared: &Shared, part: &Part, used: u64) -> Result<Committe
 }
 
 async fn renew_parts(shared: &Shared, parts: impl Iterator<Item = &Part>) -> Result<Duration> {
-    let table = match shared.limits.read() {
-        Ok(table) => table.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
+    let table = shared.table();
     let mut earliest: Option<u64> = None;
     for part in parts.filter(|part| part.lease) {
         let limit = table
