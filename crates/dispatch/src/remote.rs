@@ -1,0 +1,261 @@
+//! A Tollgate server as the host's quota source, over HTTP API v1 (SPEC, "HTTP API v1"):
+//! `POST /v1/acquire` with `wait_ms`, `POST /v1/permits/{id}/commit` and `/renew`, and
+//! `POST /v1/pause`. The server does the waiting, ordering and pausing; this is only the client.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate::Priority;
+
+use crate::error::DispatchError;
+use crate::quota::{HostLimits, check_limits};
+
+/// Longest answer body read from the server, in bytes.
+pub const REMOTE_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Slack added to a waiting acquire's HTTP timeout, beyond its `wait_ms`, in milliseconds.
+const REMOTE_SLACK_MS: u64 = 5_000;
+
+/// The server and the names of the host's limits on it.
+#[derive(Clone, Debug)]
+pub struct RemoteQuota {
+    /// `http://host:port`, without a trailing slash.
+    base_url: String,
+    /// Bearer token for the data plane, if the server requires one.
+    token: Option<String>,
+    limits: HostLimits,
+    client: reqwest::Client,
+    /// One non-waiting call's timeout.
+    timeout: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) struct RemotePermit {
+    id: String,
+    quota: RemoteQuota,
+}
+
+pub(crate) enum RemoteAcquired {
+    Granted {
+        permit: RemotePermit,
+        fence: Option<u64>,
+        lease_expires_in: Option<Duration>,
+    },
+    Denied {
+        retry_after: Duration,
+        paused: bool,
+    },
+}
+
+#[derive(Deserialize)]
+struct GrantedBody {
+    permit: String,
+    limits: Vec<LimitBody>,
+}
+
+#[derive(Deserialize)]
+struct LimitBody {
+    #[serde(default)]
+    fence: Option<u64>,
+    #[serde(default)]
+    expires_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct DeniedBody {
+    retry_after_ms: u64,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct PausedBody {
+    paused_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct RenewedBody {
+    expires_ms: u64,
+}
+
+fn transport(error: reqwest::Error) -> DispatchError {
+    DispatchError::Remote {
+        reason: error.to_string(),
+        transient: true,
+    }
+}
+
+impl RemoteQuota {
+    /// `base_url` is the server's root (`http://127.0.0.1:7070`); `timeout` bounds each call
+    /// that does not wait (waiting acquires get their wait on top).
+    pub fn new(
+        base_url: &str,
+        token: Option<String>,
+        limits: HostLimits,
+        timeout: Duration,
+    ) -> Result<RemoteQuota, DispatchError> {
+        check_limits(&limits)?;
+        let base_url = base_url.trim_end_matches('/').to_owned();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(DispatchError::config(
+                "base_url",
+                "must start with http:// or https://",
+            ));
+        }
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|error| DispatchError::config("base_url", error.to_string()))?;
+        Ok(RemoteQuota {
+            base_url,
+            token,
+            limits,
+            client,
+            timeout,
+        })
+    }
+
+    /// The names of the host's limits.
+    pub fn limits(&self) -> &HostLimits {
+        &self.limits
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<(reqwest::StatusCode, Vec<u8>), DispatchError> {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base_url))
+            .timeout(timeout)
+            .json(&body);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let mut response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport)? {
+            if bytes.len() + chunk.len() > REMOTE_BODY_BYTES_MAX {
+                return Err(DispatchError::Remote {
+                    reason: format!("answer longer than {REMOTE_BODY_BYTES_MAX} bytes"),
+                    transient: false,
+                });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok((status, bytes))
+    }
+
+    fn failure(status: reqwest::StatusCode, bytes: &[u8]) -> DispatchError {
+        match serde_json::from_slice::<ErrorBody>(bytes) {
+            Ok(body) => DispatchError::Remote {
+                transient: status.is_server_error() || body.error.code == "store_unavailable",
+                reason: format!("{status}: {}: {}", body.error.code, body.error.message),
+            },
+            Err(_) => DispatchError::Remote {
+                reason: format!("{status} with an unreadable body"),
+                transient: status.is_server_error(),
+            },
+        }
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DispatchError> {
+        serde_json::from_slice(bytes).map_err(|error| DispatchError::Remote {
+            reason: format!("unexpected answer: {error}"),
+            transient: false,
+        })
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        priority: Priority,
+        wait: Duration,
+    ) -> Result<RemoteAcquired, DispatchError> {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let body = serde_json::json!({
+            "limits": self.limits.names(),
+            "priority": priority.as_str(),
+            "wait_ms": wait_ms,
+        });
+        let timeout = wait + self.timeout + Duration::from_millis(REMOTE_SLACK_MS);
+        let (status, bytes) = self.post("/v1/acquire", body, timeout).await?;
+        if status == reqwest::StatusCode::OK {
+            let granted: GrantedBody = RemoteQuota::parse(&bytes)?;
+            let lease = granted.limits.iter().find(|limit| limit.fence.is_some());
+            return Ok(RemoteAcquired::Granted {
+                permit: RemotePermit {
+                    id: granted.permit,
+                    quota: self.clone(),
+                },
+                fence: lease.and_then(|limit| limit.fence),
+                lease_expires_in: lease
+                    .and_then(|limit| limit.expires_ms)
+                    .map(Duration::from_millis),
+            });
+        }
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            && let Ok(denied) = serde_json::from_slice::<DeniedBody>(&bytes)
+        {
+            return Ok(RemoteAcquired::Denied {
+                retry_after: Duration::from_millis(denied.retry_after_ms),
+                paused: denied.reason.as_deref() == Some("paused"),
+            });
+        }
+        Err(RemoteQuota::failure(status, &bytes))
+    }
+
+    pub(crate) async fn pause(&self, duration: Duration) -> Result<Duration, DispatchError> {
+        let target = self
+            .limits
+            .pause_target()
+            .ok_or_else(|| DispatchError::config("limits", "name at least one limit"))?;
+        let body = serde_json::json!({
+            "limit": target,
+            // Round up: a pause is a lower bound.
+            "retry_after_ms": u64::try_from(duration.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX),
+        });
+        let (status, bytes) = self.post("/v1/pause", body, self.timeout).await?;
+        if status != reqwest::StatusCode::OK {
+            return Err(RemoteQuota::failure(status, &bytes));
+        }
+        let paused: PausedBody = RemoteQuota::parse(&bytes)?;
+        Ok(Duration::from_millis(paused.paused_ms))
+    }
+}
+
+impl RemotePermit {
+    pub(crate) async fn commit(self, used: u64) -> Result<(), DispatchError> {
+        let path = format!("/v1/permits/{}/commit", self.id);
+        let body = serde_json::json!({ "used": used });
+        let (status, bytes) = self.quota.post(&path, body, self.quota.timeout).await?;
+        if status != reqwest::StatusCode::OK {
+            return Err(RemoteQuota::failure(status, &bytes));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn renew(&mut self) -> Result<Duration, DispatchError> {
+        let path = format!("/v1/permits/{}/renew", self.id);
+        let (status, bytes) = self
+            .quota
+            .post(&path, serde_json::json!({}), self.quota.timeout)
+            .await?;
+        if status != reqwest::StatusCode::OK {
+            return Err(RemoteQuota::failure(status, &bytes));
+        }
+        let renewed: RenewedBody = RemoteQuota::parse(&bytes)?;
+        Ok(Duration::from_millis(renewed.expires_ms))
+    }
+}
