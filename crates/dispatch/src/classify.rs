@@ -157,6 +157,17 @@ pub fn default_verdict(answer: &Answer<'_>, now: SystemTime) -> Verdict {
     }
 }
 
+/// A value with nothing to classify (always [`Verdict::Done`] unless a rule says otherwise):
+/// wrap a job's plain output in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Plain<T>(pub T);
+
+impl<T> Classify for Plain<T> {
+    fn answer(&self) -> Answer<'_> {
+        Answer::Other
+    }
+}
+
 impl Classify for () {
     fn answer(&self) -> Answer<'_> {
         Answer::Other

@@ -23,7 +23,7 @@ mod remote;
 mod retry_after;
 
 pub use classify::{
-    Answer, Classifier, Classify, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Rule, Verdict,
+    Answer, Classifier, Classify, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Plain, Rule, Verdict,
     default_verdict,
 };
 pub use dispatcher::{
