@@ -162,7 +162,13 @@ async fn bench() {
         let (client, url) = (client.clone(), url.clone());
         drive(run_for, move || {
             let (client, url) = (client.clone(), url.clone());
-            async move { client.get(&url).send().await.is_ok_and(|r| r.status() == 200) }
+            async move {
+                client
+                    .get(&url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
         })
         .await
     };
@@ -193,8 +199,10 @@ async fn bench() {
         let dispatcher = dispatcher(limit);
         // Align the run with the vendor's windows: start just after one begins.
         let into_window = counting.started.elapsed().as_nanos() % 1_000_000_000;
-        tokio::time::sleep(Duration::from_nanos((1_000_000_000 - into_window) as u64 + 1_000_000))
-            .await;
+        tokio::time::sleep(Duration::from_nanos(
+            (1_000_000_000 - into_window) as u64 + 1_000_000,
+        ))
+        .await;
         let first_window = counting.started.elapsed().as_secs() as usize;
         let url_inner = url.clone();
         // Whole windows only, so that neither a partial first nor last window skews the figure.
@@ -210,7 +218,11 @@ async fn bench() {
             }
         })
         .await;
-        let per_window = counting.per_window.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let per_window = counting
+            .per_window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let windows = seconds as usize;
         let measured = per_window.iter().skip(first_window).take(windows);
         let accepted: u64 = measured.clone().sum();

@@ -50,6 +50,8 @@ pub enum Quota {
 
 /// One acquire's answer.
 #[derive(Debug)]
+// Not boxed: one per attempt, moved once, never stored.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Acquired {
     Granted(QuotaPermit),
     Denied { retry_after: Duration, paused: bool },

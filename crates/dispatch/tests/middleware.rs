@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{Vendor, VendorRules};
 use tollgate::{Algorithm, Limit, Limiter, Policy, Reserve};
-use tollgate_dispatch::{Classifier, Gate, GateConfig, HostLimits, Priority, Quota, TollgateMiddleware};
+use tollgate_dispatch::{
+    Classifier, Gate, GateConfig, HostLimits, Priority, Quota, TollgateMiddleware,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reqwest_client_with_the_middleware_never_escalates() {
@@ -20,7 +22,8 @@ async fn a_reqwest_client_with_the_middleware_never_escalates() {
     .await;
     let limiter = Limiter::in_memory();
     // Looser than the vendor (10 vs 5 per second), so the vendor does answer 429.
-    let rate = Policy::rate(10, 1_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("rate");
+    let rate =
+        Policy::rate(10, 1_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("rate");
     let inflight = Policy::concurrency(1, 5_000_000, Reserve::default()).expect("concurrency");
     limiter.set_limit(Limit::new("vendor", rate, None).expect("limit"));
     limiter.set_limit(Limit::new("vendor-inflight", inflight, None).expect("limit"));
@@ -44,7 +47,11 @@ async fn a_reqwest_client_with_the_middleware_never_escalates() {
         let client = client.clone();
         let url = vendor.url();
         calls.push(tokio::spawn(async move {
-            let priority = if index % 5 == 0 { Priority::High } else { Priority::Low };
+            let priority = if index % 5 == 0 {
+                Priority::High
+            } else {
+                Priority::Low
+            };
             client
                 .get(url)
                 .with_extension(priority)
@@ -57,10 +64,17 @@ async fn a_reqwest_client_with_the_middleware_never_escalates() {
         assert_eq!(call.await.expect("task").expect("sent"), 200);
     }
     let tally = vendor.tally();
-    assert!(tally.limited >= 1, "the vendor must have been provoked: {tally:?}");
+    assert!(
+        tally.limited >= 1,
+        "the vendor must have been provoked: {tally:?}"
+    );
     assert_eq!(tally.escalations, 0, "{tally:?}");
     assert_eq!(tally.ok, 20);
-    assert_eq!(gate.stats().sent, tally.calls, "every call went through the gate");
+    assert_eq!(
+        gate.stats().sent,
+        tally.calls,
+        "every call went through the gate"
+    );
 
     // A host without a gate: straight through, not counted by the gate.
     let other = Vendor::start(VendorRules {
