@@ -70,6 +70,13 @@ impl Keys {
         key
     }
 
+    /// `tg:{ns}:q:...`: the older sliding buckets of the counter `counter` names (same fields).
+    pub(crate) fn buckets(&self, counter: tollgate::CounterId<'_>) -> String {
+        let mut key = self.counter(counter);
+        key.replace_range(self.prefix.len()..self.prefix.len() + 1, "q");
+        key
+    }
+
     /// `tg:{ns}:p:<len>:<limit>`: the limit-wide pause.
     pub(crate) fn limit_pause(&self, limit: &str) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 16 + limit.len());
@@ -125,6 +132,11 @@ mod tests {
             key: Some("b:1:c"),
         });
         assert_eq!(reservations, "tg:{prod}:r:1:a:5:b:1:c");
+        let buckets = keys.buckets(CounterId {
+            limit: "a",
+            key: Some("b:1:c"),
+        });
+        assert_eq!(buckets, "tg:{prod}:q:1:a:5:b:1:c");
         // A key that looks like the tail of another limit's key stays a different key.
         let forged = keys.counter(CounterId {
             limit: "a",

@@ -100,6 +100,22 @@ fn unavailable(error: impl fmt::Display) -> Error {
     }
 }
 
+/// The script's operation codes (the first number of its arguments).
+const ACQUIRE: u64 = 1;
+const COMMIT: u64 = 2;
+const RENEW: u64 = 3;
+const PAUSE: u64 = 4;
+
+/// The script's numbers as one argument of big-endian doubles: one Lua string to make instead of
+/// one per number. Every number the script reads is an integer below 2^53, exact as a double.
+fn pack_numbers(numbers: &[u64]) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(numbers.len() * 8);
+    for &number in numbers {
+        packed.extend_from_slice(&(number as f64).to_be_bytes());
+    }
+    packed
+}
+
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
     let reserve = policy.reserve();
@@ -186,7 +202,7 @@ fn u(number: i64) -> u64 {
 struct Head {
     now_us: u64,
     version: u64,
-    born_us: u64,
+    born_us: Option<u64>,
     lost: bool,
 }
 
@@ -245,14 +261,14 @@ impl RedisStore {
     }
 
     /// Run the script: one round trip. `keys` and `args` follow the script's header.
-    async fn run(&self, keys: &[String], args: &[Vec<u8>]) -> Result<(Head, Reply)> {
+    async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
         let mut invocation = self.script.prepare_invoke();
         invocation.key(self.keys.generation());
         for key in keys {
             invocation.key(key.as_str());
         }
         for arg in args {
-            invocation.arg(arg.as_slice());
+            invocation.arg(*arg);
         }
         let mut connection = self.connection.clone();
         let value: Value = tokio::time::timeout(
@@ -269,44 +285,43 @@ impl RedisStore {
         let head = Head {
             now_us: u(reply.numbers[0]),
             version: u(reply.numbers[1]),
-            born_us: u(reply.numbers[2]),
+            // -1: the script did not need the generation's birth for this call.
+            born_us: u64::try_from(reply.numbers[2]).ok(),
             lost: reply.numbers[3] != 0,
         };
         self.version_seen.fetch_max(head.version, Ordering::AcqRel);
-        self.born_seen.store(head.born_us, Ordering::Release);
+        if let Some(born) = head.born_us {
+            self.born_seen.store(born, Ordering::Release);
+        }
         if head.lost {
             tracing::warn!(
                 namespace = %self.config.namespace,
                 "Redis lost Tollgate's state; granting nothing on a limit until one period after {}",
-                head.born_us
+                head.born_us.unwrap_or(head.now_us)
             );
         }
         Ok((head, reply))
     }
 
-    fn common_args(&self, operation: &str) -> Vec<Vec<u8>> {
-        vec![
-            operation.as_bytes().to_vec(),
-            self.version_seen
-                .load(Ordering::Acquire)
-                .to_string()
-                .into_bytes(),
-            self.keys.wake_channel().as_bytes().to_vec(),
-        ]
+    /// The numbers every operation starts with: its code and the version this client has seen.
+    fn common_numbers(&self, operation: u64) -> Vec<u64> {
+        vec![operation, self.version_seen.load(Ordering::Acquire)]
     }
 
-    /// The arguments of an operation on one counter: the common ones, the policy, then `extra`.
-    fn counter_args(&self, operation: &str, policy: &Policy, extra: &[u64]) -> Vec<Vec<u8>> {
-        let mut args = self.common_args(operation);
-        for number in policy_args(policy).iter().chain(extra) {
-            args.push(number.to_string().into_bytes());
-        }
-        args
+    /// The numbers of an operation on one counter: the common ones, the policy, then `extra`.
+    fn counter_numbers(&self, operation: u64, policy: &Policy, extra: &[u64]) -> Vec<u8> {
+        let mut numbers = self.common_numbers(operation);
+        numbers.extend(policy_args(policy).iter().chain(extra));
+        pack_numbers(&numbers)
     }
 
-    /// A counter's two keys: its state and its open reservations.
+    /// A counter's three keys: its state, its open reservations and its older sliding buckets.
     fn counter_keys(&self, counter: CounterId<'_>) -> Vec<String> {
-        vec![self.keys.counter(counter), self.keys.reservations(counter)]
+        vec![
+            self.keys.counter(counter),
+            self.keys.reservations(counter),
+            self.keys.buckets(counter),
+        ]
     }
 
     async fn acquire_remote(
@@ -324,19 +339,16 @@ impl RedisStore {
                 ),
             });
         }
-        let mut keys = Vec::with_capacity(takes.len() * 3);
-        let mut args = self.common_args("acquire");
-        args.push(cost.to_string().into_bytes());
-        args.push(priority_arg(priority).to_string().into_bytes());
-        args.push(takes.len().to_string().into_bytes());
+        let mut keys = Vec::with_capacity(takes.len() * 4);
+        let mut numbers = self.common_numbers(ACQUIRE);
+        numbers.extend([cost, priority_arg(priority), takes.len() as u64]);
         for take in takes {
             keys.extend(self.counter_keys(take.counter));
             keys.push(self.keys.limit_pause(take.counter.limit));
-            for number in policy_args(take.policy) {
-                args.push(number.to_string().into_bytes());
-            }
+            numbers.extend(policy_args(take.policy));
         }
-        let (head, reply) = match self.run(&keys, &args).await {
+        let packed = pack_numbers(&numbers);
+        let (head, reply) = match self.run(&keys, &[&packed]).await {
             Ok(answer) => answer,
             Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
                 tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
@@ -405,9 +417,10 @@ impl RedisStore {
         seq: u64,
         used: u64,
     ) -> (u64, Result<Committed>) {
-        let args = self.counter_args("commit", take.policy, &[seq, used]);
+        let packed = self.counter_numbers(COMMIT, take.policy, &[seq, used]);
         let keys = self.counter_keys(take.counter);
-        let (head, reply) = match self.run(&keys, &args).await {
+        let channel = self.keys.wake_channel().as_bytes();
+        let (head, reply) = match self.run(&keys, &[&packed, channel]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
@@ -430,9 +443,9 @@ impl RedisStore {
 
     /// Renew, and the store's clock at the decision; the result is the absolute expiry.
     pub(crate) async fn renew_at(&self, take: Take<'_>, fence: u64) -> (u64, Result<u64>) {
-        let args = self.counter_args("renew", take.policy, &[fence]);
+        let packed = self.counter_numbers(RENEW, take.policy, &[fence]);
         let keys = self.counter_keys(take.counter);
-        let (head, reply) = match self.run(&keys, &args).await {
+        let (head, reply) = match self.run(&keys, &[&packed]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
@@ -451,13 +464,13 @@ impl RedisStore {
     /// Pause, and the store's clock at the decision; the result is the absolute end.
     pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
         let keyed = take.counter.key.is_some();
-        let args = self.counter_args("pause", take.policy, &[duration_us, u64::from(keyed)]);
+        let packed = self.counter_numbers(PAUSE, take.policy, &[duration_us, u64::from(keyed)]);
         let keys = if keyed {
             self.counter_keys(take.counter)
         } else {
             vec![self.keys.limit_pause(take.counter.limit)]
         };
-        let (head, reply) = match self.run(&keys, &args).await {
+        let (head, reply) = match self.run(&keys, &[&packed]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };

@@ -2,56 +2,83 @@
 --
 -- This is the decision core (crates/core/src/counter.rs) written again in Lua, because Redis can
 -- only run a decision atomically in a script. It must give the same answer as the core for every
--- operation; tests/differential.rs runs random operation sequences through both and compares.
+-- operation; src/differential_tests.rs runs random operation sequences through both and compares.
 -- All numbers are integers below 2^53 (microseconds, units), exact in Lua's doubles; floor(a / b)
 -- is exact for such integers.
 --
 -- KEYS[1]           the generation hash {born, ver}: detects lost state (G6)
--- acquire: KEYS[3i-1], [3i], [3i+1]  counter i's state, its reservations, its limit's pause
--- commit, renew, pause of a key: KEYS[2], [3]  the counter's state and its reservations
+-- acquire: KEYS[4i-2 .. 4i+1]  counter i's state, its reservations, its closed buckets, and its
+--                   limit's pause
+-- commit, renew, pause of a key: KEYS[2], [3], [4]  the counter's three keys
 -- pause of a whole limit: KEYS[2]  the limit's pause
--- ARGV[1]           operation: acquire | commit | renew | pause
--- ARGV[2]           the highest generation version this client has seen
--- ARGV[3]           the wake-up channel
--- Every reply is {status, now, ver, born, lost, ...}: the status word, the head, then the rest.
--- then per operation (see each function). A policy is 9 numbers:
+-- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
+--                   number: each argument costs a Lua string): [1] the operation (1 acquire,
+--                   2 commit, 3 renew, 4 pause), [2] the highest generation version this client
+--                   has seen, then per operation (see each branch below)
+-- ARGV[2]           commit only: the wake-up channel
+-- Every reply is {status, now, ver, born, lost, ...}: the status word, the head (born is -1 when
+-- the call did not need to read it), then the rest per operation (see each branch below).
+-- A policy is 9 numbers:
 --   kind (1 rate, 2 concurrency), limit, period_us, margin_us,
 --   algorithm (1 sliding, 2 fixed, 3 gcra), burst, lease_ttl_us, reserve_high, reserve_normal
+--
+-- Cost model (measured in Redis 7.0 with a loop timed by TIME inside a script): every string that
+-- enters Lua (a reply, a string.sub, a concatenation, an argument) costs about 2 ns a byte (a
+-- 7.7 KB GET 14 us, a 1.5 KB string.sub 2 us), each redis.call about half a microsecond, and
+-- each closure the body creates that captures locals of the chunk about 0.15 us. So a decision
+-- reads and writes a small fixed header and touches records one at a time; lists (sliding
+-- buckets, open reservations) live in append-only keys beside it and are read whole only on the
+-- paths that need them (a denial's retry time, a commit). A value in a format this script does
+-- not know (an older version's) counts as lost state: that counter waits one period (G6).
 
-local SLIDING_BUCKETS_MAX = 64
-local RESERVATIONS_TRACKED_MAX = 256
--- The generation hash outlives any counter; its expiry is pushed back every 1024 operations.
--- A namespace idle longer than this (or with fewer operations) starts over and waits one
--- period, as after a loss.
-local GEN_TTL_MS = 30 * 24 * 3600 * 1000
+-- Every helper is a field of T, and constants are written as literals: the script's body runs
+-- on every call, and a local function that captures other locals as upvalues costs far more to
+-- create than one that captures T alone.
+--   24          bytes of a record: 3 big-endian doubles ('>ddd'). Buckets (opened, stamp,
+--               units), reservations (seq, units, at), leases (fence, slots, expires_at).
+--   64          SLIDING_BUCKETS_MAX (the core's); 256 RESERVATIONS_TRACKED_MAX (the core's)
+--   2592000000  the generation's expiry (30 days, ms), pushed back every 1024 operations: a
+--               namespace idle longer (or with fewer operations) starts over and waits one
+--               period, as after a loss
+--   16          a log's expiry is pushed window / 16 past what it needs, so that a grant does
+--               not PEXPIRE it every time; a log outlives its counter by at most that
+--
+-- The counter's value: 'U', the common header '>dddddddd' (65 bytes with the 'U'), then the
+-- body's header by kind, then for leases their records.
+--   common: p paused_until, s next_seq, k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra,
+--     4 leases); the reservations log: ro, re its live bytes [ro, re), ra the oldest live one's
+--     `at` (-1: not read yet), rl the newest one's `at`, rx the log key's expiry (us)
+--   sliding '>ddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
+--     ls stamp, lu units (0: no bucket at all); older (closed) buckets in the bucket log: qo, qe
+--     its live bytes, fs, fu the oldest closed one's stamp and units (fs -1: not read yet), qx
+--     its expiry
+--   fixed '>ddd': w window index, wu window_us, u used. gcra '>ddd': t tat, e emission_us,
+--     l last_seq. leases '>d': nb, then nb records.
+-- Every record a log holds stops counting before its key's expiry (rx, qx only grow while
+-- records are appended), so a log whose expiry has passed holds nothing live.
+local T = {}
 
-local floor = math.floor
-
-local function div_ceil(a, b)
-  return floor((a + b - 1) / b)
+function T.div_ceil(a, b)
+  return math.floor((a + b - 1) / b)
 end
 
-local function sub0(a, b)
+function T.sub0(a, b)
   if a > b then return a - b end
   return 0
 end
 
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+function T.ttl_ms(until_us, now)
+  return T.div_ceil(until_us - now, 1000) + 1
 end
 
-local function read_policy(argv, at)
+function T.read_policy(a, at)
   local p = {
-    kind = tonumber(argv[at]), limit = tonumber(argv[at + 1]),
-    period = tonumber(argv[at + 2]), margin = tonumber(argv[at + 3]),
-    alg = tonumber(argv[at + 4]), burst = tonumber(argv[at + 5]),
-    ttl = tonumber(argv[at + 6]), res_high = tonumber(argv[at + 7]),
-    res_normal = tonumber(argv[at + 8]),
+    kind = a[at], limit = a[at + 1], period = a[at + 2], margin = a[at + 3], alg = a[at + 4],
+    burst = a[at + 5], ttl = a[at + 6], res_high = a[at + 7], res_normal = a[at + 8],
   }
   p.window = p.period + p.margin
   if p.kind == 1 then
-    p.emission = div_ceil(p.window, p.limit)
+    p.emission = T.div_ceil(p.window, p.limit)
     if p.alg == 3 then p.capacity = p.burst else p.capacity = p.limit end
     if p.alg == 3 then p.memory = p.emission * p.burst else p.memory = p.window end
   else
@@ -61,114 +88,227 @@ local function read_policy(argv, at)
   return p
 end
 
-local function capacity_for(p, priority)
+function T.capacity_for(p, priority)
   if priority == 2 then return p.capacity end
   if priority == 1 then return p.capacity - p.res_high end
   return p.capacity - p.res_high - p.res_normal
 end
 
--- Reservations live in a key of their own beside the counter: a string of 24-byte records
--- (seq, units, at as big-endian doubles, exact for integers below 2^53). A grant APPENDs one;
--- records that stop counting are dropped by moving the live offset `ro` (the dead prefix is cut
--- away once it is as long as the cap), so a decision never copies the open reservations. The
--- state keeps `ro`, the live count `rn` and the newest record's time `rl`.
-local RECORD = 24
-
-local function record(r, index)
-  return struct.unpack('>ddd', r, (index - 1) * RECORD + 1)
+-- `rk`, `qk`: the counter's reservations and bucket log keys. `dirty`: the header must be
+-- written back.
+function T.empty(keys, now)
+  return { ck = keys[1], rk = keys[2], qk = keys[3],
+    p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0,
+    qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0,
+    w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, b = {}, dirty = true }
 end
 
-local function first_reservation_at(c)
-  local bytes = redis.call('GETRANGE', c.rk, c.ro, c.ro + RECORD - 1)
-  return struct.unpack('>d', bytes, 17)
+-- nil when `raw` is not a counter this script wrote (another format, or damaged).
+function T.decode(raw, keys, now)
+  if string.sub(raw, 1, 1) ~= 'U' or #raw < 65 then return nil end
+  local c = T.empty(keys, now)
+  c.dirty = false
+  local k, at
+  c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, at = struct.unpack('>dddddddd', raw, 2)
+  c.k = k
+  if k == 1 then
+    c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, at = struct.unpack('>ddddddddd', raw, at)
+  elseif k == 2 then
+    c.w, c.wu, c.u, at = struct.unpack('>ddd', raw, at)
+  elseif k == 3 then
+    c.t, c.e, c.l, at = struct.unpack('>ddd', raw, at)
+  elseif k == 4 then
+    local nb
+    nb, at = struct.unpack('>d', raw, at)
+    if #raw ~= at - 1 + nb * 24 then return nil end
+    local b = c.b
+    for _ = 1, nb do
+      local fence, slots, expires_at
+      fence, slots, expires_at, at = struct.unpack('>ddd', raw, at)
+      b[#b + 1] = fence
+      b[#b + 1] = slots
+      b[#b + 1] = expires_at
+    end
+  elseif k ~= 0 then
+    return nil
+  end
+  if at ~= #raw + 1 then return nil end
+  return c
 end
 
-local function live_reservations(c)
-  if c.rn == 0 then return '' end
-  return redis.call('GETRANGE', c.rk, c.ro, c.ro + c.rn * RECORD - 1)
+function T.encode(c)
+  local k = c.k
+  local common = struct.pack('>dddddddd', c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx)
+  if k == 1 then
+    return 'U' .. common .. struct.pack('>ddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx)
+  elseif k == 2 then
+    return 'U' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
+  elseif k == 3 then
+    return 'U' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
+  elseif k == 4 then
+    local parts = { 'U', common, struct.pack('>d', #c.b / 3) }
+    for i = 1, #c.b, 3 do parts[#parts + 1] = struct.pack('>ddd', c.b[i], c.b[i + 1], c.b[i + 2]) end
+    return table.concat(parts)
+  end
+  return 'U' .. common
 end
 
--- Sliding buckets are records too (opened, stamp, units), in field q, with their units' sum in
--- qu, so a decision touches only the first and last bucket unless it must look further.
-local function bucket(q, index)
-  return struct.unpack('>ddd', q, (index - 1) * RECORD + 1)
+-- The counter in `raw` (a GET's answer), or a new one. A new counter, or one this script cannot
+-- read, counts as lost state: it grants nothing until whatever it may have counted is over.
+function T.load(raw, keys, now, gen, p)
+  if raw then
+    local c = T.decode(raw, keys, now)
+    if c then return c end
+    return T.empty(keys, now), now + p.memory
+  end
+  return T.empty(keys, now), gen.birth() + p.memory
 end
 
--- Counter state: p paused_until, s next_seq, ro/rn/rl reservations (see above),
--- k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra, 4 leases), q and qu sliding buckets,
--- b the leases {fence, slots, expires_at, ...}, and for fixed
--- w window index, wu window_us, u used; for gcra t tat, e emission_us, l last_seq.
-local function fresh(now, hold_until)
-  local c = { p = 0, s = now, ro = 0, rn = 0, rl = 0, k = 0, q = '', qu = 0, b = {}, w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0 }
-  if hold_until and hold_until > now then
+function T.hold(c, now, hold_until)
+  if hold_until > now then
     c.p = hold_until
     c.s = hold_until
   end
   return c
 end
 
-local function load(key, reservations_key, now, gen, p)
-  local raw = redis.call('GET', key)
-  local c
-  if raw then
-    c = cmsgpack.unpack(raw)
-  else
-    c = fresh(now, gen.born + p.memory)
-    -- Records without their counter (the counter key was evicted) describe nothing now.
-    redis.call('DEL', reservations_key)
+-- Append a record to a log, keeping its key's expiry at least `until_us` (pushed `slack`
+-- further). Returns the new live range and expiry. A key that is not what the counter says
+-- (expired, evicted, or left by an older counter of the same name) starts over with the record.
+function T.log_append(key, lo, hi, expiry, record, until_us, slack, now)
+  local length = redis.call('APPEND', key, record)
+  if length ~= hi + 24 then
+    redis.call('SET', key, record, 'PX', T.ttl_ms(until_us + slack, now))
+    return 0, 24, until_us + slack, true
   end
-  c.rk = reservations_key
-  return c
+  if hi == 0 or expiry < until_us then
+    expiry = until_us + slack
+    redis.call('PEXPIRE', key, T.ttl_ms(expiry, now))
+  end
+  return lo, length, expiry, false
 end
 
-local function units_counted(c, now)
+-- Replace a log's live records with `records` (moved to the start of the key).
+function T.log_rewrite(key, records, expiry, now)
+  if #records == 0 or expiry <= now then
+    redis.call('DEL', key)
+    return 0, 0, 0
+  end
+  redis.call('SET', key, records, 'PX', T.ttl_ms(expiry, now))
+  return 0, #records, expiry
+end
+
+function T.log_read(key, lo, hi)
+  if hi <= lo then return '' end
+  return redis.call('GETRANGE', key, lo, hi - 1)
+end
+
+-- Closed buckets whose log was lost before they expired (eviction): they are kept as one
+-- bucket that counts their units until the log would have expired, which is at least as long
+-- as any of them counted.
+function T.repair_buckets(c, p, now)
+  local units = c.qu - c.lu
+  local stamp = c.qx - p.window
+  local record = struct.pack('>ddd', stamp, stamp, units)
+  redis.call('SET', c.qk, record, 'PX', T.ttl_ms(c.qx, now))
+  c.qo, c.qe, c.fs, c.fu = 0, 24, stamp, units
+  c.dirty = true
+  return record
+end
+
+-- The closed buckets' records, read whole (a denial's retry time, a refund).
+function T.closed_buckets(c, p, now)
+  local records = T.log_read(c.qk, c.qo, c.qe)
+  if #records ~= c.qe - c.qo then return T.repair_buckets(c, p, now) end
+  return records
+end
+
+function T.units_counted(c, now)
   if c.k == 1 then return c.qu
   elseif c.k == 2 then return c.u
-  elseif c.k == 3 then return div_ceil(sub0(c.t, now), c.e)
+  elseif c.k == 3 then return T.div_ceil(T.sub0(c.t, now), c.e)
   end
   return 0
 end
 
-local function normalise(c, p, now)
+function T.clear_reservations(c)
+  if c.re > c.ro then c.dirty = true end
+  c.ro, c.re, c.ra = c.re, c.re, -1
+end
+
+function T.clear_closed(c)
+  if c.qe > c.qo then c.dirty = true end
+  c.qu = c.lu
+  c.qo, c.qe, c.fs, c.fu = c.qe, c.qe, -1, 0
+end
+
+function T.normalise(c, p, now)
   if p.kind == 1 then
     local window = p.window
-    while c.rn > 0 and first_reservation_at(c) + window <= now do
-      c.ro = c.ro + RECORD
-      c.rn = c.rn - 1
-    end
-    local used_before = units_counted(c, now)
-    if p.alg == 1 and c.k == 1 then
-      local q = c.q
-      local count = #q / RECORD
-      local drop = 0
-      while drop < count do
-        local _, stamp, units = bucket(q, drop + 1)
-        if stamp + window > now then break end
-        c.qu = c.qu - units
-        drop = drop + 1
+    if c.re > c.ro and now >= c.rx then T.clear_reservations(c) end
+    while c.re > c.ro do
+      local at = c.ra
+      if at < 0 then
+        local bytes = redis.call('GETRANGE', c.rk, c.ro + 16, c.ro + 23)
+        if #bytes ~= 8 then
+          -- The log is gone (evicted): its reservations can no longer be committed.
+          T.clear_reservations(c)
+          break
+        end
+        at = struct.unpack('>d', bytes)
+        c.ra = at
+        c.dirty = true
       end
-      if drop > 0 then c.q = string.sub(q, drop * RECORD + 1) end
+      if at + window > now then break end
+      c.ro = c.ro + 24
+      c.ra = -1
+      c.dirty = true
+    end
+    if p.alg == 1 and c.k == 1 then
+      if c.qe > c.qo and now >= c.qx then T.clear_closed(c) end
+      while c.qe > c.qo do
+        if c.fs < 0 then
+          local bytes = redis.call('GETRANGE', c.qk, c.qo + 8, c.qo + 23)
+          if #bytes ~= 16 then
+            T.repair_buckets(c, p, now)
+          else
+            c.fs, c.fu = struct.unpack('>dd', bytes)
+          end
+          c.dirty = true
+        end
+        if c.fs + window > now then break end
+        c.qu = c.qu - c.fu
+        c.qo = c.qo + 24
+        c.fs, c.fu = -1, 0
+        c.dirty = true
+      end
+      if c.lu > 0 and c.qe == c.qo and c.ls + window <= now then
+        c.qu, c.lo, c.ls, c.lu = 0, 0, 0, 0
+        c.dirty = true
+      end
     elseif p.alg == 2 and c.k == 2 and c.wu == window then
-      local current = floor(now / window)
+      local current = math.floor(now / window)
       if c.w < current then
         c.w = current
         c.u = 0
+        c.dirty = true
       end
     elseif p.alg == 3 and c.k == 3 and c.e == p.emission then
       -- nothing expires in a TAT
     else
+      local used_before = T.units_counted(c, now)
+      c.dirty = true
       c.b = {}
-      c.q = ''
-      c.qu = 0
+      if c.qe > 0 then redis.call('DEL', c.qk) end
+      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx = 0, 0, 0, 0, 0, 0, -1, 0, 0
       if p.alg == 1 then
         c.k = 1
         if used_before > 0 then
-          c.q = struct.pack('>ddd', now, now, used_before)
-          c.qu = used_before
+          c.lo, c.ls, c.lu, c.qu = now, now, used_before, used_before
         end
       elseif p.alg == 2 then
         c.k = 2
-        c.w = floor(now / window)
+        c.w = math.floor(now / window)
         c.wu = window
         c.u = used_before
       else
@@ -179,32 +319,34 @@ local function normalise(c, p, now)
       end
     end
   else
-    -- Every record is dead: keep the offset at the end of the string, so save deletes it.
-    c.ro = c.ro + c.rn * RECORD
-    c.rn = 0
+    T.clear_reservations(c)
     if c.k == 4 then
-      local kept = {}
-      for i = 1, #c.b, 3 do
-        if c.b[i + 2] > now then
-          kept[#kept + 1] = c.b[i]
-          kept[#kept + 1] = c.b[i + 1]
-          kept[#kept + 1] = c.b[i + 2]
+      local b, kept = c.b, {}
+      for i = 1, #b, 3 do
+        if b[i + 2] > now then
+          kept[#kept + 1] = b[i]
+          kept[#kept + 1] = b[i + 1]
+          kept[#kept + 1] = b[i + 2]
         end
       end
-      c.b = kept
+      if #kept < #b then
+        c.b = kept
+        c.dirty = true
+      end
     else
+      if c.qe > 0 then redis.call('DEL', c.qk) end
       c.k = 4
       c.b = {}
-      c.q = ''
-      c.qu = 0
+      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx = 0, 0, 0, 0, 0, 0, -1, 0, 0
+      c.dirty = true
     end
   end
 end
 
-local function used(c, p, now)
+function T.used(c, p, now)
   if c.k == 1 then return c.qu
   elseif c.k == 2 then return c.u
-  elseif c.k == 3 then return div_ceil(sub0(c.t, now), p.emission)
+  elseif c.k == 3 then return T.div_ceil(T.sub0(c.t, now), p.emission)
   elseif c.k == 4 then
     local sum = 0
     for i = 2, #c.b, 3 do sum = sum + c.b[i] end
@@ -213,21 +355,23 @@ local function used(c, p, now)
   return 0
 end
 
-local function wait_for_room(c, p, now, cost, open)
-  local in_use = used(c, p, now)
+function T.wait_for_room(c, p, now, cost, open)
+  local in_use = T.used(c, p, now)
   if in_use + cost <= open then return 0 end
   local excess = in_use + cost - open
   if c.k == 1 then
     local freed = 0
-    for i = 1, #c.q / RECORD do
-      local _, stamp, units = bucket(c.q, i)
+    local records = T.closed_buckets(c, p, now)
+    for at = 9, #records, 24 do
+      local stamp, units = struct.unpack('>dd', records, at)
       freed = freed + units
-      if freed >= excess then return sub0(stamp + p.window, now) end
+      if freed >= excess then return T.sub0(stamp + p.window, now) end
     end
+    return T.sub0(c.ls + p.window, now)
   elseif c.k == 2 then
-    return sub0((c.w + 1) * p.window, now)
+    return T.sub0((c.w + 1) * p.window, now)
   elseif c.k == 3 then
-    return sub0(sub0(c.t, (open - cost) * p.emission), now)
+    return T.sub0(T.sub0(c.t, (open - cost) * p.emission), now)
   elseif c.k == 4 then
     local expiries = {}
     for i = 1, #c.b, 3 do expiries[#expiries + 1] = { c.b[i + 2], c.b[i + 1] } end
@@ -238,17 +382,16 @@ local function wait_for_room(c, p, now, cost, open)
     local freed = 0
     for _, e in ipairs(expiries) do
       freed = freed + e[2]
-      if freed >= excess then return sub0(e[1], now) end
+      if freed >= excess then return T.sub0(e[1], now) end
     end
   end
   return 0
 end
 
-local function counted_until(c, p)
+function T.counted_until(c, p)
   if c.k == 1 then
-    if #c.q == 0 then return 0 end
-    local _, stamp = bucket(c.q, #c.q / RECORD)
-    return stamp + p.window
+    if c.lu == 0 then return 0 end
+    return c.ls + p.window
   elseif c.k == 2 then
     if c.u == 0 then return 0 end
     return (c.w + 1) * c.wu
@@ -261,50 +404,62 @@ local function counted_until(c, p)
   return 0
 end
 
-local function idle_at(c, p)
+function T.idle_at(c, p)
   local idle = math.max(c.p, c.s)
-  if p.kind == 1 and c.rn > 0 then idle = math.max(idle, c.rl + p.window) end
-  return math.max(idle, counted_until(c, p))
-end
-
-local function reset_after(c, p, now)
-  return math.min(sub0(counted_until(c, p), now), p.memory)
+  if p.kind == 1 and c.re > c.ro then idle = math.max(idle, c.rl + p.window) end
+  return math.max(idle, T.counted_until(c, p))
 end
 
 -- Returns nil when allowed, or {retry_after, remaining, reason (0 capacity, 1 paused)}.
-local function check(c, p, now, cost, priority, limit_paused_until)
-  local open = capacity_for(p, priority)
-  normalise(c, p, now)
-  local room_after = wait_for_room(c, p, now, cost, open)
-  local pause_until = math.max(c.p, limit_paused_until)
-  local pause_after = sub0(pause_until, now)
+function T.check(c, p, now, cost, priority, limit_paused_until)
+  local open = T.capacity_for(p, priority)
+  T.normalise(c, p, now)
+  local room_after = T.wait_for_room(c, p, now, cost, open)
+  local pause_after = T.sub0(math.max(c.p, limit_paused_until), now)
   if room_after == 0 and pause_after == 0 then return nil end
   local reason = 0
   if pause_after > 0 then reason = 1 end
-  return { math.max(room_after, pause_after), sub0(open, used(c, p, now)), reason }
+  return { math.max(room_after, pause_after), T.sub0(open, T.used(c, p, now)), reason }
 end
 
-local function grant(c, p, now, cost, priority)
-  local open = capacity_for(p, priority)
+function T.grant(c, p, now, cost, priority)
+  local open = T.capacity_for(p, priority)
   local seq = math.max(c.s, now)
   c.s = seq + 1
+  c.dirty = true
   local lease_expires_at = 0
   local reserved_at = now
+  local slack = math.floor(p.window / 16)
   if c.k == 1 then
     local span = 0
-    if p.limit > SLIDING_BUCKETS_MAX then span = floor(p.window / SLIDING_BUCKETS_MAX) end
-    local n = #c.q / RECORD
+    if p.limit > 64 then span = math.floor(p.window / 64) end
     local at = now
-    local opened, stamp, units
-    if n > 0 then
-      opened, stamp, units = bucket(c.q, n)
-      at = math.max(stamp, now)
-    end
+    if c.lu > 0 then at = math.max(c.ls, now) end
     reserved_at = at
-    if n > 0 and at - opened <= span and (span > 0 or at == stamp) then
-      c.q = string.sub(c.q, 1, (n - 1) * RECORD) .. struct.pack('>ddd', opened, at, units + cost)
+    if c.lu > 0 and at - c.lo <= span and (span > 0 or at == c.ls) then
+      c.ls = at
+      c.lu = c.lu + cost
     else
-      c.q = c.q .. struct.pack('>ddd', at, at, cost)
+      if c.lu > 0 then
+        -- The newest bucket is closed: it moves to the log.
+        local first = c.qe == c.qo
+        local lost_units, lost_until = c.qu - c.lu, c.qx
+        local record = struct.pack('>ddd', c.lo, c.ls, c.lu)
+        local restarted
+        c.qo, c.qe, c.qx, restarted = T.log_append(c.qk, c.qo, c.qe, c.qx, record,
+          c.ls + p.window, slack, now)
+        if first or restarted then c.fs, c.fu = c.ls, c.lu end
+        if restarted and not first then
+          -- The log was lost (evicted) with live buckets: count them as one until it would
+          -- have expired, which is at least as long as any of them counted.
+          local stamp = lost_until - p.window
+          c.qx = math.max(c.qx, lost_until)
+          redis.call('SET', c.qk, struct.pack('>ddd', stamp, stamp, lost_units) .. record, 'PX',
+            T.ttl_ms(c.qx, now))
+          c.qo, c.qe, c.fs, c.fu = 0, 2 * 24, stamp, lost_units
+        end
+      end
+      c.lo, c.ls, c.lu = at, at, cost
     end
     c.qu = c.qu + cost
   elseif c.k == 2 then
@@ -314,252 +469,351 @@ local function grant(c, p, now, cost, priority)
     c.l = seq
   elseif c.k == 4 then
     lease_expires_at = now + p.ttl
-    local n = #c.b
-    c.b[n + 1] = seq
-    c.b[n + 2] = cost
-    c.b[n + 3] = lease_expires_at
+    local b = c.b
+    local n = #b
+    b[n + 1] = seq
+    b[n + 2] = cost
+    b[n + 3] = lease_expires_at
   end
   if p.kind == 1 then
-    if c.rn == 0 and c.ro > 0 then
-      redis.call('DEL', c.rk)
-      c.ro = 0
+    if c.re - c.ro >= 256 * 24 then
+      -- The oldest is forgotten (its units stay counted), as in the core.
+      c.ro = c.ro + 24
+      c.ra = -1
     end
-    if c.rn >= RESERVATIONS_TRACKED_MAX then
-      c.ro = c.ro + RECORD
-      c.rn = c.rn - 1
-    end
-    redis.call('APPEND', c.rk, struct.pack('>ddd', seq, cost, reserved_at))
-    c.rn = c.rn + 1
+    local first = c.re == c.ro
+    local restarted
+    c.ro, c.re, c.rx, restarted = T.log_append(c.rk, c.ro, c.re, c.rx,
+      struct.pack('>ddd', seq, cost, reserved_at), reserved_at + p.window, slack, now)
+    if first or restarted then c.ra = reserved_at end
     c.rl = reserved_at
-    if c.ro >= RESERVATIONS_TRACKED_MAX * RECORD then
-      redis.call('SET', c.rk, live_reservations(c))
-      c.ro = 0
+  end
+  return { seq, T.sub0(open, T.used(c, p, now)),
+    math.min(T.sub0(T.counted_until(c, p), now), p.memory), lease_expires_at }
+end
+
+-- Write the counter back with its expiry (when it goes idle), or delete it if it already is.
+-- Nothing is written when nothing changed: its expiry is still right. Logs whose dead prefix
+-- has grown to a full log are moved back to the start of their key.
+function T.save(c, p, now)
+  if not c.dirty then return end
+  local idle = T.idle_at(c, p)
+  if idle <= now then
+    redis.call('DEL', c.ck, c.rk, c.qk)
+    return
+  end
+  if c.re == c.ro then
+    if c.re > 0 then
+      redis.call('DEL', c.rk)
+      c.ro, c.re, c.rx, c.ra = 0, 0, 0, -1
+    end
+  elseif c.ro >= 256 * 24 then
+    c.ro, c.re, c.rx = T.log_rewrite(c.rk, T.log_read(c.rk, c.ro, c.re), c.rx, now)
+  end
+  if c.k == 1 then
+    if c.qe == c.qo then
+      if c.qe > 0 then
+        redis.call('DEL', c.qk)
+        c.qo, c.qe, c.qx, c.fs, c.fu = 0, 0, 0, -1, 0
+      end
+    elseif c.qo >= 64 * 24 then
+      c.qo, c.qe, c.qx = T.log_rewrite(c.qk, T.closed_buckets(c, p, now), c.qx, now)
     end
   end
-  return { seq, sub0(open, used(c, p, now)), reset_after(c, p, now), lease_expires_at }
+  redis.call('SET', c.ck, T.encode(c), 'PX', T.ttl_ms(idle, now))
 end
 
-local function save(key, c, p, now)
-  local idle = idle_at(c, p)
-  local reservations_key = c.rk
-  c.rk = nil
-  if c.rn == 0 and c.ro > 0 then
-    redis.call('DEL', reservations_key)
-    c.ro = 0
-  end
-  if idle <= now then
-    redis.call('DEL', key, reservations_key)
-  else
-    local ttl = div_ceil(idle - now, 1000) + 1
-    redis.call('SET', key, cmsgpack.pack(c), 'PX', ttl)
-    if c.rn > 0 then redis.call('PEXPIRE', reservations_key, ttl) end
-  end
-  c.rk = reservations_key
-end
-
--- The generation: {born, ver}. A missing hash, or a version below what this client has seen,
--- means Redis lost state (restart without persistence, flush, failover to a stale replica):
--- start a new generation born now, so every counter created before born + memory waits (G6).
-local function generation(key, now, seen)
-  -- ver before this call is ver - 1; below what the client saw means a stale replica.
+-- The generation: {born, ver}, ver bumped by every call. A missing hash (HINCRBY creates it and
+-- answers 1, while a hash this script wrote never holds a ver below 1), or a version at or
+-- below what this client has seen, means Redis lost state (restart without persistence, flush,
+-- failover to a stale replica): start a new generation born now, so every counter created
+-- before born + memory waits (G6). `born` is read only when a counter is created.
+function T.generation(key, now, seen)
   local ver = redis.call('HINCRBY', key, 'ver', 1)
-  local born = tonumber(redis.call('HGET', key, 'born'))
-  local lost = 0
-  if born == nil or ver <= seen then
-    born = now
-    ver = seen + 1
-    lost = 1
-    redis.call('HSET', key, 'born', born, 'ver', ver)
-    redis.call('PEXPIRE', key, GEN_TTL_MS)
+  local gen = { ver = ver, lost = 0 }
+  if ver == 1 or ver <= seen then
+    gen.born = now
+    gen.ver = seen + 1
+    gen.lost = 1
+    redis.call('HSET', key, 'born', now, 'ver', gen.ver)
+    redis.call('PEXPIRE', key, 2592000000)
   elseif ver % 1024 == 0 then
     -- Keep the expiry ahead without a write on every call.
-    redis.call('PEXPIRE', key, GEN_TTL_MS)
+    redis.call('PEXPIRE', key, 2592000000)
   end
-  return { born = born, ver = ver, lost = lost }
+  gen.birth = function()
+    if not gen.born then
+      gen.born = tonumber(redis.call('HGET', key, 'born'))
+      if gen.born == nil then
+        -- A hash without its birth was not written whole by this script: born now.
+        gen.born = now
+        redis.call('HSET', key, 'born', now)
+      end
+    end
+    return gen.born
+  end
+  return gen
 end
 
-local function limit_paused_until(key, now)
-  local value = redis.call('GET', key)
-  if value then return tonumber(value) end
-  return 0
+function T.head(status, now, gen)
+  return { status, now, gen.ver, gen.born or -1, gen.lost }
 end
 
-local function wake(channel, counter_key)
+function T.wake(channel, counter_key)
   redis.call('PUBLISH', channel, counter_key)
 end
 
-local op, seen, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local now = now_us()
-local gen = generation(KEYS[1], now, seen)
-local head = { now, gen.ver, gen.born, gen.lost }
+local a = { struct.unpack('>' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
+local op, seen = a[1], a[2]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local gen = T.generation(KEYS[1], now, seen)
 
-if op == 'acquire' then
-  -- ARGV: 4 cost, 5 priority (0 low, 1 normal, 2 high), 6 n, then n policies
-  local cost, priority, n = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  local counters, policies, outcomes = {}, {}, {}
+if op == 1 then
+  -- acquire: [3] cost, [4] priority (0 low, 1 normal, 2 high), [5] n, then n policies
+  local cost, priority, n = a[3], a[4], a[5]
+  local policies = {}
+  for i = 1, n do
+    local p = T.read_policy(a, 6 + (i - 1) * 9)
+    local open = T.capacity_for(p, priority)
+    if cost < 1 or cost > open then
+      local reply = T.head('cost', now, gen)
+      reply[6], reply[7] = i, open
+      return reply
+    end
+    policies[i] = p
+  end
+  -- Every counter's header and its limit's pause in one read.
+  local names = {}
+  for i = 1, n do
+    names[2 * i - 1] = KEYS[4 * i - 2]
+    names[2 * i] = KEYS[4 * i + 1]
+  end
+  local values = redis.call('MGET', unpack(names))
+  local counters, outcomes = {}, {}
   local all_allowed = true
   for i = 1, n do
-    local p = read_policy(ARGV, 7 + (i - 1) * 9)
-    local open = capacity_for(p, priority)
-    if cost < 1 or cost > open then
-      return { 'cost', head[1], head[2], head[3], head[4], i, open }
-    end
-    local c = load(KEYS[3 * i - 1], KEYS[3 * i], now, gen, p)
-    local denial = check(c, p, now, cost, priority, limit_paused_until(KEYS[3 * i + 1], now))
-    counters[i], policies[i] = c, p
+    local p = policies[i]
+    local open = T.capacity_for(p, priority)
+    local c, hold_until = T.load(values[2 * i - 1], { KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i] },
+      now, gen, p)
+    if hold_until then T.hold(c, now, hold_until) end
+    local denial = T.check(c, p, now, cost, priority, tonumber(values[2 * i]) or 0)
+    counters[i] = c
     if denial then
       all_allowed = false
       outcomes[i] = { 2, denial[1], denial[2], denial[3], 0 }
     else
-      outcomes[i] = { 1, 0, sub0(open, used(c, p, now)), 0, 0 }
+      outcomes[i] = { 1, 0, T.sub0(open, T.used(c, p, now)), 0, 0 }
     end
   end
   if all_allowed then
     for i = 1, n do
-      local g = grant(counters[i], policies[i], now, cost, priority)
+      local g = T.grant(counters[i], policies[i], now, cost, priority)
       outcomes[i] = { 0, g[1], g[2], g[3], g[4] }
-      save(KEYS[3 * i - 1], counters[i], policies[i], now)
     end
-  else
-    -- Normalising may have dropped expired state; keep the store as small as the core's.
-    for i = 1, n do save(KEYS[3 * i - 1], counters[i], policies[i], now) end
   end
-  local reply = { 'ok', head[1], head[2], head[3], head[4] }
+  -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
+  for i = 1, n do T.save(counters[i], policies[i], now) end
+  local reply = T.head('ok', now, gen)
   for i = 1, n do
-    for j = 1, 5 do reply[#reply + 1] = outcomes[i][j] end
+    local o = outcomes[i]
+    for j = 1, 5 do reply[#reply + 1] = o[j] end
   end
   return reply
 end
 
-if op == 'commit' then
-  -- ARGV: 4..12 policy, 13 seq, 14 used. Reply: ok now ver born lost refunded released
-  local p = read_policy(ARGV, 4)
-  local seq, used_units = tonumber(ARGV[13]), tonumber(ARGV[14])
+local counter_keys = { KEYS[2], KEYS[3], KEYS[4] }
+
+if op == 2 then
+  -- commit: [3..11] policy, [12] seq, [13] used. Reply: ok now ver born lost refunded released
+  local p = T.read_policy(a, 3)
+  local seq, used_units, channel = a[12], a[13], ARGV[2]
   local raw = redis.call('GET', KEYS[2])
-  if not raw then
-    -- Forgotten counters were idle: nothing they granted still counts.
-    if p.kind == 2 then return { 'ok', head[1], head[2], head[3], head[4], 0, 0 } end
-    return { 'gone', head[1], head[2], head[3], head[4] }
+  local c = raw and T.decode(raw, counter_keys, now)
+  if not c then
+    -- Forgotten counters were idle: nothing they granted still counts. (One this script
+    -- cannot read knows of no permit either.)
+    if p.kind == 2 then
+      local reply = T.head('ok', now, gen)
+      reply[6], reply[7] = 0, 0
+      return reply
+    end
+    return T.head('gone', now, gen)
   end
-  local c = cmsgpack.unpack(raw)
-  c.rk = KEYS[3]
-  if seq >= c.s then return { 'unknown', head[1], head[2], head[3], head[4] } end
-  normalise(c, p, now)
+  if seq >= c.s then return T.head('unknown', now, gen) end
+  T.normalise(c, p, now)
   if c.k == 4 then
     local released = 0
-    for i = 1, #c.b, 3 do
-      if c.b[i] == seq then
-        released = c.b[i + 1]
+    local b = c.b
+    for i = 1, #b, 3 do
+      if b[i] == seq then
+        released = b[i + 1]
         -- swap_remove: the last lease moves into this place
-        local n = #c.b
-        c.b[i], c.b[i + 1], c.b[i + 2] = c.b[n - 2], c.b[n - 1], c.b[n]
-        c.b[n], c.b[n - 1], c.b[n - 2] = nil, nil, nil
+        local n = #b
+        b[i], b[i + 1], b[i + 2] = b[n - 2], b[n - 1], b[n]
+        b[n], b[n - 1], b[n - 2] = nil, nil, nil
+        c.dirty = true
         break
       end
     end
-    save(KEYS[2], c, p, now)
-    if released > 0 then wake(channel, KEYS[2]) end
-    return { 'ok', head[1], head[2], head[3], head[4], 0, released }
+    T.save(c, p, now)
+    if released > 0 then T.wake(channel, KEYS[2]) end
+    local reply = T.head('ok', now, gen)
+    reply[6], reply[7] = 0, released
+    return reply
   end
-  local index = nil
-  local units, at
-  local live = live_reservations(c)
-  for i = 1, c.rn do
-    local record_seq, record_units, record_at_us = record(live, i)
+  -- Reservations are in seq order: binary search, as the core does.
+  local live = T.log_read(c.rk, c.ro, c.re)
+  if #live ~= c.re - c.ro then
+    T.clear_reservations(c)
+    live = ''
+  end
+  local lo, hi = 1, #live / 24
+  local index, units, at
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    local record_seq, record_units, record_at = struct.unpack('>ddd', live, (mid - 1) * 24 + 1)
     if record_seq == seq then
-      index, units, at = i, record_units, record_at_us
+      index, units, at = mid, record_units, record_at
       break
+    elseif record_seq < seq then
+      lo = mid + 1
+    else
+      hi = mid - 1
     end
   end
   if not index then
-    save(KEYS[2], c, p, now)
-    return { 'gone', head[1], head[2], head[3], head[4] }
+    T.save(c, p, now)
+    return T.head('gone', now, gen)
   end
-  if used_units > units then return { 'used_above_cost', head[1], head[2], head[3], head[4], units } end
-  live = string.sub(live, 1, (index - 1) * RECORD) .. string.sub(live, index * RECORD + 1)
-  c.rn = c.rn - 1
-  c.ro = 0
-  if c.rn > 0 then
-    redis.call('SET', c.rk, live)
-    local _, _, newest_at = record(live, c.rn)
-    c.rl = newest_at
+  if used_units > units then
+    T.save(c, p, now)
+    local reply = T.head('used_above_cost', now, gen)
+    reply[6] = units
+    return reply
+  end
+  local count = #live / 24
+  if index == 1 then
+    c.ro = c.ro + 24
+    if count > 1 then c.ra = struct.unpack('>d', live, 24 + 17) else c.ra = -1 end
   else
-    redis.call('DEL', c.rk)
+    live = string.sub(live, 1, (index - 1) * 24) .. string.sub(live, index * 24 + 1)
+    c.ro, c.re, c.rx = T.log_rewrite(c.rk, live, c.rx, now)
+    c.ra = struct.unpack('>d', live, 17)
+    if index == count then c.rl = struct.unpack('>d', live, #live - 7) end
   end
+  c.dirty = true
   local give_back = units - used_units
   local refunded = 0
   if c.k == 1 then
     -- The bucket that holds the reservation: the last one opened at or before it.
-    for i = #c.q / RECORD, 1, -1 do
-      local opened, stamp, units = bucket(c.q, i)
-      if opened <= at then
-        if stamp >= at then
-          refunded = math.min(give_back, units)
-          local before = string.sub(c.q, 1, (i - 1) * RECORD)
-          local after = string.sub(c.q, i * RECORD + 1)
-          if units - refunded > 0 then
-            c.q = before .. struct.pack('>ddd', opened, stamp, units - refunded) .. after
+    if c.lu > 0 and c.lo <= at then
+      if c.ls >= at then
+        refunded = math.min(give_back, c.lu)
+        c.lu = c.lu - refunded
+        c.qu = c.qu - refunded
+        if c.lu == 0 then
+          -- The newest bucket is gone: the newest closed one takes its place.
+          local records = T.closed_buckets(c, p, now)
+          if #records > 0 then
+            c.lo, c.ls, c.lu = struct.unpack('>ddd', records, #records - 24 + 1)
+            records = string.sub(records, 1, #records - 24)
+            c.qo, c.qe, c.qx = T.log_rewrite(c.qk, records, c.qx, now)
+            if #records == 0 then c.fs, c.fu = -1, 0 end
           else
-            c.q = before .. after
+            c.lo, c.ls = 0, 0
           end
-          c.qu = c.qu - refunded
         end
-        break
+      end
+    elseif c.qe > c.qo then
+      local records = T.closed_buckets(c, p, now)
+      for i = #records / 24, 1, -1 do
+        local opened, stamp, bucket_units = struct.unpack('>ddd', records, (i - 1) * 24 + 1)
+        if opened <= at then
+          if stamp >= at then
+            refunded = math.min(give_back, bucket_units)
+            c.qu = c.qu - refunded
+            if bucket_units - refunded > 0 then
+              redis.call('SETRANGE', c.qk, c.qo + (i - 1) * 24 + 16,
+                struct.pack('>d', bucket_units - refunded))
+              if i == 1 then c.fu = bucket_units - refunded end
+            else
+              records = string.sub(records, 1, (i - 1) * 24) .. string.sub(records, i * 24 + 1)
+              c.qo, c.qe, c.qx = T.log_rewrite(c.qk, records, c.qx, now)
+              if i == 1 then c.fs, c.fu = -1, 0 end
+            end
+          end
+          break
+        end
       end
     end
   elseif c.k == 2 then
-    if floor(at / p.window) == c.w then
+    if math.floor(at / p.window) == c.w then
       refunded = math.min(give_back, c.u)
       c.u = c.u - refunded
     end
   elseif c.k == 3 then
     if c.l == seq then
-      c.t = sub0(c.t, give_back * p.emission)
+      c.t = T.sub0(c.t, give_back * p.emission)
       refunded = give_back
     end
   end
-  save(KEYS[2], c, p, now)
-  if refunded > 0 then wake(channel, KEYS[2]) end
-  return { 'ok', head[1], head[2], head[3], head[4], refunded, 0 }
+  T.save(c, p, now)
+  if refunded > 0 then T.wake(channel, KEYS[2]) end
+  local reply = T.head('ok', now, gen)
+  reply[6], reply[7] = refunded, 0
+  return reply
 end
 
-if op == 'renew' then
-  -- ARGV: 4..12 policy, 13 fence. Reply: ok now ver born lost expires_at
-  local p = read_policy(ARGV, 4)
-  local fence = tonumber(ARGV[13])
-  if p.kind ~= 2 then return { 'wrong_kind', head[1], head[2], head[3], head[4] } end
+if op == 3 then
+  -- renew: [3..11] policy, [12] fence. Reply: ok now ver born lost expires_at
+  local p = T.read_policy(a, 3)
+  local fence = a[12]
+  if p.kind ~= 2 then return T.head('wrong_kind', now, gen) end
   local raw = redis.call('GET', KEYS[2])
-  if not raw then return { 'lease_expired', head[1], head[2], head[3], head[4] } end
-  local c = cmsgpack.unpack(raw)
-  c.rk = KEYS[3]
-  if fence >= c.s then return { 'unknown', head[1], head[2], head[3], head[4] } end
-  normalise(c, p, now)
-  for i = 1, #c.b, 3 do
-    if c.b[i] == fence then
-      c.b[i + 2] = now + p.ttl
-      save(KEYS[2], c, p, now)
-      return { 'ok', head[1], head[2], head[3], head[4], c.b[i + 2] }
+  local c = raw and T.decode(raw, counter_keys, now)
+  if not c then return T.head('lease_expired', now, gen) end
+  if fence >= c.s then return T.head('unknown', now, gen) end
+  T.normalise(c, p, now)
+  local b = c.b
+  for i = 1, #b, 3 do
+    if b[i] == fence then
+      b[i + 2] = now + p.ttl
+      c.dirty = true
+      T.save(c, p, now)
+      local reply = T.head('ok', now, gen)
+      reply[6] = b[i + 2]
+      return reply
     end
   end
-  save(KEYS[2], c, p, now)
-  return { 'lease_expired', head[1], head[2], head[3], head[4] }
+  T.save(c, p, now)
+  return T.head('lease_expired', now, gen)
 end
 
-if op == 'pause' then
-  -- ARGV: 4..12 policy, 13 duration_us, 14 keyed (1: KEYS[2] is a counter; 0: a limit pause)
-  -- Reply: ok now ver born lost paused_until
-  local p = read_policy(ARGV, 4)
-  local until_us = now + tonumber(ARGV[13])
-  if tonumber(ARGV[14]) == 1 then
-    local c = load(KEYS[2], KEYS[3], now, gen, p)
-    c.p = math.max(c.p, until_us)
-    save(KEYS[2], c, p, now)
-    return { 'ok', head[1], head[2], head[3], head[4], c.p }
+if op == 4 then
+  -- pause: [3..11] policy, [12] duration_us, [13] keyed (1: KEYS[2..4] are a counter's; 0:
+  -- KEYS[2] is a limit's pause). Reply: ok now ver born lost paused_until
+  local p = T.read_policy(a, 3)
+  local until_us = now + a[12]
+  if a[13] == 1 then
+    local c, hold_until = T.load(redis.call('GET', KEYS[2]), counter_keys, now, gen, p)
+    if hold_until then T.hold(c, now, hold_until) end
+    if until_us > c.p then
+      c.p = until_us
+      c.dirty = true
+    end
+    T.save(c, p, now)
+    local reply = T.head('ok', now, gen)
+    reply[6] = c.p
+    return reply
   end
-  local current = limit_paused_until(KEYS[2], now)
+  local current = tonumber(redis.call('GET', KEYS[2])) or 0
   if current > until_us then until_us = current end
-  redis.call('SET', KEYS[2], until_us, 'PX', div_ceil(until_us - now, 1000) + 1)
-  return { 'ok', head[1], head[2], head[3], head[4], until_us }
+  redis.call('SET', KEYS[2], until_us, 'PX', T.ttl_ms(until_us, now))
+  local reply = T.head('ok', now, gen)
+  reply[6] = until_us
+  return reply
 end
 
 return redis.error_reply('tollgate: unknown operation ' .. tostring(op))
