@@ -473,9 +473,35 @@ impl Counter {
     /// Grant `cost` units. Call only right after `check` allowed the same request at the same
     /// `now`; granting past the limit is a broken invariant and panics rather than overdraw.
     pub fn grant(&mut self, policy: &Policy, now: u64, cost: u64, priority: Priority) -> Grant {
+        self.grant_recording(policy, now, cost, priority, true)
+    }
+
+    /// `grant` for a caller that will never commit the permit: the rate units are not recorded
+    /// as an open reservation, so nothing can refund them (`commit` of the number is `Gone`).
+    /// Their units count exactly as any other grant's; what is saved is the counter's memory
+    /// and the work of keeping the record, which callers that never commit do not need.
+    pub fn grant_final(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Grant {
+        self.grant_recording(policy, now, cost, priority, false)
+    }
+
+    fn grant_recording(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+        record_reservation: bool,
+    ) -> Grant {
         let open = policy.capacity_for(priority);
+        let used_before = self.used(policy, now);
         assert!(
-            self.paused_until <= now && self.used(policy, now) + cost <= open,
+            self.paused_until <= now && used_before + cost <= open,
             "grant without room: check must allow it first"
         );
         let seq = self.next_seq.max(now);
@@ -518,7 +544,7 @@ impl Counter {
             }
             _ => unreachable!("normalise gives the body the policy's kind"),
         }
-        if !policy.is_concurrency() {
+        if record_reservation && !policy.is_concurrency() {
             if self.reservations.len() >= RESERVATIONS_TRACKED_MAX {
                 self.reservations.pop_front();
             }
@@ -528,10 +554,12 @@ impl Counter {
                 at: reserved_at,
             });
         }
-        let used = self.used(policy, now);
+        // Every body counts a grant of `cost` as exactly `cost` more (a GCRA backlog grows by
+        // whole emission intervals), so what remains needs no second count.
+        debug_assert_eq!(self.used(policy, now), used_before + cost);
         Grant {
             seq,
-            remaining: open.saturating_sub(used),
+            remaining: open - used_before - cost,
             reset_after_us: self
                 .counted_until(policy)
                 .saturating_sub(now)

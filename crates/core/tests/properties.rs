@@ -115,6 +115,8 @@ struct Granted {
     /// Units that still count: the cost less what a commit refunded.
     net: u64,
     committed: bool,
+    /// Granted with `grant_final`: no reservation was recorded, so nothing can be refunded.
+    final_grant: bool,
     /// Leases: when the lease ends unless renewed again, and when it was released.
     expires_at: u64,
     released_at: Option<u64>,
@@ -147,12 +149,28 @@ enum Advance {
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Acquire { cost: u64, priority: Priority },
-    Commit { permit: usize, used: u64 },
-    CommitAboveCost { permit: usize, excess: u64 },
-    CommitUnknown { offset: u64 },
-    Renew { permit: usize },
-    Pause { raw: u64 },
+    Acquire {
+        cost: u64,
+        priority: Priority,
+        final_grant: bool,
+    },
+    Commit {
+        permit: usize,
+        used: u64,
+    },
+    CommitAboveCost {
+        permit: usize,
+        excess: u64,
+    },
+    CommitUnknown {
+        offset: u64,
+    },
+    Renew {
+        permit: usize,
+    },
+    Pause {
+        raw: u64,
+    },
     Advance(Advance),
 }
 
@@ -259,7 +277,11 @@ impl Run {
 
     fn apply(&mut self, op: Op) -> Result<(), TestCaseError> {
         match op {
-            Op::Acquire { cost, priority } => self.acquire(cost, priority),
+            Op::Acquire {
+                cost,
+                priority,
+                final_grant,
+            } => self.acquire(cost, priority, final_grant),
             Op::Commit { permit, used } => self.commit(permit, used, None),
             Op::CommitAboveCost { permit, excess } => self.commit(permit, 0, Some(excess)),
             Op::CommitUnknown { offset } => self.commit_unknown(offset),
@@ -409,11 +431,28 @@ impl Run {
         end
     }
 
-    fn acquire(&mut self, raw_cost: u64, priority: Priority) -> Result<(), TestCaseError> {
+    fn acquire(
+        &mut self,
+        raw_cost: u64,
+        priority: Priority,
+        final_grant: bool,
+    ) -> Result<(), TestCaseError> {
         let (policy, now) = (self.policy, self.now);
         let cost = cost_within(raw_cost, self.spec.capacity());
         let open = self.spec.open(priority);
-        let decided = self.counter.decide(&policy, now, cost, priority);
+        let decided = if final_grant {
+            // The same two steps as `decide`, granting without recording a reservation.
+            self.counter
+                .check(&policy, now, cost, priority)
+                .map(|denial| match denial {
+                    Some(denial) => Verdict::Denied(denial),
+                    None => {
+                        Verdict::Granted(self.counter.grant_final(&policy, now, cost, priority))
+                    }
+                })
+        } else {
+            self.counter.decide(&policy, now, cost, priority)
+        };
         if cost > open {
             prop_assert_eq!(
                 decided,
@@ -492,6 +531,7 @@ impl Run {
                     cost,
                     net: cost,
                     committed: false,
+                    final_grant,
                     expires_at,
                     released_at: None,
                 });
@@ -597,8 +637,9 @@ impl Run {
             }
             return Ok(());
         }
-        // A reservation can be committed once, while its units can still count.
-        if grant.committed || grant.at + window <= now {
+        // A reservation can be committed once, while its units can still count; a final grant
+        // recorded none.
+        if grant.committed || grant.final_grant || grant.at + window <= now {
             prop_assert_eq!(result, Err(PermitError::Gone));
             return Ok(());
         }
@@ -875,7 +916,13 @@ fn op() -> impl Strategy<Value = Op> {
     let cost = prop_oneof![3 => 1..=3u64, 1 => any::<u64>()];
     let priority = prop::sample::select(Priority::ALL.to_vec());
     prop_oneof![
-        8 => (cost, priority).prop_map(|(cost, priority)| Op::Acquire { cost, priority }),
+        8 => (cost, priority, prop::bool::weighted(0.25)).prop_map(|(cost, priority, final_grant)| {
+            Op::Acquire {
+                cost,
+                priority,
+                final_grant,
+            }
+        }),
         3 => (any::<usize>(), any::<u64>()).prop_map(|(permit, used)| Op::Commit { permit, used }),
         1 => (any::<usize>(), 1..=3u64)
             .prop_map(|(permit, excess)| Op::CommitAboveCost { permit, excess }),
@@ -967,7 +1014,7 @@ proptest! {
         let mut last_retry_us = 0;
         for op in then {
             match op {
-                Op::Acquire { cost, priority } => {
+                Op::Acquire { cost, priority, .. } => {
                     let cost = cost_within(cost, spec.capacity());
                     let verdict = fresh.decide(&policy, now, cost, priority);
                     prop_assert_eq!(old.decide(&policy, now, cost, priority), verdict);

@@ -132,45 +132,59 @@ fn split_over_threads(iterations: u64, operation: &(dyn Fn(u64, u64) + Sync)) ->
     end.duration_since(start)
 }
 
+/// The tollgate limiters every group measures: both algorithms, each with refundable permits
+/// (the default: every grant records a reservation that `commit` may refund) and with
+/// `refundable(false)` (nothing recorded, what governor offers: a decision, no refunds).
+fn tollgate_cases(name: &str, per: Option<&str>) -> Vec<(String, Limiter, bool)> {
+    let gcra = Algorithm::Gcra {
+        burst: UNITS_PER_SECOND,
+    };
+    let mut cases = Vec::new();
+    for (algorithm_name, algorithm) in [("gcra", gcra), ("sliding", Algorithm::Sliding)] {
+        for (suffix, refundable) in [("_final", false), ("", true)] {
+            let limiter = limiter_with(name, algorithm, per);
+            cases.push((
+                format!("tollgate_{algorithm_name}{suffix}"),
+                limiter,
+                refundable,
+            ));
+        }
+    }
+    cases
+}
+
 fn one_key(c: &mut Criterion) {
     let mut group = c.benchmark_group("try_acquire/one_key");
 
-    let sliding = limiter_with("vendor", Algorithm::Sliding, None);
-    let gcra = limiter_with(
-        "vendor",
-        Algorithm::Gcra {
-            burst: UNITS_PER_SECOND,
-        },
-        None,
-    );
+    let cases = tollgate_cases("vendor", None);
     let governor: DefaultDirectRateLimiter = RateLimiter::direct(governor_quota());
-    let request = Request::new("vendor");
 
-    group.bench_function("tollgate_sliding/1_thread", |b| {
-        b.iter(|| grant(&sliding, &request))
-    });
-    group.bench_function("tollgate_gcra/1_thread", |b| {
-        b.iter(|| grant(&gcra, &request))
-    });
+    for (case, limiter, refundable) in &cases {
+        let request = Request::new("vendor").refundable(*refundable);
+        group.bench_function(format!("{case}/1_thread"), |b| {
+            b.iter(|| grant(limiter, &request))
+        });
+    }
     group.bench_function("memory_store_sliding/1_thread", |b| {
+        let (_, sliding, _) = &cases[3];
         let counter = CounterId {
             limit: "vendor",
             key: None,
         };
-        let policy = policy_of(&sliding, "vendor");
-        b.iter(|| store_grant(&sliding, counter, &policy))
+        let policy = policy_of(sliding, "vendor");
+        b.iter(|| store_grant(sliding, counter, &policy))
     });
     group.bench_function("governor_direct/1_thread", |b| {
         b.iter(|| assert!(black_box(governor.check()).is_ok()))
     });
-    group.bench_function("tollgate_sliding/2_threads", |b| {
-        b.iter_custom(|iterations| {
-            split_over_threads(iterations, &|_, _| grant(&sliding, &request))
-        })
-    });
-    group.bench_function("tollgate_gcra/2_threads", |b| {
-        b.iter_custom(|iterations| split_over_threads(iterations, &|_, _| grant(&gcra, &request)))
-    });
+    for (case, limiter, refundable) in &cases {
+        let request = Request::new("vendor").refundable(*refundable);
+        group.bench_function(format!("{case}/2_threads"), |b| {
+            b.iter_custom(|iterations| {
+                split_over_threads(iterations, &|_, _| grant(limiter, &request))
+            })
+        });
+    }
     group.bench_function("governor_direct/2_threads", |b| {
         b.iter_custom(|iterations| {
             split_over_threads(iterations, &|_, _| {
@@ -185,11 +199,16 @@ fn ten_thousand_keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("try_acquire/10k_keys");
 
     let keys = keys();
-    let sliding = limiter_with("api", Algorithm::Sliding, Some("user"));
+    let cases = tollgate_cases("api", Some("user"));
     let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(governor_quota());
     // Every key is tracked before measuring, so no case pays for first insertions.
     for key in &keys {
-        grant(&sliding, &Request::new("api").key(key));
+        for (_, limiter, refundable) in &cases {
+            grant(
+                limiter,
+                &Request::new("api").key(key).refundable(*refundable),
+            );
+        }
         assert!(governor.check_key(key).is_ok());
     }
     // The second thread starts half-way through the keys, so the threads rarely share a key.
@@ -198,22 +217,29 @@ fn ten_thousand_keys(c: &mut Criterion) {
         &keys[index]
     };
 
-    group.bench_function("tollgate_sliding/1_thread", |b| {
-        let mut iteration = 0;
-        b.iter(|| {
-            grant(&sliding, &Request::new("api").key(key_at(0, iteration)));
-            iteration += 1;
-        })
-    });
+    for (case, limiter, refundable) in &cases {
+        group.bench_function(format!("{case}/1_thread"), |b| {
+            let mut iteration = 0;
+            b.iter(|| {
+                let key = key_at(0, iteration);
+                grant(
+                    limiter,
+                    &Request::new("api").key(key).refundable(*refundable),
+                );
+                iteration += 1;
+            })
+        });
+    }
     group.bench_function("memory_store_sliding/1_thread", |b| {
-        let policy = policy_of(&sliding, "api");
+        let (_, sliding, _) = &cases[3];
+        let policy = policy_of(sliding, "api");
         let mut iteration = 0;
         b.iter(|| {
             let counter = CounterId {
                 limit: "api",
                 key: Some(key_at(0, iteration)),
             };
-            store_grant(&sliding, counter, &policy);
+            store_grant(sliding, counter, &policy);
             iteration += 1;
         })
     });
@@ -224,16 +250,19 @@ fn ten_thousand_keys(c: &mut Criterion) {
             iteration += 1;
         })
     });
-    group.bench_function("tollgate_sliding/2_threads", |b| {
-        b.iter_custom(|iterations| {
-            split_over_threads(iterations, &|thread, iteration| {
-                grant(
-                    &sliding,
-                    &Request::new("api").key(key_at(thread, iteration)),
-                )
+    for (case, limiter, refundable) in &cases {
+        group.bench_function(format!("{case}/2_threads"), |b| {
+            b.iter_custom(|iterations| {
+                split_over_threads(iterations, &|thread, iteration| {
+                    let key = key_at(thread, iteration);
+                    grant(
+                        limiter,
+                        &Request::new("api").key(key).refundable(*refundable),
+                    )
+                })
             })
-        })
-    });
+        });
+    }
     group.bench_function("governor_keyed/2_threads", |b| {
         b.iter_custom(|iterations| {
             split_over_threads(iterations, &|thread, iteration| {

@@ -14,7 +14,7 @@ use crate::clock::MonotonicClock;
 use crate::error::{Error, Result};
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
-use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
+use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, Text, decode, encode};
 use crate::store::{CounterId, CounterOutcome, Decision, Store, Take};
 use std::sync::Arc;
 
@@ -41,6 +41,7 @@ pub struct Request<'a> {
     cost: u64,
     priority: Priority,
     wait: Duration,
+    refundable: bool,
 }
 
 impl<'a> Request<'a> {
@@ -57,6 +58,7 @@ impl<'a> Request<'a> {
             cost: 1,
             priority: Priority::Normal,
             wait: Duration::ZERO,
+            refundable: true,
         }
     }
 
@@ -79,6 +81,16 @@ impl<'a> Request<'a> {
     /// How long to wait for a grant (capped by `LimiterConfig::wait_max`). Zero: answer now.
     pub fn wait(mut self, wait: Duration) -> Request<'a> {
         self.wait = wait;
+        self
+    }
+
+    /// Whether the permit's rate units may be given back by `commit(used)` (the default).
+    /// `refundable(false)` is for callers that never commit for a refund, a plain "may I go
+    /// now": the store need not record the reservation, which makes the counter smaller and
+    /// the decision cheaper. The units count the same either way; committing such a permit
+    /// refunds nothing (and by id it is `Gone`), and its leases are leases as always.
+    pub fn refundable(mut self, refundable: bool) -> Request<'a> {
+        self.refundable = refundable;
         self
     }
 }
@@ -170,13 +182,14 @@ pub struct Limiter {
     shared: Arc<Shared>,
 }
 
-struct Resolved {
-    limits: SmallVec<[Arc<Limit>; 2]>,
+/// A request's limits, borrowed from the table in force when it was resolved.
+struct Resolved<'t> {
+    limits: SmallVec<[&'t Limit; 2]>,
 }
 
-impl Resolved {
+impl<'t> Resolved<'t> {
     fn counter<'r>(&'r self, index: usize, key: Option<&'r str>) -> CounterId<'r> {
-        let limit = &self.limits[index];
+        let limit = self.limits[index];
         CounterId {
             limit: limit.name(),
             key: limit.per().and(key),
@@ -195,6 +208,46 @@ impl Resolved {
 
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The limits `names` in `table`, checked: at least one, no more than a request may name, none
+/// twice, a key for every limit counted per key, a valid key.
+fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Result<Resolved<'t>> {
+    if names.is_empty() {
+        return Err(Error::invalid("limits", "name at least one limit"));
+    }
+    if names.len() > COUNTERS_PER_REQUEST_MAX {
+        return Err(Error::invalid(
+            "limits",
+            format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
+        ));
+    }
+    if let Some(key) = key {
+        check_key(key).map_err(|reason| Error::invalid("key", reason))?;
+    }
+    let mut limits = SmallVec::new();
+    for (index, name) in names.iter().enumerate() {
+        if names[..index].contains(name) {
+            return Err(Error::invalid(
+                "limits",
+                format!("limit {name:?} is named twice"),
+            ));
+        }
+        let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
+            name: (*name).to_owned(),
+        })?;
+        if limit.per().is_some() && key.is_none() {
+            return Err(Error::invalid(
+                "key",
+                format!(
+                    "limit {name:?} counts per {}; give a key",
+                    limit.per().unwrap_or_default()
+                ),
+            ));
+        }
+        limits.push(&**limit);
+    }
+    Ok(Resolved { limits })
 }
 
 impl Limiter {
@@ -284,45 +337,6 @@ impl Limiter {
         self.update_limits(|_| Some(table));
     }
 
-    fn resolve(&self, names: &[&str], key: Option<&str>) -> Result<Resolved> {
-        if names.is_empty() {
-            return Err(Error::invalid("limits", "name at least one limit"));
-        }
-        if names.len() > COUNTERS_PER_REQUEST_MAX {
-            return Err(Error::invalid(
-                "limits",
-                format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
-            ));
-        }
-        if let Some(key) = key {
-            check_key(key).map_err(|reason| Error::invalid("key", reason))?;
-        }
-        let table = self.shared.table_guard();
-        let mut limits = SmallVec::new();
-        for (index, name) in names.iter().enumerate() {
-            if names[..index].contains(name) {
-                return Err(Error::invalid(
-                    "limits",
-                    format!("limit {name:?} is named twice"),
-                ));
-            }
-            let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
-                name: (*name).to_owned(),
-            })?;
-            if limit.per().is_some() && key.is_none() {
-                return Err(Error::invalid(
-                    "key",
-                    format!(
-                        "limit {name:?} counts per {}; give a key",
-                        limit.per().unwrap_or_default()
-                    ),
-                ));
-            }
-            limits.push(limit.clone());
-        }
-        Ok(Resolved { limits })
-    }
-
     fn check_request(request: &Request<'_>) -> Result<()> {
         if request.cost == 0 || request.cost > UNITS_MAX {
             return Err(Error::invalid(
@@ -333,21 +347,57 @@ impl Limiter {
         Ok(())
     }
 
+    /// The store's acquire for `request`: recording reservations unless it is not refundable.
+    fn store_acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        request: &Request<'_>,
+    ) -> crate::store::StoreFuture<'a, Decision> {
+        let store = &self.shared.store;
+        if request.refundable {
+            store.acquire(takes, request.cost, request.priority)
+        } else {
+            store.acquire_final(takes, request.cost, request.priority)
+        }
+    }
+
     /// Ask once, without waiting.
     pub async fn try_acquire(&self, request: &Request<'_>) -> Result<Outcome> {
         Limiter::check_request(request)?;
-        let resolved = self.resolve(&request.limits, request.key)?;
+        if self.shared.store.answers_at_once() {
+            return self.try_acquire_at_once(request);
+        }
+        let table = self.shared.table();
+        let resolved = resolve(&table, &request.limits, request.key)?;
         let takes = resolved.takes(request.key);
-        let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
-        if let Some(retry_at_us) = self.shared.waiters.blocked(&counters, request.priority) {
+        let counters = takes.iter().map(|take| take.counter);
+        if let Some(retry_at_us) = self.shared.waiters.blocked(counters, request.priority) {
             return Ok(Outcome::Denied(self.queued_denial(&resolved, retry_at_us)));
         }
-        let decision = self
-            .shared
-            .store
-            .acquire(&takes, request.cost, request.priority)
-            .await?;
-        Ok(self.outcome(&resolved, request.key, decision))
+        let decision = self.store_acquire(&takes, request).await?;
+        Ok(self.outcome(&resolved, request, decision))
+    }
+
+    /// `try_acquire` on a store that answers at once: decided under the table's read lock,
+    /// borrowing the policies rather than taking references to them (a clone of an `Arc` that
+    /// every thread shares is a write to a cache line every thread reads). A plain function, so
+    /// the lock can never be held across an await.
+    fn try_acquire_at_once(&self, request: &Request<'_>) -> Result<Outcome> {
+        let table = self.shared.table_guard();
+        let resolved = resolve(&table, &request.limits, request.key)?;
+        let takes = resolved.takes(request.key);
+        let counters = takes.iter().map(|take| take.counter);
+        if let Some(retry_at_us) = self.shared.waiters.blocked(counters, request.priority) {
+            return Ok(Outcome::Denied(self.queued_denial(&resolved, retry_at_us)));
+        }
+        let Some(decision) = self.store_acquire(&takes, request).into_ready() else {
+            // A store that says it answers at once and does not is a broken invariant.
+            panic!(
+                "{:?} promised answers at once but returned a pending future",
+                self.shared.store
+            );
+        };
+        Ok(self.outcome(&resolved, request, decision?))
     }
 
     /// Acquire, waiting up to the request's `wait` for room. Cancel-safe: dropping the future
@@ -362,21 +412,18 @@ impl Limiter {
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
         let waiter = {
-            let resolved = self.resolve(&request.limits, request.key)?;
+            let table = self.shared.table();
+            let resolved = resolve(&table, &request.limits, request.key)?;
             let takes = resolved.takes(request.key);
             let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
             if self
                 .shared
                 .waiters
-                .blocked(&counters, request.priority)
+                .blocked(counters.iter().copied(), request.priority)
                 .is_none()
             {
-                let decision = self
-                    .shared
-                    .store
-                    .acquire(&takes, request.cost, request.priority)
-                    .await?;
-                match self.outcome(&resolved, request.key, decision) {
+                let decision = self.store_acquire(&takes, request).await?;
+                match self.outcome(&resolved, request, decision) {
                     Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
@@ -395,14 +442,11 @@ impl Limiter {
             let mut wake_at = deadline;
             if self.shared.waiters.is_head(&waiter) {
                 // Limits may have changed while waiting: resolve again every time.
-                let resolved = self.resolve(&request.limits, request.key)?;
+                let table = self.shared.table();
+                let resolved = resolve(&table, &request.limits, request.key)?;
                 let takes = resolved.takes(request.key);
-                let decision = self
-                    .shared
-                    .store
-                    .acquire(&takes, request.cost, request.priority)
-                    .await?;
-                match self.outcome(&resolved, request.key, decision) {
+                let decision = self.store_acquire(&takes, request).await?;
+                match self.outcome(&resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         // Leaving the queue signals whoever heads it next.
                         drop(waiter);
@@ -428,14 +472,15 @@ impl Limiter {
                 denied
             }
             None => {
-                let resolved = self.resolve(&request.limits, request.key)?;
+                let table = self.shared.table();
+                let resolved = resolve(&table, &request.limits, request.key)?;
                 self.queued_denial(&resolved, 0)
             }
         };
         Ok(Outcome::Denied(denied))
     }
 
-    fn queued_denial(&self, resolved: &Resolved, retry_at_us: u64) -> Denied {
+    fn queued_denial(&self, resolved: &Resolved<'_>, retry_at_us: u64) -> Denied {
         let now_us = micros(Instant::now().elapsed_since_origin());
         Denied {
             // Not exact: it depends on the requests ahead; the head's own hint, at least 1 ms.
@@ -455,7 +500,13 @@ impl Limiter {
         }
     }
 
-    fn outcome(&self, resolved: &Resolved, key: Option<&str>, decision: Decision) -> Outcome {
+    fn outcome(
+        &self,
+        resolved: &Resolved<'_>,
+        request: &Request<'_>,
+        decision: Decision,
+    ) -> Outcome {
+        let key = request.key;
         if decision.is_granted() {
             let mut parts = SmallVec::new();
             for (index, outcome) in decision.outcomes.iter().enumerate() {
@@ -463,11 +514,12 @@ impl Limiter {
                     let limit = &resolved.limits[index];
                     parts.push(GrantedPart {
                         part: Part {
-                            limit: limit.shared_name().clone(),
-                            key: resolved.counter(index, key).key.map(Into::into),
+                            limit: Text::new(limit.name()),
+                            key: resolved.counter(index, key).key.map(Text::new),
                             seq: grant.seq,
                             lease: limit.policy().is_concurrency(),
                         },
+                        refundable: request.refundable,
                         remaining: grant.remaining,
                         reset_after_us: grant.reset_after_us,
                         lease_expires_in_us: grant
@@ -566,23 +618,20 @@ impl Limiter {
                 format!("must be between 1 and {PAUSE_MS_MAX}"),
             ));
         }
-        let resolved = self.resolve(&[limit], None).or_else(|error| match error {
+        let table = self.shared.table();
+        let resolved = resolve(&table, &[limit], None).or_else(|error| match error {
             // A pause without a key on a per-key limit pauses every key.
             Error::InvalidRequest { field: "key", .. } => {
-                let table = self.limits();
-                let limit = table
-                    .get(limit)
-                    .cloned()
-                    .ok_or_else(|| Error::UnknownLimit {
-                        name: limit.to_owned(),
-                    })?;
+                let limit = table.get(limit).ok_or_else(|| Error::UnknownLimit {
+                    name: limit.to_owned(),
+                })?;
                 Ok(Resolved {
-                    limits: std::iter::once(limit).collect(),
+                    limits: std::iter::once(&**limit).collect(),
                 })
             }
             other => Err(other),
         })?;
-        let target = &resolved.limits[0];
+        let target = resolved.limits[0];
         if let Some(key) = key {
             if target.per().is_none() {
                 return Err(Error::invalid(
@@ -670,6 +719,8 @@ async fn renew_parts(shared: &Shared, parts: impl Iterator<Item = &Part>) -> Res
 #[derive(Debug)]
 struct GrantedPart {
     part: Part,
+    /// False for a rate part granted by `acquire_final`: nothing recorded, nothing to refund.
+    refundable: bool,
     remaining: u64,
     reset_after_us: u64,
     lease_expires_in_us: Option<u64>,
@@ -686,7 +737,9 @@ struct GrantedPart {
 #[derive(Debug)]
 pub struct Permit {
     shared: Arc<Shared>,
-    parts: SmallVec<[GrantedPart; 2]>,
+    /// One part inline: most permits are for one limit, and a permit is moved several times on
+    /// its way to the caller, so its size is paid on every grant.
+    parts: SmallVec<[GrantedPart; 1]>,
     decided_at_us: u64,
     settled: bool,
 }
@@ -735,6 +788,10 @@ impl Permit {
             released: 0,
         };
         for granted in &self.parts {
+            if !granted.refundable && !granted.part.lease {
+                // Nothing was recorded to give back; the store would only say so.
+                continue;
+            }
             let committed = settle_part(&self.shared, &granted.part, used).await?;
             total.refunded += committed.refunded;
             total.released += committed.released;

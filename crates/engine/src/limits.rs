@@ -43,7 +43,9 @@ pub fn check_key(key: &str) -> Result<(), String> {
     if key.len() > KEY_BYTES_MAX {
         return Err(format!("must be at most {KEY_BYTES_MAX} bytes"));
     }
-    if key.chars().any(char::is_control) {
+    // Most keys are printable ASCII, which a byte scan settles without decoding characters.
+    let printable_ascii = key.bytes().all(|byte| (0x20..0x7f).contains(&byte));
+    if !printable_ascii && key.chars().any(char::is_control) {
         return Err("must not contain control characters".into());
     }
     Ok(())
@@ -73,10 +75,6 @@ impl Limit {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
 

@@ -11,7 +11,7 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::clock::ManualClock;
 use crate::error::Error;
-use crate::memory::{MemoryStore, MemoryStoreConfig};
+use crate::memory::{MemoryStore, MemoryStoreConfig, Reservations};
 use crate::store::{CounterId, Take};
 use crate::waiters::WaitQueue;
 
@@ -47,7 +47,7 @@ fn loom_two_racing_acquires_never_both_take_the_last_unit() {
                 thread::spawn(move || {
                     let takes = [take("vendor", None, &policy)];
                     store
-                        .acquire_now(&takes, 1, Priority::Normal)
+                        .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
                         .expect("store answers")
                         .is_granted()
                 })
@@ -72,7 +72,7 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
             thread::spawn(move || {
                 let takes = [take(names[0], None, &policy), take(names[1], None, &policy)];
                 store
-                    .acquire_now(&takes, 1, Priority::Normal)
+                    .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
                     .expect("store answers")
                     .is_granted()
             })
@@ -91,14 +91,14 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
         let takes = [take("a", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal)
+                .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
                 .expect("answers")
                 .is_granted()
         );
         let takes = [take("b", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal)
+                .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
                 .expect("answers")
                 .is_granted()
         );
@@ -116,7 +116,7 @@ fn loom_the_key_cap_holds_under_racing_inserts() {
                 let store = store.clone();
                 thread::spawn(move || {
                     let takes = [take("per-user", Some(key), &policy)];
-                    match store.acquire_now(&takes, 1, Priority::Normal) {
+                    match store.acquire_now(&takes, 1, Priority::Normal, Reservations::Record) {
                         Ok(decision) => decision.is_granted(),
                         Err(Error::TooManyKeys { .. }) => false,
                         Err(other) => panic!("unexpected {other:?}"),

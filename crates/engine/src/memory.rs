@@ -63,22 +63,12 @@ impl OwnedCounterId {
             key: counter.key.map(|key| IdText::from_slice(key.as_bytes())),
         }
     }
-
-    fn borrow(&self) -> CounterId<'_> {
-        fn text(bytes: &[u8]) -> &str {
-            std::str::from_utf8(bytes).expect("copied from a str")
-        }
-        CounterId {
-            limit: text(&self.limit),
-            key: self.key.as_deref().map(text),
-        }
-    }
 }
 
 // Hashes exactly like `CounterId`, so the map can be searched with a borrowed id.
 impl Hash for OwnedCounterId {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.borrow().hash(state);
+        CounterId::hash_bytes(&self.limit, self.key.as_deref(), state);
     }
 }
 
@@ -95,6 +85,91 @@ struct Entry {
     counter: Counter,
     /// From this instant the counter is idle and may be dropped (`Counter::idle_at`).
     idle_at: u64,
+}
+
+/// Whether a grant records its rate units as an open reservation that `commit` can refund.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reservations {
+    Record,
+    /// The caller will never commit for a refund (`Store::acquire_final`).
+    Skip,
+}
+
+/// One request, as asked of one counter.
+#[derive(Clone, Copy, Debug)]
+struct Asked {
+    now: u64,
+    cost: u64,
+    priority: Priority,
+}
+
+/// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
+/// `granted_next` says the request is granted right after if this allows it, so the grant will
+/// report what remains and working it out here would be wasted.
+fn check_entry(
+    entry: &mut Entry,
+    take: Take<'_>,
+    asked: Asked,
+    limit_pause_until: u64,
+    granted_next: bool,
+) -> Result<CounterOutcome> {
+    let Asked {
+        now,
+        cost,
+        priority,
+    } = asked;
+    let check = entry
+        .counter
+        .check(take.policy, now, cost, priority)
+        .map_err(|source| Error::Cost {
+            limit: take.counter.limit.to_owned(),
+            source,
+        })?;
+    Ok(match check {
+        Some(mut denial) => {
+            if limit_pause_until > now {
+                denial.retry_after_us = denial.retry_after_us.max(limit_pause_until - now);
+                denial.reason = DenyReason::Paused;
+            }
+            CounterOutcome::Denied(denial)
+        }
+        None if limit_pause_until > now => {
+            let (remaining, _) = entry.counter.status(take.policy, now, priority);
+            CounterOutcome::Denied(tollgate_core::Denial {
+                retry_after_us: limit_pause_until - now,
+                remaining,
+                reason: DenyReason::Paused,
+            })
+        }
+        None => {
+            let remaining = if granted_next {
+                0
+            } else {
+                entry.counter.status(take.policy, now, priority).0
+            };
+            CounterOutcome::Allowed { remaining }
+        }
+    })
+}
+
+/// Grant on one counter that `check_entry` allowed under the same lock and `now`.
+fn grant_entry(
+    entry: &mut Entry,
+    take: Take<'_>,
+    asked: Asked,
+    reservations: Reservations,
+) -> CounterOutcome {
+    let Asked {
+        now,
+        cost,
+        priority,
+    } = asked;
+    let grant = match reservations {
+        Reservations::Record => entry.counter.grant(take.policy, now, cost, priority),
+        Reservations::Skip => entry.counter.grant_final(take.policy, now, cost, priority),
+    };
+    entry.idle_at = entry.counter.idle_at(take.policy);
+    CounterOutcome::Granted(grant)
 }
 
 #[derive(Debug, Default)]
@@ -306,13 +381,14 @@ impl MemoryStore {
         takes: &[Take<'_>],
         cost: u64,
         priority: Priority,
+        reservations: Reservations,
     ) -> Result<Decision> {
-        match self.acquire_locked(takes, cost, priority) {
+        match self.acquire_locked(takes, cost, priority, reservations) {
             Err(Error::TooManyKeys { .. }) => {
                 // The key's own shard had no idle counter to give up; look in all of them, with
                 // no lock held (taking more locks while holding some could deadlock), once.
                 self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
-                self.acquire_locked(takes, cost, priority)
+                self.acquire_locked(takes, cost, priority, reservations)
             }
             other => other,
         }
@@ -323,12 +399,16 @@ impl MemoryStore {
         takes: &[Take<'_>],
         cost: u64,
         priority: Priority,
+        reservations: Reservations,
     ) -> Result<Decision> {
         if takes.len() > COUNTERS_PER_REQUEST_MAX {
             return Err(Error::invalid(
                 "limits",
                 format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
             ));
+        }
+        if let [take] = takes {
+            return self.acquire_one_locked(*take, cost, priority, reservations);
         }
         let shard_of_take: SmallVec<[usize; 2]> = takes
             .iter()
@@ -353,41 +433,20 @@ impl MemoryStore {
             let index = self.entry_index(shard, take.counter, take.policy, now)?;
             index_of_take.push(index);
             let entry = &mut shard.counters[index];
-            let check = entry
-                .counter
-                .check(take.policy, now, cost, priority)
-                .map_err(|source| Error::Cost {
-                    limit: take.counter.limit.to_owned(),
-                    source,
-                })?;
-            let outcome = match check {
-                Some(mut denial) => {
-                    if limit_pause_until > now {
-                        denial.retry_after_us = denial.retry_after_us.max(limit_pause_until - now);
-                        denial.reason = DenyReason::Paused;
-                    }
-                    CounterOutcome::Denied(denial)
-                }
-                None if limit_pause_until > now => {
-                    let (remaining, _) = entry.counter.status(take.policy, now, priority);
-                    CounterOutcome::Denied(tollgate_core::Denial {
-                        retry_after_us: limit_pause_until - now,
-                        remaining,
-                        reason: DenyReason::Paused,
-                    })
-                }
-                None => {
-                    // When this is the last counter and every one allows the request, it is
-                    // granted next, and the grant reports what remains: do not work it out twice.
-                    let granted_next = all_allowed && position + 1 == takes.len();
-                    let remaining = if granted_next {
-                        0
-                    } else {
-                        entry.counter.status(take.policy, now, priority).0
-                    };
-                    CounterOutcome::Allowed { remaining }
-                }
-            };
+            // When this is the last counter and every one allows the request, it is granted
+            // next, and the grant reports what remains: do not work it out twice.
+            let granted_next = all_allowed && position + 1 == takes.len();
+            let outcome = check_entry(
+                entry,
+                *take,
+                Asked {
+                    now,
+                    cost,
+                    priority,
+                },
+                limit_pause_until,
+                granted_next,
+            )?;
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
@@ -404,15 +463,48 @@ impl MemoryStore {
                         .get_index_of(&take.counter)
                         .expect("checked above under the same lock"),
                 };
-                let entry = &mut shard.counters[index];
-                let grant = entry.counter.grant(take.policy, now, cost, priority);
-                entry.idle_at = entry.counter.idle_at(take.policy);
-                *outcome = CounterOutcome::Granted(grant);
+                let asked = Asked {
+                    now,
+                    cost,
+                    priority,
+                };
+                *outcome = grant_entry(&mut shard.counters[index], *take, asked, reservations);
             }
         }
         for guard in guards.iter_mut() {
             self.sweep_after(guard, now);
         }
+        Ok(Decision {
+            now_us: now,
+            outcomes,
+        })
+    }
+
+    /// `acquire_locked` for one counter: one shard, nothing to order or search twice.
+    fn acquire_one_locked(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+        reservations: Reservations,
+    ) -> Result<Decision> {
+        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+        let now = self.clock.now_us();
+        let limit_pause_until = self.limit_paused_until(take.counter.limit);
+        let index = self.entry_index(&mut shard, take.counter, take.policy, now)?;
+        let asked = Asked {
+            now,
+            cost,
+            priority,
+        };
+        let entry = &mut shard.counters[index];
+        let mut outcome = check_entry(entry, take, asked, limit_pause_until, true)?;
+        if matches!(outcome, CounterOutcome::Allowed { .. }) {
+            outcome = grant_entry(entry, take, asked, reservations);
+        }
+        self.sweep_after(&mut shard, now);
+        let mut outcomes = SmallVec::new();
+        outcomes.push(outcome);
         Ok(Decision {
             now_us: now,
             outcomes,
@@ -481,7 +573,20 @@ impl Store for MemoryStore {
         cost: u64,
         priority: Priority,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(takes, cost, priority))
+        StoreFuture::ready(self.acquire_now(takes, cost, priority, Reservations::Record))
+    }
+
+    fn acquire_final<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::ready(self.acquire_now(takes, cost, priority, Reservations::Skip))
+    }
+
+    fn answers_at_once(&self) -> bool {
+        true
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -11,6 +11,7 @@ use std::hash::Hasher;
 use std::time::Duration;
 
 use siphasher::sip::SipHasher13;
+use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 
@@ -18,11 +19,49 @@ use crate::error::{Error, Result};
 pub const PERMIT_ID_CHARS_MAX: usize = 4096;
 const FORMAT_VERSION: u8 = 1;
 
+/// Bytes of a limit name or key a permit keeps inline; longer ones go to the heap.
+const TEXT_BYTES_INLINE: usize = 24;
+
+/// A limit name or key held by a permit. Most are short and kept inline, so granting neither
+/// allocates nor increments a reference count that every thread deciding on the limit shares.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Text(SmallVec<[u8; TEXT_BYTES_INLINE]>);
+
+impl Text {
+    pub(crate) fn new(text: &str) -> Text {
+        Text(SmallVec::from_slice(text.as_bytes()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("copied from a str")
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Text {
+        Text::new(text)
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// One limit's part of a grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
-    pub(crate) limit: std::sync::Arc<str>,
-    pub(crate) key: Option<Box<str>>,
+    pub(crate) limit: Text,
+    pub(crate) key: Option<Text>,
     pub(crate) seq: u64,
     pub(crate) lease: bool,
 }

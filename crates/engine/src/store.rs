@@ -14,10 +14,33 @@ use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
 use crate::error::Result;
 
 /// One counter: a limit, and the key for limits counted `per` key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CounterId<'a> {
     pub limit: &'a str,
     pub key: Option<&'a str>,
+}
+
+impl CounterId<'_> {
+    /// Hash limit and key as bytes, each with a terminator so that ("ab", "c") and ("a", "bc")
+    /// differ. Stores that keep the id as bytes hash those the same way, without decoding.
+    pub(crate) fn hash_bytes<H: std::hash::Hasher>(
+        limit: &[u8],
+        key: Option<&[u8]>,
+        state: &mut H,
+    ) {
+        state.write(limit);
+        state.write_u8(0xff);
+        if let Some(key) = key {
+            state.write(key);
+            state.write_u8(0xff);
+        }
+    }
+}
+
+impl std::hash::Hash for CounterId<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        CounterId::hash_bytes(self.limit.as_bytes(), self.key.map(str::as_bytes), state);
+    }
 }
 
 /// A counter and the policy it is decided under.
@@ -138,6 +161,26 @@ pub trait Store: Send + Sync + fmt::Debug {
         cost: u64,
         priority: Priority,
     ) -> StoreFuture<'a, Decision>;
+
+    /// `acquire` for a request whose permit will never be committed for a refund: a store may
+    /// skip recording the rate reservations (`Counter::grant_final`), which keeps counters
+    /// smaller and decisions cheaper. Units count exactly as with `acquire`; leases are leases.
+    /// The default records them anyway, which is always safe.
+    fn acquire_final<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        self.acquire(takes, cost, priority)
+    }
+
+    /// Whether every future this store returns is `StoreFuture::Ready` (an in-process store).
+    /// The limiter then decides without building a future around the store's answer and
+    /// without cloning the policies it decides under.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
 
     /// Commit a reservation (refund `cost - used`) or release a lease.
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed>;

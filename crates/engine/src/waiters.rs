@@ -127,14 +127,18 @@ pub(crate) struct Waiter<'q> {
 impl WaitQueue {
     /// Whether a request of `priority` on `counters` must queue behind someone: a waiter of the
     /// same or higher priority already waits on one of them.
-    pub(crate) fn blocked(&self, counters: &[CounterId<'_>], priority: Priority) -> Option<u64> {
+    pub(crate) fn blocked<'c>(
+        &self,
+        counters: impl IntoIterator<Item = CounterId<'c>>,
+        priority: Priority,
+    ) -> Option<u64> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
         let queues = lock(&self.queues);
         let mut blocked_until = None;
         for counter in counters {
-            let key = queue_key(*counter);
+            let key = queue_key(counter);
             if let Some(queue) = queues.by_counter.get(&key)
                 && let Some((order, _)) = queue.waiters.first_key_value()
                 && order.rank <= rank(priority)

@@ -156,6 +156,57 @@ async fn commit_refunds_unused_units_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_permit_that_is_not_refundable_counts_the_same_and_refunds_nothing() {
+    let limiter = Limiter::in_memory();
+    add(
+        &limiter,
+        "vendor",
+        rate(4, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    add(
+        &limiter,
+        "pool",
+        Policy::concurrency(1, 10 * SECOND_US, Reserve::default()).expect("valid policy"),
+        None,
+    );
+    let both = Request::all(&["vendor", "pool"]).cost(1).refundable(false);
+    let first = limiter
+        .try_acquire(&both)
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
+    let id = first.id();
+    // Its units count like any other grant's: three more fit, not four.
+    let rest = limiter
+        .try_acquire(&Request::new("vendor").cost(3).refundable(false))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room");
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
+    // Committing refunds nothing, but the lease part is released as always.
+    let committed = first.commit(0).await.expect("commit");
+    assert_eq!((committed.refunded, committed.released), (0, 1));
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
+    assert!(granted(&limiter, &Request::new("pool")).await);
+    // By id, the store has no reservation to give back: a clear error, not a silent refund.
+    let by_id = limiter.commit(id.as_str(), 0).await;
+    assert!(
+        matches!(
+            by_id,
+            Err(Error::Permit {
+                source: PermitError::Gone
+            })
+        ),
+        "{by_id:?}"
+    );
+    assert_eq!(rest.commit(0).await.expect("commit").refunded, 0);
+    assert!(!granted(&limiter, &Request::new("vendor")).await);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_dropped_rate_permit_keeps_its_units_used() {
     let limiter = Limiter::in_memory();
     add(

@@ -1,0 +1,111 @@
+//! Instructions per `try_acquire` decision, for `valgrind --tool=callgrind`: a count that does
+//! not move with the machine's load, unlike the criterion figures of `benches/acquire.rs`.
+//!
+//! `decision_cost CASE N` sets up CASE, then makes N decisions; run it with N and with 0 under
+//! callgrind, and the difference of the two totals divided by N is the cost of one decision.
+//! `scripts/decision-cost` does exactly that for every case.
+//!
+//! Cases: `gcra_final`, `gcra`, `sliding_final`, `sliding` (one unkeyed limit, `_final` meaning
+//! `refundable(false)`), the same with a `keyed_` prefix (10,000 keys of a per-key limit), and
+//! `governor_direct` and `governor_keyed` (governor's limiters, the same quota and keys).
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::{Algorithm, Limit, Limiter, Policy, Request, Reserve};
+
+const UNITS_PER_SECOND: u64 = 1_000_000_000;
+const KEYS: usize = 10_000;
+
+fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
+fn grant(limiter: &Limiter, request: &Request<'_>) {
+    let outcome = now_or_never(limiter.try_acquire(request))
+        .expect("the memory store answers at once")
+        .expect("a valid request");
+    assert!(outcome.is_granted(), "a limit this large never denies");
+    drop(black_box(outcome));
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let case = args.next().unwrap_or_else(|| "gcra_final".to_owned());
+    let decisions: usize = args
+        .next()
+        .map(|n| n.parse().expect("N: a number of decisions"))
+        .unwrap_or(100_000);
+    let keys: Vec<String> = (0..KEYS).map(|index| format!("user-{index:05}")).collect();
+    let quota = Quota::per_second(NonZeroU32::new(UNITS_PER_SECOND as u32).expect("non-zero"));
+
+    if case == "governor_direct" {
+        let governor: DefaultDirectRateLimiter = RateLimiter::direct(quota);
+        for _ in 0..decisions {
+            assert!(black_box(governor.check()).is_ok());
+        }
+        return;
+    }
+    if case == "governor_keyed" {
+        let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
+        for key in &keys {
+            assert!(governor.check_key(key).is_ok());
+        }
+        for index in 0..decisions {
+            assert!(black_box(governor.check_key(&keys[index % KEYS])).is_ok());
+        }
+        return;
+    }
+
+    let keyed = case.starts_with("keyed_");
+    let shape = case.trim_start_matches("keyed_");
+    let refundable = !shape.ends_with("_final");
+    let algorithm = match shape.trim_end_matches("_final") {
+        "gcra" => Algorithm::Gcra {
+            burst: UNITS_PER_SECOND,
+        },
+        "sliding" => Algorithm::Sliding,
+        other => panic!("unknown case {other:?}"),
+    };
+    let limiter = Limiter::in_memory();
+    let policy = Policy::rate(
+        UNITS_PER_SECOND,
+        1_000_000,
+        0,
+        algorithm,
+        Reserve::default(),
+    )
+    .expect("valid policy");
+    let per = keyed.then_some("user");
+    limiter.set_limit(Limit::new("api", policy, per).expect("valid limit"));
+    if keyed {
+        for key in &keys {
+            grant(
+                &limiter,
+                &Request::new("api").key(key).refundable(refundable),
+            );
+        }
+        for index in 0..decisions {
+            let request = Request::new("api")
+                .key(&keys[index % KEYS])
+                .refundable(refundable);
+            grant(&limiter, &request);
+        }
+    } else {
+        let request = Request::new("api").refundable(refundable);
+        for _ in 0..decisions {
+            grant(&limiter, &request);
+        }
+    }
+}
