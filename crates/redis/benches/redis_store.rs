@@ -98,15 +98,40 @@ fn ceiling(host: &str, port: &str, sha: &str, callers: usize) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn evalsha_calls(host: &str, port: &str) -> u64 {
+/// `(calls, usec)` of script calls (EVALSHA and FCALL) from `INFO commandstats`: Redis's own
+/// CPU time in the scripts, which the client's share of the machine does not affect.
+fn evalsha_stats(host: &str, port: &str) -> (u64, u64) {
     let stats = redis_cli(host, port, &["INFO", "commandstats"]);
-    stats
+    let field = |command: &str, name: &str| -> u64 {
+        stats
+            .lines()
+            .find(|line| line.starts_with(command))
+            .and_then(|line| line.split(&format!("{name}=")).nth(1))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    let both = |name: &str| field("cmdstat_evalsha:", name) + field("cmdstat_fcall:", name);
+    (both("calls"), both("usec"))
+}
+
+fn evalsha_calls(host: &str, port: &str) -> u64 {
+    evalsha_stats(host, port).0
+}
+
+/// Every command Redis has run, from `INFO stats`, those the script runs with `redis.call`
+/// included: what one decision costs in Redis commands.
+fn commands_processed(host: &str, port: &str) -> u64 {
+    redis_cli(host, port, &["INFO", "stats"])
         .lines()
-        .find(|line| line.starts_with("cmdstat_evalsha:"))
-        .and_then(|line| line.split("calls=").nth(1))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
+        .find_map(|line| line.strip_prefix("total_commands_processed:"))
+        .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Microseconds of Redis CPU per EVALSHA between two readings.
+fn usec_per_call(before: (u64, u64), after: (u64, u64)) -> f64 {
+    (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
 }
 
 fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
@@ -175,20 +200,30 @@ fn main() {
     .expect("valid");
     let limiter = limiter_on(store.clone(), never_binds);
 
-    println!("callers | tollgate decisions/s | p50 us | p99 us | EVALSHA ceiling/s | ratio");
+    println!(
+        "callers | tollgate decisions/s | p50 us | p99 us | EVALSHA ceiling/s | ratio | Redis us per decision | per trivial EVALSHA"
+    );
     for callers in CALLERS {
-        let before = evalsha_calls(host, port);
+        let before = evalsha_stats(host, port);
+        let commands_before = commands_processed(host, port);
         let figures = runtime.block_on(measure(&limiter, callers));
-        let calls = evalsha_calls(host, port) - before;
+        let after = evalsha_stats(host, port);
+        // Less the INFO commands this bench itself sends.
+        let commands = commands_processed(host, port) - commands_before - 2;
+        let calls = after.0 - before.0;
         let ceiling = ceiling(host, port, &sha, callers);
+        let trivial = usec_per_call(after, evalsha_stats(host, port));
         println!(
-            "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>17.0} | {:.2}   (EVALSHA per decision: {:.3})",
+            "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>17.0} | {:.2} | {:>5.2} | {:>5.2}   (script calls per decision: {:.3}; commands Redis ran per decision, those inside the script included: {:.3})",
             figures.per_second,
             figures.p50_us,
             figures.p99_us,
             ceiling,
             figures.per_second / ceiling,
-            calls as f64 / figures.decisions as f64
+            usec_per_call(before, after),
+            trivial,
+            calls as f64 / figures.decisions as f64,
+            commands as f64 / figures.decisions as f64
         );
     }
 

@@ -1,9 +1,12 @@
 //! The Redis store: counters shared by any number of processes and machines.
 //!
-//! Every operation (acquire over several counters, commit, renew, pause) is one `EVALSHA` of
+//! Every operation (acquire over several counters, commit, renew, pause) is one call of
 //! `tollgate.lua`, which decides atomically with the same arithmetic as the decision core, on
-//! Redis's clock (`TIME`), never a worker's (G5). The script is loaded once and called by its
-//! SHA; after a script-cache flush the client loads it again transparently.
+//! Redis's clock (`TIME`), never a worker's (G5). On Redis 7 and later the script is loaded as a
+//! function library named after its hash and each operation is one `FCALL` (its helpers are
+//! then made once, not on every call); where `FUNCTION LOAD` is refused (older Redis, ACLs) it
+//! is one `EVALSHA`. A Redis that lost the library (restart without persistence) gets it again
+//! on the first call that misses it, as a flushed script cache does.
 //!
 //! Keys: `tg:{<namespace>}:...`. The namespace is the hash tag, so every key of one decision
 //! lands on one Redis Cluster slot; limit names and user keys stay outside the braces, length-
@@ -67,6 +70,8 @@ pub struct RedisStoreConfig {
 pub struct RedisStore {
     connection: ConnectionManager,
     script: Script,
+    /// The function library: its `FCALL` name and source, when Redis accepted it.
+    function: Option<(String, String)>,
     keys: keys::Keys,
     config: RedisStoreConfig,
     /// The highest generation version seen: a lower one from Redis means it lost state.
@@ -231,11 +236,23 @@ impl RedisStore {
         .map_err(unavailable)?;
         let script = Script::new(SCRIPT);
         let mut loader = connection.clone();
-        script
-            .prepare_invoke()
-            .load_async(&mut loader)
-            .await
-            .map_err(unavailable)?;
+        let name = format!("tollgate_{}", &script.get_hash()[..16]);
+        let library = format!(
+            "#!lua name={name}\n{}",
+            SCRIPT.replace("__TOLLGATE_FUNCTION__", &name)
+        );
+        let function = match load_library(&mut loader, &library).await {
+            Ok(()) => Some((name, library)),
+            Err(error) => {
+                tracing::debug!(%error, "FUNCTION LOAD refused; deciding by EVALSHA");
+                script
+                    .prepare_invoke()
+                    .load_async(&mut loader)
+                    .await
+                    .map_err(unavailable)?;
+                None
+            }
+        };
         let keys = keys::Keys::new(&config.namespace);
         let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
         let subscriber = tokio::spawn(subscribe(
@@ -247,6 +264,7 @@ impl RedisStore {
         Ok(RedisStore {
             connection,
             script,
+            function,
             keys,
             config,
             version_seen: Arc::new(AtomicU64::new(0)),
@@ -262,22 +280,10 @@ impl RedisStore {
 
     /// Run the script: one round trip. `keys` and `args` follow the script's header.
     async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(self.keys.generation());
-        for key in keys {
-            invocation.key(key.as_str());
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let mut connection = self.connection.clone();
-        let value: Value = tokio::time::timeout(
-            self.config.timeout,
-            invocation.invoke_async(&mut connection),
-        )
-        .await
-        .map_err(|_| unavailable("Redis did not answer in time"))?
-        .map_err(|error: RedisError| unavailable(error))?;
+        let value: Value = tokio::time::timeout(self.config.timeout, self.call(keys, args))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(|error: RedisError| unavailable(error))?;
         let reply = parse_reply(value)?;
         if reply.numbers.len() < 4 {
             return Err(unavailable("script reply without its head"));
@@ -301,6 +307,40 @@ impl RedisStore {
             );
         }
         Ok((head, reply))
+    }
+
+    /// One `FCALL` (or `EVALSHA`), loading the library again if Redis lost it.
+    async fn call(
+        &self,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> std::result::Result<Value, RedisError> {
+        let mut connection = self.connection.clone();
+        let Some((name, library)) = &self.function else {
+            let mut invocation = self.script.prepare_invoke();
+            invocation.key(self.keys.generation());
+            for key in keys {
+                invocation.key(key.as_str());
+            }
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            return invocation.invoke_async(&mut connection).await;
+        };
+        let mut command = redis::cmd("FCALL");
+        command
+            .arg(name.as_str())
+            .arg(keys.len() + 1)
+            .arg(self.keys.generation())
+            .arg(keys)
+            .arg(args);
+        match command.query_async(&mut connection).await {
+            Err(error) if error.to_string().contains("Function not found") => {
+                load_library(&mut connection, library).await?;
+                command.query_async(&mut connection).await
+            }
+            answer => answer,
+        }
     }
 
     /// The numbers every operation starts with: its code and the version this client has seen.
@@ -491,10 +531,30 @@ impl RedisStore {
         self.keys.counter(counter)
     }
 
+    /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
+    pub fn function_library(&self) -> Option<&str> {
+        self.function.as_ref().map(|(name, _)| name.as_str())
+    }
+
     /// The prefix every key of this store starts with.
     pub fn key_prefix(&self) -> &str {
         self.keys.prefix()
     }
+}
+
+/// `FUNCTION LOAD REPLACE`: the same source under the same name, so any number of processes may
+/// load it at once.
+async fn load_library(
+    connection: &mut ConnectionManager,
+    library: &str,
+) -> std::result::Result<(), RedisError> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query_async::<String>(connection)
+        .await
+        .map(|_| ())
 }
 
 fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
