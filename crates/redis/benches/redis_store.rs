@@ -26,7 +26,8 @@ struct Figures {
     decisions: u64,
 }
 
-async fn measure(limiter: &Limiter, callers: usize) -> Figures {
+/// `refundable`: false for `Request::refundable(false)`, whose grants record no reservation.
+async fn measure(limiter: &Limiter, callers: usize, refundable: bool) -> Figures {
     let end = Instant::now() + RUN;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -36,7 +37,8 @@ async fn measure(limiter: &Limiter, callers: usize) -> Figures {
             let mut latencies = Vec::with_capacity(100_000);
             while Instant::now() < end {
                 let asked = Instant::now();
-                let outcome = limiter.try_acquire(&Request::new("bench")).await;
+                let request = Request::new("bench").refundable(refundable);
+                let outcome = limiter.try_acquire(&request).await;
                 latencies.push(asked.elapsed().as_micros() as u64);
                 assert!(
                     outcome.expect("store answers").is_granted(),
@@ -200,31 +202,38 @@ fn main() {
     .expect("valid");
     let limiter = limiter_on(store.clone(), never_binds);
 
-    println!(
-        "callers | tollgate decisions/s | p50 us | p99 us | EVALSHA ceiling/s | ratio | Redis us per decision | per trivial EVALSHA"
-    );
-    for callers in CALLERS {
-        let before = evalsha_stats(host, port);
-        let commands_before = commands_processed(host, port);
-        let figures = runtime.block_on(measure(&limiter, callers));
-        let after = evalsha_stats(host, port);
-        // Less the INFO commands this bench itself sends.
-        let commands = commands_processed(host, port) - commands_before - 2;
-        let calls = after.0 - before.0;
-        let ceiling = ceiling(host, port, &sha, callers);
-        let trivial = usec_per_call(after, evalsha_stats(host, port));
+    for refundable in [true, false] {
+        if refundable {
+            println!("refundable requests (each grant records a reservation for commit):");
+        } else {
+            println!("Request::refundable(false) (no reservation recorded):");
+        }
         println!(
-            "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>17.0} | {:.2} | {:>5.2} | {:>5.2}   (script calls per decision: {:.3}; commands Redis ran per decision, those inside the script included: {:.3})",
-            figures.per_second,
-            figures.p50_us,
-            figures.p99_us,
-            ceiling,
-            figures.per_second / ceiling,
-            usec_per_call(before, after),
-            trivial,
-            calls as f64 / figures.decisions as f64,
-            commands as f64 / figures.decisions as f64
+            "callers | tollgate decisions/s | p50 us | p99 us | EVALSHA ceiling/s | ratio | Redis us per decision | per trivial EVALSHA"
         );
+        for callers in CALLERS {
+            let before = evalsha_stats(host, port);
+            let commands_before = commands_processed(host, port);
+            let figures = runtime.block_on(measure(&limiter, callers, refundable));
+            let after = evalsha_stats(host, port);
+            // Less the INFO commands this bench itself sends.
+            let commands = commands_processed(host, port) - commands_before - 2;
+            let calls = after.0 - before.0;
+            let ceiling = ceiling(host, port, &sha, callers);
+            let trivial = usec_per_call(after, evalsha_stats(host, port));
+            println!(
+                "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>17.0} | {:.2} | {:>5.2} | {:>5.2}   (script calls per decision: {:.3}; commands Redis ran per decision, those inside the script included: {:.3})",
+                figures.per_second,
+                figures.p50_us,
+                figures.p99_us,
+                ceiling,
+                figures.per_second / ceiling,
+                usec_per_call(before, after),
+                trivial,
+                calls as f64 / figures.decisions as f64,
+                commands as f64 / figures.decisions as f64
+            );
+        }
     }
 
     let leasing = runtime.block_on(async {
@@ -241,7 +250,7 @@ fn main() {
     println!("callers | tollgate decisions/s | p50 us | p99 us | Redis calls per decision");
     for callers in CALLERS {
         let before = evalsha_calls(host, port);
-        let figures = runtime.block_on(measure(&leased, callers));
+        let figures = runtime.block_on(measure(&leased, callers, true));
         let calls = evalsha_calls(host, port) - before;
         println!(
             "{callers:>7} | {:>20.0} | {:>6} | {:>6} | {:.4}",

@@ -19,9 +19,11 @@ use crate::{RedisStore, RedisStoreConfig};
 
 #[derive(Clone, Debug)]
 enum Op {
+    /// `final_grant`: a final grant (`acquire_final`, the core's `grant_final`), never committed.
     Acquire {
         cost: u64,
         priority: Priority,
+        final_grant: bool,
     },
     /// Commit the permit `pick` (modulo how many there are) with `used` (modulo its cost + 2,
     /// so that `used > cost` is tried too).
@@ -50,7 +52,9 @@ fn priority() -> impl Strategy<Value = Priority> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (1u64..4, priority()).prop_map(|(cost, priority)| Op::Acquire { cost, priority }),
+        5 => (1u64..4, priority(), proptest::bool::weighted(0.3)).prop_map(
+            |(cost, priority, final_grant)| Op::Acquire { cost, priority, final_grant }
+        ),
         2 => (any::<usize>(), 0u64..6).prop_map(|(pick, used)| Op::Commit { pick, used }),
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
         1 => (1u64..40).prop_map(|duration_ms| Op::Pause { duration_ms }),
@@ -120,9 +124,15 @@ async fn compare(
         let context = |what: String| format!("step {step} {op:?}: {what}");
         match op {
             Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
-            Op::Acquire { cost, priority } => {
+            Op::Acquire {
+                cost,
+                priority,
+                final_grant,
+            } => {
                 let takes = [take];
-                let result = store.acquire_remote(&takes, *cost, *priority).await;
+                let result = store
+                    .acquire_remote(&takes, *cost, *priority, !*final_grant)
+                    .await;
                 let (head, outcome) = match result {
                     Ok(decision) => (decision.now_us, Some(decision.outcomes[0])),
                     Err(Error::Cost { .. }) => (0, None),
@@ -139,9 +149,19 @@ async fn compare(
                 let now = head;
                 let born = store.last_born_us();
                 let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
-                let expected = counter
-                    .decide(&policy, now, *cost, *priority)
-                    .map_err(|e| context(format!("core refused the cost: {e}")))?;
+                let expected = if *final_grant {
+                    match counter.check(&policy, now, *cost, *priority) {
+                        Ok(Some(denial)) => Verdict::Denied(denial),
+                        Ok(None) => {
+                            Verdict::Granted(counter.grant_final(&policy, now, *cost, *priority))
+                        }
+                        Err(e) => return Err(context(format!("core refused the cost: {e}"))),
+                    }
+                } else {
+                    counter
+                        .decide(&policy, now, *cost, *priority)
+                        .map_err(|e| context(format!("core refused the cost: {e}")))?
+                };
                 let same = match (expected, outcome) {
                     (Verdict::Granted(grant), CounterOutcome::Granted(redis)) => {
                         permits.push((grant.seq, *cost));
@@ -318,6 +338,7 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
         .map(|_| Op::Acquire {
             cost: 2,
             priority: Priority::Normal,
+            final_grant: false,
         })
         .collect();
     // `pick` 0 is the oldest permit, 300 (divisible by 5) `permits[300]`, 4 the newest.

@@ -364,11 +364,13 @@ impl RedisStore {
         ]
     }
 
+    /// `record`: whether grants record their reservations (false: `acquire_final`).
     async fn acquire_remote(
         &self,
         takes: &[Take<'_>],
         cost: u64,
         priority: Priority,
+        record: bool,
     ) -> Result<Decision> {
         if takes.len() > tollgate::COUNTERS_PER_REQUEST_MAX {
             return Err(Error::InvalidRequest {
@@ -381,7 +383,12 @@ impl RedisStore {
         }
         let mut keys = Vec::with_capacity(takes.len() * 4);
         let mut numbers = self.common_numbers(ACQUIRE);
-        numbers.extend([cost, priority_arg(priority), takes.len() as u64]);
+        numbers.extend([
+            cost,
+            priority_arg(priority),
+            u64::from(record),
+            takes.len() as u64,
+        ]);
         for take in takes {
             keys.extend(self.counter_keys(take.counter));
             keys.push(self.keys.limit_pause(take.counter.limit));
@@ -635,7 +642,16 @@ impl Store for RedisStore {
         cost: u64,
         priority: Priority,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority))
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, true))
+    }
+
+    fn acquire_final<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, false))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -422,7 +422,9 @@ function T.check(c, p, now, cost, priority, limit_paused_until)
   return { math.max(room_after, pause_after), T.sub0(open, T.used(c, p, now)), reason }
 end
 
-function T.grant(c, p, now, cost, priority)
+-- `record` 0: a final grant (the core's grant_final), whose permit is never committed: no
+-- reservation is recorded, so the grant touches neither the reservations log nor its cap.
+function T.grant(c, p, now, cost, priority, record)
   local open = T.capacity_for(p, priority)
   local seq = math.max(c.s, now)
   c.s = seq + 1
@@ -475,7 +477,7 @@ function T.grant(c, p, now, cost, priority)
     b[n + 2] = cost
     b[n + 3] = lease_expires_at
   end
-  if p.kind == 1 then
+  if p.kind == 1 and record == 1 then
     if c.re - c.ro >= 256 * 24 then
       -- The oldest is forgotten (its units stay counted), as in the core.
       c.ro = c.ro + 24
@@ -572,11 +574,12 @@ function T.decide(KEYS, ARGV)
   local gen = T.generation(KEYS[1], now, seen)
 
   if op == 1 then
-    -- acquire: [3] cost, [4] priority (0 low, 1 normal, 2 high), [5] n, then n policies
-    local cost, priority, n = a[3], a[4], a[5]
+    -- acquire: [3] cost, [4] priority (0 low, 1 normal, 2 high), [5] record reservations (1)
+    -- or grant final (0), [6] n, then n policies
+    local cost, priority, record, n = a[3], a[4], a[5], a[6]
     local policies = {}
     for i = 1, n do
-      local p = T.read_policy(a, 6 + (i - 1) * 9)
+      local p = T.read_policy(a, 7 + (i - 1) * 9)
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
         local reply = T.head('cost', now, gen)
@@ -611,7 +614,7 @@ function T.decide(KEYS, ARGV)
     end
     if all_allowed then
       for i = 1, n do
-        local g = T.grant(counters[i], policies[i], now, cost, priority)
+        local g = T.grant(counters[i], policies[i], now, cost, priority, record)
         outcomes[i] = { 0, g[1], g[2], g[3], g[4] }
       end
     end
