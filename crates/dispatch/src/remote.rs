@@ -32,6 +32,11 @@ pub struct RemoteQuota {
 pub(crate) struct RemotePermit {
     id: String,
     quota: RemoteQuota,
+    /// Whether the permit holds a lease: one dropped unsettled is released in the background,
+    /// as a local permit's is, rather than held until its TTL runs out on the server.
+    lease: bool,
+    /// Committed (or being committed): nothing is left for the drop to release.
+    settled: bool,
 }
 
 pub(crate) enum RemoteAcquired {
@@ -89,8 +94,17 @@ struct RenewedBody {
 }
 
 fn transport(error: reqwest::Error) -> DispatchError {
+    // reqwest's own message names only the URL; what went wrong (connection refused, timed
+    // out, reset) is further down the chain of causes.
+    let mut reason = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        reason.push_str(": ");
+        reason.push_str(&cause.to_string());
+        source = cause.source();
+    }
     DispatchError::Remote {
-        reason: error.to_string(),
+        reason: format!("unreachable: {reason}"),
         transient: true,
     }
 }
@@ -159,14 +173,19 @@ impl RemoteQuota {
     }
 
     fn failure(status: reqwest::StatusCode, bytes: &[u8]) -> DispatchError {
+        // A 429 or 408 without the server's body comes from something in front of it (a proxy
+        // or load balancer): it passes, like a 5xx.
+        let transient = status.is_server_error()
+            || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            || status == reqwest::StatusCode::REQUEST_TIMEOUT;
         match serde_json::from_slice::<ErrorBody>(bytes) {
             Ok(body) => DispatchError::Remote {
-                transient: status.is_server_error() || body.error.code == "store_unavailable",
+                transient: transient || body.error.code == "store_unavailable",
                 reason: format!("{status}: {}: {}", body.error.code, body.error.message),
             },
             Err(_) => DispatchError::Remote {
                 reason: format!("{status} with an unreadable body"),
-                transient: status.is_server_error(),
+                transient,
             },
         }
     }
@@ -186,6 +205,8 @@ impl RemoteQuota {
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let body = serde_json::json!({
             "limits": self.limits.names(),
+            // Always one unit: a dropped lease's release (`Drop for RemotePermit`) relies on it.
+            "cost": 1,
             "priority": priority.as_str(),
             "wait_ms": wait_ms,
         });
@@ -198,6 +219,8 @@ impl RemoteQuota {
                 permit: RemotePermit {
                     id: granted.permit,
                     quota: self.clone(),
+                    lease: lease.is_some(),
+                    settled: false,
                 },
                 fence: lease.and_then(|limit| limit.fence),
                 lease_expires_in: lease
@@ -235,15 +258,24 @@ impl RemoteQuota {
     }
 }
 
-impl RemotePermit {
-    pub(crate) async fn commit(self, used: u64) -> Result<(), DispatchError> {
-        let path = format!("/v1/permits/{}/commit", self.id);
+impl RemoteQuota {
+    async fn commit(&self, id: &str, used: u64) -> Result<(), DispatchError> {
+        let path = format!("/v1/permits/{id}/commit");
         let body = serde_json::json!({ "used": used });
-        let (status, bytes) = self.quota.post(&path, body, self.quota.timeout).await?;
+        let (status, bytes) = self.post(&path, body, self.timeout).await?;
         if status != reqwest::StatusCode::OK {
             return Err(RemoteQuota::failure(status, &bytes));
         }
         Ok(())
+    }
+}
+
+impl RemotePermit {
+    pub(crate) async fn commit(mut self, used: u64) -> Result<(), DispatchError> {
+        // Settled whatever the answer: a commit that failed is not tried again from the drop
+        // (its lease, if the server never heard of the commit, runs to its TTL).
+        self.settled = true;
+        self.quota.commit(&self.id, used).await
     }
 
     pub(crate) async fn renew(&mut self) -> Result<Duration, DispatchError> {
@@ -257,5 +289,28 @@ impl RemotePermit {
         }
         let renewed: RenewedBody = RemoteQuota::parse(&bytes)?;
         Ok(Duration::from_millis(renewed.expires_ms))
+    }
+}
+
+impl Drop for RemotePermit {
+    /// A lease dropped unsettled (its caller went away, or the attempt was refused before
+    /// sending) is released in the background. All its rate units count as used: the call may
+    /// have happened. Without a runtime to send the release on, the lease runs to its TTL.
+    fn drop(&mut self) {
+        if self.settled || !self.lease {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("a lease dropped outside a runtime is left to expire");
+            return;
+        };
+        let quota = self.quota.clone();
+        let id = std::mem::take(&mut self.id);
+        runtime.spawn(async move {
+            // One unit per grant: every acquire of the remote quota asks for cost 1.
+            if let Err(error) = quota.commit(&id, 1).await {
+                tracing::debug!(%error, "releasing a dropped lease failed; it runs to its TTL");
+            }
+        });
     }
 }
