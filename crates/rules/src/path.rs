@@ -1,6 +1,8 @@
 //! Path normalisation and request matching for inbound throttling (seed 002): ids in a path
 //! become `#`, so that one rule covers `/entity/123/bundle` and `/entity/456/bundle` alike.
 
+use std::borrow::Cow;
+
 /// Longest `match.path` accepted in a rule, in bytes.
 pub const MATCH_PATH_BYTES_MAX: usize = 1024;
 /// Longest `match.method` accepted in a rule, in bytes.
@@ -12,6 +14,9 @@ const HEX_ID_CHARS_MIN: usize = 16;
 /// trailing slashes) are dropped, and every segment that is an id — all decimal digits, a UUID,
 /// or a run of at least 16 hex digits — becomes `#`.
 ///
+/// A path that is already in normal form (most paths without ids) is returned borrowed, so
+/// matching a request against the rules costs no allocation.
+///
 /// ```
 /// use tollgate_rules::normalize_path;
 /// assert_eq!(normalize_path("/repo/v1/entity/123/bundle?mask=1"), "/repo/v1/entity/#/bundle");
@@ -22,8 +27,11 @@ const HEX_ID_CHARS_MIN: usize = 16;
 /// assert_eq!(normalize_path("/blob/9f86d081884c7d659a2feaa0c55ad015"), "/blob/#");
 /// assert_eq!(normalize_path("/v2/users"), "/v2/users");
 /// ```
-pub fn normalize_path(path: &str) -> String {
+pub fn normalize_path(path: &str) -> Cow<'_, str> {
     let path = path.split_once('?').map_or(path, |(before, _)| before);
+    if is_normalized(path) {
+        return Cow::Borrowed(path);
+    }
     let mut normalized = String::with_capacity(path.len() + 1);
     for segment in path.split('/').filter(|segment| !segment.is_empty()) {
         normalized.push('/');
@@ -36,7 +44,21 @@ pub fn normalize_path(path: &str) -> String {
     if normalized.is_empty() {
         normalized.push('/');
     }
-    normalized
+    Cow::Owned(normalized)
+}
+
+/// Whether rewriting `path` (query already dropped) would give it back unchanged: `/`, or
+/// `/`-separated segments none of which is empty or an id.
+fn is_normalized(path: &str) -> bool {
+    if path == "/" {
+        return true;
+    }
+    let Some(segments) = path.strip_prefix('/') else {
+        return false;
+    };
+    segments
+        .split('/')
+        .all(|segment| !segment.is_empty() && !is_id(segment))
 }
 
 fn is_id(segment: &str) -> bool {
@@ -151,6 +173,56 @@ mod tests {
         ];
         for (input, expected) in cases {
             assert_eq!(normalize_path(input), expected, "{input:?}");
+        }
+    }
+
+    /// The rewrite as it was before paths in normal form were borrowed: the reference the
+    /// borrowing fast path must agree with.
+    fn normalize_by_rewriting(path: &str) -> String {
+        let path = path.split_once('?').map_or(path, |(before, _)| before);
+        let mut normalized = String::new();
+        for segment in path.split('/').filter(|segment| !segment.is_empty()) {
+            normalized.push('/');
+            normalized.push_str(if is_id(segment) { "#" } else { segment });
+        }
+        if normalized.is_empty() {
+            normalized.push('/');
+        }
+        normalized
+    }
+
+    #[test]
+    fn paths_in_normal_form_are_borrowed_and_agree_with_the_rewrite() {
+        let borrowed = [
+            "/",
+            "/v2/users",
+            "/entity/#/bundle",
+            "/x/deadbeef",
+            "/a/syn1",
+        ];
+        for path in borrowed {
+            assert!(matches!(normalize_path(path), Cow::Borrowed(_)), "{path:?}");
+        }
+        assert!(matches!(
+            normalize_path("/v2/users?page=2"),
+            Cow::Borrowed("/v2/users")
+        ));
+        // Every path over a small alphabet up to 6 characters: the fast path and the rewrite
+        // give the same answer, and a normal form is a fixed point.
+        let alphabet = ['/', 'a', '1', '?', '#', 'f'];
+        let mut paths = vec![String::new()];
+        for _ in 0..6 {
+            let longer: Vec<String> = paths
+                .iter()
+                .filter(|path| path.len() == paths.last().map_or(0, String::len))
+                .flat_map(|path| alphabet.iter().map(move |c| format!("{path}{c}")))
+                .collect();
+            paths.extend(longer);
+        }
+        for path in &paths {
+            let normalized = normalize_path(path);
+            assert_eq!(normalized, normalize_by_rewriting(path), "{path:?}");
+            assert_eq!(normalize_path(&normalized), normalized, "{path:?}");
         }
     }
 

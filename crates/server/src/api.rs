@@ -548,7 +548,7 @@ pub(crate) async fn check(
     if body.method.is_empty() || !body.method.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(ApiError::bad_field("method", "must be an HTTP method"));
     }
-    let path = normalize_path(&body.path);
+    let path = normalize_path(&body.path).into_owned();
     let snapshot = state.rules().snapshot();
     let matched: Vec<String> = snapshot
         .matching(&body.method, &path)

@@ -38,26 +38,120 @@ impl Identity {
         Identity::Principal(Arc::new(read))
     }
 
-    /// The user key of a request, if this source names one.
-    pub(crate) fn user_of(
+    /// The user key of a request, if this source names one. Borrowed from the request where
+    /// it can be; an address is written out on the stack, so naming the user allocates nothing.
+    pub(crate) fn user_of<'r>(
         &self,
-        headers: &HeaderMap,
-        extensions: &http::Extensions,
-    ) -> Option<String> {
+        headers: &'r HeaderMap,
+        extensions: &'r http::Extensions,
+    ) -> Option<UserKey<'r>> {
         match self {
             Identity::Header(name) => {
                 let value = headers.get(name)?.to_str().ok()?.trim();
-                (!value.is_empty()).then(|| value.to_owned())
+                (!value.is_empty()).then_some(UserKey::Borrowed(value))
             }
             Identity::Principal(read) => {
                 let principal = read(extensions)?;
-                (!principal.is_empty()).then(|| principal.to_owned())
+                (!principal.is_empty()).then_some(UserKey::Borrowed(principal))
             }
             Identity::Peer(trusted) => {
                 let peer = extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
-                Some(client_ip(peer, headers, trusted).to_string())
+                Some(UserKey::Address(AddressText::new(client_ip(
+                    peer, headers, trusted,
+                ))))
             }
         }
+    }
+}
+
+/// A request's user key, as the limiter is asked with it.
+#[derive(Debug)]
+pub(crate) enum UserKey<'r> {
+    /// A header value, a principal or the configured shared key.
+    Borrowed(&'r str),
+    /// A client address, in its usual text form.
+    Address(AddressText),
+}
+
+impl UserKey<'_> {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            UserKey::Borrowed(text) => text,
+            UserKey::Address(address) => address.as_str(),
+        }
+    }
+}
+
+/// Longest text form of an address: an IPv6 address with an embedded IPv4 one
+/// (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`).
+const ADDRESS_TEXT_BYTES_MAX: usize = 45;
+
+/// An IP address written out as `IpAddr`'s `Display` writes it, held inline. IPv4 (the common
+/// case) is written by hand: the formatting machinery costs more than the rest of the decision.
+#[derive(Clone, Copy)]
+pub(crate) struct AddressText {
+    bytes: [u8; ADDRESS_TEXT_BYTES_MAX],
+    len: u8,
+}
+
+impl AddressText {
+    pub(crate) fn new(address: IpAddr) -> AddressText {
+        let mut text = AddressText {
+            bytes: [0; ADDRESS_TEXT_BYTES_MAX],
+            len: 0,
+        };
+        match address {
+            IpAddr::V4(v4) => {
+                for (index, octet) in v4.octets().into_iter().enumerate() {
+                    if index > 0 {
+                        text.push(b'.');
+                    }
+                    if octet >= 100 {
+                        text.push(b'0' + octet / 100);
+                    }
+                    if octet >= 10 {
+                        text.push(b'0' + octet / 10 % 10);
+                    }
+                    text.push(b'0' + octet % 10);
+                }
+            }
+            IpAddr::V6(v6) => {
+                use std::fmt::Write;
+                // Writing to the inline buffer fails only past its length, which no address
+                // reaches (ADDRESS_TEXT_BYTES_MAX is the longest form).
+                let _ = write!(text, "{v6}");
+            }
+        }
+        text
+    }
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(usize::from(self.len)) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII is ever written, so this never falls back.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Write for AddressText {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let start = usize::from(self.len);
+        let end = start + text.len();
+        let slot = self.bytes.get_mut(start..end).ok_or(fmt::Error)?;
+        slot.copy_from_slice(text.as_bytes());
+        self.len = u8::try_from(end).map_err(|_| fmt::Error)?;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for AddressText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -303,6 +397,33 @@ mod tests {
         );
         let empty = HeaderMap::new();
         assert_eq!(client_ip(ip("10.1.2.3"), &empty, &trusted), ip("10.1.2.3"));
+    }
+
+    #[test]
+    fn address_keys_are_written_as_display_writes_them() {
+        let mut addresses: Vec<IpAddr> = [
+            "0.0.0.0",
+            "9.10.99.100",
+            "127.0.0.1",
+            "255.255.255.255",
+            "10.200.3.47",
+            "::",
+            "::1",
+            "2001:db8::7",
+            "fe80::1:2:3:4",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "::ffff:255.255.255.255",
+            "::255.255.255.255",
+            "1:0:0:1:0:0:0:1",
+        ]
+        .iter()
+        .map(|text| ip(text))
+        .collect();
+        // Every octet value, in every position.
+        addresses.extend((0..=255u8).map(|o| IpAddr::from([o, 255 - o, o / 3, o.wrapping_mul(7)])));
+        for address in addresses {
+            assert_eq!(AddressText::new(address).as_str(), address.to_string());
+        }
     }
 
     #[test]

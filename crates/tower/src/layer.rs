@@ -4,11 +4,18 @@
 //! A request that matches no rule costs a path normalization and a hash lookup, and goes
 //! straight to the service. A matched one is decided by the limiter in one all-or-nothing
 //! request (see the crate docs); the inner service is called only when it is granted.
+//!
+//! With an in-process store (the memory store) the decision is complete on its first poll, so
+//! it is taken inside `call`: the limit names and the user key are borrowed from the rules
+//! index and the request, nothing is boxed, and the service that was polled ready is called at
+//! once. With a remote store the acquire is boxed with owned copies and awaited in the
+//! response future, calling a clone of the service once it is granted.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,7 +31,7 @@ use crate::body::ThrottleBody;
 use crate::headers::{
     RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_value, retry_after_value,
 };
-use crate::identity::{Identity, Unidentified};
+use crate::identity::{Identity, Unidentified, UserKey};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
 use crate::rules::{Matched, RuleIndex, RuleTracker, ThrottleRules};
 
@@ -60,6 +67,10 @@ struct Shared {
     rules: RuleTracker,
     config: ThrottleConfig,
     counters: LayerCounters,
+    /// Whether the store answers without I/O, so a decision completes on its first poll and
+    /// is taken in `call`. Starts from the store's `ping` (a plain value for in-process
+    /// stores), and is cleared for good the first time a decision turns out to need waiting.
+    decides_in_call: AtomicBool,
 }
 
 /// Applies Tollgate limits to the requests of the services it wraps. Clones share one state.
@@ -74,12 +85,16 @@ impl ThrottleLayer {
     /// (`rules.limiter()`), since that is where each reload puts its limits.
     pub fn new(limiter: Limiter, rules: ThrottleRules, config: ThrottleConfig) -> ThrottleLayer {
         let rules = RuleTracker::new(rules, &limiter);
+        // Unpolled, a remote store's ping sends nothing; it is only asked whether it is a
+        // plain value.
+        let in_process = limiter.store().ping().into_ready().is_some();
         ThrottleLayer {
             shared: Arc::new(Shared {
                 limiter,
                 rules,
                 config,
                 counters: LayerCounters::default(),
+                decides_in_call: AtomicBool::new(in_process),
             }),
         }
     }
@@ -186,10 +201,27 @@ fn json_string(text: &str) -> String {
     out
 }
 
-/// The decision taken in `call`, before any waiting.
-enum Prepared {
-    Pass,
+/// Headers the layer adds to an allowed response. A `Vec`: empty (and free) unless
+/// `headers_on_allowed`, and small inside the futures that carry it.
+type Headers = Vec<(HeaderName, HeaderValue)>;
+
+/// A matched request, decided.
+enum Settled {
+    /// Call the service, holding the lease (if any) in the body and adding these headers.
+    Call {
+        permit: Option<Permit>,
+        headers: Headers,
+    },
+    /// The layer answers itself (a refusal, a failure, no user).
     Answer(Answer),
+}
+
+/// What `call` found out about a request.
+enum Prepared {
+    /// Matched no rule: call the service untouched.
+    Pass,
+    Settled(Settled),
+    /// A remote store: the decision is awaited in the response future.
     Acquire {
         acquire: Acquire,
         index: Arc<RuleIndex>,
@@ -223,13 +255,13 @@ impl Shared {
                 None => {
                     bump(&self.counters.unidentified);
                     match &self.config.unidentified {
-                        Unidentified::SharedKey(key) => Some(key.clone()),
+                        Unidentified::SharedKey(key) => Some(UserKey::Borrowed(key)),
                         Unidentified::Reject => {
-                            return Prepared::Answer(Answer::error(
+                            return Prepared::Settled(Settled::Answer(Answer::error(
                                 StatusCode::UNAUTHORIZED,
                                 "unauthorized",
                                 "this endpoint is limited per user, and the request names no user",
-                            ));
+                            )));
                         }
                     }
                 }
@@ -237,15 +269,39 @@ impl Shared {
         } else {
             None
         };
+        if self.decides_in_call.load(Ordering::Relaxed) {
+            let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
+                .iter()
+                .map(|&position| index.entries[position as usize].rule.name())
+                .collect();
+            let mut acquire = tollgate::Request::all(&names);
+            if let Some(user) = &user {
+                acquire = acquire.key(user.as_str());
+            }
+            let polled = std::pin::pin!(self.limiter.try_acquire(&acquire))
+                .poll(&mut Context::from_waker(Waker::noop()));
+            match polled {
+                Poll::Ready(outcome) => {
+                    return Prepared::Settled(self.settle(&index, &matched, outcome));
+                }
+                Poll::Pending => {
+                    // The store is not in-process after all. The limiter's acquire is
+                    // cancel-safe: dropping it here holds nothing, and a grant whose answer is
+                    // lost stays counted, the safe side. Every later request awaits instead.
+                    self.decides_in_call.store(false, Ordering::Relaxed);
+                }
+            }
+        }
         let limiter = self.limiter.clone();
-        let names: SmallVec<[Arc<tollgate_rules::Rule>; COUNTERS_PER_REQUEST_MAX]> = matched
-            .iter()
-            .map(|&position| index.entries[position as usize].rule.clone())
-            .collect();
+        let user: Option<Box<str>> = user.map(|user| user.as_str().into());
+        let owned_index = Arc::clone(&index);
+        let owned_matched = matched.clone();
         let acquire = Box::pin(async move {
-            let limits: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> =
-                names.iter().map(|rule| rule.name()).collect();
-            let mut request = tollgate::Request::all(&limits);
+            let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = owned_matched
+                .iter()
+                .map(|&position| owned_index.entries[position as usize].rule.name())
+                .collect();
+            let mut request = tollgate::Request::all(&names);
             if let Some(user) = user.as_deref() {
                 request = request.key(user);
             }
@@ -258,13 +314,42 @@ impl Shared {
         }
     }
 
-    /// `RateLimit-Policy` and `RateLimit` for the matched rules and their statuses.
-    fn rate_headers(
+    /// What to do once the limiter has answered.
+    fn settle(
+        &self,
         index: &RuleIndex,
         matched: &Matched,
-        statuses: &[LimitStatus],
-    ) -> SmallVec<[(HeaderName, HeaderValue); 4]> {
-        let mut headers = SmallVec::new();
+        outcome: tollgate::Result<Outcome>,
+    ) -> Settled {
+        match outcome {
+            Ok(Outcome::Granted(permit)) => {
+                for &position in matched {
+                    bump(&index.entries[position as usize].counters.allowed);
+                }
+                let headers = if self.config.headers_on_allowed {
+                    Shared::rate_headers(index, matched, &permit.limits())
+                } else {
+                    Vec::new()
+                };
+                // Only a lease needs holding; dropping a rate-only permit keeps its units
+                // used, which is what a served request means.
+                let permit = permit.fence().is_some().then_some(permit);
+                Settled::Call { permit, headers }
+            }
+            Ok(Outcome::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
+            Err(error) => match self.failed(&error) {
+                Some(answer) => Settled::Answer(answer),
+                None => Settled::Call {
+                    permit: None,
+                    headers: Vec::new(),
+                },
+            },
+        }
+    }
+
+    /// `RateLimit-Policy` and `RateLimit` for the matched rules and their statuses.
+    fn rate_headers(index: &RuleIndex, matched: &Matched, statuses: &[LimitStatus]) -> Headers {
+        let mut headers = Vec::with_capacity(3);
         let entries = || matched.iter().map(|&p| &index.entries[p as usize]);
         if let Some(value) = policy_value(entries().map(|entry| entry.policy_item.as_str())) {
             headers.push((HeaderName::from_static(RATELIMIT_POLICY), value));
@@ -298,7 +383,7 @@ impl Shared {
                 "{{\"error\":{{\"code\":\"rate_limited\",\"message\":\"too many requests; retry after {retry_after_ms} ms\"}},\"retry_after_ms\":{retry_after_ms}}}"
             )),
         };
-        answer.headers = Shared::rate_headers(index, matched, &denied.limits).into_vec();
+        answer.headers = Shared::rate_headers(index, matched, &denied.limits);
         answer.headers.push((
             http::header::RETRY_AFTER,
             retry_after_value(denied.retry_after),
@@ -366,9 +451,14 @@ where
             Prepared::Pass => State::Calling {
                 future: self.inner.call(request),
                 permit: None,
-                headers: SmallVec::new(),
+                headers: Vec::new(),
             },
-            Prepared::Answer(answer) => State::Answered {
+            Prepared::Settled(Settled::Call { permit, headers }) => State::Calling {
+                future: self.inner.call(request),
+                permit,
+                headers,
+            },
+            Prepared::Settled(Settled::Answer(answer)) => State::Answered {
                 answer: Some(answer),
             },
             Prepared::Acquire {
@@ -382,6 +472,7 @@ where
                 let ready = std::mem::replace(&mut self.inner, ready);
                 State::Acquiring {
                     acquire,
+                    shared: Arc::clone(&self.shared),
                     index,
                     matched,
                     service: Some(ready),
@@ -389,10 +480,7 @@ where
                 }
             }
         };
-        ResponseFuture {
-            shared: self.shared.clone(),
-            state,
-        }
+        ResponseFuture { state }
     }
 }
 
@@ -402,7 +490,6 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        shared: Arc<Shared>,
         #[pin]
         state: State<S, ReqBody>,
     }
@@ -416,6 +503,8 @@ pin_project! {
     {
         Acquiring {
             acquire: Acquire,
+            // Only a remote decision needs the shared state after `call`.
+            shared: Arc<Shared>,
             index: Arc<RuleIndex>,
             matched: Matched,
             service: Option<S>,
@@ -425,7 +514,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             permit: Option<Permit>,
-            headers: SmallVec<[(HeaderName, HeaderValue); 4]>,
+            headers: Headers,
         },
         Answered {
             answer: Option<Answer>,
@@ -454,6 +543,7 @@ where
             match this.state.as_mut().project() {
                 StateProj::Acquiring {
                     acquire,
+                    shared,
                     index,
                     matched,
                     service,
@@ -465,38 +555,14 @@ where
                         // Both are taken only here, and the state changes right after.
                         unreachable!("ResponseFuture polled after it moved on");
                     };
-                    let shared = &**this.shared;
-                    let next = match outcome {
-                        Ok(Outcome::Granted(permit)) => {
-                            for &position in matched.iter() {
-                                bump(&index.entries[position as usize].counters.allowed);
-                            }
-                            let headers = if shared.config.headers_on_allowed {
-                                Shared::rate_headers(index, matched, &permit.limits())
-                            } else {
-                                SmallVec::new()
-                            };
-                            // Only a lease needs holding; dropping a rate-only permit keeps its
-                            // units used, which is what a served request means.
-                            let permit = permit.fence().is_some().then_some(permit);
-                            State::Calling {
-                                future: service.call(request),
-                                permit,
-                                headers,
-                            }
-                        }
-                        Ok(Outcome::Denied(denied)) => State::Answered {
-                            answer: Some(shared.refused(index, matched, &denied)),
+                    let next = match shared.settle(index, matched, outcome) {
+                        Settled::Call { permit, headers } => State::Calling {
+                            future: service.call(request),
+                            permit,
+                            headers,
                         },
-                        Err(error) => match shared.failed(&error) {
-                            Some(answer) => State::Answered {
-                                answer: Some(answer),
-                            },
-                            None => State::Calling {
-                                future: service.call(request),
-                                permit: None,
-                                headers: SmallVec::new(),
-                            },
+                        Settled::Answer(answer) => State::Answered {
+                            answer: Some(answer),
                         },
                     };
                     this.state.set(next);

@@ -1,0 +1,148 @@
+//! The layer's own cost per allowed request, in-process and repeatable: N requests driven
+//! through an axum router (`Service::call`, body read to the end) bare, behind the Tollgate
+//! layer, or behind `tower_governor`, with the same handler and modes as the loopback
+//! benchmark (`examples/bench_server.rs`). No socket, no load generator: what differs between
+//! modes is the middleware alone.
+//!
+//! Run: `cargo bench -p tollgate-tower --bench overhead -- MODE N` (MODE: none, tollgate,
+//! tollgate-chain, tollgate-headers, governor; N requests, default 200,000). It prints
+//! nanoseconds per request. For a figure independent of machine noise, run the built binary
+//! under `valgrind --tool=callgrind` at two values of N and divide the difference in
+//! instructions by the difference in N (docs/inbound.md, "Overhead").
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::Request;
+use http_body_util::BodyExt;
+use tollgate::Limiter;
+use tollgate_rules::{RawRule, Rule};
+use tollgate_tower::{
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
+    Unidentified,
+};
+use tower::{Service, ServiceExt};
+
+const REQUESTS_DEFAULT: u64 = 200_000;
+/// Distinct client addresses the requests rotate over, so per-client counters are reused as
+/// they are on a server with keep-alive clients.
+const CLIENTS: u64 = 32;
+
+fn rule(name: &str, json: &str) -> Rule {
+    let raw: RawRule = serde_json::from_str(json).expect("bench rule parses");
+    raw.validate(name).expect("bench rule is valid")
+}
+
+fn tollgate_layer(chain: bool, headers_on_allowed: bool) -> ThrottleLayer {
+    // Limits no run reaches: every request is allowed, so the figure is an allowed request's.
+    let mut rules = vec![rule(
+        "user-freq",
+        r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
+            "match":{"method":"*","path":"*"}}"#,
+    )];
+    if chain {
+        rules.push(rule(
+            "user-conc",
+            r#"{"kind":"concurrency","limit":100000,"lease_ttl_ms":60000,"per":"user",
+                "match":{"method":"*","path":"*"}}"#,
+        ));
+        rules.push(rule(
+            "root",
+            r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
+                "match":{"method":"GET","path":"/"}}"#,
+        ));
+    }
+    ThrottleLayer::new(
+        Limiter::in_memory(),
+        ThrottleRules::fixed(rules),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::none()),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    )
+}
+
+fn router(mode: &str) -> Router {
+    let handler = Router::new().route("/", get(|| async { "ok" }));
+    match mode {
+        "none" => handler,
+        "tollgate" => handler.layer(tollgate_layer(false, false)),
+        "tollgate-chain" => handler.layer(tollgate_layer(true, false)),
+        "tollgate-headers" => handler.layer(tollgate_layer(true, true)),
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(u32::MAX)
+                .finish()
+                .expect("valid governor configuration");
+            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
+        other => {
+            eprintln!(
+                "unknown mode {other:?}: none, tollgate, tollgate-chain, tollgate-headers or governor"
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+fn request(client: u64) -> Request<Body> {
+    let mut request = Request::get("/")
+        .body(Body::empty())
+        .expect("valid request");
+    let peer = SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16));
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
+}
+
+async fn drive(mut service: Router, requests: u64) -> Result<u64, Infallible> {
+    let mut not_ok = 0;
+    for index in 0..requests {
+        let ready = ServiceExt::<Request<Body>>::ready(&mut service).await?;
+        let response = ready.call(request(index % CLIENTS)).await?;
+        if !response.status().is_success() {
+            not_ok += 1;
+        }
+        let body = response.into_body().collect().await;
+        if body.is_err() {
+            not_ok += 1;
+        }
+    }
+    Ok(not_ok)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the rest are ours.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with("--"))
+        .collect();
+    let mode = args.first().map_or("tollgate", String::as_str).to_owned();
+    let requests = args
+        .get(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(REQUESTS_DEFAULT);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let service = router(&mode);
+    let started = Instant::now();
+    let not_ok = runtime
+        .block_on(drive(service, requests))
+        .unwrap_or_else(|never| match never {});
+    let elapsed = started.elapsed();
+    let per_request = elapsed.as_nanos() / u128::from(requests.max(1));
+    println!("{mode}: {requests} requests, {per_request} ns per request, {not_ok} not ok");
+    if not_ok > 0 {
+        std::process::exit(1);
+    }
+}
