@@ -43,15 +43,16 @@
 --   16          a log's expiry is pushed window / 16 past what it needs, so that a grant does
 --               not PEXPIRE it every time; a log outlives its counter by at most that
 --
--- The counter's value: 'U', the common header '>dddddddd' (65 bytes with the 'U'), then the
+-- The counter's value: 'V', the common header '>dddddddd' (65 bytes with the 'V'), then the
 -- body's header by kind, then for leases their records.
 --   common: p paused_until, s next_seq, k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra,
 --     4 leases); the reservations log: ro, re its live bytes [ro, re), ra the oldest live one's
 --     `at` (-1: not read yet), rl the newest one's `at`, rx the log key's expiry (us)
---   sliding '>ddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
+--   sliding '>dddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
 --     ls stamp, lu units (0: no bucket at all); older (closed) buckets in the bucket log: qo, qe
 --     its live bytes, fs, fu the oldest closed one's stamp and units (fs -1: not read yet), qx
---     its expiry
+--     its expiry, qw the shortest window any of its records' expiry was reckoned with (so a
+--     longer window pushes qx by the difference)
 --   fixed '>ddd': w window index, wu window_us, u used. gcra '>ddd': t tat, e emission_us,
 --     l last_seq. leases '>d': nb, then nb records.
 -- Every record a log holds stops counting before its key's expiry (rx, qx only grow while
@@ -99,20 +100,21 @@ end
 function T.empty(keys, now)
   return { ck = keys[1], rk = keys[2], qk = keys[3],
     p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0,
-    qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0,
+    qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0, qw = 0,
     w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, b = {}, dirty = true }
 end
 
 -- nil when `raw` is not a counter this script wrote (another format, or damaged).
 function T.decode(raw, keys, now)
-  if string.sub(raw, 1, 1) ~= 'U' or #raw < 65 then return nil end
+  if string.sub(raw, 1, 1) ~= 'V' or #raw < 65 then return nil end
   local c = T.empty(keys, now)
   c.dirty = false
   local k, at
   c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, at = struct.unpack('>dddddddd', raw, 2)
   c.k = k
   if k == 1 then
-    c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, at = struct.unpack('>ddddddddd', raw, at)
+    c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw, at =
+      struct.unpack('>dddddddddd', raw, at)
   elseif k == 2 then
     c.w, c.wu, c.u, at = struct.unpack('>ddd', raw, at)
   elseif k == 3 then
@@ -140,17 +142,18 @@ function T.encode(c)
   local k = c.k
   local common = struct.pack('>dddddddd', c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx)
   if k == 1 then
-    return 'U' .. common .. struct.pack('>ddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx)
+    return 'V' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
+      c.fu, c.qx, c.qw)
   elseif k == 2 then
-    return 'U' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
+    return 'V' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
   elseif k == 3 then
-    return 'U' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
+    return 'V' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
   elseif k == 4 then
-    local parts = { 'U', common, struct.pack('>d', #c.b / 3) }
+    local parts = { 'V', common, struct.pack('>d', #c.b / 3) }
     for i = 1, #c.b, 3 do parts[#parts + 1] = struct.pack('>ddd', c.b[i], c.b[i + 1], c.b[i + 2]) end
     return table.concat(parts)
   end
-  return 'U' .. common
+  return 'V' .. common
 end
 
 -- The counter in `raw` (a GET's answer), or a new one. A new counter, or one this script cannot
@@ -265,6 +268,13 @@ function T.normalise(c, p, now)
       c.dirty = true
     end
     if p.alg == 1 and c.k == 1 then
+      if c.qe > c.qo and p.window > c.qw and now < c.qx then
+        -- The limit's window grew: the closed buckets count longer, so must their log.
+        c.qx = c.qx + p.window - c.qw
+        c.qw = p.window
+        redis.call('PEXPIRE', c.qk, T.ttl_ms(c.qx, now))
+        c.dirty = true
+      end
       if c.qe > c.qo and now >= c.qx then T.clear_closed(c) end
       while c.qe > c.qo do
         if c.fs < 0 then
@@ -300,7 +310,7 @@ function T.normalise(c, p, now)
       c.dirty = true
       c.b = {}
       if c.qe > 0 then redis.call('DEL', c.qk) end
-      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx = 0, 0, 0, 0, 0, 0, -1, 0, 0
+      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw = 0, 0, 0, 0, 0, 0, -1, 0, 0, 0
       if p.alg == 1 then
         c.k = 1
         if used_before > 0 then
@@ -337,7 +347,7 @@ function T.normalise(c, p, now)
       if c.qe > 0 then redis.call('DEL', c.qk) end
       c.k = 4
       c.b = {}
-      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx = 0, 0, 0, 0, 0, 0, -1, 0, 0
+      c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw = 0, 0, 0, 0, 0, 0, -1, 0, 0, 0
       c.dirty = true
     end
   end
@@ -451,6 +461,11 @@ function T.grant(c, p, now, cost, priority, record)
         c.qo, c.qe, c.qx, restarted = T.log_append(c.qk, c.qo, c.qe, c.qx, record,
           c.ls + p.window, slack, now)
         if first or restarted then c.fs, c.fu = c.ls, c.lu end
+        if first or restarted then
+          c.qw = p.window
+        else
+          c.qw = math.min(c.qw, p.window)
+        end
         if restarted and not first then
           -- The log was lost (evicted) with live buckets: count them as one until it would
           -- have expired, which is at least as long as any of them counted.
