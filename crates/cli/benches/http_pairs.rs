@@ -7,6 +7,10 @@
 //! separate root with `cargo install throttlecrab-server --root /tmp/throttlecrab-root` and set
 //! `THROTTLECRAB_SERVER=/tmp/throttlecrab-root/bin/throttlecrab-server`.
 //!
+//! With `BENCH_REDIS` set to a Redis URL (`redis://127.0.0.1:6379/`), it also runs Tollgate on
+//! the Redis store, in a namespace of its own for each run. `BENCH_ROUNDS` (default 1) repeats
+//! the whole sequence, so that rounds of the servers interleave on a noisy machine.
+//!
 //! Under `cargo test --all-targets` (no `--bench` argument) it only smoke-tests itself briefly.
 //! Load generator and servers share this machine's cores, so the numbers compare the two
 //! servers under the same handicap; they are not the servers' capacity on dedicated hardware.
@@ -33,17 +37,22 @@ impl Drop for Process {
     }
 }
 
-fn start_tollgate(directory: &std::path::Path) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--recover-on-start",
-            "false",
-            "--log",
-            "warn",
-        ])
+/// `redis`: the store's URL and the namespace to use; the memory store without it.
+fn start_tollgate(directory: &std::path::Path, redis: Option<(&str, &str)>) -> (Process, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--recover-on-start",
+        "false",
+        "--log",
+        "warn",
+    ]);
+    if let Some((url, namespace)) = redis {
+        command.args(["--store", url, "--redis-namespace", namespace]);
+    }
+    let mut child = command
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
         .current_dir(directory)
         .stdout(Stdio::piped())
@@ -113,7 +122,10 @@ where
 
 async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 {
     let admin = Client::new(&url, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("client");
-    let rule = serde_json::json!({"kind":"rate","limit":1_000_000_000,"period_ms":1000,
+    // Far above what the benchmark reaches, and no finer than the microsecond a GCRA counter
+    // counts in: a billion a second would be a microsecond per unit all the same, with a
+    // burst a thousand seconds long for a new Redis namespace to wait out (G6).
+    let rule = serde_json::json!({"kind":"rate","limit":1_000_000,"period_ms":1000,
         "algorithm":"gcra"});
     let put = admin
         .send(Method::PUT, "/v1/limits/bench", Some(&rule))
@@ -122,6 +134,20 @@ async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 
     assert_eq!(put.status, 200, "{}", put.text());
     let acquire = serde_json::json!({"limits":["bench"]});
     let commit = serde_json::json!({"used":1});
+    // A Redis namespace never seen before is treated like one that lost its state: it grants
+    // nothing for one period (G6). Wait for the first grant before timing anything.
+    let started = Instant::now();
+    loop {
+        let probe = admin
+            .send(Method::POST, "/v1/acquire", Some(&acquire))
+            .await
+            .expect("acquire");
+        if probe.status == 200 {
+            break;
+        }
+        assert!(started.elapsed() < TIMEOUT, "no grant: {}", probe.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drive(&url, clients, duration, move |client| {
         let acquire = acquire.clone();
         let commit = commit.clone();
@@ -165,12 +191,24 @@ async fn throttlecrab_decisions(url: String, clients: usize, duration: Duration)
     .await
 }
 
+fn report_tollgate(store: &str, pairs: f64, clients: usize, duration: Duration) {
+    println!(
+        "tollgate serve ({store}): {pairs:.0} acquire+commit pairs/s ({:.0} requests/s), {clients} clients, {duration:?}",
+        pairs * 2.0
+    );
+}
+
 fn main() {
     let benching = std::env::args().any(|arg| arg == "--bench");
     let seconds: u64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|text| text.parse().ok())
         .unwrap_or(5);
+    let rounds: u32 = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(1);
+    let redis_url = std::env::var("BENCH_REDIS").ok();
     let (clients, duration) = if benching {
         (CLIENTS, Duration::from_secs(seconds))
     } else {
@@ -181,22 +219,56 @@ fn main() {
         .build()
         .expect("runtime");
     let directory = tempfile::tempdir().expect("tempdir");
-    let (tollgate, url) = start_tollgate(directory.path());
-    let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
-    drop(tollgate);
-    println!(
-        "tollgate serve: {pairs:.0} acquire+commit pairs/s ({:.0} requests/s), {clients} clients, {duration:?}",
-        pairs * 2.0
-    );
-    if !benching {
-        return;
-    }
-    let Some(binary) = throttlecrab_binary() else {
-        println!("throttlecrab-server: SKIPPED (not found; set THROTTLECRAB_SERVER)");
-        return;
+    let throttlecrab = if benching {
+        throttlecrab_binary()
+    } else {
+        None
     };
+    for round in 1..=if benching { rounds } else { 1 } {
+        if rounds > 1 {
+            println!("round {round}");
+        }
+        let (tollgate, url) = start_tollgate(directory.path(), None);
+        let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
+        drop(tollgate);
+        report_tollgate("memory store", pairs, clients, duration);
+        if !benching {
+            return;
+        }
+        if let Some(redis_url) = &redis_url {
+            let namespace = format!(
+                "bench-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_micros())
+            );
+            let (tollgate, url) =
+                start_tollgate(directory.path(), Some((redis_url, namespace.as_str())));
+            let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
+            drop(tollgate);
+            report_tollgate("redis store", pairs, clients, duration);
+        }
+        match &throttlecrab {
+            Some(binary) => {
+                let decisions = run_throttlecrab(&runtime, binary, clients, duration);
+                println!(
+                    "throttlecrab-server: {decisions:.0} throttle decisions/s (one request each; it has no commit), {clients} clients, {duration:?}"
+                );
+            }
+            None => println!("throttlecrab-server: SKIPPED (not found; set THROTTLECRAB_SERVER)"),
+        }
+    }
+}
+
+fn run_throttlecrab(
+    runtime: &tokio::runtime::Runtime,
+    binary: &str,
+    clients: usize,
+    duration: Duration,
+) -> f64 {
     let port = free_port();
-    let child = Command::new(&binary)
+    let child = Command::new(binary)
         // It reads THROTTLECRAB_* variables as settings; ours is not one of them.
         .env_remove("THROTTLECRAB_SERVER")
         .args([
@@ -223,8 +295,5 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    let decisions = runtime.block_on(throttlecrab_decisions(url, clients, duration));
-    println!(
-        "throttlecrab-server: {decisions:.0} throttle decisions/s (one request each; it has no commit), {clients} clients, {duration:?}"
-    );
+    runtime.block_on(throttlecrab_decisions(url, clients, duration))
 }

@@ -274,7 +274,9 @@ impl Shared {
                 .iter()
                 .map(|&position| index.entries[position as usize].rule.name())
                 .collect();
-            let mut acquire = tollgate::Request::all(&names);
+            // The layer never commits for a refund (a served request used its unit), so the
+            // store need not record the reservation; leases are held and released as always.
+            let mut acquire = tollgate::Request::all(&names).refundable(false);
             if let Some(user) = &user {
                 acquire = acquire.key(user.as_str());
             }
@@ -301,7 +303,7 @@ impl Shared {
                 .iter()
                 .map(|&position| owned_index.entries[position as usize].rule.name())
                 .collect();
-            let mut request = tollgate::Request::all(&names);
+            let mut request = tollgate::Request::all(&names).refundable(false);
             if let Some(user) = user.as_deref() {
                 request = request.key(user);
             }
