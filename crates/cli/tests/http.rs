@@ -783,6 +783,25 @@ async fn operations_endpoints_answer() {
         "bad_request",
         None,
     );
+    // The body limit and the error counter wrap the whole router: a body over the limit is
+    // refused naming the body, and every error answer above is counted by its code.
+    let oversized = format!(
+        r#"{{"limits":["vendor-x"],"key":"{}"}}"#,
+        "k".repeat(70_000)
+    );
+    assert_error(
+        &call(&client, Method::POST, "/v1/acquire", &oversized).await,
+        400,
+        "bad_request",
+        Some("body"),
+    );
+    let text = call(&client, Method::GET, "/metrics", "").await.text();
+    for counted in [
+        "tollgate_http_errors_total{code=\"not_found\"} 1",
+        "tollgate_http_errors_total{code=\"bad_request\"} 2",
+    ] {
+        assert!(text.contains(counted), "{counted} missing from:\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

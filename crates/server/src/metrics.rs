@@ -284,3 +284,99 @@ impl Store for MeteredStore {
         self.inner.tracked_keys()
     }
 }
+
+/// Counts error answers by code (`tollgate_http_errors_total`), from the code every error
+/// answer carries in its extensions. A layer of its own rather than axum's
+/// `map_response_with_state`, which boxes every request's future and clones the service: that
+/// cost 4 700 instructions per acquire + commit pair, more than the rest of the handlers.
+#[derive(Clone, Debug)]
+pub(crate) struct CountErrorsLayer {
+    errors: Family<CodeLabels, Counter>,
+}
+
+impl CountErrorsLayer {
+    pub(crate) fn new(errors: Family<CodeLabels, Counter>) -> CountErrorsLayer {
+        CountErrorsLayer { errors }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for CountErrorsLayer {
+    type Service = CountErrors<S>;
+
+    fn layer(&self, inner: S) -> CountErrors<S> {
+        CountErrors {
+            inner,
+            errors: self.errors.clone(),
+        }
+    }
+}
+
+/// The service `CountErrorsLayer` wraps around each route.
+#[derive(Clone, Debug)]
+pub(crate) struct CountErrors<S> {
+    inner: S,
+    errors: Family<CodeLabels, Counter>,
+}
+
+impl<S, B> tower_service::Service<axum::http::Request<B>> for CountErrors<S>
+where
+    S: tower_service::Service<axum::http::Request<B>, Response = axum::response::Response>,
+{
+    type Response = axum::response::Response;
+    type Error = S::Error;
+    type Future = CountErrorsFuture<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        CountErrorsFuture {
+            inner: self.inner.call(request),
+            errors: self.errors.clone(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The route's answer, counted once it is ready.
+    pub(crate) struct CountErrorsFuture<F> {
+        #[pin]
+        inner: F,
+        errors: Family<CodeLabels, Counter>,
+    }
+}
+
+impl<F> std::fmt::Debug for CountErrorsFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountErrorsFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, E> std::future::Future for CountErrorsFuture<F>
+where
+    F: std::future::Future<Output = Result<axum::response::Response, E>>,
+{
+    type Output = Result<axum::response::Response, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let result = std::task::ready!(this.inner.poll(cx));
+        if let Ok(response) = &result
+            && let Some(code) = response.extensions().get::<crate::error::Code>()
+        {
+            this.errors
+                .get_or_create(&CodeLabels {
+                    code: code.as_str(),
+                })
+                .inc();
+        }
+        std::task::Poll::Ready(result)
+    }
+}
