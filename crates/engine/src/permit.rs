@@ -164,12 +164,22 @@ pub(crate) fn encode(secret: &PermitSecret, parts: &[Part]) -> PermitId {
     }
     let tag = secret.tag(&body);
     body.extend_from_slice(&tag.to_le_bytes());
-    let mut text = String::with_capacity(body.len() * 2);
+    // Hex digits as bytes, checked as UTF-8 once: pushing `char`s encodes each one.
+    let mut hex = Vec::with_capacity(body.len() * 2);
     for byte in body {
-        text.push(char::from(HEX[usize::from(byte >> 4)]));
-        text.push(char::from(HEX[usize::from(byte & 15)]));
+        hex.push(HEX[usize::from(byte >> 4)]);
+        hex.push(HEX[usize::from(byte & 15)]);
     }
-    PermitId(text)
+    PermitId(String::from_utf8(hex).expect("hex digits are ASCII"))
+}
+
+/// The value of a lower-case hex digit; 16 for any other byte.
+fn hex_value(byte: u8) -> u8 {
+    match byte {
+        b'0'..=b'9' => byte - b'0',
+        b'a'..=b'f' => byte - b'a' + 10,
+        _ => 16,
+    }
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -214,16 +224,17 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
     if !id.len().is_multiple_of(2) || id.len() < 4 + 16 {
         return Err(malformed("wrong length"));
     }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Ok(c - b'0'),
-        b'a'..=b'f' => Ok(c - b'a' + 10),
-        _ => Err(malformed("not lower-case hex")),
-    };
-    let bytes = id
-        .as_bytes()
-        .chunks(2)
-        .map(|pair| Ok((digit(pair[0])? << 4) | digit(pair[1])?))
-        .collect::<Result<Vec<u8>>>()?;
+    // Decode every pair first and look at the error once: no error value is built per byte.
+    let mut bytes = Vec::with_capacity(id.len() / 2);
+    let mut invalid = false;
+    for pair in id.as_bytes().chunks_exact(2) {
+        let (high, low) = (hex_value(pair[0]), hex_value(pair[1]));
+        invalid |= high > 15 || low > 15;
+        bytes.push(((high & 15) << 4) | (low & 15));
+    }
+    if invalid {
+        return Err(malformed("not lower-case hex"));
+    }
     let (body, tag) = bytes.split_at(bytes.len() - 8);
     let tag = u64::from_le_bytes(tag.try_into().map_err(|_| malformed("truncated"))?);
     if secret.tag(body) != tag {
@@ -298,7 +309,16 @@ mod tests {
             Err(Error::Permit { .. })
         ));
         assert!(decode(&PermitSecret::random(), &id).is_err());
-        for bad in ["", "zz", "0102", &"0".repeat(PERMIT_ID_CHARS_MAX + 2)] {
+        let not_hex = format!("{}g", &id[..id.len() - 1]);
+        let upper_case = id.to_uppercase();
+        for bad in [
+            "",
+            "zz",
+            "0102",
+            &"0".repeat(PERMIT_ID_CHARS_MAX + 2),
+            &not_hex,
+            &upper_case,
+        ] {
             assert!(
                 matches!(
                     decode(&secret, bad),
