@@ -21,54 +21,16 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::Request;
 use http_body_util::BodyExt;
-use tollgate::Limiter;
-use tollgate_rules::{RawRule, Rule};
-use tollgate_tower::{
-    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
-    Unidentified,
-};
 use tower::{Service, ServiceExt};
+
+#[path = "support/layer.rs"]
+mod layer;
+use layer::tollgate_layer;
 
 const REQUESTS_DEFAULT: u64 = 200_000;
 /// Distinct client addresses the requests rotate over, so per-client counters are reused as
 /// they are on a server with keep-alive clients.
 const CLIENTS: u64 = 32;
-
-fn rule(name: &str, json: &str) -> Rule {
-    let raw: RawRule = serde_json::from_str(json).expect("bench rule parses");
-    raw.validate(name).expect("bench rule is valid")
-}
-
-fn tollgate_layer(chain: bool, headers_on_allowed: bool) -> ThrottleLayer {
-    // Limits no run reaches: every request is allowed, so the figure is an allowed request's.
-    let mut rules = vec![rule(
-        "user-freq",
-        r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
-            "match":{"method":"*","path":"*"}}"#,
-    )];
-    if chain {
-        rules.push(rule(
-            "user-conc",
-            r#"{"kind":"concurrency","limit":100000,"lease_ttl_ms":60000,"per":"user",
-                "match":{"method":"*","path":"*"}}"#,
-        ));
-        rules.push(rule(
-            "root",
-            r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
-                "match":{"method":"GET","path":"/"}}"#,
-        ));
-    }
-    ThrottleLayer::new(
-        Limiter::in_memory(),
-        ThrottleRules::fixed(rules),
-        ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed,
-            on_store_error: OnStoreError::FailClosed,
-        },
-    )
-}
 
 fn router(mode: &str) -> Router {
     let handler = Router::new().route("/", get(|| async { "ok" }));

@@ -17,59 +17,21 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate::Limiter;
-use tollgate_rules::{RawRule, Rule};
-use tollgate_tower::{
-    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
-    Unidentified,
-};
 
-fn rule(name: &str, json: &str) -> Rule {
-    let raw: RawRule = serde_json::from_str(json).expect("bench rule parses");
-    raw.validate(name).expect("bench rule is valid")
-}
-
-fn tollgate_layer(chain: bool) -> ThrottleLayer {
-    // Limits far above what a loopback benchmark reaches: every request is allowed, so the
-    // figures are the cost of an allowed request.
-    let mut rules = vec![rule(
-        "user-freq",
-        r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
-            "match":{"method":"*","path":"*"}}"#,
-    )];
-    if chain {
-        rules.push(rule(
-            "user-conc",
-            r#"{"kind":"concurrency","limit":100000,"lease_ttl_ms":60000,"per":"user",
-                "match":{"method":"*","path":"*"}}"#,
-        ));
-        rules.push(rule(
-            "root",
-            r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
-                "match":{"method":"GET","path":"/"}}"#,
-        ));
-    }
-    ThrottleLayer::new(
-        Limiter::in_memory(),
-        ThrottleRules::fixed(rules),
-        ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed: std::env::var("HEADERS").is_ok_and(|value| value == "1"),
-            on_store_error: OnStoreError::FailClosed,
-        },
-    )
-}
+#[path = "../benches/support/layer.rs"]
+mod layer;
+use layer::tollgate_layer;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "none".to_owned());
     let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(7080);
     let handler = Router::new().route("/", get(|| async { "ok" }));
+    let headers_on_allowed = std::env::var("HEADERS").is_ok_and(|value| value == "1");
     let app = match mode.as_str() {
         "none" => handler,
-        "tollgate" => handler.layer(tollgate_layer(false)),
-        "tollgate-chain" => handler.layer(tollgate_layer(true)),
+        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed)),
+        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed)),
         "governor" => {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
