@@ -250,6 +250,18 @@ impl Policy {
             margin_us,
             algorithm,
         };
+        if let Algorithm::Gcra { .. } = algorithm
+            && limit > rate.window_us()
+        {
+            // The emission interval is whole microseconds, rounded up so the rate is never
+            // exceeded; below one microsecond that rounding would silently cut the rate to a
+            // million a second. Say so instead.
+            return Err(refuse(
+                "limit",
+                "a gcra limit counts in whole microseconds: at most one unit per microsecond of \
+                 period (limit <= period_ms * 1000); use sliding or fixed for more",
+            ));
+        }
         if let Algorithm::Gcra { burst } = algorithm {
             // The decision adds up to `burst * T` to `now`. Unchecked, `burst` and `T` at their
             // maxima overflow `u64`; keep the time a full burst takes to drain within the longest

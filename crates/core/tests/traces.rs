@@ -420,6 +420,41 @@ fn renew_on_a_rate_limit_is_the_wrong_kind() {
 }
 
 #[test]
+fn gcra_refuses_a_rate_finer_than_a_microsecond() {
+    // A million a second is one unit per microsecond: fine. More would round the emission
+    // interval up to a microsecond and silently run at a million a second.
+    let gcra = |limit| {
+        Policy::rate(
+            limit,
+            1_000_000,
+            0,
+            Algorithm::Gcra { burst: 10 },
+            Reserve::default(),
+        )
+    };
+    assert!(gcra(1_000_000).is_ok());
+    assert_eq!(gcra(1_000_001).map_err(|error| error.field), Err("limit"));
+    // The margin widens the window the limit counts in.
+    let with_margin = Policy::rate(
+        2_000_000,
+        1_000_000,
+        1_000_000,
+        Algorithm::Gcra { burst: 10 },
+        Reserve::default(),
+    );
+    assert!(with_margin.is_ok());
+    // Sliding and fixed windows count units, not intervals: no such bound.
+    let sliding = Policy::rate(
+        UNITS_MAX,
+        1_000_000,
+        0,
+        Algorithm::Sliding,
+        Reserve::default(),
+    );
+    assert!(sliding.is_ok());
+}
+
+#[test]
 fn gcra_burst_must_drain_within_two_spans() {
     // 1 unit per 366 days: a burst of 2 drains in 732 days, the longest window a rate limit
     // can have (period plus margin); 3 would take longer, and 10^9 would overflow the clock.
@@ -438,7 +473,7 @@ fn gcra_burst_must_drain_within_two_spans() {
     // The same burst at a sustainable rate is fine.
     let policy = Policy::rate(
         UNITS_MAX,
-        1_000_000,
+        UNITS_MAX,
         0,
         Algorithm::Gcra { burst: UNITS_MAX },
         Reserve::default(),

@@ -31,6 +31,9 @@ use tollgate::{
 
 /// Units per period of every limit here: the largest the core accepts, never reached.
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
+/// A GCRA limit counts in whole microseconds, so its rate is at most a million a second; with
+/// a burst of `UNITS_PER_SECOND` it never denies here either.
+const GCRA_UNITS_PER_SECOND: u64 = 1_000_000;
 const SECOND_US: u64 = 1_000_000;
 /// Distinct keys in the keyed cases.
 const KEYS: usize = 10_000;
@@ -49,14 +52,12 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
 
 fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter {
     let limiter = Limiter::in_memory();
-    let policy = Policy::rate(
-        UNITS_PER_SECOND,
-        SECOND_US,
-        0,
-        algorithm,
-        Reserve::default(),
-    )
-    .expect("valid policy");
+    let limit = match algorithm {
+        Algorithm::Gcra { .. } => GCRA_UNITS_PER_SECOND,
+        Algorithm::Sliding | Algorithm::Fixed => UNITS_PER_SECOND,
+    };
+    let policy =
+        Policy::rate(limit, SECOND_US, 0, algorithm, Reserve::default()).expect("valid policy");
     limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
     limiter
 }

@@ -79,14 +79,14 @@ fn main() {
         other => panic!("unknown case {other:?}"),
     };
     let limiter = Limiter::in_memory();
-    let policy = Policy::rate(
-        UNITS_PER_SECOND,
-        1_000_000,
-        0,
-        algorithm,
-        Reserve::default(),
-    )
-    .expect("valid policy");
+    // A GCRA limit counts in whole microseconds: at most a million a second (the burst keeps
+    // it from ever denying here).
+    let limit = match algorithm {
+        Algorithm::Gcra { .. } => 1_000_000,
+        Algorithm::Sliding | Algorithm::Fixed => UNITS_PER_SECOND,
+    };
+    let policy =
+        Policy::rate(limit, 1_000_000, 0, algorithm, Reserve::default()).expect("valid policy");
     let per = keyed.then_some("user");
     limiter.set_limit(Limit::new("api", policy, per).expect("valid limit"));
     if keyed {
