@@ -35,7 +35,7 @@ fn check(headers: &HeaderMap, expected: &str, what: &str) -> Result<(), ApiError
             "{what} needs the header Authorization: Bearer <token>"
         ))),
         Some(given) if constant_time_eq(given, expected.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::unauthorized(format!("wrong {what} token"))),
+        Some(_) => Err(ApiError::unauthorized(format!("{what} refuses this token"))),
     }
 }
 
