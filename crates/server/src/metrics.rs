@@ -261,6 +261,25 @@ impl Store for MeteredStore {
         )
     }
 
+    fn acquire_final<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+    ) -> StoreFuture<'a, Decision> {
+        let started = Instant::now();
+        self.timed(
+            "acquire",
+            started,
+            self.inner.acquire_final(takes, cost, priority),
+        )
+    }
+
+    // Timing wraps a ready answer in a ready answer: the inner store's promise stands.
+    fn answers_at_once(&self) -> bool {
+        self.inner.answers_at_once()
+    }
+
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
         let started = Instant::now();
         self.timed("commit", started, self.inner.commit(take, seq, used))
@@ -274,6 +293,11 @@ impl Store for MeteredStore {
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         let started = Instant::now();
         self.timed("pause", started, self.inner.pause(take, duration_us))
+    }
+
+    // Readiness asks the real store: the default would answer for it, always "reachable".
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        self.inner.ping()
     }
 
     fn on_wake(&self, wake: tollgate::WakeFn) {

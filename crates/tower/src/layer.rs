@@ -68,8 +68,7 @@ struct Shared {
     config: ThrottleConfig,
     counters: LayerCounters,
     /// Whether the store answers without I/O, so a decision completes on its first poll and
-    /// is taken in `call`. Starts from the store's `ping` (a plain value for in-process
-    /// stores), and is cleared for good the first time a decision turns out to need waiting.
+    /// is taken in `call`. Starts from the store's `answers_at_once`, and is cleared for good the first time a decision turns out to need waiting.
     decides_in_call: AtomicBool,
 }
 
@@ -85,9 +84,7 @@ impl ThrottleLayer {
     /// (`rules.limiter()`), since that is where each reload puts its limits.
     pub fn new(limiter: Limiter, rules: ThrottleRules, config: ThrottleConfig) -> ThrottleLayer {
         let rules = RuleTracker::new(rules, &limiter);
-        // Unpolled, a remote store's ping sends nothing; it is only asked whether it is a
-        // plain value.
-        let in_process = limiter.store().ping().into_ready().is_some();
+        let in_process = limiter.store().answers_at_once();
         ThrottleLayer {
             shared: Arc::new(Shared {
                 limiter,
