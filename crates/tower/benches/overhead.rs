@@ -12,20 +12,18 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
 use http::Request;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 
 #[path = "support/layer.rs"]
 mod layer;
-use layer::tollgate_layer;
+use layer::{MODES, bench_app};
 
 const REQUESTS_DEFAULT: u64 = 200_000;
 /// Distinct client addresses the requests rotate over, so per-client counters are reused as
@@ -33,27 +31,10 @@ const REQUESTS_DEFAULT: u64 = 200_000;
 const CLIENTS: u64 = 32;
 
 fn router(mode: &str) -> Router {
-    let handler = Router::new().route("/", get(|| async { "ok" }));
-    match mode {
-        "none" => handler,
-        "tollgate" => handler.layer(tollgate_layer(false, false)),
-        "tollgate-chain" => handler.layer(tollgate_layer(true, false)),
-        "tollgate-headers" => handler.layer(tollgate_layer(true, true)),
-        "governor" => {
-            let config = tower_governor::governor::GovernorConfigBuilder::default()
-                .per_nanosecond(1)
-                .burst_size(u32::MAX)
-                .finish()
-                .expect("valid governor configuration");
-            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
-        }
-        other => {
-            eprintln!(
-                "unknown mode {other:?}: none, tollgate, tollgate-chain, tollgate-headers or governor"
-            );
-            std::process::exit(2);
-        }
-    }
+    bench_app(mode, false).unwrap_or_else(|| {
+        eprintln!("unknown mode {mode:?}: {MODES}");
+        std::process::exit(2);
+    })
 }
 
 fn request(client: u64) -> Request<Body> {

@@ -7,43 +7,26 @@
 //! - `tollgate`: one rule on every path, counted per client address, never refusing;
 //! - `tollgate-chain`: seed 002's chain (per-user concurrency, per-user frequency, endpoint
 //!   rule), none refusing;
+//! - `tollgate-headers`: the chain with the RateLimit fields on allowed answers;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!
 //! `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
 //! `tower_governor` sends none unless asked). See docs/inbound.md for the figures.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-
-use axum::Router;
-use axum::routing::get;
 
 #[path = "../benches/support/layer.rs"]
 mod layer;
-use layer::tollgate_layer;
+use layer::{MODES, bench_app};
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "none".to_owned());
     let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(7080);
-    let handler = Router::new().route("/", get(|| async { "ok" }));
     let headers_on_allowed = std::env::var("HEADERS").is_ok_and(|value| value == "1");
-    let app = match mode.as_str() {
-        "none" => handler,
-        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed)),
-        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed)),
-        "governor" => {
-            let config = tower_governor::governor::GovernorConfigBuilder::default()
-                .per_nanosecond(1)
-                .burst_size(u32::MAX)
-                .finish()
-                .expect("valid governor configuration");
-            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
-        }
-        other => {
-            eprintln!("unknown mode {other:?}: none, tollgate, tollgate-chain or governor");
-            std::process::exit(2);
-        }
+    let Some(app) = bench_app(&mode, headers_on_allowed) else {
+        eprintln!("unknown mode {mode:?}: {MODES}");
+        std::process::exit(2);
     };
     // WORKERS pins the runtime's size, so the load generator can have the other cores.
     let workers = std::env::var("WORKERS")

@@ -1,7 +1,11 @@
-//! The Tollgate layer both throughput benchmarks put in front of their trivial handler (the
-//! in-process `benches/overhead.rs` and the loopback `examples/bench_server.rs`), so the two
-//! measure the same rules.
+//! The service both throughput benchmarks measure (the in-process `benches/overhead.rs` and
+//! the loopback `examples/bench_server.rs`): one trivial handler, bare or behind a layer, so
+//! the two measure the same rules and the same modes.
 
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
 use tollgate::Limiter;
 use tollgate_rules::{RawRule, Rule};
 use tollgate_tower::{
@@ -45,4 +49,31 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool) -> ThrottleLayer {
             on_store_error: OnStoreError::FailClosed,
         },
     )
+}
+
+/// Modes `bench_app` knows, for error messages.
+pub const MODES: &str = "none, tollgate, tollgate-chain, tollgate-headers or governor";
+
+/// The trivial handler bare (`none`), behind the Tollgate layer (`tollgate`, `tollgate-chain`,
+/// `tollgate-headers`: the chain with RateLimit fields on allowed answers), or behind
+/// `tower_governor` keyed by client address (`governor`), none of them ever refusing.
+/// `headers_on_allowed` turns the fields on for the other Tollgate modes too. `None` for an
+/// unknown mode.
+pub fn bench_app(mode: &str, headers_on_allowed: bool) -> Option<Router> {
+    let handler = Router::new().route("/", get(|| async { "ok" }));
+    Some(match mode {
+        "none" => handler,
+        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed)),
+        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed)),
+        "tollgate-headers" => handler.layer(tollgate_layer(true, true)),
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(u32::MAX)
+                .finish()
+                .expect("valid governor configuration");
+            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+        }
+        _ => return None,
+    })
 }
