@@ -500,6 +500,20 @@ impl Counter {
     ) -> Grant {
         let open = policy.capacity_for(priority);
         let used_before = self.used(policy, now);
+        self.grant_counted(policy, now, cost, open, used_before, record_reservation)
+    }
+
+    /// `grant_recording` once `open` and `used_before` (the body's `used` at `now`, after
+    /// `normalise`) are known.
+    fn grant_counted(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        open: u64,
+        used_before: u64,
+        record_reservation: bool,
+    ) -> Grant {
         assert!(
             self.paused_until <= now && used_before + cost <= open,
             "grant without room: check must allow it first"
@@ -580,6 +594,36 @@ impl Counter {
             Some(denial) => Verdict::Denied(denial),
             None => Verdict::Granted(self.grant(policy, now, cost, priority)),
         })
+    }
+
+    /// `check` then `grant_final`, in one pass: the decision for a caller that will never
+    /// commit for a refund (a plain "may I go now"). The same verdict and the same state as the
+    /// two steps, with the units in use worked out once instead of three times; a denial, the
+    /// rarer answer, is worked out by `check` itself so its hints stay exactly `check`'s.
+    pub fn decide_final(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Verdict, CostError> {
+        let open = policy.capacity_for(priority);
+        if cost == 0 || cost > open {
+            return Err(CostError {
+                cost,
+                capacity: open,
+            });
+        }
+        self.normalise(policy, now);
+        let used = self.used(policy, now);
+        if (used + cost > open || self.paused_until > now)
+            && let Some(denial) = self.check(policy, now, cost, priority)?
+        {
+            return Ok(Verdict::Denied(denial));
+        }
+        Ok(Verdict::Granted(
+            self.grant_counted(policy, now, cost, open, used, false),
+        ))
     }
 
     /// Commit a rate reservation (refund `cost - used`) or release a lease (`used` ignored).

@@ -441,15 +441,20 @@ impl Run {
         let cost = cost_within(raw_cost, self.spec.capacity());
         let open = self.spec.open(priority);
         let decided = if final_grant {
-            // The same two steps as `decide`, granting without recording a reservation.
-            self.counter
-                .check(&policy, now, cost, priority)
-                .map(|denial| match denial {
-                    Some(denial) => Verdict::Denied(denial),
-                    None => {
-                        Verdict::Granted(self.counter.grant_final(&policy, now, cost, priority))
-                    }
-                })
+            // The two steps, check then `grant_final`, on a copy: `decide_final` must give the
+            // same verdict and leave the same state.
+            let mut stepped = self.counter.clone();
+            let two_steps =
+                stepped
+                    .check(&policy, now, cost, priority)
+                    .map(|denial| match denial {
+                        Some(denial) => Verdict::Denied(denial),
+                        None => Verdict::Granted(stepped.grant_final(&policy, now, cost, priority)),
+                    });
+            let decided = self.counter.decide_final(&policy, now, cost, priority);
+            prop_assert_eq!(decided, two_steps);
+            prop_assert_eq!(&self.counter, &stepped);
+            decided
         } else {
             self.counter.decide(&policy, now, cost, priority)
         };

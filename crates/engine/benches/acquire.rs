@@ -19,14 +19,15 @@ use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::pin::pin;
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{
-    Algorithm, CounterId, Limit, Limiter, Outcome, Policy, Priority, Request, Reserve, Take,
+    Algorithm, CounterId, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, Outcome,
+    PermitSecret, Policy, Priority, Request, Reserve, Take, TscClock,
 };
 
 /// Units per period of every limit here: the largest the core accepts, never reached.
@@ -51,7 +52,20 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
 }
 
 fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter {
-    let limiter = Limiter::in_memory();
+    // The time-stamp counter, as governor's default clock reads: both sides pay the same for
+    // the time.
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1_000_000,
+            recover_on_start: false,
+        },
+        Arc::new(TscClock::new()),
+    );
+    let config = LimiterConfig {
+        wait_max: Duration::from_secs(60),
+        permit_secret: PermitSecret::random(),
+    };
+    let limiter = Limiter::new(Arc::new(store), config);
     let limit = match algorithm {
         Algorithm::Gcra { .. } => GCRA_UNITS_PER_SECOND,
         Algorithm::Sliding | Algorithm::Fixed => UNITS_PER_SECOND,
@@ -60,6 +74,30 @@ fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter 
         Policy::rate(limit, SECOND_US, 0, algorithm, Reserve::default()).expect("valid policy");
     limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
     limiter
+}
+
+/// How a case asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ask {
+    /// `try_acquire`, for a refundable permit (the default).
+    Refundable,
+    /// `try_acquire` with `refundable(false)`.
+    Final,
+    /// `check`: a decision and no permit, what governor's `check` is.
+    Check,
+}
+
+/// One decision, which must be a grant. The request says `refundable` as `ask` does.
+fn decide(limiter: &Limiter, request: &Request<'_>, ask: Ask) {
+    if ask == Ask::Check {
+        let verdict = now_or_never(limiter.check(request))
+            .expect("the memory store answers at once")
+            .expect("a valid request");
+        assert!(verdict.is_allowed(), "a limit this large never denies");
+        drop(black_box(verdict));
+    } else {
+        grant(limiter, request);
+    }
 }
 
 /// One decision, which must be a grant; the permit is dropped at once (free for rate units).
@@ -136,22 +174,36 @@ fn split_over_threads(iterations: u64, operation: &(dyn Fn(u64, u64) + Sync)) ->
 /// The tollgate limiters every group measures: both algorithms, each with refundable permits
 /// (the default: every grant records a reservation that `commit` may refund) and with
 /// `refundable(false)` (nothing recorded, what governor offers: a decision, no refunds).
-fn tollgate_cases(name: &str, per: Option<&str>) -> Vec<(String, Limiter, bool)> {
+fn tollgate_cases(name: &str, per: Option<&str>) -> Vec<(String, Limiter, Ask)> {
     let gcra = Algorithm::Gcra {
         burst: UNITS_PER_SECOND,
     };
     let mut cases = Vec::new();
     for (algorithm_name, algorithm) in [("gcra", gcra), ("sliding", Algorithm::Sliding)] {
-        for (suffix, refundable) in [("_final", false), ("", true)] {
+        for (suffix, ask) in [
+            ("_check", Ask::Check),
+            ("_final", Ask::Final),
+            ("", Ask::Refundable),
+        ] {
             let limiter = limiter_with(name, algorithm, per);
-            cases.push((
-                format!("tollgate_{algorithm_name}{suffix}"),
-                limiter,
-                refundable,
-            ));
+            cases.push((format!("tollgate_{algorithm_name}{suffix}"), limiter, ask));
         }
     }
     cases
+}
+
+fn keyed_request(key: &str, ask: Ask) -> Request<'_> {
+    Request::new("api")
+        .key(key)
+        .refundable(ask == Ask::Refundable)
+}
+
+/// The plain sliding case, whose store the `memory_store_*` rows ask directly.
+fn sliding_refundable(cases: &[(String, Limiter, Ask)]) -> &Limiter {
+    let case = cases
+        .iter()
+        .find(|(name, _, ask)| name.starts_with("tollgate_sliding") && *ask == Ask::Refundable);
+    &case.expect("a sliding case").1
 }
 
 fn one_key(c: &mut Criterion) {
@@ -160,14 +212,14 @@ fn one_key(c: &mut Criterion) {
     let cases = tollgate_cases("vendor", None);
     let governor: DefaultDirectRateLimiter = RateLimiter::direct(governor_quota());
 
-    for (case, limiter, refundable) in &cases {
-        let request = Request::new("vendor").refundable(*refundable);
+    for (case, limiter, ask) in &cases {
+        let request = Request::new("vendor").refundable(*ask == Ask::Refundable);
         group.bench_function(format!("{case}/1_thread"), |b| {
-            b.iter(|| grant(limiter, &request))
+            b.iter(|| decide(limiter, &request, *ask))
         });
     }
     group.bench_function("memory_store_sliding/1_thread", |b| {
-        let (_, sliding, _) = &cases[3];
+        let sliding = sliding_refundable(&cases);
         let counter = CounterId {
             limit: "vendor",
             key: None,
@@ -178,11 +230,11 @@ fn one_key(c: &mut Criterion) {
     group.bench_function("governor_direct/1_thread", |b| {
         b.iter(|| assert!(black_box(governor.check()).is_ok()))
     });
-    for (case, limiter, refundable) in &cases {
-        let request = Request::new("vendor").refundable(*refundable);
+    for (case, limiter, ask) in &cases {
+        let request = Request::new("vendor").refundable(*ask == Ask::Refundable);
         group.bench_function(format!("{case}/2_threads"), |b| {
             b.iter_custom(|iterations| {
-                split_over_threads(iterations, &|_, _| grant(limiter, &request))
+                split_over_threads(iterations, &|_, _| decide(limiter, &request, *ask))
             })
         });
     }
@@ -204,11 +256,8 @@ fn ten_thousand_keys(c: &mut Criterion) {
     let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(governor_quota());
     // Every key is tracked before measuring, so no case pays for first insertions.
     for key in &keys {
-        for (_, limiter, refundable) in &cases {
-            grant(
-                limiter,
-                &Request::new("api").key(key).refundable(*refundable),
-            );
+        for (_, limiter, ask) in &cases {
+            decide(limiter, &keyed_request(key, *ask), *ask);
         }
         assert!(governor.check_key(key).is_ok());
     }
@@ -218,21 +267,18 @@ fn ten_thousand_keys(c: &mut Criterion) {
         &keys[index]
     };
 
-    for (case, limiter, refundable) in &cases {
+    for (case, limiter, ask) in &cases {
         group.bench_function(format!("{case}/1_thread"), |b| {
             let mut iteration = 0;
             b.iter(|| {
                 let key = key_at(0, iteration);
-                grant(
-                    limiter,
-                    &Request::new("api").key(key).refundable(*refundable),
-                );
+                decide(limiter, &keyed_request(key, *ask), *ask);
                 iteration += 1;
             })
         });
     }
     group.bench_function("memory_store_sliding/1_thread", |b| {
-        let (_, sliding, _) = &cases[3];
+        let sliding = sliding_refundable(&cases);
         let policy = policy_of(sliding, "api");
         let mut iteration = 0;
         b.iter(|| {
@@ -251,14 +297,14 @@ fn ten_thousand_keys(c: &mut Criterion) {
             iteration += 1;
         })
     });
-    for (case, limiter, refundable) in &cases {
+    for (case, limiter, ask) in &cases {
         group.bench_function(format!("{case}/2_threads"), |b| {
             b.iter_custom(|iterations| {
                 split_over_threads(iterations, &|thread, iteration| {
-                    let key = key_at(thread, iteration);
-                    grant(
+                    decide(
                         limiter,
-                        &Request::new("api").key(key).refundable(*refundable),
+                        &keyed_request(key_at(thread, iteration), *ask),
+                        *ask,
                     )
                 })
             })

@@ -6,8 +6,10 @@
 //! `scripts/decision-cost` does exactly that for every case.
 //!
 //! Cases: `gcra_final`, `gcra`, `sliding_final`, `sliding` (one unkeyed limit, `_final` meaning
-//! `refundable(false)`), the same with a `keyed_` prefix (10,000 keys of a per-key limit), and
-//! `governor_direct` and `governor_keyed` (governor's limiters, the same quota and keys).
+//! `refundable(false)`), `gcra_check` and `sliding_check` (`Limiter::check`, no permit), the
+//! same with a `keyed_` prefix (10,000 keys of a per-key limit), and `governor_direct` and
+//! `governor_keyed` (governor's limiters, the same quota and keys). Every tollgate limiter here
+//! reads `TscClock`, the time-stamp counter, as governor's default clock does.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -16,7 +18,13 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::{Algorithm, Limit, Limiter, Policy, Request, Reserve};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    Algorithm, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, PermitSecret, Policy,
+    Request, Reserve, TscClock,
+};
 
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
 const KEYS: usize = 10_000;
@@ -32,7 +40,15 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
     }
 }
 
-fn grant(limiter: &Limiter, request: &Request<'_>) {
+fn grant(limiter: &Limiter, request: &Request<'_>, check: bool) {
+    if check {
+        let verdict = now_or_never(limiter.check(request))
+            .expect("the memory store answers at once")
+            .expect("a valid request");
+        assert!(verdict.is_allowed(), "a limit this large never denies");
+        drop(black_box(verdict));
+        return;
+    }
     let outcome = now_or_never(limiter.try_acquire(request))
         .expect("the memory store answers at once")
         .expect("a valid request");
@@ -70,15 +86,27 @@ fn main() {
 
     let keyed = case.starts_with("keyed_");
     let shape = case.trim_start_matches("keyed_");
-    let refundable = !shape.ends_with("_final");
-    let algorithm = match shape.trim_end_matches("_final") {
+    let check = shape.ends_with("_check");
+    let refundable = !shape.ends_with("_final") && !check;
+    let algorithm = match shape.trim_end_matches("_final").trim_end_matches("_check") {
         "gcra" => Algorithm::Gcra {
             burst: UNITS_PER_SECOND,
         },
         "sliding" => Algorithm::Sliding,
         other => panic!("unknown case {other:?}"),
     };
-    let limiter = Limiter::in_memory();
+    let store = MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1_000_000,
+            recover_on_start: false,
+        },
+        Arc::new(TscClock::new()),
+    );
+    let config = LimiterConfig {
+        wait_max: Duration::from_secs(60),
+        permit_secret: PermitSecret::random(),
+    };
+    let limiter = Limiter::new(Arc::new(store), config);
     // A GCRA limit counts in whole microseconds: at most a million a second (the burst keeps
     // it from ever denying here).
     let limit = match algorithm {
@@ -94,18 +122,19 @@ fn main() {
             grant(
                 &limiter,
                 &Request::new("api").key(key).refundable(refundable),
+                check,
             );
         }
         for index in 0..decisions {
             let request = Request::new("api")
                 .key(&keys[index % KEYS])
                 .refundable(refundable);
-            grant(&limiter, &request);
+            grant(&limiter, &request, check);
         }
     } else {
         let request = Request::new("api").refundable(refundable);
         for _ in 0..decisions {
-            grant(&limiter, &request);
+            grant(&limiter, &request, check);
         }
     }
 }

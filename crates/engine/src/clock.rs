@@ -45,6 +45,44 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// The CPU's time-stamp counter, calibrated against the monotonic clock once per process (via
+/// `quanta`; where the counter is not invariant it reads the monotonic clock instead). A reading
+/// costs about a third of `MonotonicClock`'s, which matters when the decision itself is cheap:
+/// for in-process limiters on a hot path. It does not follow tokio's paused test time, so tests
+/// that pause time use `MonotonicClock` or `ManualClock`.
+#[derive(Debug)]
+pub struct TscClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+    /// Microseconds the origin is after the Unix epoch, so readings look like wall time.
+    origin_us: u64,
+}
+
+impl TscClock {
+    pub fn new() -> TscClock {
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        TscClock {
+            clock,
+            origin,
+            origin_us: MonotonicClock::new().origin_us,
+        }
+    }
+}
+
+impl Default for TscClock {
+    fn default() -> TscClock {
+        TscClock::new()
+    }
+}
+
+impl Clock for TscClock {
+    fn now_us(&self) -> u64 {
+        let elapsed = self.clock.now().saturating_duration_since(self.origin);
+        self.origin_us + u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX / 4)
+    }
+}
+
 /// A clock moved only by hand, for tests that step time explicitly.
 #[derive(Debug, Default)]
 pub struct ManualClock {

@@ -23,10 +23,11 @@ mod waiters;
 #[cfg(all(test, tollgate_loom))]
 mod loom_tests;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
 pub use limiter::{
-    DenialReason, Denied, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, Request,
+    Check, DenialReason, Denied, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, RateStatus,
+    Request,
 };
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,

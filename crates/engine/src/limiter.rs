@@ -2,8 +2,10 @@
 //! hands out permits. Waiting is ordered by `waiters` (priority, then arrival) and sleeps on
 //! exact retry hints or wake-ups, never on a polling interval.
 
-use std::sync::RwLock;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -136,28 +138,52 @@ impl Outcome {
     }
 }
 
+/// One limit's state after a `check`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateStatus {
+    /// Units still open to the request's priority.
+    pub remaining: u64,
+    /// Time until everything counted now stops counting.
+    pub reset_after: Duration,
+}
+
+/// The answer to `Limiter::check`.
+#[must_use]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Granted and counted for good; one status per limit, in the request's order.
+    Allowed(SmallVec<[RateStatus; 2]>),
+    Denied(Denied),
+}
+
+impl Check {
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Check::Allowed(_))
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     store: Arc<dyn Store>,
-    limits: RwLock<Arc<LimitTable>>,
+    /// Read on every decision, replaced whole on a change: readers take no lock and write no
+    /// cache line another thread reads (a read lock would be both, on every decision).
+    limits: ArcSwap<LimitTable>,
+    /// Serialises changes, so that two concurrent `set_limit`s both land.
+    limits_writer: Mutex<()>,
     waiters: WaitQueue,
     config: LimiterConfig,
     shutting_down: AtomicBool,
 }
 
 impl Shared {
-    /// The limits table, read-locked. Writers replace it whole, so a poisoned lock still holds a
-    /// complete table.
-    fn table_guard(&self) -> std::sync::RwLockReadGuard<'_, Arc<LimitTable>> {
-        match self.limits.read() {
-            Ok(table) => table,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+    /// The limits table in force now, borrowed for a short decision.
+    fn table_guard(&self) -> arc_swap::Guard<Arc<LimitTable>> {
+        self.limits.load()
     }
 
     /// The limits table in force now.
     fn table(&self) -> Arc<LimitTable> {
-        self.table_guard().clone()
+        self.limits.load_full()
     }
 }
 
@@ -254,7 +280,8 @@ impl Limiter {
     pub fn new(store: Arc<dyn Store>, config: LimiterConfig) -> Limiter {
         let shared = Arc::new(Shared {
             store,
-            limits: RwLock::new(Arc::new(LimitTable::default())),
+            limits: ArcSwap::from_pointee(LimitTable::default()),
+            limits_writer: Mutex::new(()),
             waiters: WaitQueue::default(),
             config,
             shutting_down: AtomicBool::new(false),
@@ -303,13 +330,14 @@ impl Limiter {
 
     fn update_limits(&self, change: impl FnOnce(&LimitTable) -> Option<LimitTable>) -> bool {
         let changed = {
-            let mut table = match self.shared.limits.write() {
-                Ok(table) => table,
+            // A poisoned writer lock guards nothing but the order of writers.
+            let _writer = match self.shared.limits_writer.lock() {
+                Ok(writer) => writer,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            match change(&table) {
+            match change(&self.shared.limits.load()) {
                 Some(next) => {
-                    *table = Arc::new(next);
+                    self.shared.limits.store(Arc::new(next));
                     true
                 }
                 None => false,
@@ -398,6 +426,93 @@ impl Limiter {
             );
         };
         Ok(self.outcome(&resolved, request, decision?))
+    }
+
+    /// "May I go now": the request's units are granted for good, with nothing to settle
+    /// afterwards (no permit, no commit, no refund). The same decision as `acquire` with
+    /// `refundable(false)`, waiting up to the request's `wait` likewise; every limit must be a
+    /// rate limit, since a lease needs a permit to be released. A request for one limit that
+    /// does not wait, on a store that answers at once, is decided without building a permit or
+    /// taking a lock other than its counter's shard.
+    pub async fn check(&self, request: &Request<'_>) -> Result<Check> {
+        if request.wait.is_zero()
+            && let [name] = request.limits[..]
+            && let Some(answer) = self.check_one_now(name, request)
+        {
+            return answer;
+        }
+        {
+            let table = self.shared.table_guard();
+            let resolved = resolve(&table, &request.limits, request.key)?;
+            Limiter::refuse_leases(&resolved)?;
+        }
+        let mut request = request.clone();
+        request.refundable = false;
+        match self.acquire(&request).await? {
+            Outcome::Granted(mut permit) => {
+                permit.settled = true;
+                let statuses = permit.parts.iter().map(|granted| RateStatus {
+                    remaining: granted.remaining,
+                    reset_after: Duration::from_micros(granted.reset_after_us),
+                });
+                Ok(Check::Allowed(statuses.collect()))
+            }
+            Outcome::Denied(denied) => Ok(Check::Denied(denied)),
+        }
+    }
+
+    fn refuse_leases(resolved: &Resolved<'_>) -> Result<()> {
+        match resolved.limits.iter().find(|l| l.policy().is_concurrency()) {
+            Some(limit) => Err(Error::invalid(
+                "limits",
+                format!(
+                    "limit {:?} is a concurrency limit; its lease needs a permit (acquire)",
+                    limit.name()
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// `check` of one limit, decided now by a store that answers at once; `None` if the store
+    /// cannot.
+    fn check_one_now(&self, name: &str, request: &Request<'_>) -> Option<Result<Check>> {
+        let decide = || -> Result<Option<Check>> {
+            Limiter::check_request(request)?;
+            let table = self.shared.table_guard();
+            let resolved = resolve(&table, &[name], request.key)?;
+            Limiter::refuse_leases(&resolved)?;
+            let counter = resolved.counter(0, request.key);
+            let waiters = &self.shared.waiters;
+            if let Some(retry_at_us) = waiters.blocked([counter], request.priority) {
+                return Ok(Some(Check::Denied(
+                    self.queued_denial(&resolved, retry_at_us),
+                )));
+            }
+            let take = Take {
+                counter,
+                policy: resolved.limits[0].policy(),
+            };
+            let store = &self.shared.store;
+            let Some(outcome) = store.acquire_one_final_now(take, request.cost, request.priority)
+            else {
+                return Ok(None);
+            };
+            Ok(Some(match outcome? {
+                CounterOutcome::Granted(grant) => Check::Allowed(smallvec::smallvec![RateStatus {
+                    remaining: grant.remaining,
+                    reset_after: Duration::from_micros(grant.reset_after_us),
+                }]),
+                denied => {
+                    let decision = Decision {
+                        now_us: 0,
+                        outcomes: smallvec::smallvec![denied],
+                    };
+                    Check::Denied(Limiter::denied(&resolved, &decision))
+                }
+            }))
+        };
+        decide().transpose()
     }
 
     /// Acquire, waiting up to the request's `wait` for room. Cancel-safe: dropping the future
@@ -535,6 +650,11 @@ impl Limiter {
                 settled: false,
             });
         }
+        Outcome::Denied(Limiter::denied(resolved, &decision))
+    }
+
+    /// What a caller sees of a denial.
+    fn denied(resolved: &Resolved<'_>, decision: &Decision) -> Denied {
         let mut reason = DenialReason::Capacity;
         let limits = decision
             .outcomes
@@ -560,11 +680,11 @@ impl Limiter {
                 }
             })
             .collect();
-        Outcome::Denied(Denied {
+        Denied {
             retry_after: Duration::from_micros(decision.retry_after_us()),
             reason,
             limits,
-        })
+        }
     }
 
     async fn settle_part(&self, part: &Part, used: u64) -> Result<Committed> {

@@ -17,7 +17,7 @@ use std::hash::{Hash, Hasher};
 
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
+use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority, Verdict};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -488,27 +488,60 @@ impl MemoryStore {
         priority: Priority,
         reservations: Reservations,
     ) -> Result<Decision> {
-        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
-        let now = self.clock.now_us();
-        let limit_pause_until = self.limit_paused_until(take.counter.limit);
-        let index = self.entry_index(&mut shard, take.counter, take.policy, now)?;
-        let asked = Asked {
-            now,
-            cost,
-            priority,
-        };
-        let entry = &mut shard.counters[index];
-        let mut outcome = check_entry(entry, take, asked, limit_pause_until, true)?;
-        if matches!(outcome, CounterOutcome::Allowed { .. }) {
-            outcome = grant_entry(entry, take, asked, reservations);
-        }
-        self.sweep_after(&mut shard, now);
+        let (now, outcome) = self.decide_one_locked(take, cost, priority, reservations)?;
         let mut outcomes = SmallVec::new();
         outcomes.push(outcome);
         Ok(Decision {
             now_us: now,
             outcomes,
         })
+    }
+
+    /// One counter's decision and the store's `now`, under its shard's lock.
+    fn decide_one_locked(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+        reservations: Reservations,
+    ) -> Result<(u64, CounterOutcome)> {
+        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+        let now = self.clock.now_us();
+        let limit_pause_until = self.limit_paused_until(take.counter.limit);
+        let index = self.entry_index(&mut shard, take.counter, take.policy, now)?;
+        let entry = &mut shard.counters[index];
+        let outcome = if reservations == Reservations::Skip && limit_pause_until <= now {
+            // The common case, with no limit-wide pause to merge in: the core's one-pass
+            // decision, which counts the units in use once.
+            let verdict = entry
+                .counter
+                .decide_final(take.policy, now, cost, priority)
+                .map_err(|source| Error::Cost {
+                    limit: take.counter.limit.to_owned(),
+                    source,
+                })?;
+            match verdict {
+                Verdict::Granted(grant) => {
+                    entry.idle_at = entry.counter.idle_at(take.policy);
+                    CounterOutcome::Granted(grant)
+                }
+                Verdict::Denied(denial) => CounterOutcome::Denied(denial),
+            }
+        } else {
+            let asked = Asked {
+                now,
+                cost,
+                priority,
+            };
+            let outcome = check_entry(entry, take, asked, limit_pause_until, true)?;
+            if matches!(outcome, CounterOutcome::Allowed { .. }) {
+                grant_entry(entry, take, asked, reservations)
+            } else {
+                outcome
+            }
+        };
+        self.sweep_after(&mut shard, now);
+        Ok((now, outcome))
     }
 
     fn with_existing<T>(
@@ -583,6 +616,24 @@ impl Store for MemoryStore {
         priority: Priority,
     ) -> StoreFuture<'a, Decision> {
         StoreFuture::ready(self.acquire_now(takes, cost, priority, Reservations::Skip))
+    }
+
+    fn acquire_one_final_now(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<Result<CounterOutcome>> {
+        let decide = || self.decide_one_locked(take, cost, priority, Reservations::Skip);
+        let decided = match decide() {
+            Err(Error::TooManyKeys { .. }) => {
+                // As in `acquire_now`: look for idle counters in every shard, with no lock held.
+                self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
+                decide()
+            }
+            other => other,
+        };
+        Some(decided.map(|(_, outcome)| outcome))
     }
 
     fn answers_at_once(&self) -> bool {

@@ -175,6 +175,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         self.acquire(takes, cost, priority)
     }
 
+    /// `acquire_final` of one counter, answered now, without building a `Decision`: the decision
+    /// behind `Limiter::check` on a store that answers at once. `None` (the default) says this
+    /// store cannot, and the limiter takes the general way.
+    fn acquire_one_final_now(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<Result<CounterOutcome>> {
+        let _ = (take, cost, priority);
+        None
+    }
+
     /// Whether every future this store returns is `StoreFuture::Ready` (an in-process store).
     /// The limiter then decides without building a future around the store's answer and
     /// without cloning the policies it decides under.

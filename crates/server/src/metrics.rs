@@ -275,6 +275,18 @@ impl Store for MeteredStore {
         )
     }
 
+    fn acquire_one_final_now(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<tollgate::Result<tollgate::CounterOutcome>> {
+        let started = Instant::now();
+        let answer = self.inner.acquire_one_final_now(take, cost, priority)?;
+        self.observe("acquire", started);
+        Some(answer)
+    }
+
     // Timing wraps a ready answer in a ready answer: the inner store's promise stands.
     fn answers_at_once(&self) -> bool {
         self.inner.answers_at_once()
