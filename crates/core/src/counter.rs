@@ -615,12 +615,20 @@ impl Counter {
             });
         }
         self.normalise(policy, now);
-        let used = self.used(policy, now);
-        if (used + cost > open || self.paused_until > now)
+        let fits = match (&self.body, policy.kind()) {
+            // GCRA's own test, `backlog <= (open - cost) * T`, which is `used + cost <= open`
+            // without dividing the backlog by T.
+            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
+                tat.saturating_sub(now) <= (open - cost) * rate.emission_us()
+            }
+            _ => self.used(policy, now) + cost <= open,
+        };
+        if (!fits || self.paused_until > now)
             && let Some(denial) = self.check(policy, now, cost, priority)?
         {
             return Ok(Verdict::Denied(denial));
         }
+        let used = self.used(policy, now);
         Ok(Verdict::Granted(
             self.grant_counted(policy, now, cost, open, used, false),
         ))

@@ -102,6 +102,9 @@ pub struct Rate {
     period_us: u64,
     margin_us: u64,
     algorithm: Algorithm,
+    /// `window_us / limit`, rounded up: worked out once, since every GCRA decision needs it and
+    /// a division is the slowest step of one.
+    emission_us: u64,
 }
 
 impl Rate {
@@ -123,7 +126,7 @@ impl Rate {
     }
     /// GCRA emission interval, rounded up so the sustained rate is never above `limit / period`.
     pub fn emission_us(&self) -> u64 {
-        self.window_us().div_ceil(self.limit)
+        self.emission_us
     }
     /// Units a request can hold at most at once: `burst` for GCRA, `limit` otherwise.
     pub fn capacity(&self) -> u64 {
@@ -249,6 +252,7 @@ impl Policy {
             period_us,
             margin_us,
             algorithm,
+            emission_us: (period_us + margin_us).div_ceil(limit),
         };
         if let Algorithm::Gcra { .. } = algorithm
             && limit > rate.window_us()

@@ -1,10 +1,11 @@
-//! Latency of one `try_acquire` decision on the in-memory store, next to governor's limiters
+//! Latency of one decision (`LimitHandle::check`, `check`, `try_acquire`) on the in-memory store, next to governor's limiters
 //! measured the same way: one unkeyed limit (against `RateLimiter::direct`) and 10,000 keys of
 //! a per-key limit (against `RateLimiter::keyed`), each from one thread and from two.
 //!
-//! Every limit here is too large ever to deny (a billion units a second), so the figures are
-//! the cost of a grant, not of a denial. The memory store answers at once, so the async
-//! `try_acquire` is driven by polling it once with a no-op waker: no runtime, no scheduling.
+//! Every limit here is too large ever to deny (a billion units a second, or a burst of a
+//! billion), so the figures are the cost of a grant, not of a denial. The memory store answers
+//! at once, so the async calls are driven by polling them once with a no-op waker: no runtime,
+//! no scheduling. Every tollgate limiter reads `TscClock`, as governor's default clock does.
 //!
 //! `memory_store_*` rows ask the store directly for the same grant, without the limiter around
 //! it (resolving names, the wait queue, the permit): the difference is the limiter's share.
@@ -26,15 +27,18 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{
-    Algorithm, CounterId, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, Outcome,
-    PermitSecret, Policy, Priority, Request, Reserve, Take, TscClock,
+    Algorithm, CounterId, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
+    MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve, Take, TscClock,
 };
 
-/// Units per period of every limit here: the largest the core accepts, never reached.
+/// Units per period of every sliding limit here: the largest the core accepts, never reached.
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
-/// A GCRA limit counts in whole microseconds, so its rate is at most a million a second; with
-/// a burst of `UNITS_PER_SECOND` it never denies here either.
-const GCRA_UNITS_PER_SECOND: u64 = 1_000_000;
+/// A GCRA limit of 100 a second with a burst of `UNITS_PER_SECOND`: it never denies here either,
+/// and every grant puts 10 ms on the key's backlog, so a key visited every few milliseconds
+/// stays tracked, as governor's keys do. (At a million a second a key would be idle a
+/// microsecond after its grant, and the memory store would forget it and make it again on the
+/// next visit: the cost of a new key, not of a decision on a tracked one.)
+const GCRA_UNITS_PER_SECOND: u64 = 100;
 const SECOND_US: u64 = 1_000_000;
 /// Distinct keys in the keyed cases.
 const KEYS: usize = 10_000;
@@ -85,18 +89,40 @@ enum Ask {
     Final,
     /// `check`: a decision and no permit, what governor's `check` is.
     Check,
+    /// `LimitHandle::check`: `check` with the limit looked up once, as governor's limiter is
+    /// one object per quota.
+    Handle,
 }
 
-/// One decision, which must be a grant. The request says `refundable` as `ask` does.
-fn decide(limiter: &Limiter, request: &Request<'_>, ask: Ask) {
-    if ask == Ask::Check {
-        let verdict = now_or_never(limiter.check(request))
+/// One measured configuration: a limiter on a limit `name`, and how it is asked.
+struct Case {
+    label: String,
+    name: &'static str,
+    limiter: Limiter,
+    ask: Ask,
+    handle: LimitHandle,
+}
+
+impl Case {
+    /// One decision on `key` (for a per-key limit), which must be a grant.
+    fn decide(&self, key: Option<&str>) {
+        let request = || {
+            let request = Request::new(self.name).refundable(self.ask == Ask::Refundable);
+            match key {
+                Some(key) => request.key(key),
+                None => request,
+            }
+        };
+        let verdict = match self.ask {
+            Ask::Handle => now_or_never(self.handle.check(key)),
+            Ask::Check => now_or_never(self.limiter.check(&request())),
+            Ask::Refundable | Ask::Final => return grant(&self.limiter, &request()),
+        };
+        let verdict = verdict
             .expect("the memory store answers at once")
             .expect("a valid request");
         assert!(verdict.is_allowed(), "a limit this large never denies");
         drop(black_box(verdict));
-    } else {
-        grant(limiter, request);
     }
 }
 
@@ -171,39 +197,42 @@ fn split_over_threads(iterations: u64, operation: &(dyn Fn(u64, u64) + Sync)) ->
     end.duration_since(start)
 }
 
-/// The tollgate limiters every group measures: both algorithms, each with refundable permits
-/// (the default: every grant records a reservation that `commit` may refund) and with
-/// `refundable(false)` (nothing recorded, what governor offers: a decision, no refunds).
-fn tollgate_cases(name: &str, per: Option<&str>) -> Vec<(String, Limiter, Ask)> {
+/// The tollgate limiters every group measures: both algorithms, each asked by a handle, by
+/// `check`, by `try_acquire` with `refundable(false)` (nothing recorded: a decision and no
+/// refunds, what governor offers), and by `try_acquire` for a refundable permit (the default:
+/// every grant records a reservation that `commit` may refund).
+fn tollgate_cases(name: &'static str, per: Option<&str>) -> Vec<Case> {
     let gcra = Algorithm::Gcra {
         burst: UNITS_PER_SECOND,
     };
     let mut cases = Vec::new();
     for (algorithm_name, algorithm) in [("gcra", gcra), ("sliding", Algorithm::Sliding)] {
         for (suffix, ask) in [
+            ("_handle", Ask::Handle),
             ("_check", Ask::Check),
             ("_final", Ask::Final),
             ("", Ask::Refundable),
         ] {
             let limiter = limiter_with(name, algorithm, per);
-            cases.push((format!("tollgate_{algorithm_name}{suffix}"), limiter, ask));
+            let handle = limiter.handle(name).expect("a limit in force");
+            cases.push(Case {
+                label: format!("tollgate_{algorithm_name}{suffix}"),
+                name,
+                limiter,
+                ask,
+                handle,
+            });
         }
     }
     cases
 }
 
-fn keyed_request(key: &str, ask: Ask) -> Request<'_> {
-    Request::new("api")
-        .key(key)
-        .refundable(ask == Ask::Refundable)
-}
-
 /// The plain sliding case, whose store the `memory_store_*` rows ask directly.
-fn sliding_refundable(cases: &[(String, Limiter, Ask)]) -> &Limiter {
+fn sliding_refundable(cases: &[Case]) -> &Limiter {
     let case = cases
         .iter()
-        .find(|(name, _, ask)| name.starts_with("tollgate_sliding") && *ask == Ask::Refundable);
-    &case.expect("a sliding case").1
+        .find(|case| case.label.starts_with("tollgate_sliding") && case.ask == Ask::Refundable);
+    &case.expect("a sliding case").limiter
 }
 
 fn one_key(c: &mut Criterion) {
@@ -212,10 +241,9 @@ fn one_key(c: &mut Criterion) {
     let cases = tollgate_cases("vendor", None);
     let governor: DefaultDirectRateLimiter = RateLimiter::direct(governor_quota());
 
-    for (case, limiter, ask) in &cases {
-        let request = Request::new("vendor").refundable(*ask == Ask::Refundable);
-        group.bench_function(format!("{case}/1_thread"), |b| {
-            b.iter(|| decide(limiter, &request, *ask))
+    for case in &cases {
+        group.bench_function(format!("{}/1_thread", case.label), |b| {
+            b.iter(|| case.decide(None))
         });
     }
     group.bench_function("memory_store_sliding/1_thread", |b| {
@@ -230,12 +258,9 @@ fn one_key(c: &mut Criterion) {
     group.bench_function("governor_direct/1_thread", |b| {
         b.iter(|| assert!(black_box(governor.check()).is_ok()))
     });
-    for (case, limiter, ask) in &cases {
-        let request = Request::new("vendor").refundable(*ask == Ask::Refundable);
-        group.bench_function(format!("{case}/2_threads"), |b| {
-            b.iter_custom(|iterations| {
-                split_over_threads(iterations, &|_, _| decide(limiter, &request, *ask))
-            })
+    for case in &cases {
+        group.bench_function(format!("{}/2_threads", case.label), |b| {
+            b.iter_custom(|iterations| split_over_threads(iterations, &|_, _| case.decide(None)))
         });
     }
     group.bench_function("governor_direct/2_threads", |b| {
@@ -256,8 +281,8 @@ fn ten_thousand_keys(c: &mut Criterion) {
     let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(governor_quota());
     // Every key is tracked before measuring, so no case pays for first insertions.
     for key in &keys {
-        for (_, limiter, ask) in &cases {
-            decide(limiter, &keyed_request(key, *ask), *ask);
+        for case in &cases {
+            case.decide(Some(key));
         }
         assert!(governor.check_key(key).is_ok());
     }
@@ -267,12 +292,11 @@ fn ten_thousand_keys(c: &mut Criterion) {
         &keys[index]
     };
 
-    for (case, limiter, ask) in &cases {
-        group.bench_function(format!("{case}/1_thread"), |b| {
+    for case in &cases {
+        group.bench_function(format!("{}/1_thread", case.label), |b| {
             let mut iteration = 0;
             b.iter(|| {
-                let key = key_at(0, iteration);
-                decide(limiter, &keyed_request(key, *ask), *ask);
+                case.decide(Some(key_at(0, iteration)));
                 iteration += 1;
             })
         });
@@ -297,15 +321,11 @@ fn ten_thousand_keys(c: &mut Criterion) {
             iteration += 1;
         })
     });
-    for (case, limiter, ask) in &cases {
-        group.bench_function(format!("{case}/2_threads"), |b| {
+    for case in &cases {
+        group.bench_function(format!("{}/2_threads", case.label), |b| {
             b.iter_custom(|iterations| {
                 split_over_threads(iterations, &|thread, iteration| {
-                    decide(
-                        limiter,
-                        &keyed_request(key_at(thread, iteration), *ask),
-                        *ask,
-                    )
+                    case.decide(Some(key_at(thread, iteration)))
                 })
             })
         });

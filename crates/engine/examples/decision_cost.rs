@@ -6,7 +6,8 @@
 //! `scripts/decision-cost` does exactly that for every case.
 //!
 //! Cases: `gcra_final`, `gcra`, `sliding_final`, `sliding` (one unkeyed limit, `_final` meaning
-//! `refundable(false)`), `gcra_check` and `sliding_check` (`Limiter::check`, no permit), the
+//! `refundable(false)`), `gcra_check` and `sliding_check` (`Limiter::check`, no permit),
+//! `gcra_handle` and `sliding_handle` (`LimitHandle::check`), the
 //! same with a `keyed_` prefix (10,000 keys of a per-key limit), and `governor_direct` and
 //! `governor_keyed` (governor's limiters, the same quota and keys). Every tollgate limiter here
 //! reads `TscClock`, the time-stamp counter, as governor's default clock does.
@@ -22,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, PermitSecret, Policy,
-    Request, Reserve, TscClock,
+    Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    PermitSecret, Policy, Request, Reserve, TscClock,
 };
 
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
@@ -40,20 +41,40 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
     }
 }
 
-fn grant(limiter: &Limiter, request: &Request<'_>, check: bool) {
-    if check {
-        let verdict = now_or_never(limiter.check(request))
-            .expect("the memory store answers at once")
-            .expect("a valid request");
-        assert!(verdict.is_allowed(), "a limit this large never denies");
-        drop(black_box(verdict));
-        return;
-    }
-    let outcome = now_or_never(limiter.try_acquire(request))
+/// How a case asks.
+enum Ask {
+    Handle(LimitHandle),
+    Check,
+    /// `try_acquire`, refundable or not.
+    Acquire {
+        refundable: bool,
+    },
+}
+
+/// One decision on `key`, which must be a grant.
+fn decide(limiter: &Limiter, ask: &Ask, key: Option<&str>) {
+    let request = || match key {
+        Some(key) => Request::new("api").key(key),
+        None => Request::new("api"),
+    };
+    let verdict = match ask {
+        Ask::Handle(handle) => now_or_never(handle.check(key)),
+        Ask::Check => now_or_never(limiter.check(&request())),
+        Ask::Acquire { refundable } => {
+            let request = request().refundable(*refundable);
+            let outcome = now_or_never(limiter.try_acquire(&request))
+                .expect("the memory store answers at once")
+                .expect("a valid request");
+            assert!(outcome.is_granted(), "a limit this large never denies");
+            drop(black_box(outcome));
+            return;
+        }
+    };
+    let verdict = verdict
         .expect("the memory store answers at once")
         .expect("a valid request");
-    assert!(outcome.is_granted(), "a limit this large never denies");
-    drop(black_box(outcome));
+    assert!(verdict.is_allowed(), "a limit this large never denies");
+    drop(black_box(verdict));
 }
 
 fn main() {
@@ -86,9 +107,8 @@ fn main() {
 
     let keyed = case.starts_with("keyed_");
     let shape = case.trim_start_matches("keyed_");
-    let check = shape.ends_with("_check");
-    let refundable = !shape.ends_with("_final") && !check;
-    let algorithm = match shape.trim_end_matches("_final").trim_end_matches("_check") {
+    let (algorithm_name, ask_name) = shape.split_once('_').unwrap_or((shape, ""));
+    let algorithm = match algorithm_name {
         "gcra" => Algorithm::Gcra {
             burst: UNITS_PER_SECOND,
         },
@@ -107,34 +127,34 @@ fn main() {
         permit_secret: PermitSecret::random(),
     };
     let limiter = Limiter::new(Arc::new(store), config);
-    // A GCRA limit counts in whole microseconds: at most a million a second (the burst keeps
-    // it from ever denying here).
-    let limit = match algorithm {
-        Algorithm::Gcra { .. } => 1_000_000,
-        Algorithm::Sliding | Algorithm::Fixed => UNITS_PER_SECOND,
+    // GCRA at one a second with a burst of a million: never denying in a run, and every grant
+    // puts a second on the key's backlog, so a key stays tracked between visits even at
+    // callgrind's pace, as governor's keys do (see the bench).
+    let (algorithm, limit) = match algorithm {
+        Algorithm::Gcra { .. } => (Algorithm::Gcra { burst: 1_000_000 }, 1),
+        Algorithm::Sliding | Algorithm::Fixed => (algorithm, UNITS_PER_SECOND),
     };
     let policy =
         Policy::rate(limit, 1_000_000, 0, algorithm, Reserve::default()).expect("valid policy");
     let per = keyed.then_some("user");
     limiter.set_limit(Limit::new("api", policy, per).expect("valid limit"));
+    let ask = match ask_name {
+        "handle" => Ask::Handle(limiter.handle("api").expect("a limit in force")),
+        "check" => Ask::Check,
+        "final" => Ask::Acquire { refundable: false },
+        "" => Ask::Acquire { refundable: true },
+        other => panic!("unknown case {other:?}"),
+    };
     if keyed {
         for key in &keys {
-            grant(
-                &limiter,
-                &Request::new("api").key(key).refundable(refundable),
-                check,
-            );
+            decide(&limiter, &ask, Some(key));
         }
         for index in 0..decisions {
-            let request = Request::new("api")
-                .key(&keys[index % KEYS])
-                .refundable(refundable);
-            grant(&limiter, &request, check);
+            decide(&limiter, &ask, Some(&keys[index % KEYS]));
         }
     } else {
-        let request = Request::new("api").refundable(refundable);
         for _ in 0..decisions {
-            grant(&limiter, &request, check);
+            decide(&limiter, &ask, None);
         }
     }
 }

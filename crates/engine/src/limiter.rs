@@ -3,7 +3,7 @@
 //! exact retry hints or wake-ups, never on a polling interval.
 
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arc_swap::ArcSwap;
 use std::time::Duration;
@@ -170,6 +170,9 @@ struct Shared {
     limits: ArcSwap<LimitTable>,
     /// Serialises changes, so that two concurrent `set_limit`s both land.
     limits_writer: Mutex<()>,
+    /// Moves on every change of `limits`, after the new table is in place: a `LimitHandle`
+    /// made at an equal generation holds the limit in force.
+    generation: AtomicU64,
     waiters: WaitQueue,
     config: LimiterConfig,
     shutting_down: AtomicBool,
@@ -282,6 +285,7 @@ impl Limiter {
             store,
             limits: ArcSwap::from_pointee(LimitTable::default()),
             limits_writer: Mutex::new(()),
+            generation: AtomicU64::new(0),
             waiters: WaitQueue::default(),
             config,
             shutting_down: AtomicBool::new(false),
@@ -338,6 +342,7 @@ impl Limiter {
             match change(&self.shared.limits.load()) {
                 Some(next) => {
                     self.shared.limits.store(Arc::new(next));
+                    self.shared.generation.fetch_add(1, Ordering::Release);
                     true
                 }
                 None => false,
@@ -477,25 +482,66 @@ impl Limiter {
     /// `check` of one limit, decided now by a store that answers at once; `None` if the store
     /// cannot.
     fn check_one_now(&self, name: &str, request: &Request<'_>) -> Option<Result<Check>> {
+        let table = self.shared.table_guard();
+        let limit = match table.get(name) {
+            Some(limit) => limit,
+            None => {
+                return Some(Err(Error::UnknownLimit {
+                    name: name.to_owned(),
+                }));
+            }
+        };
+        self.check_limit_now(limit, request.key, request.cost, request.priority)
+    }
+
+    /// `check` of `limit`, decided now by a store that answers at once; `None` if the store
+    /// cannot. Refuses what `resolve` and `check_request` refuse, in the same words.
+    fn check_limit_now(
+        &self,
+        limit: &Limit,
+        key: Option<&str>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<Result<Check>> {
         let decide = || -> Result<Option<Check>> {
-            Limiter::check_request(request)?;
-            let table = self.shared.table_guard();
-            let resolved = resolve(&table, &[name], request.key)?;
-            Limiter::refuse_leases(&resolved)?;
-            let counter = resolved.counter(0, request.key);
-            let waiters = &self.shared.waiters;
-            if let Some(retry_at_us) = waiters.blocked([counter], request.priority) {
-                return Ok(Some(Check::Denied(
-                    self.queued_denial(&resolved, retry_at_us),
-                )));
+            if cost == 0 || cost > UNITS_MAX {
+                return Err(Error::invalid(
+                    "cost",
+                    format!("must be between 1 and {UNITS_MAX}"),
+                ));
+            }
+            if let Some(key) = key {
+                check_key(key).map_err(|reason| Error::invalid("key", reason))?;
+            }
+            let resolved = || Resolved {
+                limits: smallvec::smallvec![limit],
+            };
+            match limit.per() {
+                Some(per) if key.is_none() => {
+                    return Err(Error::invalid(
+                        "key",
+                        format!("limit {:?} counts per {per}; give a key", limit.name()),
+                    ));
+                }
+                _ if limit.policy().is_concurrency() => {
+                    Limiter::refuse_leases(&resolved())?;
+                }
+                _ => {}
+            }
+            let counter = CounterId {
+                limit: limit.name(),
+                key: limit.per().and(key),
+            };
+            if let Some(retry_at_us) = self.shared.waiters.blocked([counter], priority) {
+                let denied = self.queued_denial(&resolved(), retry_at_us);
+                return Ok(Some(Check::Denied(denied)));
             }
             let take = Take {
                 counter,
-                policy: resolved.limits[0].policy(),
+                policy: limit.policy(),
             };
             let store = &self.shared.store;
-            let Some(outcome) = store.acquire_one_final_now(take, request.cost, request.priority)
-            else {
+            let Some(outcome) = store.acquire_one_final_now(take, cost, priority) else {
                 return Ok(None);
             };
             Ok(Some(match outcome? {
@@ -508,11 +554,30 @@ impl Limiter {
                         now_us: 0,
                         outcomes: smallvec::smallvec![denied],
                     };
-                    Check::Denied(Limiter::denied(&resolved, &decision))
+                    Check::Denied(Limiter::denied(&resolved(), &decision))
                 }
             }))
         };
         decide().transpose()
+    }
+
+    /// A handle on the limit `name`, for a hot path that checks it over and over: the name is
+    /// looked up once, not on every decision (as governor's limiters are one object per quota).
+    /// The handle follows changes to the limits: after one, it looks the name up on every
+    /// decision, as `check` does, until it is made again.
+    pub fn handle(&self, name: &str) -> Result<LimitHandle> {
+        // The generation first: a change between the two reads leaves the handle behind, which
+        // only makes it look the name up again.
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let table = self.shared.table_guard();
+        let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
+            name: name.to_owned(),
+        })?;
+        Ok(LimitHandle {
+            limiter: self.clone(),
+            limit: Arc::clone(limit),
+            generation,
+        })
     }
 
     /// Acquire, waiting up to the request's `wait` for room. Cancel-safe: dropping the future
@@ -777,6 +842,50 @@ impl Limiter {
     pub fn shutdown(&self) {
         self.shared.shutting_down.store(true, Ordering::Release);
         self.shared.waiters.wake_all();
+    }
+}
+
+/// One limit of a limiter, looked up once (`Limiter::handle`).
+#[derive(Clone, Debug)]
+pub struct LimitHandle {
+    limiter: Limiter,
+    limit: Arc<Limit>,
+    /// The limiter's generation when `limit` was read.
+    generation: u64,
+}
+
+impl LimitHandle {
+    pub fn name(&self) -> &str {
+        self.limit.name()
+    }
+
+    /// `Limiter::check` of one unit of this limit, at normal priority, not waiting.
+    pub async fn check(&self, key: Option<&str>) -> Result<Check> {
+        self.check_with(key, 1, Priority::Normal).await
+    }
+
+    /// `Limiter::check` of `cost` units of this limit at `priority`, not waiting.
+    pub async fn check_with(
+        &self,
+        key: Option<&str>,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<Check> {
+        let generation = self.limiter.shared.generation.load(Ordering::Acquire);
+        if generation == self.generation
+            && let Some(answer) = self
+                .limiter
+                .check_limit_now(&self.limit, key, cost, priority)
+        {
+            return answer;
+        }
+        let mut request = Request::new(self.limit.name())
+            .cost(cost)
+            .priority(priority);
+        if let Some(key) = key {
+            request = request.key(key);
+        }
+        self.limiter.check(&request).await
     }
 }
 

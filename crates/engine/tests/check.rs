@@ -265,6 +265,47 @@ fn check_answers_too_many_keys_at_the_cap() {
     );
 }
 
+#[test]
+fn a_handle_decides_as_check_and_follows_changed_limits() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let limiter = limiter_on(clock, 100);
+    let one = rate(1, SECOND_US, Algorithm::Fixed, Reserve::default());
+    add(&limiter, "api", one, Some("user"));
+    let handle = limiter.handle("api").expect("a limit in force");
+    assert_eq!(handle.name(), "api");
+    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(!now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(
+        !now(limiter.check(&Request::new("api").key("ada")))
+            .expect("ok")
+            .is_allowed()
+    );
+    assert!(matches!(
+        now(handle.check(None)),
+        Err(Error::InvalidRequest { field: "key", .. })
+    ));
+    assert!(matches!(
+        now(handle.check_with(Some("ada"), 0, Priority::Normal)),
+        Err(Error::InvalidRequest { field: "cost", .. })
+    ));
+    // A new policy applies to the handle made before it; what was granted stays counted.
+    let three = rate(3, SECOND_US, Algorithm::Fixed, Reserve::default());
+    add(&limiter, "api", three, Some("user"));
+    let Check::Allowed(statuses) = now(handle.check(Some("ada"))).expect("ok") else {
+        panic!("room under the new policy");
+    };
+    assert_eq!(statuses[0].remaining, 1);
+    assert!(limiter.remove_limit("api"));
+    assert!(matches!(
+        now(handle.check(Some("ada"))),
+        Err(Error::UnknownLimit { name }) if name == "api"
+    ));
+    assert!(matches!(
+        limiter.handle("api"),
+        Err(Error::UnknownLimit { .. })
+    ));
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Ask { user: u8, cost: u64, high: bool },
@@ -293,8 +334,9 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
 }
 
 proptest! {
-    /// The same steps on two limiters with clocks in step: one asks by `check`, the other by
-    /// `try_acquire(refundable(false))`. Every answer must match, field by field.
+    /// The same steps on three limiters with clocks in step: one asks by `check`, one by a
+    /// `LimitHandle`, the last by `try_acquire(refundable(false))`. Every answer must match,
+    /// field by field.
     #[test]
     fn check_decides_as_a_final_acquire(
         algorithm in algorithm(),
@@ -302,14 +344,17 @@ proptest! {
         kept_for_high in 0..2u64,
         steps in proptest::collection::vec(step(), 1..80),
     ) {
-        let clocks = [Arc::new(ManualClock::new(SECOND_US)), Arc::new(ManualClock::new(SECOND_US))];
-        let limiters = [limiter_on(clocks[0].clone(), 100), limiter_on(clocks[1].clone(), 100)];
+        let clocks: Vec<Arc<ManualClock>> =
+            (0..3).map(|_| Arc::new(ManualClock::new(SECOND_US))).collect();
+        let limiters: Vec<Limiter> =
+            clocks.iter().map(|clock| limiter_on(clock.clone(), 100)).collect();
         let reserve = Reserve { high: kept_for_high, ..Reserve::default() };
         let limit = match algorithm { Algorithm::Gcra { burst } => burst.max(limit), _ => limit };
         let policy = Policy::rate(limit, SECOND_US, 0, algorithm, reserve).expect("valid");
         for limiter in &limiters {
             add(limiter, "api", policy, Some("user"));
         }
+        let handle = limiters[2].handle("api").expect("a limit in force");
         let users = ["ada", "bob", "cy"];
         for step in steps {
             match step {
@@ -322,6 +367,13 @@ proptest! {
                         .refundable(false);
                     let checked = now(limiters[0].check(&request));
                     let acquired = now(limiters[1].try_acquire(&request));
+                    let key = Some(users[usize::from(user)]);
+                    let handled = now(handle.check_with(key, cost, priority));
+                    prop_assert_eq!(
+                        format!("{handled:?}"),
+                        format!("{checked:?}"),
+                        "a handle decides as check does"
+                    );
                     match (checked, acquired) {
                         (Ok(Check::Allowed(statuses)), Ok(Outcome::Granted(permit))) => {
                             let limits = permit.limits();

@@ -79,16 +79,36 @@ pub(crate) fn policy_value<'a>(
 pub(crate) fn ratelimit_value<'a>(
     statuses: impl Iterator<Item = (&'a LimitStatus, bool)>,
 ) -> Option<HeaderValue> {
+    ratelimit_members(statuses.map(|(status, is_lease)| Member {
+        name: &status.name,
+        remaining: status.remaining,
+        reset_after: status.reset_after,
+        is_lease,
+    }))
+}
+
+/// One member of the `RateLimit` field.
+pub(crate) struct Member<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after: Duration,
+    pub(crate) is_lease: bool,
+}
+
+/// `RateLimit` from its members, in order.
+pub(crate) fn ratelimit_members<'a>(
+    members: impl Iterator<Item = Member<'a>>,
+) -> Option<HeaderValue> {
     // Room for a few members without growing: a name, `r` and `t` fit in 64 bytes.
     let mut text = String::with_capacity(4 * 64);
-    for (status, is_lease) in statuses {
+    for member in members {
         if !text.is_empty() {
             text.push_str(", ");
         }
         // Writing to a String cannot fail.
-        let _ = write!(text, "\"{}\";r={}", status.name, status.remaining);
-        if !is_lease {
-            let _ = write!(text, ";t={}", seconds_ceil(status.reset_after));
+        let _ = write!(text, "\"{}\";r={}", member.name, member.remaining);
+        if !member.is_lease {
+            let _ = write!(text, ";t={}", seconds_ceil(member.reset_after));
         }
     }
     HeaderValue::try_from(text).ok()

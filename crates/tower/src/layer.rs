@@ -22,14 +22,15 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, Denied, LimitStatus, Limiter, Outcome, Permit};
+use tollgate::{COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit};
 use tollgate_rules::normalize_path;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::ThrottleBody;
 use crate::headers::{
-    RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_value, retry_after_value,
+    Member, RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_members, ratelimit_value,
+    retry_after_value,
 };
 use crate::identity::{Identity, Unidentified, UserKey};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
@@ -267,30 +268,56 @@ impl Shared {
             None
         };
         if self.decides_in_call.load(Ordering::Relaxed) {
-            let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
-                .iter()
-                .map(|&position| index.entries[position as usize].rule.name())
-                .collect();
-            // The layer never commits for a refund (a served request used its unit), so the
-            // store need not record the reservation; leases are held and released as always.
-            let mut acquire = tollgate::Request::all(&names).refundable(false);
-            if let Some(user) = &user {
-                acquire = acquire.key(user.as_str());
-            }
-            let polled = std::pin::pin!(self.limiter.try_acquire(&acquire))
-                .poll(&mut Context::from_waker(Waker::noop()));
-            match polled {
-                Poll::Ready(outcome) => {
-                    return Prepared::Settled(self.settle(&index, &matched, outcome));
+            let settled = {
+                let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
+                    .iter()
+                    .map(|&position| index.entries[position as usize].rule.name())
+                    .collect();
+                // The layer never commits for a refund (a served request used its unit), so
+                // the store need not record the reservation; leases are held and released as
+                // always.
+                let mut acquire = tollgate::Request::all(&names).refundable(false);
+                if let Some(user) = &user {
+                    acquire = acquire.key(user.as_str());
                 }
-                Poll::Pending => {
-                    // The store is not in-process after all. The limiter's acquire is
-                    // cancel-safe: dropping it here holds nothing, and a grant whose answer is
+                let leases = matched
+                    .iter()
+                    .any(|&position| index.entries[position as usize].is_lease);
+                let mut context = Context::from_waker(Waker::noop());
+                if leases {
+                    match std::pin::pin!(self.limiter.try_acquire(&acquire)).poll(&mut context) {
+                        Poll::Ready(outcome) => Some(self.settle(&index, &matched, outcome)),
+                        Poll::Pending => None,
+                    }
+                } else {
+                    // Nothing to hold: a decision without a permit.
+                    match std::pin::pin!(self.limiter.check(&acquire)).poll(&mut context) {
+                        Poll::Ready(checked) => Some(self.settle_check(&index, &matched, checked)),
+                        Poll::Pending => None,
+                    }
+                }
+            };
+            match settled {
+                Some(settled) => return Prepared::Settled(settled),
+                None => {
+                    // The store is not in-process after all. The limiter's decisions are
+                    // cancel-safe: dropping one here holds nothing, and a grant whose answer is
                     // lost stays counted, the safe side. Every later request awaits instead.
                     self.decides_in_call.store(false, Ordering::Relaxed);
                 }
             }
         }
+        self.deferred(index, matched, user)
+    }
+
+    /// The decision awaited in the response future, for a store that does not answer at once:
+    /// owned copies of the names and the key go with it.
+    fn deferred(
+        &self,
+        index: Arc<RuleIndex>,
+        matched: Matched,
+        user: Option<UserKey<'_>>,
+    ) -> Prepared {
         let limiter = self.limiter.clone();
         let user: Option<Box<str>> = user.map(|user| user.as_str().into());
         let owned_index = Arc::clone(&index);
@@ -346,23 +373,69 @@ impl Shared {
         }
     }
 
-    /// `RateLimit-Policy` and `RateLimit` for the matched rules and their statuses.
-    fn rate_headers(index: &RuleIndex, matched: &Matched, statuses: &[LimitStatus]) -> Headers {
+    /// `settle` for a `check`: nothing to hold, the statuses in the rules' order.
+    fn settle_check(
+        &self,
+        index: &RuleIndex,
+        matched: &Matched,
+        checked: tollgate::Result<Check>,
+    ) -> Settled {
+        match checked {
+            Ok(Check::Allowed(statuses)) => {
+                for &position in matched {
+                    bump(&index.entries[position as usize].counters.allowed);
+                }
+                let headers = if self.config.headers_on_allowed {
+                    let members = matched
+                        .iter()
+                        .zip(&statuses)
+                        .map(|(&position, status)| Member {
+                            name: index.entries[position as usize].rule.name(),
+                            remaining: status.remaining,
+                            reset_after: status.reset_after,
+                            is_lease: false,
+                        });
+                    Shared::headers_with(index, matched, ratelimit_members(members))
+                } else {
+                    Vec::new()
+                };
+                Settled::Call {
+                    permit: None,
+                    headers,
+                }
+            }
+            Ok(Check::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
+            Err(error) => self.settle(index, matched, Err(error)),
+        }
+    }
+
+    /// `RateLimit-Policy` for the matched rules, and `ratelimit` as `RateLimit`.
+    fn headers_with(
+        index: &RuleIndex,
+        matched: &Matched,
+        ratelimit: Option<HeaderValue>,
+    ) -> Headers {
         let mut headers = Vec::with_capacity(3);
-        let entries = || matched.iter().map(|&p| &index.entries[p as usize]);
-        if let Some(value) = policy_value(entries().map(|entry| entry.policy_item.as_str())) {
+        let entries = matched.iter().map(|&p| &index.entries[p as usize]);
+        if let Some(value) = policy_value(entries.map(|entry| entry.policy_item.as_str())) {
             headers.push((HeaderName::from_static(RATELIMIT_POLICY), value));
         }
+        if let Some(value) = ratelimit {
+            headers.push((HeaderName::from_static(RATELIMIT), value));
+        }
+        headers
+    }
+
+    /// `RateLimit-Policy` and `RateLimit` for the matched rules and their statuses.
+    fn rate_headers(index: &RuleIndex, matched: &Matched, statuses: &[LimitStatus]) -> Headers {
+        let entries = || matched.iter().map(|&p| &index.entries[p as usize]);
         let statuses = statuses.iter().map(|status| {
             let is_lease = entries()
                 .find(|entry| entry.rule.name() == status.name)
                 .is_some_and(|entry| entry.is_lease);
             (status, is_lease)
         });
-        if let Some(value) = ratelimit_value(statuses) {
-            headers.push((HeaderName::from_static(RATELIMIT), value));
-        }
-        headers
+        Shared::headers_with(index, matched, ratelimit_value(statuses))
     }
 
     fn refused(&self, index: &RuleIndex, matched: &Matched, denied: &Denied) -> Answer {

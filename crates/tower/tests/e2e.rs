@@ -298,6 +298,43 @@ async fn a_request_the_endpoint_rule_refuses_spends_nothing_else() {
     assert_eq!(other.remaining("user-conc"), Some(1), "{other:?}");
 }
 
+/// Without the concurrency link nothing is held per request, and the layer decides without a
+/// permit (`Limiter::check`): the same limits, fields and atomicity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_rates_alone_is_enforced_the_same() {
+    let limiter = Limiter::in_memory();
+    let rates: Vec<Rule> = seed_002_rules().into_iter().skip(1).collect();
+    let address = serve(app(principal_layer(&limiter, rates))).await;
+    let dave = bearer("dave");
+    let auth = [("authorization", dave.as_str())];
+    for expected in [2, 1, 0] {
+        let answer = send(address, "/repo/v1/entity/1/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(
+            answer.remaining("entity-bundle"),
+            Some(expected),
+            "{answer:?}"
+        );
+        assert_eq!(
+            answer.header("ratelimit-policy"),
+            Some("\"user-freq\";q=100;w=3600, \"entity-bundle\";q=3;w=3600")
+        );
+        let ratelimit = answer.header("ratelimit").expect("RateLimit on allowed");
+        assert!(
+            ratelimit.starts_with(&format!("\"user-freq\";r={};t=", 99 - (2 - expected))),
+            "{ratelimit}"
+        );
+    }
+    let refused = send(address, "/repo/v1/entity/1/bundle", &auth).await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.remaining("entity-bundle"), Some(0));
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    // The refused request took nothing from the user's frequency.
+    let other = send(address, "/repo/v1/entity/1", &auth).await;
+    assert_eq!(other.status, 200);
+    assert_eq!(other.remaining("user-freq"), Some(96), "{other:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
     let limiter = Limiter::in_memory();
