@@ -269,31 +269,48 @@ impl Shared {
         };
         if self.decides_in_call.load(Ordering::Relaxed) {
             let settled = {
-                let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
-                    .iter()
-                    .map(|&position| index.entries[position as usize].rule.name())
-                    .collect();
-                // The layer never commits for a refund (a served request used its unit), so
-                // the store need not record the reservation; leases are held and released as
-                // always.
-                let mut acquire = tollgate::Request::all(&names).refundable(false);
-                if let Some(user) = &user {
-                    acquire = acquire.key(user.as_str());
-                }
                 let leases = matched
                     .iter()
                     .any(|&position| index.entries[position as usize].is_lease);
+                // One rule with nothing to hold: checked by the handle the index keeps, with no
+                // name to look up.
+                let handle = match matched[..] {
+                    [position] if !leases => index.entries[position as usize].handle.as_ref(),
+                    _ => None,
+                };
                 let mut context = Context::from_waker(Waker::noop());
-                if leases {
-                    match std::pin::pin!(self.limiter.try_acquire(&acquire)).poll(&mut context) {
-                        Poll::Ready(outcome) => Some(self.settle(&index, &matched, outcome)),
+                if let Some(handle) = handle {
+                    let key = user.as_ref().map(UserKey::as_str);
+                    match std::pin::pin!(handle.check(key)).poll(&mut context) {
+                        Poll::Ready(checked) => Some(self.settle_check(&index, &matched, checked)),
                         Poll::Pending => None,
                     }
                 } else {
-                    // Nothing to hold: a decision without a permit.
-                    match std::pin::pin!(self.limiter.check(&acquire)).poll(&mut context) {
-                        Poll::Ready(checked) => Some(self.settle_check(&index, &matched, checked)),
-                        Poll::Pending => None,
+                    let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
+                        .iter()
+                        .map(|&position| index.entries[position as usize].rule.name())
+                        .collect();
+                    // The layer never commits for a refund (a served request used its unit),
+                    // so the store need not record the reservation; leases are held and
+                    // released as always.
+                    let mut acquire = tollgate::Request::all(&names).refundable(false);
+                    if let Some(user) = &user {
+                        acquire = acquire.key(user.as_str());
+                    }
+                    if leases {
+                        let acquired = std::pin::pin!(self.limiter.try_acquire(&acquire));
+                        match acquired.poll(&mut context) {
+                            Poll::Ready(outcome) => Some(self.settle(&index, &matched, outcome)),
+                            Poll::Pending => None,
+                        }
+                    } else {
+                        // Nothing to hold: a decision without a permit.
+                        match std::pin::pin!(self.limiter.check(&acquire)).poll(&mut context) {
+                            Poll::Ready(checked) => {
+                                Some(self.settle_check(&index, &matched, checked))
+                            }
+                            Poll::Pending => None,
+                        }
                     }
                 }
             };

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, Limiter};
+use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
 use tollgate_rules::{Rule, Rules};
 
 use crate::headers::policy_item;
@@ -39,6 +39,10 @@ pub(crate) struct Entry {
     pub(crate) policy_item: String,
     pub(crate) is_lease: bool,
     pub(crate) counters: Arc<RuleCounters>,
+    /// The rule's limit on the layer's limiter, looked up when the index was built, so a
+    /// request that matches this rule alone is checked without a name lookup. `None` when the
+    /// limit was not in force yet (the request then names it, as any chain does).
+    pub(crate) handle: Option<LimitHandle>,
 }
 
 /// The matched rules of one request, as indexes into `RuleIndex::entries`, in chain order.
@@ -70,6 +74,7 @@ impl RuleIndex {
         version: u64,
         rules: impl Iterator<Item = &'a Arc<Rule>>,
         previous: Option<&RuleIndex>,
+        limiter: &Limiter,
     ) -> RuleIndex {
         let mut rules: Vec<&Arc<Rule>> = rules.filter(|rule| rule.matcher().is_some()).collect();
         rules.sort_by(|a, b| (chain_rank(a), a.name()).cmp(&(chain_rank(b), b.name())));
@@ -99,6 +104,7 @@ impl RuleIndex {
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
+                handle: limiter.handle(rule.name()).ok(),
             });
         }
         RuleIndex {
@@ -153,6 +159,7 @@ impl RuleIndex {
 #[derive(Debug)]
 pub(crate) struct RuleTracker {
     source: ThrottleRules,
+    limiter: Limiter,
     index: RwLock<Arc<RuleIndex>>,
     /// One rebuild at a time; others keep using the index they have.
     rebuilding: Mutex<()>,
@@ -166,15 +173,16 @@ impl RuleTracker {
                 for rule in rules {
                     limiter.set_limit(rule.limit().clone());
                 }
-                RuleIndex::build(0, rules.iter(), None)
+                RuleIndex::build(0, rules.iter(), None, limiter)
             }
             ThrottleRules::Sql(rules) => {
                 let snapshot = rules.snapshot();
-                RuleIndex::build(snapshot.version(), snapshot.iter(), None)
+                RuleIndex::build(snapshot.version(), snapshot.iter(), None, limiter)
             }
         };
         RuleTracker {
             source,
+            limiter: limiter.clone(),
             index: RwLock::new(Arc::new(index)),
             rebuilding: Mutex::new(()),
         }
@@ -210,6 +218,7 @@ impl RuleTracker {
             snapshot.version(),
             snapshot.iter(),
             Some(&current),
+            &self.limiter,
         ));
         match self.index.write() {
             Ok(mut slot) => *slot = next.clone(),
