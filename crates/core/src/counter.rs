@@ -202,6 +202,18 @@ fn sliding_bucket_span(policy_window_us: u64, limit: u64) -> u64 {
     }
 }
 
+/// Units open to `priority`, if a request of `cost` can ever be granted at it.
+fn open_for(policy: &Policy, cost: u64, priority: Priority) -> Result<u64, CostError> {
+    let open = policy.capacity_for(priority);
+    if cost == 0 || cost > open {
+        return Err(CostError {
+            cost,
+            capacity: open,
+        });
+    }
+    Ok(open)
+}
+
 impl Counter {
     /// A fresh counter at `now`: nothing counted, nothing paused.
     pub fn new(now: u64) -> Counter {
@@ -445,13 +457,7 @@ impl Counter {
         cost: u64,
         priority: Priority,
     ) -> Result<Option<Denial>, CostError> {
-        let open = policy.capacity_for(priority);
-        if cost == 0 || cost > open {
-            return Err(CostError {
-                cost,
-                capacity: open,
-            });
-        }
+        let open = open_for(policy, cost, priority)?;
         self.normalise(policy, now);
         let room_after_us = self.wait_for_room(policy, now, cost, open);
         let pause_after_us = self.paused_until.saturating_sub(now);
@@ -607,13 +613,7 @@ impl Counter {
         cost: u64,
         priority: Priority,
     ) -> Result<Verdict, CostError> {
-        let open = policy.capacity_for(priority);
-        if cost == 0 || cost > open {
-            return Err(CostError {
-                cost,
-                capacity: open,
-            });
-        }
+        let open = open_for(policy, cost, priority)?;
         self.normalise(policy, now);
         let fits = match (&self.body, policy.kind()) {
             // GCRA's own test, `backlog <= (open - cost) * T`, which is `used + cost <= open`

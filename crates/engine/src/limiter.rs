@@ -371,7 +371,11 @@ impl Limiter {
     }
 
     fn check_request(request: &Request<'_>) -> Result<()> {
-        if request.cost == 0 || request.cost > UNITS_MAX {
+        Limiter::check_cost(request.cost)
+    }
+
+    fn check_cost(cost: u64) -> Result<()> {
+        if cost == 0 || cost > UNITS_MAX {
             return Err(Error::invalid(
                 "cost",
                 format!("must be between 1 and {UNITS_MAX}"),
@@ -504,12 +508,7 @@ impl Limiter {
         priority: Priority,
     ) -> Option<Result<Check>> {
         let decide = || -> Result<Option<Check>> {
-            if cost == 0 || cost > UNITS_MAX {
-                return Err(Error::invalid(
-                    "cost",
-                    format!("must be between 1 and {UNITS_MAX}"),
-                ));
-            }
+            Limiter::check_cost(cost)?;
             if let Some(key) = key {
                 check_key(key).map_err(|reason| Error::invalid("key", reason))?;
             }
