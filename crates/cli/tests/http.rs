@@ -673,6 +673,44 @@ async fn check_applies_matching_rules_per_user() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_of_rates_alone_answers_without_a_permit() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "entity-bundle",
+        r#"{"kind":"rate","limit":2,"period_ms":60000,"algorithm":"fixed","per":"user",
+            "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    let body = r#"{"user":"u1","method":"GET","path":"/repo/v1/entity/7/bundle"}"#;
+    for remaining in [1, 0] {
+        let answer = post(&client, "/v1/check", body).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let answer = answer.json.expect("json");
+        assert_eq!(answer["allowed"], true);
+        assert_eq!(answer["matched"], serde_json::json!(["entity-bundle"]));
+        assert!(answer.get("permit").is_none_or(|p| p.is_null()), "{answer}");
+        assert_eq!(answer["limits"][0]["name"], "entity-bundle");
+        assert_eq!(answer["limits"][0]["remaining"], remaining);
+        let reset_ms = answer["limits"][0]["reset_ms"].as_u64().expect("reset_ms");
+        assert!((1..=60_000).contains(&reset_ms), "{reset_ms}");
+    }
+    let denied = post(&client, "/v1/check", body).await;
+    assert_error(&denied, 429, "rate_limited", None);
+    assert_eq!(denied.json.as_ref().expect("json")["allowed"], false);
+    let long_user = "u".repeat(300);
+    let bad =
+        format!(r#"{{"user":"{long_user}","method":"GET","path":"/repo/v1/entity/7/bundle"}}"#);
+    assert_error(
+        &post(&client, "/v1/check", &bad).await,
+        400,
+        "bad_request",
+        Some("user"),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_keys_is_a_clear_error() {
     let server = Server::start_with(Options {
         args: vec!["--keys-tracked-max", "2"],

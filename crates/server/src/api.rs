@@ -9,7 +9,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tollgate::{DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name};
+use tollgate::{
+    Check, DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name,
+};
 use tollgate_rules::{RawRule, normalize_path};
 use utoipa::ToSchema;
 
@@ -367,10 +369,19 @@ impl Drop for Waiting<'_> {
 }
 
 fn count_outcome(state: &AppState, names: &[&str], outcome: &Outcome) {
+    let denied = match outcome {
+        Outcome::Granted(_) => None,
+        Outcome::Denied(denied) => Some(denied),
+    };
+    count_decision(state, names, denied);
+}
+
+/// Count a grant (`denied` is `None`) or a denial on every limit of a request.
+fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
     let metrics = state.metrics();
     for name in names {
-        match outcome {
-            Outcome::Granted(_) => {
+        match denied {
+            None => {
                 metrics
                     .grants
                     .get_or_create(&LimitLabels {
@@ -378,7 +389,7 @@ fn count_outcome(state: &AppState, names: &[&str], outcome: &Outcome) {
                     })
                     .inc();
             }
-            Outcome::Denied(denied) => {
+            Some(denied) => {
                 metrics
                     .denials
                     .get_or_create(&DenialLabels {
@@ -633,10 +644,14 @@ pub(crate) async fn check(
     }
     let path = normalize_path(&body.path).into_owned();
     let snapshot = state.rules().snapshot();
+    let mut leases = false;
     let matched: Vec<String> = snapshot
         .matching(&body.method, &path)
-        .map(|rule| rule.name().to_owned())
         .take(tollgate::COUNTERS_PER_REQUEST_MAX)
+        .map(|rule| {
+            leases |= rule.limit().policy().is_concurrency();
+            rule.name().to_owned()
+        })
         .collect();
     if matched.is_empty() {
         return Ok(Json(CheckAnswer {
@@ -653,17 +668,51 @@ pub(crate) async fn check(
     if let Some(user) = body.user.as_deref() {
         request = request.key(user);
     }
+    // The key is the body's `user`.
+    let user_error = |error| match error {
+        tollgate::Error::InvalidRequest {
+            field: "key",
+            reason,
+        } => ApiError::bad_field("user", reason),
+        other => ApiError::from(other),
+    };
+    if !leases {
+        // Nothing to hand back: a decision without a permit.
+        let checked = state.limiter().check(&request).await.map_err(user_error)?;
+        let denied = match &checked {
+            Check::Allowed(_) => None,
+            Check::Denied(denied) => Some(denied),
+        };
+        count_decision(&state, &names, denied);
+        return Ok(match checked {
+            Check::Allowed(statuses) => {
+                let limits = names.iter().zip(&statuses).map(|(name, status)| LimitView {
+                    name: (*name).to_owned(),
+                    remaining: status.remaining,
+                    reset_ms: ms_ceil(status.reset_after),
+                    fence: None,
+                    expires_ms: None,
+                });
+                Json(CheckAnswer {
+                    allowed: true,
+                    path,
+                    matched: matched.clone(),
+                    permit: None,
+                    limits: limits.collect(),
+                })
+                .into_response()
+            }
+            Check::Denied(denied) => rate_limited(
+                &denied,
+                Some(serde_json::json!({ "allowed": false, "path": path, "matched": matched })),
+            ),
+        });
+    }
     let outcome = state
         .limiter()
         .try_acquire(&request)
         .await
-        .map_err(|error| match error {
-            tollgate::Error::InvalidRequest {
-                field: "key",
-                reason,
-            } => ApiError::bad_field("user", reason),
-            other => ApiError::from(other),
-        })?;
+        .map_err(user_error)?;
     count_outcome(&state, &names, &outcome);
     Ok(match outcome {
         Outcome::Granted(permit) => {
