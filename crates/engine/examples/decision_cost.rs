@@ -9,8 +9,8 @@
 //! `refundable(false)`), `gcra_check` and `sliding_check` (`Limiter::check`, no permit),
 //! `gcra_handle` and `sliding_handle` (`LimitHandle::check`), the
 //! same with a `keyed_` prefix (10,000 keys of a per-key limit), and `governor_direct` and
-//! `governor_keyed` (governor's limiters, the same quota and keys). Every tollgate limiter here
-//! reads `TscClock`, the time-stamp counter, as governor's default clock does.
+//! `governor_keyed` (governor's limiters, the same quota and keys). The tollgate limiters read
+//! `MonotonicClock`, whose cost in instructions is the same in every run.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tollgate::{
     Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
-    PermitSecret, Policy, Request, Reserve, TscClock,
+    MonotonicClock, PermitSecret, Policy, Request, Reserve,
 };
 
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
@@ -120,7 +120,9 @@ fn main() {
             keys_tracked_max: 1_000_000,
             recover_on_start: false,
         },
-        Arc::new(TscClock::new()),
+        // Not `TscClock`: it calibrates at start for as long as the wall clock says, a number
+        // of instructions that changes from run to run and would not cancel out.
+        Arc::new(MonotonicClock::new()),
     );
     let config = LimiterConfig {
         wait_max: Duration::from_secs(60),

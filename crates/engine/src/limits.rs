@@ -43,12 +43,37 @@ pub fn check_key(key: &str) -> Result<(), String> {
     if key.len() > KEY_BYTES_MAX {
         return Err(format!("must be at most {KEY_BYTES_MAX} bytes"));
     }
-    // Most keys are printable ASCII, which a byte scan settles without decoding characters.
-    let printable_ascii = key.bytes().all(|byte| (0x20..0x7f).contains(&byte));
-    if !printable_ascii && key.chars().any(char::is_control) {
+    // Most keys are printable ASCII, which a scan of the bytes settles without decoding
+    // characters.
+    if !printable_ascii(key.as_bytes()) && key.chars().any(char::is_control) {
         return Err("must not contain control characters".into());
     }
     Ok(())
+}
+
+/// Whether every byte is printable ASCII (0x20 to 0x7e), eight bytes at a time.
+fn printable_ascii(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let Ok(word) = <[u8; 8]>::try_from(chunk).map(u64::from_ne_bytes) else {
+            return false;
+        };
+        // A byte below 0x20: subtracting 0x20 borrows into its high bit while the byte's own
+        // high bit is clear (exact for a bound of at most 0x80).
+        let below = word.wrapping_sub(0x20 * ONES) & !word & HIGHS;
+        // A byte of 0x7f or more: adding 1 sets its high bit, or the high bit is set already
+        // (a carry out of 0xff lands in the next byte only when this one is flagged anyway).
+        let above = (word.wrapping_add(ONES) | word) & HIGHS;
+        if below | above != 0 {
+            return false;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .all(|byte| (0x20..0x7f).contains(byte))
 }
 
 /// A named policy.
@@ -137,5 +162,38 @@ impl LimitTable {
         next.by_name.remove(name)?;
         next.version += 1;
         Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time scan agrees with the byte-at-a-time one, at every length and
+        /// offset (bytes near both bounds are drawn often).
+        #[test]
+        fn printable_ascii_matches_a_plain_scan(
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    Just(0x1f_u8), Just(0x20), Just(0x7e), Just(0x7f), Just(0x80), Just(0xff),
+                    Just(0x00), any::<u8>()
+                ],
+                0..40,
+            )
+        ) {
+            let plain = bytes.iter().all(|byte| (0x20..0x7f).contains(byte));
+            prop_assert_eq!(printable_ascii(&bytes), plain);
+        }
+    }
+
+    #[test]
+    fn keys_with_control_characters_are_refused() {
+        assert!(check_key("user-42 with spaces ~").is_ok());
+        assert!(check_key("naïve-ключ").is_ok());
+        assert!(check_key("abcdefgh\u{7f}").is_err());
+        assert!(check_key("abcdefghijklmnop\n").is_err());
+        assert!(check_key("\u{85}abc").is_err());
     }
 }

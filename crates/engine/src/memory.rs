@@ -11,10 +11,9 @@
 //! A request over several counters locks every shard it touches, in ascending shard order
 //! (so two requests never wait on each other in a cycle), checks all, then grants all or none.
 
-#[cfg(not(tollgate_loom))]
-use std::hash::BuildHasher;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
+use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
 use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority, Verdict};
@@ -85,6 +84,13 @@ struct Entry {
     counter: Counter,
     /// From this instant the counter is idle and may be dropped (`Counter::idle_at`).
     idle_at: u64,
+}
+
+/// Where a counter lives: its shard, and its hash in that shard's map.
+#[derive(Clone, Copy, Debug)]
+struct Located {
+    shard: usize,
+    hash: u64,
 }
 
 /// Whether a grant records its rate units as an open reservation that `commit` can refund.
@@ -172,8 +178,10 @@ fn grant_entry(
     CounterOutcome::Granted(grant)
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shard {
+    /// Hashed with the store's own `hasher`, so a counter's hash is worked out once per
+    /// operation: it picks the shard and finds the entry.
     counters: IndexMap<OwnedCounterId, Entry, foldhash::fast::RandomState>,
     cursor: usize,
 }
@@ -221,7 +229,6 @@ pub struct MemoryStoreConfig {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    #[cfg_attr(tollgate_loom, allow(dead_code))]
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
     keys_tracked_max: u64,
@@ -247,9 +254,17 @@ impl std::fmt::Debug for WakeHandlers {
 impl MemoryStore {
     pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
         let started_at = config.recover_on_start.then(|| clock.now_us());
+        let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: foldhash::fast::RandomState::default(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        counters: IndexMap::with_hasher(hasher.clone()),
+                        cursor: 0,
+                    })
+                })
+                .collect(),
+            hasher,
             clock,
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
@@ -260,15 +275,26 @@ impl MemoryStore {
         }
     }
 
+    /// The shard of `counter` and its hash in the shard's map.
+    fn locate(&self, counter: CounterId<'_>) -> Located {
+        let hash = self.hasher.hash_one(counter);
+        Located {
+            shard: MemoryStore::shard_of(counter, hash),
+            hash,
+        }
+    }
+
+    /// Bits of the hash the map does not use: hashbrown places entries by the low bits and tags
+    /// them with the top seven, so a shard chosen by either would crowd its map's buckets.
     #[cfg(not(tollgate_loom))]
-    fn shard_of(&self, counter: CounterId<'_>) -> usize {
-        (self.hasher.hash_one(counter) as usize) % SHARDS
+    fn shard_of(_counter: CounterId<'_>, hash: u64) -> usize {
+        (hash >> 40) as usize % SHARDS
     }
 
     /// Under loom the shard must not depend on a random seed (every execution must be the same):
     /// the last bytes of limit and key pick it, so tests choose which counters share a shard.
     #[cfg(tollgate_loom)]
-    fn shard_of(&self, counter: CounterId<'_>) -> usize {
+    fn shard_of(counter: CounterId<'_>, _hash: u64) -> usize {
         let last = |text: &str| usize::from(text.as_bytes().last().copied().unwrap_or(0));
         (last(counter.limit) + counter.key.map_or(0, last)) % SHARDS
     }
@@ -287,10 +313,11 @@ impl MemoryStore {
         &self,
         shard: &'s mut Shard,
         counter: CounterId<'_>,
+        hash: u64,
         policy: &Policy,
         now: u64,
     ) -> Result<&'s mut Entry> {
-        let index = self.entry_index(shard, counter, policy, now)?;
+        let index = self.entry_index(shard, counter, hash, policy, now)?;
         Ok(&mut shard.counters[index])
     }
 
@@ -300,10 +327,15 @@ impl MemoryStore {
         &self,
         shard: &mut Shard,
         counter: CounterId<'_>,
+        hash: u64,
         policy: &Policy,
         now: u64,
     ) -> Result<usize> {
-        if let Some(index) = shard.counters.get_index_of(&counter) {
+        let found = shard
+            .counters
+            .raw_entry_v1()
+            .index_from_hash(hash, |owned| counter.equivalent(owned));
+        if let Some(index) = found {
             return Ok(index);
         }
         // Claim a place before inserting, so that two shards inserting at once cannot both
@@ -410,10 +442,10 @@ impl MemoryStore {
         if let [take] = takes {
             return self.acquire_one_locked(*take, cost, priority, reservations);
         }
-        let shard_of_take: SmallVec<[usize; 2]> = takes
-            .iter()
-            .map(|take| self.shard_of(take.counter))
-            .collect();
+        let located: SmallVec<[Located; 2]> =
+            takes.iter().map(|take| self.locate(take.counter)).collect();
+        let shard_of_take: SmallVec<[usize; 2]> =
+            located.iter().map(|located| located.shard).collect();
         let mut order: SmallVec<[usize; 2]> = shard_of_take.clone();
         order.sort_unstable();
         order.dedup();
@@ -430,7 +462,8 @@ impl MemoryStore {
         for (position, (take, &shard)) in takes.iter().zip(&shard_of_take).enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit);
             let shard = &mut guards[guard_of(shard)];
-            let index = self.entry_index(shard, take.counter, take.policy, now)?;
+            let hash = located[position].hash;
+            let index = self.entry_index(shard, take.counter, hash, take.policy, now)?;
             index_of_take.push(index);
             let entry = &mut shard.counters[index];
             // When this is the last counter and every one allows the request, it is granted
@@ -505,10 +538,11 @@ impl MemoryStore {
         priority: Priority,
         reservations: Reservations,
     ) -> Result<(u64, CounterOutcome)> {
-        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
         let limit_pause_until = self.limit_paused_until(take.counter.limit);
-        let index = self.entry_index(&mut shard, take.counter, take.policy, now)?;
+        let index = self.entry_index(&mut shard, take.counter, located.hash, take.policy, now)?;
         let entry = &mut shard.counters[index];
         let outcome = if reservations == Reservations::Skip && limit_pause_until <= now {
             // The common case, with no limit-wide pause to merge in: the core's one-pass
@@ -550,9 +584,14 @@ impl MemoryStore {
         absent: impl FnOnce() -> Result<T>,
         present: impl FnOnce(&mut Counter, u64) -> Result<T>,
     ) -> Result<T> {
-        let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
-        let result = match shard.counters.get_index_of(&take.counter) {
+        let found = shard
+            .counters
+            .raw_entry_v1()
+            .index_from_hash(located.hash, |owned| take.counter.equivalent(owned));
+        let result = match found {
             None => absent(),
             Some(index) => {
                 let entry = &mut shard.counters[index];
@@ -589,8 +628,9 @@ impl MemoryStore {
                 Ok(until - now)
             }
             Some(_) => {
-                let mut shard = lock(&self.shards[self.shard_of(take.counter)]);
-                let entry = self.entry(&mut shard, take.counter, take.policy, now)?;
+                let located = self.locate(take.counter);
+                let mut shard = lock(&self.shards[located.shard]);
+                let entry = self.entry(&mut shard, take.counter, located.hash, take.policy, now)?;
                 entry.counter.pause(until);
                 entry.idle_at = entry.counter.idle_at(take.policy);
                 Ok(entry.counter.paused_until().saturating_sub(now))
