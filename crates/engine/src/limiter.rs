@@ -38,7 +38,8 @@ pub struct LimiterConfig {
 /// A request for units of one or more limits, granted on all of them or none.
 #[derive(Clone, Debug)]
 pub struct Request<'a> {
-    limits: SmallVec<[&'a str; 2]>,
+    /// Inline up to four: a chain of three (seed 002's) allocates nothing.
+    limits: SmallVec<[&'a str; 4]>,
     key: Option<&'a str>,
     cost: u64,
     priority: Priority,
@@ -213,7 +214,7 @@ pub struct Limiter {
 
 /// A request's limits, borrowed from the table in force when it was resolved.
 struct Resolved<'t> {
-    limits: SmallVec<[&'t Limit; 2]>,
+    limits: SmallVec<[&'t Limit; COUNTERS_PER_REQUEST_MAX]>,
 }
 
 impl<'t> Resolved<'t> {
@@ -225,7 +226,7 @@ impl<'t> Resolved<'t> {
         }
     }
 
-    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; 2]> {
+    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; COUNTERS_PER_REQUEST_MAX]> {
         (0..self.limits.len())
             .map(|index| Take {
                 counter: self.counter(index, key),
@@ -594,7 +595,8 @@ impl Limiter {
             let table = self.shared.table();
             let resolved = resolve(&table, &request.limits, request.key)?;
             let takes = resolved.takes(request.key);
-            let counters: SmallVec<[CounterId<'_>; 2]> = takes.iter().map(|t| t.counter).collect();
+            let counters: SmallVec<[CounterId<'_>; COUNTERS_PER_REQUEST_MAX]> =
+                takes.iter().map(|t| t.counter).collect();
             if self
                 .shared
                 .waiters

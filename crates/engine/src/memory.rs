@@ -442,14 +442,16 @@ impl MemoryStore {
         if let [take] = takes {
             return self.acquire_one_locked(*take, cost, priority, reservations);
         }
-        let located: SmallVec<[Located; 2]> =
+        // Every temporary holds a whole request inline (it was checked against the maximum
+        // above): a chain of three limits would otherwise allocate for each of them.
+        let located: SmallVec<[Located; COUNTERS_PER_REQUEST_MAX]> =
             takes.iter().map(|take| self.locate(take.counter)).collect();
-        let shard_of_take: SmallVec<[usize; 2]> =
+        let shard_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
             located.iter().map(|located| located.shard).collect();
-        let mut order: SmallVec<[usize; 2]> = shard_of_take.clone();
+        let mut order: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> = shard_of_take.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 2]> = order
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; COUNTERS_PER_REQUEST_MAX]> = order
             .iter()
             .map(|&index| lock(&self.shards[index]))
             .collect();
@@ -458,7 +460,8 @@ impl MemoryStore {
 
         let mut outcomes: SmallVec<[CounterOutcome; 2]> = SmallVec::with_capacity(takes.len());
         let mut all_allowed = true;
-        let mut index_of_take: SmallVec<[usize; 2]> = SmallVec::with_capacity(takes.len());
+        let mut index_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
+            SmallVec::with_capacity(takes.len());
         for (position, (take, &shard)) in takes.iter().zip(&shard_of_take).enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit);
             let shard = &mut guards[guard_of(shard)];
