@@ -109,6 +109,14 @@ struct Asked {
     priority: Priority,
 }
 
+/// The error for a cost that `take`'s limit can never grant.
+fn cost_error(take: Take<'_>) -> impl FnOnce(tollgate_core::CostError) -> Error + '_ {
+    move |source| Error::Cost {
+        limit: take.counter.limit.to_owned(),
+        source,
+    }
+}
+
 /// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
 /// `granted_next` says the request is granted right after if this allows it, so the grant will
 /// report what remains and working it out here would be wasted.
@@ -127,10 +135,7 @@ fn check_entry(
     let check = entry
         .counter
         .check(take.policy, now, cost, priority)
-        .map_err(|source| Error::Cost {
-            limit: take.counter.limit.to_owned(),
-            source,
-        })?;
+        .map_err(cost_error(take))?;
     Ok(match check {
         Some(mut denial) => {
             if limit_pause_until > now {
@@ -553,10 +558,7 @@ impl MemoryStore {
             let verdict = entry
                 .counter
                 .decide_final(take.policy, now, cost, priority)
-                .map_err(|source| Error::Cost {
-                    limit: take.counter.limit.to_owned(),
-                    source,
-                })?;
+                .map_err(cost_error(take))?;
             match verdict {
                 Verdict::Granted(grant) => {
                     entry.idle_at = entry.counter.idle_at(take.policy);
