@@ -5,7 +5,9 @@
 //! or more limits and is granted on all or none; it may wait, in priority order, for room.
 //! Grants are [`Permit`]s: rate units that `commit(used)` partly refunds, and leases with
 //! fencing tokens that `release` ends and `renew` extends. A pause (a vendor's "retry after")
-//! stops every grant on a limit until it ends.
+//! stops every grant on a limit until it ends. A caller with nothing to settle asks
+//! [`Limiter::check`] (or a [`LimitHandle`] for one limit on a hot path): the same decision,
+//! without a permit.
 //!
 //! The arithmetic lives in [`tollgate_core`], re-exported here.
 
