@@ -5,7 +5,8 @@
 //! can no longer affect a decision). Every operation on a shard also examines the next couple
 //! of counters under a rotating cursor and drops the idle ones, so reclaiming memory is spread
 //! over normal traffic, never a stop-the-world sweep; `sweep` does the same in bounded steps
-//! for a background task when traffic stops. A configured cap on tracked counters turns
+//! for a background task when traffic stops; a shard's map shrinks as it empties, so the memory
+//! of a burst of keys comes back once they are idle. A configured cap on tracked counters turns
 //! unbounded growth into a clear `TooManyKeys` error.
 //!
 //! A request over several counters locks every shard it touches, in ascending shard order
@@ -38,6 +39,8 @@ const SWEEP_PER_OPERATION: usize = 2;
 /// Counters examined, over all shards, before a new key is refused for the cap: first in the
 /// key's own shard, under the request's locks; then, with no lock held, in every shard.
 const SWEEP_BEFORE_REFUSING: usize = 1024;
+/// A shard's map this small is never shrunk: what it would give back is not worth a move.
+const SHRINK_ABOVE_CAPACITY: usize = 64;
 /// Counters one request may name.
 pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
 
@@ -214,7 +217,21 @@ impl Shard {
                 self.cursor += 1;
             }
         }
+        if dropped > 0 {
+            self.shrink_if_sparse();
+        }
         dropped
+    }
+
+    /// Give memory back once the shard is mostly empty: below a quarter of its capacity the
+    /// map shrinks to twice its length, which leaves room to grow again and makes a shrink
+    /// cost at most what the removals before it did. A map keeps its capacity otherwise, so
+    /// without this a burst of keys would hold its peak memory for good.
+    fn shrink_if_sparse(&mut self) {
+        let capacity = self.counters.capacity();
+        if capacity > SHRINK_ABOVE_CAPACITY && self.counters.len() < capacity / 4 {
+            self.counters.shrink_to(self.counters.len() * 2);
+        }
     }
 }
 
@@ -402,6 +419,14 @@ impl MemoryStore {
         }
         self.tracked.fetch_sub(dropped, Ordering::Relaxed);
         dropped
+    }
+
+    /// Counters the shards' maps have room for without growing: what their memory is sized by.
+    pub fn capacity(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).counters.capacity())
+            .sum()
     }
 
     /// Counters tracked now.

@@ -739,3 +739,53 @@ async fn a_changed_policy_keeps_what_was_granted() {
     }
     assert!(!granted(&limiter, &Request::new("vendor")).await);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_keys_gives_its_memory_back_once_idle() {
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1_000_000,
+            recover_on_start: false,
+        },
+        Arc::new(MonotonicClock::new()),
+    ));
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    add(
+        &limiter,
+        "per-user",
+        rate(5, SECOND_US, Algorithm::Fixed),
+        Some("user"),
+    );
+    let empty = store.capacity();
+    for user in 0..50_000 {
+        let key = format!("user-{user}");
+        let request = Request::new("per-user").key(&key);
+        assert!(limiter.check(&request).await.expect("ok").is_allowed());
+    }
+    assert_eq!(store.len(), 50_000);
+    let loaded = store.capacity();
+    assert!(loaded >= 50_000, "{loaded}");
+    // One period later every counter is idle: a sweep drops them, and the maps shrink with
+    // them instead of keeping the burst's size.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    while store.sweep(1_000) > 0 {}
+    assert_eq!(store.len(), 0);
+    let swept = store.capacity();
+    assert!(
+        swept <= empty.max(64 * 64),
+        "capacity {swept} after the sweep, {loaded} loaded, {empty} empty"
+    );
+    // The store still works, and grows again as needed.
+    for user in 0..1_000 {
+        let key = format!("again-{user}");
+        let request = Request::new("per-user").key(&key);
+        assert!(limiter.check(&request).await.expect("ok").is_allowed());
+    }
+    assert_eq!(store.len(), 1_000);
+}

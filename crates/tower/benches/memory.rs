@@ -138,8 +138,8 @@ fn main() {
         store.len()
     );
     println!(
-        "resident memory:          {:.1} MiB after the sweep (freed heap may stay with the \
-         allocator; the maps keep their capacity for the next burst)",
+        "resident memory:          {:.1} MiB after the sweep (the store's maps shrink as they \
+         empty; freed heap may still stay with the allocator)",
         mib(resident_swept)
     );
     assert_eq!(store.len(), 0, "every idle counter is gone");
