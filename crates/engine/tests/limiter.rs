@@ -12,20 +12,26 @@ use tollgate::{
 const SECOND_US: u64 = 1_000_000;
 
 fn limiter_with(keys_tracked_max: u64, recover_on_start: bool) -> Limiter {
-    let store = MemoryStore::new(
+    store_and_limiter(keys_tracked_max, recover_on_start).1
+}
+
+/// A limiter on a memory store, and the store, for tests that look into it.
+fn store_and_limiter(keys_tracked_max: u64, recover_on_start: bool) -> (Arc<MemoryStore>, Limiter) {
+    let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max,
             recover_on_start,
         },
         Arc::new(MonotonicClock::new()),
-    );
-    Limiter::new(
-        Arc::new(store),
+    ));
+    let limiter = Limiter::new(
+        store.clone(),
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
         },
-    )
+    );
+    (store, limiter)
 }
 
 fn rate(limit: u64, period_us: u64, algorithm: Algorithm) -> Policy {
@@ -742,20 +748,7 @@ async fn a_changed_policy_keeps_what_was_granted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_keys_gives_its_memory_back_once_idle() {
-    let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig {
-            keys_tracked_max: 1_000_000,
-            recover_on_start: false,
-        },
-        Arc::new(MonotonicClock::new()),
-    ));
-    let limiter = Limiter::new(
-        store.clone(),
-        LimiterConfig {
-            wait_max: Duration::from_secs(60),
-            permit_secret: PermitSecret::random(),
-        },
-    );
+    let (store, limiter) = store_and_limiter(1_000_000, false);
     add(
         &limiter,
         "per-user",
