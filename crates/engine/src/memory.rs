@@ -89,6 +89,13 @@ struct Entry {
     idle_at: u64,
 }
 
+/// Whether making a counter at the cap may sweep its shard for a place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Room {
+    Sweep,
+    Keep,
+}
+
 /// Where a counter lives: its shard, and its hash in that shard's map.
 #[derive(Clone, Copy, Debug)]
 struct Located {
@@ -339,12 +346,15 @@ impl MemoryStore {
         policy: &Policy,
         now: u64,
     ) -> Result<&'s mut Entry> {
-        let index = self.entry_index(shard, counter, hash, policy, now)?;
+        let index = self.entry_index(shard, counter, hash, policy, now, Room::Sweep)?;
         Ok(&mut shard.counters[index])
     }
 
     /// Where the entry for `counter` is in `shard`, created if absent (subject to the cap).
-    /// Creating one may sweep the shard, which moves other entries.
+    /// At the cap, `Room::Sweep` lets it sweep the shard for a place, which moves and may drop
+    /// other entries; a request that already holds entries of this shard asks with
+    /// `Room::Keep` (its own new counters are idle until granted, and a sweep would drop
+    /// them), and makes room from outside its locks instead (`acquire_now`).
     fn entry_index(
         &self,
         shard: &mut Shard,
@@ -352,6 +362,7 @@ impl MemoryStore {
         hash: u64,
         policy: &Policy,
         now: u64,
+        room: Room,
     ) -> Result<usize> {
         let found = shard
             .counters
@@ -363,8 +374,10 @@ impl MemoryStore {
         // Claim a place before inserting, so that two shards inserting at once cannot both
         // take the last one.
         if !self.claim_place() {
-            let dropped = shard.sweep(now, SWEEP_BEFORE_REFUSING / SHARDS);
-            self.tracked.fetch_sub(dropped, Ordering::AcqRel);
+            if room == Room::Sweep {
+                let dropped = shard.sweep(now, SWEEP_BEFORE_REFUSING / SHARDS);
+                self.tracked.fetch_sub(dropped, Ordering::AcqRel);
+            }
             if !self.claim_place() {
                 return Err(Error::TooManyKeys {
                     keys_tracked_max: self.keys_tracked_max,
@@ -496,7 +509,8 @@ impl MemoryStore {
             let limit_pause_until = self.limit_paused_until(take.counter.limit);
             let shard = &mut guards[guard_of(shard)];
             let hash = located[position].hash;
-            let index = self.entry_index(shard, take.counter, hash, take.policy, now)?;
+            let index =
+                self.entry_index(shard, take.counter, hash, take.policy, now, Room::Keep)?;
             index_of_take.push(index);
             let entry = &mut shard.counters[index];
             // When this is the last counter and every one allows the request, it is granted
@@ -575,7 +589,14 @@ impl MemoryStore {
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
         let limit_pause_until = self.limit_paused_until(take.counter.limit);
-        let index = self.entry_index(&mut shard, take.counter, located.hash, take.policy, now)?;
+        let index = self.entry_index(
+            &mut shard,
+            take.counter,
+            located.hash,
+            take.policy,
+            now,
+            Room::Sweep,
+        )?;
         let entry = &mut shard.counters[index];
         let outcome = if reservations == Reservations::Skip && limit_pause_until <= now {
             // The common case, with no limit-wide pause to merge in: the core's one-pass

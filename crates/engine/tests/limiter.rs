@@ -782,3 +782,33 @@ async fn a_burst_of_keys_gives_its_memory_back_once_idle() {
     }
     assert_eq!(store.len(), 1_000);
 }
+
+/// At the key cap, a request over two counters of one shard must not sweep away the counter it
+/// has just made for its first limit while it makes room for its second. Which shard a counter
+/// lands in depends on the store's random seed, so many stores are tried: two counters share a
+/// shard in one store of 64, and 2,000 stores leave no chance of missing it.
+#[tokio::test(start_paused = true)]
+async fn a_request_at_the_key_cap_never_loses_its_own_counters() {
+    for _ in 0..2_000 {
+        let limiter = limiter_with(1, false);
+        for name in ["per-user-a", "per-user-b"] {
+            add(
+                &limiter,
+                name,
+                rate(5, SECOND_US, Algorithm::Fixed),
+                Some("user"),
+            );
+        }
+        let request = Request::all(&["per-user-a", "per-user-b"]).key("ada");
+        let answer = limiter.try_acquire(&request).await;
+        assert!(
+            matches!(
+                answer,
+                Err(Error::TooManyKeys {
+                    keys_tracked_max: 1
+                })
+            ),
+            "two counters cannot fit under a cap of one: {answer:?}"
+        );
+    }
+}
