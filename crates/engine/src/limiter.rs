@@ -563,8 +563,9 @@ impl Limiter {
 
     /// A handle on the limit `name`, for a hot path that checks it over and over: the name is
     /// looked up once, not on every decision (as governor's limiters are one object per quota).
-    /// The handle follows changes to the limits: after one, it looks the name up on every
-    /// decision, as `check` does, until it is made again.
+    /// The handle follows changes to the limits: after a change that leaves its limit as it
+    /// was, it goes on as before; once its limit itself changed or went, it looks the name up
+    /// on every decision, as `check` does, until it is made again.
     pub fn handle(&self, name: &str) -> Result<LimitHandle> {
         // The generation first: a change between the two reads leaves the handle behind, which
         // only makes it look the name up again.
@@ -576,7 +577,7 @@ impl Limiter {
         Ok(LimitHandle {
             limiter: self.clone(),
             limit: Arc::clone(limit),
-            generation,
+            generation: AtomicU64::new(generation),
         })
     }
 
@@ -847,12 +848,24 @@ impl Limiter {
 }
 
 /// One limit of a limiter, looked up once (`Limiter::handle`).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct LimitHandle {
     limiter: Limiter,
     limit: Arc<Limit>,
-    /// The limiter's generation when `limit` was read.
-    generation: u64,
+    /// The limiter's generation at which `limit` was last known to be the one in force. Moved
+    /// forward when a change of the limits left this one as it was, so that changing another
+    /// limit does not send this handle the slow way for good.
+    generation: AtomicU64,
+}
+
+impl Clone for LimitHandle {
+    fn clone(&self) -> LimitHandle {
+        LimitHandle {
+            limiter: self.limiter.clone(),
+            limit: Arc::clone(&self.limit),
+            generation: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl LimitHandle {
@@ -872,8 +885,7 @@ impl LimitHandle {
         cost: u64,
         priority: Priority,
     ) -> Result<Check> {
-        let generation = self.limiter.shared.generation.load(Ordering::Acquire);
-        if generation == self.generation
+        if self.in_force()
             && let Some(answer) = self
                 .limiter
                 .check_limit_now(&self.limit, key, cost, priority)
@@ -887,6 +899,27 @@ impl LimitHandle {
             request = request.key(key);
         }
         self.limiter.check(&request).await
+    }
+
+    /// Whether `limit` is the limit in force: the limits have not changed since it was known
+    /// to be, or they have and it is unchanged (then it is known to be again).
+    fn in_force(&self) -> bool {
+        let shared = &self.limiter.shared;
+        let generation = shared.generation.load(Ordering::Acquire);
+        if generation == self.generation.load(Ordering::Relaxed) {
+            return true;
+        }
+        // The table read now is at `generation` or later (a change bumps the generation after
+        // putting its table in place), so if it still holds this limit, the limit was in force
+        // at `generation`.
+        let unchanged = shared
+            .table_guard()
+            .get(self.limit.name())
+            .is_some_and(|limit| **limit == *self.limit);
+        if unchanged {
+            self.generation.store(generation, Ordering::Relaxed);
+        }
+        unchanged
     }
 }
 

@@ -288,6 +288,10 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
         now(handle.check_with(Some("ada"), 0, Priority::Normal)),
         Err(Error::InvalidRequest { field: "cost", .. })
     ));
+    // Another limit changing leaves this one as it was, and the handle as it was.
+    add(&limiter, "other", one, None);
+    assert!(!now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(now(handle.check(Some("bob"))).expect("ok").is_allowed());
     // A new policy applies to the handle made before it; what was granted stays counted.
     let three = rate(3, SECOND_US, Algorithm::Fixed, Reserve::default());
     add(&limiter, "api", three, Some("user"));
