@@ -295,6 +295,26 @@ const N: u64 = 4;
 const PERIOD_MS: u64 = 300;
 const MARGIN_MS: u64 = 200;
 
+/// A vendor allowing `limit` per `PERIOD_MS` window, answering `Retry-After` from 1 s up to
+/// `retry_after_s_max` while a caller keeps overdrawing.
+async fn vendor(limit: u64, retry_after_s_max: u64) -> Vendor {
+    Vendor::start(VendorRules {
+        limit,
+        period: Duration::from_millis(PERIOD_MS),
+        retry_after_s: 1,
+        retry_after_s_max,
+    })
+    .await
+}
+
+/// A host limited by the server's rate limit alone.
+fn rate_only() -> HostLimits {
+    HostLimits {
+        rate: Some(RATE.into()),
+        concurrency: None,
+    }
+}
+
 fn rate_rule(limit: u64) -> Value {
     json!({"kind": "rate", "limit": limit, "period_ms": PERIOD_MS, "algorithm": "sliding",
         "margin_ms": MARGIN_MS})
@@ -304,17 +324,8 @@ fn rate_rule(limit: u64) -> Value {
 async fn the_vendor_sees_at_most_n_per_window_and_every_job_completes() {
     let server = Server::start().await;
     server.put_limit(RATE, rate_rule(N)).await;
-    let vendor = Vendor::start(VendorRules {
-        limit: N,
-        period: Duration::from_millis(PERIOD_MS),
-        retry_after_s: 1,
-        retry_after_s_max: 8,
-    })
-    .await;
-    let limits = HostLimits {
-        rate: Some(RATE.into()),
-        concurrency: None,
-    };
+    let vendor = vendor(N, 8).await;
+    let limits = rate_only();
     let dispatcher = dispatcher(remote_gate(&server.url, limits, gate_config()), 16);
     let results = run_jobs(&dispatcher, &vendor, "p0", 24).await;
     let tally = vendor.tally();
@@ -337,17 +348,8 @@ async fn the_vendor_sees_at_most_n_per_window_and_every_job_completes() {
 async fn two_dispatchers_sharing_a_server_keep_the_vendor_within_n_per_window() {
     let server = Server::start().await;
     server.put_limit(RATE, rate_rule(N)).await;
-    let vendor = Vendor::start(VendorRules {
-        limit: N,
-        period: Duration::from_millis(PERIOD_MS),
-        retry_after_s: 1,
-        retry_after_s_max: 8,
-    })
-    .await;
-    let limits = HostLimits {
-        rate: Some(RATE.into()),
-        concurrency: None,
-    };
+    let vendor = vendor(N, 8).await;
+    let limits = rate_only();
     // Two dispatchers with their own gates and HTTP clients, as two processes would have.
     let first = dispatcher(remote_gate(&server.url, limits.clone(), gate_config()), 16);
     let second = dispatcher(remote_gate(&server.url, limits, gate_config()), 16);
@@ -384,13 +386,7 @@ async fn a_vendors_429_pauses_the_server_and_nothing_reaches_the_vendor_until_it
             json!({"kind": "concurrency", "limit": 1, "lease_ttl_ms": 30_000}),
         )
         .await;
-    let vendor = Vendor::start(VendorRules {
-        limit: 3,
-        period: Duration::from_millis(PERIOD_MS),
-        retry_after_s: 1,
-        retry_after_s_max: 8,
-    })
-    .await;
+    let vendor = vendor(3, 8).await;
     let limits = HostLimits {
         rate: Some(RATE.into()),
         concurrency: Some(INFLIGHT.into()),
@@ -469,13 +465,7 @@ async fn leases_are_renewed_and_released_through_the_server() {
             json!({"kind": "concurrency", "limit": 1, "lease_ttl_ms": 60_000}),
         )
         .await;
-    let vendor = Vendor::start(VendorRules {
-        limit: 1_000,
-        period: Duration::from_millis(PERIOD_MS),
-        retry_after_s: 1,
-        retry_after_s_max: 1,
-    })
-    .await;
+    let vendor = vendor(1_000, 1).await;
     let limits = HostLimits {
         rate: None,
         concurrency: Some(INFLIGHT.into()),
@@ -571,10 +561,7 @@ async fn assert_remote_failure(
     vendor: &Vendor,
     transient: bool,
 ) -> DispatchError {
-    let limits = HostLimits {
-        rate: Some(RATE.into()),
-        concurrency: None,
-    };
+    let limits = rate_only();
     let dispatcher = dispatcher(remote_gate_with_token(url, token, limits, config), 4);
     let ran = Arc::new(AtomicU64::new(0));
     let counted = ran.clone();
@@ -602,13 +589,7 @@ async fn assert_remote_failure(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_server_is_a_clear_transient_error_and_nothing_is_sent() {
-    let vendor = Vendor::start(VendorRules {
-        limit: 1_000,
-        period: Duration::from_millis(PERIOD_MS),
-        retry_after_s: 1,
-        retry_after_s_max: 1,
-    })
-    .await;
+    let vendor = vendor(1_000, 1).await;
 
     // Nobody listens on the port.
     let closed = {
@@ -631,10 +612,7 @@ async fn an_unreachable_server_is_a_clear_transient_error_and_nothing_is_sent() 
     // A server that worked, then stopped.
     let mut server = Server::start().await;
     server.put_limit(RATE, rate_rule(N)).await;
-    let limits = HostLimits {
-        rate: Some(RATE.into()),
-        concurrency: None,
-    };
+    let limits = rate_only();
     let working = dispatcher(remote_gate(&server.url, limits, gate_config()), 4);
     assert_all_ok(&run_jobs(&working, &vendor, "p0", 2).await);
     // A wrong data token: refused, and not worth retrying unchanged.

@@ -252,9 +252,7 @@ fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Resu
             format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
         ));
     }
-    if let Some(key) = key {
-        check_key(key).map_err(|reason| Error::invalid("key", reason))?;
-    }
+    check_request_key(key)?;
     let mut limits = SmallVec::new();
     for (index, name) in names.iter().enumerate() {
         if names[..index].contains(name) {
@@ -266,18 +264,29 @@ fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Resu
         let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
             name: (*name).to_owned(),
         })?;
-        if limit.per().is_some() && key.is_none() {
-            return Err(Error::invalid(
-                "key",
-                format!(
-                    "limit {name:?} counts per {}; give a key",
-                    limit.per().unwrap_or_default()
-                ),
-            ));
-        }
+        check_key_given(limit, key)?;
         limits.push(&**limit);
     }
     Ok(Resolved { limits })
+}
+
+/// A request's key, if it names one, is a valid key.
+fn check_request_key(key: Option<&str>) -> Result<()> {
+    match key {
+        Some(key) => check_key(key).map_err(|reason| Error::invalid("key", reason)),
+        None => Ok(()),
+    }
+}
+
+/// A limit counted per key is asked with a key.
+fn check_key_given(limit: &Limit, key: Option<&str>) -> Result<()> {
+    match limit.per() {
+        Some(per) if key.is_none() => Err(Error::invalid(
+            "key",
+            format!("limit {:?} counts per {per}; give a key", limit.name()),
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl Limiter {
@@ -454,7 +463,7 @@ impl Limiter {
         {
             let table = self.shared.table_guard();
             let resolved = resolve(&table, &request.limits, request.key)?;
-            Limiter::refuse_leases(&resolved)?;
+            Limiter::refuse_leases(resolved.limits.iter().copied())?;
         }
         let mut request = request.clone();
         request.refundable = false;
@@ -471,8 +480,9 @@ impl Limiter {
         }
     }
 
-    fn refuse_leases(resolved: &Resolved<'_>) -> Result<()> {
-        match resolved.limits.iter().find(|l| l.policy().is_concurrency()) {
+    /// `check` hands out no permit, so it cannot grant a lease.
+    fn refuse_leases<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> Result<()> {
+        match limits.into_iter().find(|l| l.policy().is_concurrency()) {
             Some(limit) => Err(Error::invalid(
                 "limits",
                 format!(
@@ -509,25 +519,14 @@ impl Limiter {
         priority: Priority,
     ) -> Option<Result<Check>> {
         let decide = || -> Result<Option<Check>> {
+            // What `check_request` and `resolve` refuse, in the same order.
             Limiter::check_cost(cost)?;
-            if let Some(key) = key {
-                check_key(key).map_err(|reason| Error::invalid("key", reason))?;
-            }
+            check_request_key(key)?;
+            check_key_given(limit, key)?;
+            Limiter::refuse_leases([limit])?;
             let resolved = || Resolved {
                 limits: smallvec::smallvec![limit],
             };
-            match limit.per() {
-                Some(per) if key.is_none() => {
-                    return Err(Error::invalid(
-                        "key",
-                        format!("limit {:?} counts per {per}; give a key", limit.name()),
-                    ));
-                }
-                _ if limit.policy().is_concurrency() => {
-                    Limiter::refuse_leases(&resolved())?;
-                }
-                _ => {}
-            }
             let counter = CounterId {
                 limit: limit.name(),
                 key: limit.per().and(key),

@@ -61,3 +61,14 @@ pub async fn declare_fresh(url: &str, namespace: &str) {
         .await
         .expect("write the generation");
 }
+
+/// A limiter on `store`, waiting at most 10 s, with a secret of its own.
+pub fn limiter_on(store: std::sync::Arc<RedisStore>) -> tollgate::Limiter {
+    tollgate::Limiter::new(
+        store,
+        tollgate::LimiterConfig {
+            wait_max: Duration::from_secs(10),
+            permit_secret: tollgate::PermitSecret::random(),
+        },
+    )
+}

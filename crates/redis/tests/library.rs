@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tollgate::{Algorithm, Limit, Policy, Request, Reserve};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_function_library_is_loaded_again() {
@@ -21,13 +19,7 @@ async fn a_lost_function_library_is_loaded_again() {
         );
         return;
     };
-    let limiter = Limiter::new(
-        store.clone(),
-        LimiterConfig {
-            wait_max: Duration::from_secs(10),
-            permit_secret: PermitSecret::random(),
-        },
-    );
+    let limiter = common::limiter_on(store.clone());
     let policy =
         Policy::rate(3, 60_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("valid");
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));

@@ -6,9 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::{
-    Algorithm, CounterId, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve,
-};
+use tollgate::{Algorithm, CounterId, Limit, Limiter, Policy, Request, Reserve};
 
 const LIMIT: u64 = 100;
 
@@ -63,13 +61,7 @@ async fn setup(test: &str) -> Option<(String, String, Arc<tollgate_redis::RedisS
     let namespace = common::namespace(test);
     common::declare_fresh(&url, &namespace).await;
     let store = Arc::new(common::connect(&url, &namespace).await);
-    let limiter = Limiter::new(
-        store.clone(),
-        LimiterConfig {
-            wait_max: Duration::from_secs(10),
-            permit_secret: PermitSecret::random(),
-        },
-    );
+    let limiter = common::limiter_on(store.clone());
     Some((url, namespace, store, limiter))
 }
 

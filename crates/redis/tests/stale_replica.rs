@@ -7,10 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
-    Algorithm, DenialReason, Limit, Limiter, LimiterConfig, Outcome, PermitSecret, Policy, Request,
-    Reserve,
-};
+use tollgate::{Algorithm, DenialReason, Limit, Outcome, Policy, Request, Reserve};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
@@ -21,13 +18,7 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
     let namespace = common::namespace("stale");
     common::declare_fresh(&url, &namespace).await;
     let store = Arc::new(common::connect(&url, &namespace).await);
-    let limiter = Limiter::new(
-        store.clone(),
-        LimiterConfig {
-            wait_max: Duration::from_secs(10),
-            permit_secret: PermitSecret::random(),
-        },
-    );
+    let limiter = common::limiter_on(store.clone());
     let policy =
         Policy::rate(2, 1_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("valid");
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));

@@ -366,14 +366,8 @@ impl Shared {
     ) -> Settled {
         match outcome {
             Ok(Outcome::Granted(permit)) => {
-                for &position in matched {
-                    bump(&index.entries[position as usize].counters.allowed);
-                }
-                let headers = if self.config.headers_on_allowed {
-                    Shared::rate_headers(index, matched, &permit.limits())
-                } else {
-                    Vec::new()
-                };
+                let headers = || Shared::rate_headers(index, matched, &permit.limits());
+                let headers = self.allowed(index, matched, headers);
                 // Only a lease needs holding; dropping a rate-only permit keeps its units
                 // used, which is what a served request means.
                 let permit = permit.fence().is_some().then_some(permit);
@@ -399,10 +393,7 @@ impl Shared {
     ) -> Settled {
         match checked {
             Ok(Check::Allowed(statuses)) => {
-                for &position in matched {
-                    bump(&index.entries[position as usize].counters.allowed);
-                }
-                let headers = if self.config.headers_on_allowed {
+                let headers = || {
                     let members = matched
                         .iter()
                         .zip(&statuses)
@@ -413,16 +404,32 @@ impl Shared {
                             is_lease: false,
                         });
                     Shared::headers_with(index, matched, ratelimit_members(members))
-                } else {
-                    Vec::new()
                 };
                 Settled::Call {
                     permit: None,
-                    headers,
+                    headers: self.allowed(index, matched, headers),
                 }
             }
             Ok(Check::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
             Err(error) => self.settle(index, matched, Err(error)),
+        }
+    }
+
+    /// Count an allowed request on its rules; the headers for it, if allowed answers carry
+    /// them.
+    fn allowed(
+        &self,
+        index: &RuleIndex,
+        matched: &Matched,
+        headers: impl FnOnce() -> Headers,
+    ) -> Headers {
+        for &position in matched {
+            bump(&index.entries[position as usize].counters.allowed);
+        }
+        if self.config.headers_on_allowed {
+            headers()
+        } else {
+            Vec::new()
         }
     }
 
