@@ -214,6 +214,57 @@ fn open_for(policy: &Policy, cost: u64, priority: Priority) -> Result<u64, CostE
     Ok(open)
 }
 
+/// A final GCRA grant worked out from the backlog's end alone (`gcra_final`).
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcraStep {
+    /// The backlog's end after the grant.
+    pub tat: u64,
+    /// Units still open to the request's priority after the grant.
+    pub remaining: u64,
+    /// Time until every unit counted now stops counting.
+    pub reset_after_us: u64,
+}
+
+/// GCRA's final grant of `cost` at `priority` on a counter whose backlog ends at `tat`, for a
+/// counter `Counter::gcra_alone` allowed: exactly what `decide_final` grants on it. `None` when
+/// it would not grant (no room, a cost it can never grant, a policy not GCRA): the caller asks
+/// the counter itself, which says why and when to retry.
+#[inline]
+pub fn gcra_final(
+    tat: u64,
+    policy: &Policy,
+    now: u64,
+    cost: u64,
+    priority: Priority,
+) -> Option<GcraStep> {
+    let open = open_for(policy, cost, priority).ok()?;
+    gcra_step(tat, policy, now, cost, open)
+}
+
+/// `gcra_final` once `open` is known to be at least `cost`.
+#[inline]
+fn gcra_step(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<GcraStep> {
+    let Kind::Rate(rate) = policy.kind() else {
+        return None;
+    };
+    if !matches!(rate.algorithm(), Algorithm::Gcra { .. }) {
+        return None;
+    }
+    let emission = rate.emission_us();
+    // GCRA's own test, `backlog <= (open - cost) * T`, without dividing the backlog by T.
+    let backlog = tat.saturating_sub(now);
+    if backlog > (open - cost) * emission {
+        return None;
+    }
+    let tat = tat.max(now) + cost * emission;
+    Some(GcraStep {
+        tat,
+        remaining: open - backlog.div_ceil(emission) - cost,
+        reset_after_us: (tat - now).min(policy.memory_us()),
+    })
+}
+
 impl Counter {
     /// A fresh counter at `now`: nothing counted, nothing paused.
     pub fn new(now: u64) -> Counter {
@@ -638,9 +689,8 @@ impl Counter {
     }
 
     /// `decide_final`'s grant in a few steps for the common GCRA case, where nothing else needs
-    /// doing: the body is GCRA at the policy's emission interval (so `normalise` would change
-    /// nothing), no reservation is open, nothing is paused, and the cost fits. `None` sends the
-    /// caller the general way. The same state and grant as `check` then `grant_final`.
+    /// doing (`gcra_alone`) and the cost fits. `None` sends the caller the general way. The
+    /// same state and grant as `check` then `grant_final`.
     fn gcra_grant_final(
         &mut self,
         policy: &Policy,
@@ -648,37 +698,51 @@ impl Counter {
         cost: u64,
         open: u64,
     ) -> Option<Grant> {
+        let tat = self.gcra_alone(policy, now)?;
+        let step = gcra_step(tat, policy, now, cost, open)?;
+        let seq = self.next_seq.max(now);
+        self.next_seq = seq + 1;
+        if let Body::Gcra { tat, last_seq, .. } = &mut self.body {
+            *tat = step.tat;
+            *last_seq = seq;
+        }
+        Some(Grant {
+            seq,
+            remaining: step.remaining,
+            reset_after_us: step.reset_after_us,
+            lease_expires_at: None,
+        })
+    }
+
+    /// The end of the GCRA backlog, if a final grant on this counter at `now` or later needs
+    /// nothing else: the body is GCRA at the policy's emission interval (so `normalise` would
+    /// change nothing), no reservation is open (none can be refunded), and nothing is paused.
+    /// Such a counter can be decided by `gcra_final` on its backlog alone, and a store may keep
+    /// that one number where callers decide on it without a lock.
+    pub fn gcra_alone(&self, policy: &Policy, now: u64) -> Option<u64> {
         let Kind::Rate(rate) = policy.kind() else {
             return None;
         };
         let Body::Gcra {
-            tat,
-            emission_us,
-            last_seq,
-        } = &mut self.body
+            tat, emission_us, ..
+        } = &self.body
         else {
             return None;
         };
-        let emission = rate.emission_us();
-        let gcra = matches!(rate.algorithm(), Algorithm::Gcra { .. });
-        if !gcra || *emission_us != emission || !self.reservations.is_empty() {
-            return None;
+        let alone = matches!(rate.algorithm(), Algorithm::Gcra { .. })
+            && *emission_us == rate.emission_us()
+            && self.reservations.is_empty()
+            && self.paused_until <= now;
+        alone.then_some(*tat)
+    }
+
+    /// Put back the backlog's end that `gcra_final` moved, on a counter `gcra_alone` allowed
+    /// (any other body is left as it is: it has no such number).
+    pub fn set_gcra_tat(&mut self, backlog_end: u64) {
+        debug_assert!(matches!(self.body, Body::Gcra { .. }), "not a GCRA counter");
+        if let Body::Gcra { tat, .. } = &mut self.body {
+            *tat = backlog_end;
         }
-        let backlog = tat.saturating_sub(now);
-        if self.paused_until > now || backlog > (open - cost) * emission {
-            return None;
-        }
-        let used_before = backlog.div_ceil(emission);
-        let seq = self.next_seq.max(now);
-        self.next_seq = seq + 1;
-        *tat = (*tat).max(now) + cost * emission;
-        *last_seq = seq;
-        Some(Grant {
-            seq,
-            remaining: open - used_before - cost,
-            reset_after_us: (*tat - now).min(policy.memory_us()),
-            lease_expires_at: None,
-        })
     }
 
     /// Commit a rate reservation (refund `cost - used`) or release a lease (`used` ignored).

@@ -24,8 +24,8 @@ mod counter;
 mod policy;
 
 pub use counter::{
-    Committed, CostError, Counter, Denial, DenyReason, Grant, LEASES_MAX, PermitError,
-    RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict,
+    Committed, CostError, Counter, Denial, DenyReason, GcraStep, Grant, LEASES_MAX, PermitError,
+    RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict, gcra_final,
 };
 pub use policy::{
     Algorithm, Concurrency, Kind, Policy, PolicyError, Priority, Rate, Reserve, SPAN_US_MAX,

@@ -326,6 +326,10 @@ impl Policy {
         matches!(self.kind, Kind::Concurrency(_))
     }
 
+    pub fn is_gcra(&self) -> bool {
+        matches!(&self.kind, Kind::Rate(rate) if matches!(rate.algorithm(), Algorithm::Gcra { .. }))
+    }
+
     /// Units that can be held at once: the limit, or the burst for GCRA.
     pub fn capacity(&self) -> u64 {
         match &self.kind {

@@ -15,6 +15,7 @@ use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use tollgate_core::{
     Algorithm, Committed, CostError, Counter, DenyReason, LEASES_MAX, PermitError, Policy,
     Priority, Reserve, SLIDING_BUCKETS_MAX, SPAN_US_MAX, SPAN_US_MIN, UNITS_MAX, Verdict,
+    gcra_final,
 };
 
 /// The limit under test, with the parameters the reference model reasons with.
@@ -117,6 +118,9 @@ struct Granted {
     committed: bool,
     /// Granted with `grant_final`: no reservation was recorded, so nothing can be refunded.
     final_grant: bool,
+    /// Granted by `gcra_final` on the backlog alone: no number was handed out (`seq` is the
+    /// one `decide_final` would have given), so there is nothing to commit.
+    hot: bool,
     /// Leases: when the lease ends unless renewed again, and when it was released.
     expires_at: u64,
     released_at: Option<u64>,
@@ -440,6 +444,7 @@ impl Run {
         let (policy, now) = (self.policy, self.now);
         let cost = cost_within(raw_cost, self.spec.capacity());
         let open = self.spec.open(priority);
+        let mut hot_state = None;
         let decided = if final_grant {
             // The two steps, check then `grant_final`, on a copy: `decide_final` must give the
             // same verdict and leave the same state.
@@ -451,9 +456,33 @@ impl Run {
                         Some(denial) => Verdict::Denied(denial),
                         None => Verdict::Granted(stepped.grant_final(&policy, now, cost, priority)),
                     });
+            // A counter that may be decided on its backlog alone: `gcra_final` on that one
+            // number must grant exactly when `decide_final` does, the same hints and backlog.
+            let before = self.counter.clone();
+            let alone = before.gcra_alone(&policy, now);
             let decided = self.counter.decide_final(&policy, now, cost, priority);
             prop_assert_eq!(decided, two_steps);
             prop_assert_eq!(&self.counter, &stepped);
+            if let Some(tat) = alone {
+                let step = gcra_final(tat, &policy, now, cost, priority);
+                match decided {
+                    Ok(Verdict::Granted(grant)) => {
+                        let step = step.ok_or_else(|| fail("gcra_final refused a grant"))?;
+                        prop_assert_eq!(step.remaining, grant.remaining);
+                        prop_assert_eq!(step.reset_after_us, grant.reset_after_us);
+                        prop_assert_eq!(self.counter.gcra_alone(&policy, now), Some(step.tat));
+                        // A store that decides on the backlog alone puts back only that
+                        // number (no number is handed out): go on from such a state for odd
+                        // costs, so that the bounds are checked on it too.
+                        if cost % 2 == 1 {
+                            let mut hot = before;
+                            hot.set_gcra_tat(step.tat);
+                            hot_state = Some(hot);
+                        }
+                    }
+                    _ => prop_assert_eq!(step, None),
+                }
+            }
             decided
         } else {
             self.counter.decide(&policy, now, cost, priority)
@@ -501,7 +530,7 @@ impl Run {
                     remaining_max
                 );
                 prop_assert!(grant.seq >= self.created_at);
-                if let Some(previous) = self.grants.last() {
+                if let Some(previous) = self.grants.iter().rev().find(|grant| !grant.hot) {
                     prop_assert!(grant.seq > previous.seq, "seq or fence did not grow");
                 }
                 let expires_at = match self.spec.shape {
@@ -537,6 +566,7 @@ impl Run {
                     net: cost,
                     committed: false,
                     final_grant,
+                    hot: hot_state.is_some(),
                     expires_at,
                     released_at: None,
                 });
@@ -551,6 +581,9 @@ impl Run {
                     Shape::Leases { .. } => expires_at,
                 };
                 prop_assert_eq!(grant.reset_after_us, counted_until - now);
+                if let Some(hot) = hot_state {
+                    self.counter = hot;
+                }
             }
             Verdict::Denied(denial) => {
                 prop_assert!(
@@ -622,6 +655,9 @@ impl Run {
         let (policy, now, window) = (self.policy, self.now, self.spec.window_us());
         let index = pick(permit, self.grants.len());
         let grant = self.grants[index];
+        if grant.hot {
+            return Ok(());
+        }
         let used = match excess {
             Some(excess) => grant.cost + excess,
             None => raw_used % (grant.cost + 1),
@@ -1010,12 +1046,14 @@ proptest! {
         let idle = run.counter.idle_at(&policy);
         let mut now = idle.max(run.now) + extra;
         let fresh_at = now;
-        let issued_max = run.grants.iter().map(|grant| grant.seq).max();
+        // Numbers handed out: a grant on the backlog alone hands out none.
+        let issued = || run.grants.iter().filter(|grant| !grant.hot).map(|grant| grant.seq);
+        let issued_max = issued().max();
         // The clock has passed every number handed out, so a fresh counter numbers above them.
         prop_assert!(issued_max.is_none_or(|max| idle > max), "idle_at {} not above seq {:?}", idle, issued_max);
         let mut old = run.counter.clone();
         let mut fresh = Counter::new(now);
-        let mut seqs: Vec<u64> = run.grants.iter().map(|grant| grant.seq).collect();
+        let mut seqs: Vec<u64> = issued().collect();
         let mut last_retry_us = 0;
         for op in then {
             match op {

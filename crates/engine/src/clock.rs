@@ -11,6 +11,15 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now_us(&self) -> u64;
 }
 
+/// `duration` in whole microseconds, from seconds and sub-second micros: `as_micros` divides
+/// a u128, which costs more than reading the time-stamp counter.
+fn whole_micros(duration: std::time::Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(duration.subsec_micros()))
+}
+
 /// The process's monotonic clock (`tokio::time::Instant`), so tests that pause tokio's time
 /// drive decisions and waiting together, deterministically.
 #[derive(Debug)]
@@ -40,8 +49,8 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_us(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX / 4);
-        self.origin_us + elapsed
+        self.origin_us
+            .saturating_add(whole_micros(self.origin.elapsed()))
     }
 }
 
@@ -79,7 +88,7 @@ impl Default for TscClock {
 impl Clock for TscClock {
     fn now_us(&self) -> u64 {
         let elapsed = self.clock.now().saturating_duration_since(self.origin);
-        self.origin_us + u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX / 4)
+        self.origin_us.saturating_add(whole_micros(elapsed))
     }
 }
 

@@ -14,6 +14,7 @@
 mod clock;
 pub mod conformance;
 mod error;
+mod hot;
 mod limiter;
 mod limits;
 mod memory;
@@ -27,6 +28,7 @@ mod loom_tests;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
+pub use hot::HotCounter;
 pub use limiter::{
     Check, DenialReason, Denied, LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX,
     Permit, RateStatus, Request,

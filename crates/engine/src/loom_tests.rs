@@ -1,6 +1,6 @@
 //! Loom models of the engine's concurrent parts: the sharded memory store (no double grant,
-//! all-or-nothing across shards, no lock-order deadlock, the key cap under racing inserts) and
-//! the wait queue's wake-ups (no lost wake-up, the turn passes on when a waiter leaves).
+//! all-or-nothing across shards, no lock-order deadlock, the key cap under racing inserts, a
+//! hot counter's lock-free grants against the store's own) and the wait queue's wake-ups (no lost wake-up, the turn passes on when a waiter leaves).
 //!
 //! Run with `RUSTFLAGS="--cfg tollgate_loom" cargo test -p tollgate --lib --release loom`.
 
@@ -12,7 +12,7 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 use crate::clock::ManualClock;
 use crate::error::Error;
 use crate::memory::{MemoryStore, MemoryStoreConfig, Reservations};
-use crate::store::{CounterId, Take};
+use crate::store::{CounterId, Store, Take};
 use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
@@ -59,6 +59,50 @@ fn loom_two_racing_acquires_never_both_take_the_last_unit() {
             .filter(|granted| *granted)
             .count();
         assert_eq!(granted, 1);
+    });
+}
+
+/// A handle's grant on the hot word races the store's grant under the lock (which seizes the
+/// word, decides, and publishes again): one unit left, so exactly one of them gets it, and the
+/// store sees the handle's grant afterwards whichever won.
+#[test]
+fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
+    loom::model(|| {
+        let store = Arc::new(store(100));
+        let policy = Policy::rate(
+            1,
+            1_000_000,
+            0,
+            Algorithm::Gcra { burst: 2 },
+            Reserve::default(),
+        )
+        .expect("valid");
+        let hot = store
+            .hot_counter(take("vendor", None, &policy))
+            .expect("an unkeyed GCRA counter has a hot word");
+        let takes = [take("vendor", None, &policy)];
+        let first = store
+            .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
+            .expect("store answers");
+        assert!(first.is_granted(), "the first of two units");
+        let by_handle = thread::spawn(move || hot.decide(&policy, 1, Priority::Normal).is_some());
+        let by_store = {
+            let store = store.clone();
+            thread::spawn(move || {
+                let takes = [take("vendor", None, &policy)];
+                store
+                    .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
+                    .expect("store answers")
+                    .is_granted()
+            })
+        };
+        let by_handle = by_handle.join().expect("thread");
+        let by_store = by_store.join().expect("thread");
+        assert!(by_handle ^ by_store, "handle {by_handle}, store {by_store}");
+        let after = store
+            .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
+            .expect("store answers");
+        assert!(!after.is_granted(), "both units are counted");
     });
 }
 

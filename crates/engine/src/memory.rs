@@ -26,7 +26,8 @@ use crate::store::{
 };
 use std::sync::Arc;
 
-use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering, lock};
+use crate::hot::HotCounter;
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, lock};
 
 /// Shards per store. A power of two well above the core count keeps lock collisions rare.
 #[cfg(not(tollgate_loom))]
@@ -87,6 +88,44 @@ struct Entry {
     counter: Counter,
     /// From this instant the counter is idle and may be dropped (`Counter::idle_at`).
     idle_at: u64,
+    /// The word handles decide this counter on without a lock, while one is published
+    /// (`hot`): then it, not `counter`, holds the backlog's end. Every lookup under the lock
+    /// seizes it first (`entry_index`, `with_existing`).
+    hot: Option<Arc<HotCounter>>,
+}
+
+impl Entry {
+    /// Make `counter` the truth: take back the backlog's end a handle may have moved.
+    fn seize(&mut self) {
+        if let Some(hot) = &self.hot
+            && let Some(tat) = hot.seize(&mut self.counter)
+        {
+            // Handles' grants moved only the backlog's end, so that is all `idle_at` misses.
+            self.idle_at = self.idle_at.max(tat);
+        }
+    }
+
+    /// After a decision on this counter alone, under the lock hold that seized it: let
+    /// handles decide on it by themselves again, if it allows.
+    fn publish(&self, policy: &Policy, now: u64) {
+        if let Some(hot) = &self.hot {
+            hot.publish(&self.counter, policy, now);
+        }
+    }
+
+    /// Whether the counter may be dropped at `now`. Never while a handle holds its hot word
+    /// (the handle would go on deciding on a counter the store no longer has); once none
+    /// does, none can take it again without the shard's lock, so the word is seized for good.
+    fn idle(&mut self, now: u64) -> bool {
+        if let Some(hot) = &self.hot {
+            if Arc::strong_count(hot) > 1 {
+                return false;
+            }
+            self.seize();
+            self.hot = None;
+        }
+        self.idle_at <= now
+    }
 }
 
 /// Whether making a counter at the cap may sweep its shard for a place.
@@ -214,8 +253,8 @@ impl Shard {
             }
             let idle = self
                 .counters
-                .get_index(self.cursor)
-                .is_some_and(|(_, entry)| entry.idle_at <= now);
+                .get_index_mut(self.cursor)
+                .is_some_and(|(_, entry)| entry.idle(now));
             if idle {
                 // The last counter moves into the cursor's place and is examined next.
                 self.counters.swap_remove_index(self.cursor);
@@ -266,6 +305,8 @@ pub struct MemoryStore {
     /// the limit. `pauses_active` lets the common case skip the lock.
     pauses: Mutex<Vec<(Box<str>, u64)>>,
     pauses_active: AtomicUsize,
+    /// The end of the latest of those pauses, which hot counters read (`hot`).
+    limit_pauses_end: Arc<AtomicU64>,
     started_at: Option<u64>,
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
@@ -299,6 +340,7 @@ impl MemoryStore {
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
             pauses_active: AtomicUsize::new(0),
+            limit_pauses_end: Arc::new(AtomicU64::new(0)),
             started_at,
             wake: WakeHandlers::default(),
         }
@@ -369,6 +411,7 @@ impl MemoryStore {
             .raw_entry_v1()
             .index_from_hash(hash, |owned| counter.equivalent(owned));
         if let Some(index) = found {
+            shard.counters[index].seize();
             return Ok(index);
         }
         // Claim a place before inserting, so that two shards inserting at once cannot both
@@ -391,6 +434,7 @@ impl MemoryStore {
             Entry {
                 idle_at: now,
                 counter: counter_state,
+                hot: None,
             },
         );
         Ok(index)
@@ -625,6 +669,7 @@ impl MemoryStore {
                 outcome
             }
         };
+        entry.publish(take.policy, now);
         self.sweep_after(&mut shard, now);
         Ok((now, outcome))
     }
@@ -646,8 +691,10 @@ impl MemoryStore {
             None => absent(),
             Some(index) => {
                 let entry = &mut shard.counters[index];
+                entry.seize();
                 let result = present(&mut entry.counter, now);
                 entry.idle_at = entry.counter.idle_at(take.policy);
+                entry.publish(take.policy, now);
                 result
             }
         };
@@ -676,6 +723,7 @@ impl MemoryStore {
                     }
                 };
                 self.pauses_active.store(pauses.len(), Ordering::Release);
+                self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
                 Ok(until - now)
             }
             Some(_) => {
@@ -729,6 +777,28 @@ impl Store for MemoryStore {
 
     fn answers_at_once(&self) -> bool {
         true
+    }
+
+    fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
+        if take.counter.key.is_some() || !take.policy.is_gcra() {
+            return None;
+        }
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let now = self.clock.now_us();
+        // At the key cap there is no counter to hold: the handle asks the store every time.
+        let entry = self
+            .entry(&mut shard, take.counter, located.hash, take.policy, now)
+            .ok()?;
+        let hot = entry.hot.get_or_insert_with(|| {
+            Arc::new(HotCounter::new(
+                Arc::clone(&self.clock),
+                Arc::clone(&self.limit_pauses_end),
+            ))
+        });
+        let hot = Arc::clone(hot);
+        entry.publish(take.policy, now);
+        Some(hot)
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

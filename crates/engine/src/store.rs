@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
 
 use crate::error::Result;
+use crate::hot::HotCounter;
 
 /// One counter: a limit, and the key for limits counted `per` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +189,15 @@ pub trait Store: Send + Sync + fmt::Debug {
         priority: Priority,
     ) -> Option<Result<CounterOutcome>> {
         let _ = (take, cost, priority);
+        None
+    }
+
+    /// A word through which a `LimitHandle` decides on `take`'s counter by itself, without the
+    /// store's lock (`HotCounter`), when the counter allows it: offered by the memory store
+    /// for an unkeyed GCRA limit, and held by the store's counter for as long as a handle holds
+    /// it. `None` (the default): the handle asks the store every time.
+    fn hot_counter(&self, take: Take<'_>) -> Option<std::sync::Arc<HotCounter>> {
+        let _ = take;
         None
     }
 

@@ -127,12 +127,17 @@ pub(crate) struct Waiter<'q> {
 impl WaitQueue {
     /// Whether a request of `priority` on `counters` must queue behind someone: a waiter of the
     /// same or higher priority already waits on one of them.
+    /// Whether any request waits in this process: while none does, nothing can block another.
+    pub(crate) fn anyone_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) != 0
+    }
+
     pub(crate) fn blocked<'c>(
         &self,
         counters: impl IntoIterator<Item = CounterId<'c>>,
         priority: Priority,
     ) -> Option<u64> {
-        if self.waiting.load(Ordering::Acquire) == 0 {
+        if !self.anyone_waiting() {
             return None;
         }
         let queues = lock(&self.queues);

@@ -23,21 +23,28 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-fn limiter_on(clock: Arc<ManualClock>, keys_tracked_max: u64) -> Limiter {
-    let store = MemoryStore::new(
+fn memory_store(clock: Arc<ManualClock>, keys_tracked_max: u64) -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max,
             recover_on_start: false,
         },
         clock,
-    );
+    ))
+}
+
+fn limiter_over(store: Arc<MemoryStore>) -> Limiter {
     Limiter::new(
-        Arc::new(store),
+        store,
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
         },
     )
+}
+
+fn limiter_on(clock: Arc<ManualClock>, keys_tracked_max: u64) -> Limiter {
+    limiter_over(memory_store(clock, keys_tracked_max))
 }
 
 fn rate(limit: u64, period_us: u64, algorithm: Algorithm, reserve: Reserve) -> Policy {
@@ -310,11 +317,90 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     ));
 }
 
+/// A handle on an unkeyed GCRA limit grants on the counter's hot word, without the store's
+/// lock; the store must count those grants all the same. A sweep keeps the counter while a
+/// handle holds it (else the handle would lose its hot word), and once none does, judges it
+/// idle by the handle's last grant, not by the store's own last decision.
+#[test]
+fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let store = memory_store(clock.clone(), 100);
+    let limiter = limiter_over(store.clone());
+    // One unit every 100 ms, five at once.
+    let policy = rate(
+        10,
+        SECOND_US,
+        Algorithm::Gcra { burst: 5 },
+        Reserve::default(),
+    );
+    add(&limiter, "vendor", policy, None);
+    let request = Request::new("vendor");
+    let remaining = |check: Check| match check {
+        Check::Allowed(statuses) => Some(statuses[0].remaining),
+        Check::Denied(_) => None,
+    };
+
+    let handle = limiter.handle("vendor").expect("a limit in force");
+    for _ in 0..5 {
+        assert!(now(handle.check(None)).expect("ok").is_allowed());
+    }
+    assert!(!now(handle.check(None)).expect("ok").is_allowed());
+    clock.advance_us(150_000);
+    // The store's own way sees the handle's grants: room for one.
+    assert!(now(limiter.check(&request)).expect("ok").is_allowed());
+    assert!(!now(limiter.check(&request)).expect("ok").is_allowed());
+    // Two more by the handle alone, then it goes; the store last decided 300 ms before.
+    clock.advance_us(300_000);
+    assert!(now(handle.check(None)).expect("ok").is_allowed());
+    assert!(now(handle.check(None)).expect("ok").is_allowed());
+    drop(handle);
+    clock.advance_us(250_000);
+    store.sweep(1_000);
+    assert_eq!(store.len(), 1, "the handle's backlog still counts");
+    let after = now(limiter.check(&request)).expect("ok");
+    assert_eq!(
+        remaining(after),
+        Some(3),
+        "one unit of backlog left, one granted now"
+    );
+
+    // Idle, but held by a handle: kept, so the handle keeps deciding by itself.
+    let handle = limiter.handle("vendor").expect("a limit in force");
+    clock.advance_us(10 * SECOND_US);
+    store.sweep(1_000);
+    assert_eq!(store.len(), 1, "kept while a handle holds it");
+    assert_eq!(remaining(now(handle.check(None)).expect("ok")), Some(4));
+    drop(handle);
+    clock.advance_us(10 * SECOND_US);
+    store.sweep(1_000);
+    assert_eq!(store.len(), 0, "dropped once idle and held by none");
+}
+
 #[derive(Clone, Debug)]
 enum Step {
-    Ask { user: u8, cost: u64, high: bool },
+    Ask {
+        user: u8,
+        cost: u64,
+        high: bool,
+    },
     Advance(u64),
-    Pause { user: Option<u8>, ms: u64 },
+    Pause {
+        user: Option<u8>,
+        ms: u64,
+    },
+    /// A refundable `try_acquire`, whose permit a later `Commit` settles.
+    Reserve {
+        user: u8,
+        cost: u64,
+    },
+    Commit {
+        permit: usize,
+        used: u64,
+    },
+    /// A final `try_acquire` of this limit and another at once.
+    Both {
+        user: u8,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -326,6 +412,9 @@ fn step() -> impl Strategy<Value = Step> {
         }),
         2 => (0..400_000u64).prop_map(Step::Advance),
         1 => (proptest::option::of(0..3u8), 1..300u64).prop_map(|(user, ms)| Step::Pause { user, ms }),
+        1 => (0..3u8, 1..3u64).prop_map(|(user, cost)| Step::Reserve { user, cost }),
+        1 => (any::<usize>(), 0..3u64).prop_map(|(permit, used)| Step::Commit { permit, used }),
+        1 => (0..3u8).prop_map(|user| Step::Both { user }),
     ]
 }
 
@@ -337,15 +426,27 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     ]
 }
 
+/// Whether a grant or a denial, and the answer's hints, as text to compare across limiters.
+fn outcome_text(outcome: &tollgate::Result<Outcome>) -> String {
+    match outcome {
+        Ok(Outcome::Granted(permit)) => format!("granted {:?}", permit.limits()),
+        Ok(Outcome::Denied(denied)) => format!("denied {denied:?}"),
+        Err(error) => format!("error {error}"),
+    }
+}
+
 proptest! {
-    /// The same steps on three limiters with clocks in step: one asks by `check`, one by a
-    /// `LimitHandle`, the last by `try_acquire(refundable(false))`. Every answer must match,
-    /// field by field.
+    /// The same steps on three limiters with clocks in step: one asks by `check`, one by
+    /// `try_acquire(refundable(false))`, the last by a `LimitHandle`. Every answer must match,
+    /// field by field. The limit is counted per key or not: an unkeyed GCRA handle decides on
+    /// its hot counter, so refundable grants, commits, pauses and requests over two limits
+    /// between its decisions take the counter back and forth between it and the store.
     #[test]
     fn check_decides_as_a_final_acquire(
         algorithm in algorithm(),
         limit in 3..8u64,
         kept_for_high in 0..2u64,
+        keyed in any::<bool>(),
         steps in proptest::collection::vec(step(), 1..80),
     ) {
         let clocks: Vec<Arc<ManualClock>> =
@@ -355,24 +456,28 @@ proptest! {
         let reserve = Reserve { high: kept_for_high, ..Reserve::default() };
         let limit = match algorithm { Algorithm::Gcra { burst } => burst.max(limit), _ => limit };
         let policy = Policy::rate(limit, SECOND_US, 0, algorithm, reserve).expect("valid");
+        let other = Policy::rate(2, SECOND_US, 0, Algorithm::Sliding, Reserve::default())
+            .expect("valid");
         for limiter in &limiters {
-            add(limiter, "api", policy, Some("user"));
+            add(limiter, "api", policy, keyed.then_some("user"));
+            add(limiter, "other", other, None);
         }
         let handle = limiters[2].handle("api").expect("a limit in force");
         let users = ["ada", "bob", "cy"];
+        let key_of = |user: u8| keyed.then(|| users[usize::from(user)]);
+        let request_of = |user: u8| match key_of(user) {
+            Some(key) => Request::new("api").key(key),
+            None => Request::new("api"),
+        };
+        let mut permits: Vec<Vec<tollgate::Permit>> = vec![Vec::new(), Vec::new(), Vec::new()];
         for step in steps {
             match step {
                 Step::Ask { user, cost, high } => {
                     let priority = if high { Priority::High } else { Priority::Normal };
-                    let request = Request::new("api")
-                        .key(users[usize::from(user)])
-                        .cost(cost)
-                        .priority(priority)
-                        .refundable(false);
+                    let request = request_of(user).cost(cost).priority(priority).refundable(false);
                     let checked = now(limiters[0].check(&request));
                     let acquired = now(limiters[1].try_acquire(&request));
-                    let key = Some(users[usize::from(user)]);
-                    let handled = now(handle.check_with(key, cost, priority));
+                    let handled = now(handle.check_with(key_of(user), cost, priority));
                     prop_assert_eq!(
                         format!("{handled:?}"),
                         format!("{checked:?}"),
@@ -401,10 +506,41 @@ proptest! {
                     }
                 }
                 Step::Pause { user, ms } => {
-                    let key = user.map(|user| users[usize::from(user)]);
+                    let key = user.and_then(key_of);
                     for limiter in &limiters {
                         now(limiter.pause("api", key, Duration::from_millis(ms))).expect("paused");
                     }
+                }
+                Step::Reserve { user, cost } => {
+                    let request = request_of(user).cost(cost);
+                    let outcomes: Vec<_> =
+                        limiters.iter().map(|limiter| now(limiter.try_acquire(&request))).collect();
+                    prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[2]));
+                    for (held, outcome) in permits.iter_mut().zip(outcomes) {
+                        if let Ok(Outcome::Granted(permit)) = outcome {
+                            held.push(permit);
+                        }
+                    }
+                }
+                Step::Commit { permit, used } => {
+                    let mut committed = Vec::new();
+                    for held in &mut permits {
+                        if !held.is_empty() {
+                            let permit = held.swap_remove(permit % held.len());
+                            committed.push(format!("{:?}", now(permit.commit(used))));
+                        }
+                    }
+                    prop_assert!(committed.windows(2).all(|pair| pair[0] == pair[1]), "{committed:?}");
+                }
+                Step::Both { user } => {
+                    let request = match key_of(user) {
+                        Some(key) => Request::all(&["api", "other"]).key(key),
+                        None => Request::all(&["api", "other"]),
+                    }
+                    .refundable(false);
+                    let outcomes: Vec<_> =
+                        limiters.iter().map(|limiter| now(limiter.try_acquire(&request))).collect();
+                    prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[2]));
                 }
             }
         }

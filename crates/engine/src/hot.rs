@@ -1,0 +1,116 @@
+//! Hot counters: an unkeyed GCRA counter that a `LimitHandle` decides on by itself, with one
+//! compare-and-swap and no lock, while the counter needs nothing but its backlog's end.
+//!
+//! The number lives in one atomic word, and so does who holds the truth:
+//!
+//! - **Published** (the top bit clear): the word is the backlog's end, and it is the truth; the
+//!   store's copy of the counter may be behind. A handle decides with `tollgate_core::gcra_final`
+//!   and swaps the new end in; a swap that loses a race decides again on the winner's value.
+//! - **Seized** (the top bit set): the store's counter is the truth. The store seizes the word
+//!   under the counter's shard lock before it touches the counter, with one `fetch_or` that
+//!   also hands it the latest end; a handle that sees the bit goes the store's way, under the
+//!   same lock. After a decision on this counter alone the store publishes again, if the
+//!   counter still needs nothing else (`Counter::gcra_alone`: no open reservation, no pause).
+//!
+//! Only the store, under the shard lock, moves the word from seized to published, and only
+//! right after seizing it under the same lock; a handle's swap expects a published value, so it
+//! fails on a seized word. So at every moment exactly one copy counts grants, and no grant is
+//! decided on a value that another grant has already moved. A publish that never happens (a
+//! denial, a request over several counters) only costs the next decision the store's way.
+
+use std::sync::Arc;
+
+use tollgate_core::{Counter, GcraStep, Policy, Priority, gcra_final};
+
+use crate::clock::Clock;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Set while the store's copy of the counter is the truth.
+const SEIZED: u64 = 1 << 63;
+
+/// One unkeyed GCRA counter, decided without the store's lock (see the module docs).
+#[derive(Debug)]
+pub struct HotCounter {
+    word: OwnLine<AtomicU64>,
+    clock: Arc<dyn Clock>,
+    /// The end of the store's latest limit-wide pause: a handle decides nothing by itself
+    /// before it, since such a pause is kept beside the counters, not in them.
+    limit_pauses_end: Arc<AtomicU64>,
+}
+
+/// A value alone on its cache lines (two: neighbouring lines are fetched in pairs), so that
+/// threads swapping the word do not also take away the lines of what they only read.
+#[derive(Debug)]
+#[repr(align(128))]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl HotCounter {
+    /// Seized: the store publishes when the counter allows it.
+    pub(crate) fn new(clock: Arc<dyn Clock>, limit_pauses_end: Arc<AtomicU64>) -> HotCounter {
+        HotCounter {
+            word: OwnLine(AtomicU64::new(SEIZED)),
+            clock,
+            limit_pauses_end,
+        }
+    }
+
+    /// A final grant of `cost` at `priority`, decided here; `None` when it cannot be (the word
+    /// is seized, a limit-wide pause may be on, or `gcra_final` would not grant): the caller
+    /// asks the store, which decides and explains.
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        policy: &Policy,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<GcraStep> {
+        let now = self.clock.now_us();
+        if self.limit_pauses_end.load(Ordering::Acquire) > now {
+            return None;
+        }
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            if word & SEIZED != 0 {
+                return None;
+            }
+            let step = gcra_final(word, policy, now, cost, priority)?;
+            match self.word.compare_exchange_weak(
+                word,
+                step.tat,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(step),
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Under the counter's shard lock, before anything reads or changes `counter`: take the
+    /// truth back into it. Returns the backlog's end it took, if the word was published.
+    pub(crate) fn seize(&self, counter: &mut Counter) -> Option<u64> {
+        let word = self.word.fetch_or(SEIZED, Ordering::AcqRel);
+        if word & SEIZED != 0 {
+            return None;
+        }
+        counter.set_gcra_tat(word);
+        Some(word)
+    }
+
+    /// Under the same lock hold as the `seize` before it, once the store is done with the
+    /// counter: hand the truth to handles again, if the counter needs nothing but its backlog.
+    pub(crate) fn publish(&self, counter: &Counter, policy: &Policy, now: u64) {
+        if let Some(tat) = counter.gcra_alone(policy, now)
+            && tat & SEIZED == 0
+        {
+            self.word.store(tat, Ordering::Release);
+        }
+    }
+}
