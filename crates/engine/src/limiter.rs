@@ -942,12 +942,16 @@ impl LimitHandle {
 
     /// Whether `limit` is the limit in force: the limits have not changed since it was known
     /// to be, or they have and it is unchanged (then it is known to be again).
+    #[inline]
     fn in_force(&self) -> bool {
+        let generation = self.limiter.shared.generation.load(Ordering::Acquire);
+        generation == self.generation.load(Ordering::Relaxed) || self.in_force_since(generation)
+    }
+
+    /// `in_force` after a change of the limits, at `generation`.
+    #[cold]
+    fn in_force_since(&self, generation: u64) -> bool {
         let shared = &self.limiter.shared;
-        let generation = shared.generation.load(Ordering::Acquire);
-        if generation == self.generation.load(Ordering::Relaxed) {
-            return true;
-        }
         // The table read now is at `generation` or later (a change bumps the generation after
         // putting its table in place), so if it still holds this limit, the limit was in force
         // at `generation`.

@@ -17,7 +17,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority, Verdict};
+use tollgate_core::{Committed, Counter, DenyReason, Grant, Policy, Priority, Verdict, gcra_final};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -78,8 +78,32 @@ impl Hash for OwnedCounterId {
 impl Equivalent<OwnedCounterId> for CounterId<'_> {
     fn equivalent(&self, owned: &OwnedCounterId) -> bool {
         // Equal bytes are equal strings: no need to check UTF-8 again.
-        self.limit.as_bytes() == owned.limit.as_slice()
-            && self.key.map(str::as_bytes) == owned.key.as_deref()
+        same_bytes(self.limit.as_bytes(), &owned.limit)
+            && match (self.key, owned.key.as_deref()) {
+                (Some(key), Some(owned)) => same_bytes(key.as_bytes(), owned),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+
+/// `a == b`, without a call to `memcmp` for the short names and keys most counters have: up to
+/// 16 bytes compare as two words that may overlap (the first and the last 8, or 4).
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    match a.len() {
+        8..=16 => {
+            a.first_chunk::<8>() == b.first_chunk::<8>()
+                && a.last_chunk::<8>() == b.last_chunk::<8>()
+        }
+        4..8 => {
+            a.first_chunk::<4>() == b.first_chunk::<4>()
+                && a.last_chunk::<4>() == b.last_chunk::<4>()
+        }
+        _ => a == b,
     }
 }
 
@@ -148,6 +172,15 @@ pub(crate) enum Reservations {
     Record,
     /// The caller will never commit for a refund (`Store::acquire_final`).
     Skip,
+}
+
+/// Whether whoever asked sees a grant's number: a permit carries it; `Limiter::check` shows
+/// none, so its final grants on a GCRA counter that needs nothing else may leave the numbers
+/// alone and move only the backlog, as a hot counter's grants do (`Counter::gcra_alone`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Numbered {
+    Yes,
+    No,
 }
 
 /// One request, as asked of one counter.
@@ -302,10 +335,10 @@ pub struct MemoryStore {
     keys_tracked_max: u64,
     tracked: AtomicUsize,
     /// Limit-wide pauses (`pause` with no key), by limit name; consulted for every counter of
-    /// the limit. `pauses_active` lets the common case skip the lock.
+    /// the limit.
     pauses: Mutex<Vec<(Box<str>, u64)>>,
-    pauses_active: AtomicUsize,
-    /// The end of the latest of those pauses, which hot counters read (`hot`).
+    /// The end of the latest of those pauses: once it has passed, no decision needs the lock
+    /// above, and hot counters (`hot`) decide by themselves again.
     limit_pauses_end: Arc<AtomicU64>,
     started_at: Option<u64>,
     /// The wake-ups of every limiter on this store.
@@ -339,7 +372,6 @@ impl MemoryStore {
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
-            pauses_active: AtomicUsize::new(0),
             limit_pauses_end: Arc::new(AtomicU64::new(0)),
             started_at,
             wake: WakeHandlers::default(),
@@ -449,10 +481,17 @@ impl MemoryStore {
         true
     }
 
-    fn limit_paused_until(&self, limit: &str) -> u64 {
-        if self.pauses_active.load(Ordering::Acquire) == 0 {
+    /// The end of the limit-wide pause of `limit`, or 0. Looked up only while some pause of
+    /// any limit may still be on at `now`.
+    #[inline]
+    fn limit_paused_until(&self, limit: &str, now: u64) -> u64 {
+        if self.limit_pauses_end.load(Ordering::Acquire) <= now {
             return 0;
         }
+        self.limit_pause_of(limit)
+    }
+
+    fn limit_pause_of(&self, limit: &str) -> u64 {
         lock(&self.pauses)
             .iter()
             .find(|(name, _)| &**name == limit)
@@ -550,7 +589,7 @@ impl MemoryStore {
         let mut index_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
             SmallVec::with_capacity(takes.len());
         for (position, (take, &shard)) in takes.iter().zip(&shard_of_take).enumerate() {
-            let limit_pause_until = self.limit_paused_until(take.counter.limit);
+            let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
             let shard = &mut guards[guard_of(shard)];
             let hash = located[position].hash;
             let index =
@@ -612,7 +651,8 @@ impl MemoryStore {
         priority: Priority,
         reservations: Reservations,
     ) -> Result<Decision> {
-        let (now, outcome) = self.decide_one_locked(take, cost, priority, reservations)?;
+        let (now, outcome) =
+            self.decide_one_locked(take, cost, priority, reservations, Numbered::Yes)?;
         let mut outcomes = SmallVec::new();
         outcomes.push(outcome);
         Ok(Decision {
@@ -628,11 +668,12 @@ impl MemoryStore {
         cost: u64,
         priority: Priority,
         reservations: Reservations,
+        numbered: Numbered,
     ) -> Result<(u64, CounterOutcome)> {
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
-        let limit_pause_until = self.limit_paused_until(take.counter.limit);
+        let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
         let index = self.entry_index(
             &mut shard,
             take.counter,
@@ -642,7 +683,21 @@ impl MemoryStore {
             Room::Sweep,
         )?;
         let entry = &mut shard.counters[index];
-        let outcome = if reservations == Reservations::Skip && limit_pause_until <= now {
+        let unnumbered = (numbered == Numbered::No && limit_pause_until <= now)
+            .then(|| entry.counter.gcra_alone(take.policy, now))
+            .flatten()
+            .and_then(|tat| gcra_final(tat, take.policy, now, cost, priority));
+        let outcome = if let Some(step) = unnumbered {
+            // What a hot counter's grant does: the backlog moves, nothing else does.
+            entry.counter.set_gcra_tat(step.tat);
+            entry.idle_at = entry.idle_at.max(step.tat);
+            CounterOutcome::Granted(Grant {
+                seq: 0,
+                remaining: step.remaining,
+                reset_after_us: step.reset_after_us,
+                lease_expires_at: None,
+            })
+        } else if reservations == Reservations::Skip && limit_pause_until <= now {
             // The common case, with no limit-wide pause to merge in: the core's one-pass
             // decision, which counts the units in use once.
             let verdict = entry
@@ -722,7 +777,6 @@ impl MemoryStore {
                         until
                     }
                 };
-                self.pauses_active.store(pauses.len(), Ordering::Release);
                 self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
                 Ok(until - now)
             }
@@ -763,7 +817,8 @@ impl Store for MemoryStore {
         cost: u64,
         priority: Priority,
     ) -> Option<Result<CounterOutcome>> {
-        let decide = || self.decide_one_locked(take, cost, priority, Reservations::Skip);
+        let decide =
+            || self.decide_one_locked(take, cost, priority, Reservations::Skip, Numbered::No);
         let decided = match decide() {
             Err(Error::TooManyKeys { .. }) => {
                 // As in `acquire_now`: look for idle counters in every shard, with no lock held.
@@ -852,5 +907,32 @@ impl Store for MemoryStore {
 
     fn tracked_keys(&self) -> Option<u64> {
         Some(self.len() as u64)
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::same_bytes;
+
+    proptest! {
+        /// Against plain slice equality, on lengths around every bound of the word compares,
+        /// and on copies that differ in one byte anywhere.
+        #[test]
+        fn same_bytes_is_slice_equality(
+            a in proptest::collection::vec(any::<u8>(), 0..40),
+            other in proptest::collection::vec(any::<u8>(), 0..40),
+            flip in any::<prop::sample::Index>(),
+            xor in 1..=255u8,
+        ) {
+            prop_assert!(same_bytes(&a, &a.clone()));
+            prop_assert_eq!(same_bytes(&a, &other), a == other);
+            if !a.is_empty() {
+                let mut changed = a.clone();
+                changed[flip.index(a.len())] ^= xor;
+                prop_assert!(!same_bytes(&a, &changed));
+            }
+        }
     }
 }

@@ -125,13 +125,15 @@ pub(crate) struct Waiter<'q> {
 }
 
 impl WaitQueue {
-    /// Whether a request of `priority` on `counters` must queue behind someone: a waiter of the
-    /// same or higher priority already waits on one of them.
     /// Whether any request waits in this process: while none does, nothing can block another.
+    #[inline]
     pub(crate) fn anyone_waiting(&self) -> bool {
         self.waiting.load(Ordering::Acquire) != 0
     }
 
+    /// Whether a request of `priority` on `counters` must queue behind someone: a waiter of the
+    /// same or higher priority already waits on one of them.
+    #[inline]
     pub(crate) fn blocked<'c>(
         &self,
         counters: impl IntoIterator<Item = CounterId<'c>>,
@@ -140,6 +142,14 @@ impl WaitQueue {
         if !self.anyone_waiting() {
             return None;
         }
+        self.blocked_in_queues(counters, priority)
+    }
+
+    fn blocked_in_queues<'c>(
+        &self,
+        counters: impl IntoIterator<Item = CounterId<'c>>,
+        priority: Priority,
+    ) -> Option<u64> {
         let queues = lock(&self.queues);
         let mut blocked_until = None;
         for counter in counters {
