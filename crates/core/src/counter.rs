@@ -41,6 +41,61 @@ struct Reservation {
     at: u64,
 }
 
+/// Open reservations, oldest first, on the heap only while there is one: most counters have
+/// none (callers that never commit, GCRA decided on its backlog alone), and a store keeps many
+/// counters, so an empty list costs one word instead of a `VecDeque`'s four. Empty is always
+/// `None`, so equal lists are equal values.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+// The box is the point: `Option<Box<_>>` is one word where `VecDeque` is four.
+#[allow(clippy::box_collection)]
+struct Reservations(Option<Box<VecDeque<Reservation>>>);
+
+impl Reservations {
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |list| list.len())
+    }
+
+    fn front(&self) -> Option<&Reservation> {
+        self.0.as_ref().and_then(|list| list.front())
+    }
+
+    fn back(&self) -> Option<&Reservation> {
+        self.0.as_ref().and_then(|list| list.back())
+    }
+
+    fn push_back(&mut self, reservation: Reservation) {
+        self.0.get_or_insert_default().push_back(reservation);
+    }
+
+    fn pop_front(&mut self) {
+        self.remove(0);
+    }
+
+    /// The reservation numbered `seq` and where it is.
+    fn find(&self, seq: u64) -> Option<(usize, Reservation)> {
+        let list = self.0.as_ref()?;
+        let index = list.binary_search_by_key(&seq, |r| r.seq).ok()?;
+        Some((index, list[index]))
+    }
+
+    fn remove(&mut self, index: usize) {
+        if let Some(list) = &mut self.0 {
+            list.remove(index);
+            if list.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Lease {
     fence: u64,
@@ -81,7 +136,7 @@ pub struct Counter {
     /// Next reservation number or fencing token. Starts at the creation time in micros, so a
     /// counter evicted and created again still hands out larger numbers (see `idle_at`).
     next_seq: u64,
-    reservations: VecDeque<Reservation>,
+    reservations: Reservations,
     body: Body,
 }
 
@@ -271,7 +326,7 @@ impl Counter {
         Counter {
             paused_until: 0,
             next_seq: now,
-            reservations: VecDeque::new(),
+            reservations: Reservations::default(),
             body: Body::Empty,
         }
     }
@@ -771,11 +826,7 @@ impl Counter {
                 })
             }
             (body, Kind::Rate(rate)) => {
-                let index = self
-                    .reservations
-                    .binary_search_by_key(&seq, |r| r.seq)
-                    .map_err(|_| PermitError::Gone)?;
-                let reservation = self.reservations[index];
+                let (index, reservation) = self.reservations.find(seq).ok_or(PermitError::Gone)?;
                 if used > reservation.units {
                     return Err(PermitError::UsedAboveCost {
                         used,

@@ -527,6 +527,7 @@ impl Limiter {
 
     /// `check` of `limit`, decided now by a store that answers at once; `None` if the store
     /// cannot. Refuses what `resolve` and `check_request` refuse, in the same words.
+    #[inline]
     fn check_limit_now(
         &self,
         limit: &Limit,

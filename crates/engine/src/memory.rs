@@ -45,50 +45,69 @@ const SHRINK_ABOVE_CAPACITY: usize = 64;
 /// Counters one request may name.
 pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
 
-/// Bytes of a limit name or key kept inside the map's entry; longer ones go to the heap.
-/// Finding a counter compares its name and key, so keeping them inline spares a lookup two
-/// reads of memory elsewhere (most names and keys are short).
-const ID_BYTES_INLINE: usize = 24;
+/// Bytes of a limit name and key kept inside the map's entry; longer ids go to the heap.
+/// Finding a counter compares its name and key, so keeping them inline spares a lookup a read
+/// of memory elsewhere (most names and keys are short).
+const ID_BYTES_INLINE: usize = 32;
 
-/// The UTF-8 bytes of a `str`.
-type IdText = SmallVec<[u8; ID_BYTES_INLINE]>;
-
+/// A counter's id as one run of bytes, the limit's name then the key: one length and one
+/// buffer for both keeps the map's entries small, and so more of them in cache.
 #[derive(Debug, PartialEq, Eq)]
 struct OwnedCounterId {
-    limit: IdText,
-    key: Option<IdText>,
+    bytes: SmallVec<[u8; ID_BYTES_INLINE]>,
+    /// Bytes of the name (names are short: `LIMIT_NAME_BYTES_MAX`).
+    limit_len: u32,
+    keyed: bool,
 }
 
 impl OwnedCounterId {
     fn new(counter: CounterId<'_>) -> OwnedCounterId {
+        let limit = counter.limit.as_bytes();
+        let key = counter.key.map_or(&[][..], str::as_bytes);
+        let mut bytes = SmallVec::with_capacity(limit.len() + key.len());
+        bytes.extend_from_slice(limit);
+        bytes.extend_from_slice(key);
         OwnedCounterId {
-            limit: IdText::from_slice(counter.limit.as_bytes()),
-            key: counter.key.map(|key| IdText::from_slice(key.as_bytes())),
+            bytes,
+            limit_len: u32::try_from(limit.len()).unwrap_or(u32::MAX),
+            keyed: counter.key.is_some(),
         }
+    }
+
+    /// The name's bytes and the key's (if the limit is counted per key).
+    fn parts(&self) -> (&[u8], Option<&[u8]>) {
+        let (limit, key) = self
+            .bytes
+            .split_at_checked(self.limit_len as usize)
+            .unwrap_or((&self.bytes, &[]));
+        (limit, self.keyed.then_some(key))
     }
 }
 
 // Hashes exactly like `CounterId`, so the map can be searched with a borrowed id.
 impl Hash for OwnedCounterId {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        CounterId::hash_bytes(&self.limit, self.key.as_deref(), state);
+        let (limit, key) = self.parts();
+        CounterId::hash_bytes(limit, key, state);
     }
 }
 
 impl Equivalent<OwnedCounterId> for CounterId<'_> {
     fn equivalent(&self, owned: &OwnedCounterId) -> bool {
         // Equal bytes are equal strings: no need to check UTF-8 again.
-        same_bytes(self.limit.as_bytes(), &owned.limit)
-            && match (self.key, owned.key.as_deref()) {
-                (Some(key), Some(owned)) => same_bytes(key.as_bytes(), owned),
-                (None, None) => true,
-                _ => false,
-            }
+        let limit = self.limit.as_bytes();
+        let key = self.key.map_or(&[][..], str::as_bytes);
+        owned.keyed == self.key.is_some()
+            && owned.limit_len as usize == limit.len()
+            && owned.bytes.len() == limit.len() + key.len()
+            && same_bytes(limit, &owned.bytes[..limit.len()])
+            && same_bytes(key, &owned.bytes[limit.len()..])
     }
 }
 
 /// `a == b`, without a call to `memcmp` for the short names and keys most counters have: up to
-/// 16 bytes compare as two words that may overlap (the first and the last 8, or 4).
+/// 16 bytes compare as two words that may overlap (the first and the last 8, or 4), and up to
+/// 3 as bytes.
 #[inline]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -102,6 +121,10 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         4..8 => {
             a.first_chunk::<4>() == b.first_chunk::<4>()
                 && a.last_chunk::<4>() == b.last_chunk::<4>()
+        }
+        // The first, middle and last bytes cover all of one, two or three.
+        length @ 1..4 => {
+            a[0] == b[0] && a[length / 2] == b[length / 2] && a[length - 1] == b[length - 1]
         }
         _ => a == b,
     }
