@@ -62,7 +62,8 @@ impl Clock for MonotonicClock {
 #[derive(Debug)]
 pub struct TscClock {
     clock: quanta::Clock,
-    origin: quanta::Instant,
+    /// The raw counter at the origin: a reading is one subtraction and one scaling from it.
+    origin: u64,
     /// Microseconds the origin is after the Unix epoch, so readings look like wall time.
     origin_us: u64,
 }
@@ -70,7 +71,7 @@ pub struct TscClock {
 impl TscClock {
     pub fn new() -> TscClock {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         TscClock {
             clock,
             origin,
@@ -87,8 +88,8 @@ impl Default for TscClock {
 
 impl Clock for TscClock {
     fn now_us(&self) -> u64 {
-        let elapsed = self.clock.now().saturating_duration_since(self.origin);
-        self.origin_us.saturating_add(whole_micros(elapsed))
+        let elapsed_ns = self.clock.delta_as_nanos(self.origin, self.clock.raw());
+        self.origin_us.saturating_add(elapsed_ns / 1_000)
     }
 }
 
@@ -117,5 +118,26 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
         self.now_us.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Clock, MonotonicClock, TscClock};
+
+    /// The time-stamp clock reads like the monotonic one: near the same wall time, never
+    /// backwards, and at least as far on as a sleep (no upper bound: the machine may be slow).
+    #[test]
+    fn the_tsc_clock_reads_microseconds_like_the_monotonic_clock() {
+        let tsc = TscClock::new();
+        let monotonic = MonotonicClock::new();
+        let first = tsc.now_us();
+        assert!(first.abs_diff(monotonic.now_us()) < 1_000_000, "same epoch");
+        std::thread::sleep(Duration::from_millis(20));
+        let second = tsc.now_us();
+        assert!(second >= first + 15_000, "{first} then {second}");
+        assert!(tsc.now_us() >= second);
     }
 }
