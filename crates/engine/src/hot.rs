@@ -10,7 +10,8 @@
 //!   under the counter's shard lock before it touches the counter, with one `fetch_or` that
 //!   also hands it the latest end; a handle that sees the bit goes the store's way, under the
 //!   same lock. After a decision on this counter alone the store publishes again, if the
-//!   counter still needs nothing else (`Counter::gcra_alone`: no open reservation, no pause).
+//!   counter still needs nothing else (`Counter::gcra_alone`: no open reservation, no pause)
+//!   and no limit-wide pause is on. A limit-wide pause that starts seizes the word.
 //!
 //! Only the store, under the shard lock, moves the word from seized to published, and only
 //! right after seizing it under the same lock; a handle's swap expects a published value, so it
@@ -33,9 +34,6 @@ const SEIZED: u64 = 1 << 63;
 pub struct HotCounter {
     word: OwnLine<AtomicU64>,
     clock: Arc<dyn Clock>,
-    /// The end of the store's latest limit-wide pause: a handle decides nothing by itself
-    /// before it, since such a pause is kept beside the counters, not in them.
-    limit_pauses_end: Arc<AtomicU64>,
 }
 
 /// A value alone on its cache lines (two: neighbouring lines are fetched in pairs), so that
@@ -53,17 +51,16 @@ impl<T> std::ops::Deref for OwnLine<T> {
 
 impl HotCounter {
     /// Seized: the store publishes when the counter allows it.
-    pub(crate) fn new(clock: Arc<dyn Clock>, limit_pauses_end: Arc<AtomicU64>) -> HotCounter {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> HotCounter {
         HotCounter {
             word: OwnLine(AtomicU64::new(SEIZED)),
             clock,
-            limit_pauses_end,
         }
     }
 
     /// A final grant of `cost` at `priority`, decided here; `None` when it cannot be (the word
-    /// is seized, a limit-wide pause may be on, or `gcra_final` would not grant): the caller
-    /// asks the store, which decides and explains.
+    /// is seized, or `gcra_final` would not grant): the caller asks the store, which decides
+    /// and explains.
     #[inline]
     pub(crate) fn decide(
         &self,
@@ -72,9 +69,6 @@ impl HotCounter {
         priority: Priority,
     ) -> Option<GcraStep> {
         let now = self.clock.now_us();
-        if self.limit_pauses_end.load(Ordering::Acquire) > now {
-            return None;
-        }
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             if word & SEIZED != 0 {

@@ -156,9 +156,12 @@ impl Entry {
     }
 
     /// After a decision on this counter alone, under the lock hold that seized it: let
-    /// handles decide on it by themselves again, if it allows.
-    fn publish(&self, policy: &Policy, now: u64) {
-        if let Some(hot) = &self.hot {
+    /// handles decide on it by themselves again, if it allows and no limit-wide pause is on
+    /// (a handle does not look for one: `pause_now` seizes the word when one starts).
+    fn publish(&self, policy: &Policy, now: u64, limit_pause_until: u64) {
+        if let Some(hot) = &self.hot
+            && limit_pause_until <= now
+        {
             hot.publish(&self.counter, policy, now);
         }
     }
@@ -364,8 +367,8 @@ pub struct MemoryStore {
     /// the limit.
     pauses: Mutex<Vec<(Box<str>, u64)>>,
     /// The end of the latest of those pauses: once it has passed, no decision needs the lock
-    /// above, and hot counters (`hot`) decide by themselves again.
-    limit_pauses_end: Arc<AtomicU64>,
+    /// above.
+    limit_pauses_end: AtomicU64,
     started_at: Option<u64>,
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
@@ -398,7 +401,7 @@ impl MemoryStore {
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
-            limit_pauses_end: Arc::new(AtomicU64::new(0)),
+            limit_pauses_end: AtomicU64::new(0),
             started_at,
             wake: WakeHandlers::default(),
         }
@@ -750,7 +753,7 @@ impl MemoryStore {
                 outcome
             }
         };
-        entry.publish(take.policy, now);
+        entry.publish(take.policy, now, limit_pause_until);
         self.sweep_after(&mut shard, now);
         Ok((now, outcome))
     }
@@ -775,12 +778,30 @@ impl MemoryStore {
                 entry.seize();
                 let result = present(&mut entry.counter, now);
                 entry.idle_at = entry.counter.idle_at(take.policy);
-                entry.publish(take.policy, now);
+                let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+                entry.publish(take.policy, now, limit_pause_until);
                 result
             }
         };
         self.sweep_after(&mut shard, now);
         result
+    }
+
+    /// Take back the hot word of `limit`'s unkeyed counter, if a handle may be deciding on it:
+    /// handles do not look for limit-wide pauses, so the next decision must be the store's,
+    /// and no decision publishes the word again while the pause is on. Takes the shard's lock
+    /// with no other held (shard locks come before the pauses' lock).
+    fn seize_unkeyed(&self, limit: &str) {
+        let counter = CounterId { limit, key: None };
+        let located = self.locate(counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let found = shard
+            .counters
+            .raw_entry_v1()
+            .index_from_hash(located.hash, |owned| counter.equivalent(owned));
+        if let Some(index) = found {
+            shard.counters[index].seize();
+        }
     }
 
     fn pause_now(&self, take: Take<'_>, duration_us: u64) -> Result<u64> {
@@ -804,6 +825,8 @@ impl MemoryStore {
                     }
                 };
                 self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
+                drop(pauses);
+                self.seize_unkeyed(take.counter.limit);
                 Ok(until - now)
             }
             Some(_) => {
@@ -871,14 +894,12 @@ impl Store for MemoryStore {
         let entry = self
             .entry(&mut shard, take.counter, located.hash, take.policy, now)
             .ok()?;
-        let hot = entry.hot.get_or_insert_with(|| {
-            Arc::new(HotCounter::new(
-                Arc::clone(&self.clock),
-                Arc::clone(&self.limit_pauses_end),
-            ))
-        });
+        let hot = entry
+            .hot
+            .get_or_insert_with(|| Arc::new(HotCounter::new(Arc::clone(&self.clock))));
         let hot = Arc::clone(hot);
-        entry.publish(take.policy, now);
+        let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+        entry.publish(take.policy, now, limit_pause_until);
         Some(hot)
     }
 
