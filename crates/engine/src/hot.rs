@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{Counter, GcraStep, Policy, Priority, gcra_final};
+use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final};
 
 use crate::clock::Clock;
 use crate::sync::{AtomicU64, Ordering};
@@ -34,6 +34,10 @@ const SEIZED: u64 = 1 << 63;
 pub struct HotCounter {
     word: OwnLine<AtomicU64>,
     clock: Arc<dyn Clock>,
+    /// The emission interval of the policy the handles that hold this word decide under. The
+    /// word is published only by a decision under the same interval: a backlog is time, and
+    /// read under another interval it would count other units (the store's way converts it).
+    emission_us: u64,
 }
 
 /// A value alone on its cache lines (two: neighbouring lines are fetched in pairs), so that
@@ -50,12 +54,19 @@ impl<T> std::ops::Deref for OwnLine<T> {
 }
 
 impl HotCounter {
-    /// Seized: the store publishes when the counter allows it.
-    pub(crate) fn new(clock: Arc<dyn Clock>) -> HotCounter {
+    /// Seized: the store publishes when the counter allows it. `emission_us` is the interval
+    /// of the handles' policy.
+    pub(crate) fn new(clock: Arc<dyn Clock>, emission_us: u64) -> HotCounter {
         HotCounter {
             word: OwnLine(AtomicU64::new(SEIZED)),
             clock,
+            emission_us,
         }
+    }
+
+    /// Whether handles deciding under `policy` may use this word.
+    pub(crate) fn serves(&self, policy: &Policy) -> bool {
+        emission_of(policy) == Some(self.emission_us)
     }
 
     /// A final grant of `cost` at `priority`, decided here; `None` when it cannot be (the word
@@ -100,11 +111,22 @@ impl HotCounter {
 
     /// Under the same lock hold as the `seize` before it, once the store is done with the
     /// counter: hand the truth to handles again, if the counter needs nothing but its backlog.
+    /// Only a decision under the handles' interval publishes: a store decision that resolved
+    /// the limit before a change of its policy may still run after it.
     pub(crate) fn publish(&self, counter: &Counter, policy: &Policy, now: u64) {
-        if let Some(tat) = counter.gcra_alone(policy, now)
+        if self.serves(policy)
+            && let Some(tat) = counter.gcra_alone(policy, now)
             && tat & SEIZED == 0
         {
             self.word.store(tat, Ordering::Release);
         }
+    }
+}
+
+/// The emission interval of a rate policy.
+fn emission_of(policy: &Policy) -> Option<u64> {
+    match policy.kind() {
+        Kind::Rate(rate) => Some(rate.emission_us()),
+        Kind::Concurrency(_) => None,
     }
 }

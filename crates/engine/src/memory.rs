@@ -894,10 +894,23 @@ impl Store for MemoryStore {
         let entry = self
             .entry(&mut shard, take.counter, located.hash, take.policy, now)
             .ok()?;
-        let hot = entry
+        // A word made for another policy's interval stays seized for good (its handles are no
+        // longer in force); handles under this policy get a word of their own.
+        if !entry
             .hot
-            .get_or_insert_with(|| Arc::new(HotCounter::new(Arc::clone(&self.clock))));
-        let hot = Arc::clone(hot);
+            .as_ref()
+            .is_some_and(|hot| hot.serves(take.policy))
+        {
+            let emission_us = match take.policy.kind() {
+                tollgate_core::Kind::Rate(rate) => rate.emission_us(),
+                tollgate_core::Kind::Concurrency(_) => return None,
+            };
+            entry.hot = Some(Arc::new(HotCounter::new(
+                Arc::clone(&self.clock),
+                emission_us,
+            )));
+        }
+        let hot = Arc::clone(entry.hot.as_ref()?);
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
         entry.publish(take.policy, now, limit_pause_until);
         Some(hot)

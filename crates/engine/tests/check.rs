@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Check, DenialReason, Error, Limit, Limiter, LimiterConfig, ManualClock, MemoryStore,
-    MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
+    Algorithm, Check, CounterId, DenialReason, Error, Limit, Limiter, LimiterConfig, ManualClock,
+    MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
+    Store, Take,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -374,6 +375,52 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
     assert_eq!(store.len(), 0, "dropped once idle and held by none");
+}
+
+/// A decision that resolved a limit before its policy changed may reach the store after a
+/// handle under the new policy exists. It must not hand that handle a backlog counted under
+/// the old interval: ten units granted at one a millisecond still count as ten at one every
+/// 100 ms, so the new handle is denied, as the store's own way denies.
+#[test]
+fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let store = memory_store(clock, 100);
+    let limiter = limiter_over(store.clone());
+    let fast = rate(
+        1_000,
+        SECOND_US,
+        Algorithm::Gcra { burst: 10 },
+        Reserve::default(),
+    );
+    let slow = rate(
+        10,
+        SECOND_US,
+        Algorithm::Gcra { burst: 5 },
+        Reserve::default(),
+    );
+    add(&limiter, "vendor", fast, None);
+    let before = limiter.handle("vendor").expect("a limit in force");
+    for _ in 0..10 {
+        assert!(now(before.check(None)).expect("ok").is_allowed());
+    }
+    add(&limiter, "vendor", slow, None);
+    let after = limiter.handle("vendor").expect("a limit in force");
+    // The straggler, decided under the old policy (denied: its burst is spent).
+    let takes = [Take {
+        counter: CounterId {
+            limit: "vendor",
+            key: None,
+        },
+        policy: &fast,
+    }];
+    let straggler = now(store.acquire_final(&takes, 1, Priority::Normal)).expect("answers");
+    assert!(!straggler.is_granted());
+    assert!(!now(after.check(None)).expect("ok").is_allowed());
+    assert!(
+        !now(limiter.check(&Request::new("vendor")))
+            .expect("ok")
+            .is_allowed()
+    );
 }
 
 #[derive(Clone, Debug)]
