@@ -52,6 +52,16 @@ fn rate(limit: u64, period_us: u64, algorithm: Algorithm, reserve: Reserve) -> P
     Policy::rate(limit, period_us, 0, algorithm, reserve).expect("valid policy")
 }
 
+/// A GCRA limit of `limit` a second, `burst` at once.
+fn gcra_per_second(limit: u64, burst: u64) -> Policy {
+    rate(
+        limit,
+        SECOND_US,
+        Algorithm::Gcra { burst },
+        Reserve::default(),
+    )
+}
+
 fn add(limiter: &Limiter, name: &str, policy: Policy, per: Option<&str>) {
     limiter.set_limit(Limit::new(name, policy, per).expect("valid limit"));
 }
@@ -161,17 +171,7 @@ fn check_of_several_limits_takes_all_or_nothing() {
 fn check_stops_at_a_pause() {
     let clock = Arc::new(ManualClock::new(SECOND_US));
     let limiter = limiter_on(clock.clone(), 100);
-    add(
-        &limiter,
-        "api",
-        rate(
-            100,
-            SECOND_US,
-            Algorithm::Gcra { burst: 10 },
-            Reserve::default(),
-        ),
-        Some("user"),
-    );
+    add(&limiter, "api", gcra_per_second(100, 10), Some("user"));
     let request = Request::new("api").key("ada");
     assert!(now(limiter.check(&request)).expect("ok").is_allowed());
     // A pause of the whole limit, then of one key.
@@ -240,17 +240,7 @@ async fn check_queues_behind_waiters_and_can_wait_itself() {
 fn check_answers_too_many_keys_at_the_cap() {
     let clock = Arc::new(ManualClock::new(SECOND_US));
     let limiter = limiter_on(clock.clone(), 2);
-    add(
-        &limiter,
-        "api",
-        rate(
-            5,
-            SECOND_US,
-            Algorithm::Gcra { burst: 5 },
-            Reserve::default(),
-        ),
-        Some("user"),
-    );
+    add(&limiter, "api", gcra_per_second(5, 5), Some("user"));
     for user in ["a", "b"] {
         assert!(
             now(limiter.check(&Request::new("api").key(user)))
@@ -328,12 +318,7 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     let store = memory_store(clock.clone(), 100);
     let limiter = limiter_over(store.clone());
     // One unit every 100 ms, five at once.
-    let policy = rate(
-        10,
-        SECOND_US,
-        Algorithm::Gcra { burst: 5 },
-        Reserve::default(),
-    );
+    let policy = gcra_per_second(10, 5);
     add(&limiter, "vendor", policy, None);
     let request = Request::new("vendor");
     let remaining = |check: Check| match check {
@@ -386,18 +371,8 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
     let clock = Arc::new(ManualClock::new(SECOND_US));
     let store = memory_store(clock, 100);
     let limiter = limiter_over(store.clone());
-    let fast = rate(
-        1_000,
-        SECOND_US,
-        Algorithm::Gcra { burst: 10 },
-        Reserve::default(),
-    );
-    let slow = rate(
-        10,
-        SECOND_US,
-        Algorithm::Gcra { burst: 5 },
-        Reserve::default(),
-    );
+    let fast = gcra_per_second(1_000, 10);
+    let slow = gcra_per_second(10, 5);
     add(&limiter, "vendor", fast, None);
     let before = limiter.handle("vendor").expect("a limit in force");
     for _ in 0..10 {
