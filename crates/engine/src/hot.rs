@@ -13,6 +13,10 @@
 //!   counter still needs nothing else (`Counter::gcra_alone`: no open reservation, no pause)
 //!   and no limit-wide pause is on. A limit-wide pause that starts seizes the word.
 //!
+//! A word serves the emission interval of its handles' policy, and only a decision under that
+//! interval publishes it: the backlog is time, and read under another interval it would count
+//! other units (the store's way converts it). After a policy change, new handles get a new word.
+//!
 //! Only the store, under the shard lock, moves the word from seized to published, and only
 //! right after seizing it under the same lock; a handle's swap expects a published value, so it
 //! fails on a seized word. So at every moment exactly one copy counts grants, and no grant is
