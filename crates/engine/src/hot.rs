@@ -58,14 +58,14 @@ impl<T> std::ops::Deref for OwnLine<T> {
 }
 
 impl HotCounter {
-    /// Seized: the store publishes when the counter allows it. `emission_us` is the interval
-    /// of the handles' policy.
-    pub(crate) fn new(clock: Arc<dyn Clock>, emission_us: u64) -> HotCounter {
-        HotCounter {
+    /// Seized: the store publishes when the counter allows it. `policy` is the handles'
+    /// policy; `None` for one with no emission interval (a concurrency limit).
+    pub(crate) fn new(clock: Arc<dyn Clock>, policy: &Policy) -> Option<HotCounter> {
+        Some(HotCounter {
             word: OwnLine(AtomicU64::new(SEIZED)),
             clock,
-            emission_us,
-        }
+            emission_us: emission_of(policy)?,
+        })
     }
 
     /// Whether handles deciding under `policy` may use this word.

@@ -590,20 +590,21 @@ impl Limiter {
             name: name.to_owned(),
         })?;
         // Only an unkeyed limit has one counter a handle can hold.
-        let hot = limit.per().is_none().then(|| {
-            self.shared.store.hot_counter(Take {
+        let hot = match limit.per() {
+            None => self.shared.store.hot_counter(Take {
                 counter: CounterId {
                     limit: limit.name(),
                     key: None,
                 },
                 policy: limit.policy(),
-            })
-        });
+            }),
+            Some(_) => None,
+        };
         Ok(LimitHandle {
             limiter: self.clone(),
             limit: Arc::clone(limit),
             generation: AtomicU64::new(generation),
-            hot: hot.flatten(),
+            hot,
         })
     }
 
@@ -915,22 +916,22 @@ impl LimitHandle {
         cost: u64,
         priority: Priority,
     ) -> Result<Check> {
-        // A request that waits may be ahead of this one in the queue; only the store's way
-        // checks the queue.
-        if key.is_none()
-            && let Some(hot) = &self.hot
-            && !self.limiter.shared.waiters.anyone_waiting()
-            && self.in_force()
-            && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
-        {
-            return Ok(Check::allowed_one(step.remaining, step.reset_after_us));
-        }
-        if self.in_force()
-            && let Some(answer) = self
+        if self.in_force() {
+            // A request that waits may be ahead of this one in the queue; only the store's way
+            // checks the queue.
+            if key.is_none()
+                && let Some(hot) = &self.hot
+                && !self.limiter.shared.waiters.anyone_waiting()
+                && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
+            {
+                return Ok(Check::allowed_one(step.remaining, step.reset_after_us));
+            }
+            if let Some(answer) = self
                 .limiter
                 .check_limit_now(&self.limit, key, cost, priority)
-        {
-            return answer;
+            {
+                return answer;
+            }
         }
         let mut request = Request::new(self.limit.name())
             .cost(cost)

@@ -901,14 +901,8 @@ impl Store for MemoryStore {
             .as_ref()
             .is_some_and(|hot| hot.serves(take.policy))
         {
-            let emission_us = match take.policy.kind() {
-                tollgate_core::Kind::Rate(rate) => rate.emission_us(),
-                tollgate_core::Kind::Concurrency(_) => return None,
-            };
-            entry.hot = Some(Arc::new(HotCounter::new(
-                Arc::clone(&self.clock),
-                emission_us,
-            )));
+            let hot = HotCounter::new(Arc::clone(&self.clock), take.policy)?;
+            entry.hot = Some(Arc::new(hot));
         }
         let hot = Arc::clone(entry.hot.as_ref()?);
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
