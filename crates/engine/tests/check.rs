@@ -398,6 +398,30 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
     );
 }
 
+/// Bad input on a handle's lock-free path gets the same clear errors as every other path.
+#[test]
+fn a_hot_handle_refuses_bad_input_with_the_field_named() {
+    let limiter = limiter_on(Arc::new(ManualClock::new(SECOND_US)), 100);
+    add(&limiter, "vendor", gcra_per_second(10, 5), None);
+    let handle = limiter.handle("vendor").expect("a limit in force");
+    assert!(now(handle.check(None)).expect("ok").is_allowed());
+    for cost in [0, 6, u64::MAX] {
+        assert!(matches!(
+            now(handle.check_with(None, cost, Priority::Normal)),
+            Err(Error::InvalidRequest { field: "cost", .. } | Error::Cost { .. })
+        ));
+    }
+    // A key means nothing to an unkeyed limit, as on every path, but a malformed one is refused.
+    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    let oversized = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
+    for key in ["bad\nkey", oversized.as_str()] {
+        assert!(matches!(
+            now(handle.check(Some(key))),
+            Err(Error::InvalidRequest { field: "key", .. })
+        ));
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Ask {
