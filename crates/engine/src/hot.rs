@@ -23,11 +23,9 @@
 //! decided on a value that another grant has already moved. A publish that never happens (a
 //! denial, a request over several counters) only costs the next decision the store's way.
 
-use std::sync::Arc;
-
 use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final};
 
-use crate::clock::Clock;
+use crate::clock::FastClock;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Set while the store's copy of the counter is the truth.
@@ -37,7 +35,7 @@ const SEIZED: u64 = 1 << 63;
 #[derive(Debug)]
 pub struct HotCounter {
     word: OwnLine<AtomicU64>,
-    clock: Arc<dyn Clock>,
+    clock: FastClock,
     /// The emission interval of the policy the handles that hold this word decide under. The
     /// word is published only by a decision under the same interval: a backlog is time, and
     /// read under another interval it would count other units (the store's way converts it).
@@ -60,7 +58,7 @@ impl<T> std::ops::Deref for OwnLine<T> {
 impl HotCounter {
     /// Seized: the store publishes when the counter allows it. `policy` is the handles'
     /// policy; `None` for one with no emission interval (a concurrency limit).
-    pub(crate) fn new(clock: Arc<dyn Clock>, policy: &Policy) -> Option<HotCounter> {
+    pub(crate) fn new(clock: FastClock, policy: &Policy) -> Option<HotCounter> {
         Some(HotCounter {
             word: OwnLine(AtomicU64::new(SEIZED)),
             clock,

@@ -916,22 +916,8 @@ impl LimitHandle {
         cost: u64,
         priority: Priority,
     ) -> Result<Check> {
-        if self.in_force() {
-            // A request that waits may be ahead of this one in the queue; only the store's way
-            // checks the queue.
-            if key.is_none()
-                && let Some(hot) = &self.hot
-                && !self.limiter.shared.waiters.anyone_waiting()
-                && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
-            {
-                return Ok(Check::allowed_one(step.remaining, step.reset_after_us));
-            }
-            if let Some(answer) = self
-                .limiter
-                .check_limit_now(&self.limit, key, cost, priority)
-            {
-                return answer;
-            }
+        if let Some(answer) = self.check_now(key, cost, priority) {
+            return answer;
         }
         let mut request = Request::new(self.limit.name())
             .cost(cost)
@@ -940,6 +926,33 @@ impl LimitHandle {
             request = request.key(key);
         }
         self.limiter.check(&request).await
+    }
+
+    /// `check_with`, decided on this thread without waiting for anything: `None` when the
+    /// answer needs the store's way round (a remote store, or limits that changed under this
+    /// handle), which `check_with` then takes. A hot path with an in-process store calls this
+    /// and needs no executor.
+    #[inline]
+    pub fn check_now(
+        &self,
+        key: Option<&str>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<Result<Check>> {
+        if !self.in_force() {
+            return None;
+        }
+        // A request that waits may be ahead of this one in the queue; only the store's way
+        // checks the queue.
+        if key.is_none()
+            && let Some(hot) = &self.hot
+            && !self.limiter.shared.waiters.anyone_waiting()
+            && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
+        {
+            return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
+        }
+        self.limiter
+            .check_limit_now(&self.limit, key, cost, priority)
     }
 
     /// Whether `limit` is the limit in force: the limits have not changed since it was known

@@ -2,10 +2,11 @@
 //! different keys rarely meet on a lock.
 //!
 //! Memory follows live state (G7): a counter is forgotten once the core says it is idle (it
-//! can no longer affect a decision). Every operation on a shard also examines the next couple
-//! of counters under a rotating cursor and drops the idle ones, so reclaiming memory is spread
-//! over normal traffic, never a stop-the-world sweep; `sweep` does the same in bounded steps
-//! for a background task when traffic stops; a shard's map shrinks as it empties, so the memory
+//! can no longer affect a decision). Every counter a shard takes in pays for examining the
+//! next four under a rotating cursor, dropping the idle ones, so reclaiming memory is spread
+//! over the traffic that grows the map, never a stop-the-world sweep (a decision on a counter
+//! already tracked examines none); `sweep` does the same in bounded steps for a background
+//! task, for shards that stop taking in new counters; a shard's map shrinks as it empties, so the memory
 //! of a burst of keys comes back once they are idle. A configured cap on tracked counters turns
 //! unbounded growth into a clear `TooManyKeys` error.
 //!
@@ -19,7 +20,7 @@ use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
 use tollgate_core::{Committed, Counter, DenyReason, Grant, Policy, Priority, Verdict, gcra_final};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, FastClock};
 use crate::error::{Error, Result};
 use crate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
@@ -35,8 +36,12 @@ const SHARDS: usize = 64;
 /// Under loom, few shards, so that requests meet on locks and in lock order.
 #[cfg(tollgate_loom)]
 const SHARDS: usize = 2;
-/// Counters examined for idleness by each operation on a shard.
-const SWEEP_PER_OPERATION: usize = 2;
+/// Counters examined for idleness for each counter a shard takes in. With k examined per new
+/// counter, a pass of the cursor over n counters admits n/k new ones and drops every counter
+/// idle when examined, so a shard settles at most k/(k-1) times the counters live within
+/// their period. Idle counters of a shard that takes in nothing new wait for `sweep`, which
+/// the server and the layer run on a timer.
+const SWEEP_PER_INSERT: usize = 4;
 /// Counters examined, over all shards, before a new key is refused for the cap: first in the
 /// key's own shard, under the request's locks; then, with no lock held, in every shard.
 const SWEEP_BEFORE_REFUSING: usize = 1024;
@@ -300,6 +305,11 @@ struct Shard {
     /// operation: it picks the shard and finds the entry.
     counters: IndexMap<OwnedCounterId, Entry, foldhash::fast::RandomState>,
     cursor: usize,
+    /// Counters to examine for idleness at the end of this operation: every new counter adds
+    /// `SWEEP_PER_INSERT`, so the map cannot outgrow its live counters, and a decision on a
+    /// counter already tracked examines none (the examination's cache misses are most of a
+    /// sweep's cost, and most decisions find their counter).
+    sweep_owed: usize,
 }
 
 impl Shard {
@@ -360,7 +370,7 @@ pub struct MemoryStoreConfig {
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::RandomState,
-    clock: Arc<dyn Clock>,
+    clock: FastClock,
     keys_tracked_max: u64,
     tracked: AtomicUsize,
     /// Limit-wide pauses (`pause` with no key), by limit name; consulted for every counter of
@@ -393,11 +403,12 @@ impl MemoryStore {
                     Mutex::new(Shard {
                         counters: IndexMap::with_hasher(hasher.clone()),
                         cursor: 0,
+                        sweep_owed: 0,
                     })
                 })
                 .collect(),
             hasher,
-            clock,
+            clock: FastClock::new(clock),
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
@@ -490,6 +501,7 @@ impl MemoryStore {
         }
         let counter_state = self.fresh_counter(policy, now);
         let owned = OwnedCounterId::new(counter);
+        shard.sweep_owed += SWEEP_PER_INSERT;
         let (index, _) = shard.counters.insert_full(
             owned,
             Entry {
@@ -527,8 +539,15 @@ impl MemoryStore {
             .map_or(0, |(_, until)| *until)
     }
 
+    /// The examinations this operation's new counters owe (see `SWEEP_PER_INSERT`), once the
+    /// operation is done with the indices it holds: a sweep moves counters.
+    #[inline]
     fn sweep_after(&self, shard: &mut Shard, now: u64) {
-        let dropped = shard.sweep(now, SWEEP_PER_OPERATION);
+        if shard.sweep_owed == 0 {
+            return;
+        }
+        let budget = std::mem::take(&mut shard.sweep_owed);
+        let dropped = shard.sweep(now, budget);
         if dropped > 0 {
             self.tracked.fetch_sub(dropped, Ordering::Relaxed);
         }
@@ -901,7 +920,7 @@ impl Store for MemoryStore {
             .as_ref()
             .is_some_and(|hot| hot.serves(take.policy))
         {
-            let hot = HotCounter::new(Arc::clone(&self.clock), take.policy)?;
+            let hot = HotCounter::new(self.clock.clone(), take.policy)?;
             entry.hot = Some(Arc::new(hot));
         }
         let hot = Arc::clone(entry.hot.as_ref()?);

@@ -290,9 +290,16 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     add(&limiter, "other", one, None);
     assert!(!now(handle.check(Some("ada"))).expect("ok").is_allowed());
     assert!(now(handle.check(Some("bob"))).expect("ok").is_allowed());
+    // The same, decided on the spot: the memory store needs no waiting.
+    assert!(matches!(
+        handle.check_now(Some("cy"), 1, Priority::Normal),
+        Some(Ok(Check::Allowed(_)))
+    ));
     // A new policy applies to the handle made before it; what was granted stays counted.
     let three = rate(3, SECOND_US, Algorithm::Fixed, Reserve::default());
     add(&limiter, "api", three, Some("user"));
+    // The limit changed under the handle: not decided on the spot, but the way `check` goes.
+    assert!(handle.check_now(Some("ada"), 1, Priority::Normal).is_none());
     let Check::Allowed(statuses) = now(handle.check(Some("ada"))).expect("ok") else {
         panic!("room under the new policy");
     };
@@ -360,6 +367,34 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
     assert_eq!(store.len(), 0, "dropped once idle and held by none");
+}
+
+/// New keys pay for sweeping out old ones: a stream of users, each seen once, keeps the store
+/// near the users seen within one period, with no `sweep` from outside. (A store that only
+/// swept on a timer, or examined fewer counters than it took in, would grow with the stream.)
+#[test]
+fn a_stream_of_new_keys_keeps_the_store_near_its_live_keys() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let store = memory_store(clock.clone(), 1_000_000);
+    let limiter = limiter_over(store.clone());
+    let policy = rate(5, SECOND_US, Algorithm::Fixed, Reserve::default());
+    add(&limiter, "api", policy, Some("user"));
+    let handle = limiter.handle("api").expect("a limit in force");
+    // One new user a millisecond: a thousand live at any time, a window being one second.
+    let mut largest = 0;
+    for user in 0..30_000u32 {
+        clock.advance_us(1_000);
+        let key = format!("user-{user}");
+        assert!(now(handle.check(Some(&key))).expect("ok").is_allowed());
+        // A repeat visit finds its counter and examines nothing; it must not break the bound.
+        assert!(now(handle.check(Some(&key))).expect("ok").is_allowed());
+        largest = largest.max(store.len());
+    }
+    // Live: the thousand users of the current window (a counter lives to its window's end).
+    // The bound is k/(k-1) times that for k = 4 examined per new counter; with one examined
+    // per new counter the cursor never catches up with the stream, and all 30,000 stay.
+    assert!(largest <= 1_400, "the store grew to {largest} counters");
+    assert!(largest >= 1_000, "{largest}: the live keys must be counted");
 }
 
 /// A decision that resolved a limit before its policy changed may reach the store after a

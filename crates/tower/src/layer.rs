@@ -22,7 +22,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit};
+use tollgate::{
+    COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
+};
 use tollgate_rules::normalize_path;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -281,10 +283,9 @@ impl Shared {
                 let mut context = Context::from_waker(Waker::noop());
                 if let Some(handle) = handle {
                     let key = user.as_ref().map(UserKey::as_str);
-                    match std::pin::pin!(handle.check(key)).poll(&mut context) {
-                        Poll::Ready(checked) => Some(self.settle_check(&index, &matched, checked)),
-                        Poll::Pending => None,
-                    }
+                    handle
+                        .check_now(key, 1, Priority::Normal)
+                        .map(|checked| self.settle_check(&index, &matched, checked))
                 } else {
                     let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
                         .iter()
