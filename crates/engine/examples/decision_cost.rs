@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tollgate::{
     Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
-    MonotonicClock, PermitSecret, Policy, Request, Reserve,
+    MonotonicClock, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
 const UNITS_PER_SECOND: u64 = 1_000_000_000;
@@ -58,7 +58,11 @@ fn decide(limiter: &Limiter, ask: &Ask, key: Option<&str>) {
         None => Request::new("api"),
     };
     let verdict = match ask {
-        Ask::Handle(handle) => now_or_never(handle.check(key)),
+        Ask::Handle(handle) => Some(
+            handle
+                .check_now(key, 1, Priority::Normal)
+                .expect("decided on the spot"),
+        ),
         Ask::Check => now_or_never(limiter.check(&request())),
         Ask::Acquire { refundable } => {
             let request = request().refundable(*refundable);

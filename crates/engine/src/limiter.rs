@@ -287,22 +287,34 @@ fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Resu
 }
 
 /// A request's key, if it names one, is a valid key.
+#[inline]
 fn check_request_key(key: Option<&str>) -> Result<()> {
-    match key {
-        Some(key) => check_key(key).map_err(|reason| Error::invalid("key", reason)),
-        None => Ok(()),
+    match key.map(check_key) {
+        Some(Err(reason)) => Err(key_refused(reason)),
+        _ => Ok(()),
     }
 }
 
+#[cold]
+fn key_refused(reason: String) -> Error {
+    Error::invalid("key", reason)
+}
+
 /// A limit counted per key is asked with a key.
+#[inline]
 fn check_key_given(limit: &Limit, key: Option<&str>) -> Result<()> {
     match limit.per() {
-        Some(per) if key.is_none() => Err(Error::invalid(
-            "key",
-            format!("limit {:?} counts per {per}; give a key", limit.name()),
-        )),
+        Some(per) if key.is_none() => Err(key_missing(limit, per)),
         _ => Ok(()),
     }
+}
+
+#[cold]
+fn key_missing(limit: &Limit, per: &str) -> Error {
+    Error::invalid(
+        "key",
+        format!("limit {:?} counts per {per}; give a key", limit.name()),
+    )
 }
 
 impl Limiter {
@@ -400,14 +412,17 @@ impl Limiter {
         Limiter::check_cost(request.cost)
     }
 
+    #[inline]
     fn check_cost(cost: u64) -> Result<()> {
         if cost == 0 || cost > UNITS_MAX {
-            return Err(Error::invalid(
-                "cost",
-                format!("must be between 1 and {UNITS_MAX}"),
-            ));
+            return Err(Limiter::cost_refused());
         }
         Ok(())
+    }
+
+    #[cold]
+    fn cost_refused() -> Error {
+        Error::invalid("cost", format!("must be between 1 and {UNITS_MAX}"))
     }
 
     /// The store's acquire for `request`: recording reservations unless it is not refundable.
