@@ -26,7 +26,7 @@
 use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final};
 
 use crate::clock::FastClock;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering, OwnLine};
 
 /// Set while the store's copy of the counter is the truth.
 const SEIZED: u64 = 1 << 63;
@@ -40,19 +40,6 @@ pub struct HotCounter {
     /// word is published only by a decision under the same interval: a backlog is time, and
     /// read under another interval it would count other units (the store's way converts it).
     emission_us: u64,
-}
-
-/// A value alone on its cache lines (two: neighbouring lines are fetched in pairs), so that
-/// threads swapping the word do not also take away the lines of what they only read.
-#[derive(Debug)]
-#[repr(align(128))]
-struct OwnLine<T>(T);
-
-impl<T> std::ops::Deref for OwnLine<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
 }
 
 impl HotCounter {

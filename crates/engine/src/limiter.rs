@@ -550,45 +550,58 @@ impl Limiter {
         cost: u64,
         priority: Priority,
     ) -> Option<Result<Check>> {
-        let decide = || -> Result<Option<Check>> {
-            // What `check_request` and `resolve` refuse, in the same order.
-            Limiter::check_cost(cost)?;
-            check_request_key(key)?;
-            check_key_given(limit, key)?;
-            Limiter::refuse_leases([limit])?;
-            let resolved = || Resolved {
-                limits: smallvec::smallvec![limit],
-            };
-            let counter = CounterId {
-                limit: limit.name(),
-                key: limit.per().and(key),
-            };
-            if let Some(retry_at_us) = self.shared.waiters.blocked([counter], priority) {
-                let denied = self.queued_denial(&resolved(), retry_at_us);
-                return Ok(Some(Check::Denied(denied)));
-            }
-            let take = Take {
-                counter,
-                policy: limit.policy(),
-            };
-            let store = &self.shared.store;
-            let Some(outcome) = store.acquire_one_final_now(take, cost, priority) else {
-                return Ok(None);
-            };
-            Ok(Some(match outcome? {
-                CounterOutcome::Granted(grant) => {
-                    Check::allowed_one(grant.remaining, grant.reset_after_us)
-                }
-                denied => {
-                    let decision = Decision {
-                        now_us: 0,
-                        outcomes: smallvec::smallvec![denied],
-                    };
-                    Check::Denied(Limiter::denied(&resolved(), &decision))
-                }
-            }))
+        // What `check_request` and `resolve` refuse, in the same order. Written with early
+        // returns, not `?` and a `transpose`: the answer is built once where it is returned,
+        // where the conversions copied it through misaligned halves (a stalled reload).
+        if let Err(error) = Limiter::check_cost(cost) {
+            return Some(Err(error));
+        }
+        // The key of a counter the store tracks was checked when the counter was made, so the
+        // store checks it only before making one (`Store::acquire_one_final_now`). Here only a
+        // key the store will not see (the limit is not counted per key) or one a refusal
+        // below would otherwise be reported before.
+        let counted = limit.per().is_some() && !limit.policy().is_concurrency();
+        if !counted && let Err(error) = check_request_key(key) {
+            return Some(Err(error));
+        }
+        if let Err(error) =
+            check_key_given(limit, key).and_then(|()| Limiter::refuse_leases([limit]))
+        {
+            return Some(Err(error));
+        }
+        let resolved = || Resolved {
+            limits: smallvec::smallvec![limit],
         };
-        decide().transpose()
+        let counter = CounterId {
+            limit: limit.name(),
+            key: limit.per().and(key),
+        };
+        if let Some(retry_at_us) = self.shared.waiters.blocked([counter], priority) {
+            let denied = self.queued_denial(&resolved(), retry_at_us);
+            return Some(Ok(Check::Denied(denied)));
+        }
+        let take = Take {
+            counter,
+            policy: limit.policy(),
+        };
+        match self
+            .shared
+            .store
+            .acquire_one_final_now(take, cost, priority)?
+        {
+            Ok(CounterOutcome::Granted(grant)) => Some(Ok(Check::allowed_one(
+                grant.remaining,
+                grant.reset_after_us,
+            ))),
+            Ok(denied) => {
+                let decision = Decision {
+                    now_us: 0,
+                    outcomes: smallvec::smallvec![denied],
+                };
+                Some(Ok(Check::Denied(Limiter::denied(&resolved(), &decision))))
+            }
+            Err(error) => Some(Err(error)),
+        }
     }
 
     /// A handle on the limit `name`, for a hot path that checks it over and over: the name is

@@ -6,9 +6,10 @@
 //! next four under a rotating cursor, dropping the idle ones, so reclaiming memory is spread
 //! over the traffic that grows the map, never a stop-the-world sweep (a decision on a counter
 //! already tracked examines none); `sweep` does the same in bounded steps for a background
-//! task, for shards that stop taking in new counters; a shard's map shrinks as it empties, so the memory
-//! of a burst of keys comes back once they are idle. A configured cap on tracked counters turns
-//! unbounded growth into a clear `TooManyKeys` error.
+//! task, for shards that stop taking in new counters; a shard's map shrinks as it empties, so
+//! the memory of a burst of keys comes back once they are idle. A configured cap on tracked
+//! counters turns unbounded growth into a clear `TooManyKeys` error. Each shard sits on its
+//! own cache lines, so threads deciding in different shards do not take lines from each other.
 //!
 //! A request over several counters locks every shard it touches, in ascending shard order
 //! (so two requests never wait on each other in a cycle), checks all, then grants all or none.
@@ -28,7 +29,8 @@ use crate::store::{
 use std::sync::Arc;
 
 use crate::hot::HotCounter;
-use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, lock};
+use crate::limits::check_key;
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, OwnLine, lock};
 
 /// Shards per store. A power of two well above the core count keeps lock collisions rare.
 #[cfg(not(tollgate_loom))]
@@ -368,7 +370,8 @@ pub struct MemoryStoreConfig {
 /// Counters in this process's memory.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    /// Each on its own lines: threads deciding in different shards never share a line.
+    shards: Box<[OwnLine<Mutex<Shard>>]>,
     hasher: foldhash::fast::RandomState,
     clock: FastClock,
     keys_tracked_max: u64,
@@ -400,11 +403,11 @@ impl MemoryStore {
         MemoryStore {
             shards: (0..SHARDS)
                 .map(|_| {
-                    Mutex::new(Shard {
+                    OwnLine(Mutex::new(Shard {
                         counters: IndexMap::with_hasher(hasher.clone()),
                         cursor: 0,
                         sweep_owed: 0,
-                    })
+                    }))
                 })
                 .collect(),
             hasher,
@@ -485,6 +488,27 @@ impl MemoryStore {
         if let Some(index) = found {
             shard.counters[index].seize();
             return Ok(index);
+        }
+        self.insert_entry(shard, counter, policy, now, room)
+    }
+
+    /// `entry_index` for a counter not tracked yet: out of line, so the common case (found)
+    /// stays a short function.
+    #[inline(never)]
+    fn insert_entry(
+        &self,
+        shard: &mut Shard,
+        counter: CounterId<'_>,
+        policy: &Policy,
+        now: u64,
+        room: Room,
+    ) -> Result<usize> {
+        // Every counter is made here: a key is checked once, before its counter exists, and an
+        // equal key found later is as valid (`Store::acquire_one_final_now`).
+        if let Some(key) = counter.key
+            && let Err(reason) = check_key(key)
+        {
+            return Err(Error::invalid("key", reason));
         }
         // Claim a place before inserting, so that two shards inserting at once cannot both
         // take the last one.

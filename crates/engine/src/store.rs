@@ -182,6 +182,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// `acquire_final` of one counter, answered now, without building a `Decision`: the decision
     /// behind `Limiter::check` on a store that answers at once. `None` (the default) says this
     /// store cannot, and the limiter takes the general way.
+    ///
+    /// The key has not been checked (`limits::check_key`): a store that implements this must
+    /// refuse an invalid key with `Error::invalid("key", reason)` before it makes a counter for
+    /// it. A counter it already tracks was made for a valid key, and an equal key is as valid,
+    /// so a decision on one needs no check.
     fn acquire_one_final_now(
         &self,
         take: Take<'_>,

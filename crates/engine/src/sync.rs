@@ -12,6 +12,20 @@ pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(tollgate_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
+/// A value alone on its cache lines (two: neighbouring lines are fetched in pairs), so that
+/// threads writing it do not also take away the lines of what other threads use: a hot
+/// counter's word, a shard's lock and map.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct OwnLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Lock a mutex, ignoring poisoning: every critical section in the engine leaves its data
 /// consistent before anything that can panic, so a poisoned lock holds valid state.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

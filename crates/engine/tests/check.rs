@@ -457,6 +457,65 @@ fn a_hot_handle_refuses_bad_input_with_the_field_named() {
     }
 }
 
+/// On a per-key limit the memory store checks a key only before it makes the key's counter
+/// (a tracked counter's key was checked then). Every malformed key is still refused, with the
+/// field named and the same words as the general way, and leaves no counter behind; a valid
+/// key near the bounds is served.
+#[test]
+fn a_per_key_check_refuses_every_malformed_key_and_tracks_none_of_them() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let store = memory_store(clock, 100);
+    let limiter = limiter_over(store.clone());
+    add(&limiter, "api", gcra_per_second(10, 5), Some("user"));
+    add(&limiter, "plain", gcra_per_second(10, 5), None);
+    let handle = limiter.handle("api").expect("a limit in force");
+    let oversized = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
+    let bad = [
+        "",
+        "bad\nkey",
+        "tab\tbetween-16",
+        "\u{7f}delete",
+        "\u{85}next-line",
+        oversized.as_str(),
+    ];
+    for key in bad {
+        let by_handle = now(handle.check(Some(key)));
+        let Err(Error::InvalidRequest {
+            field: "key",
+            reason,
+        }) = by_handle
+        else {
+            panic!("{key:?}: {by_handle:?}");
+        };
+        // The general way (two limits, so not the one-counter path) says the same.
+        let general = now(limiter.check(&Request::all(&["api", "plain"]).key(key)));
+        assert!(
+            matches!(&general, Err(Error::InvalidRequest { field: "key", reason: r }) if *r == reason),
+            "{key:?}: {general:?} against {reason:?}"
+        );
+    }
+    assert_eq!(store.len(), 0, "no counter for a malformed key");
+    let longest = "k".repeat(tollgate::KEY_BYTES_MAX);
+    for key in [
+        "a",
+        "sixteen-bytes-ok",
+        "seventeen-bytes-k",
+        "naïve",
+        longest.as_str(),
+    ] {
+        assert!(
+            now(handle.check(Some(key))).expect("ok").is_allowed(),
+            "{key:?}"
+        );
+        // Found now: decided without a check, and as allowed.
+        assert!(
+            now(handle.check(Some(key))).expect("ok").is_allowed(),
+            "{key:?}"
+        );
+    }
+    assert_eq!(store.len(), 5);
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Ask {
