@@ -1,6 +1,7 @@
 //! Loom models of the engine's concurrent parts: the sharded memory store (no double grant,
 //! all-or-nothing across shards, no lock-order deadlock, the key cap under racing inserts, a
-//! hot counter's lock-free grants against the store's own) and the wait queue's wake-ups (no lost wake-up, the turn passes on when a waiter leaves).
+//! hot counter's lock-free grants against the store's own) and the wait queue's wake-ups (no
+//! lost wake-up, the turn passes on when a waiter leaves).
 //!
 //! Run with `RUSTFLAGS="--cfg tollgate_loom" cargo test -p tollgate --lib --release loom`.
 
