@@ -557,9 +557,9 @@ impl Limiter {
             return Some(Err(error));
         }
         // The key of a counter the store tracks was checked when the counter was made, so the
-        // store checks it only before making one (`Store::acquire_one_final_now`). Here only a
-        // key the store will not see (the limit is not counted per key) or one a refusal
-        // below would otherwise be reported before.
+        // store checks it only before making one (`Store::acquire_one_final_now`). The limiter
+        // checks here only a key the store will not see (the limit is not counted per key),
+        // and one on a concurrency limit, whose refusal below must not come before the key's.
         let counted = limit.per().is_some() && !limit.policy().is_concurrency();
         if !counted && let Err(error) = check_request_key(key) {
             return Some(Err(error));
