@@ -27,8 +27,9 @@ pin_project! {
         Inner {
             #[pin]
             body: B,
-            // Dropping a permit releases its leases (its rate units stay used).
-            permit: Option<Permit>,
+            // Dropping a permit releases its leases (its rate units stay used). Boxed: only a
+            // lease is held, and a body that holds none stays small to move.
+            permit: Option<Box<Permit>>,
         },
         Answer {
             data: Option<Bytes>,
@@ -37,7 +38,7 @@ pin_project! {
 }
 
 impl<B> ThrottleBody<B> {
-    pub(crate) fn inner(body: B, permit: Option<Permit>) -> ThrottleBody<B> {
+    pub(crate) fn inner(body: B, permit: Option<Box<Permit>>) -> ThrottleBody<B> {
         ThrottleBody {
             kind: Kind::Inner { body, permit },
         }

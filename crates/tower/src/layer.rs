@@ -209,7 +209,7 @@ type Headers = Vec<(HeaderName, HeaderValue)>;
 enum Settled {
     /// Call the service, holding the lease (if any) in the body and adding these headers.
     Call {
-        permit: Option<Permit>,
+        permit: Option<Box<Permit>>,
         headers: Headers,
     },
     /// The layer answers itself (a refusal, a failure, no user).
@@ -371,7 +371,9 @@ impl Shared {
                 let headers = self.allowed(index, matched, headers);
                 // Only a lease needs holding; dropping a rate-only permit keeps its units
                 // used, which is what a served request means.
-                let permit = permit.fence().is_some().then_some(permit);
+                // Boxed: a lease is rare, and the futures and body that carry a permit otherwise
+                // grow by its size, to be moved on every request.
+                let permit = permit.fence().is_some().then(|| Box::new(permit));
                 Settled::Call { permit, headers }
             }
             Ok(Outcome::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
@@ -610,7 +612,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            permit: Option<Permit>,
+            permit: Option<Box<Permit>>,
             headers: Headers,
         },
         Answered {
