@@ -37,6 +37,15 @@ fn take<'a>(limit: &'a str, key: Option<&'a str>, policy: &'a Policy) -> Take<'a
     }
 }
 
+/// One unit of the unkeyed limit "vendor", asked of the store directly: whether it was granted.
+fn grant_one(store: &MemoryStore, policy: &Policy, reservations: Reservations) -> bool {
+    let takes = [take("vendor", None, policy)];
+    store
+        .acquire_now(&takes, 1, Priority::Normal, reservations)
+        .expect("store answers")
+        .is_granted()
+}
+
 #[test]
 fn loom_two_racing_acquires_never_both_take_the_last_unit() {
     loom::model(|| {
@@ -45,13 +54,7 @@ fn loom_two_racing_acquires_never_both_take_the_last_unit() {
         let handles: Vec<_> = (0..2)
             .map(|_| {
                 let store = store.clone();
-                thread::spawn(move || {
-                    let takes = [take("vendor", None, &policy)];
-                    store
-                        .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
-                        .expect("store answers")
-                        .is_granted()
-                })
+                thread::spawn(move || grant_one(&store, &policy, Reservations::Record))
             })
             .collect();
         let granted = handles
@@ -81,29 +84,22 @@ fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
         let hot = store
             .hot_counter(take("vendor", None, &policy))
             .expect("an unkeyed GCRA counter has a hot word");
-        let takes = [take("vendor", None, &policy)];
-        let first = store
-            .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
-            .expect("store answers");
-        assert!(first.is_granted(), "the first of two units");
+        assert!(
+            grant_one(&store, &policy, Reservations::Skip),
+            "the first of two units"
+        );
         let by_handle = thread::spawn(move || hot.decide(&policy, 1, Priority::Normal).is_some());
         let by_store = {
             let store = store.clone();
-            thread::spawn(move || {
-                let takes = [take("vendor", None, &policy)];
-                store
-                    .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
-                    .expect("store answers")
-                    .is_granted()
-            })
+            thread::spawn(move || grant_one(&store, &policy, Reservations::Skip))
         };
         let by_handle = by_handle.join().expect("thread");
         let by_store = by_store.join().expect("thread");
         assert!(by_handle ^ by_store, "handle {by_handle}, store {by_store}");
-        let after = store
-            .acquire_now(&takes, 1, Priority::Normal, Reservations::Skip)
-            .expect("store answers");
-        assert!(!after.is_granted(), "both units are counted");
+        assert!(
+            !grant_one(&store, &policy, Reservations::Skip),
+            "both units are counted"
+        );
     });
 }
 

@@ -315,6 +315,15 @@ struct Shard {
 }
 
 impl Shard {
+    /// Where `counter` is in this shard's map, if it is tracked; `hash` is its hash by the
+    /// store's hasher (`MemoryStore::locate`).
+    #[inline]
+    fn find(&self, counter: CounterId<'_>, hash: u64) -> Option<usize> {
+        self.counters
+            .raw_entry_v1()
+            .index_from_hash(hash, |owned| counter.equivalent(owned))
+    }
+
     /// Examine up to `budget` counters from the cursor; drop the idle ones. Returns how many.
     fn sweep(&mut self, now: u64, budget: usize) -> usize {
         let mut dropped = 0;
@@ -481,11 +490,7 @@ impl MemoryStore {
         now: u64,
         room: Room,
     ) -> Result<usize> {
-        let found = shard
-            .counters
-            .raw_entry_v1()
-            .index_from_hash(hash, |owned| counter.equivalent(owned));
-        if let Some(index) = found {
+        if let Some(index) = shard.find(counter, hash) {
             shard.counters[index].seize();
             return Ok(index);
         }
@@ -514,8 +519,7 @@ impl MemoryStore {
         // take the last one.
         if !self.claim_place() {
             if room == Room::Sweep {
-                let dropped = shard.sweep(now, SWEEP_BEFORE_REFUSING / SHARDS);
-                self.tracked.fetch_sub(dropped, Ordering::AcqRel);
+                self.sweep_shard(shard, now, SWEEP_BEFORE_REFUSING / SHARDS);
             }
             if !self.claim_place() {
                 return Err(Error::TooManyKeys {
@@ -571,9 +575,14 @@ impl MemoryStore {
             return;
         }
         let budget = std::mem::take(&mut shard.sweep_owed);
+        self.sweep_shard(shard, now, budget);
+    }
+
+    /// `Shard::sweep`, with the dropped counters' places given back to the cap.
+    fn sweep_shard(&self, shard: &mut Shard, now: u64, budget: usize) {
         let dropped = shard.sweep(now, budget);
         if dropped > 0 {
-            self.tracked.fetch_sub(dropped, Ordering::Relaxed);
+            self.tracked.fetch_sub(dropped, Ordering::AcqRel);
         }
     }
 
@@ -810,11 +819,7 @@ impl MemoryStore {
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
-        let found = shard
-            .counters
-            .raw_entry_v1()
-            .index_from_hash(located.hash, |owned| take.counter.equivalent(owned));
-        let result = match found {
+        let result = match shard.find(take.counter, located.hash) {
             None => absent(),
             Some(index) => {
                 let entry = &mut shard.counters[index];
@@ -838,11 +843,7 @@ impl MemoryStore {
         let counter = CounterId { limit, key: None };
         let located = self.locate(counter);
         let mut shard = lock(&self.shards[located.shard]);
-        let found = shard
-            .counters
-            .raw_entry_v1()
-            .index_from_hash(located.hash, |owned| counter.equivalent(owned));
-        if let Some(index) = found {
+        if let Some(index) = shard.find(counter, located.hash) {
             shard.counters[index].seize();
         }
     }
