@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
@@ -29,7 +30,7 @@ use tollgate_rules::normalize_path;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::ThrottleBody;
+use crate::body::LeasedBody;
 use crate::headers::{
     Member, RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_members, ratelimit_value,
     retry_after_value,
@@ -170,8 +171,8 @@ impl Answer {
         }
     }
 
-    fn into_response<B>(self) -> Response<ThrottleBody<B>> {
-        let mut response = Response::new(ThrottleBody::answer(self.body));
+    fn into_response(self) -> Response<Body> {
+        let mut response = Response::new(Body::from(self.body));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(
@@ -536,8 +537,10 @@ impl Shared {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Throttle<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
 {
-    type Response = Response<ThrottleBody<ResBody>>;
+    type Response = Response<Body>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
@@ -633,8 +636,10 @@ where
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
 {
-    type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
+    type Output = Result<Response<Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -676,7 +681,12 @@ where
                     for (name, value) in headers.drain(..) {
                         parts.headers.insert(name, value);
                     }
-                    let body = ThrottleBody::inner(body, permit.take());
+                    // An axum body passes through as it is (`Body::new` boxes only another
+                    // type); only a lease needs a body of the layer's own around it.
+                    let body = match permit.take() {
+                        Some(permit) => Body::new(LeasedBody::new(body, permit)),
+                        None => Body::new(body),
+                    };
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
                 StateProj::Answered { answer } => {

@@ -9,9 +9,10 @@
 //! request the endpoint rule refuses spends nothing of the user's overall frequency or
 //! concurrency. Requests that match no rule pass through untouched.
 //!
-//! A granted concurrency lease rides in the response body ([`ThrottleBody`]) and is released
-//! when the body ends, or when the request or response is dropped (a client that disconnects
-//! mid-response gives its lease back). Refusals are `429 Too Many Requests` with
+//! The layer answers with axum's [`Body`](axum::body::Body): the service's own body, passed
+//! through as it is, or, when the request holds a concurrency lease, that body with the lease
+//! inside, released when the body ends, or when the request or response is dropped (a client
+//! that disconnects mid-response gives its lease back). Refusals are `429 Too Many Requests` with
 //! `Retry-After` and the IETF `RateLimit-Policy` / `RateLimit` fields (see [`headers`]).
 //!
 //! Every clone of the layer and of the service shares one state behind an `Arc`: a server
@@ -25,7 +26,6 @@ mod metrics;
 mod rules;
 mod sweep;
 
-pub use body::ThrottleBody;
 pub use identity::{Identity, IpNet, TrustedProxies, Unidentified};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};

@@ -12,8 +12,7 @@ use http_body_util::BodyExt;
 use tollgate::{Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret};
 use tollgate_rules::{RawRule, Rule};
 use tollgate_tower::{
-    Identity, OnStoreError, Throttle, ThrottleBody, ThrottleConfig, ThrottleLayer, ThrottleRules,
-    Unidentified,
+    Identity, OnStoreError, Throttle, ThrottleConfig, ThrottleLayer, ThrottleRules, Unidentified,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -67,10 +66,7 @@ fn throttled(
     (layer.layer(handler), store, clock)
 }
 
-async fn call(
-    service: &mut Throttle<Handler>,
-    user: Option<&str>,
-) -> Response<ThrottleBody<String>> {
+async fn call(service: &mut Throttle<Handler>, user: Option<&str>) -> Response<axum::body::Body> {
     let mut request = Request::get("/api/1");
     if let Some(user) = user {
         request = request.header("x-user", user);

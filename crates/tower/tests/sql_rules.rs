@@ -24,7 +24,7 @@ fn seed_row(name: &str, normalized_uri: &str, max_calls: u32, period_seconds: u3
 
 async fn status_of<S>(service: &mut S, user: &str, path: &str) -> StatusCode
 where
-    S: Service<Request<String>, Response = Response<tollgate_tower::ThrottleBody<String>>>,
+    S: Service<Request<String>, Response = Response<axum::body::Body>>,
     S::Error: std::fmt::Debug,
 {
     let request = Request::get(path)
