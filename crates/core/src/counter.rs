@@ -723,6 +723,9 @@ impl Counter {
         if let Some(grant) = self.gcra_grant_final(policy, now, cost, open) {
             return Ok(Verdict::Granted(grant));
         }
+        if let Some(grant) = self.fixed_grant_final(policy, now, cost, open) {
+            return Ok(Verdict::Granted(grant));
+        }
         self.normalise(policy, now);
         let fits = match (&self.body, policy.kind()) {
             // GCRA's own test, `backlog <= (open - cost) * T`, which is `used + cost <= open`
@@ -765,6 +768,60 @@ impl Counter {
             seq,
             remaining: step.remaining,
             reset_after_us: step.reset_after_us,
+            lease_expires_at: None,
+        })
+    }
+
+    /// `decide_final`'s grant in a few steps for a fixed window counting the policy's window,
+    /// with no reservation open (none can be refunded, and `normalise` would drop none),
+    /// nothing paused, and room for the cost. `None` sends the caller the general way, with
+    /// the window rolled over if it ended, as `normalise` would have. The same state and grant
+    /// as the general way.
+    fn fixed_grant_final(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        open: u64,
+    ) -> Option<Grant> {
+        let Kind::Rate(rate) = policy.kind() else {
+            return None;
+        };
+        if rate.algorithm() != Algorithm::Fixed
+            || !self.reservations.is_empty()
+            || self.paused_until > now
+        {
+            return None;
+        }
+        let Body::Fixed {
+            window: index,
+            window_us,
+            used,
+        } = &mut self.body
+        else {
+            return None;
+        };
+        if *window_us != rate.window_us() {
+            return None;
+        }
+        let current = now / *window_us;
+        if *index < current {
+            *index = current;
+            *used = 0;
+        }
+        if *used + cost > open {
+            return None;
+        }
+        *used += cost;
+        let remaining = open - *used;
+        // The window's end: what `counted_until` says of a window with units in it.
+        let counted_until = index.saturating_add(1).saturating_mul(*window_us);
+        let seq = self.next_seq.max(now);
+        self.next_seq = seq + 1;
+        Some(Grant {
+            seq,
+            remaining,
+            reset_after_us: counted_until.saturating_sub(now).min(policy.memory_us()),
             lease_expires_at: None,
         })
     }
