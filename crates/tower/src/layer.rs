@@ -11,6 +11,7 @@
 //! once. With a remote store the acquire is boxed with owned copies and awaited in the
 //! response future, calling a clone of the service once it is granted.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -232,8 +233,14 @@ enum Prepared {
 
 impl Shared {
     fn prepare<B>(&self, request: &Request<B>) -> Prepared {
-        let path = normalize_path(request.uri().path());
         let index = self.rules.index();
+        // Only an endpoint rule looks at the path: with none in force, a rule on every path
+        // matches whatever it is, and normalizing it would be wasted.
+        let path = if index.has_endpoint_rules() {
+            normalize_path(request.uri().path())
+        } else {
+            Cow::Borrowed(request.uri().path())
+        };
         let matched = index.matching(request.method().as_str(), &path);
         if matched.is_empty() {
             bump(&self.counters.unmatched);
