@@ -157,8 +157,11 @@ impl RuleIndex {
                 "more rules match than one request may name; the later ones are not applied"
             );
         }
-        // Positions follow chain order; sorting merges the wildcard and the endpoint lists.
-        matched.sort_unstable();
+        // Positions follow chain order; sorting merges the wildcard and the endpoint lists
+        // (each is in order on its own).
+        if !specific.is_empty() {
+            matched.sort_unstable();
+        }
         matched
     }
 }
