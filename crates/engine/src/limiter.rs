@@ -1185,6 +1185,22 @@ impl Drop for Permit {
         if self.settled || !self.parts.iter().any(|granted| granted.part.lease) {
             return;
         }
+        let waker = std::task::Waker::noop();
+        let mut context = std::task::Context::from_waker(waker);
+        if self.shared.store.answers_at_once() {
+            // An in-process store releases on the first poll: borrow the parts, copy nothing.
+            let (shared, parts) = (&self.shared, &self.parts);
+            let release = std::pin::pin!(async move {
+                for granted in parts.iter().filter(|granted| granted.part.lease) {
+                    let _ = settle_part(shared, &granted.part, 0).await;
+                }
+            });
+            if release.poll(&mut context).is_ready() {
+                return;
+            }
+            // Not at once after all: release again the owned way below. A lease released
+            // twice is released once (the second release finds nothing to give back).
+        }
         let leases: Vec<Part> = self
             .parts
             .iter()
@@ -1198,10 +1214,8 @@ impl Drop for Permit {
                 let _ = settle_part(&shared, part, 0).await;
             }
         };
-        // In-process stores answer at once; poll once and be done without a runtime.
+        // A remote store's release may need a runtime: poll once, and spawn it if it waits.
         let mut release = Box::pin(release);
-        let waker = std::task::Waker::noop();
-        let mut context = std::task::Context::from_waker(waker);
         if release.as_mut().poll(&mut context).is_pending()
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
