@@ -16,7 +16,7 @@ use tollgate_rules::{RawRule, normalize_path};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Code, ErrorBody, ErrorDetail};
-use crate::extract::{Admin, Body, Data};
+use crate::extract::{Admin, Body, Data, PermitInPath};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
@@ -500,10 +500,9 @@ pub(crate) struct CommitAnswer {
 pub(crate) async fn commit(
     _: Data,
     State(state): State<AppState>,
-    permit: Result<Path<String>, PathRejection>,
+    PermitInPath(permit): PermitInPath,
     Body(body): Body<CommitBody>,
 ) -> ApiResult<Response> {
-    let permit = path_name(permit, "permit")?;
     let used = body
         .used
         .ok_or_else(|| ApiError::bad_field("used", "is required: the units used, 0 to cost"))?;
@@ -537,10 +536,9 @@ pub(crate) struct RenewAnswer {
 pub(crate) async fn renew(
     _: Data,
     State(state): State<AppState>,
-    permit: Result<Path<String>, PathRejection>,
+    PermitInPath(permit): PermitInPath,
     Body(_): Body<RenewBody>,
 ) -> ApiResult<Json<RenewAnswer>> {
-    let permit = path_name(permit, "permit")?;
     let expires_in = state.limiter().renew(&permit).await?;
     Ok(Json(RenewAnswer {
         expires_ms: ms_ceil(expires_in),

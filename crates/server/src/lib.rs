@@ -6,6 +6,7 @@
 
 mod api;
 mod config;
+mod endpoints;
 mod error;
 mod extract;
 mod metrics;
@@ -34,6 +35,7 @@ pub use config::{
 };
 pub use error::{ApiError, Code};
 
+use crate::endpoints::Endpoints;
 use crate::metrics::{CountErrorsLayer, MeteredStore, Metrics};
 use crate::state::AppState;
 
@@ -210,9 +212,10 @@ pub async fn run(
     // per acquire + commit pair.
     let body_bytes_max = usize::try_from(state.config().body_bytes_max).unwrap_or(usize::MAX);
     let errors = CountErrorsLayer::new(state.metrics().errors.clone());
+    let endpoints = Endpoints::new(router(state.clone()), state);
     let app = tower_layer::Layer::layer(
         &errors,
-        tower_layer::Layer::layer(&DefaultBodyLimit::max(body_bytes_max), router(state)),
+        tower_layer::Layer::layer(&DefaultBodyLimit::max(body_bytes_max), endpoints),
     );
     let serve = axum::serve(
         listener,
