@@ -1096,8 +1096,8 @@ pub struct Permit {
 impl Permit {
     /// The text form, to commit, renew or release from elsewhere (`Limiter::commit`).
     pub fn id(&self) -> PermitId {
-        let parts: SmallVec<[Part; 2]> = self.parts.iter().map(|p| p.part.clone()).collect();
-        encode(&self.shared.config.permit_secret, &parts)
+        let parts = self.parts.iter().map(|granted| &granted.part);
+        encode(&self.shared.config.permit_secret, parts)
     }
 
     /// Per limit: what remains, when it resets, and the lease's fence and expiry.

@@ -150,7 +150,10 @@ fn push_text(buffer: &mut Vec<u8>, text: &str) {
     buffer.extend_from_slice(text.as_bytes());
 }
 
-pub(crate) fn encode(secret: &PermitSecret, parts: &[Part]) -> PermitId {
+pub(crate) fn encode<'a>(
+    secret: &PermitSecret,
+    parts: impl ExactSizeIterator<Item = &'a Part>,
+) -> PermitId {
     let mut body = Vec::with_capacity(16 + parts.len() * 32);
     body.push(FORMAT_VERSION);
     body.push(parts.len() as u8);
@@ -173,13 +176,20 @@ pub(crate) fn encode(secret: &PermitSecret, parts: &[Part]) -> PermitId {
     PermitId(String::from_utf8(hex).expect("hex digits are ASCII"))
 }
 
-/// The value of a lower-case hex digit; 16 for any other byte.
-fn hex_value(byte: u8) -> u8 {
-    match byte {
-        b'0'..=b'9' => byte - b'0',
-        b'a'..=b'f' => byte - b'a' + 10,
-        _ => 16,
+/// The value of every byte as a lower-case hex digit; 16 for any other byte. A table: a
+/// permit id is decoded on every commit, two digits per byte.
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [16; 256];
+    let mut digit = 0;
+    while digit < 16 {
+        table[HEX[digit] as usize] = digit as u8;
+        digit += 1;
     }
+    table
+};
+
+fn hex_value(byte: u8) -> u8 {
+    HEX_VALUE[usize::from(byte)]
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -291,16 +301,28 @@ mod tests {
     }
 
     #[test]
+    fn only_lower_case_hex_digits_have_a_value() {
+        for byte in 0..=u8::MAX {
+            let expected = match byte {
+                b'0'..=b'9' => byte - b'0',
+                b'a'..=b'f' => byte - b'a' + 10,
+                _ => 16,
+            };
+            assert_eq!(hex_value(byte), expected, "{byte:#04x}");
+        }
+    }
+
+    #[test]
     fn ids_round_trip() {
         let secret = PermitSecret::random();
-        let id = encode(&secret, &sample());
+        let id = encode(&secret, sample().iter());
         assert_eq!(decode(&secret, id.as_str()).expect("decodes"), sample());
     }
 
     #[test]
     fn altered_or_foreign_ids_are_refused() {
         let secret = PermitSecret::random();
-        let id = encode(&secret, &sample()).0;
+        let id = encode(&secret, sample().iter()).0;
         let mut altered = id.clone().into_bytes();
         altered[10] = if altered[10] == b'0' { b'1' } else { b'0' };
         let altered = String::from_utf8(altered).expect("ascii");
