@@ -2,10 +2,10 @@
 //! Tollgate rules to each incoming request, per user and per endpoint (seed 002).
 //!
 //! For every request the layer normalizes the path with the rules crate's
-//! [`normalize_path`](tollgate_rules::normalize_path) (ids become `#`, the query is ignored),
-//! finds the rules whose `match` fits the method and normalized path, and asks the shared
-//! [`Limiter`](tollgate::Limiter) for one unit of all of them at once, keyed by the user for
-//! rules counted `per` user. The request is granted on every matched limit or on none, so a
+//! [`normalize_path`](tollgate_rules::normalize_path) (ids become `#`, the query is ignored;
+//! skipped when no rule in force names a path), finds the rules whose `match` fits the method
+//! and normalized path, and asks the shared [`Limiter`](tollgate::Limiter) for one unit of all
+//! of them at once, keyed by the user for rules counted `per` user. The request is granted on every matched limit or on none, so a
 //! request the endpoint rule refuses spends nothing of the user's overall frequency or
 //! concurrency. Requests that match no rule pass through untouched.
 //!
