@@ -720,10 +720,7 @@ impl Counter {
         priority: Priority,
     ) -> Result<Verdict, CostError> {
         let open = open_for(policy, cost, priority)?;
-        if let Some(grant) = self.gcra_grant_final(policy, now, cost, open) {
-            return Ok(Verdict::Granted(grant));
-        }
-        if let Some(grant) = self.fixed_grant_final(policy, now, cost, open) {
+        if let Some(grant) = self.grant_final_in_few_steps(policy, now, cost, open) {
             return Ok(Verdict::Granted(grant));
         }
         self.normalise(policy, now);
@@ -746,38 +743,13 @@ impl Counter {
         ))
     }
 
-    /// `decide_final`'s grant in a few steps for the common GCRA case, where nothing else needs
-    /// doing (`gcra_alone`) and the cost fits. `None` sends the caller the general way. The
-    /// same state and grant as `check` then `grant_final`.
-    fn gcra_grant_final(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        open: u64,
-    ) -> Option<Grant> {
-        let tat = self.gcra_alone(policy, now)?;
-        let step = gcra_step(tat, policy, now, cost, open)?;
-        let seq = self.next_seq.max(now);
-        self.next_seq = seq + 1;
-        if let Body::Gcra { tat, last_seq, .. } = &mut self.body {
-            *tat = step.tat;
-            *last_seq = seq;
-        }
-        Some(Grant {
-            seq,
-            remaining: step.remaining,
-            reset_after_us: step.reset_after_us,
-            lease_expires_at: None,
-        })
-    }
-
-    /// `decide_final`'s grant in a few steps for a fixed window counting the policy's window,
-    /// with no reservation open (none can be refunded, and `normalise` would drop none),
-    /// nothing paused, and room for the cost. `None` sends the caller the general way, with
-    /// the window rolled over if it ended, as `normalise` would have. The same state and grant
-    /// as the general way.
-    fn fixed_grant_final(
+    /// `decide_final`'s grant in a few steps, for a counter with nothing else to do and room
+    /// for the cost: a GCRA backlog alone (`gcra_alone`), or a fixed window counting the
+    /// policy's window with no reservation open (none can be refunded, and `normalise` would
+    /// drop none) and nothing paused. `None` sends the caller the general way, a fixed window
+    /// that ended rolled over first, as `normalise` would. The same state and grant as the
+    /// general way (`check` then `grant_final`).
+    fn grant_final_in_few_steps(
         &mut self,
         policy: &Policy,
         now: u64,
@@ -787,41 +759,49 @@ impl Counter {
         let Kind::Rate(rate) = policy.kind() else {
             return None;
         };
-        if rate.algorithm() != Algorithm::Fixed
-            || !self.reservations.is_empty()
-            || self.paused_until > now
-        {
-            return None;
-        }
-        let Body::Fixed {
-            window: index,
-            window_us,
-            used,
-        } = &mut self.body
-        else {
-            return None;
-        };
-        if *window_us != rate.window_us() {
-            return None;
-        }
-        let current = now / *window_us;
-        if *index < current {
-            *index = current;
-            *used = 0;
-        }
-        if *used + cost > open {
-            return None;
-        }
-        *used += cost;
-        let remaining = open - *used;
-        // The window's end: what `counted_until` says of a window with units in it.
-        let counted_until = index.saturating_add(1).saturating_mul(*window_us);
         let seq = self.next_seq.max(now);
+        let (remaining, reset_after_us) = match (rate.algorithm(), &mut self.body) {
+            (Algorithm::Gcra { .. }, _) => {
+                let tat = self.gcra_alone(policy, now)?;
+                let step = gcra_step(tat, policy, now, cost, open)?;
+                if let Body::Gcra { tat, last_seq, .. } = &mut self.body {
+                    *tat = step.tat;
+                    *last_seq = seq;
+                }
+                (step.remaining, step.reset_after_us)
+            }
+            (
+                Algorithm::Fixed,
+                Body::Fixed {
+                    window: index,
+                    window_us,
+                    used,
+                },
+            ) if *window_us == rate.window_us()
+                && self.reservations.is_empty()
+                && self.paused_until <= now =>
+            {
+                let current = now / *window_us;
+                if *index < current {
+                    *index = current;
+                    *used = 0;
+                }
+                if *used + cost > open {
+                    return None;
+                }
+                *used += cost;
+                // The window's end: what `counted_until` says of a window with units in it.
+                let counted_until = index.saturating_add(1).saturating_mul(*window_us);
+                let reset_after_us = counted_until.saturating_sub(now).min(policy.memory_us());
+                (open - *used, reset_after_us)
+            }
+            _ => return None,
+        };
         self.next_seq = seq + 1;
         Some(Grant {
             seq,
             remaining,
-            reset_after_us: counted_until.saturating_sub(now).min(policy.memory_us()),
+            reset_after_us,
             lease_expires_at: None,
         })
     }
