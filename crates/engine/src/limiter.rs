@@ -745,7 +745,9 @@ impl Limiter {
     ) -> Outcome {
         let key = request.key;
         if decision.is_granted() {
-            let mut parts = SmallVec::new();
+            // Sized once: a chain's parts spill from the one held inline, and growing by
+            // doubling would move them twice.
+            let mut parts = SmallVec::with_capacity(decision.outcomes.len());
             for (index, outcome) in decision.outcomes.iter().enumerate() {
                 if let CounterOutcome::Granted(grant) = outcome {
                     let limit = &resolved.limits[index];
