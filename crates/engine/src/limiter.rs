@@ -1182,6 +1182,14 @@ impl Permit {
     }
 }
 
+/// Release the leases among `parts` (their rate units stay used).
+async fn release_leases<'a>(shared: &Shared, parts: impl Iterator<Item = &'a Part>) {
+    for part in parts.filter(|part| part.lease) {
+        // Nothing to report to: a failed release leaves the lease to its TTL.
+        let _ = settle_part(shared, part, 0).await;
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.settled || !self.parts.iter().any(|granted| granted.part.lease) {
@@ -1191,12 +1199,8 @@ impl Drop for Permit {
         let mut context = std::task::Context::from_waker(waker);
         if self.shared.store.answers_at_once() {
             // An in-process store releases on the first poll: borrow the parts, copy nothing.
-            let (shared, parts) = (&self.shared, &self.parts);
-            let release = std::pin::pin!(async move {
-                for granted in parts.iter().filter(|granted| granted.part.lease) {
-                    let _ = settle_part(shared, &granted.part, 0).await;
-                }
-            });
+            let leases = self.parts.iter().map(|granted| &granted.part);
+            let release = std::pin::pin!(release_leases(&self.shared, leases));
             if release.poll(&mut context).is_ready() {
                 return;
             }
@@ -1210,12 +1214,7 @@ impl Drop for Permit {
             .map(|granted| granted.part.clone())
             .collect();
         let shared = self.shared.clone();
-        let release = async move {
-            for part in &leases {
-                // Nothing to report to: a failed release leaves the lease to its TTL.
-                let _ = settle_part(&shared, part, 0).await;
-            }
-        };
+        let release = async move { release_leases(&shared, leases.iter()).await };
         // A remote store's release may need a runtime: poll once, and spawn it if it waits.
         let mut release = Box::pin(release);
         if release.as_mut().poll(&mut context).is_pending()

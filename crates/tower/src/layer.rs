@@ -2,8 +2,9 @@
 //! wraps a service, `ResponseFuture` decides and then calls the service.
 //!
 //! A request that matches no rule costs at most a path normalization and a hash lookup (none
-//! when every rule in force matches every path), and goes straight to the service. A matched one is decided by the limiter in one all-or-nothing
-//! request (see the crate docs); the inner service is called only when it is granted.
+//! when every rule in force matches every path), and goes straight to the service. A matched
+//! one is decided by the limiter in one all-or-nothing request (see the crate docs); the inner
+//! service is called only when it is granted.
 //!
 //! With an in-process store (the memory store) the decision is complete on its first poll, so
 //! it is taken inside `call`: the limit names and the user key are borrowed from the rules

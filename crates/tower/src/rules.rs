@@ -124,13 +124,10 @@ impl RuleIndex {
     /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
     /// are not applied (and a warning says so).
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matched {
-        let specific = if self.by_path.is_empty() {
-            &[][..]
-        } else {
-            self.by_path
-                .get(normalized_path)
-                .map_or(&[][..], |positions| positions.as_slice())
-        };
+        let specific = self
+            .by_path
+            .get(normalized_path)
+            .map_or(&[][..], |positions| positions.as_slice());
         let mut matched = Matched::new();
         let candidates = self.any_path.iter().chain(specific);
         let mut overflow = false;
