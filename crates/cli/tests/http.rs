@@ -290,12 +290,19 @@ async fn bad_data_plane_requests_are_refused_naming_the_field() {
         let answer = post(&client, "/v1/permits/00/commit", body).await;
         assert_error(&answer, 400, "bad_request", Some(field));
     }
-    assert_error(
-        &post(&client, "/v1/permits/not-hex/commit", r#"{"used":1}"#).await,
-        400,
-        "bad_request",
-        Some("permit"),
-    );
+    for permit in ["not-hex", "%ff00"] {
+        assert_error(
+            &post(
+                &client,
+                &format!("/v1/permits/{permit}/commit"),
+                r#"{"used":1}"#,
+            )
+            .await,
+            400,
+            "bad_request",
+            Some("permit"),
+        );
+    }
     assert_error(
         &post(&client, "/v1/permits/00/renew", r#"{"x":1}"#).await,
         400,
