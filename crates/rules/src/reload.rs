@@ -115,6 +115,8 @@ struct Inner {
     /// Serializes reloads and admin writes, so snapshots are applied in order.
     state: Mutex<State>,
     snapshot: RwLock<Arc<RuleSet>>,
+    /// The snapshot's version, readable without its lock: set after the snapshot is.
+    version: AtomicU64,
     stats: RulesStats,
 }
 
@@ -138,6 +140,7 @@ impl Rules {
                     rejected: BTreeMap::new(),
                 }),
                 snapshot: RwLock::new(Arc::new(RuleSet::default())),
+                version: AtomicU64::new(0),
                 stats: RulesStats::default(),
             }),
         };
@@ -163,6 +166,12 @@ impl Rules {
             Ok(snapshot) => snapshot.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// The version of the rules in force now, without taking their snapshot: a reader that
+    /// finds a newer version than it holds takes `snapshot`, which is then at least as new.
+    pub fn version(&self) -> u64 {
+        self.inner.version.load(Ordering::Acquire)
     }
 
     /// Read the table and apply it. On a database error nothing changes.
@@ -271,6 +280,9 @@ impl Rules {
             Ok(mut slot) => *slot = snapshot.clone(),
             Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
         }
+        self.inner
+            .version
+            .store(snapshot.version, Ordering::Release);
         Ok(snapshot)
     }
 

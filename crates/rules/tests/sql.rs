@@ -327,7 +327,12 @@ async fn admin_writes_go_to_the_table_and_apply_at_once() {
                 "reserve":{"high":1},"per":"user","match":{"method":"get","path":"/e/12/b"}}"#,
         )
         .expect("json");
+        let before = setup.rules.version();
+        assert_eq!(before, setup.rules.snapshot().version(), "{url}");
         let stored = setup.rules.put("vendor-x", &raw).await.expect("stored");
+        // The version read without the snapshot moves with it, for readers that poll it.
+        assert!(setup.rules.version() > before, "{url}");
+        assert_eq!(setup.rules.version(), setup.rules.snapshot().version());
         assert_eq!(stored.canonical().burst, Some(4));
         assert_eq!(setup.in_force("vendor-x"), Some(4), "{url}");
         assert_eq!(

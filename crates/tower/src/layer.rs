@@ -334,7 +334,7 @@ impl Shared {
                 }
             }
         }
-        self.deferred(index, matched, user)
+        self.deferred(Arc::clone(&index), matched, user)
     }
 
     /// The decision awaited in the response future, for a store that does not answer at once:
@@ -557,19 +557,17 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let state = match self.shared.prepare(&request) {
-            Prepared::Pass => State::Calling {
-                future: self.inner.call(request),
-                permit: None,
-                headers: Vec::new(),
-            },
-            Prepared::Settled(Settled::Call { permit, headers }) => State::Calling {
-                future: self.inner.call(request),
-                permit,
-                headers,
-            },
-            Prepared::Settled(Settled::Answer(answer)) => State::Answered {
-                answer: Some(answer),
+        // Each arm builds the future where it is returned: a state built first and wrapped
+        // after is one more copy of the inner future, on every request.
+        match self.shared.prepare(&request) {
+            Prepared::Pass => ResponseFuture::calling(self.inner.call(request), None, Vec::new()),
+            Prepared::Settled(Settled::Call { permit, headers }) => {
+                ResponseFuture::calling(self.inner.call(request), permit, headers)
+            }
+            Prepared::Settled(Settled::Answer(answer)) => ResponseFuture {
+                state: State::Answered {
+                    answer: Some(answer),
+                },
             },
             Prepared::Acquire {
                 acquire,
@@ -580,17 +578,18 @@ where
                 // fresh clone that will be polled ready before its own next call.
                 let ready = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, ready);
-                State::Acquiring {
-                    acquire,
-                    shared: Arc::clone(&self.shared),
-                    index,
-                    matched,
-                    service: Some(ready),
-                    request: Some(request),
+                ResponseFuture {
+                    state: State::Acquiring {
+                        acquire,
+                        shared: Arc::clone(&self.shared),
+                        index,
+                        matched,
+                        service: Some(ready),
+                        request: Some(request),
+                    },
                 }
             }
-        };
-        ResponseFuture { state }
+        }
     }
 }
 
@@ -629,6 +628,26 @@ pin_project! {
         Answered {
             answer: Option<Answer>,
         },
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    #[inline(always)]
+    fn calling(
+        future: S::Future,
+        permit: Option<Box<Permit>>,
+        headers: Headers,
+    ) -> ResponseFuture<S, ReqBody> {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                permit,
+                headers,
+            },
+        }
     }
 }
 
@@ -685,6 +704,10 @@ where
                     headers,
                 } => {
                     let response = ready!(future.poll(cx))?;
+                    if permit.is_none() && headers.is_empty() {
+                        // The common answer: the response as the service made it.
+                        return Poll::Ready(Ok(response.map(Body::new)));
+                    }
                     let (mut parts, body) = response.into_parts();
                     for (name, value) in headers.drain(..) {
                         parts.headers.insert(name, value);

@@ -8,7 +8,7 @@
 //! rebuilt when the rules' version changes, which a request notices by comparing versions.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use smallvec::SmallVec;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
@@ -57,6 +57,9 @@ pub(crate) struct RuleIndex {
     pub(crate) entries: Vec<Entry>,
     by_path: HashMap<Box<str>, SmallVec<[u32; 2]>>,
     any_path: SmallVec<[u32; 4]>,
+    /// What every request matches, when that does not depend on the request: no endpoint
+    /// rule, and every rule on any method (`*`, `*`), within the chain's length.
+    everywhere: Option<([u32; COUNTERS_PER_REQUEST_MAX], usize)>,
 }
 
 /// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
@@ -107,11 +110,22 @@ impl RuleIndex {
                 handle: limiter.handle(rule.name()).ok(),
             });
         }
+        let everywhere = (by_path.is_empty()
+            && any_path.len() <= COUNTERS_PER_REQUEST_MAX
+            && entries
+                .iter()
+                .all(|entry: &Entry| entry.rule.matcher().is_none_or(|m| m.method() == "*")))
+        .then(|| {
+            let mut positions = [0; COUNTERS_PER_REQUEST_MAX];
+            positions[..any_path.len()].copy_from_slice(&any_path);
+            (positions, any_path.len())
+        });
         RuleIndex {
             version,
             entries,
             by_path,
             any_path,
+            everywhere,
         }
     }
 
@@ -124,6 +138,10 @@ impl RuleIndex {
     /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
     /// are not applied (and a warning says so).
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matched {
+        if let Some((positions, len)) = self.everywhere {
+            // A copy of the buffer, where collecting or cloning would push one by one.
+            return Matched::from_buf_and_len(positions, len);
+        }
         let specific = self
             .by_path
             .get(normalized_path)
@@ -196,31 +214,35 @@ impl RuleTracker {
         }
     }
 
-    fn current(&self) -> Arc<RuleIndex> {
-        match self.index.read() {
-            Ok(index) => index.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+    fn current(&self) -> IndexGuard<'_> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The index of the rules in force now.
-    pub(crate) fn index(&self) -> Arc<RuleIndex> {
+    /// The index of the rules in force now. Held, not cloned: the read costs no count on the
+    /// index's `Arc`, which every request on every core would otherwise write.
+    pub(crate) fn index(&self) -> IndexGuard<'_> {
         let current = self.current();
-        let ThrottleRules::Sql(rules) = &self.source else {
-            return current;
+        if let ThrottleRules::Sql(rules) = &self.source
+            && rules.version() != current.version
+        {
+            drop(current);
+            self.rebuild(rules);
+            return self.current();
+        }
+        current
+    }
+
+    /// Index the rules in force now, unless another request is doing so (this one then uses
+    /// the previous version, as it would have a moment earlier).
+    #[cold]
+    fn rebuild(&self, rules: &Rules) {
+        let Ok(_guard) = self.rebuilding.try_lock() else {
+            return;
         };
         let snapshot = rules.snapshot();
+        let current = Arc::clone(&self.current());
         if snapshot.version() == current.version {
-            return current;
-        }
-        let Ok(_guard) = self.rebuilding.try_lock() else {
-            // Someone is rebuilding: this request uses the previous version, as it would
-            // have a moment earlier.
-            return current;
-        };
-        let current = self.current();
-        if snapshot.version() == current.version {
-            return current;
+            return;
         }
         let next = Arc::new(RuleIndex::build(
             snapshot.version(),
@@ -228,10 +250,74 @@ impl RuleTracker {
             Some(&current),
             &self.limiter,
         ));
-        match self.index.write() {
-            Ok(mut slot) => *slot = next.clone(),
-            Err(poisoned) => *poisoned.into_inner() = next.clone(),
+        *self.index.write().unwrap_or_else(PoisonError::into_inner) = next;
+    }
+}
+
+/// The index in force, read.
+pub(crate) type IndexGuard<'a> = RwLockReadGuard<'a, Arc<RuleIndex>>;
+
+#[cfg(test)]
+mod tests {
+    use tollgate_rules::RawRule;
+
+    use super::*;
+
+    fn rule(name: &str, method: &str, path: &str) -> Arc<Rule> {
+        let json = format!(
+            r#"{{"kind":"rate","limit":5,"period_ms":1000,"per":"user",
+                "match":{{"method":"{method}","path":"{path}"}}}}"#
+        );
+        let raw: RawRule = serde_json::from_str(&json).expect("rule parses");
+        Arc::new(raw.validate(name).expect("rule is valid"))
+    }
+
+    /// What `matching` must answer: every entry whose rule matches, in chain order, the chain
+    /// cut at its length.
+    fn by_scan(index: &RuleIndex, method: &str, path: &str) -> Vec<u32> {
+        let mut positions: Vec<u32> = (0..index.entries.len() as u32)
+            .filter(|&p| {
+                index.entries[p as usize]
+                    .rule
+                    .matcher()
+                    .is_some_and(|m| m.matches(method, path))
+            })
+            .collect();
+        positions.truncate(COUNTERS_PER_REQUEST_MAX);
+        positions
+    }
+
+    #[test]
+    fn matching_agrees_with_a_scan_of_every_rule() {
+        let limiter = Limiter::in_memory();
+        let sets: Vec<(Vec<Arc<Rule>>, bool)> = vec![
+            (vec![rule("freq", "*", "*")], true),
+            (vec![rule("a", "*", "*"), rule("b", "*", "*")], true),
+            // A method narrows a rule on every path: what matches depends on the request.
+            (vec![rule("a", "*", "*"), rule("gets", "GET", "*")], false),
+            (
+                vec![rule("a", "*", "*"), rule("item", "GET", "/items/1")],
+                false,
+            ),
+            (
+                (0..COUNTERS_PER_REQUEST_MAX + 1)
+                    .map(|n| rule(&format!("r{n}"), "*", "*"))
+                    .collect(),
+                false,
+            ),
+            (Vec::new(), true),
+        ];
+        for (rules, request_independent) in sets {
+            let index = RuleIndex::build(0, rules.iter(), None, &limiter);
+            assert_eq!(index.everywhere.is_some(), request_independent);
+            for (method, path) in [("GET", "/items/#"), ("POST", "/items/#"), ("GET", "/")] {
+                assert_eq!(
+                    index.matching(method, path).to_vec(),
+                    by_scan(&index, method, path),
+                    "{method} {path} on {} rules",
+                    rules.len()
+                );
+            }
         }
-        next
     }
 }
