@@ -159,8 +159,14 @@ impl AddressText {
 
     pub(crate) fn as_str(&self) -> &str {
         // Only ASCII is ever written, so this never falls back, and the text's end is always
-        // a character boundary.
-        std::str::from_utf8(&self.bytes.0)
+        // a character boundary. An IPv4 form fits the first 16 bytes, which are checked in
+        // two words; a longer one has the whole buffer checked, a block at a time.
+        let written = if self.len <= 16 {
+            &self.bytes.0[..16]
+        } else {
+            &self.bytes.0[..]
+        };
+        std::str::from_utf8(written)
             .ok()
             .and_then(|all| all.get(..usize::from(self.len)))
             .unwrap_or_default()

@@ -5,7 +5,10 @@
 //! Each version of the rules is indexed once: rules with a literal path by that path, rules
 //! with path `*` apart, and the `RateLimit-Policy` member of every rule formatted ahead of
 //! time, so a request costs a hash lookup rather than a scan of every rule. The index is
-//! rebuilt when the rules' version changes, which a request notices by comparing versions.
+//! rebuilt when the rules' version changes, which a request notices by comparing versions (the
+//! SQL rules' version is an atomic, read without their snapshot). When what a request matches
+//! cannot depend on the request (no endpoint rule, every rule on any method), the index holds
+//! the answer ready.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
