@@ -12,7 +12,6 @@
 //! once. With a remote store the acquire is boxed with owned copies and awaited in the
 //! response future, calling a clone of the service once it is granted.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,7 +27,6 @@ use smallvec::SmallVec;
 use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
 };
-use tollgate_rules::normalize_path;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -39,7 +37,7 @@ use crate::headers::{
 };
 use crate::identity::{Identity, Unidentified, UserKey};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
-use crate::rules::{Matched, RuleIndex, RuleTracker, ThrottleRules};
+use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
 
 /// What to do when the store cannot decide (unreachable, failing). An explicit choice: there
 /// is no default.
@@ -235,25 +233,15 @@ enum Prepared {
 impl Shared {
     fn prepare<B>(&self, request: &Request<B>) -> Prepared {
         let index = self.rules.index();
-        // Only an endpoint rule looks at the path: with none in force, a rule on every path
-        // matches whatever it is, and normalizing it would be wasted.
-        let path = if index.has_endpoint_rules() {
-            normalize_path(request.uri().path())
-        } else {
-            Cow::Borrowed(request.uri().path())
-        };
-        let matched = index.matching(request.method().as_str(), &path);
+        let Matching {
+            matched,
+            per_user,
+            leases,
+        } = index.matching_request(request);
         if matched.is_empty() {
             bump(&self.counters.unmatched);
             return Prepared::Pass;
         }
-        let per_user = matched.iter().any(|&position| {
-            index.entries[position as usize]
-                .rule
-                .limit()
-                .per()
-                .is_some()
-        });
         let user = if per_user {
             match self
                 .config
@@ -280,9 +268,6 @@ impl Shared {
         };
         if self.decides_in_call.load(Ordering::Relaxed) {
             let settled = {
-                let leases = matched
-                    .iter()
-                    .any(|&position| index.entries[position as usize].is_lease);
                 // One rule with nothing to hold: checked by the handle the index keeps, with no
                 // name to look up.
                 let handle = match matched[..] {

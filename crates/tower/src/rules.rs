@@ -10,12 +10,13 @@
 //! cannot depend on the request (no endpoint rule, every rule on any method), the index holds
 //! the answer ready.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use smallvec::SmallVec;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
-use tollgate_rules::{Rule, Rules};
+use tollgate_rules::{Rule, Rules, normalize_path};
 
 use crate::headers::policy_item;
 use crate::metrics::RuleCounters;
@@ -41,6 +42,8 @@ pub(crate) struct Entry {
     pub(crate) rule: Arc<Rule>,
     pub(crate) policy_item: String,
     pub(crate) is_lease: bool,
+    /// Whether the rule counts per user, so a request it matches needs its user told.
+    pub(crate) per_user: bool,
     pub(crate) counters: Arc<RuleCounters>,
     /// The rule's limit on the layer's limiter, looked up when the index was built, so a
     /// request that matches this rule alone is checked without a name lookup. `None` when the
@@ -50,6 +53,16 @@ pub(crate) struct Entry {
 
 /// The matched rules of one request, as indexes into `RuleIndex::entries`, in chain order.
 pub(crate) type Matched = SmallVec<[u32; COUNTERS_PER_REQUEST_MAX]>;
+
+/// The rules a request matches, and what they need of it.
+#[derive(Debug)]
+pub(crate) struct Matching {
+    pub(crate) matched: Matched,
+    /// One of them counts per user.
+    pub(crate) per_user: bool,
+    /// One of them is a concurrency limit, whose lease the request holds.
+    pub(crate) leases: bool,
+}
 
 /// One version of the rules, indexed for matching.
 #[derive(Debug)]
@@ -62,7 +75,16 @@ pub(crate) struct RuleIndex {
     any_path: SmallVec<[u32; 4]>,
     /// What every request matches, when that does not depend on the request: no endpoint
     /// rule, and every rule on any method (`*`, `*`), within the chain's length.
-    everywhere: Option<([u32; COUNTERS_PER_REQUEST_MAX], usize)>,
+    everywhere: Option<Everywhere>,
+}
+
+/// What every request matches, ready to be copied.
+#[derive(Clone, Copy, Debug)]
+struct Everywhere {
+    positions: [u32; COUNTERS_PER_REQUEST_MAX],
+    len: usize,
+    per_user: bool,
+    leases: bool,
 }
 
 /// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
@@ -107,6 +129,7 @@ impl RuleIndex {
                 rule: rule.clone(),
                 policy_item: policy_item(rule.limit()),
                 is_lease: rule.limit().policy().is_concurrency(),
+                per_user: rule.limit().per().is_some(),
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
@@ -121,7 +144,12 @@ impl RuleIndex {
         .then(|| {
             let mut positions = [0; COUNTERS_PER_REQUEST_MAX];
             positions[..any_path.len()].copy_from_slice(&any_path);
-            (positions, any_path.len())
+            Everywhere {
+                positions,
+                len: any_path.len(),
+                per_user: entries.iter().any(|entry| entry.per_user),
+                leases: entries.iter().any(|entry| entry.is_lease),
+            }
         });
         RuleIndex {
             version,
@@ -132,19 +160,37 @@ impl RuleIndex {
         }
     }
 
-    /// Whether a rule in force matches a path other than `*`.
-    pub(crate) fn has_endpoint_rules(&self) -> bool {
-        !self.by_path.is_empty()
+    /// The rules that apply to `request`, in chain order (see `matching`). Neither method nor
+    /// path is looked at when no rule in force depends on them, and the path is normalized only
+    /// when an endpoint rule might match it.
+    pub(crate) fn matching_request<B>(&self, request: &http::Request<B>) -> Matching {
+        if let Some(everywhere) = self.everywhere {
+            // A copy of the buffer, where collecting or cloning would push one by one.
+            return Matching {
+                matched: Matched::from_buf_and_len(everywhere.positions, everywhere.len),
+                per_user: everywhere.per_user,
+                leases: everywhere.leases,
+            };
+        }
+        let path = request.uri().path();
+        let path = if self.by_path.is_empty() {
+            Cow::Borrowed(path)
+        } else {
+            normalize_path(path)
+        };
+        let matched = self.matching(request.method().as_str(), &path);
+        let entries = || matched.iter().map(|&p| &self.entries[p as usize]);
+        Matching {
+            per_user: entries().any(|entry| entry.per_user),
+            leases: entries().any(|entry| entry.is_lease),
+            matched,
+        }
     }
 
     /// The rules that apply to `method` on `normalized_path`, in chain order. A request names
     /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
     /// are not applied (and a warning says so).
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matched {
-        if let Some((positions, len)) = self.everywhere {
-            // A copy of the buffer, where collecting or cloning would push one by one.
-            return Matched::from_buf_and_len(positions, len);
-        }
         let specific = self
             .by_path
             .get(normalized_path)
@@ -267,10 +313,16 @@ mod tests {
     use super::*;
 
     fn rule(name: &str, method: &str, path: &str) -> Arc<Rule> {
-        let json = format!(
-            r#"{{"kind":"rate","limit":5,"period_ms":1000,"per":"user",
-                "match":{{"method":"{method}","path":"{path}"}}}}"#
-        );
+        rule_of(
+            name,
+            r#""kind":"rate","limit":5,"period_ms":1000,"per":"user""#,
+            method,
+            path,
+        )
+    }
+
+    fn rule_of(name: &str, policy: &str, method: &str, path: &str) -> Arc<Rule> {
+        let json = format!(r#"{{{policy},"match":{{"method":"{method}","path":"{path}"}}}}"#);
         let raw: RawRule = serde_json::from_str(&json).expect("rule parses");
         Arc::new(raw.validate(name).expect("rule is valid"))
     }
@@ -289,6 +341,9 @@ mod tests {
         positions.truncate(COUNTERS_PER_REQUEST_MAX);
         positions
     }
+
+    const GLOBAL: &str = r#""kind":"rate","limit":5,"period_ms":1000"#;
+    const CONCURRENCY: &str = r#""kind":"concurrency","limit":2,"lease_ttl_ms":1000,"per":"user""#;
 
     #[test]
     fn matching_agrees_with_a_scan_of_every_rule() {
@@ -309,17 +364,43 @@ mod tests {
                 false,
             ),
             (Vec::new(), true),
+            (vec![rule_of("all", GLOBAL, "*", "*")], true),
+            (
+                vec![
+                    rule_of("conc", CONCURRENCY, "*", "*"),
+                    rule_of("all", GLOBAL, "*", "*"),
+                ],
+                true,
+            ),
+            (
+                vec![
+                    rule_of("all", GLOBAL, "*", "*"),
+                    rule_of("item-conc", CONCURRENCY, "GET", "/items/1"),
+                ],
+                false,
+            ),
         ];
         for (rules, request_independent) in sets {
             let index = RuleIndex::build(0, rules.iter(), None, &limiter);
             assert_eq!(index.everywhere.is_some(), request_independent);
-            for (method, path) in [("GET", "/items/#"), ("POST", "/items/#"), ("GET", "/")] {
+            for (method, path) in [("GET", "/items/7"), ("POST", "/items/7?q=1"), ("GET", "/")] {
+                let request = http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(())
+                    .expect("request");
+                let normalized = normalize_path(request.uri().path());
+                let expected = by_scan(&index, method, &normalized);
+                let matching = index.matching_request(&request);
                 assert_eq!(
-                    index.matching(method, path).to_vec(),
-                    by_scan(&index, method, path),
+                    matching.matched.to_vec(),
+                    expected,
                     "{method} {path} on {} rules",
                     rules.len()
                 );
+                let entries = || expected.iter().map(|&p| &index.entries[p as usize]);
+                assert_eq!(matching.per_user, entries().any(|e| e.per_user));
+                assert_eq!(matching.leases, entries().any(|e| e.is_lease));
             }
         }
     }
