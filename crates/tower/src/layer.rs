@@ -270,16 +270,30 @@ impl Shared {
             let settled = {
                 // One rule with nothing to hold: checked by the handle the index keeps, with no
                 // name to look up.
-                let handle = match matched[..] {
-                    [position] if !leases => index.entries[position as usize].handle.as_ref(),
+                let single = match matched[..] {
+                    [position] if !leases => {
+                        let entry = &index.entries[position as usize];
+                        entry.handle.as_ref().map(|handle| (entry, handle))
+                    }
                     _ => None,
                 };
                 let mut context = Context::from_waker(Waker::noop());
-                if let Some(handle) = handle {
+                if let Some((entry, handle)) = single {
                     let key = user.as_ref().map(UserKey::as_str);
-                    handle
-                        .check_now(key, 1, Priority::Normal)
-                        .map(|checked| self.settle_check(&index, &matched, checked))
+                    match handle.check_now(key, 1, Priority::Normal) {
+                        // The common answer, settled here: the statuses are needed only for
+                        // headers, and handing them on costs more than counting the grant.
+                        Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
+                            bump(&entry.counters.allowed);
+                            Some(Settled::Call {
+                                permit: None,
+                                headers: Vec::new(),
+                            })
+                        }
+                        checked => {
+                            checked.map(|checked| self.settle_check(&index, &matched, checked))
+                        }
+                    }
                 } else {
                     let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
                         .iter()

@@ -32,7 +32,12 @@ fn ok(_: Request<String>) -> std::future::Ready<Result<Response<String>, Infalli
 fn throttled(
     keys_tracked_max: u64,
     headers_on_allowed: bool,
-) -> (Throttle<Handler>, Arc<MemoryStore>, Arc<ManualClock>) {
+) -> (
+    Throttle<Handler>,
+    ThrottleLayer,
+    Arc<MemoryStore>,
+    Arc<ManualClock>,
+) {
     let clock = Arc::new(ManualClock::new(1_000_000));
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
@@ -63,7 +68,7 @@ fn throttled(
         },
     );
     let handler: Handler = tower::service_fn(ok as fn(_) -> _);
-    (layer.layer(handler), store, clock)
+    (layer.layer(handler), layer, store, clock)
 }
 
 async fn call(service: &mut Throttle<Handler>, user: Option<&str>) -> Response<axum::body::Body> {
@@ -83,7 +88,7 @@ async fn call(service: &mut Throttle<Handler>, user: Option<&str>) -> Response<a
 
 #[tokio::test]
 async fn past_the_key_cap_new_users_get_a_clear_503_and_idle_keys_make_room() {
-    let (mut service, store, clock) = throttled(2, true);
+    let (mut service, _layer, store, clock) = throttled(2, true);
     assert_eq!(call(&mut service, Some("a")).await.status(), StatusCode::OK);
     assert_eq!(call(&mut service, Some("b")).await.status(), StatusCode::OK);
     let refused = call(&mut service, Some("c")).await;
@@ -111,7 +116,7 @@ async fn past_the_key_cap_new_users_get_a_clear_503_and_idle_keys_make_room() {
 
 #[tokio::test]
 async fn allowed_responses_may_go_without_the_fields_and_anonymous_users_share_a_key() {
-    let (mut service, store, _clock) = throttled(100, false);
+    let (mut service, layer, store, _clock) = throttled(100, false);
     let allowed = call(&mut service, None).await;
     assert_eq!(allowed.status(), StatusCode::OK);
     assert!(allowed.headers().get("ratelimit").is_none());
@@ -130,4 +135,8 @@ async fn allowed_responses_may_go_without_the_fields_and_anonymous_users_share_a
         Some(true)
     );
     assert_eq!(store.len(), 1);
+    // Counted on the rule whether the fields went out or not.
+    let metrics = layer.metrics();
+    assert_eq!(metrics.rules.len(), 1);
+    assert_eq!((metrics.rules[0].allowed, metrics.rules[0].denied), (5, 1));
 }
