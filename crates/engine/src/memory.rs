@@ -665,7 +665,7 @@ impl MemoryStore {
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or_default();
         let now = self.clock.now_us();
 
-        let mut outcomes: SmallVec<[CounterOutcome; 2]> = SmallVec::with_capacity(takes.len());
+        let mut outcomes: SmallVec<[CounterOutcome; 3]> = SmallVec::with_capacity(takes.len());
         let mut all_allowed = true;
         let mut index_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
             SmallVec::with_capacity(takes.len());
@@ -698,15 +698,15 @@ impl MemoryStore {
             let granting = takes.iter().zip(&shard_of_take).zip(&index_of_take);
             for (((take, &shard), &index), outcome) in granting.zip(&mut outcomes) {
                 let shard = &mut guards[guard_of(shard)];
-                // A later counter's insertion may have swept the shard and moved entries; the
-                // index found by the check is kept only while it still holds this counter.
-                let index = match shard.counters.get_index(index) {
-                    Some((owned, _)) if take.counter.equivalent(owned) => index,
-                    _ => shard
+                // The index the check found still holds its counter: under `Room::Keep` a new
+                // counter is appended and nothing is swept or moved while the locks are held.
+                debug_assert!(
+                    shard
                         .counters
-                        .get_index_of(&take.counter)
-                        .expect("checked above under the same lock"),
-                };
+                        .get_index(index)
+                        .is_some_and(|(owned, _)| take.counter.equivalent(owned)),
+                    "a counter moved between its check and its grant"
+                );
                 let asked = Asked {
                     now,
                     cost,

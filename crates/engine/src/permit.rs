@@ -11,7 +11,6 @@ use std::hash::Hasher;
 use std::time::Duration;
 
 use siphasher::sip::SipHasher13;
-use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 
@@ -24,18 +23,63 @@ const TEXT_BYTES_INLINE: usize = 24;
 
 /// A limit name or key held by a permit. Most are short and kept inline, so granting neither
 /// allocates nor increments a reference count that every thread deciding on the limit shares.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Text(SmallVec<[u8; TEXT_BYTES_INLINE]>);
+#[derive(Clone)]
+pub(crate) enum Text {
+    /// The text, then zeros: reading it back checks whole words of the buffer rather than
+    /// its bytes one by one (most names and keys fit the first 16).
+    Inline {
+        bytes: InlineBytes,
+        len: u8,
+    },
+    Heap(Box<str>),
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub(crate) struct InlineBytes([u8; TEXT_BYTES_INLINE]);
 
 impl Text {
     pub(crate) fn new(text: &str) -> Text {
-        Text(SmallVec::from_slice(text.as_bytes()))
+        if text.len() > TEXT_BYTES_INLINE {
+            return Text::Heap(text.into());
+        }
+        let mut bytes = InlineBytes([0; TEXT_BYTES_INLINE]);
+        bytes.0[..text.len()].copy_from_slice(text.as_bytes());
+        Text::Inline {
+            bytes,
+            // At most TEXT_BYTES_INLINE: fits.
+            len: text.len() as u8,
+        }
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).expect("copied from a str")
+        match self {
+            Text::Inline { bytes, len } => {
+                let len = usize::from(*len);
+                // The zeros after the text are valid UTF-8, and the text ends on a character
+                // boundary (it was a `str`): checking a prefix of whole words is checking it.
+                let checked = if len <= 16 {
+                    &bytes.0[..16]
+                } else {
+                    &bytes.0[..]
+                };
+                std::str::from_utf8(checked)
+                    .ok()
+                    .and_then(|all| all.get(..len))
+                    .expect("copied from a str")
+            }
+            Text::Heap(text) => text,
+        }
     }
 }
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Text) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Text {}
 
 impl std::ops::Deref for Text {
     type Target = str;
@@ -282,6 +326,27 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_reads_back_what_it_was_given_inline_or_not() {
+        // Lengths on both sides of the 16-byte check and of the inline room, with characters
+        // of one to four bytes ending exactly at, and straddling, those edges.
+        for piece in ["a", "é", "€", "𝄞", "\0"] {
+            for repeat in 0..=30 {
+                let text = piece.repeat(repeat);
+                for text in [text.clone(), format!("{text}x"), format!("x{text}")] {
+                    let held = Text::new(&text);
+                    assert_eq!(held.as_str(), text);
+                    assert_eq!(
+                        matches!(held, Text::Inline { .. }),
+                        text.len() <= TEXT_BYTES_INLINE
+                    );
+                    assert_eq!(held, Text::new(&text));
+                }
+            }
+        }
+        assert_ne!(Text::new("a"), Text::new("a\0"));
+    }
 
     fn sample() -> Vec<Part> {
         vec![

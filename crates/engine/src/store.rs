@@ -71,8 +71,9 @@ pub enum CounterOutcome {
 pub struct Decision {
     /// The store's clock at the decision, in microseconds.
     pub now_us: u64,
-    /// One outcome per counter, in the request's order.
-    pub outcomes: SmallVec<[CounterOutcome; 2]>,
+    /// One outcome per counter, in the request's order. Room inline for seed 002's chain of
+    /// three (user concurrency, user frequency, endpoint), which would otherwise allocate.
+    pub outcomes: SmallVec<[CounterOutcome; 3]>,
 }
 
 impl Decision {

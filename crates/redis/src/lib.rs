@@ -424,7 +424,7 @@ impl RedisStore {
         if numbers.len() != takes.len() * 5 {
             return Err(unavailable("script reply of the wrong length"));
         }
-        let outcomes: SmallVec<[CounterOutcome; 2]> = numbers
+        let outcomes: SmallVec<[CounterOutcome; 3]> = numbers
             .chunks(5)
             .map(|outcome| match outcome[0] {
                 0 => CounterOutcome::Granted(Grant {

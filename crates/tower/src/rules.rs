@@ -71,7 +71,9 @@ pub(crate) struct RuleIndex {
     /// In chain order (seed 002): concurrency limits, then rules on every path (a user's
     /// overall frequency), then endpoint rules; by name within each.
     pub(crate) entries: Vec<Entry>,
-    by_path: HashMap<Box<str>, SmallVec<[u32; 2]>>,
+    /// Keyed by the rules' paths, which an administrator writes: a fast hash, with nothing
+    /// for a client to flood (requests only look up).
+    by_path: HashMap<Box<str>, SmallVec<[u32; 2]>, foldhash::fast::RandomState>,
     any_path: SmallVec<[u32; 4]>,
     /// What every request matches, when that does not depend on the request: no endpoint
     /// rule, and every rule on any method (`*`, `*`), within the chain's length.
@@ -115,7 +117,8 @@ impl RuleIndex {
                     .collect()
             })
             .unwrap_or_default();
-        let mut by_path: HashMap<Box<str>, SmallVec<[u32; 2]>> = HashMap::new();
+        let mut by_path: HashMap<Box<str>, SmallVec<[u32; 2]>, foldhash::fast::RandomState> =
+            HashMap::default();
         let mut any_path = SmallVec::new();
         let mut entries = Vec::with_capacity(rules.len());
         for (position, rule) in rules.into_iter().enumerate() {
