@@ -650,32 +650,41 @@ impl MemoryStore {
             return self.acquire_one_locked(*take, cost, priority, reservations);
         }
         // Every temporary holds a whole request inline (it was checked against the maximum
-        // above): a chain of three limits would otherwise allocate for each of them.
-        let located: SmallVec<[Located; COUNTERS_PER_REQUEST_MAX]> =
-            takes.iter().map(|take| self.locate(take.counter)).collect();
-        let shard_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
-            located.iter().map(|located| located.shard).collect();
-        let mut order: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> = shard_of_take.clone();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; COUNTERS_PER_REQUEST_MAX]> = order
-            .iter()
-            .map(|&index| lock(&self.shards[index]))
-            .collect();
-        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or_default();
+        // above), in arrays filled by index: a chain of three limits would otherwise allocate,
+        // or grow a vector one checked push at a time.
+        let count = takes.len();
+        let mut located = [Located { shard: 0, hash: 0 }; COUNTERS_PER_REQUEST_MAX];
+        for (slot, take) in located.iter_mut().zip(takes) {
+            *slot = self.locate(take.counter);
+        }
+        // Shards are locked in ascending order, each once (two requests can then never wait
+        // on each other); each take remembers which of the guards is its shard's.
+        let mut in_shard_order: [usize; COUNTERS_PER_REQUEST_MAX] = std::array::from_fn(|i| i);
+        in_shard_order[..count].sort_unstable_by_key(|&position| located[position].shard);
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; COUNTERS_PER_REQUEST_MAX]> =
+            SmallVec::new();
+        let mut guard_of_take = [0usize; COUNTERS_PER_REQUEST_MAX];
+        let mut locked_shard = None;
+        for &position in &in_shard_order[..count] {
+            let shard = located[position].shard;
+            if locked_shard != Some(shard) {
+                guards.push(lock(&self.shards[shard]));
+                locked_shard = Some(shard);
+            }
+            guard_of_take[position] = guards.len() - 1;
+        }
         let now = self.clock.now_us();
 
-        let mut outcomes: SmallVec<[CounterOutcome; 3]> = SmallVec::with_capacity(takes.len());
+        let mut outcomes: SmallVec<[CounterOutcome; 3]> = SmallVec::with_capacity(count);
         let mut all_allowed = true;
-        let mut index_of_take: SmallVec<[usize; COUNTERS_PER_REQUEST_MAX]> =
-            SmallVec::with_capacity(takes.len());
-        for (position, (take, &shard)) in takes.iter().zip(&shard_of_take).enumerate() {
+        let mut index_of_take = [0usize; COUNTERS_PER_REQUEST_MAX];
+        for (position, take) in takes.iter().enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-            let shard = &mut guards[guard_of(shard)];
+            let shard = &mut guards[guard_of_take[position]];
             let hash = located[position].hash;
             let index =
                 self.entry_index(shard, take.counter, hash, take.policy, now, Room::Keep)?;
-            index_of_take.push(index);
+            index_of_take[position] = index;
             let entry = &mut shard.counters[index];
             // When this is the last counter and every one allows the request, it is granted
             // next, and the grant reports what remains: do not work it out twice.
@@ -695,9 +704,9 @@ impl MemoryStore {
             outcomes.push(outcome);
         }
         if all_allowed {
-            let granting = takes.iter().zip(&shard_of_take).zip(&index_of_take);
-            for (((take, &shard), &index), outcome) in granting.zip(&mut outcomes) {
-                let shard = &mut guards[guard_of(shard)];
+            for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
+                let shard = &mut guards[guard_of_take[position]];
+                let index = index_of_take[position];
                 // The index the check found still holds its counter: under `Room::Keep` a new
                 // counter is appended and nothing is swept or moved while the locks are held.
                 debug_assert!(
