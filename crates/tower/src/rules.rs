@@ -44,6 +44,8 @@ pub(crate) struct Entry {
     pub(crate) is_lease: bool,
     /// Whether the rule counts per user, so a request it matches needs its user told.
     pub(crate) per_user: bool,
+    /// Whether the rule matches every method.
+    any_method: bool,
     pub(crate) counters: Arc<RuleCounters>,
     /// The rule's limit on the layer's limiter, looked up when the index was built, so a
     /// request that matches this rule alone is checked without a name lookup. `None` when the
@@ -133,6 +135,7 @@ impl RuleIndex {
                 policy_item: policy_item(rule.limit()),
                 is_lease: rule.limit().policy().is_concurrency(),
                 per_user: rule.limit().per().is_some(),
+                any_method: rule.matcher().is_some_and(|m| m.method() == "*"),
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
@@ -194,25 +197,37 @@ impl RuleIndex {
     /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
     /// are not applied (and a warning says so).
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matched {
+        // A rule on `*` matches every path, and one listed under this path matches it (the
+        // index is keyed by the rules' normalized paths): only methods are left to compare.
         let specific = self
             .by_path
             .get(normalized_path)
             .map_or(&[][..], |positions| positions.as_slice());
         let mut matched = Matched::new();
-        let candidates = self.any_path.iter().chain(specific);
         let mut overflow = false;
-        for &position in candidates {
+        // Both lists are in chain order: merged, the first matches are the chain's first.
+        let (mut any, mut endpoint) = (self.any_path.iter().peekable(), specific.iter().peekable());
+        loop {
+            let next = match (any.peek(), endpoint.peek()) {
+                (Some(&&a), Some(&&e)) if a <= e => any.next(),
+                (_, Some(_)) => endpoint.next(),
+                (_, None) => any.next(),
+            };
+            let Some(&position) = next else {
+                break;
+            };
             let Some(entry) = self.entries.get(position as usize) else {
                 continue;
             };
-            let applies = entry
-                .rule
-                .matcher()
-                .is_some_and(|m| m.matches(method, normalized_path));
+            let applies = entry.any_method
+                || entry
+                    .rule
+                    .matcher()
+                    .is_some_and(|m| m.method().eq_ignore_ascii_case(method));
             if applies {
                 if matched.len() == COUNTERS_PER_REQUEST_MAX {
                     overflow = true;
-                    continue;
+                    break;
                 }
                 matched.push(position);
             }
@@ -223,11 +238,6 @@ impl RuleIndex {
                 applied = COUNTERS_PER_REQUEST_MAX,
                 "more rules match than one request may name; the later ones are not applied"
             );
-        }
-        // Positions follow chain order; sorting merges the wildcard and the endpoint lists
-        // (each is in order on its own).
-        if !specific.is_empty() {
-            matched.sort_unstable();
         }
         matched
     }
@@ -380,6 +390,14 @@ mod tests {
                     rule_of("all", GLOBAL, "*", "*"),
                     rule_of("item-conc", CONCURRENCY, "GET", "/items/1"),
                 ],
+                false,
+            ),
+            // More than a request may name, an endpoint rule first in the chain: the chain's
+            // first are applied, whichever list they come from.
+            (
+                std::iter::once(rule_of("item-conc", CONCURRENCY, "*", "/items/1"))
+                    .chain((0..COUNTERS_PER_REQUEST_MAX).map(|n| rule(&format!("r{n}"), "*", "*")))
+                    .collect(),
                 false,
             ),
         ];
