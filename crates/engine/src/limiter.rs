@@ -259,6 +259,23 @@ fn micros(duration: Duration) -> u64 {
 /// The limits `names` in `table`, checked: at least one, no more than a request may name, none
 /// twice, a key for every limit counted per key, a valid key.
 fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Result<Resolved<'t>> {
+    resolve_each(names, key, |name| {
+        table
+            .get(name)
+            .map(|limit| &**limit)
+            .ok_or_else(|| Error::UnknownLimit {
+                name: name.to_owned(),
+            })
+    })
+}
+
+/// `resolve` with each name's limit found by `find` (in the table, or from a handle), the
+/// request checked the same way.
+fn resolve_each<'t>(
+    names: &[&str],
+    key: Option<&str>,
+    mut find: impl FnMut(&str) -> Result<&'t Limit>,
+) -> Result<Resolved<'t>> {
     if names.is_empty() {
         return Err(Error::invalid("limits", "name at least one limit"));
     }
@@ -277,11 +294,9 @@ fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Resu
                 format!("limit {name:?} is named twice"),
             ));
         }
-        let limit = table.get(name).ok_or_else(|| Error::UnknownLimit {
-            name: (*name).to_owned(),
-        })?;
+        let limit = find(name)?;
         check_key_given(limit, key)?;
-        limits.push(&**limit);
+        limits.push(limit);
     }
     Ok(Resolved { limits })
 }
@@ -463,10 +478,47 @@ impl Limiter {
     fn try_acquire_at_once(&self, request: &Request<'_>) -> Result<Outcome> {
         let table = self.shared.table_guard();
         let resolved = resolve(&table, &request.limits, request.key)?;
+        self.decide_at_once(&resolved, request)
+    }
+
+    /// `try_acquire` of `request`, whose limits are those of `handles` (one each, in the
+    /// request's order), decided on this thread with the handles' limits rather than looked
+    /// up by name: a hot path that names the same limits over and over (the tower layer's
+    /// chain) pays no lookup. `None` when this needs the usual way: a store that does not
+    /// answer at once, a handle whose limit changed, or handles that are not the request's.
+    pub fn try_acquire_now_with(
+        &self,
+        request: &Request<'_>,
+        handles: &[&LimitHandle],
+    ) -> Option<Result<Outcome>> {
+        let theirs = handles.len() == request.limits.len()
+            && handles.iter().zip(&request.limits).all(|(handle, name)| {
+                Arc::ptr_eq(&handle.limiter.shared, &self.shared)
+                    && handle.in_force()
+                    && handle.name() == *name
+            });
+        if !theirs || !self.shared.store.answers_at_once() {
+            return None;
+        }
+        if let Err(error) = Limiter::check_request(request) {
+            return Some(Err(error));
+        }
+        let mut limits = handles.iter().map(|handle| &*handle.limit);
+        let resolved = resolve_each(&request.limits, request.key, |name| {
+            // One handle per name, checked above.
+            limits.next().ok_or_else(|| Error::UnknownLimit {
+                name: name.to_owned(),
+            })
+        });
+        Some(resolved.and_then(|resolved| self.decide_at_once(&resolved, request)))
+    }
+
+    /// The decision of `try_acquire_at_once`, its limits resolved.
+    fn decide_at_once(&self, resolved: &Resolved<'_>, request: &Request<'_>) -> Result<Outcome> {
         let takes = resolved.takes(request.key);
         let counters = takes.iter().map(|take| take.counter);
         if let Some(retry_at_us) = self.shared.waiters.blocked(counters, request.priority) {
-            return Ok(Outcome::Denied(self.queued_denial(&resolved, retry_at_us)));
+            return Ok(Outcome::Denied(self.queued_denial(resolved, retry_at_us)));
         }
         let Some(decision) = self.store_acquire(&takes, request).into_ready() else {
             // A store that says it answers at once and does not is a broken invariant.
@@ -475,7 +527,7 @@ impl Limiter {
                 self.shared.store
             );
         };
-        Ok(self.outcome(&resolved, request, decision?))
+        Ok(self.outcome(resolved, request, decision?))
     }
 
     /// "May I go now": the request's units are granted for good, with nothing to settle

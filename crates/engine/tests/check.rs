@@ -686,3 +686,76 @@ proptest! {
         }
     }
 }
+
+/// `try_acquire_now_with`: the request's limits taken from handles, decided as `try_acquire`
+/// decides it, and handed back (`None`) whenever the handles cannot be trusted to be the
+/// request's limits as they are in force.
+#[test]
+fn acquiring_with_handles_decides_as_by_name_and_steps_aside_when_unsure() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let limiter = limiter_on(clock, 100);
+    let two = rate(2, SECOND_US, Algorithm::Fixed, Reserve::default());
+    let pool = Policy::concurrency(1, SECOND_US, Reserve::default()).expect("valid policy");
+    add(&limiter, "conc", pool, Some("user"));
+    add(&limiter, "freq", two, Some("user"));
+    let conc = limiter.handle("conc").expect("in force");
+    let freq = limiter.handle("freq").expect("in force");
+    let request = Request::all(&["conc", "freq"]).key("ada").refundable(false);
+
+    let Some(Ok(Outcome::Granted(permit))) =
+        limiter.try_acquire_now_with(&request, &[&conc, &freq])
+    else {
+        panic!("room on both");
+    };
+    // The lease is held: by handles or by name, the next is refused on it.
+    let Some(Ok(Outcome::Denied(denied))) = limiter.try_acquire_now_with(&request, &[&conc, &freq])
+    else {
+        panic!("the lease is held");
+    };
+    assert_eq!(denied.limits[0].remaining, 0);
+    assert!(!now(limiter.try_acquire(&request)).expect("ok").is_granted());
+    drop(permit);
+    // One unit of two was used by the first grant; the second takes the last.
+    assert!(now(limiter.try_acquire(&request)).expect("ok").is_granted());
+    let Some(Ok(Outcome::Denied(denied))) = limiter.try_acquire_now_with(&request, &[&conc, &freq])
+    else {
+        panic!("the frequency is spent");
+    };
+    assert_eq!(denied.limits[1].remaining, 0);
+
+    // The request's own errors, named as by name.
+    let keyless = Request::all(&["conc", "freq"]);
+    assert!(matches!(
+        limiter.try_acquire_now_with(&keyless, &[&conc, &freq]),
+        Some(Err(Error::InvalidRequest { field: "key", .. }))
+    ));
+    // Handles that are not the request's limits, in its order, or not this limiter's.
+    let bob = Request::all(&["conc", "freq"]).key("bob");
+    assert!(
+        limiter
+            .try_acquire_now_with(&bob, &[&freq, &conc])
+            .is_none()
+    );
+    assert!(limiter.try_acquire_now_with(&bob, &[&conc]).is_none());
+    let elsewhere = limiter_on(Arc::new(ManualClock::new(SECOND_US)), 100);
+    add(&elsewhere, "conc", pool, Some("user"));
+    add(&elsewhere, "freq", two, Some("user"));
+    assert!(
+        elsewhere
+            .try_acquire_now_with(&bob, &[&conc, &freq])
+            .is_none()
+    );
+    // A limit changed under its handle: the usual way decides, under the new policy.
+    add(
+        &limiter,
+        "freq",
+        rate(5, SECOND_US, Algorithm::Fixed, Reserve::default()),
+        Some("user"),
+    );
+    assert!(
+        limiter
+            .try_acquire_now_with(&bob, &[&conc, &freq])
+            .is_none()
+    );
+    assert!(now(limiter.try_acquire(&bob)).expect("ok").is_granted());
+}

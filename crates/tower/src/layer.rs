@@ -25,7 +25,8 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 use tollgate::{
-    COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
+    COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitHandle, LimitStatus, Limiter, Outcome, Permit,
+    Priority,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -307,10 +308,27 @@ impl Shared {
                         acquire = acquire.key(user.as_str());
                     }
                     if leases {
-                        let acquired = std::pin::pin!(self.limiter.try_acquire(&acquire));
-                        match acquired.poll(&mut context) {
-                            Poll::Ready(outcome) => Some(self.settle(&index, &matched, outcome)),
-                            Poll::Pending => None,
+                        // The index's handles, when it has one for every rule: the limiter then
+                        // looks none of them up by name.
+                        let handles: Option<SmallVec<[&LimitHandle; COUNTERS_PER_REQUEST_MAX]>> =
+                            matched
+                                .iter()
+                                .map(|&position| index.entries[position as usize].handle.as_ref())
+                                .collect();
+                        let by_handles = handles.and_then(|handles| {
+                            self.limiter.try_acquire_now_with(&acquire, &handles)
+                        });
+                        match by_handles {
+                            Some(outcome) => Some(self.settle(&index, &matched, outcome)),
+                            None => {
+                                let acquired = std::pin::pin!(self.limiter.try_acquire(&acquire));
+                                match acquired.poll(&mut context) {
+                                    Poll::Ready(outcome) => {
+                                        Some(self.settle(&index, &matched, outcome))
+                                    }
+                                    Poll::Pending => None,
+                                }
+                            }
                         }
                     } else {
                         // Nothing to hold: a decision without a permit.
