@@ -10,6 +10,34 @@ use std::time::{Duration, Instant};
 use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
 use tollgate_redis::{LeasingConfig, LeasingStore};
 
+/// A leasing store on `namespace` (blocks of at most 16 units living `block_lifetime`) and a
+/// limiter over it with the limit "vendor" under `policy`.
+async fn leasing_vendor(
+    url: &str,
+    namespace: &str,
+    policy: Policy,
+    block_lifetime: Duration,
+    wait_max: Duration,
+    permit_secret: PermitSecret,
+) -> (Arc<LeasingStore>, Limiter) {
+    let store = LeasingStore::new(
+        Arc::new(common::connect(url, namespace).await),
+        LeasingConfig {
+            block_lifetime,
+            block_units_max: 16,
+        },
+    );
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max,
+            permit_secret,
+        },
+    );
+    limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+    (store, limiter)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leased_blocks_never_put_more_than_the_limit_in_a_period() {
     let Some(url) = common::redis_url("leased_blocks_never_put_more_than_the_limit_in_a_period")
@@ -32,21 +60,15 @@ async fn leased_blocks_never_put_more_than_the_limit_in_a_period() {
     let mut stores = Vec::new();
     let mut limiters = Vec::new();
     for _ in 0..2 {
-        let store = LeasingStore::new(
-            Arc::new(common::connect(&url, &namespace).await),
-            LeasingConfig {
-                block_lifetime: Duration::from_millis(50),
-                block_units_max: 16,
-            },
-        );
-        let limiter = Limiter::new(
-            store.clone(),
-            LimiterConfig {
-                wait_max: Duration::from_secs(10),
-                permit_secret: secret,
-            },
-        );
-        limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+        let (store, limiter) = leasing_vendor(
+            &url,
+            &namespace,
+            policy,
+            Duration::from_millis(50),
+            Duration::from_secs(10),
+            secret,
+        )
+        .await;
         stores.push(store);
         limiters.push(limiter);
     }
@@ -131,21 +153,15 @@ async fn blocks_grow_while_they_are_used_up_and_save_round_trips() {
         Reserve::default(),
     )
     .expect("valid");
-    let store = LeasingStore::new(
-        Arc::new(common::connect(&url, &namespace).await),
-        LeasingConfig {
-            block_lifetime: Duration::from_secs(30),
-            block_units_max: 16,
-        },
-    );
-    let limiter = Limiter::new(
-        store.clone(),
-        LimiterConfig {
-            wait_max: Duration::from_secs(1),
-            permit_secret: PermitSecret::random(),
-        },
-    );
-    limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+    let (store, limiter) = leasing_vendor(
+        &url,
+        &namespace,
+        policy,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+        PermitSecret::random(),
+    )
+    .await;
     for call in 0..20 {
         let permit = limiter
             .try_acquire(&Request::new("vendor"))
