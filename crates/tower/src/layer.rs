@@ -271,24 +271,20 @@ impl Shared {
             let settled = {
                 // One rule with nothing to hold: checked by the handle the index keeps, with no
                 // name to look up.
-                let single = match matched[..] {
-                    [position] if !leases => {
-                        let entry = &index.entries[position as usize];
-                        entry.handle.as_ref().map(|handle| (entry, handle))
-                    }
+                let handle = match matched[..] {
+                    [position] if !leases => index.entries[position as usize].handle.as_ref(),
                     _ => None,
                 };
                 let mut context = Context::from_waker(Waker::noop());
-                if let Some((entry, handle)) = single {
+                if let Some(handle) = handle {
                     let key = user.as_ref().map(UserKey::as_str);
                     match handle.check_now(key, 1, Priority::Normal) {
-                        // The common answer, settled here: the statuses are needed only for
-                        // headers, and handing them on costs more than counting the grant.
+                        // Without fields to send, an allowed request needs only counting:
+                        // handing its statuses to `settle_check` costs more than that.
                         Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
-                            bump(&entry.counters.allowed);
                             Some(Settled::Call {
                                 permit: None,
-                                headers: Vec::new(),
+                                headers: self.allowed(&index, &matched, Vec::new),
                             })
                         }
                         checked => {

@@ -144,9 +144,7 @@ impl RuleIndex {
         }
         let everywhere = (by_path.is_empty()
             && any_path.len() <= COUNTERS_PER_REQUEST_MAX
-            && entries
-                .iter()
-                .all(|entry: &Entry| entry.rule.matcher().is_none_or(|m| m.method() == "*")))
+            && entries.iter().all(|entry: &Entry| entry.any_method))
         .then(|| {
             let mut positions = [0; COUNTERS_PER_REQUEST_MAX];
             positions[..any_path.len()].copy_from_slice(&any_path);
