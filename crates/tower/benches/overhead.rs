@@ -5,8 +5,8 @@
 //! modes is the middleware alone.
 //!
 //! Run: `cargo bench -p tollgate-tower --bench overhead -- MODE N` (MODE: none, tollgate,
-//! tollgate-chain, tollgate-headers, governor; N requests, default 200,000). It prints
-//! nanoseconds per request. For a figure independent of machine noise, run the built binary
+//! tollgate-gcra, tollgate-chain, tollgate-headers, governor; N requests, default 200,000).
+//! It prints nanoseconds per request. For a figure independent of machine noise, run the built binary
 //! under `valgrind --tool=callgrind` at two values of N and divide the difference in
 //! instructions by the difference in N (docs/inbound.md, "Overhead").
 

@@ -36,7 +36,7 @@ use crate::headers::{
     Member, RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_members, ratelimit_value,
     retry_after_value,
 };
-use crate::identity::{Identity, Unidentified, UserKey};
+use crate::identity::{AddressText, Identity, Unidentified};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
 use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
 
@@ -233,6 +233,7 @@ enum Prepared {
 
 impl Shared {
     fn prepare<B>(&self, request: &Request<B>) -> Prepared {
+        let mut address = AddressText::default();
         let index = self.rules.index();
         let Matching {
             matched,
@@ -244,16 +245,16 @@ impl Shared {
             return Prepared::Pass;
         }
         let user = if per_user {
-            match self
-                .config
-                .identity
-                .user_of(request.headers(), request.extensions())
-            {
+            match self.config.identity.user_of(
+                request.headers(),
+                request.extensions(),
+                &mut address,
+            ) {
                 Some(user) => Some(user),
                 None => {
                     bump(&self.counters.unidentified);
                     match &self.config.unidentified {
-                        Unidentified::SharedKey(key) => Some(UserKey::Borrowed(key)),
+                        Unidentified::SharedKey(key) => Some(key.as_str()),
                         Unidentified::Reject => {
                             return Prepared::Settled(Settled::Answer(Answer::error(
                                 StatusCode::UNAUTHORIZED,
@@ -277,8 +278,7 @@ impl Shared {
                 };
                 let mut context = Context::from_waker(Waker::noop());
                 if let Some(handle) = handle {
-                    let key = user.as_ref().map(UserKey::as_str);
-                    match handle.check_now(key, 1, Priority::Normal) {
+                    match handle.check_now(user, 1, Priority::Normal) {
                         // Without fields to send, an allowed request needs only counting:
                         // handing its statuses to `settle_check` costs more than that.
                         Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
@@ -300,8 +300,8 @@ impl Shared {
                     // so the store need not record the reservation; leases are held and
                     // released as always.
                     let mut acquire = tollgate::Request::all(&names).refundable(false);
-                    if let Some(user) = &user {
-                        acquire = acquire.key(user.as_str());
+                    if let Some(user) = user {
+                        acquire = acquire.key(user);
                     }
                     if leases {
                         // The index's handles, when it has one for every rule: the limiter then
@@ -352,14 +352,9 @@ impl Shared {
 
     /// The decision awaited in the response future, for a store that does not answer at once:
     /// owned copies of the names and the key go with it.
-    fn deferred(
-        &self,
-        index: Arc<RuleIndex>,
-        matched: Matched,
-        user: Option<UserKey<'_>>,
-    ) -> Prepared {
+    fn deferred(&self, index: Arc<RuleIndex>, matched: Matched, user: Option<&str>) -> Prepared {
         let limiter = self.limiter.clone();
-        let user: Option<Box<str>> = user.map(|user| user.as_str().into());
+        let user: Option<Box<str>> = user.map(Box::from);
         let owned_index = Arc::clone(&index);
         let owned_matched = matched.clone();
         let acquire = Box::pin(async move {
@@ -573,14 +568,23 @@ where
         // Each arm builds the future where it is returned: a state built first and wrapped
         // after is one more copy of the inner future, on every request.
         match self.shared.prepare(&request) {
-            Prepared::Pass => ResponseFuture::calling(self.inner.call(request), None, Vec::new()),
-            Prepared::Settled(Settled::Call { permit, headers }) => {
-                ResponseFuture::calling(self.inner.call(request), permit, headers)
-            }
+            Prepared::Pass => ResponseFuture {
+                future: Some(self.inner.call(request)),
+                permit: None,
+                headers: Vec::new(),
+                waiting: None,
+            },
+            Prepared::Settled(Settled::Call { permit, headers }) => ResponseFuture {
+                future: Some(self.inner.call(request)),
+                permit,
+                headers,
+                waiting: None,
+            },
             Prepared::Settled(Settled::Answer(answer)) => ResponseFuture {
-                state: State::Answered {
-                    answer: Some(answer),
-                },
+                future: None,
+                permit: None,
+                headers: Vec::new(),
+                waiting: Some(Box::new(Waiting::Answered(answer.into_response()))),
             },
             Prepared::Acquire {
                 acquire,
@@ -592,14 +596,17 @@ where
                 let ready = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, ready);
                 ResponseFuture {
-                    state: State::Acquiring {
+                    future: None,
+                    permit: None,
+                    headers: Vec::new(),
+                    waiting: Some(Box::new(Waiting::Acquiring {
                         acquire,
                         shared: Arc::clone(&self.shared),
                         index,
                         matched,
-                        service: Some(ready),
-                        request: Some(request),
-                    },
+                        service: ready,
+                        request,
+                    })),
                 }
             }
         }
@@ -608,60 +615,41 @@ where
 
 pin_project! {
     /// Decides, then calls the service with the grant held.
+    ///
+    /// Flat, with the rare states boxed aside: a request decided in `call` (every one, with an
+    /// in-process store) moves the service's future and three empty fields once, and its poll
+    /// is the service's poll and two tests. (An enum of states, or the three fields as one
+    /// enum, measured more: the future is then built aside and copied in.)
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
+        // The service's future, once the request is granted.
         #[pin]
-        state: State<S, ReqBody>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<S, ReqBody>
-    where
-        S: Service<Request<ReqBody>>,
-    {
-        Acquiring {
-            acquire: Acquire,
-            // Only a remote decision needs the shared state after `call`.
-            shared: Arc<Shared>,
-            index: Arc<RuleIndex>,
-            matched: Matched,
-            service: Option<S>,
-            request: Option<Request<ReqBody>>,
-        },
-        Calling {
-            #[pin]
-            future: S::Future,
-            permit: Option<Box<Permit>>,
-            headers: Headers,
-        },
-        Answered {
-            answer: Option<Answer>,
-        },
-    }
-}
-
-impl<S, ReqBody> ResponseFuture<S, ReqBody>
-where
-    S: Service<Request<ReqBody>>,
-{
-    #[inline(always)]
-    fn calling(
-        future: S::Future,
+        future: Option<S::Future>,
+        // A lease, held by the response body once there is one.
         permit: Option<Box<Permit>>,
+        // Added to the service's response.
         headers: Headers,
-    ) -> ResponseFuture<S, ReqBody> {
-        ResponseFuture {
-            state: State::Calling {
-                future,
-                permit,
-                headers,
-            },
-        }
+        // Before the service is called: a decision still to await, or the layer's own answer.
+        waiting: Option<Box<Waiting<S, ReqBody>>>,
     }
+}
+
+/// A `ResponseFuture` that has not called the service.
+enum Waiting<S, ReqBody> {
+    /// A remote store's decision, awaited before the service is called.
+    Acquiring {
+        acquire: Acquire,
+        // Only a remote decision needs the shared state after `call`.
+        shared: Arc<Shared>,
+        index: Arc<RuleIndex>,
+        matched: Matched,
+        service: S,
+        request: Request<ReqBody>,
+    },
+    /// The layer's own answer (a refusal, a failure, no user).
+    Answered(Response<Body>),
 }
 
 impl<S, ReqBody> std::fmt::Debug for ResponseFuture<S, ReqBody>
@@ -684,61 +672,56 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Acquiring {
-                    acquire,
-                    shared,
-                    index,
-                    matched,
-                    service,
-                    request,
-                } => {
-                    let outcome = ready!(acquire.as_mut().poll(cx));
-                    let (Some(mut service), Some(request)) = (service.take(), request.take())
-                    else {
-                        // Both are taken only here, and the state changes right after.
-                        unreachable!("ResponseFuture polled after it moved on");
-                    };
-                    let next = match shared.settle(index, matched, outcome) {
-                        Settled::Call { permit, headers } => State::Calling {
-                            future: service.call(request),
-                            permit,
-                            headers,
-                        },
-                        Settled::Answer(answer) => State::Answered {
-                            answer: Some(answer),
-                        },
-                    };
-                    this.state.set(next);
+            if let Some(future) = this.future.as_mut().as_pin_mut() {
+                let response = ready!(future.poll(cx))?;
+                if this.permit.is_none() && this.headers.is_empty() {
+                    // The common answer: the response as the service made it.
+                    return Poll::Ready(Ok(response.map(Body::new)));
                 }
-                StateProj::Calling {
-                    future,
-                    permit,
-                    headers,
-                } => {
-                    let response = ready!(future.poll(cx))?;
-                    if permit.is_none() && headers.is_empty() {
-                        // The common answer: the response as the service made it.
-                        return Poll::Ready(Ok(response.map(Body::new)));
+                let (mut parts, body) = response.into_parts();
+                for (name, value) in this.headers.drain(..) {
+                    parts.headers.insert(name, value);
+                }
+                // An axum body passes through as it is (`Body::new` boxes only another type);
+                // only a lease needs a body of the layer's own around it.
+                let body = match this.permit.take() {
+                    Some(permit) => Body::new(LeasedBody::new(body, permit)),
+                    None => Body::new(body),
+                };
+                return Poll::Ready(Ok(Response::from_parts(parts, body)));
+            }
+            let Some(mut waiting) = this.waiting.take() else {
+                // Only a poll that returns the response leaves neither a future nor a wait.
+                unreachable!("ResponseFuture polled after completion");
+            };
+            let outcome = match &mut *waiting {
+                Waiting::Acquiring { acquire, .. } => match acquire.as_mut().poll(cx) {
+                    Poll::Ready(outcome) => outcome,
+                    Poll::Pending => {
+                        *this.waiting = Some(waiting);
+                        return Poll::Pending;
                     }
-                    let (mut parts, body) = response.into_parts();
-                    for (name, value) in headers.drain(..) {
-                        parts.headers.insert(name, value);
-                    }
-                    // An axum body passes through as it is (`Body::new` boxes only another
-                    // type); only a lease needs a body of the layer's own around it.
-                    let body = match permit.take() {
-                        Some(permit) => Body::new(LeasedBody::new(body, permit)),
-                        None => Body::new(body),
-                    };
-                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                },
+                Waiting::Answered(response) => return Poll::Ready(Ok(std::mem::take(response))),
+            };
+            let Waiting::Acquiring {
+                shared,
+                index,
+                matched,
+                mut service,
+                request,
+                ..
+            } = *waiting
+            else {
+                unreachable!("an answer is returned above");
+            };
+            match shared.settle(&index, &matched, outcome) {
+                Settled::Call { permit, headers } => {
+                    *this.permit = permit;
+                    *this.headers = headers;
+                    this.future.set(Some(service.call(request)));
                 }
-                StateProj::Answered { answer } => {
-                    let Some(answer) = answer.take() else {
-                        unreachable!("ResponseFuture polled after completion");
-                    };
-                    return Poll::Ready(Ok(answer.into_response()));
-                }
+                Settled::Answer(answer) => return Poll::Ready(Ok(answer.into_response())),
             }
         }
     }

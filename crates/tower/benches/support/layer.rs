@@ -20,14 +20,22 @@ fn rule(name: &str, json: &str) -> Rule {
     raw.validate(name).expect("bench rule is valid")
 }
 
-/// One rule on every path counted per client address; with `chain`, seed 002's chain
+/// One rule on every path counted per client address, under `algorithm`; with `chain`, seed 002's chain
 /// (per-user concurrency, per-user frequency, endpoint rule). Limits no run reaches: every
 /// request is allowed, so the figures are an allowed request's cost.
-pub fn tollgate_layer(chain: bool, headers_on_allowed: bool) -> ThrottleLayer {
+pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) -> ThrottleLayer {
+    // GCRA counts whole microseconds: a million a second is its most.
+    let limit = if algorithm == "gcra" {
+        1_000_000
+    } else {
+        1_000_000_000
+    };
     let mut rules = vec![rule(
         "user-freq",
-        r#"{"kind":"rate","limit":1000000000,"period_ms":1000,"algorithm":"fixed","per":"user",
-            "match":{"method":"*","path":"*"}}"#,
+        &format!(
+            r#"{{"kind":"rate","limit":{limit},"period_ms":1000,"algorithm":"{algorithm}","per":"user",
+                "match":{{"method":"*","path":"*"}}}}"#
+        ),
     )];
     if chain {
         rules.push(rule(
@@ -70,10 +78,12 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool) -> ThrottleLayer {
 }
 
 /// Modes `bench_app` knows, for error messages.
-pub const MODES: &str = "none, tollgate, tollgate-chain, tollgate-headers or governor";
+pub const MODES: &str =
+    "none, tollgate, tollgate-gcra, tollgate-chain, tollgate-headers or governor";
 
-/// The trivial handler bare (`none`), behind the Tollgate layer (`tollgate`, `tollgate-chain`,
-/// `tollgate-headers`: the chain with RateLimit fields on allowed answers), or behind
+/// The trivial handler bare (`none`), behind the Tollgate layer (`tollgate`, `tollgate-gcra`:
+/// the same rule under governor's algorithm, `tollgate-chain`, `tollgate-headers`: the chain
+/// with RateLimit fields on allowed answers), or behind
 /// `tower_governor` keyed by client address (`governor`), none of them ever refusing.
 /// `headers_on_allowed` turns the fields on for the other Tollgate modes too. `None` for an
 /// unknown mode.
@@ -81,9 +91,10 @@ pub fn bench_app(mode: &str, headers_on_allowed: bool) -> Option<Router> {
     let handler = Router::new().route("/", get(|| async { "ok" }));
     Some(match mode {
         "none" => handler,
-        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed)),
-        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed)),
-        "tollgate-headers" => handler.layer(tollgate_layer(true, true)),
+        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed, "fixed")),
+        "tollgate-gcra" => handler.layer(tollgate_layer(false, headers_on_allowed, "gcra")),
+        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed, "fixed")),
+        "tollgate-headers" => handler.layer(tollgate_layer(true, true, "fixed")),
         "governor" => {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
