@@ -743,6 +743,20 @@ impl Counter {
         ))
     }
 
+    /// `decide_final` when it grants in a few steps (`grant_final_in_few_steps`), and `None`
+    /// otherwise, with nothing counted: the caller then asks `decide_final`, which decides and
+    /// explains. A grant here is the grant `decide_final` makes and leaves the same state.
+    pub fn grant_final_alone(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<Grant> {
+        let open = open_for(policy, cost, priority).ok()?;
+        self.grant_final_in_few_steps(policy, now, cost, open)
+    }
+
     /// `decide_final`'s grant in a few steps, for a counter with nothing else to do and room
     /// for the cost: a GCRA backlog alone (`gcra_alone`), or a fixed window counting the
     /// policy's window with no reservation open (none can be refunded, and `normalise` would

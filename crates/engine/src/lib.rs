@@ -38,7 +38,9 @@ pub use limits::{
 };
 pub use memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
-pub use store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
+pub use store::{
+    CounterId, CounterOutcome, Decision, FinalGrant, Renewed, Store, StoreFuture, Take, WakeFn,
+};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, PermitError, Policy, PolicyError, Priority,
     Reserve,

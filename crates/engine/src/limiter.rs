@@ -1026,12 +1026,44 @@ impl LimitHandle {
         }
         // A request that waits may be ahead of this one in the queue; only the store's way
         // checks the queue.
-        if key.is_none()
-            && let Some(hot) = &self.hot
-            && !self.limiter.shared.waiters.anyone_waiting()
-            && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
-        {
-            return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
+        match key {
+            None => {
+                if let Some(hot) = &self.hot
+                    && !self.limiter.shared.waiters.anyone_waiting()
+                    && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
+                {
+                    return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
+                }
+            }
+            // A keyed rate limit's counter the store has: a grant without the general way's
+            // checks, none of which can refuse it (the cost is valid, the key was checked when
+            // the counter was made, a rate limit holds no lease), nor its answer's building.
+            Some(key) => {
+                if self.limit.per().is_some()
+                    && !self.limit.policy().is_concurrency()
+                    && (1..=UNITS_MAX).contains(&cost)
+                    && !self.limiter.shared.waiters.anyone_waiting()
+                {
+                    let take = Take {
+                        counter: CounterId {
+                            limit: self.limit.name(),
+                            key: Some(key),
+                        },
+                        policy: self.limit.policy(),
+                    };
+                    if let Some(grant) = self
+                        .limiter
+                        .shared
+                        .store
+                        .grant_tracked_final_now(take, cost, priority)
+                    {
+                        return Some(Ok(Check::allowed_one(
+                            grant.remaining,
+                            grant.reset_after_us,
+                        )));
+                    }
+                }
+            }
         }
         self.limiter
             .check_limit_now(&self.limit, key, cost, priority)

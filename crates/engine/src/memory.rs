@@ -24,7 +24,7 @@ use tollgate_core::{Committed, Counter, DenyReason, Grant, Policy, Priority, Ver
 use crate::clock::{Clock, FastClock};
 use crate::error::{Error, Result};
 use crate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+    CounterId, CounterOutcome, Decision, FinalGrant, Renewed, Store, StoreFuture, Take, WakeFn,
 };
 use std::sync::Arc;
 
@@ -100,6 +100,7 @@ impl Hash for OwnedCounterId {
 }
 
 impl Equivalent<OwnedCounterId> for CounterId<'_> {
+    #[inline]
     fn equivalent(&self, owned: &OwnedCounterId) -> bool {
         // Equal bytes are equal strings: no need to check UTF-8 again.
         let limit = self.limit.as_bytes();
@@ -819,6 +820,47 @@ impl MemoryStore {
         Ok((now, outcome))
     }
 
+    /// `decide_one_locked`'s grant for a final decision (`Numbered::No`, `Reservations::Skip`)
+    /// on a counter the shard has, taken the same way and leaving the same state, when it is
+    /// that simple: no limit-wide pause anywhere, a backlog alone or a window with room. `None`
+    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed.
+    fn grant_found_final(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<FinalGrant> {
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let now = self.clock.now_us();
+        if self.limit_pauses_end.load(Ordering::Acquire) > now {
+            return None;
+        }
+        let index = shard.find(take.counter, located.hash)?;
+        let entry = &mut shard.counters[index];
+        entry.seize();
+        let granted = if let Some(tat) = entry.counter.gcra_alone(take.policy, now) {
+            let step = gcra_final(tat, take.policy, now, cost, priority)?;
+            entry.counter.set_gcra_tat(step.tat);
+            entry.idle_at = entry.idle_at.max(step.tat);
+            FinalGrant {
+                remaining: step.remaining,
+                reset_after_us: step.reset_after_us,
+            }
+        } else {
+            let grant = entry
+                .counter
+                .grant_final_alone(take.policy, now, cost, priority)?;
+            entry.idle_at = entry.counter.idle_at(take.policy);
+            FinalGrant {
+                remaining: grant.remaining,
+                reset_after_us: grant.reset_after_us,
+            }
+        };
+        entry.publish(take.policy, now, 0);
+        Some(granted)
+    }
+
     fn with_existing<T>(
         &self,
         take: Take<'_>,
@@ -934,6 +976,15 @@ impl Store for MemoryStore {
 
     fn answers_at_once(&self) -> bool {
         true
+    }
+
+    fn grant_tracked_final_now(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<FinalGrant> {
+        self.grant_found_final(take, cost, priority)
     }
 
     fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {

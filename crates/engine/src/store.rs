@@ -54,6 +54,15 @@ pub struct Take<'a> {
     pub policy: &'a Policy,
 }
 
+/// A final grant's numbers (`Store::grant_tracked_final_now`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinalGrant {
+    /// Units still open to the request's priority.
+    pub remaining: u64,
+    /// Time until everything counted now stops counting.
+    pub reset_after_us: u64,
+}
+
 /// What a store answers for one counter of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CounterOutcome {
@@ -194,6 +203,22 @@ pub trait Store: Send + Sync + fmt::Debug {
         cost: u64,
         priority: Priority,
     ) -> Option<Result<CounterOutcome>> {
+        let _ = (take, cost, priority);
+        None
+    }
+
+    /// `acquire_one_final_now` when it grants at once on a counter this store tracks already
+    /// and decides alone (no pause, no reservation, room for `cost`), with nothing built but
+    /// the grant's numbers: the hot path of `LimitHandle::check_now` on a keyed rate limit.
+    /// `None` (the default, and whenever anything else is in play) counts nothing, and the
+    /// limiter takes the general way, which decides and explains. A grant here leaves the
+    /// counter as that way's grant would. `take`'s key is given and `cost` is valid.
+    fn grant_tracked_final_now(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<FinalGrant> {
         let _ = (take, cost, priority);
         None
     }

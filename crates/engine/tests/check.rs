@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Check, CounterId, DenialReason, Error, Limit, Limiter, LimiterConfig, ManualClock,
-    MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
-    Store, Take,
+    Algorithm, Check, CounterId, DenialReason, Error, Limit, LimitHandle, Limiter, LimiterConfig,
+    ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request,
+    Reserve, Store, Take,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -367,6 +367,50 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
     assert_eq!(store.len(), 0, "dropped once idle and held by none");
+}
+
+/// A keyed handle's grants on a counter the store has (taken without the general way's
+/// checks) keep the counter as long as they count: a sweep after a grant in a new window or
+/// on a longer backlog must not forget it, or the next request would find a fresh counter and
+/// go over the limit.
+#[test]
+fn a_keyed_handle_s_grants_keep_their_counter_through_sweeps() {
+    for algorithm in [
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::Gcra { burst: 1 },
+    ] {
+        let clock = Arc::new(ManualClock::new(SECOND_US));
+        let store = memory_store(clock.clone(), 100);
+        let limiter = limiter_over(store.clone());
+        // One a second.
+        let policy = rate(1, SECOND_US, algorithm, Reserve::default());
+        add(&limiter, "user-freq", policy, Some("user"));
+        let handle = limiter.handle("user-freq").expect("a limit in force");
+        let allowed = |handle: &LimitHandle| {
+            now(handle.check(Some("ada")))
+                .expect("a valid check")
+                .is_allowed()
+        };
+
+        assert!(
+            allowed(&handle),
+            "{algorithm:?}: the first, which makes the counter"
+        );
+        assert!(!allowed(&handle), "{algorithm:?}: one a second");
+        clock.advance_us(1_500_000);
+        assert!(allowed(&handle), "{algorithm:?}: the next second's one");
+        clock.advance_us(100_000);
+        store.sweep(1_000);
+        assert_eq!(store.len(), 1, "{algorithm:?}: the last grant still counts");
+        assert!(
+            !allowed(&handle),
+            "{algorithm:?}: still one a second after the sweep"
+        );
+        clock.advance_us(10 * SECOND_US);
+        store.sweep(1_000);
+        assert_eq!(store.len(), 0, "{algorithm:?}: dropped once idle");
+    }
 }
 
 /// New keys pay for sweeping out old ones: a stream of users, each seen once, keeps the store
