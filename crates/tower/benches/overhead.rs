@@ -23,7 +23,8 @@ use tower::{Service, ServiceExt};
 
 #[path = "support/layer.rs"]
 mod layer;
-use layer::{MODES, bench_app};
+use layer::{MODES, bench_app, peer_addr_for};
+use tollgate_tower::PeerAddr;
 
 const REQUESTS_DEFAULT: u64 = 200_000;
 /// Distinct client addresses the requests rotate over, so per-client counters are reused as
@@ -40,20 +41,36 @@ fn router(mode: &str) -> Router {
     app.with_state(())
 }
 
-fn request(client: u64) -> Request<Body> {
+/// The client's connection info as a server gives it to every request of a connection: made
+/// once per client (as once per connection), cloned into each request.
+#[derive(Clone)]
+enum Peer {
+    Socket(SocketAddr),
+    Addr(PeerAddr),
+}
+
+fn request(peer: &Peer) -> Request<Body> {
     let mut request = Request::get("/")
         .body(Body::empty())
         .expect("valid request");
-    let peer = SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16));
-    request.extensions_mut().insert(ConnectInfo(peer));
+    let extensions = request.extensions_mut();
+    match peer {
+        Peer::Socket(address) => {
+            extensions.insert(ConnectInfo(*address));
+        }
+        Peer::Addr(peer) => {
+            extensions.insert(ConnectInfo(peer.clone()));
+        }
+    }
     request
 }
 
-async fn drive(mut service: Router, requests: u64) -> Result<u64, Infallible> {
+async fn drive(mut service: Router, peers: Vec<Peer>, requests: u64) -> Result<u64, Infallible> {
     let mut not_ok = 0;
     for index in 0..requests {
         let ready = ServiceExt::<Request<Body>>::ready(&mut service).await?;
-        let response = ready.call(request(index % CLIENTS)).await?;
+        let peer = &peers[(index % CLIENTS) as usize];
+        let response = ready.call(request(peer)).await?;
         if !response.status().is_success() {
             not_ok += 1;
         }
@@ -81,9 +98,19 @@ fn main() {
         .build()
         .expect("runtime");
     let service = router(&mode);
+    let peers = (0..CLIENTS)
+        .map(|client| {
+            let address = SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16));
+            if peer_addr_for(&mode) {
+                Peer::Addr(PeerAddr::new(address))
+            } else {
+                Peer::Socket(address)
+            }
+        })
+        .collect();
     let started = Instant::now();
     let not_ok = runtime
-        .block_on(drive(service, requests))
+        .block_on(drive(service, peers, requests))
         .unwrap_or_else(|never| match never {});
     let elapsed = started.elapsed();
     let per_request = elapsed.as_nanos() / u128::from(requests.max(1));

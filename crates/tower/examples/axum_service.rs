@@ -21,7 +21,7 @@ use tollgate::{
 };
 use tollgate_rules::{DEFAULT_TABLE, RawRule, Rules, SqlSource};
 use tollgate_tower::{
-    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, Unidentified, spawn_sweeper,
+    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, Unidentified, spawn_sweeper,
 };
 
 /// The authenticated user, put in the request's extensions by `authenticate`.
@@ -144,10 +144,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!("listening on http://{listen}; rules in {database}");
-    // ConnectInfo lets `Identity::Peer` see the socket peer; harmless otherwise.
+    // The connection info lets `Identity::Peer` see the socket peer (its key written once per
+    // connection); harmless otherwise.
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app.into_make_service_with_connect_info::<PeerAddr>(),
     )
     .await?;
     Ok(())

@@ -11,14 +11,17 @@
 //! - `tollgate-headers`: the chain with the RateLimit fields on allowed answers;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!
-//! `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
+//! The Tollgate modes are served with `PeerAddr` as their connection info (the client's key
+//! written once per connection), or with `SocketAddr` under `PEER=socket`; the others with
+//! `SocketAddr`. `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
 //! `tower_governor` sends none unless asked). See docs/inbound.md for the figures.
 
 use std::net::SocketAddr;
 
 #[path = "../benches/support/layer.rs"]
 mod layer;
-use layer::{MODES, bench_app};
+use layer::{MODES, bench_app, peer_addr_for};
+use tollgate_tower::PeerAddr;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -43,7 +46,12 @@ fn main() {
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         let listener = tokio::net::TcpListener::bind(address).await.expect("bind");
         eprintln!("{mode} listening on {address}");
-        let service = app.into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(listener, service).await.expect("serve");
+        if peer_addr_for(&mode) {
+            let service = app.into_make_service_with_connect_info::<PeerAddr>();
+            axum::serve(listener, service).await.expect("serve");
+        } else {
+            let service = app.into_make_service_with_connect_info::<SocketAddr>();
+            axum::serve(listener, service).await.expect("serve");
+        }
     });
 }

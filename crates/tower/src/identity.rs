@@ -8,9 +8,13 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::ConnectInfo;
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
 use http::{HeaderMap, HeaderName};
+use tokio::net::TcpListener;
 
 /// Reads the authenticated principal out of the request's extensions, where an
 /// authentication layer that runs before the throttle put it.
@@ -24,9 +28,10 @@ pub enum Identity {
     Header(HeaderName),
     /// The authenticated principal, read from the request extensions.
     Principal(PrincipalFn),
-    /// The client's IP address: the socket peer (from axum's `ConnectInfo<SocketAddr>`), or,
-    /// when the peer is one of these trusted proxies, the nearest untrusted address in
-    /// `Forwarded` / `X-Forwarded-For`.
+    /// The client's IP address: the socket peer (from axum's `ConnectInfo<PeerAddr>`, whose key
+    /// is written once per connection, or `ConnectInfo<SocketAddr>`), or, when the peer is one
+    /// of these trusted proxies, the nearest untrusted address in `Forwarded` /
+    /// `X-Forwarded-For`.
     Peer(TrustedProxies),
 }
 
@@ -41,11 +46,14 @@ impl Identity {
     /// The user key of a request, if this source names one. Borrowed from the request where
     /// it can be; an address is written out into `address`, on the caller's stack, so naming
     /// the user allocates nothing and moves no buffer.
+    /// `peer_addr_first` says which connection info to look for first: the kind found last
+    /// time (a server gives every request the same kind), so a request looks up one.
     pub(crate) fn user_of<'r>(
         &self,
         headers: &'r HeaderMap,
         extensions: &'r http::Extensions,
         address: &'r mut AddressText,
+        peer_addr_first: &AtomicBool,
     ) -> Option<&'r str> {
         match self {
             Identity::Header(name) => {
@@ -57,11 +65,98 @@ impl Identity {
                 (!principal.is_empty()).then_some(principal)
             }
             Identity::Peer(trusted) => {
-                let peer = extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
+                let peer = match Peer::of(extensions, peer_addr_first)? {
+                    // The connection's key, written once, unless its peer is a proxy to look
+                    // behind.
+                    Peer::Addr(peer) if !trusted.contains(peer.ip) => return Some(&peer.key),
+                    Peer::Addr(peer) => peer.ip,
+                    Peer::Socket(address) => address.ip(),
+                };
                 address.write(client_ip(peer, headers, trusted));
                 Some(address.as_str())
             }
         }
+    }
+}
+
+/// A connection's socket peer with its user key written out once, for [`Identity::Peer`].
+///
+/// Serve with `into_make_service_with_connect_info::<PeerAddr>()` instead of `SocketAddr`:
+/// every request of the connection then carries the key ready to use, where a `SocketAddr`
+/// has it written out (and checked as text) again for each request. The key is the same
+/// either way. A peer that is a trusted proxy is looked behind as always.
+#[derive(Clone, Debug)]
+pub struct PeerAddr {
+    address: SocketAddr,
+    /// `address`'s IP in the form `Identity::Peer` checks against trusted proxies.
+    ip: IpAddr,
+    /// The IP as the user key (`client_ip` of a peer that is no trusted proxy).
+    key: Arc<str>,
+}
+
+impl PeerAddr {
+    pub fn new(address: SocketAddr) -> PeerAddr {
+        let ip = address.ip();
+        let mut text = AddressText::default();
+        text.write(canonical(ip));
+        PeerAddr {
+            address,
+            ip,
+            key: Arc::from(text.as_str()),
+        }
+    }
+
+    /// The socket peer.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The user key the peer is counted under when it is no trusted proxy.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// A request's connection info, of either kind.
+enum Peer<'r> {
+    Addr(&'r PeerAddr),
+    Socket(SocketAddr),
+}
+
+impl<'r> Peer<'r> {
+    /// The connection info in `extensions`, looked up by the kind `peer_addr_first` names
+    /// first, which is then set to the kind found.
+    fn of(extensions: &'r http::Extensions, peer_addr_first: &AtomicBool) -> Option<Peer<'r>> {
+        let by_addr = || {
+            extensions
+                .get::<ConnectInfo<PeerAddr>>()
+                .map(|info| Peer::Addr(&info.0))
+        };
+        let by_socket = || {
+            extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|info| Peer::Socket(info.0))
+        };
+        let first_addr = peer_addr_first.load(Ordering::Relaxed);
+        let first = if first_addr { by_addr() } else { by_socket() };
+        if first.is_some() {
+            return first;
+        }
+        let found = if first_addr { by_socket() } else { by_addr() }?;
+        peer_addr_first.store(!first_addr, Ordering::Relaxed);
+        Some(found)
+    }
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for PeerAddr {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> PeerAddr {
+        PeerAddr::new(*stream.remote_addr())
+    }
+}
+
+impl Connected<SocketAddr> for PeerAddr {
+    fn connect_info(address: SocketAddr) -> PeerAddr {
+        PeerAddr::new(address)
     }
 }
 
@@ -465,6 +560,55 @@ mod tests {
             reused.write(*address);
             assert_eq!(reused.as_str(), address.to_string());
         }
+    }
+
+    /// A `PeerAddr` names the same user as the `SocketAddr` it was made from, for a peer that
+    /// is no trusted proxy and for one that is, whichever kind a request carries and in
+    /// whatever order the kinds come.
+    #[test]
+    fn peer_addr_and_socket_addr_name_the_same_user() {
+        let peers = ["127.0.0.1", "::ffff:10.1.2.3", "2001:db8::7", "10.9.8.7"];
+        let forwarded = headers(&[("x-forwarded-for", "198.51.100.7")]);
+        let identities = [
+            Identity::Peer(TrustedProxies::none()),
+            Identity::Peer(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid")),
+        ];
+        let peer_addr_first = AtomicBool::new(true);
+        for identity in &identities {
+            // Kinds alternate, then repeat: the lookup order follows the kind last found.
+            for kinds in [[true, false, true, true], [false, false, true, false]] {
+                for (peer, by_peer_addr) in peers.iter().zip(kinds) {
+                    let socket = SocketAddr::new(ip(peer), 40_000);
+                    let mut extensions = http::Extensions::new();
+                    if by_peer_addr {
+                        extensions.insert(ConnectInfo(PeerAddr::new(socket)));
+                    } else {
+                        extensions.insert(ConnectInfo(socket));
+                    }
+                    let mut address = AddressText::default();
+                    let user =
+                        identity.user_of(&forwarded, &extensions, &mut address, &peer_addr_first);
+                    let expected = client_ip(
+                        ip(peer),
+                        &forwarded,
+                        match identity {
+                            Identity::Peer(trusted) => trusted,
+                            _ => unreachable!("peer identities only"),
+                        },
+                    );
+                    assert_eq!(
+                        user,
+                        Some(expected.to_string().as_str()),
+                        "{identity:?} {peer} by PeerAddr: {by_peer_addr}"
+                    );
+                    assert_eq!(peer_addr_first.load(Ordering::Relaxed), by_peer_addr);
+                }
+            }
+        }
+        assert_eq!(
+            PeerAddr::new(SocketAddr::new(ip("::ffff:10.1.2.3"), 1)).key(),
+            "10.1.2.3"
+        );
     }
 
     #[test]

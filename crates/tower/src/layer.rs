@@ -72,6 +72,9 @@ struct Shared {
     rules: RuleTracker,
     config: ThrottleConfig,
     counters: LayerCounters,
+    /// Which kind of connection info a client address was last found in (`PeerAddr` or
+    /// `SocketAddr`): looked for first.
+    peer_addr_first: AtomicBool,
     /// Whether the store answers without I/O, so a decision completes on its first poll and
     /// is taken in `call`. Starts from the store's `answers_at_once`, and is cleared for good the first time a decision turns out to need waiting.
     decides_in_call: AtomicBool,
@@ -97,6 +100,7 @@ impl ThrottleLayer {
                 config,
                 counters: LayerCounters::default(),
                 decides_in_call: AtomicBool::new(in_process),
+                peer_addr_first: AtomicBool::new(true),
             }),
         }
     }
@@ -249,6 +253,7 @@ impl Shared {
                 request.headers(),
                 request.extensions(),
                 &mut address,
+                &self.peer_addr_first,
             ) {
                 Some(user) => Some(user),
                 None => {

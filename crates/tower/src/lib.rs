@@ -26,7 +26,7 @@ mod metrics;
 mod rules;
 mod sweep;
 
-pub use identity::{Identity, IpNet, TrustedProxies, Unidentified};
+pub use identity::{Identity, IpNet, PeerAddr, TrustedProxies, Unidentified};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};
 pub use rules::ThrottleRules;

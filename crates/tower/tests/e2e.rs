@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tollgate::Limiter;
 use tollgate_rules::{RawRule, Rule};
 use tollgate_tower::{
-    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
+    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
     Unidentified,
 };
 
@@ -108,13 +108,33 @@ fn app(layer: ThrottleLayer) -> Router {
 }
 
 async fn serve(router: Router) -> SocketAddr {
+    serve_with(router, ConnectedBy::Socket).await
+}
+
+/// The connection info a server gives each request: the socket address every axum server can
+/// give, or a `PeerAddr` with the client's key written once per connection.
+#[derive(Clone, Copy, Debug)]
+enum ConnectedBy {
+    Socket,
+    PeerAddr,
+}
+
+async fn serve_with(router: Router, connected_by: ConnectedBy) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let address = listener.local_addr().expect("local address");
     tokio::spawn(async move {
-        let service = router.into_make_service_with_connect_info::<SocketAddr>();
-        let _ = axum::serve(listener, service).await;
+        let _ = match connected_by {
+            ConnectedBy::Socket => {
+                let service = router.into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, service).await
+            }
+            ConnectedBy::PeerAddr => {
+                let service = router.into_make_service_with_connect_info::<PeerAddr>();
+                axum::serve(listener, service).await
+            }
+        };
     });
     address
 }
@@ -403,62 +423,71 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         assert_eq!(answer.status, expected, "{forged}: {answer:?}");
     }
 
-    // By socket peer, with no trusted proxy: X-Forwarded-For and Forwarded are not believed.
-    let limiter = Limiter::in_memory();
-    let layer = ThrottleLayer::new(
-        limiter.clone(),
-        ThrottleRules::fixed(seed_002_rules()),
-        ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed: true,
-            on_store_error: OnStoreError::FailClosed,
-        },
-    );
-    let address = serve(app(layer)).await;
-    for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
-        .iter()
-        .enumerate()
-    {
-        let forwarded = format!("for={forged}");
-        let headers = [
-            ("x-forwarded-for", *forged),
-            ("forwarded", forwarded.as_str()),
-        ];
-        let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
-        let expected = if index == 3 { 429 } else { 200 };
-        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
-    }
-    let by_peer = tollgate::Request::new("entity-bundle").key("127.0.0.1");
-    let outcome = limiter.try_acquire(&by_peer).await.expect("decides");
-    assert!(
-        !outcome.is_granted(),
-        "all four were counted under the peer's address"
-    );
+    // By socket peer, under either kind of connection info, which must give the same key.
+    for connected_by in [ConnectedBy::Socket, ConnectedBy::PeerAddr] {
+        // With no trusted proxy: X-Forwarded-For and Forwarded are not believed.
+        let limiter = Limiter::in_memory();
+        let layer = ThrottleLayer::new(
+            limiter.clone(),
+            ThrottleRules::fixed(seed_002_rules()),
+            ThrottleConfig {
+                identity: Identity::Peer(TrustedProxies::none()),
+                unidentified: Unidentified::Reject,
+                headers_on_allowed: true,
+                on_store_error: OnStoreError::FailClosed,
+            },
+        );
+        let address = serve_with(app(layer), connected_by).await;
+        for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+            .iter()
+            .enumerate()
+        {
+            let forwarded = format!("for={forged}");
+            let headers = [
+                ("x-forwarded-for", *forged),
+                ("forwarded", forwarded.as_str()),
+            ];
+            let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
+            let expected = if index == 3 { 429 } else { 200 };
+            assert_eq!(
+                answer.status, expected,
+                "{connected_by:?} {forged}: {answer:?}"
+            );
+        }
+        let by_peer = tollgate::Request::new("entity-bundle").key("127.0.0.1");
+        let outcome = limiter.try_acquire(&by_peer).await.expect("decides");
+        assert!(
+            !outcome.is_granted(),
+            "all four were counted under the peer's address"
+        );
 
-    // Behind a trusted proxy (the loopback peer), the nearest untrusted hop is the client.
-    let limiter = Limiter::in_memory();
-    let layer = ThrottleLayer::new(
-        limiter.clone(),
-        ThrottleRules::fixed(seed_002_rules()),
-        ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed: true,
-            on_store_error: OnStoreError::FailClosed,
-        },
-    );
-    let address = serve(app(layer)).await;
-    for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
-        let chain = format!("{forged}, 198.51.100.7");
-        let answer = send(
-            address,
-            "/repo/v1/entity/5/bundle",
-            &[("x-forwarded-for", &chain)],
-        )
-        .await;
-        let expected = if forged == "4.4.4.4" { 429 } else { 200 };
-        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
+        // Behind a trusted proxy (the loopback peer), the nearest untrusted hop is the client.
+        let limiter = Limiter::in_memory();
+        let layer = ThrottleLayer::new(
+            limiter.clone(),
+            ThrottleRules::fixed(seed_002_rules()),
+            ThrottleConfig {
+                identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+                unidentified: Unidentified::Reject,
+                headers_on_allowed: true,
+                on_store_error: OnStoreError::FailClosed,
+            },
+        );
+        let address = serve_with(app(layer), connected_by).await;
+        for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
+            let chain = format!("{forged}, 198.51.100.7");
+            let answer = send(
+                address,
+                "/repo/v1/entity/5/bundle",
+                &[("x-forwarded-for", &chain)],
+            )
+            .await;
+            let expected = if forged == "4.4.4.4" { 429 } else { 200 };
+            assert_eq!(
+                answer.status, expected,
+                "{connected_by:?} {forged}: {answer:?}"
+            );
+        }
     }
 }
 

@@ -77,6 +77,14 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
     )
 }
 
+/// Whether `mode` serves a Tollgate layer that counts per client address, and so is given the
+/// client as a `PeerAddr` (its key written once per connection), unless `PEER=socket` asks for
+/// the `SocketAddr` every axum server can give (the key then written for each request). The
+/// other modes get the `SocketAddr` `tower_governor` reads.
+pub fn peer_addr_for(mode: &str) -> bool {
+    mode.starts_with("tollgate") && std::env::var("PEER").map_or(true, |peer| peer != "socket")
+}
+
 /// Modes `bench_app` knows, for error messages.
 pub const MODES: &str =
     "none, tollgate, tollgate-gcra, tollgate-chain, tollgate-headers or governor";
