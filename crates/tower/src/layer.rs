@@ -297,28 +297,38 @@ impl Shared {
                         }
                     }
                 } else {
-                    let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
-                        .iter()
-                        .map(|&position| index.entries[position as usize].rule.name())
-                        .collect();
+                    // Filled by index: collecting into a `SmallVec` pushes one by one, a
+                    // tenth of a chain's cost in the layer.
+                    let mut names = [""; COUNTERS_PER_REQUEST_MAX];
+                    for (name, &position) in names.iter_mut().zip(matched.iter()) {
+                        *name = index.entries[position as usize].rule.name();
+                    }
+                    // A request matches at most `COUNTERS_PER_REQUEST_MAX` rules.
+                    let names = &names[..matched.len().min(COUNTERS_PER_REQUEST_MAX)];
                     // The layer never commits for a refund (a served request used its unit),
                     // so the store need not record the reservation; leases are held and
                     // released as always.
-                    let mut acquire = tollgate::Request::all(&names).refundable(false);
+                    let mut acquire = tollgate::Request::all(names).refundable(false);
                     if let Some(user) = user {
                         acquire = acquire.key(user);
                     }
                     if leases {
                         // The index's handles, when it has one for every rule: the limiter then
                         // looks none of them up by name.
-                        let handles: Option<SmallVec<[&LimitHandle; COUNTERS_PER_REQUEST_MAX]>> =
-                            matched
-                                .iter()
-                                .map(|&position| index.entries[position as usize].handle.as_ref())
-                                .collect();
-                        let by_handles = handles.and_then(|handles| {
-                            self.limiter.try_acquire_now_with(&acquire, &handles)
+                        let mut handles: SmallVec<[&LimitHandle; COUNTERS_PER_REQUEST_MAX]> =
+                            SmallVec::new();
+                        let every_rule = matched.iter().all(|&position| {
+                            match index.entries[position as usize].handle.as_ref() {
+                                Some(handle) => {
+                                    handles.push(handle);
+                                    true
+                                }
+                                None => false,
+                            }
                         });
+                        let by_handles = every_rule
+                            .then(|| self.limiter.try_acquire_now_with(&acquire, &handles))
+                            .flatten();
                         match by_handles {
                             Some(outcome) => Some(self.settle(&index, &matched, outcome)),
                             None => {
