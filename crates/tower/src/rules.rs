@@ -2,13 +2,14 @@
 //! SQL table reloaded by [`tollgate_rules::Rules`]); matching is the rules crate's
 //! [`Match::matches`](tollgate_rules::Match::matches) on its normalized path.
 //!
-//! Each version of the rules is indexed once: rules with a literal path by that path, rules
-//! with path `*` apart, and the `RateLimit-Policy` member of every rule formatted ahead of
-//! time, so a request costs a hash lookup rather than a scan of every rule. The index is
-//! rebuilt when the rules' version changes, which a request notices by comparing versions (the
-//! SQL rules' version is an atomic, read without their snapshot). When what a request matches
-//! cannot depend on the request (no endpoint rule, every rule on any method), the index holds
-//! the answer ready.
+//! Each version of the rules is indexed once: for every literal path the rules that can match
+//! it (the path's own merged with those on `*`, in chain order), the rules on `*` for every
+//! other path, and the `RateLimit-Policy` member of every rule formatted ahead of time, so a
+//! request costs a hash lookup and a pass over its path's candidates comparing methods, rather
+//! than a scan of every rule. Where no candidate narrows the method, the answer is held ready;
+//! when that is so for every path and no rule names one, the path is not even read. The index
+//! is rebuilt when the rules' version changes, which a request notices by comparing versions
+//! (the SQL rules' version is an atomic, read without their snapshot).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -46,6 +47,8 @@ pub(crate) struct Entry {
     pub(crate) per_user: bool,
     /// Whether the rule matches every method.
     any_method: bool,
+    /// The method it matches (`*`: any), as the rule names it.
+    method: Box<str>,
     pub(crate) counters: Arc<RuleCounters>,
     /// The rule's limit on the layer's limiter, looked up when the index was built, so a
     /// request that matches this rule alone is checked without a name lookup. `None` when the
@@ -75,20 +78,58 @@ pub(crate) struct RuleIndex {
     pub(crate) entries: Vec<Entry>,
     /// Keyed by the rules' paths, which an administrator writes: a fast hash, with nothing
     /// for a client to flood (requests only look up).
-    by_path: HashMap<Box<str>, SmallVec<[u32; 2]>, foldhash::fast::RandomState>,
-    any_path: SmallVec<[u32; 4]>,
+    by_path: HashMap<Box<str>, Candidates, foldhash::fast::RandomState>,
+    /// The candidates of a path no rule names: the rules on `*`.
+    elsewhere: Candidates,
     /// What every request matches, when that does not depend on the request: no endpoint
     /// rule, and every rule on any method (`*`, `*`), within the chain's length.
-    everywhere: Option<Everywhere>,
+    everywhere: Option<Fixed>,
 }
 
-/// What every request matches, ready to be copied.
+/// The rules a request on one path can match, in chain order.
+#[derive(Debug, Default)]
+struct Candidates {
+    positions: SmallVec<[u32; 4]>,
+    /// What every request on the path matches, when no candidate narrows the method and they
+    /// fit in one request.
+    fixed: Option<Fixed>,
+}
+
+/// A matching held ready, to be copied.
 #[derive(Clone, Copy, Debug)]
-struct Everywhere {
+struct Fixed {
     positions: [u32; COUNTERS_PER_REQUEST_MAX],
     len: usize,
     per_user: bool,
     leases: bool,
+}
+
+impl Fixed {
+    /// `positions`' matching, when it is the same for every method: none narrows it, and they
+    /// fit in one request.
+    fn of(positions: &[u32], entries: &[Entry]) -> Option<Fixed> {
+        let chosen = || positions.iter().map(|&p| &entries[p as usize]);
+        if positions.len() > COUNTERS_PER_REQUEST_MAX || !chosen().all(|entry| entry.any_method) {
+            return None;
+        }
+        let mut fixed = Fixed {
+            positions: [0; COUNTERS_PER_REQUEST_MAX],
+            len: positions.len(),
+            per_user: chosen().any(|entry| entry.per_user),
+            leases: chosen().any(|entry| entry.is_lease),
+        };
+        fixed.positions[..positions.len()].copy_from_slice(positions);
+        Some(fixed)
+    }
+
+    fn matching(&self) -> Matching {
+        // A copy of the buffer, where collecting or cloning would push one by one.
+        Matching {
+            matched: Matched::from_buf_and_len(self.positions, self.len),
+            per_user: self.per_user,
+            leases: self.leases,
+        }
+    }
 }
 
 /// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
@@ -119,47 +160,55 @@ impl RuleIndex {
                     .collect()
             })
             .unwrap_or_default();
-        let mut by_path: HashMap<Box<str>, SmallVec<[u32; 2]>, foldhash::fast::RandomState> =
-            HashMap::default();
-        let mut any_path = SmallVec::new();
+        let mut own_paths: HashMap<Box<str>, SmallVec<[u32; 2]>> = HashMap::new();
+        let mut any_path: SmallVec<[u32; 4]> = SmallVec::new();
         let mut entries = Vec::with_capacity(rules.len());
         for (position, rule) in rules.into_iter().enumerate() {
             // At most RULES_MAX (10,000) rules: an index always fits in u32.
             let position = u32::try_from(position).unwrap_or(u32::MAX);
             match rule.matcher().map(|m| m.path()) {
                 Some("*") | None => any_path.push(position),
-                Some(path) => by_path.entry(path.into()).or_default().push(position),
+                Some(path) => own_paths.entry(path.into()).or_default().push(position),
             }
+            let method = rule.matcher().map_or("*", |m| m.method());
             entries.push(Entry {
                 rule: rule.clone(),
                 policy_item: policy_item(rule.limit()),
                 is_lease: rule.limit().policy().is_concurrency(),
                 per_user: rule.limit().per().is_some(),
-                any_method: rule.matcher().is_some_and(|m| m.method() == "*"),
+                any_method: method == "*",
+                method: method.into(),
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
                 handle: limiter.handle(rule.name()).ok(),
             });
         }
-        let everywhere = (by_path.is_empty()
-            && any_path.len() <= COUNTERS_PER_REQUEST_MAX
-            && entries.iter().all(|entry: &Entry| entry.any_method))
-        .then(|| {
-            let mut positions = [0; COUNTERS_PER_REQUEST_MAX];
-            positions[..any_path.len()].copy_from_slice(&any_path);
-            Everywhere {
-                positions,
-                len: any_path.len(),
-                per_user: entries.iter().any(|entry| entry.per_user),
-                leases: entries.iter().any(|entry| entry.is_lease),
-            }
-        });
+        // Positions are in chain order within each list: merged, the chain's order holds.
+        let by_path: HashMap<Box<str>, Candidates, foldhash::fast::RandomState> = own_paths
+            .into_iter()
+            .map(|(path, own)| {
+                let mut positions: SmallVec<[u32; 4]> =
+                    any_path.iter().chain(&own).copied().collect();
+                positions.sort_unstable();
+                let fixed = Fixed::of(&positions, &entries);
+                (path, Candidates { positions, fixed })
+            })
+            .collect();
+        let elsewhere = Candidates {
+            fixed: Fixed::of(&any_path, &entries),
+            positions: any_path,
+        };
+        let everywhere = if by_path.is_empty() {
+            elsewhere.fixed
+        } else {
+            None
+        };
         RuleIndex {
             version,
             entries,
             by_path,
-            any_path,
+            elsewhere,
             everywhere,
         }
     }
@@ -168,13 +217,8 @@ impl RuleIndex {
     /// path is looked at when no rule in force depends on them, and the path is normalized only
     /// when an endpoint rule might match it.
     pub(crate) fn matching_request<B>(&self, request: &http::Request<B>) -> Matching {
-        if let Some(everywhere) = self.everywhere {
-            // A copy of the buffer, where collecting or cloning would push one by one.
-            return Matching {
-                matched: Matched::from_buf_and_len(everywhere.positions, everywhere.len),
-                per_user: everywhere.per_user,
-                leases: everywhere.leases,
-            };
+        if let Some(everywhere) = &self.everywhere {
+            return everywhere.matching();
         }
         let path = request.uri().path();
         let path = if self.by_path.is_empty() {
@@ -182,62 +226,42 @@ impl RuleIndex {
         } else {
             normalize_path(path)
         };
-        let matched = self.matching(request.method().as_str(), &path);
-        let entries = || matched.iter().map(|&p| &self.entries[p as usize]);
-        Matching {
-            per_user: entries().any(|entry| entry.per_user),
-            leases: entries().any(|entry| entry.is_lease),
-            matched,
-        }
+        self.matching(request.method().as_str(), &path)
     }
 
     /// The rules that apply to `method` on `normalized_path`, in chain order. A request names
     /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
     /// are not applied (and a warning says so).
-    pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matched {
-        // A rule on `*` matches every path, and one listed under this path matches it (the
-        // index is keyed by the rules' normalized paths): only methods are left to compare.
-        let specific = self
-            .by_path
-            .get(normalized_path)
-            .map_or(&[][..], |positions| positions.as_slice());
-        let mut matched = Matched::new();
-        let mut overflow = false;
-        // Both lists are in chain order: merged, the first matches are the chain's first.
-        let (mut any, mut endpoint) = (self.any_path.iter().peekable(), specific.iter().peekable());
-        loop {
-            let next = match (any.peek(), endpoint.peek()) {
-                (Some(&&a), Some(&&e)) if a <= e => any.next(),
-                (_, Some(_)) => endpoint.next(),
-                (_, None) => any.next(),
-            };
-            let Some(&position) = next else {
-                break;
-            };
-            let Some(entry) = self.entries.get(position as usize) else {
+    pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matching {
+        // The path's candidates already match it (the index is keyed by the rules' normalized
+        // paths): only methods are left to compare, unless none narrows them.
+        let candidates = self.by_path.get(normalized_path).unwrap_or(&self.elsewhere);
+        if let Some(fixed) = &candidates.fixed {
+            return fixed.matching();
+        }
+        let mut matching = Matching {
+            matched: Matched::new(),
+            per_user: false,
+            leases: false,
+        };
+        for &position in &candidates.positions {
+            let entry = &self.entries[position as usize];
+            if !(entry.any_method || entry.method.eq_ignore_ascii_case(method)) {
                 continue;
-            };
-            let applies = entry.any_method
-                || entry
-                    .rule
-                    .matcher()
-                    .is_some_and(|m| m.method().eq_ignore_ascii_case(method));
-            if applies {
-                if matched.len() == COUNTERS_PER_REQUEST_MAX {
-                    overflow = true;
-                    break;
-                }
-                matched.push(position);
             }
+            if matching.matched.len() == COUNTERS_PER_REQUEST_MAX {
+                tracing::warn!(
+                    path = normalized_path,
+                    applied = COUNTERS_PER_REQUEST_MAX,
+                    "more rules match than one request may name; the later ones are not applied"
+                );
+                break;
+            }
+            matching.matched.push(position);
+            matching.per_user |= entry.per_user;
+            matching.leases |= entry.is_lease;
         }
-        if overflow {
-            tracing::warn!(
-                path = normalized_path,
-                applied = COUNTERS_PER_REQUEST_MAX,
-                "more rules match than one request may name; the later ones are not applied"
-            );
-        }
-        matched
+        matching
     }
 }
 
@@ -375,6 +399,20 @@ mod tests {
                 false,
             ),
             (Vec::new(), true),
+            // Endpoint rules on any method: each path's answer is held ready.
+            (
+                vec![rule("a", "*", "*"), rule("item-any", "*", "/items/1")],
+                false,
+            ),
+            (
+                vec![
+                    rule("a", "*", "*"),
+                    rule("item-any", "*", "/items/1"),
+                    rule("item-get", "GET", "/items/1"),
+                    rule("root-post", "POST", "/"),
+                ],
+                false,
+            ),
             (vec![rule_of("all", GLOBAL, "*", "*")], true),
             (
                 vec![
@@ -402,7 +440,15 @@ mod tests {
         for (rules, request_independent) in sets {
             let index = RuleIndex::build(0, rules.iter(), None, &limiter);
             assert_eq!(index.everywhere.is_some(), request_independent);
-            for (method, path) in [("GET", "/items/7"), ("POST", "/items/7?q=1"), ("GET", "/")] {
+            let requests = [
+                ("GET", "/items/7"),
+                ("POST", "/items/7?q=1"),
+                ("GET", "/"),
+                ("post", "/"),
+                ("get", "/items/3"),
+                ("DELETE", "/other"),
+            ];
+            for (method, path) in requests {
                 let request = http::Request::builder()
                     .method(method)
                     .uri(path)
