@@ -820,47 +820,6 @@ impl MemoryStore {
         Ok((now, outcome))
     }
 
-    /// `decide_one_locked`'s grant for a final decision (`Numbered::No`, `Reservations::Skip`)
-    /// on a counter the shard has, taken the same way and leaving the same state, when it is
-    /// that simple: no limit-wide pause anywhere, a backlog alone or a window with room. `None`
-    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed.
-    fn grant_found_final(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<FinalGrant> {
-        let located = self.locate(take.counter);
-        let mut shard = lock(&self.shards[located.shard]);
-        let now = self.clock.now_us();
-        if self.limit_pauses_end.load(Ordering::Acquire) > now {
-            return None;
-        }
-        let index = shard.find(take.counter, located.hash)?;
-        let entry = &mut shard.counters[index];
-        entry.seize();
-        let granted = if let Some(tat) = entry.counter.gcra_alone(take.policy, now) {
-            let step = gcra_final(tat, take.policy, now, cost, priority)?;
-            entry.counter.set_gcra_tat(step.tat);
-            entry.idle_at = entry.idle_at.max(step.tat);
-            FinalGrant {
-                remaining: step.remaining,
-                reset_after_us: step.reset_after_us,
-            }
-        } else {
-            let grant = entry
-                .counter
-                .grant_final_alone(take.policy, now, cost, priority)?;
-            entry.idle_at = entry.counter.idle_at(take.policy);
-            FinalGrant {
-                remaining: grant.remaining,
-                reset_after_us: grant.reset_after_us,
-            }
-        };
-        entry.publish(take.policy, now, 0);
-        Some(granted)
-    }
-
     fn with_existing<T>(
         &self,
         take: Take<'_>,
@@ -978,13 +937,45 @@ impl Store for MemoryStore {
         true
     }
 
+    /// `decide_one_locked`'s grant for a final decision (`Numbered::No`, `Reservations::Skip`)
+    /// on a counter the shard has, taken the same way and leaving the same state, when it is
+    /// that simple: no limit-wide pause anywhere, a backlog alone or a window with room. `None`
+    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed.
     fn grant_tracked_final_now(
         &self,
         take: Take<'_>,
         cost: u64,
         priority: Priority,
     ) -> Option<FinalGrant> {
-        self.grant_found_final(take, cost, priority)
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let now = self.clock.now_us();
+        if self.limit_pauses_end.load(Ordering::Acquire) > now {
+            return None;
+        }
+        let index = shard.find(take.counter, located.hash)?;
+        let entry = &mut shard.counters[index];
+        entry.seize();
+        let granted = if let Some(tat) = entry.counter.gcra_alone(take.policy, now) {
+            let step = gcra_final(tat, take.policy, now, cost, priority)?;
+            entry.counter.set_gcra_tat(step.tat);
+            entry.idle_at = entry.idle_at.max(step.tat);
+            FinalGrant {
+                remaining: step.remaining,
+                reset_after_us: step.reset_after_us,
+            }
+        } else {
+            let grant = entry
+                .counter
+                .grant_final_alone(take.policy, now, cost, priority)?;
+            entry.idle_at = entry.counter.idle_at(take.policy);
+            FinalGrant {
+                remaining: grant.remaining,
+                reset_after_us: grant.reset_after_us,
+            }
+        };
+        entry.publish(take.policy, now, 0);
+        Some(granted)
     }
 
     fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
