@@ -940,13 +940,19 @@ impl Store for MemoryStore {
     /// `decide_one_locked`'s grant for a final decision (`Numbered::No`, `Reservations::Skip`)
     /// on a counter the shard has, taken the same way and leaving the same state, when it is
     /// that simple: no limit-wide pause anywhere, a backlog alone or a window with room. `None`
-    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed.
+    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed. A
+    /// counter not tracked yet is looked up twice (here, then the general way): once per key
+    /// and idle period, where a grant here saves the general way's checks on every other.
     fn grant_tracked_final_now(
         &self,
         take: Take<'_>,
         cost: u64,
         priority: Priority,
     ) -> Option<FinalGrant> {
+        // A policy that never grants in few steps would pay for the lookup twice.
+        if !take.policy.grants_in_few_steps() {
+            return None;
+        }
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
