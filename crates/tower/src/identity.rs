@@ -68,8 +68,10 @@ impl Identity {
                 let peer = match Peer::of(extensions, peer_addr_first)? {
                     // The connection's key, written once, unless its peer is a proxy to look
                     // behind.
-                    Peer::Addr(peer) if !trusted.contains(peer.ip) => return Some(&peer.key),
-                    Peer::Addr(peer) => peer.ip,
+                    Peer::Addr(peer) if !trusted.contains(peer.address.ip()) => {
+                        return Some(&peer.key);
+                    }
+                    Peer::Addr(peer) => peer.address.ip(),
                     Peer::Socket(address) => address.ip(),
                 };
                 address.write(client_ip(peer, headers, trusted));
@@ -88,20 +90,16 @@ impl Identity {
 #[derive(Clone, Debug)]
 pub struct PeerAddr {
     address: SocketAddr,
-    /// `address`'s IP in the form `Identity::Peer` checks against trusted proxies.
-    ip: IpAddr,
     /// The IP as the user key (`client_ip` of a peer that is no trusted proxy).
     key: Arc<str>,
 }
 
 impl PeerAddr {
     pub fn new(address: SocketAddr) -> PeerAddr {
-        let ip = address.ip();
         let mut text = AddressText::default();
-        text.write(canonical(ip));
+        text.write(canonical(address.ip()));
         PeerAddr {
             address,
-            ip,
             key: Arc::from(text.as_str()),
         }
     }
