@@ -1035,13 +1035,13 @@ impl LimitHandle {
                     return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
                 }
             }
-            // A keyed rate limit's counter the store has: a grant without the general way's
-            // checks, none of which can refuse it (the cost is valid, the key was checked when
-            // the counter was made, a rate limit holds no lease), nor its answer's building.
+            // A keyed limit's counter the store has: a grant without the general way's checks,
+            // none of which can refuse it (the cost is valid, the key was checked when the
+            // counter was made, and the store grants no lease this way), nor its answer's
+            // building.
             Some(key) => {
                 if self.limit.per().is_some()
-                    && !self.limit.policy().is_concurrency()
-                    && (1..=UNITS_MAX).contains(&cost)
+                    && Limiter::check_cost(cost).is_ok()
                     && !self.limiter.shared.waiters.anyone_waiting()
                 {
                     let take = Take {

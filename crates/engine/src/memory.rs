@@ -19,7 +19,9 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{Committed, Counter, DenyReason, Grant, Policy, Priority, Verdict, gcra_final};
+use tollgate_core::{
+    Committed, Counter, DenyReason, GcraStep, Grant, Policy, Priority, Verdict, gcra_final,
+};
 
 use crate::clock::{Clock, FastClock};
 use crate::error::{Error, Result};
@@ -161,6 +163,24 @@ impl Entry {
             // Handles' grants moved only the backlog's end, so that is all `idle_at` misses.
             self.idle_at = self.idle_at.max(tat);
         }
+    }
+
+    /// A final grant on the GCRA backlog alone (`Counter::gcra_alone`), as a hot counter's grant
+    /// is taken: the backlog moves, and the idle time with it, nothing else does. `None` (the
+    /// counter needs more than its backlog, or it has no room) has changed nothing.
+    #[inline]
+    fn grant_backlog_alone(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<GcraStep> {
+        let tat = self.counter.gcra_alone(policy, now)?;
+        let step = gcra_final(tat, policy, now, cost, priority)?;
+        self.counter.set_gcra_tat(step.tat);
+        self.idle_at = self.idle_at.max(step.tat);
+        Some(step)
     }
 
     /// After a decision on this counter alone, under the lock hold that seized it: let
@@ -775,13 +795,9 @@ impl MemoryStore {
         )?;
         let entry = &mut shard.counters[index];
         let unnumbered = (numbered == Numbered::No && limit_pause_until <= now)
-            .then(|| entry.counter.gcra_alone(take.policy, now))
-            .flatten()
-            .and_then(|tat| gcra_final(tat, take.policy, now, cost, priority));
+            .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
+            .flatten();
         let outcome = if let Some(step) = unnumbered {
-            // What a hot counter's grant does: the backlog moves, nothing else does.
-            entry.counter.set_gcra_tat(step.tat);
-            entry.idle_at = entry.idle_at.max(step.tat);
             CounterOutcome::Granted(Grant {
                 seq: 0,
                 remaining: step.remaining,
@@ -962,24 +978,23 @@ impl Store for MemoryStore {
         let index = shard.find(take.counter, located.hash)?;
         let entry = &mut shard.counters[index];
         entry.seize();
-        let granted = if let Some(tat) = entry.counter.gcra_alone(take.policy, now) {
-            let step = gcra_final(tat, take.policy, now, cost, priority)?;
-            entry.counter.set_gcra_tat(step.tat);
-            entry.idle_at = entry.idle_at.max(step.tat);
-            FinalGrant {
-                remaining: step.remaining,
-                reset_after_us: step.reset_after_us,
-            }
-        } else {
-            let grant = entry
-                .counter
-                .grant_final_alone(take.policy, now, cost, priority)?;
-            entry.idle_at = entry.counter.idle_at(take.policy);
-            FinalGrant {
-                remaining: grant.remaining,
-                reset_after_us: grant.reset_after_us,
-            }
-        };
+        // A backlog without room is refused by both ways below, and the second counts nothing.
+        let granted =
+            if let Some(step) = entry.grant_backlog_alone(take.policy, now, cost, priority) {
+                FinalGrant {
+                    remaining: step.remaining,
+                    reset_after_us: step.reset_after_us,
+                }
+            } else {
+                let grant = entry
+                    .counter
+                    .grant_final_alone(take.policy, now, cost, priority)?;
+                entry.idle_at = entry.counter.idle_at(take.policy);
+                FinalGrant {
+                    remaining: grant.remaining,
+                    reset_after_us: grant.reset_after_us,
+                }
+            };
         entry.publish(take.policy, now, 0);
         Some(granted)
     }

@@ -45,10 +45,8 @@ pub(crate) struct Entry {
     pub(crate) is_lease: bool,
     /// Whether the rule counts per user, so a request it matches needs its user told.
     pub(crate) per_user: bool,
-    /// Whether the rule matches every method.
-    any_method: bool,
-    /// The method it matches (`*`: any), as the rule names it.
-    method: Box<str>,
+    /// The one method the rule matches, as it names it; `None`: every method.
+    method: Option<Box<str>>,
     pub(crate) counters: Arc<RuleCounters>,
     /// The rule's limit on the layer's limiter, looked up when the index was built, so a
     /// request that matches this rule alone is checked without a name lookup. `None` when the
@@ -81,9 +79,6 @@ pub(crate) struct RuleIndex {
     by_path: HashMap<Box<str>, Candidates, foldhash::fast::RandomState>,
     /// The candidates of a path no rule names: the rules on `*`.
     elsewhere: Candidates,
-    /// What every request matches, when that does not depend on the request: no endpoint
-    /// rule, and every rule on any method (`*`, `*`), within the chain's length.
-    everywhere: Option<Fixed>,
 }
 
 /// The rules a request on one path can match, in chain order.
@@ -109,7 +104,9 @@ impl Fixed {
     /// fit in one request.
     fn of(positions: &[u32], entries: &[Entry]) -> Option<Fixed> {
         let chosen = || positions.iter().map(|&p| &entries[p as usize]);
-        if positions.len() > COUNTERS_PER_REQUEST_MAX || !chosen().all(|entry| entry.any_method) {
+        if positions.len() > COUNTERS_PER_REQUEST_MAX
+            || !chosen().all(|entry| entry.method.is_none())
+        {
             return None;
         }
         let mut fixed = Fixed {
@@ -170,14 +167,16 @@ impl RuleIndex {
                 Some("*") | None => any_path.push(position),
                 Some(path) => own_paths.entry(path.into()).or_default().push(position),
             }
-            let method = rule.matcher().map_or("*", |m| m.method());
             entries.push(Entry {
                 rule: rule.clone(),
                 policy_item: policy_item(rule.limit()),
                 is_lease: rule.limit().policy().is_concurrency(),
                 per_user: rule.limit().per().is_some(),
-                any_method: method == "*",
-                method: method.into(),
+                method: rule
+                    .matcher()
+                    .map(|m| m.method())
+                    .filter(|&method| method != "*")
+                    .map(Box::from),
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
@@ -199,25 +198,28 @@ impl RuleIndex {
             fixed: Fixed::of(&any_path, &entries),
             positions: any_path,
         };
-        let everywhere = if by_path.is_empty() {
-            elsewhere.fixed
-        } else {
-            None
-        };
         RuleIndex {
             version,
             entries,
             by_path,
             elsewhere,
-            everywhere,
         }
+    }
+
+    /// What every request matches, when that does not depend on the request: no endpoint
+    /// rule, and every rule on any method (`*`, `*`), within the chain's length.
+    fn everywhere(&self) -> Option<&Fixed> {
+        self.elsewhere
+            .fixed
+            .as_ref()
+            .filter(|_| self.by_path.is_empty())
     }
 
     /// The rules that apply to `request`, in chain order (see `matching`). Neither method nor
     /// path is looked at when no rule in force depends on them, and the path is normalized only
     /// when an endpoint rule might match it.
     pub(crate) fn matching_request<B>(&self, request: &http::Request<B>) -> Matching {
-        if let Some(everywhere) = &self.everywhere {
+        if let Some(everywhere) = self.everywhere() {
             return everywhere.matching();
         }
         let path = request.uri().path();
@@ -246,7 +248,11 @@ impl RuleIndex {
         };
         for &position in &candidates.positions {
             let entry = &self.entries[position as usize];
-            if !(entry.any_method || entry.method.eq_ignore_ascii_case(method)) {
+            if !entry
+                .method
+                .as_deref()
+                .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method))
+            {
                 continue;
             }
             if matching.matched.len() == COUNTERS_PER_REQUEST_MAX {
@@ -439,7 +445,7 @@ mod tests {
         ];
         for (rules, request_independent) in sets {
             let index = RuleIndex::build(0, rules.iter(), None, &limiter);
-            assert_eq!(index.everywhere.is_some(), request_independent);
+            assert_eq!(index.everywhere().is_some(), request_independent);
             let requests = [
                 ("GET", "/items/7"),
                 ("POST", "/items/7?q=1"),
