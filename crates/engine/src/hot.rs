@@ -1,5 +1,8 @@
-//! Hot counters: an unkeyed GCRA counter that a `LimitHandle` decides on by itself, with one
-//! compare-and-swap and no lock, while the counter needs nothing but its backlog's end.
+//! Hot counters: a GCRA counter that a handle decides on by itself, with one compare-and-swap
+//! and no lock, while the counter needs nothing but its backlog's end. An unkeyed limit's
+//! `LimitHandle` holds its counter's word; a keyed limit's `KeyHandle` holds one key's (a
+//! connection that counts every request under its client's address holds it for as long as
+//! it is open).
 //!
 //! The number lives in one atomic word, and so does who holds the truth:
 //!
@@ -11,7 +14,13 @@
 //!   also hands it the latest end; a handle that sees the bit goes the store's way, under the
 //!   same lock. After a decision on this counter alone the store publishes again, if the
 //!   counter still needs nothing else (`Counter::gcra_alone`: no open reservation, no pause)
-//!   and no limit-wide pause is on. A limit-wide pause that starts seizes the word.
+//!   and no limit-wide pause is on.
+//!
+//! A limit-wide pause is the one thing the counter does not hold: a handle reads the end of the
+//! store's limit-wide pauses before each decision and, while one is on, goes the store's way.
+//! (Seizing every word of a limit when a pause starts would mean finding every key's.) A
+//! decision that read the end just before a pause began and swaps just after it is concurrent
+//! with the pause's start, and so may be ordered before it.
 //!
 //! A word serves the emission interval of its handles' policy, and only a decision under that
 //! interval publishes it: the backlog is time, and read under another interval it would count
@@ -21,9 +30,12 @@
 //! right after seizing it under the same lock; a handle's swap expects a published value, so it
 //! fails on a seized word. So at every moment exactly one copy counts grants, and no grant is
 //! decided on a value that another grant has already moved. A publish that never happens (a
-//! denial, a request over several counters) only costs the next decision the store's way.
+//! denial, a request over several counters) only costs the next decision the store's way. The
+//! store never drops a counter whose word a handle holds (it could not seize it again).
 
 use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final};
+
+use std::sync::Arc;
 
 use crate::clock::FastClock;
 use crate::sync::{AtomicU64, Ordering, OwnLine};
@@ -31,11 +43,13 @@ use crate::sync::{AtomicU64, Ordering, OwnLine};
 /// Set while the store's copy of the counter is the truth.
 const SEIZED: u64 = 1 << 63;
 
-/// One unkeyed GCRA counter, decided without the store's lock (see the module docs).
+/// One GCRA counter, decided without the store's lock (see the module docs).
 #[derive(Debug)]
 pub struct HotCounter {
     word: OwnLine<AtomicU64>,
     clock: FastClock,
+    /// The end of the store's latest limit-wide pause: no decision here before it.
+    limit_pauses_end: Arc<OwnLine<AtomicU64>>,
     /// The emission interval of the policy the handles that hold this word decide under. The
     /// word is published only by a decision under the same interval: a backlog is time, and
     /// read under another interval it would count other units (the store's way converts it).
@@ -45,10 +59,15 @@ pub struct HotCounter {
 impl HotCounter {
     /// Seized: the store publishes when the counter allows it. `policy` is the handles'
     /// policy; `None` for one with no emission interval (a concurrency limit).
-    pub(crate) fn new(clock: FastClock, policy: &Policy) -> Option<HotCounter> {
+    pub(crate) fn new(
+        clock: FastClock,
+        limit_pauses_end: Arc<OwnLine<AtomicU64>>,
+        policy: &Policy,
+    ) -> Option<HotCounter> {
         Some(HotCounter {
             word: OwnLine(AtomicU64::new(SEIZED)),
             clock,
+            limit_pauses_end,
             emission_us: emission_of(policy)?,
         })
     }
@@ -59,8 +78,8 @@ impl HotCounter {
     }
 
     /// A final grant of `cost` at `priority`, decided here; `None` when it cannot be (the word
-    /// is seized, or `gcra_final` would not grant): the caller asks the store, which decides
-    /// and explains.
+    /// is seized, a limit-wide pause is on, or `gcra_final` would not grant): the caller asks
+    /// the store, which decides and explains.
     #[inline]
     pub(crate) fn decide(
         &self,
@@ -69,6 +88,9 @@ impl HotCounter {
         priority: Priority,
     ) -> Option<GcraStep> {
         let now = self.clock.now_us();
+        if self.limit_pauses_end.load(Ordering::Acquire) > now {
+            return None;
+        }
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             if word & SEIZED != 0 {

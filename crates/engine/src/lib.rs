@@ -30,8 +30,8 @@ pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
 pub use hot::HotCounter;
 pub use limiter::{
-    Check, DenialReason, Denied, LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX,
-    Permit, RateStatus, Request,
+    Check, DenialReason, Denied, KeyHandle, LimitHandle, Limiter, LimiterConfig, Outcome,
+    PAUSE_MS_MAX, Permit, RateStatus, Request,
 };
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,

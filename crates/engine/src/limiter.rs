@@ -1095,6 +1095,87 @@ impl LimitHandle {
     }
 }
 
+/// A keyed limit's handle for one key, for a caller that decides on the same key over and
+/// over: a connection whose requests are all counted under its client's address. It holds the
+/// key's counter word when the store offers one (`Store::hot_counter`: the memory store, for
+/// a GCRA limit), and then a decision takes no lock and finds no counter while the counter
+/// needs nothing else, as an unkeyed limit's handle does. The store keeps the key's counter
+/// for as long as a `KeyHandle` holds its word: drop it with the connection.
+#[derive(Debug)]
+pub struct KeyHandle {
+    /// This limit's handle, holding the key's word as its own.
+    handle: LimitHandle,
+    key: Arc<str>,
+}
+
+impl LimitHandle {
+    /// A handle on `key`'s counter of this limit (see `KeyHandle`). On an unkeyed limit, or
+    /// where the store offers no word, its decisions are this handle's.
+    pub fn for_key(&self, key: Arc<str>) -> KeyHandle {
+        let hot = match self.limit.per() {
+            Some(_) if self.in_force() => self.limiter.shared.store.hot_counter(Take {
+                counter: CounterId {
+                    limit: self.limit.name(),
+                    key: Some(&key),
+                },
+                policy: self.limit.policy(),
+            }),
+            _ => None,
+        };
+        KeyHandle {
+            handle: LimitHandle {
+                limiter: self.limiter.clone(),
+                limit: Arc::clone(&self.limit),
+                generation: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
+                hot,
+            },
+            key,
+        }
+    }
+
+    /// Whether `for_key` may give a handle that decides by itself: a keyed GCRA limit. (Whether
+    /// the store offers words is known only by asking it.)
+    pub fn key_handles_decide(&self) -> bool {
+        self.limit.per().is_some() && self.limit.policy().is_gcra()
+    }
+}
+
+impl KeyHandle {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether this was made from `handle`, or from one on the same limit as it stands: then
+    /// it decides what `handle` would for its key.
+    pub fn is_for(&self, handle: &LimitHandle) -> bool {
+        Arc::ptr_eq(&self.handle.limit, &handle.limit)
+    }
+
+    /// `LimitHandle::check_with` for this key.
+    pub async fn check_with(&self, cost: u64, priority: Priority) -> Result<Check> {
+        if let Some(answer) = self.check_now(cost, priority) {
+            return answer;
+        }
+        self.handle
+            .check_with(Some(&self.key), cost, priority)
+            .await
+    }
+
+    /// `LimitHandle::check_now` for this key, on the key's word when the counter allows it.
+    #[inline]
+    pub fn check_now(&self, cost: u64, priority: Priority) -> Option<Result<Check>> {
+        let handle = &self.handle;
+        if let Some(hot) = &handle.hot
+            && handle.in_force()
+            && !handle.limiter.shared.waiters.anyone_waiting()
+            && let Some(step) = hot.decide(handle.limit.policy(), cost, priority)
+        {
+            return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
+        }
+        handle.check_now(Some(&self.key), cost, priority)
+    }
+}
+
 trait ElapsedSinceOrigin {
     fn elapsed_since_origin(&self) -> Duration;
 }

@@ -1,6 +1,7 @@
 //! Loom models of the engine's concurrent parts: the sharded memory store (no double grant,
 //! all-or-nothing across shards, no lock-order deadlock, the key cap under racing inserts, a
-//! hot counter's lock-free grants against the store's own) and the wait queue's wake-ups (no
+//! hot counter's lock-free grants against the store's own, a key's word held through a racing
+//! sweep) and the wait queue's wake-ups (no
 //! lost wake-up, the turn passes on when a waiter leaves).
 //!
 //! Run with `RUSTFLAGS="--cfg tollgate_loom" cargo test -p tollgate --lib --release loom`.
@@ -13,7 +14,7 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 use crate::clock::ManualClock;
 use crate::error::Error;
 use crate::memory::{MemoryStore, MemoryStoreConfig, Reservations};
-use crate::store::{CounterId, Store, Take};
+use crate::store::{CounterId, CounterOutcome, Store, Take};
 use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
@@ -44,6 +45,15 @@ fn grant_one(store: &MemoryStore, policy: &Policy, reservations: Reservations) -
         .acquire_now(&takes, 1, Priority::Normal, reservations)
         .expect("store answers")
         .is_granted()
+}
+
+/// One unit of `take`'s counter by the store's one-counter way (`acquire_one_final_now`),
+/// which publishes the counter's word again after it decides: whether it was granted.
+fn grant_final(store: &MemoryStore, take: Take<'_>) -> bool {
+    matches!(
+        store.acquire_one_final_now(take, 1, Priority::Normal),
+        Some(Ok(CounterOutcome::Granted(_)))
+    )
 }
 
 #[test]
@@ -85,13 +95,13 @@ fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
             .hot_counter(take("vendor", None, &policy))
             .expect("an unkeyed GCRA counter has a hot word");
         assert!(
-            grant_one(&store, &policy, Reservations::Skip),
-            "the first of two units"
+            grant_final(&store, take("vendor", None, &policy)),
+            "the first of two units, which publishes the word"
         );
         let by_handle = thread::spawn(move || hot.decide(&policy, 1, Priority::Normal).is_some());
         let by_store = {
             let store = store.clone();
-            thread::spawn(move || grant_one(&store, &policy, Reservations::Skip))
+            thread::spawn(move || grant_final(&store, take("vendor", None, &policy)))
         };
         let by_handle = by_handle.join().expect("thread");
         let by_store = by_store.join().expect("thread");
@@ -100,6 +110,59 @@ fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
             !grant_one(&store, &policy, Reservations::Skip),
             "both units are counted"
         );
+    });
+}
+
+/// A key handle's grant on its key's word races a sweep followed by the store's own grant on
+/// the same key. The counter is idle when they start, so a sweep that dropped it while the
+/// word is held would let the store make a fresh counter beside the word, and both would
+/// grant the one unit there is room for.
+#[test]
+fn loom_a_held_key_word_keeps_its_counter_through_a_racing_sweep() {
+    loom::model(|| {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let store = Arc::new(MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 100,
+                recover_on_start: false,
+            },
+            clock.clone(),
+        ));
+        // One unit a second, one at once.
+        let policy = Policy::rate(
+            1,
+            1_000_000,
+            0,
+            Algorithm::Gcra { burst: 1 },
+            Reserve::default(),
+        )
+        .expect("valid");
+        let hot = store
+            .hot_counter(take("api", Some("ada"), &policy))
+            .expect("a keyed GCRA counter has a word");
+        assert!(
+            grant_final(&store, take("api", Some("ada"), &policy)),
+            "the first unit, which publishes the word"
+        );
+        clock.advance_us(10_000_000);
+        assert!(
+            hot.decide(&policy, 1, Priority::Normal).is_some(),
+            "the next, on the word alone"
+        );
+        // Long past: the counter is idle (the store last moved it two grants ago), and its
+        // one unit open again.
+        clock.advance_us(10_000_000);
+        let by_handle = thread::spawn(move || hot.decide(&policy, 1, Priority::Normal).is_some());
+        let by_store = {
+            let store = store.clone();
+            thread::spawn(move || {
+                store.sweep(100);
+                grant_final(&store, take("api", Some("ada"), &policy))
+            })
+        };
+        let by_handle = by_handle.join().expect("thread");
+        let by_store = by_store.join().expect("thread");
+        assert!(by_handle ^ by_store, "handle {by_handle}, store {by_store}");
     });
 }
 

@@ -185,7 +185,7 @@ impl Entry {
 
     /// After a decision on this counter alone, under the lock hold that seized it: let
     /// handles decide on it by themselves again, if it allows and no limit-wide pause is on
-    /// (a handle does not look for one: `pause_now` seizes the word when one starts).
+    /// (one that starts later stops the handles through the end they read).
     fn publish(&self, policy: &Policy, now: u64, limit_pause_until: u64) {
         if let Some(hot) = &self.hot
             && limit_pause_until <= now
@@ -410,8 +410,8 @@ pub struct MemoryStore {
     /// the limit.
     pauses: Mutex<Vec<(Box<str>, u64)>>,
     /// The end of the latest of those pauses: once it has passed, no decision needs the lock
-    /// above.
-    limit_pauses_end: AtomicU64,
+    /// above. Shared with the hot words, which decide nothing before it.
+    limit_pauses_end: Arc<OwnLine<AtomicU64>>,
     started_at: Option<u64>,
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
@@ -445,7 +445,7 @@ impl MemoryStore {
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
-            limit_pauses_end: AtomicU64::new(0),
+            limit_pauses_end: Arc::new(OwnLine(AtomicU64::new(0))),
             started_at,
             wake: WakeHandlers::default(),
         }
@@ -861,19 +861,6 @@ impl MemoryStore {
         result
     }
 
-    /// Take back the hot word of `limit`'s unkeyed counter, if a handle may be deciding on it:
-    /// handles do not look for limit-wide pauses, so the next decision must be the store's,
-    /// and no decision publishes the word again while the pause is on. Takes the shard's lock
-    /// with no other held (shard locks come before the pauses' lock).
-    fn seize_unkeyed(&self, limit: &str) {
-        let counter = CounterId { limit, key: None };
-        let located = self.locate(counter);
-        let mut shard = lock(&self.shards[located.shard]);
-        if let Some(index) = shard.find(counter, located.hash) {
-            shard.counters[index].seize();
-        }
-    }
-
     fn pause_now(&self, take: Take<'_>, duration_us: u64) -> Result<u64> {
         let now = self.clock.now_us();
         let until = now.saturating_add(duration_us);
@@ -894,9 +881,9 @@ impl MemoryStore {
                         until
                     }
                 };
+                // Hot words read this end before each decision: from here on none grants.
                 self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
                 drop(pauses);
-                self.seize_unkeyed(take.counter.limit);
                 Ok(until - now)
             }
             Some(_) => {
@@ -1000,13 +987,14 @@ impl Store for MemoryStore {
     }
 
     fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
-        if take.counter.key.is_some() || !take.policy.is_gcra() {
+        if !take.policy.is_gcra() {
             return None;
         }
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
-        // At the key cap there is no counter to hold: the handle asks the store every time.
+        // At the key cap (or for a key that is not valid) there is no counter to hold: the
+        // handle asks the store every time, which answers why.
         let entry = self
             .entry(&mut shard, take.counter, located.hash, take.policy, now)
             .ok()?;
@@ -1017,12 +1005,18 @@ impl Store for MemoryStore {
             .as_ref()
             .is_some_and(|hot| hot.serves(take.policy))
         {
-            let hot = HotCounter::new(self.clock.clone(), take.policy)?;
+            let hot = HotCounter::new(
+                self.clock.clone(),
+                Arc::clone(&self.limit_pauses_end),
+                take.policy,
+            )?;
             entry.hot = Some(Arc::new(hot));
         }
         let hot = Arc::clone(entry.hot.as_ref()?);
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
         entry.publish(take.policy, now, limit_pause_until);
+        // A new key's counter owes a sweep like any other; the word held now keeps it.
+        self.sweep_after(&mut shard, now);
         Some(hot)
     }
 

@@ -223,10 +223,11 @@ pub trait Store: Send + Sync + fmt::Debug {
         None
     }
 
-    /// A word through which a `LimitHandle` decides on `take`'s counter by itself, without the
+    /// A word through which a handle decides on `take`'s counter by itself, without the
     /// store's lock (`HotCounter`), when the counter allows it: offered by the memory store
-    /// for an unkeyed GCRA limit, and held by the store's counter for as long as a handle holds
-    /// it. `None` (the default): the handle asks the store every time.
+    /// for a GCRA limit's counter, unkeyed (`LimitHandle`) or one key's (`KeyHandle`), made if
+    /// it is not tracked yet, and kept for as long as a handle holds its word. `None` (the
+    /// default): the handle asks the store every time.
     fn hot_counter(&self, take: Take<'_>) -> Option<std::sync::Arc<HotCounter>> {
         let _ = take;
         None

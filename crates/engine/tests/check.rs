@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Check, CounterId, DenialReason, Error, Limit, LimitHandle, Limiter, LimiterConfig,
-    ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request,
-    Reserve, Store, Take,
+    Algorithm, Check, CounterId, DenialReason, Error, KeyHandle, Limit, LimitHandle, Limiter,
+    LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy,
+    Priority, Request, Reserve, Store, Take,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -413,6 +413,89 @@ fn a_keyed_handle_s_grants_keep_their_counter_through_sweeps() {
     }
 }
 
+/// A key handle decides on its key's word while the counter allows it: the store keeps the
+/// counter through sweeps for as long as the handle holds the word, even idle (the handle would
+/// go on deciding on a counter the store had forgotten, and a fresh one would open the limit
+/// again), and gives it back once the handle is dropped. A limit-wide pause stops it at once,
+/// though nothing seizes its word; a pause of its own key too.
+#[test]
+fn a_key_handle_keeps_its_counter_while_held_and_stops_at_pauses() {
+    let clock = Arc::new(ManualClock::new(SECOND_US));
+    let store = memory_store(clock.clone(), 100);
+    let limiter = limiter_over(store.clone());
+    // One unit every 100 ms, two at once.
+    add(&limiter, "user-freq", gcra_per_second(10, 2), Some("user"));
+    let handle = limiter.handle("user-freq").expect("a limit in force");
+    let ada = handle.for_key(Arc::from("ada"));
+    assert_eq!(ada.key(), "ada");
+    assert!(ada.is_for(&handle));
+    assert_eq!(store.len(), 1, "the key's counter is made with its handle");
+    let allowed = |ada: &KeyHandle| {
+        now(ada.check_with(1, Priority::Normal))
+            .expect("a valid check")
+            .is_allowed()
+    };
+    assert!(allowed(&ada));
+    assert!(allowed(&ada));
+    assert!(!allowed(&ada), "two at once");
+    // The store's way sees the handle's grants, and the handle sees the store's.
+    clock.advance_us(100_000);
+    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(!allowed(&ada));
+
+    // Idle, but held: kept, and the next grant is counted on the same counter.
+    clock.advance_us(10 * SECOND_US);
+    store.sweep(1_000);
+    assert_eq!(store.len(), 1, "kept while a key handle holds its word");
+    assert!(allowed(&ada));
+    assert!(allowed(&ada));
+    assert!(
+        !now(handle.check(Some("ada"))).expect("ok").is_allowed(),
+        "one counter for the key: both units are spent"
+    );
+
+    // A pause of the whole limit, then one of the key alone.
+    clock.advance_us(SECOND_US);
+    now(limiter.pause("user-freq", None, Duration::from_millis(50))).expect("paused");
+    let Check::Denied(denied) = now(ada.check_with(1, Priority::Normal)).expect("ok") else {
+        panic!("a limit-wide pause stops a key handle");
+    };
+    assert_eq!(denied.reason, DenialReason::Paused);
+    clock.advance_us(60_000);
+    assert!(allowed(&ada), "the pause is over");
+    now(limiter.pause("user-freq", Some("ada"), Duration::from_millis(50))).expect("paused");
+    assert!(!allowed(&ada), "the key's own pause");
+    clock.advance_us(60_000);
+    assert!(allowed(&ada));
+
+    // Dropped with its handle: forgotten once idle.
+    drop(ada);
+    clock.advance_us(10 * SECOND_US);
+    store.sweep(1_000);
+    assert_eq!(store.len(), 0, "dropped once idle and held by none");
+
+    // No word where the store offers none: the handle's decisions, counted as always.
+    add(
+        &limiter,
+        "user-fixed",
+        rate(1, SECOND_US, Algorithm::Fixed, Reserve::default()),
+        Some("user"),
+    );
+    let fixed = limiter.handle("user-fixed").expect("a limit in force");
+    assert!(!fixed.key_handles_decide());
+    assert!(handle.key_handles_decide());
+    let bob = fixed.for_key(Arc::from("bob"));
+    assert!(allowed(&bob));
+    assert!(!allowed(&bob));
+    assert!(!bob.is_for(&handle));
+    assert!(matches!(
+        now(handle
+            .for_key(Arc::from("bad\nkey"))
+            .check_with(1, Priority::Normal)),
+        Err(Error::InvalidRequest { field: "key", .. })
+    ));
+}
+
 /// New keys pay for sweeping out old ones: a stream of users, each seen once, keeps the store
 /// near the users seen within one period, with no `sweep` from outside. (A store that only
 /// swept on a timer, or examined fewer counters than it took in, would grow with the stream.)
@@ -620,11 +703,13 @@ fn outcome_text(outcome: &tollgate::Result<Outcome>) -> String {
 }
 
 proptest! {
-    /// The same steps on three limiters with clocks in step: one asks by `check`, one by
-    /// `try_acquire(refundable(false))`, the last by a `LimitHandle`. Every answer must match,
-    /// field by field. The limit is counted per key or not: an unkeyed GCRA handle decides on
-    /// its hot counter, so refundable grants, commits, pauses and requests over two limits
-    /// between its decisions take the counter back and forth between it and the store.
+    /// The same steps on four limiters with clocks in step: one asks by `check`, one by
+    /// `try_acquire(refundable(false))`, one by a `LimitHandle`, the last by a `KeyHandle` per
+    /// user. Every answer must match, field by field. The limit is counted per key or not: an
+    /// unkeyed GCRA handle, and a keyed GCRA limit's key handles, decide on hot words, so
+    /// refundable grants, commits, pauses (of a key or of the whole limit) and requests over
+    /// two limits between their decisions take the counters back and forth between them and
+    /// the store.
     #[test]
     fn check_decides_as_a_final_acquire(
         algorithm in algorithm(),
@@ -634,7 +719,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..80),
     ) {
         let clocks: Vec<Arc<ManualClock>> =
-            (0..3).map(|_| Arc::new(ManualClock::new(SECOND_US))).collect();
+            (0..4).map(|_| Arc::new(ManualClock::new(SECOND_US))).collect();
         let limiters: Vec<Limiter> =
             clocks.iter().map(|clock| limiter_on(clock.clone(), 100)).collect();
         let reserve = Reserve { high: kept_for_high, ..Reserve::default() };
@@ -648,12 +733,16 @@ proptest! {
         }
         let handle = limiters[2].handle("api").expect("a limit in force");
         let users = ["ada", "bob", "cy"];
+        let key_handles: Vec<KeyHandle> = {
+            let handle = limiters[3].handle("api").expect("a limit in force");
+            users.iter().map(|user| handle.for_key(Arc::from(*user))).collect()
+        };
         let key_of = |user: u8| keyed.then(|| users[usize::from(user)]);
         let request_of = |user: u8| match key_of(user) {
             Some(key) => Request::new("api").key(key),
             None => Request::new("api"),
         };
-        let mut permits: Vec<Vec<tollgate::Permit>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        let mut permits: Vec<Vec<tollgate::Permit>> = (0..4).map(|_| Vec::new()).collect();
         for step in steps {
             match step {
                 Step::Ask { user, cost, high } => {
@@ -666,6 +755,12 @@ proptest! {
                         format!("{handled:?}"),
                         format!("{checked:?}"),
                         "a handle decides as check does"
+                    );
+                    let by_key = now(key_handles[usize::from(user)].check_with(cost, priority));
+                    prop_assert_eq!(
+                        format!("{by_key:?}"),
+                        format!("{checked:?}"),
+                        "a key handle decides as check does"
                     );
                     match (checked, acquired) {
                         (Ok(Check::Allowed(statuses)), Ok(Outcome::Granted(permit))) => {
@@ -700,6 +795,7 @@ proptest! {
                     let outcomes: Vec<_> =
                         limiters.iter().map(|limiter| now(limiter.try_acquire(&request))).collect();
                     prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[2]));
+                    prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[3]));
                     for (held, outcome) in permits.iter_mut().zip(outcomes) {
                         if let Ok(Outcome::Granted(permit)) = outcome {
                             held.push(permit);
@@ -725,6 +821,7 @@ proptest! {
                     let outcomes: Vec<_> =
                         limiters.iter().map(|limiter| now(limiter.try_acquire(&request))).collect();
                     prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[2]));
+                    prop_assert_eq!(outcome_text(&outcomes[0]), outcome_text(&outcomes[3]));
                 }
             }
         }

@@ -7,14 +7,16 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::ConnectInfo;
 use axum::extract::connect_info::Connected;
 use axum::serve::IncomingStream;
 use http::{HeaderMap, HeaderName};
+use smallvec::SmallVec;
 use tokio::net::TcpListener;
+use tollgate::{Check, KeyHandle, LimitHandle, Priority};
 
 /// Reads the authenticated principal out of the request's extensions, where an
 /// authentication layer that runs before the throttle put it.
@@ -43,9 +45,9 @@ impl Identity {
         Identity::Principal(Arc::new(read))
     }
 
-    /// The user key of a request, if this source names one. Borrowed from the request where
-    /// it can be; an address is written out into `address`, on the caller's stack, so naming
-    /// the user allocates nothing and moves no buffer.
+    /// The user of a request, if this source names one. The key is borrowed from the request
+    /// where it can be; an address is written out into `address`, on the caller's stack, so
+    /// naming the user allocates nothing and moves no buffer.
     /// `peer_addr_first` says which connection info to look for first: the kind found last
     /// time (a server gives every request the same kind), so a request looks up one.
     pub(crate) fn user_of<'r>(
@@ -54,8 +56,8 @@ impl Identity {
         extensions: &'r http::Extensions,
         address: &'r mut AddressText,
         peer_addr_first: &AtomicBool,
-    ) -> Option<&'r str> {
-        match self {
+    ) -> Option<User<'r>> {
+        let key = match self {
             Identity::Header(name) => {
                 let value = headers.get(name)?.to_str().ok()?.trim();
                 (!value.is_empty()).then_some(value)
@@ -69,7 +71,10 @@ impl Identity {
                     // The connection's key, written once, unless its peer is a proxy to look
                     // behind.
                     Peer::Addr(peer) if !trusted.contains(peer.address.ip()) => {
-                        return Some(&peer.key);
+                        return Some(User {
+                            key: peer.key(),
+                            connection: Some(peer),
+                        });
                     }
                     Peer::Addr(peer) => peer.address.ip(),
                     Peer::Socket(address) => address.ip(),
@@ -77,7 +82,11 @@ impl Identity {
                 address.write(client_ip(peer, headers, trusted));
                 Some(address.as_str())
             }
-        }
+        };
+        key.map(|key| User {
+            key,
+            connection: None,
+        })
     }
 }
 
@@ -87,12 +96,34 @@ impl Identity {
 /// every request of the connection then carries the key ready to use, where a `SocketAddr`
 /// has it written out (and checked as text) again for each request. The key is the same
 /// either way. A peer that is a trusted proxy is looked behind as always.
+///
+/// The connection also keeps, for each rule counted per user that its requests are decided
+/// under alone, the limit's handle on its key (`tollgate::KeyHandle`): under a GCRA rule with
+/// the memory store, a request then takes no lock and finds no counter. The store keeps the
+/// key's counter while the connection is open.
 #[derive(Clone, Debug)]
 pub struct PeerAddr {
     address: SocketAddr,
+    connection: Arc<Connection>,
+}
+
+/// What the requests of one connection share.
+#[derive(Debug)]
+struct Connection {
     /// The IP as the user key (`client_ip` of a peer that is no trusted proxy).
     key: Arc<str>,
+    /// The handle on `key` made first: set once, then read without a lock (most connections
+    /// meet one rule counted per user, and keep meeting it).
+    first: OnceLock<KeyHandle>,
+    /// Handles on `key` for other limits, the latest last; at most
+    /// `KEY_HANDLES_PER_CONNECTION`. A lock no two requests of a connection wait on: one that
+    /// finds it held (HTTP/2 requests in parallel) decides without it.
+    others: Mutex<SmallVec<[KeyHandle; 1]>>,
 }
+
+/// Limits past the first that a connection keeps a key handle for: the rules a client's
+/// requests meet one at a time are few; past this many, the oldest handle makes room.
+const KEY_HANDLES_PER_CONNECTION: usize = 4;
 
 impl PeerAddr {
     pub fn new(address: SocketAddr) -> PeerAddr {
@@ -100,7 +131,11 @@ impl PeerAddr {
         text.write(canonical(address.ip()));
         PeerAddr {
             address,
-            key: Arc::from(text.as_str()),
+            connection: Arc::new(Connection {
+                key: Arc::from(text.as_str()),
+                first: OnceLock::new(),
+                others: Mutex::new(SmallVec::new()),
+            }),
         }
     }
 
@@ -111,8 +146,50 @@ impl PeerAddr {
 
     /// The user key the peer is counted under when it is no trusted proxy.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.connection.key
     }
+
+    /// `handle.check_now` of one unit for this connection's key, on the connection's handle
+    /// for that key, made on first use.
+    pub(crate) fn check_now(&self, handle: &LimitHandle) -> Option<tollgate::Result<Check>> {
+        let connection = &*self.connection;
+        let first = connection
+            .first
+            .get_or_init(|| handle.for_key(Arc::clone(&connection.key)));
+        if first.is_for(handle) {
+            return first.check_now(1, Priority::Normal);
+        }
+        connection.check_by_others(handle)
+    }
+}
+
+impl Connection {
+    /// `PeerAddr::check_now` by a handle not made first.
+    #[cold]
+    fn check_by_others(&self, handle: &LimitHandle) -> Option<tollgate::Result<Check>> {
+        let Ok(mut others) = self.others.try_lock() else {
+            return handle.check_now(Some(&self.key), 1, Priority::Normal);
+        };
+        let position = match others.iter().position(|kept| kept.is_for(handle)) {
+            Some(position) => position,
+            None => {
+                if others.len() == KEY_HANDLES_PER_CONNECTION {
+                    others.remove(0);
+                }
+                others.push(handle.for_key(Arc::clone(&self.key)));
+                others.len() - 1
+            }
+        };
+        others[position].check_now(1, Priority::Normal)
+    }
+}
+
+/// Who a request is from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct User<'r> {
+    pub(crate) key: &'r str,
+    /// The connection, when the key is its peer's (`PeerAddr::check_now` then decides).
+    pub(crate) connection: Option<&'r PeerAddr>,
 }
 
 /// A request's connection info, of either kind.
@@ -584,8 +661,9 @@ mod tests {
                         extensions.insert(ConnectInfo(socket));
                     }
                     let mut address = AddressText::default();
-                    let user =
-                        identity.user_of(&forwarded, &extensions, &mut address, &peer_addr_first);
+                    let user = identity
+                        .user_of(&forwarded, &extensions, &mut address, &peer_addr_first)
+                        .map(|user| user.key);
                     let expected = client_ip(
                         ip(peer),
                         &forwarded,

@@ -36,7 +36,7 @@ use crate::headers::{
     Member, RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_members, ratelimit_value,
     retry_after_value,
 };
-use crate::identity::{AddressText, Identity, Unidentified};
+use crate::identity::{AddressText, Identity, Unidentified, User};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
 use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
 
@@ -259,7 +259,10 @@ impl Shared {
                 None => {
                     bump(&self.counters.unidentified);
                     match &self.config.unidentified {
-                        Unidentified::SharedKey(key) => Some(key.as_str()),
+                        Unidentified::SharedKey(key) => Some(User {
+                            key: key.as_str(),
+                            connection: None,
+                        }),
                         Unidentified::Reject => {
                             return Prepared::Settled(Settled::Answer(Answer::error(
                                 StatusCode::UNAUTHORIZED,
@@ -273,84 +276,37 @@ impl Shared {
         } else {
             None
         };
+        let key = user.map(|user| user.key);
         if self.decides_in_call.load(Ordering::Relaxed) {
-            let settled = {
-                // One rule with nothing to hold: checked by the handle the index keeps, with no
-                // name to look up.
-                let handle = match matched[..] {
-                    [position] if !leases => index.entries[position as usize].handle.as_ref(),
+            // One rule with nothing to hold: checked by the handle the index keeps, with no
+            // name to look up; by the connection's handle on its key, when the request is
+            // counted under its connection's peer and that handle can decide alone.
+            let by_handle =
+                match matched[..] {
+                    [position] if !leases => index.entries[position as usize]
+                        .handle
+                        .as_ref()
+                        .and_then(|handle| match user.and_then(|user| user.connection) {
+                            Some(connection) if handle.key_handles_decide() => {
+                                connection.check_now(handle)
+                            }
+                            _ => handle.check_now(key, 1, Priority::Normal),
+                        }),
                     _ => None,
                 };
-                let mut context = Context::from_waker(Waker::noop());
-                if let Some(handle) = handle {
-                    match handle.check_now(user, 1, Priority::Normal) {
-                        // Without fields to send, an allowed request needs only counting:
-                        // handing its statuses to `settle_check` costs more than that.
-                        Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
-                            Some(Settled::Call {
-                                permit: None,
-                                headers: self.allowed(&index, &matched, Vec::new),
-                            })
-                        }
-                        checked => {
-                            checked.map(|checked| self.settle_check(&index, &matched, checked))
-                        }
-                    }
-                } else {
-                    // Filled by index: collecting into a `SmallVec` pushes one by one, a
-                    // tenth of a chain's cost in the layer.
-                    let mut names = [""; COUNTERS_PER_REQUEST_MAX];
-                    for (name, &position) in names.iter_mut().zip(matched.iter()) {
-                        *name = index.entries[position as usize].rule.name();
-                    }
-                    // A request matches at most `COUNTERS_PER_REQUEST_MAX` rules.
-                    let names = &names[..matched.len().min(COUNTERS_PER_REQUEST_MAX)];
-                    // The layer never commits for a refund (a served request used its unit),
-                    // so the store need not record the reservation; leases are held and
-                    // released as always.
-                    let mut acquire = tollgate::Request::all(names).refundable(false);
-                    if let Some(user) = user {
-                        acquire = acquire.key(user);
-                    }
-                    if leases {
-                        // The index's handles, when it has one for every rule: the limiter then
-                        // looks none of them up by name.
-                        let mut handles: SmallVec<[&LimitHandle; COUNTERS_PER_REQUEST_MAX]> =
-                            SmallVec::new();
-                        let every_rule = matched.iter().all(|&position| {
-                            match index.entries[position as usize].handle.as_ref() {
-                                Some(handle) => {
-                                    handles.push(handle);
-                                    true
-                                }
-                                None => false,
-                            }
-                        });
-                        let by_handles = every_rule
-                            .then(|| self.limiter.try_acquire_now_with(&acquire, &handles))
-                            .flatten();
-                        match by_handles {
-                            Some(outcome) => Some(self.settle(&index, &matched, outcome)),
-                            None => {
-                                let acquired = std::pin::pin!(self.limiter.try_acquire(&acquire));
-                                match acquired.poll(&mut context) {
-                                    Poll::Ready(outcome) => {
-                                        Some(self.settle(&index, &matched, outcome))
-                                    }
-                                    Poll::Pending => None,
-                                }
-                            }
-                        }
-                    } else {
-                        // Nothing to hold: a decision without a permit.
-                        match std::pin::pin!(self.limiter.check(&acquire)).poll(&mut context) {
-                            Poll::Ready(checked) => {
-                                Some(self.settle_check(&index, &matched, checked))
-                            }
-                            Poll::Pending => None,
-                        }
-                    }
+            let settled = match by_handle {
+                // Without fields to send, an allowed request needs only counting: handing its
+                // statuses to `settle_check` costs more than that.
+                Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
+                    Some(Settled::Call {
+                        permit: None,
+                        headers: self.allowed(&index, &matched, Vec::new),
+                    })
                 }
+                Some(checked) => Some(self.settle_check(&index, &matched, checked)),
+                // Several rules, or a handle that needs the general way (its limit changed
+                // and the index has not caught up yet): by name.
+                None => self.decide_in_call(&index, &matched, key, leases),
             };
             match settled {
                 Some(settled) => return Prepared::Settled(settled),
@@ -362,7 +318,63 @@ impl Shared {
                 }
             }
         }
-        self.deferred(Arc::clone(&index), matched, user)
+        self.deferred(Arc::clone(&index), matched, key)
+    }
+
+    /// The decision on `matched` by the rules' names, taken in `call` with an in-process store:
+    /// `None` when the store turns out to need waiting.
+    fn decide_in_call(
+        &self,
+        index: &RuleIndex,
+        matched: &Matched,
+        key: Option<&str>,
+        leases: bool,
+    ) -> Option<Settled> {
+        // Filled by index: collecting into a `SmallVec` pushes one by one, a tenth of a
+        // chain's cost in the layer.
+        let mut names = [""; COUNTERS_PER_REQUEST_MAX];
+        for (name, &position) in names.iter_mut().zip(matched.iter()) {
+            *name = index.entries[position as usize].rule.name();
+        }
+        // A request matches at most `COUNTERS_PER_REQUEST_MAX` rules.
+        let names = &names[..matched.len().min(COUNTERS_PER_REQUEST_MAX)];
+        // The layer never commits for a refund (a served request used its unit), so the store
+        // need not record the reservation; leases are held and released as always.
+        let mut acquire = tollgate::Request::all(names).refundable(false);
+        if let Some(key) = key {
+            acquire = acquire.key(key);
+        }
+        let mut context = Context::from_waker(Waker::noop());
+        if !leases {
+            // Nothing to hold: a decision without a permit.
+            return match std::pin::pin!(self.limiter.check(&acquire)).poll(&mut context) {
+                Poll::Ready(checked) => Some(self.settle_check(index, matched, checked)),
+                Poll::Pending => None,
+            };
+        }
+        // The index's handles, when it has one for every rule: the limiter then looks none of
+        // them up by name.
+        let mut handles: SmallVec<[&LimitHandle; COUNTERS_PER_REQUEST_MAX]> = SmallVec::new();
+        let every_rule = matched.iter().all(|&position| {
+            match index.entries[position as usize].handle.as_ref() {
+                Some(handle) => {
+                    handles.push(handle);
+                    true
+                }
+                None => false,
+            }
+        });
+        let by_handles = every_rule
+            .then(|| self.limiter.try_acquire_now_with(&acquire, &handles))
+            .flatten();
+        let outcome = match by_handles {
+            Some(outcome) => outcome,
+            None => match std::pin::pin!(self.limiter.try_acquire(&acquire)).poll(&mut context) {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => return None,
+            },
+        };
+        Some(self.settle(index, matched, outcome))
     }
 
     /// The decision awaited in the response future, for a store that does not answer at once:

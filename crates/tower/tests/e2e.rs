@@ -1,6 +1,7 @@
 //! End-to-end tests of the layer in front of a real axum server on a loopback socket: limits
 //! per user and per endpoint, the answer's fields, the chain's atomicity, leases given back
-//! when a client disconnects mid-response, and identity headers a client cannot forge.
+//! when a client disconnects mid-response, identity headers a client cannot forge, and
+//! keep-alive connections of one client sharing its counter.
 //!
 //! Limits have periods of an hour, so counts never depend on timing; waits have generous
 //! timeouts and only bound how long a correct result may take to appear.
@@ -516,4 +517,135 @@ async fn unmatched_paths_pass_through_untouched() {
         Some(0),
         "no state for passing requests"
     );
+}
+
+/// One keep-alive HTTP/1.1 connection: requests one after another on the same socket, so
+/// the server gives them all one connection info.
+struct KeepAlive {
+    stream: tokio::io::BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    async fn open(address: SocketAddr) -> KeepAlive {
+        let stream = TcpStream::connect(address).await.expect("connect");
+        KeepAlive {
+            stream: tokio::io::BufReader::new(stream),
+        }
+    }
+
+    /// `GET path`: the status and the `RateLimit` field, once the whole answer is read.
+    async fn get(&mut self, path: &str) -> (u16, Option<String>) {
+        use tokio::io::AsyncBufReadExt;
+        let text = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+        self.stream
+            .get_mut()
+            .write_all(text.as_bytes())
+            .await
+            .expect("write");
+        let read = async {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).await.expect("status line");
+            let status = line
+                .split(' ')
+                .nth(1)
+                .and_then(|code| code.parse().ok())
+                .expect("a status");
+            let (mut length, mut ratelimit) = (0, None);
+            loop {
+                line.clear();
+                self.stream.read_line(&mut line).await.expect("header");
+                let Some((name, value)) = line.trim_end().split_once(": ") else {
+                    break;
+                };
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.parse().expect("a length");
+                } else if name.eq_ignore_ascii_case("ratelimit") {
+                    ratelimit = Some(value.to_owned());
+                }
+            }
+            let mut body = vec![0; length];
+            self.stream.read_exact(&mut body).await.expect("body");
+            (status, ratelimit)
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("answer within 10 s")
+    }
+}
+
+/// Keep-alive clients counted under their address, by a GCRA rule: each connection keeps a
+/// handle on its key and decides on the key's word, and several connections of one client
+/// in parallel share the client's one counter. Exactly the limit is served, whatever the
+/// interleaving; the fields count down on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_connections_of_one_client_share_its_counter() {
+    const LIMIT: usize = 20;
+    for headers_on_allowed in [false, true] {
+        let limiter = Limiter::in_memory();
+        let rules = vec![rule(
+            "client-rate",
+            &format!(
+                r#"{{"kind":"rate","limit":{LIMIT},"period_ms":3600000,"algorithm":"gcra",
+                    "per":"user","match":{{"method":"GET","path":"/repo/v1/entity/#/bundle"}}}}"#
+            ),
+        )];
+        let layer = ThrottleLayer::new(
+            limiter.clone(),
+            ThrottleRules::fixed(rules),
+            ThrottleConfig {
+                identity: Identity::Peer(TrustedProxies::none()),
+                unidentified: Unidentified::Reject,
+                headers_on_allowed,
+                on_store_error: OnStoreError::FailClosed,
+            },
+        );
+        let address = serve_with(app(layer), ConnectedBy::PeerAddr).await;
+
+        // One connection first: the fields count down as the store would.
+        let mut first = KeepAlive::open(address).await;
+        for expected in [LIMIT - 1, LIMIT - 2] {
+            let (status, ratelimit) = first.get("/repo/v1/entity/5/bundle").await;
+            assert_eq!(status, 200);
+            if headers_on_allowed {
+                let field = ratelimit.expect("fields on allowed answers");
+                assert!(
+                    field.contains(&format!(";r={expected};")),
+                    "{field} after {expected}"
+                );
+            }
+        }
+        // Then four more connections in parallel, each asking more than the limit.
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut connection = KeepAlive::open(address).await;
+                    let mut served = 0;
+                    for id in 0..LIMIT {
+                        let (status, _) = connection
+                            .get(&format!("/repo/v1/entity/{id}/bundle"))
+                            .await;
+                        assert!(status == 200 || status == 429, "status {status}");
+                        served += usize::from(status == 200);
+                    }
+                    served
+                })
+            })
+            .collect();
+        let mut served = 2;
+        for task in tasks {
+            served += task.await.expect("client task");
+        }
+        // The period is an hour: one unit comes back every three minutes, so none does here.
+        assert_eq!(served, LIMIT, "headers on allowed: {headers_on_allowed}");
+        assert_eq!(first.get("/repo/v1/entity/5/bundle").await.0, 429);
+        let by_store = tollgate::Request::new("client-rate").key("127.0.0.1");
+        assert!(
+            !limiter
+                .check(&by_store)
+                .await
+                .expect("decides")
+                .is_allowed(),
+            "the connections counted on the client's counter in the store"
+        );
+    }
 }

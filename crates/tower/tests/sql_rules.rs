@@ -3,13 +3,17 @@
 //! limits counted per user with a `match`, and an edit applies within the reload interval.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
 use sqlx::sqlite::SqlitePoolOptions;
 use tollgate::Limiter;
 use tollgate_rules::{DEFAULT_TABLE, Rules, SqlSource};
-use tollgate_tower::{Identity, OnStoreError, ThrottleConfig, ThrottleLayer, Unidentified};
+use tollgate_tower::{
+    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, TrustedProxies, Unidentified,
+};
 use tower::{Layer, Service, ServiceExt};
 
 /// A seed 002 row as an administrator would insert it into Tollgate's rules table.
@@ -151,4 +155,124 @@ async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
         .find(|rule| rule.rule == "entity-acl")
         .expect("acl metrics");
     assert_eq!((acl.allowed, acl.denied), (2, 1));
+}
+
+/// The requests of one connection counted under its peer's address, by a GCRA rule: each
+/// connection keeps a handle on its key, and must go on counting with the store and with every
+/// other connection of the same client, through an edit of the rule and after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let url = format!("sqlite://{}", directory.path().join("rules.db").display());
+    let source = SqlSource::connect(&url, DEFAULT_TABLE)
+        .await
+        .expect("rules database");
+    let admin = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("administrator's connection");
+    let insert = |name: &str, path: &str, limit: u32| {
+        format!(
+            "INSERT INTO {DEFAULT_TABLE} (name, kind, limit_units, period_ms, algorithm, per, \
+             match_method, match_path) VALUES ('{name}', 'rate', {limit}, 3600000, 'gcra', \
+             'user', '*', '{path}')"
+        )
+    };
+    for (name, path, limit) in [("client-a", "/a", 2), ("client-b", "/b", 1)] {
+        sqlx::query(&insert(name, path, limit))
+            .execute(&admin)
+            .await
+            .expect("insert");
+    }
+    let limiter = Limiter::in_memory();
+    let rules = Rules::start(source, limiter.clone())
+        .await
+        .expect("rules load");
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let interval = Duration::from_millis(100);
+    let _reloader = rules.spawn_reloader(interval, stop);
+    let layer = ThrottleLayer::from_sql(
+        rules.clone(),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::none()),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: false,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let handler = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    let mut service = layer.layer(handler);
+    // Two connections of one client, as a server gives them: one `PeerAddr` each, cloned into
+    // every request of its connection.
+    let client: SocketAddr = "192.0.2.7:40000".parse().expect("address");
+    let first = PeerAddr::new(client);
+    let second = PeerAddr::new(SocketAddr::new(client.ip(), 40001));
+    let mut status = async |peer: &PeerAddr, path: &str| {
+        let mut request = Request::get(path)
+            .body(String::new())
+            .expect("valid request");
+        request.extensions_mut().insert(ConnectInfo(peer.clone()));
+        let response = service
+            .ready()
+            .await
+            .expect("ready")
+            .call(request)
+            .await
+            .expect("answered");
+        response.status()
+    };
+
+    // Both rules on one connection (its first handle, then another), then the other's turn.
+    assert_eq!(status(&first, "/a").await, StatusCode::OK);
+    assert_eq!(status(&first, "/b").await, StatusCode::OK);
+    assert_eq!(status(&first, "/b").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&second, "/a").await, StatusCode::OK);
+    assert_eq!(status(&first, "/a").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&second, "/b").await, StatusCode::TOO_MANY_REQUESTS);
+    let by_store = tollgate::Request::new("client-a").key("192.0.2.7");
+    assert!(
+        !limiter
+            .check(&by_store)
+            .await
+            .expect("decides")
+            .is_allowed(),
+        "the store counted both connections' grants on the client's one counter"
+    );
+
+    // The administrator gives /a five an hour: the connections' handles were made for the
+    // old rule, and the new one must count from the two units already spent.
+    sqlx::query(&format!(
+        "UPDATE {DEFAULT_TABLE} SET limit_units = 5, burst = 5 WHERE name = 'client-a'"
+    ))
+    .execute(&admin)
+    .await
+    .expect("update");
+    let applied = tokio::time::timeout(interval * 50, async {
+        loop {
+            let raised = rules
+                .snapshot()
+                .get("client-a")
+                .is_some_and(|rule| rule.limit().policy().capacity() == 5);
+            if raised {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(applied.is_ok(), "the edit applied within the bound");
+    let mut allowed = 0;
+    for peer in [&first, &second, &first, &second, &first, &second] {
+        if status(peer, "/a").await == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(
+        allowed, 3,
+        "five an hour, two of them spent before the edit"
+    );
+    assert_eq!(status(&second, "/b").await, StatusCode::TOO_MANY_REQUESTS);
 }
