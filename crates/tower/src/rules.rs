@@ -13,7 +13,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
 
 use smallvec::SmallVec;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
@@ -274,9 +276,8 @@ impl RuleIndex {
 /// The rules source and its current index.
 #[derive(Debug)]
 pub(crate) struct RuleTracker {
-    source: ThrottleRules,
     limiter: Limiter,
-    index: RwLock<Arc<RuleIndex>>,
+    index: Indexed,
     /// One rebuild at a time; others keep using the index they have.
     rebuilding: Mutex<()>,
 }
@@ -284,68 +285,96 @@ pub(crate) struct RuleTracker {
 impl RuleTracker {
     /// For fixed rules, put them in force on `limiter` (replacing any limit of the same name).
     pub(crate) fn new(source: ThrottleRules, limiter: &Limiter) -> RuleTracker {
-        let index = match &source {
+        let index = match source {
             ThrottleRules::Fixed(rules) => {
-                for rule in rules {
+                for rule in &rules {
                     limiter.set_limit(rule.limit().clone());
                 }
-                RuleIndex::build(0, rules.iter(), None, limiter)
+                Indexed::Fixed(Arc::new(RuleIndex::build(0, rules.iter(), None, limiter)))
             }
             ThrottleRules::Sql(rules) => {
                 let snapshot = rules.snapshot();
-                RuleIndex::build(snapshot.version(), snapshot.iter(), None, limiter)
+                let index = RuleIndex::build(snapshot.version(), snapshot.iter(), None, limiter);
+                Indexed::Reloaded {
+                    rules,
+                    index: ArcSwap::from_pointee(index),
+                }
             }
         };
         RuleTracker {
-            source,
             limiter: limiter.clone(),
-            index: RwLock::new(Arc::new(index)),
+            index,
             rebuilding: Mutex::new(()),
         }
     }
 
-    fn current(&self) -> IndexGuard<'_> {
-        self.index.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The index of the rules in force now. Held, not cloned: the read costs no count on the
-    /// index's `Arc`, which every request on every core would otherwise write.
+    /// The index of the rules in force now. Borrowed, not cloned: a read writes no word that
+    /// requests on other cores read (a count on the index's `Arc`, or a read lock, would be
+    /// one every request on every core writes).
+    #[inline]
     pub(crate) fn index(&self) -> IndexGuard<'_> {
-        let current = self.current();
-        if let ThrottleRules::Sql(rules) = &self.source
-            && rules.version() != current.version
-        {
-            drop(current);
-            self.rebuild(rules);
-            return self.current();
+        match &self.index {
+            Indexed::Fixed(index) => IndexGuard::Fixed(index),
+            Indexed::Reloaded { rules, index } => {
+                let current = index.load();
+                if rules.version() == current.version {
+                    return IndexGuard::Reloaded(current);
+                }
+                drop(current);
+                self.rebuild(index, rules);
+                IndexGuard::Reloaded(index.load())
+            }
         }
-        current
     }
 
     /// Index the rules in force now, unless another request is doing so (this one then uses
     /// the previous version, as it would have a moment earlier).
     #[cold]
-    fn rebuild(&self, rules: &Rules) {
+    fn rebuild(&self, index: &ArcSwap<RuleIndex>, rules: &Rules) {
         let Ok(_guard) = self.rebuilding.try_lock() else {
             return;
         };
         let snapshot = rules.snapshot();
-        let current = Arc::clone(&self.current());
+        let current = index.load_full();
         if snapshot.version() == current.version {
             return;
         }
-        let next = Arc::new(RuleIndex::build(
+        index.store(Arc::new(RuleIndex::build(
             snapshot.version(),
             snapshot.iter(),
             Some(&current),
             &self.limiter,
-        ));
-        *self.index.write().unwrap_or_else(PoisonError::into_inner) = next;
+        )));
     }
 }
 
+/// The index in force: built once for fixed rules, rebuilt for each version of SQL ones.
+#[derive(Debug)]
+enum Indexed {
+    Fixed(Arc<RuleIndex>),
+    Reloaded {
+        rules: Rules,
+        index: ArcSwap<RuleIndex>,
+    },
+}
+
 /// The index in force, read.
-pub(crate) type IndexGuard<'a> = RwLockReadGuard<'a, Arc<RuleIndex>>;
+pub(crate) enum IndexGuard<'a> {
+    Fixed(&'a Arc<RuleIndex>),
+    Reloaded(arc_swap::Guard<Arc<RuleIndex>>),
+}
+
+impl std::ops::Deref for IndexGuard<'_> {
+    type Target = Arc<RuleIndex>;
+
+    #[inline]
+    fn deref(&self) -> &Arc<RuleIndex> {
+        match self {
+            IndexGuard::Fixed(index) => index,
+            IndexGuard::Reloaded(index) => index,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
