@@ -1161,6 +1161,19 @@ impl KeyHandle {
             .await
     }
 
+    /// Take `cost` units at `priority` on the key's word, if the counter allows it now, and say
+    /// only whether it did: for a caller that needs no numbers (they are never worked out).
+    /// `false` has taken nothing: `check_now` then decides and explains.
+    #[inline]
+    pub fn take_now(&self, cost: u64, priority: Priority) -> bool {
+        let handle = &self.handle;
+        handle.hot.as_ref().is_some_and(|hot| {
+            handle.in_force()
+                && !handle.limiter.shared.waiters.anyone_waiting()
+                && hot.decide(handle.limit.policy(), cost, priority).is_some()
+        })
+    }
+
     /// `LimitHandle::check_now` for this key, on the key's word when the counter allows it.
     #[inline]
     pub fn check_now(&self, cost: u64, priority: Priority) -> Option<Result<Check>> {

@@ -435,8 +435,14 @@ fn a_key_handle_keeps_its_counter_while_held_and_stops_at_pauses() {
             .expect("a valid check")
             .is_allowed()
     };
+    // A fresh counter has no backlog to publish: the first grant is the store's, which
+    // publishes the word for the next.
     assert!(allowed(&ada));
-    assert!(allowed(&ada));
+    assert!(ada.take_now(1, Priority::Normal), "on the word");
+    assert!(
+        !ada.take_now(1, Priority::Normal),
+        "two at once: nothing taken"
+    );
     assert!(!allowed(&ada), "two at once");
     // The store's way sees the handle's grants, and the handle sees the store's.
     clock.advance_us(100_000);
@@ -485,6 +491,7 @@ fn a_key_handle_keeps_its_counter_while_held_and_stops_at_pauses() {
     assert!(!fixed.key_handles_decide());
     assert!(handle.key_handles_decide());
     let bob = fixed.for_key(Arc::from("bob"));
+    assert!(!bob.take_now(1, Priority::Normal), "no word to take on");
     assert!(allowed(&bob));
     assert!(!allowed(&bob));
     assert!(!bob.is_for(&handle));
@@ -743,6 +750,7 @@ proptest! {
             None => Request::new("api"),
         };
         let mut permits: Vec<Vec<tollgate::Permit>> = (0..4).map(|_| Vec::new()).collect();
+        let mut asks = 0_u32;
         for step in steps {
             match step {
                 Step::Ask { user, cost, high } => {
@@ -756,12 +764,23 @@ proptest! {
                         format!("{checked:?}"),
                         "a handle decides as check does"
                     );
-                    let by_key = now(key_handles[usize::from(user)].check_with(cost, priority));
-                    prop_assert_eq!(
-                        format!("{by_key:?}"),
-                        format!("{checked:?}"),
-                        "a key handle decides as check does"
-                    );
+                    // Every other ask, the key handle first tries to take the units with no
+                    // numbers: it must take exactly what check grants, and nothing else.
+                    let key_handle = &key_handles[usize::from(user)];
+                    asks += 1;
+                    if asks.is_multiple_of(2) && key_handle.take_now(cost, priority) {
+                        prop_assert!(
+                            matches!(checked, Ok(Check::Allowed(_))),
+                            "a key handle took what check refused: {checked:?}"
+                        );
+                    } else {
+                        let by_key = now(key_handle.check_with(cost, priority));
+                        prop_assert_eq!(
+                            format!("{by_key:?}"),
+                            format!("{checked:?}"),
+                            "a key handle decides as check does"
+                        );
+                    }
                     match (checked, acquired) {
                         (Ok(Check::Allowed(statuses)), Ok(Outcome::Granted(permit))) => {
                             let limits = permit.limits();

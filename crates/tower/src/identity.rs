@@ -152,24 +152,46 @@ impl PeerAddr {
     /// `handle.check_now` of one unit for this connection's key, on the connection's handle
     /// for that key, made on first use.
     pub(crate) fn check_now(&self, handle: &LimitHandle) -> Option<tollgate::Result<Check>> {
-        let connection = &*self.connection;
-        let first = connection
-            .first
-            .get_or_init(|| handle.for_key(Arc::clone(&connection.key)));
-        if first.is_for(handle) {
-            return first.check_now(1, Priority::Normal);
-        }
-        connection.check_by_others(handle)
+        self.connection
+            .with_key_handle(handle, |kept| kept.check_now(1, Priority::Normal))
+            .unwrap_or_else(|| handle.check_now(Some(&self.connection.key), 1, Priority::Normal))
+    }
+
+    /// One unit for this connection's key taken on its key's word, if the counter allows it
+    /// now (`KeyHandle::take_now`); `false` has taken nothing.
+    pub(crate) fn take_now(&self, handle: &LimitHandle) -> bool {
+        self.connection
+            .with_key_handle(handle, |kept| kept.take_now(1, Priority::Normal))
+            .unwrap_or(false)
     }
 }
 
 impl Connection {
-    /// `PeerAddr::check_now` by a handle not made first.
+    /// `then` of the connection's handle on its key for `handle`'s limit, made on first use;
+    /// `None` when another request of the connection holds the handles past the first.
+    #[inline]
+    fn with_key_handle<R>(
+        &self,
+        handle: &LimitHandle,
+        then: impl FnOnce(&KeyHandle) -> R,
+    ) -> Option<R> {
+        let first = self
+            .first
+            .get_or_init(|| handle.for_key(Arc::clone(&self.key)));
+        if first.is_for(handle) {
+            return Some(then(first));
+        }
+        self.with_other_key_handle(handle, then)
+    }
+
+    /// `with_key_handle` for a limit other than the first.
     #[cold]
-    fn check_by_others(&self, handle: &LimitHandle) -> Option<tollgate::Result<Check>> {
-        let Ok(mut others) = self.others.try_lock() else {
-            return handle.check_now(Some(&self.key), 1, Priority::Normal);
-        };
+    fn with_other_key_handle<R>(
+        &self,
+        handle: &LimitHandle,
+        then: impl FnOnce(&KeyHandle) -> R,
+    ) -> Option<R> {
+        let mut others = self.others.try_lock().ok()?;
         let position = match others.iter().position(|kept| kept.is_for(handle)) {
             Some(position) => position,
             None => {
@@ -180,7 +202,7 @@ impl Connection {
                 others.len() - 1
             }
         };
-        others[position].check_now(1, Priority::Normal)
+        Some(then(&others[position]))
     }
 }
 

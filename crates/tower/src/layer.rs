@@ -281,19 +281,27 @@ impl Shared {
             // One rule with nothing to hold: checked by the handle the index keeps, with no
             // name to look up; by the connection's handle on its key, when the request is
             // counted under its connection's peer and that handle can decide alone.
-            let by_handle =
-                match matched[..] {
-                    [position] if !leases => index.entries[position as usize]
-                        .handle
-                        .as_ref()
-                        .and_then(|handle| match user.and_then(|user| user.connection) {
-                            Some(connection) if handle.key_handles_decide() => {
-                                connection.check_now(handle)
+            let by_handle = match matched[..] {
+                [position] if !leases => {
+                    let handle = index.entries[position as usize].handle.as_ref();
+                    match (handle, user.and_then(|user| user.connection)) {
+                        (Some(handle), Some(connection)) if handle.key_handles_decide() => {
+                            // Allowed with nothing to send but counts: one unit taken on the
+                            // word, with no numbers worked out.
+                            if !self.config.headers_on_allowed && connection.take_now(handle) {
+                                return Prepared::Settled(Settled::Call {
+                                    permit: None,
+                                    headers: self.allowed(&index, &matched, Vec::new),
+                                });
                             }
-                            _ => handle.check_now(key, 1, Priority::Normal),
-                        }),
-                    _ => None,
-                };
+                            connection.check_now(handle)
+                        }
+                        (Some(handle), _) => handle.check_now(key, 1, Priority::Normal),
+                        (None, _) => None,
+                    }
+                }
+                _ => None,
+            };
             let settled = match by_handle {
                 // Without fields to send, an allowed request needs only counting: handing its
                 // statuses to `settle_check` costs more than that.
