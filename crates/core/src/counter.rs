@@ -297,9 +297,30 @@ pub fn gcra_final(
     gcra_step(tat, policy, now, cost, open)
 }
 
-/// `gcra_final` once `open` is known to be at least `cost`.
+/// The backlog's end after `gcra_final`'s grant, and nothing else: for a caller that shows no
+/// numbers, which are then never worked out. `None` exactly when `gcra_final` is `None`.
 #[inline]
-fn gcra_step(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<GcraStep> {
+pub fn gcra_final_end(
+    tat: u64,
+    policy: &Policy,
+    now: u64,
+    cost: u64,
+    priority: Priority,
+) -> Option<u64> {
+    let open = open_for(policy, cost, priority).ok()?;
+    gcra_admit(tat, policy, now, cost, open).map(|admitted| admitted.tat)
+}
+
+/// A GCRA grant admitted: the emission interval, the backlog before it, its end after it.
+struct Admitted {
+    emission: u64,
+    backlog: u64,
+    tat: u64,
+}
+
+/// GCRA's own test for `cost` units once `open` is known to be at least `cost`.
+#[inline]
+fn gcra_admit(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<Admitted> {
     let Kind::Rate(rate) = policy.kind() else {
         return None;
     };
@@ -307,12 +328,26 @@ fn gcra_step(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Optio
         return None;
     }
     let emission = rate.emission_us();
-    // GCRA's own test, `backlog <= (open - cost) * T`, without dividing the backlog by T.
+    // `backlog <= (open - cost) * T`, without dividing the backlog by T.
     let backlog = tat.saturating_sub(now);
     if backlog > (open - cost) * emission {
         return None;
     }
-    let tat = tat.max(now) + cost * emission;
+    Some(Admitted {
+        emission,
+        backlog,
+        tat: tat.max(now) + cost * emission,
+    })
+}
+
+/// `gcra_final` once `open` is known to be at least `cost`.
+#[inline]
+fn gcra_step(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<GcraStep> {
+    let Admitted {
+        emission,
+        backlog,
+        tat,
+    } = gcra_admit(tat, policy, now, cost, open)?;
     Some(GcraStep {
         tat,
         remaining: open - backlog.div_ceil(emission) - cost,

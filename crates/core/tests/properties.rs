@@ -15,7 +15,7 @@ use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use tollgate_core::{
     Algorithm, Committed, CostError, Counter, DenyReason, LEASES_MAX, PermitError, Policy,
     Priority, Reserve, SLIDING_BUCKETS_MAX, SPAN_US_MAX, SPAN_US_MIN, UNITS_MAX, Verdict,
-    gcra_final,
+    gcra_final, gcra_final_end,
 };
 
 /// The limit under test, with the parameters the reference model reasons with.
@@ -465,6 +465,11 @@ impl Run {
             prop_assert_eq!(&self.counter, &stepped);
             if let Some(tat) = alone {
                 let step = gcra_final(tat, &policy, now, cost, priority);
+                prop_assert_eq!(
+                    gcra_final_end(tat, &policy, now, cost, priority),
+                    step.map(|step| step.tat),
+                    "the end alone, as the whole step has it"
+                );
                 match decided {
                     Ok(Verdict::Granted(grant)) => {
                         let step = step.ok_or_else(|| fail("gcra_final refused a grant"))?;

@@ -33,7 +33,7 @@
 //! denial, a request over several counters) only costs the next decision the store's way. The
 //! store never drops a counter whose word a handle holds (it could not seize it again).
 
-use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final};
+use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final, gcra_final_end};
 
 use std::sync::Arc;
 
@@ -87,6 +87,23 @@ impl HotCounter {
         cost: u64,
         priority: Priority,
     ) -> Option<GcraStep> {
+        self.swap(|tat, now| {
+            gcra_final(tat, policy, now, cost, priority).map(|step| (step.tat, step))
+        })
+    }
+
+    /// `decide`, saying only whether it granted: its numbers are never worked out.
+    #[inline]
+    pub(crate) fn take(&self, policy: &Policy, cost: u64, priority: Priority) -> bool {
+        self.swap(|tat, now| gcra_final_end(tat, policy, now, cost, priority).map(|end| (end, ())))
+            .is_some()
+    }
+
+    /// Swap in the backlog's end `grant` works out from the word and the time, if the word is
+    /// published, no limit-wide pause is on and `grant` grants; again on the winner's value
+    /// after a lost race.
+    #[inline(always)]
+    fn swap<R>(&self, grant: impl Fn(u64, u64) -> Option<(u64, R)>) -> Option<R> {
         let now = self.clock.now_us();
         if self.limit_pauses_end.load(Ordering::Acquire) > now {
             return None;
@@ -96,14 +113,12 @@ impl HotCounter {
             if word & SEIZED != 0 {
                 return None;
             }
-            let step = gcra_final(word, policy, now, cost, priority)?;
-            match self.word.compare_exchange_weak(
-                word,
-                step.tat,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Some(step),
+            let (end, granted) = grant(word, now)?;
+            match self
+                .word
+                .compare_exchange_weak(word, end, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(granted),
                 Err(actual) => word = actual,
             }
         }

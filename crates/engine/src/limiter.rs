@@ -1170,7 +1170,7 @@ impl KeyHandle {
         handle.hot.as_ref().is_some_and(|hot| {
             handle.in_force()
                 && !handle.limiter.shared.waiters.anyone_waiting()
-                && hot.decide(handle.limit.policy(), cost, priority).is_some()
+                && hot.take(handle.limit.policy(), cost, priority)
         })
     }
 
