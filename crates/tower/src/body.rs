@@ -11,21 +11,21 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tollgate::Permit;
 
 pin_project! {
-    /// A response body holding a lease until it ends.
+    /// A response body holding a lease until it ends: `L` is what holds it, a permit or the
+    /// box the layer carried it in (dropping it releases the permit's leases; its rate units
+    /// stay used).
     #[derive(Debug)]
-    pub(crate) struct LeasedBody<B> {
+    pub(crate) struct LeasedBody<B, L> {
         #[pin]
         body: B,
-        // Dropping a permit releases its leases (its rate units stay used).
-        permit: Option<Box<Permit>>,
+        permit: Option<L>,
     }
 }
 
-impl<B> LeasedBody<B> {
-    pub(crate) fn new(body: B, permit: Box<Permit>) -> LeasedBody<B> {
+impl<B, L> LeasedBody<B, L> {
+    pub(crate) fn new(body: B, permit: L) -> LeasedBody<B, L> {
         LeasedBody {
             body,
             permit: Some(permit),
@@ -33,7 +33,7 @@ impl<B> LeasedBody<B> {
     }
 }
 
-impl<B> Body for LeasedBody<B>
+impl<B, L> Body for LeasedBody<B, L>
 where
     B: Body<Data = Bytes>,
 {
@@ -70,7 +70,7 @@ mod tests {
     use std::convert::Infallible;
 
     use http_body_util::BodyExt;
-    use tollgate::{Limit, Limiter, Policy, Request, Reserve};
+    use tollgate::{Limit, Limiter, Permit, Policy, Request, Reserve};
 
     use super::*;
 
@@ -100,9 +100,9 @@ mod tests {
         limiter
     }
 
-    async fn lease(limiter: &Limiter) -> Option<Box<Permit>> {
+    async fn lease(limiter: &Limiter) -> Option<Permit> {
         let outcome = limiter.try_acquire(&Request::new("conc")).await;
-        outcome.expect("decides").granted().map(Box::new)
+        outcome.expect("decides").granted()
     }
 
     #[tokio::test]

@@ -158,7 +158,7 @@ type Acquire = Pin<Box<dyn Future<Output = tollgate::Result<Outcome>> + Send>>;
 #[derive(Debug)]
 struct Answer {
     status: StatusCode,
-    // A Vec, not inline: answers are the rare path, and this keeps the futures small.
+    // A Vec, not inline: answers are the rare path, and this keeps what carries them small.
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
 }
@@ -207,17 +207,14 @@ fn json_string(text: &str) -> String {
     out
 }
 
-/// Headers the layer adds to an allowed response. A `Vec`: empty (and free) unless
-/// `headers_on_allowed`, and small inside the futures that carry it.
-type Headers = Vec<(HeaderName, HeaderValue)>;
+/// The `RateLimit-Policy` and `RateLimit` fields, inline: an allowed response carries them in
+/// a box already (`Extra`).
+type Headers = SmallVec<[(HeaderName, HeaderValue); 2]>;
 
 /// A matched request, decided.
 enum Settled {
-    /// Call the service, holding the lease (if any) in the body and adding these headers.
-    Call {
-        permit: Option<Box<Permit>>,
-        headers: Headers,
-    },
+    /// Call the service, with what its response carries besides its own, if anything.
+    Call { extra: Option<Box<Extra>> },
     /// The layer answers itself (a refusal, a failure, no user).
     Answer(Answer),
 }
@@ -290,8 +287,7 @@ impl Shared {
                             // word, with no numbers worked out.
                             if !self.config.headers_on_allowed && connection.take_now(handle) {
                                 return Prepared::Settled(Settled::Call {
-                                    permit: None,
-                                    headers: self.allowed(&index, &matched, Vec::new),
+                                    extra: self.allowed(&index, &matched, Headers::new),
                                 });
                             }
                             connection.check_now(handle)
@@ -307,8 +303,7 @@ impl Shared {
                 // statuses to `settle_check` costs more than that.
                 Some(Ok(Check::Allowed(_))) if !self.config.headers_on_allowed => {
                     Some(Settled::Call {
-                        permit: None,
-                        headers: self.allowed(&index, &matched, Vec::new),
+                        extra: self.allowed(&index, &matched, Headers::new),
                     })
                 }
                 Some(checked) => Some(self.settle_check(&index, &matched, checked)),
@@ -420,21 +415,18 @@ impl Shared {
         match outcome {
             Ok(Outcome::Granted(permit)) => {
                 let headers = || Shared::rate_headers(index, matched, &permit.limits());
-                let headers = self.allowed(index, matched, headers);
+                let mut extra = self.allowed(index, matched, headers);
                 // Only a lease needs holding; dropping a rate-only permit keeps its units
                 // used, which is what a served request means.
-                // Boxed: a lease is rare, and the futures and body that carry a permit otherwise
-                // grow by its size, to be moved on every request.
-                let permit = permit.fence().is_some().then(|| Box::new(permit));
-                Settled::Call { permit, headers }
+                if permit.fence().is_some() {
+                    extra.get_or_insert_default().permit = Some(permit);
+                }
+                Settled::Call { extra }
             }
             Ok(Outcome::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
             Err(error) => match self.failed(&error) {
                 Some(answer) => Settled::Answer(answer),
-                None => Settled::Call {
-                    permit: None,
-                    headers: Vec::new(),
-                },
+                None => Settled::Call { extra: None },
             },
         }
     }
@@ -461,8 +453,7 @@ impl Shared {
                     Shared::headers_with(index, matched, ratelimit_members(members))
                 };
                 Settled::Call {
-                    permit: None,
-                    headers: self.allowed(index, matched, headers),
+                    extra: self.allowed(index, matched, headers),
                 }
             }
             Ok(Check::Denied(denied)) => Settled::Answer(self.refused(index, matched, &denied)),
@@ -477,15 +468,16 @@ impl Shared {
         index: &RuleIndex,
         matched: &Matched,
         headers: impl FnOnce() -> Headers,
-    ) -> Headers {
+    ) -> Option<Box<Extra>> {
         for &position in matched {
             bump(&index.entries[position as usize].counters.allowed);
         }
-        if self.config.headers_on_allowed {
-            headers()
-        } else {
-            Vec::new()
-        }
+        self.config.headers_on_allowed.then(|| {
+            Box::new(Extra {
+                permit: None,
+                headers: headers(),
+            })
+        })
     }
 
     /// `RateLimit-Policy` for the matched rules, and `ratelimit` as `RateLimit`.
@@ -494,7 +486,7 @@ impl Shared {
         matched: &Matched,
         ratelimit: Option<HeaderValue>,
     ) -> Headers {
-        let mut headers = Vec::with_capacity(3);
+        let mut headers = Headers::new();
         let entries = matched.iter().map(|&p| &index.entries[p as usize]);
         if let Some(value) = policy_value(entries.map(|entry| entry.policy_item.as_str())) {
             headers.push((HeaderName::from_static(RATELIMIT_POLICY), value));
@@ -534,7 +526,7 @@ impl Shared {
                 "{{\"error\":{{\"code\":\"rate_limited\",\"message\":\"too many requests; retry after {retry_after_ms} ms\"}},\"retry_after_ms\":{retry_after_ms}}}"
             )),
         };
-        answer.headers = Shared::rate_headers(index, matched, &denied.limits);
+        answer.headers = Shared::rate_headers(index, matched, &denied.limits).into_vec();
         answer.headers.push((
             http::header::RETRY_AFTER,
             retry_after_value(denied.retry_after),
@@ -605,20 +597,17 @@ where
         match self.shared.prepare(&request) {
             Prepared::Pass => ResponseFuture {
                 future: Some(self.inner.call(request)),
-                permit: None,
-                headers: Vec::new(),
+                extra: None,
                 waiting: None,
             },
-            Prepared::Settled(Settled::Call { permit, headers }) => ResponseFuture {
+            Prepared::Settled(Settled::Call { extra }) => ResponseFuture {
                 future: Some(self.inner.call(request)),
-                permit,
-                headers,
+                extra,
                 waiting: None,
             },
             Prepared::Settled(Settled::Answer(answer)) => ResponseFuture {
                 future: None,
-                permit: None,
-                headers: Vec::new(),
+                extra: None,
                 waiting: Some(Box::new(Waiting::Answered(answer.into_response()))),
             },
             Prepared::Acquire {
@@ -632,8 +621,7 @@ where
                 let ready = std::mem::replace(&mut self.inner, ready);
                 ResponseFuture {
                     future: None,
-                    permit: None,
-                    headers: Vec::new(),
+                    extra: None,
                     waiting: Some(Box::new(Waiting::Acquiring {
                         acquire,
                         shared: Arc::clone(&self.shared),
@@ -662,13 +650,22 @@ pin_project! {
         // The service's future, once the request is granted.
         #[pin]
         future: Option<S::Future>,
-        // A lease, held by the response body once there is one.
-        permit: Option<Box<Permit>>,
-        // Added to the service's response.
-        headers: Headers,
+        // A lease to hold and fields to add, if any.
+        extra: Option<Box<Extra>>,
         // Before the service is called: a decision still to await, or the layer's own answer.
         waiting: Option<Box<Waiting<S, ReqBody>>>,
     }
+}
+
+/// What an allowed response carries besides the service's own: boxed where it is carried,
+/// since most responses carry neither (then one null pointer, tested once and dropped free).
+/// A lease's box goes on into the response body, which holds it until the body ends.
+#[derive(Debug, Default)]
+pub(crate) struct Extra {
+    /// A lease, held by the response body.
+    permit: Option<Permit>,
+    /// Added to the response.
+    headers: Headers,
 }
 
 /// A `ResponseFuture` that has not called the service.
@@ -709,19 +706,22 @@ where
         loop {
             if let Some(future) = this.future.as_mut().as_pin_mut() {
                 let response = ready!(future.poll(cx))?;
-                if this.permit.is_none() && this.headers.is_empty() {
+                let Some(extra) = this.extra.take() else {
                     // The common answer: the response as the service made it.
                     return Poll::Ready(Ok(response.map(Body::new)));
-                }
+                };
+                let mut extra = extra;
                 let (mut parts, body) = response.into_parts();
-                for (name, value) in this.headers.drain(..) {
+                for (name, value) in extra.headers.drain(..) {
                     parts.headers.insert(name, value);
                 }
                 // An axum body passes through as it is (`Body::new` boxes only another type);
-                // only a lease needs a body of the layer's own around it.
-                let body = match this.permit.take() {
-                    Some(permit) => Body::new(LeasedBody::new(body, permit)),
-                    None => Body::new(body),
+                // only a lease needs a body of the layer's own around it, which keeps the
+                // permit in the box it came in.
+                let body = if extra.permit.is_some() {
+                    Body::new(LeasedBody::new(body, extra))
+                } else {
+                    Body::new(body)
                 };
                 return Poll::Ready(Ok(Response::from_parts(parts, body)));
             }
@@ -751,9 +751,8 @@ where
                 unreachable!("an answer is returned above");
             };
             match shared.settle(&index, &matched, outcome) {
-                Settled::Call { permit, headers } => {
-                    *this.permit = permit;
-                    *this.headers = headers;
+                Settled::Call { extra } => {
+                    *this.extra = extra;
                     this.future.set(Some(service.call(request)));
                 }
                 Settled::Answer(answer) => return Poll::Ready(Ok(answer.into_response())),
