@@ -100,7 +100,9 @@ impl Identity {
 /// The connection also keeps, for each rule counted per user that its requests are decided
 /// under alone, the limit's handle on its key (`tollgate::KeyHandle`): under a GCRA rule with
 /// the memory store, a request then takes no lock and finds no counter. The store keeps the
-/// key's counter while the connection is open.
+/// key's counter while the connection is open. A handle made when the store could offer no
+/// word (at the key cap, or while its rule was being changed) decides the general way for as
+/// long as the connection keeps it: slower, never wrong.
 #[derive(Clone, Debug)]
 pub struct PeerAddr {
     address: SocketAddr,

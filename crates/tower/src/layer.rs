@@ -9,7 +9,9 @@
 //! With an in-process store (the memory store) the decision is complete on its first poll, so
 //! it is taken inside `call`: the limit names and the user key are borrowed from the rules
 //! index and the request, nothing is boxed, and the service that was polled ready is called at
-//! once. With a remote store the acquire is boxed with owned copies and awaited in the
+//! once. A request that one keyed GCRA rule decides, counted under its connection's peer
+//! (`PeerAddr`), is decided on the connection's handle on its client's key: one
+//! compare-and-swap on the key's word. With a remote store the acquire is boxed with owned copies and awaited in the
 //! response future, calling a clone of the service once it is granted.
 
 use std::future::Future;
