@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
+use sqlx::SqlitePool;
 use sqlx::sqlite::SqlitePoolOptions;
 use tollgate::Limiter;
 use tollgate_rules::{DEFAULT_TABLE, Rules, SqlSource};
@@ -26,6 +27,22 @@ fn seed_row(name: &str, normalized_uri: &str, max_calls: u32, period_seconds: u3
     )
 }
 
+/// The rules table in a fresh SQLite file (its directory, removed when dropped), and an
+/// administrator's connection to it.
+async fn rules_database() -> (tempfile::TempDir, SqlSource, SqlitePool) {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let url = format!("sqlite://{}", directory.path().join("rules.db").display());
+    let source = SqlSource::connect(&url, DEFAULT_TABLE)
+        .await
+        .expect("rules database");
+    let admin = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("administrator's connection");
+    (directory, source, admin)
+}
+
 async fn status_of<S>(service: &mut S, user: &str, path: &str) -> StatusCode
 where
     S: Service<Request<String>, Response = Response<axum::body::Body>>,
@@ -35,6 +52,14 @@ where
         .header("x-user", user)
         .body(String::new())
         .expect("valid request");
+    status_for(service, request).await
+}
+
+async fn status_for<S>(service: &mut S, request: Request<String>) -> StatusCode
+where
+    S: Service<Request<String>, Response = Response<axum::body::Body>>,
+    S::Error: std::fmt::Debug,
+{
     let response = service
         .ready()
         .await
@@ -47,16 +72,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
-    let directory = tempfile::tempdir().expect("temporary directory");
-    let url = format!("sqlite://{}", directory.path().join("rules.db").display());
-    let source = SqlSource::connect(&url, DEFAULT_TABLE)
-        .await
-        .expect("rules database");
-    let admin = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("administrator's connection");
+    let (_directory, source, admin) = rules_database().await;
     sqlx::query(&seed_row(
         "entity-bundle",
         "/repo/v1/entity/#/bundle",
@@ -162,16 +178,7 @@ async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
 /// other connection of the same client, through an edit of the rule and after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
-    let directory = tempfile::tempdir().expect("temporary directory");
-    let url = format!("sqlite://{}", directory.path().join("rules.db").display());
-    let source = SqlSource::connect(&url, DEFAULT_TABLE)
-        .await
-        .expect("rules database");
-    let admin = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("administrator's connection");
+    let (_directory, source, admin) = rules_database().await;
     let insert = |name: &str, path: &str, limit: u32| {
         format!(
             "INSERT INTO {DEFAULT_TABLE} (name, kind, limit_units, period_ms, algorithm, per, \
@@ -215,14 +222,7 @@ async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
             .body(String::new())
             .expect("valid request");
         request.extensions_mut().insert(ConnectInfo(peer.clone()));
-        let response = service
-            .ready()
-            .await
-            .expect("ready")
-            .call(request)
-            .await
-            .expect("answered");
-        response.status()
+        status_for(&mut service, request).await
     };
 
     // Both rules on one connection (its first handle, then another), then the other's turn.
