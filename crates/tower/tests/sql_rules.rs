@@ -43,6 +43,31 @@ async fn rules_database() -> (tempfile::TempDir, SqlSource, SqlitePool) {
     (directory, source, admin)
 }
 
+/// A handler answering "ok" behind a layer over `rules`, and the layer.
+fn throttled(
+    rules: &Rules,
+    identity: Identity,
+    headers_on_allowed: bool,
+) -> (
+    ThrottleLayer,
+    impl Service<Request<String>, Response = Response<axum::body::Body>, Error = Infallible>,
+) {
+    let layer = ThrottleLayer::from_sql(
+        rules.clone(),
+        ThrottleConfig {
+            identity,
+            unidentified: Unidentified::Reject,
+            headers_on_allowed,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let handler = tower::service_fn(|_: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    let service = layer.layer(handler);
+    (layer, service)
+}
+
 async fn status_of<S>(service: &mut S, user: &str, path: &str) -> StatusCode
 where
     S: Service<Request<String>, Response = Response<axum::body::Body>>,
@@ -89,20 +114,9 @@ async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let interval = Duration::from_millis(100);
     let _reloader = rules.spawn_reloader(interval, stop);
-    let layer = ThrottleLayer::from_sql(
-        rules.clone(),
-        ThrottleConfig {
-            // Behind an authenticating proxy that sets the header.
-            identity: Identity::Header(http::HeaderName::from_static("x-user")),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed: true,
-            on_store_error: OnStoreError::FailClosed,
-        },
-    );
-    let handler = tower::service_fn(|_: Request<String>| async {
-        Ok::<_, Infallible>(Response::new(String::from("ok")))
-    });
-    let mut service = layer.layer(handler);
+    // Behind an authenticating proxy that sets the header.
+    let identity = Identity::Header(http::HeaderName::from_static("x-user"));
+    let (layer, mut service) = throttled(&rules, identity, true);
 
     let bundle = "/repo/v1/entity/42/bundle";
     assert_eq!(status_of(&mut service, "u1", bundle).await, StatusCode::OK);
@@ -199,19 +213,7 @@ async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let interval = Duration::from_millis(100);
     let _reloader = rules.spawn_reloader(interval, stop);
-    let layer = ThrottleLayer::from_sql(
-        rules.clone(),
-        ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
-            unidentified: Unidentified::Reject,
-            headers_on_allowed: false,
-            on_store_error: OnStoreError::FailClosed,
-        },
-    );
-    let handler = tower::service_fn(|_: Request<String>| async {
-        Ok::<_, Infallible>(Response::new(String::from("ok")))
-    });
-    let mut service = layer.layer(handler);
+    let (_layer, mut service) = throttled(&rules, Identity::Peer(TrustedProxies::none()), false);
     // Two connections of one client, as a server gives them: one `PeerAddr` each, cloned into
     // every request of its connection.
     let client: SocketAddr = "192.0.2.7:40000".parse().expect("address");
