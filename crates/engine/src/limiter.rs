@@ -1109,8 +1109,9 @@ pub struct KeyHandle {
 }
 
 impl LimitHandle {
-    /// A handle on `key`'s counter of this limit (see `KeyHandle`). On an unkeyed limit, or
-    /// where the store offers no word, its decisions are this handle's.
+    /// A handle on `key`'s counter of this limit (see `KeyHandle`). On an unkeyed limit the
+    /// key means nothing, and it decides on this handle's word, if any; where the store offers
+    /// no word, its decisions are this handle's.
     pub fn for_key(&self, key: Arc<str>) -> KeyHandle {
         let hot = match self.limit.per() {
             Some(_) if self.in_force() => self.limiter.shared.store.hot_counter(Take {
@@ -1120,7 +1121,8 @@ impl LimitHandle {
                 },
                 policy: self.limit.policy(),
             }),
-            _ => None,
+            Some(_) => None,
+            None => self.hot.clone(),
         };
         KeyHandle {
             handle: LimitHandle {
