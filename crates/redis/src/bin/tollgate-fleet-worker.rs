@@ -2,7 +2,7 @@
 //! Tollgate out by hand: `cargo run -p tollgate-redis --bin tollgate-fleet-worker -- \
 //!   redis://127.0.0.1:6379/ demo vendor 20 100 50 5000`.
 //!
-//! Arguments: URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ACQUIRERS DURATION_MS [ALGORITHM].
+//! Arguments: URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ACQUIRERS DURATION_MS \[ALGORITHM\].
 //! Prints one line per grant, `grant <decided_at_us> <units>`, on the store's clock, then
 //! `done <grants> <errors>`. Store errors (Redis restarting) are printed and waited out.
 
