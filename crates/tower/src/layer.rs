@@ -282,15 +282,14 @@ impl Shared {
             // counted under its connection's peer and that handle can decide alone.
             let by_handle = match matched[..] {
                 [position] if !leases => {
-                    let handle = index.entries[position as usize].handle.as_ref();
-                    match (handle, user.and_then(|user| user.connection)) {
+                    let entry = &index.entries[position as usize];
+                    match (entry.handle.as_ref(), user.and_then(|user| user.connection)) {
                         (Some(handle), Some(connection)) if handle.key_handles_decide() => {
                             // Allowed with nothing to send but counts: one unit taken on the
                             // word, with no numbers worked out.
                             if !self.config.headers_on_allowed && connection.take_now(handle) {
-                                return Prepared::Settled(Settled::Call {
-                                    extra: self.allowed(&index, &matched, Headers::new),
-                                });
+                                bump(&entry.counters.allowed);
+                                return Prepared::Settled(Settled::Call { extra: None });
                             }
                             connection.check_now(handle)
                         }

@@ -599,7 +599,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
                 on_store_error: OnStoreError::FailClosed,
             },
         );
-        let address = serve_with(app(layer), ConnectedBy::PeerAddr).await;
+        let address = serve_with(app(layer.clone()), ConnectedBy::PeerAddr).await;
 
         // One connection first: the fields count down as the store would.
         let mut first = KeepAlive::open(address).await;
@@ -646,6 +646,13 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
                 .expect("decides")
                 .is_allowed(),
             "the connections counted on the client's counter in the store"
+        );
+        // Every answer counted on the rule: two, then four connections' twenty, then one.
+        let metrics = layer.metrics();
+        let rule = &metrics.rules[0];
+        assert_eq!(
+            (rule.allowed, rule.denied),
+            (LIMIT as u64, 2 + 4 * LIMIT as u64 + 1 - LIMIT as u64)
         );
     }
 }
