@@ -1028,8 +1028,7 @@ impl LimitHandle {
         // checks the queue.
         match key {
             None => {
-                if let Some(hot) = &self.hot
-                    && !self.limiter.shared.waiters.anyone_waiting()
+                if let Some(hot) = self.word()
                     && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
                 {
                     return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
@@ -1067,6 +1066,15 @@ impl LimitHandle {
         }
         self.limiter
             .check_limit_now(&self.limit, key, cost, priority)
+    }
+
+    /// The word to decide on by itself, if the handle holds one and nobody waits (a request
+    /// that waits may be ahead of this one in the queue; only the store's way checks it).
+    #[inline]
+    fn word(&self) -> Option<&HotCounter> {
+        self.hot
+            .as_deref()
+            .filter(|_| !self.limiter.shared.waiters.anyone_waiting())
     }
 
     /// Whether `limit` is the limit in force: the limits have not changed since it was known
@@ -1110,8 +1118,9 @@ pub struct KeyHandle {
 
 impl LimitHandle {
     /// A handle on `key`'s counter of this limit (see `KeyHandle`). On an unkeyed limit the
-    /// key means nothing, and it decides on this handle's word, if any; where the store offers
-    /// no word, its decisions are this handle's.
+    /// key means nothing, and it decides on this handle's word, if any (a malformed key takes
+    /// none, and is refused as this handle refuses it); where the store offers no word, its
+    /// decisions are this handle's.
     pub fn for_key(&self, key: Arc<str>) -> KeyHandle {
         let hot = match self.limit.per() {
             Some(_) if self.in_force() => self.limiter.shared.store.hot_counter(Take {
@@ -1122,7 +1131,7 @@ impl LimitHandle {
                 policy: self.limit.policy(),
             }),
             Some(_) => None,
-            None => self.hot.clone(),
+            None => check_key(&key).ok().and(self.hot.clone()),
         };
         KeyHandle {
             handle: LimitHandle {
@@ -1169,20 +1178,18 @@ impl KeyHandle {
     #[inline]
     pub fn take_now(&self, cost: u64, priority: Priority) -> bool {
         let handle = &self.handle;
-        handle.hot.as_ref().is_some_and(|hot| {
-            handle.in_force()
-                && !handle.limiter.shared.waiters.anyone_waiting()
-                && hot.take(handle.limit.policy(), cost, priority)
-        })
+        handle.in_force()
+            && handle
+                .word()
+                .is_some_and(|hot| hot.take(handle.limit.policy(), cost, priority))
     }
 
     /// `LimitHandle::check_now` for this key, on the key's word when the counter allows it.
     #[inline]
     pub fn check_now(&self, cost: u64, priority: Priority) -> Option<Result<Check>> {
         let handle = &self.handle;
-        if let Some(hot) = &handle.hot
-            && handle.in_force()
-            && !handle.limiter.shared.waiters.anyone_waiting()
+        if handle.in_force()
+            && let Some(hot) = handle.word()
             && let Some(step) = hot.decide(handle.limit.policy(), cost, priority)
         {
             return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));

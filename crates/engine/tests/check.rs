@@ -501,6 +501,18 @@ fn a_key_handle_keeps_its_counter_while_held_and_stops_at_pauses() {
             .check_with(1, Priority::Normal)),
         Err(Error::InvalidRequest { field: "key", .. })
     ));
+    // On an unkeyed limit the key means nothing, but a malformed one is refused, as by the
+    // limit's own handle, and never taken on its word.
+    add(&limiter, "vendor", gcra_per_second(10, 2), None);
+    let vendor = limiter.handle("vendor").expect("a limit in force");
+    // The first grant is the store's, which publishes the limit's word.
+    assert!(now(vendor.check(None)).expect("ok").is_allowed());
+    let malformed = vendor.for_key(Arc::from("bad\nkey"));
+    assert!(!malformed.take_now(1, Priority::Normal));
+    assert!(matches!(
+        now(malformed.check_with(1, Priority::Normal)),
+        Err(Error::InvalidRequest { field: "key", .. })
+    ));
 }
 
 /// New keys pay for sweeping out old ones: a stream of users, each seen once, keeps the store

@@ -236,7 +236,6 @@ enum Prepared {
 
 impl Shared {
     fn prepare<B>(&self, request: &Request<B>) -> Prepared {
-        let mut address = AddressText::default();
         let index = self.rules.index();
         let Matching {
             matched,
@@ -247,6 +246,7 @@ impl Shared {
             bump(&self.counters.unmatched);
             return Prepared::Pass;
         }
+        let mut address = AddressText::default();
         let user = if per_user {
             match self.config.identity.user_of(
                 request.headers(),
@@ -383,9 +383,9 @@ impl Shared {
 
     /// The decision awaited in the response future, for a store that does not answer at once:
     /// owned copies of the names and the key go with it.
-    fn deferred(&self, index: Arc<RuleIndex>, matched: Matched, user: Option<&str>) -> Prepared {
+    fn deferred(&self, index: Arc<RuleIndex>, matched: Matched, key: Option<&str>) -> Prepared {
         let limiter = self.limiter.clone();
-        let user: Option<Box<str>> = user.map(Box::from);
+        let user: Option<Box<str>> = key.map(Box::from);
         let owned_index = Arc::clone(&index);
         let owned_matched = matched.clone();
         let acquire = Box::pin(async move {
