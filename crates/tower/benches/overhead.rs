@@ -17,13 +17,13 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use http::Request;
+use http::{Request, Response};
 use http_body_util::BodyExt;
-use tower::{Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 #[path = "support/layer.rs"]
 mod layer;
-use layer::{MODES, bench_app, peer_addr_for};
+use layer::{MODES, Serving, bench_app, serving};
 use tollgate_tower::PeerAddr;
 
 const REQUESTS_DEFAULT: u64 = 200_000;
@@ -31,20 +31,12 @@ const REQUESTS_DEFAULT: u64 = 200_000;
 /// they are on a server with keep-alive clients.
 const CLIENTS: u64 = 32;
 
-fn router(mode: &str) -> Router {
-    let app = bench_app(mode, false).unwrap_or_else(|| {
-        eprintln!("unknown mode {mode:?}: {MODES}");
-        std::process::exit(2);
-    });
-    // What `axum::serve` does through `into_make_service`: handlers become routes once, not on
-    // every request, so each mode pays what it pays when served.
-    app.with_state(())
-}
-
 /// The client's connection info as a server gives it to every request of a connection: made
-/// once per client (as once per connection), cloned into each request.
+/// once per client (as once per connection), cloned into each request. None for a service
+/// made for its connection, or one that needs no address.
 #[derive(Clone)]
 enum Peer {
+    None,
     Socket(SocketAddr),
     Addr(PeerAddr),
 }
@@ -55,6 +47,7 @@ fn request(peer: &Peer) -> Request<Body> {
         .expect("valid request");
     let extensions = request.extensions_mut();
     match peer {
+        Peer::None => {}
         Peer::Socket(address) => {
             extensions.insert(ConnectInfo(*address));
         }
@@ -65,12 +58,17 @@ fn request(peer: &Peer) -> Request<Body> {
     request
 }
 
-async fn drive(mut service: Router, peers: Vec<Peer>, requests: u64) -> Result<u64, Infallible> {
+/// `requests` requests, rotating over the clients: client `c` is served by `services[c]` with
+/// `peers[c]` in its requests.
+async fn drive<S>(mut services: Vec<S>, peers: Vec<Peer>, requests: u64) -> Result<u64, Infallible>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
     let mut not_ok = 0;
     for index in 0..requests {
-        let ready = ServiceExt::<Request<Body>>::ready(&mut service).await?;
-        let peer = &peers[(index % CLIENTS) as usize];
-        let response = ready.call(request(peer)).await?;
+        let client = (index % CLIENTS) as usize;
+        let ready = ServiceExt::<Request<Body>>::ready(&mut services[client]).await?;
+        let response = ready.call(request(&peers[client])).await?;
         if !response.status().is_success() {
             not_ok += 1;
         }
@@ -97,21 +95,43 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let service = router(&mode);
-    let peers = (0..CLIENTS)
-        .map(|client| {
-            let address = SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16));
-            if peer_addr_for(&mode) {
-                Peer::Addr(PeerAddr::new(address))
-            } else {
-                Peer::Socket(address)
-            }
-        })
+    let (app, throttle) = bench_app(&mode, false).unwrap_or_else(|| {
+        eprintln!("unknown mode {mode:?}: {MODES}");
+        std::process::exit(2);
+    });
+    // What `axum::serve` does through `into_make_service`: handlers become routes once, not on
+    // every request, so each mode pays what it pays when served.
+    let app: Router = app.with_state(());
+    let addresses: Vec<SocketAddr> = (0..CLIENTS)
+        .map(|client| SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16)))
         .collect();
+    let peers = |peer: fn(SocketAddr) -> Peer| addresses.iter().copied().map(peer).collect();
     let started = Instant::now();
-    let not_ok = runtime
-        .block_on(drive(service, peers, requests))
-        .unwrap_or_else(|never| match never {});
+    let driven = match (serving(&mode), throttle) {
+        (Serving::Connection, Some(throttle)) => {
+            // As `into_make_service_with_peer` makes them, once per connection.
+            let throttled = throttle.layer(app);
+            let services = addresses
+                .iter()
+                .map(|&address| throttled.for_connection(address))
+                .collect();
+            runtime.block_on(drive(services, peers(|_| Peer::None), requests))
+        }
+        (serving, throttle) => {
+            let app = match throttle {
+                Some(throttle) => app.layer(throttle),
+                None => app,
+            };
+            let peers = match serving {
+                Serving::PeerAddr => peers(|address| Peer::Addr(PeerAddr::new(address))),
+                Serving::Socket => peers(Peer::Socket),
+                Serving::Bare | Serving::Connection => peers(|_| Peer::None),
+            };
+            let services = vec![app; CLIENTS as usize];
+            runtime.block_on(drive(services, peers, requests))
+        }
+    };
+    let not_ok = driven.unwrap_or_else(|never| match never {});
     let elapsed = started.elapsed();
     let per_request = elapsed.as_nanos() / u128::from(requests.max(1));
     println!("{mode}: {requests} requests, {per_request} ns per request, {not_ok} not ok");

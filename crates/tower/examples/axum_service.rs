@@ -145,7 +145,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!("listening on http://{listen}; rules in {database}");
     // The connection info lets `Identity::Peer` see the socket peer (its key written once per
-    // connection); harmless otherwise.
+    // connection); harmless otherwise. A service keyed by peer alone would rather put the
+    // layer around the router and serve `throttle.layer(app).into_make_service_with_peer()`,
+    // whose requests carry no connection info.
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<PeerAddr>(),

@@ -11,24 +11,28 @@
 //! - `tollgate-headers`: the chain with the RateLimit fields on allowed answers;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!
-//! The Tollgate modes are served with `PeerAddr` as their connection info (the client's key
-//! written once per connection), or with `SocketAddr` under `PEER=socket`; the others with
-//! `SocketAddr`. `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on allowed responses (off by default, as
-//! `tower_governor` sends none unless asked). See docs/inbound.md for the figures.
+//! The Tollgate modes are served with the layer around the router, made for each connection
+//! (`into_make_service_with_peer`); under `PEER=addr` inside the router, with `PeerAddr` as
+//! the connection info, and under `PEER=socket` with `SocketAddr`. `governor` is served with
+//! the `SocketAddr` it reads, `none` bare (with `SocketAddr` too under `PEER=socket`).
+//! `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on
+//! allowed responses (off by default, as `tower_governor` sends none unless asked). See
+//! docs/inbound.md for the figures.
 
 use std::net::SocketAddr;
 
 #[path = "../benches/support/layer.rs"]
 mod layer;
-use layer::{MODES, bench_app, peer_addr_for};
+use layer::{MODES, Serving, bench_app, serving};
 use tollgate_tower::PeerAddr;
+use tower_layer::Layer;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "none".to_owned());
     let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(7080);
     let headers_on_allowed = std::env::var("HEADERS").is_ok_and(|value| value == "1");
-    let Some(app) = bench_app(&mode, headers_on_allowed) else {
+    let Some((app, throttle)) = bench_app(&mode, headers_on_allowed) else {
         eprintln!("unknown mode {mode:?}: {MODES}");
         std::process::exit(2);
     };
@@ -46,12 +50,26 @@ fn main() {
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         let listener = tokio::net::TcpListener::bind(address).await.expect("bind");
         eprintln!("{mode} listening on {address}");
-        if peer_addr_for(&mode) {
-            let service = app.into_make_service_with_connect_info::<PeerAddr>();
-            axum::serve(listener, service).await.expect("serve");
-        } else {
-            let service = app.into_make_service_with_connect_info::<SocketAddr>();
-            axum::serve(listener, service).await.expect("serve");
+        match (serving(&mode), throttle) {
+            (Serving::Connection, Some(throttle)) => {
+                let service = throttle.layer(app).into_make_service_with_peer();
+                axum::serve(listener, service).await
+            }
+            (Serving::PeerAddr, Some(throttle)) => {
+                let service = app.layer(throttle);
+                let service = service.into_make_service_with_connect_info::<PeerAddr>();
+                axum::serve(listener, service).await
+            }
+            (Serving::Socket, throttle) => {
+                let service = match throttle {
+                    Some(throttle) => app.layer(throttle),
+                    None => app,
+                };
+                let service = service.into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, service).await
+            }
+            (_, _) => axum::serve(listener, app.into_make_service()).await,
         }
+        .expect("serve");
     });
 }

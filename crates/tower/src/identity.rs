@@ -30,8 +30,10 @@ pub enum Identity {
     Header(HeaderName),
     /// The authenticated principal, read from the request extensions.
     Principal(PrincipalFn),
-    /// The client's IP address: the socket peer (from axum's `ConnectInfo<PeerAddr>`, whose key
-    /// is written once per connection, or `ConnectInfo<SocketAddr>`), or, when the peer is one
+    /// The client's IP address: the socket peer (held by a throttle made for its connection,
+    /// see [`Throttle::into_make_service_with_peer`](crate::Throttle::into_make_service_with_peer);
+    /// otherwise from axum's `ConnectInfo<PeerAddr>`, whose key is written once per
+    /// connection, or `ConnectInfo<SocketAddr>`), or, when the peer is one
     /// of these trusted proxies, the nearest untrusted address in `Forwarded` /
     /// `X-Forwarded-For`.
     Peer(TrustedProxies),
@@ -48,12 +50,15 @@ impl Identity {
     /// The user of a request, if this source names one. The key is borrowed from the request
     /// where it can be; an address is written out into `address`, on the caller's stack, so
     /// naming the user allocates nothing and moves no buffer.
-    /// `peer_addr_first` says which connection info to look for first: the kind found last
-    /// time (a server gives every request the same kind), so a request looks up one.
+    /// `connection` is the peer of a throttle made for one connection, read before the
+    /// request's connection info. `peer_addr_first` says which connection info to look for
+    /// first: the kind found last time (a server gives every request the same kind), so a
+    /// request looks up one.
     pub(crate) fn user_of<'r>(
         &self,
         headers: &'r HeaderMap,
         extensions: &'r http::Extensions,
+        connection: Option<&'r PeerAddr>,
         address: &'r mut AddressText,
         peer_addr_first: &AtomicBool,
     ) -> Option<User<'r>> {
@@ -67,7 +72,11 @@ impl Identity {
                 (!principal.is_empty()).then_some(principal)
             }
             Identity::Peer(trusted) => {
-                let peer = match Peer::of(extensions, peer_addr_first)? {
+                let peer = match connection {
+                    Some(peer) => Peer::Addr(peer),
+                    None => Peer::of(extensions, peer_addr_first)?,
+                };
+                let peer = match peer {
                     // The connection's key, written once, unless its peer is a proxy to look
                     // behind.
                     Peer::Addr(peer) if !trusted.contains(peer.address.ip()) => {
@@ -92,10 +101,13 @@ impl Identity {
 
 /// A connection's socket peer with its user key written out once, for [`Identity::Peer`].
 ///
-/// Serve with `into_make_service_with_connect_info::<PeerAddr>()` instead of `SocketAddr`:
-/// every request of the connection then carries the key ready to use, where a `SocketAddr`
-/// has it written out (and checked as text) again for each request. The key is the same
-/// either way. A peer that is a trusted proxy is looked behind as always.
+/// A throttle made for its connection holds one
+/// ([`Throttle::into_make_service_with_peer`](crate::Throttle::into_make_service_with_peer)).
+/// A layer inside a router reads it from the connection info: serve with
+/// `into_make_service_with_connect_info::<PeerAddr>()` instead of `SocketAddr`, and every
+/// request of the connection carries the key ready to use, where a `SocketAddr` has it
+/// written out (and checked as text) again for each request. The key is the same either way.
+/// A peer that is a trusted proxy is looked behind as always.
 ///
 /// The connection also keeps, for each rule counted per user that its requests are decided
 /// under alone, the limit's handle on its key (`tollgate::KeyHandle`): under a GCRA rule with
@@ -686,7 +698,13 @@ mod tests {
                     }
                     let mut address = AddressText::default();
                     let user = identity
-                        .user_of(&forwarded, &extensions, &mut address, &peer_addr_first)
+                        .user_of(
+                            &forwarded,
+                            &extensions,
+                            None,
+                            &mut address,
+                            &peer_addr_first,
+                        )
                         .map(|user| user.key);
                     let expected = client_ip(
                         ip(peer),
@@ -708,6 +726,42 @@ mod tests {
         assert_eq!(
             PeerAddr::new(SocketAddr::new(ip("::ffff:10.1.2.3"), 1)).key(),
             "10.1.2.3"
+        );
+    }
+
+    /// A throttle made for its connection names the user by its own peer, whatever connection
+    /// info a request carries, and still looks behind a trusted proxy.
+    #[test]
+    fn a_connection_s_own_peer_comes_before_the_request_s_connection_info() {
+        let own = PeerAddr::new(SocketAddr::new(ip("10.9.8.7"), 40_000));
+        let mut extensions = http::Extensions::new();
+        extensions.insert(ConnectInfo(SocketAddr::new(ip("192.0.2.1"), 1)));
+        extensions.insert(ConnectInfo(PeerAddr::new(SocketAddr::new(
+            ip("192.0.2.2"),
+            1,
+        ))));
+        let forwarded = headers(&[("x-forwarded-for", "198.51.100.7")]);
+        let peer_addr_first = AtomicBool::new(true);
+        let user = |identity: &Identity, extensions: &http::Extensions| {
+            let mut address = AddressText::default();
+            identity
+                .user_of(
+                    &forwarded,
+                    extensions,
+                    Some(&own),
+                    &mut address,
+                    &peer_addr_first,
+                )
+                .map(|user| (user.key.to_owned(), user.connection.is_some()))
+        };
+        let untrusting = Identity::Peer(TrustedProxies::none());
+        let expected = Some(("10.9.8.7".to_owned(), true));
+        assert_eq!(user(&untrusting, &extensions), expected);
+        assert_eq!(user(&untrusting, &http::Extensions::new()), expected);
+        let trusting = Identity::Peer(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
+        assert_eq!(
+            user(&trusting, &extensions),
+            Some(("198.51.100.7".to_owned(), false))
         );
     }
 

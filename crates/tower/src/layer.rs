@@ -38,7 +38,7 @@ use crate::headers::{
     Member, RATELIMIT, RATELIMIT_POLICY, policy_value, ratelimit_members, ratelimit_value,
     retry_after_value,
 };
-use crate::identity::{AddressText, Identity, Unidentified, User};
+use crate::identity::{AddressText, Identity, PeerAddr, Unidentified, User};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
 use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
 
@@ -137,6 +137,7 @@ impl<S> Layer<S> for ThrottleLayer {
         Throttle {
             inner,
             shared: self.shared.clone(),
+            peer: None,
         }
     }
 }
@@ -146,11 +147,26 @@ impl<S> Layer<S> for ThrottleLayer {
 pub struct Throttle<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// The connection's peer, for a throttle made for one connection (`crate::serve`): read
+    /// before any connection info a request carries.
+    peer: Option<PeerAddr>,
 }
 
 impl<S> Throttle<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// This throttle for the connection of `peer`.
+    pub(crate) fn with_peer(&self, peer: PeerAddr) -> Throttle<S>
+    where
+        S: Clone,
+    {
+        Throttle {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+            peer: Some(peer),
+        }
     }
 }
 
@@ -235,7 +251,8 @@ enum Prepared {
 }
 
 impl Shared {
-    fn prepare<B>(&self, request: &Request<B>) -> Prepared {
+    /// `peer`: the connection's, when the throttle was made for one.
+    fn prepare<B>(&self, request: &Request<B>, peer: Option<&PeerAddr>) -> Prepared {
         let index = self.rules.index();
         let Matching {
             matched,
@@ -251,6 +268,7 @@ impl Shared {
             match self.config.identity.user_of(
                 request.headers(),
                 request.extensions(),
+                peer,
                 &mut address,
                 &self.peer_addr_first,
             ) {
@@ -595,7 +613,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // Each arm builds the future where it is returned: a state built first and wrapped
         // after is one more copy of the inner future, on every request.
-        match self.shared.prepare(&request) {
+        match self.shared.prepare(&request, self.peer.as_ref()) {
             Prepared::Pass => ResponseFuture {
                 future: Some(self.inner.call(request)),
                 extra: None,

@@ -24,10 +24,12 @@ mod identity;
 mod layer;
 mod metrics;
 mod rules;
+mod serve;
 mod sweep;
 
 pub use identity::{Identity, IpNet, PeerAddr, TrustedProxies, Unidentified};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};
 pub use rules::ThrottleRules;
+pub use serve::IntoMakeServiceWithPeer;
 pub use sweep::spawn_sweeper;

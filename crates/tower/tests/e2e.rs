@@ -26,6 +26,7 @@ use tollgate_tower::{
     Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
     Unidentified,
 };
+use tower_layer::Layer;
 
 /// The authenticated user, as an authentication layer would store it.
 #[derive(Clone, Debug)]
@@ -91,6 +92,14 @@ async fn authenticate(mut request: Request, next: Next) -> axum::response::Respo
 }
 
 fn app(layer: ThrottleLayer) -> Router {
+    routes()
+        .layer(layer)
+        // Outermost: authentication runs first and hands the throttle its principal.
+        .layer(axum::middleware::from_fn(authenticate))
+}
+
+/// The service's handlers.
+fn routes() -> Router {
     Router::new()
         .route("/repo/v1/entity/{id}/bundle", get(|| async { "bundle" }))
         .route("/repo/v1/entity/{id}", get(|| async { "entity" }))
@@ -103,24 +112,37 @@ fn app(layer: ThrottleLayer) -> Router {
                 })
             }),
         )
-        .layer(layer)
-        // Outermost: authentication runs first and hands the throttle its principal.
-        .layer(axum::middleware::from_fn(authenticate))
 }
 
 async fn serve(router: Router) -> SocketAddr {
-    serve_with(router, ConnectedBy::Socket).await
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let address = listener.local_addr().expect("local address");
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await });
+    address
 }
 
-/// The connection info a server gives each request: the socket address every axum server can
-/// give, or a `PeerAddr` with the client's key written once per connection.
+/// How the layer learns a request's socket peer: from the socket address every axum server
+/// can give, from a `PeerAddr` with the client's key written once per connection (both in
+/// each request's connection info), or by being made for the connection
+/// (`into_make_service_with_peer`, the layer around the routes).
 #[derive(Clone, Copy, Debug)]
 enum ConnectedBy {
     Socket,
     PeerAddr,
+    Connection,
 }
 
-async fn serve_with(router: Router, connected_by: ConnectedBy) -> SocketAddr {
+const CONNECTED_BY: [ConnectedBy; 3] = [
+    ConnectedBy::Socket,
+    ConnectedBy::PeerAddr,
+    ConnectedBy::Connection,
+];
+
+/// `layer` in front of the routes, served as `connected_by` says.
+async fn serve_with(layer: ThrottleLayer, connected_by: ConnectedBy) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -128,11 +150,15 @@ async fn serve_with(router: Router, connected_by: ConnectedBy) -> SocketAddr {
     tokio::spawn(async move {
         let _ = match connected_by {
             ConnectedBy::Socket => {
-                let service = router.into_make_service_with_connect_info::<SocketAddr>();
+                let service = app(layer).into_make_service_with_connect_info::<SocketAddr>();
                 axum::serve(listener, service).await
             }
             ConnectedBy::PeerAddr => {
-                let service = router.into_make_service_with_connect_info::<PeerAddr>();
+                let service = app(layer).into_make_service_with_connect_info::<PeerAddr>();
+                axum::serve(listener, service).await
+            }
+            ConnectedBy::Connection => {
+                let service = layer.layer(routes()).into_make_service_with_peer();
                 axum::serve(listener, service).await
             }
         };
@@ -424,8 +450,8 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         assert_eq!(answer.status, expected, "{forged}: {answer:?}");
     }
 
-    // By socket peer, under either kind of connection info, which must give the same key.
-    for connected_by in [ConnectedBy::Socket, ConnectedBy::PeerAddr] {
+    // By socket peer, however the layer learns it, which must give the same key.
+    for connected_by in CONNECTED_BY {
         // With no trusted proxy: X-Forwarded-For and Forwarded are not believed.
         let limiter = Limiter::in_memory();
         let layer = ThrottleLayer::new(
@@ -438,7 +464,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
                 on_store_error: OnStoreError::FailClosed,
             },
         );
-        let address = serve_with(app(layer), connected_by).await;
+        let address = serve_with(layer, connected_by).await;
         for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
             .iter()
             .enumerate()
@@ -474,7 +500,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
                 on_store_error: OnStoreError::FailClosed,
             },
         );
-        let address = serve_with(app(layer), connected_by).await;
+        let address = serve_with(layer, connected_by).await;
         for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
             let chain = format!("{forged}, 198.51.100.7");
             let answer = send(
@@ -580,7 +606,10 @@ impl KeepAlive {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_connections_of_one_client_share_its_counter() {
     const LIMIT: usize = 20;
-    for headers_on_allowed in [false, true] {
+    let cases = [ConnectedBy::PeerAddr, ConnectedBy::Connection]
+        .into_iter()
+        .flat_map(|connected_by| [(connected_by, false), (connected_by, true)]);
+    for (connected_by, headers_on_allowed) in cases {
         let limiter = Limiter::in_memory();
         let rules = vec![rule(
             "client-rate",
@@ -599,7 +628,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
                 on_store_error: OnStoreError::FailClosed,
             },
         );
-        let address = serve_with(app(layer.clone()), ConnectedBy::PeerAddr).await;
+        let address = serve_with(layer.clone(), connected_by).await;
 
         // One connection first: the fields count down as the store would.
         let mut first = KeepAlive::open(address).await;
@@ -636,7 +665,8 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
             served += task.await.expect("client task");
         }
         // The period is an hour: one unit comes back every three minutes, so none does here.
-        assert_eq!(served, LIMIT, "headers on allowed: {headers_on_allowed}");
+        let case = format!("{connected_by:?}, headers on allowed: {headers_on_allowed}");
+        assert_eq!(served, LIMIT, "{case}");
         assert_eq!(first.get("/repo/v1/entity/5/bundle").await.0, 429);
         let by_store = tollgate::Request::new("client-rate").key("127.0.0.1");
         assert!(
@@ -652,7 +682,8 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
         let rule = &metrics.rules[0];
         assert_eq!(
             (rule.allowed, rule.denied),
-            (LIMIT as u64, 2 + 4 * LIMIT as u64 + 1 - LIMIT as u64)
+            (LIMIT as u64, 2 + 4 * LIMIT as u64 + 1 - LIMIT as u64),
+            "{case}"
         );
     }
 }

@@ -77,39 +77,61 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
     )
 }
 
-/// Whether `mode` serves a Tollgate layer that counts per client address, and so is given the
-/// client as a `PeerAddr` (its key written once per connection), unless `PEER=socket` asks for
-/// the `SocketAddr` every axum server can give (the key then written for each request). The
-/// other modes get the `SocketAddr` `tower_governor` reads.
-pub fn peer_addr_for(mode: &str) -> bool {
-    mode.starts_with("tollgate") && std::env::var("PEER").map_or(true, |peer| peer != "socket")
+/// How a mode's service learns its client's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// It does not need to: `into_make_service` (`none`).
+    Bare,
+    /// The Tollgate layer around the router, made for each connection
+    /// (`into_make_service_with_peer`): requests carry nothing.
+    Connection,
+    /// The layer inside the router, which is given `ConnectInfo<PeerAddr>` (the client's key
+    /// written once per connection) in every request.
+    PeerAddr,
+    /// The layer inside the router, given the `ConnectInfo<SocketAddr>` every axum server can
+    /// give (`tower_governor` reads it; Tollgate writes the key out for each request).
+    Socket,
+}
+
+/// How `mode` is served: Tollgate modes per connection unless `PEER=addr` or `PEER=socket`
+/// asks for connection info in each request; `governor` with the `SocketAddr` it reads;
+/// `none` bare, or with `SocketAddr` under `PEER=socket` (what connection info alone costs).
+pub fn serving(mode: &str) -> Serving {
+    let peer = std::env::var("PEER").unwrap_or_default();
+    match (mode, peer.as_str()) {
+        ("governor", _) | (_, "socket") => Serving::Socket,
+        ("none", _) => Serving::Bare,
+        (_, "addr") => Serving::PeerAddr,
+        _ => Serving::Connection,
+    }
 }
 
 /// Modes `bench_app` knows, for error messages.
 pub const MODES: &str =
     "none, tollgate, tollgate-gcra, tollgate-chain, tollgate-headers or governor";
 
-/// The trivial handler bare (`none`), behind the Tollgate layer (`tollgate`, `tollgate-gcra`:
-/// the same rule under governor's algorithm, `tollgate-chain`, `tollgate-headers`: the chain
-/// with RateLimit fields on allowed answers), or behind
-/// `tower_governor` keyed by client address (`governor`), none of them ever refusing.
-/// `headers_on_allowed` turns the fields on for the other Tollgate modes too. `None` for an
-/// unknown mode.
-pub fn bench_app(mode: &str, headers_on_allowed: bool) -> Option<Router> {
+/// The trivial handler, behind `tower_governor` keyed by client address (`governor`), and the
+/// Tollgate layer for it, if the mode has one (`tollgate`; `tollgate-gcra`: the same rule
+/// under governor's algorithm; `tollgate-chain`; `tollgate-headers`: the chain with RateLimit
+/// fields on allowed answers), none of them ever refusing. `headers_on_allowed` turns the
+/// fields on for the other Tollgate modes too. `None` for an unknown mode.
+pub fn bench_app(mode: &str, headers_on_allowed: bool) -> Option<(Router, Option<ThrottleLayer>)> {
     let handler = Router::new().route("/", get(|| async { "ok" }));
+    let throttle = |chain, headers, algorithm| Some(tollgate_layer(chain, headers, algorithm));
     Some(match mode {
-        "none" => handler,
-        "tollgate" => handler.layer(tollgate_layer(false, headers_on_allowed, "fixed")),
-        "tollgate-gcra" => handler.layer(tollgate_layer(false, headers_on_allowed, "gcra")),
-        "tollgate-chain" => handler.layer(tollgate_layer(true, headers_on_allowed, "fixed")),
-        "tollgate-headers" => handler.layer(tollgate_layer(true, true, "fixed")),
+        "none" => (handler, None),
+        "tollgate" => (handler, throttle(false, headers_on_allowed, "fixed")),
+        "tollgate-gcra" => (handler, throttle(false, headers_on_allowed, "gcra")),
+        "tollgate-chain" => (handler, throttle(true, headers_on_allowed, "fixed")),
+        "tollgate-headers" => (handler, throttle(true, true, "fixed")),
         "governor" => {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
                 .burst_size(u32::MAX)
                 .finish()
                 .expect("valid governor configuration");
-            handler.layer(tower_governor::GovernorLayer::new(Arc::new(config)))
+            let layer = tower_governor::GovernorLayer::new(Arc::new(config));
+            (handler.layer(layer), None)
         }
         _ => return None,
     })
