@@ -10,7 +10,8 @@
 //! it is taken inside `call`: the limit names and the user key are borrowed from the rules
 //! index and the request, nothing is boxed, and the service that was polled ready is called at
 //! once. A request that one keyed GCRA rule decides, counted under its connection's peer
-//! (`PeerAddr`), is decided on the connection's handle on its client's key: one
+//! (`PeerAddr`, held by a throttle made for its connection or carried in the connection
+//! info), is decided on the connection's handle on its client's key: one
 //! compare-and-swap on the key's word. With a remote store the acquire is boxed with owned copies and awaited in the
 //! response future, calling a clone of the service once it is granted.
 

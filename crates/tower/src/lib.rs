@@ -17,6 +17,11 @@
 //!
 //! Every clone of the layer and of the service shares one state behind an `Arc`: a server
 //! that clones its service per connection still enforces one limit.
+//!
+//! Counted by client address ([`Identity::Peer`]), a service is best served one connection at a
+//! time: `axum::serve(listener, layer.layer(router).into_make_service_with_peer())` gives each
+//! connection a [`Throttle`] that holds its peer, so requests carry no connection info (see
+//! [`Throttle::into_make_service_with_peer`]).
 
 mod body;
 pub mod headers;
