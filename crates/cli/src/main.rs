@@ -150,8 +150,9 @@ struct ServeArgs {
     /// Memory store: counters tracked at most [env TOLLGATE_KEYS_TRACKED_MAX; default 1000000].
     #[arg(long, env = "TOLLGATE_KEYS_TRACKED_MAX", value_name = "N")]
     keys_tracked_max: Option<u64>,
-    /// Memory store: grant nothing on a limit until one period after start, in case a previous
-    /// run granted units that still count [env TOLLGATE_RECOVER_ON_START; default true].
+    /// Memory store: after an unclean stop, hold each limit until one period after the previous
+    /// run last granted, since what it granted may still count [env TOLLGATE_RECOVER_ON_START;
+    /// default true].
     #[arg(long, env = "TOLLGATE_RECOVER_ON_START", value_name = "BOOL")]
     recover_on_start: Option<bool>,
     /// Time in-flight requests get to finish on shutdown, ms [env TOLLGATE_SHUTDOWN_GRACE_MS;
@@ -526,13 +527,30 @@ async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
         }
     };
     if answer.status.as_u16() == 429 {
-        let retry = answer
-            .json
-            .as_ref()
+        let json = answer.json.as_ref();
+        let retry = json
             .and_then(|json| json.get("retry_after_ms"))
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(0);
-        eprintln!("tollgate: not granted within {wait_ms} ms; retry after {retry} ms");
+        let reason = json
+            .and_then(|json| json.get("reason"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("capacity");
+        let why = match reason {
+            "capacity" => "the limit is used up".to_owned(),
+            "paused" => "the limit is paused".to_owned(),
+            "queued" => "requests of the same or higher priority are waiting ahead".to_owned(),
+            "recovering" => "the store is holding the limit after it lost what it counted \
+                             (an unclean stop, or a Redis that came back empty; setting \
+                             recover_on_start)"
+                .to_owned(),
+            other => other.to_owned(),
+        };
+        eprintln!(
+            "tollgate: not granted within {}: {why}; retry in {}",
+            tollgate_server::human_duration(args.wait),
+            tollgate_server::human_duration(Duration::from_millis(retry))
+        );
         return Ok(ExitCode::from(EXIT_NOT_GRANTED));
     }
     if !answer.status.is_success() {

@@ -719,6 +719,58 @@ async fn check_of_rates_alone_answers_without_a_permit() {
     );
 }
 
+/// `/v1/check` matches the path the application routes: percent-decoded, dot segments
+/// resolved, numbers in any format; a path that cannot be decoded is refused naming `path`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_matches_every_spelling_of_a_path() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "entity-bundle",
+        r#"{"kind":"rate","limit":100,"period_ms":60000,"algorithm":"fixed","per":"user",
+            "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    for path in [
+        "/repo/v1/entity/%31%32/bundle",
+        "/repo/v1/entity/+12/bundle",
+        "/repo/v1/entity/012/bundle",
+        "/repo/v1/entity/./12/bundle?x=%ZZ",
+        "/repo/v1/%65ntity/%2b12/bundle",
+    ] {
+        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+        let answer = post(&client, "/v1/check", &body).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        let answer = answer.json.expect("json");
+        assert_eq!(answer["path"], "/repo/v1/entity/#/bundle", "{path}");
+        assert_eq!(
+            answer["matched"],
+            serde_json::json!(["entity-bundle"]),
+            "{path}"
+        );
+    }
+    let encoded_slash = post(
+        &client,
+        "/v1/check",
+        r#"{"user":"u1","method":"GET","path":"/repo/v1/entity%2F12/bundle"}"#,
+    )
+    .await;
+    assert_eq!(encoded_slash.status, 200, "{}", encoded_slash.text());
+    let encoded_slash = encoded_slash.json.expect("json");
+    assert_eq!(encoded_slash["path"], "/repo/v1/entity%2F12/bundle");
+    assert_eq!(encoded_slash["matched"], serde_json::json!([]));
+    for path in ["/repo/v1/entity/%ZZ/bundle", "/repo/v1/entity/%FF/bundle"] {
+        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+        assert_error(
+            &post(&client, "/v1/check", &body).await,
+            400,
+            "bad_request",
+            Some("path"),
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_keys_is_a_clear_error() {
     let server = Server::start_with(Options {
@@ -851,28 +903,6 @@ async fn operations_endpoints_answer() {
     ] {
         assert!(text.contains(counted), "{counted} missing from:\n{text}");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fresh_server_recovers_for_one_period_by_default() {
-    let server = Server::start_with(Options {
-        default_recovery: true,
-        ..Options::default()
-    });
-    put_limit(
-        &server,
-        "hourly",
-        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
-    )
-    .await;
-    let denied = post(
-        &server.anonymous(),
-        "/v1/acquire",
-        r#"{"limits":["hourly"]}"#,
-    )
-    .await;
-    assert_error(&denied, 429, "rate_limited", None);
-    assert_eq!(denied.json.expect("json")["reason"], "paused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1090,4 +1120,69 @@ async fn an_unreachable_redis_is_refused_clearly_at_start() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("store redis://127.0.0.1:1/0"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_applies_every_matching_rule_and_refuses_a_rule_set_too_wide_for_one_request() {
+    let server = Server::start();
+    let admin = server.admin();
+    let broad = r#"{"kind":"rate","limit":1000,"period_ms":3600000,"per":"user",
+        "match":{"method":"*","path":"*"}}"#;
+    // Seven broad per-user rules and a 1-per-hour endpoint rule: a GET on the endpoint matches
+    // 8, the most one request may be decided on. The endpoint rule comes last by name.
+    for n in 0..7 {
+        put_limit(&server, &format!("broad-{n}"), broad).await;
+    }
+    put_limit(
+        &server,
+        "z-entity-bundle",
+        r#"{"kind":"rate","limit":1,"period_ms":3600000,"algorithm":"fixed","per":"user",
+            "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+    )
+    .await;
+    // An eighth broad rule would let that GET match 9: refused, naming the request, and not
+    // stored.
+    let refused = call(&admin, Method::PUT, "/v1/limits/broad-7", broad).await;
+    assert_error(&refused, 400, "bad_request", Some("match"));
+    let message = refused.error_message().unwrap_or_default();
+    assert!(
+        message.contains("a GET request on /repo/v1/entity/#/bundle would match 9 rules")
+            && message.contains("at most 8"),
+        "{message}"
+    );
+    assert_error(
+        &call(&admin, Method::GET, "/v1/limits/broad-7", "").await,
+        404,
+        "not_found",
+        None,
+    );
+    // Replacing a rule in force does not count it twice.
+    put_limit(&server, "broad-0", broad).await;
+    let client = server.anonymous();
+    let body = r#"{"user":"u1","method":"GET","path":"/repo/v1/entity/123/bundle"}"#;
+    let first = post(&client, "/v1/check", body).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let matched = first.json.expect("json")["matched"].clone();
+    assert_eq!(matched.as_array().map(Vec::len), Some(8), "{matched}");
+    assert_eq!(matched[7], "z-entity-bundle");
+    let second = post(&client, "/v1/check", body).await;
+    assert_error(&second, 429, "rate_limited", None);
+    // Without the endpoint rule there is room for an eighth broad rule, and not a ninth.
+    let deleted = call(&admin, Method::DELETE, "/v1/limits/z-entity-bundle", "").await;
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+    put_limit(&server, "broad-7", broad).await;
+    let refused = call(&admin, Method::PUT, "/v1/limits/broad-8", broad).await;
+    assert_error(&refused, 400, "bad_request", Some("match"));
+    assert!(
+        refused
+            .error_message()
+            .is_some_and(|m| m.contains("any request would match 9 rules")),
+        "{}",
+        refused.text()
+    );
+    let list = call(&admin, Method::GET, "/v1/limits", "")
+        .await
+        .json
+        .expect("json");
+    assert_eq!(list["limits"].as_array().map(Vec::len), Some(8), "{list}");
 }

@@ -24,8 +24,9 @@ mod counter;
 mod policy;
 
 pub use counter::{
-    Committed, CostError, Counter, Denial, DenyReason, GcraStep, Grant, LEASES_MAX, PermitError,
-    RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict, gcra_final, gcra_final_end,
+    Committed, CostError, Counter, CounterWordsError, Denial, DenyReason, GcraStep, Grant,
+    LEASES_MAX, PermitError, RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict, gcra_final,
+    gcra_final_end,
 };
 pub use policy::{
     Algorithm, Concurrency, Kind, Policy, PolicyError, Priority, Rate, Reserve, SPAN_US_MAX,

@@ -130,7 +130,9 @@ fn run(policy: Policy, mut counter: Counter, steps: &[Step]) {
                     }
                     Ok(Verdict::Denied(denial)) => match denial.reason {
                         DenyReason::Capacity => denied(denial.retry_after_us, denial.remaining),
-                        DenyReason::Paused => paused(denial.retry_after_us, denial.remaining),
+                        DenyReason::Paused | DenyReason::Recovering => {
+                            paused(denial.retry_after_us, denial.remaining)
+                        }
                     },
                     Err(CostError { capacity, .. }) => Expect::TooCostly { capacity },
                 };

@@ -66,7 +66,6 @@ fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter 
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
-            recover_on_start: false,
         },
         Arc::new(TscClock::new()),
     );

@@ -124,7 +124,6 @@ fn main() {
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
-            recover_on_start: false,
         },
         // Not `TscClock`: it calibrates at start for as long as the wall clock says, a number
         // of instructions that changes from run to run and would not cancel out.

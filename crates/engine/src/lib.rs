@@ -36,7 +36,10 @@ pub use limiter::{
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,
 };
-pub use memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
+pub use memory::{
+    COUNTERS_PER_REQUEST_MAX, MemorySnapshot, MemoryStore, MemoryStoreConfig, Restored,
+    SavedCounter,
+};
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
 pub use store::{
     CounterId, CounterOutcome, Decision, FinalGrant, Renewed, Store, StoreFuture, Take, WakeFn,

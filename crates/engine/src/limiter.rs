@@ -104,8 +104,12 @@ impl<'a> Request<'a> {
 pub enum DenialReason {
     /// Not enough capacity open to the request's priority.
     Capacity,
-    /// A limit or key is paused, or its store is recovering from a loss of state.
+    /// A limit or key is paused (`Limiter::pause`).
     Paused,
+    /// The store is holding the limit back after losing what it counted (a crash, a Redis that
+    /// came back empty): units granted before the loss may still count, so nothing is granted
+    /// until they cannot.
+    Recovering,
     /// Requests of the same or higher priority wait ahead of it in this process.
     Queued,
 }
@@ -359,7 +363,6 @@ impl Limiter {
         let store = MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 1_000_000,
-                recover_on_start: false,
             },
             Arc::new(MonotonicClock::new()),
         );
@@ -839,8 +842,13 @@ impl Limiter {
             .map(|(outcome, limit)| {
                 let (remaining, wait_us) = match outcome {
                     CounterOutcome::Denied(denial) => {
-                        if denial.reason == DenyReason::Paused {
-                            reason = DenialReason::Paused;
+                        // A pause someone asked for is the news; a hold, the next.
+                        match denial.reason {
+                            DenyReason::Paused => reason = DenialReason::Paused,
+                            DenyReason::Recovering if reason == DenialReason::Capacity => {
+                                reason = DenialReason::Recovering;
+                            }
+                            _ => {}
                         }
                         (denial.remaining, denial.retry_after_us)
                     }
@@ -863,33 +871,10 @@ impl Limiter {
         }
     }
 
-    async fn settle_part(&self, part: &Part, used: u64) -> Result<Committed> {
-        settle_part(&self.shared, part, used).await
-    }
-
     /// Commit a permit by id: refund `cost - used` of its rate units, release its leases.
     pub async fn commit(&self, id: &str, used: u64) -> Result<Committed> {
         let parts = decode(&self.shared.config.permit_secret, id)?;
-        let mut total = Committed {
-            refunded: 0,
-            released: 0,
-        };
-        let mut first_error = None;
-        for part in &parts {
-            match self.settle_part(part, used).await {
-                Ok(committed) => {
-                    total.refunded += committed.refunded;
-                    total.released += committed.released;
-                }
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(total),
-        }
+        settle_parts(&self.shared, parts.iter(), used).await
     }
 
     /// Renew every lease of a permit, by id. Returns the time until the earliest expiry.
@@ -1211,6 +1196,31 @@ impl ElapsedSinceOrigin for Instant {
     }
 }
 
+/// Settle every part in turn, whatever the others answer; the totals, or the first error.
+async fn settle_parts<'a>(
+    shared: &Shared,
+    parts: impl Iterator<Item = &'a Part>,
+    used: u64,
+) -> Result<Committed> {
+    let mut total = Committed {
+        refunded: 0,
+        released: 0,
+    };
+    let mut first_error = None;
+    for part in parts {
+        match settle_part(shared, part, used).await {
+            Ok(committed) => {
+                total.refunded += committed.refunded;
+                total.released += committed.released;
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    first_error.map_or(Ok(total), Err)
+}
+
 async fn settle_part(shared: &Shared, part: &Part, used: u64) -> Result<Committed> {
     let table = shared.table();
     let Some(limit) = table.get(&part.limit) else {
@@ -1318,39 +1328,34 @@ impl Permit {
     }
 
     /// Done: `used` units of each rate limit were used (the rest are refunded) and leases are
-    /// released. Once per permit, which the move enforces.
+    /// released. Once per permit, which the move enforces. Every part is settled even when an
+    /// earlier one fails (a lease left behind would hold its slot until its TTL); the first
+    /// error is returned.
     pub async fn commit(mut self, used: u64) -> Result<Committed> {
         self.settled = true;
-        let mut total = Committed {
-            refunded: 0,
-            released: 0,
-        };
-        for granted in &self.parts {
-            if !granted.refundable && !granted.part.lease {
-                // Nothing was recorded to give back; the store would only say so.
-                continue;
-            }
-            let committed = settle_part(&self.shared, &granted.part, used).await?;
-            total.refunded += committed.refunded;
-            total.released += committed.released;
-        }
-        Ok(total)
+        let parts = self
+            .parts
+            .iter()
+            // A part with nothing recorded to give back: the store would only say so.
+            .filter(|granted| granted.refundable || granted.part.lease)
+            .map(|granted| &granted.part);
+        settle_parts(&self.shared, parts, used).await
     }
 
-    /// Release the leases; rate units stay used.
-    pub async fn release(self) -> Result<Committed> {
-        let cost = u64::MAX;
-        let mut total = Committed {
+    /// Release the leases; rate units stay used. Like `commit`, every lease is released even
+    /// when an earlier one fails, and the first error is returned.
+    pub async fn release(mut self) -> Result<Committed> {
+        self.settled = true;
+        let leases = self
+            .parts
+            .iter()
+            .filter(|granted| granted.part.lease)
+            .map(|granted| &granted.part);
+        let released = settle_parts(&self.shared, leases, u64::MAX).await?;
+        Ok(Committed {
             refunded: 0,
-            released: 0,
-        };
-        let mut permit = self;
-        permit.settled = true;
-        for granted in permit.parts.iter().filter(|granted| granted.part.lease) {
-            let committed = settle_part(&permit.shared, &granted.part, cost).await?;
-            total.released += committed.released;
-        }
-        Ok(total)
+            released: released.released,
+        })
     }
 
     /// Extend every lease by its TTL. Returns the time until the earliest expiry.

@@ -19,10 +19,7 @@ use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
     MemoryStore::new(
-        MemoryStoreConfig {
-            keys_tracked_max,
-            recover_on_start: false,
-        },
+        MemoryStoreConfig { keys_tracked_max },
         Arc::new(ManualClock::new(1_000_000)),
     )
 }
@@ -124,7 +121,6 @@ fn loom_a_held_key_word_keeps_its_counter_through_a_racing_sweep() {
         let store = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 100,
-                recover_on_start: false,
             },
             clock.clone(),
         ));

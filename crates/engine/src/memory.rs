@@ -31,7 +31,7 @@ use crate::store::{
 use std::sync::Arc;
 
 use crate::hot::HotCounter;
-use crate::limits::check_key;
+use crate::limits::{Limit, check_key};
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, OwnLine, lock};
 
 /// Shards per store. A power of two well above the core count keeps lock collisions rare.
@@ -390,11 +390,41 @@ impl Shard {
 pub struct MemoryStoreConfig {
     /// Counters tracked at most; past it new keys get `TooManyKeys` (G7).
     pub keys_tracked_max: u64,
-    /// Treat the store's start as a loss of state: grant nothing on a counter until one full
-    /// period (or lease TTL) after the start, because a previous incarnation of this process may
-    /// have granted units that still count (G6). Off for a library whose process owns the quota;
-    /// on for a server that others rely on across its restarts.
-    pub recover_on_start: bool,
+}
+
+/// Limits held back after a loss of state (`MemoryStore::hold`): when each hold ends.
+type Hold = std::collections::HashMap<Box<str>, u64>;
+
+/// One counter as `MemoryStore::snapshot` saw it: its limit, its key, and its state in the
+/// core's words (`Counter::to_words`), times on the store's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedCounter {
+    pub limit: String,
+    pub key: Option<String>,
+    pub state: Vec<u64>,
+}
+
+/// Everything a memory store counts, to be put back by `MemoryStore::restore` in a later
+/// process whose clock reads the same time (the server's clock reads wall time).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemorySnapshot {
+    pub counters: Vec<SavedCounter>,
+    /// Limit-wide pauses: the limit and when its pause ends.
+    pub pauses: Vec<(String, u64)>,
+    /// The store's clock when the snapshot was taken.
+    pub taken_at_us: u64,
+}
+
+/// What `MemoryStore::restore` did with a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Counters put back.
+    pub counters: usize,
+    /// Counters left out because their limit is no longer in force, or they no longer count.
+    pub dropped: usize,
+    /// Limits whose counters could not all be put back (a state that cannot be read, or the
+    /// key cap): they are held instead, as after a crash.
+    pub held: Vec<String>,
 }
 
 /// Counters in this process's memory.
@@ -412,7 +442,10 @@ pub struct MemoryStore {
     /// The end of the latest of those pauses: once it has passed, no decision needs the lock
     /// above. Shared with the hot words, which decide nothing before it.
     limit_pauses_end: Arc<OwnLine<AtomicU64>>,
-    started_at: Option<u64>,
+    /// Limits held back after a loss of state; `hold_ends` is the latest such hold's end, so
+    /// that once it has passed no new counter looks at the hold.
+    hold: Mutex<Hold>,
+    hold_ends: AtomicU64,
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
 }
@@ -428,7 +461,6 @@ impl std::fmt::Debug for WakeHandlers {
 
 impl MemoryStore {
     pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
-        let started_at = config.recover_on_start.then(|| clock.now_us());
         let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
             shards: (0..SHARDS)
@@ -446,7 +478,8 @@ impl MemoryStore {
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),
             limit_pauses_end: Arc::new(OwnLine(AtomicU64::new(0))),
-            started_at,
+            hold: Mutex::new(Hold::new()),
+            hold_ends: AtomicU64::new(0),
             wake: WakeHandlers::default(),
         }
     }
@@ -475,13 +508,172 @@ impl MemoryStore {
         (last(counter.limit) + counter.key.map_or(0, last)) % SHARDS
     }
 
-    fn fresh_counter(&self, policy: &Policy, now: u64) -> Counter {
-        match self.started_at {
-            Some(started_at) if now < started_at.saturating_add(policy.memory_us()) => {
-                Counter::recovering(now, started_at + policy.memory_us())
-            }
-            _ => Counter::new(now),
+    fn fresh_counter(&self, counter: CounterId<'_>, now: u64) -> Counter {
+        match self.hold_end(counter.limit, now) {
+            Some(end) => Counter::recovering(now, end),
+            None => Counter::new(now),
         }
+    }
+
+    /// When the hold on `limit` ends, while it is held.
+    fn hold_end(&self, limit: &str, now: u64) -> Option<u64> {
+        if self.hold_ends.load(Ordering::Acquire) <= now {
+            return None;
+        }
+        lock(&self.hold)
+            .get(limit)
+            .copied()
+            .filter(|&end| now < end)
+    }
+
+    /// A denial for a pause, told apart: `Recovering` when what keeps the counter waiting is
+    /// this store's hold after a loss of state, not a pause someone asked for.
+    fn labelled(
+        &self,
+        take: Take<'_>,
+        counter: &Counter,
+        now: u64,
+        outcome: CounterOutcome,
+    ) -> CounterOutcome {
+        match outcome {
+            CounterOutcome::Denied(mut denial)
+                if denial.reason == DenyReason::Paused
+                    && self.hold_end(take.counter.limit, now) == Some(counter.paused_until())
+                    && now.saturating_add(denial.retry_after_us) <= counter.paused_until() =>
+            {
+                denial.reason = DenyReason::Recovering;
+                CounterOutcome::Denied(denial)
+            }
+            other => other,
+        }
+    }
+
+    /// Hold back `limits`: a counter made for one of them grants nothing until one period (or
+    /// lease TTL) of its policy after `since_us` on this store's clock. For a process that lost
+    /// what a previous run of it counted (a crash): `since_us` is when that run was last known
+    /// to be granting, and `limits` the ones it may have granted on. A limit not named (one
+    /// created since) is not held. Adds to any earlier hold.
+    pub fn hold<'l>(&self, since_us: u64, limits: impl IntoIterator<Item = &'l Limit>) {
+        let mut hold = lock(&self.hold);
+        for limit in limits {
+            let end = since_us.saturating_add(limit.policy().memory_us());
+            let held = hold.entry(limit.name().into()).or_default();
+            *held = (*held).max(end);
+            self.hold_ends.fetch_max(end, Ordering::AcqRel);
+        }
+    }
+
+    /// Everything this store counts, for `restore` in a later process. Taken shard by shard:
+    /// for an exact copy, take it once nothing decides any more (the server does so after its
+    /// last request).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let now = self.clock.now_us();
+        let mut counters = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            for (id, entry) in shard.counters.iter_mut() {
+                entry.seize();
+                if entry.idle_at <= now {
+                    continue;
+                }
+                let (limit, key) = id.parts();
+                let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+                counters.push(SavedCounter {
+                    limit: text(limit),
+                    key: key.map(text),
+                    state: entry.counter.to_words(),
+                });
+            }
+        }
+        let pauses = lock(&self.pauses)
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .map(|(name, until)| (name.to_string(), *until))
+            .collect();
+        MemorySnapshot {
+            counters,
+            pauses,
+            taken_at_us: now,
+        }
+    }
+
+    /// Put back what `snapshot` saw, for the limits `policy_of` knows (others are gone, and
+    /// their counters with them). Meant for a store that has decided nothing yet. A counter
+    /// that cannot be put back (its state cannot be read, or the key cap is reached) gets its
+    /// limit held from the snapshot's time instead, so nothing it counted is granted again;
+    /// `Restored::held` names those limits.
+    pub fn restore(
+        &self,
+        snapshot: &MemorySnapshot,
+        policy_of: impl Fn(&str) -> Option<Policy>,
+    ) -> Restored {
+        let now = self.clock.now_us();
+        let mut restored = Restored::default();
+        let mut held = std::collections::BTreeMap::new();
+        for saved in &snapshot.counters {
+            let Some(policy) = policy_of(&saved.limit) else {
+                restored.dropped += 1;
+                continue;
+            };
+            let counter = match Counter::from_words(&saved.state) {
+                Ok(counter) => counter,
+                Err(_) => {
+                    held.insert(saved.limit.clone(), policy);
+                    continue;
+                }
+            };
+            let idle_at = counter.idle_at(&policy);
+            if idle_at <= now {
+                restored.dropped += 1;
+                continue;
+            }
+            let id = CounterId {
+                limit: &saved.limit,
+                key: saved.key.as_deref(),
+            };
+            let located = self.locate(id);
+            let mut shard = lock(&self.shards[located.shard]);
+            let index = match shard.find(id, located.hash) {
+                Some(index) => index,
+                None => {
+                    if !self.claim_place() {
+                        held.insert(saved.limit.clone(), policy);
+                        continue;
+                    }
+                    let (index, _) = shard.counters.insert_full(
+                        OwnedCounterId::new(id),
+                        Entry {
+                            idle_at: now,
+                            counter: Counter::new(now),
+                            hot: None,
+                        },
+                    );
+                    index
+                }
+            };
+            let entry = &mut shard.counters[index];
+            entry.counter = counter;
+            entry.idle_at = idle_at;
+            restored.counters += 1;
+        }
+        let mut pauses = lock(&self.pauses);
+        for (limit, until) in &snapshot.pauses {
+            if *until > now && policy_of(limit).is_some() {
+                pauses.retain(|(name, _)| &**name != limit);
+                pauses.push((limit.as_str().into(), *until));
+                self.limit_pauses_end.fetch_max(*until, Ordering::AcqRel);
+            }
+        }
+        drop(pauses);
+        if !held.is_empty() {
+            restored.held = held.keys().cloned().collect();
+            let limits: Vec<Limit> = held
+                .into_iter()
+                .filter_map(|(name, policy)| Limit::new(&name, policy, None).ok())
+                .collect();
+            self.hold(snapshot.taken_at_us, &limits);
+        }
+        restored
     }
 
     /// The entry for `counter`, created if absent (subject to the cap).
@@ -490,10 +682,9 @@ impl MemoryStore {
         shard: &'s mut Shard,
         counter: CounterId<'_>,
         hash: u64,
-        policy: &Policy,
         now: u64,
     ) -> Result<&'s mut Entry> {
-        let index = self.entry_index(shard, counter, hash, policy, now, Room::Sweep)?;
+        let index = self.entry_index(shard, counter, hash, now, Room::Sweep)?;
         Ok(&mut shard.counters[index])
     }
 
@@ -507,7 +698,6 @@ impl MemoryStore {
         shard: &mut Shard,
         counter: CounterId<'_>,
         hash: u64,
-        policy: &Policy,
         now: u64,
         room: Room,
     ) -> Result<usize> {
@@ -515,7 +705,7 @@ impl MemoryStore {
             shard.counters[index].seize();
             return Ok(index);
         }
-        self.insert_entry(shard, counter, policy, now, room)
+        self.insert_entry(shard, counter, now, room)
     }
 
     /// `entry_index` for a counter not tracked yet: out of line, so the common case (found)
@@ -525,7 +715,6 @@ impl MemoryStore {
         &self,
         shard: &mut Shard,
         counter: CounterId<'_>,
-        policy: &Policy,
         now: u64,
         room: Room,
     ) -> Result<usize> {
@@ -548,7 +737,7 @@ impl MemoryStore {
                 });
             }
         }
-        let counter_state = self.fresh_counter(policy, now);
+        let counter_state = self.fresh_counter(counter, now);
         let owned = OwnedCounterId::new(counter);
         shard.sweep_owed += SWEEP_PER_INSERT;
         let (index, _) = shard.counters.insert_full(
@@ -703,8 +892,7 @@ impl MemoryStore {
             let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
             let shard = &mut guards[guard_of_take[position]];
             let hash = located[position].hash;
-            let index =
-                self.entry_index(shard, take.counter, hash, take.policy, now, Room::Keep)?;
+            let index = self.entry_index(shard, take.counter, hash, now, Room::Keep)?;
             index_of_take[position] = index;
             let entry = &mut shard.counters[index];
             // When this is the last counter and every one allows the request, it is granted
@@ -721,6 +909,7 @@ impl MemoryStore {
                 limit_pause_until,
                 granted_next,
             )?;
+            let outcome = self.labelled(*take, &entry.counter, now, outcome);
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
@@ -785,14 +974,7 @@ impl MemoryStore {
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-        let index = self.entry_index(
-            &mut shard,
-            take.counter,
-            located.hash,
-            take.policy,
-            now,
-            Room::Sweep,
-        )?;
+        let index = self.entry_index(&mut shard, take.counter, located.hash, now, Room::Sweep)?;
         let entry = &mut shard.counters[index];
         let unnumbered = (numbered == Numbered::No && limit_pause_until <= now)
             .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
@@ -816,7 +998,9 @@ impl MemoryStore {
                     entry.idle_at = entry.counter.idle_at(take.policy);
                     CounterOutcome::Granted(grant)
                 }
-                Verdict::Denied(denial) => CounterOutcome::Denied(denial),
+                Verdict::Denied(denial) => {
+                    self.labelled(take, &entry.counter, now, CounterOutcome::Denied(denial))
+                }
             }
         } else {
             let asked = Asked {
@@ -825,6 +1009,7 @@ impl MemoryStore {
                 priority,
             };
             let outcome = check_entry(entry, take, asked, limit_pause_until, true)?;
+            let outcome = self.labelled(take, &entry.counter, now, outcome);
             if matches!(outcome, CounterOutcome::Allowed { .. }) {
                 grant_entry(entry, take, asked, reservations)
             } else {
@@ -889,7 +1074,7 @@ impl MemoryStore {
             Some(_) => {
                 let located = self.locate(take.counter);
                 let mut shard = lock(&self.shards[located.shard]);
-                let entry = self.entry(&mut shard, take.counter, located.hash, take.policy, now)?;
+                let entry = self.entry(&mut shard, take.counter, located.hash, now)?;
                 entry.counter.pause(until);
                 entry.idle_at = entry.counter.idle_at(take.policy);
                 Ok(entry.counter.paused_until().saturating_sub(now))
@@ -996,7 +1181,7 @@ impl Store for MemoryStore {
         // At the key cap (or for a key that is not valid) there is no counter to hold: the
         // handle asks the store every time, which answers why.
         let entry = self
-            .entry(&mut shard, take.counter, located.hash, take.policy, now)
+            .entry(&mut shard, take.counter, located.hash, now)
             .ok()?;
         // A word made for another policy's interval stays seized for good (its handles are no
         // longer in force); handles under this policy get a word of their own.

@@ -26,10 +26,7 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
 
 fn memory_store(clock: Arc<ManualClock>, keys_tracked_max: u64) -> Arc<MemoryStore> {
     Arc::new(MemoryStore::new(
-        MemoryStoreConfig {
-            keys_tracked_max,
-            recover_on_start: false,
-        },
+        MemoryStoreConfig { keys_tracked_max },
         clock,
     ))
 }

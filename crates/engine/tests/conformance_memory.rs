@@ -9,7 +9,6 @@ async fn memory_stores(_test: &'static str) -> Option<Stores> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 10_000,
-            recover_on_start: false,
         },
         Arc::new(MonotonicClock::new()),
     ));

@@ -11,17 +11,14 @@ use tollgate::{
 
 const SECOND_US: u64 = 1_000_000;
 
-fn limiter_with(keys_tracked_max: u64, recover_on_start: bool) -> Limiter {
-    store_and_limiter(keys_tracked_max, recover_on_start).1
+fn limiter_with(keys_tracked_max: u64) -> Limiter {
+    store_and_limiter(keys_tracked_max).1
 }
 
 /// A limiter on a memory store, and the store, for tests that look into it.
-fn store_and_limiter(keys_tracked_max: u64, recover_on_start: bool) -> (Arc<MemoryStore>, Limiter) {
+fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
     let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig {
-            keys_tracked_max,
-            recover_on_start,
-        },
+        MemoryStoreConfig { keys_tracked_max },
         Arc::new(MonotonicClock::new()),
     ));
     let limiter = Limiter::new(
@@ -306,6 +303,51 @@ async fn leases_fence_renew_expire_and_release_once() {
         "a second release handed out a slot twice"
     );
     drop(third);
+}
+
+/// A part that cannot be settled does not stop the others: the lease after it is released,
+/// and the first error is what the caller hears.
+#[tokio::test(start_paused = true)]
+async fn settling_a_permit_settles_every_part_and_reports_the_first_error() {
+    let pool = || Policy::concurrency(1, 60 * SECOND_US, Reserve::default()).expect("valid");
+    for settle in ["commit", "commit by id", "release"] {
+        let limiter = Limiter::in_memory();
+        // The part that fails comes first: a rate limit for a commit, a lease for a release.
+        let first = if settle == "release" {
+            pool()
+        } else {
+            rate(10, SECOND_US, Algorithm::Sliding)
+        };
+        add(&limiter, "first", first, None);
+        add(&limiter, "pool", pool(), None);
+        let Outcome::Granted(permit) = limiter
+            .try_acquire(&Request::all(&["first", "pool"]))
+            .await
+            .expect("ok")
+        else {
+            panic!("{settle}: the first request is granted");
+        };
+        // The first part's limit is gone: settling it fails.
+        assert!(limiter.remove_limit("first"));
+        let settled = match settle {
+            "commit" => permit.commit(0).await,
+            "release" => permit.release().await,
+            _ => limiter.commit(permit.detach().as_str(), 0).await,
+        };
+        assert!(
+            matches!(
+                settled,
+                Err(Error::Permit {
+                    source: PermitError::Gone
+                })
+            ),
+            "{settle}: {settled:?}"
+        );
+        assert!(
+            granted(&limiter, &Request::new("pool")).await,
+            "{settle}: the lease after the failing part was left held"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -656,7 +698,7 @@ async fn shutdown_ends_waits_with_a_clear_error() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
-    let limiter = limiter_with(100, false);
+    let limiter = limiter_with(100);
     add(
         &limiter,
         "per-user",
@@ -701,25 +743,152 @@ async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
     assert!(matches!(full, Err(Error::TooManyKeys { .. })), "{full:?}");
 }
 
+/// After a crash, only the limits the previous run had are held, from when it was last known
+/// to grant, with their own reason; a limit created since is not held at all.
 #[tokio::test(start_paused = true)]
-async fn a_restarted_server_store_waits_one_period_before_granting() {
-    let limiter = limiter_with(1000, true);
-    add(
-        &limiter,
-        "vendor",
-        rate(10, SECOND_US, Algorithm::Sliding),
-        None,
+async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
+    let clock = Arc::new(MonotonicClock::new());
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1000,
+        },
+        clock.clone(),
+    ));
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: PermitSecret::random(),
+        },
     );
+    let hourly =
+        Limit::new("hourly", rate(10, 3600 * SECOND_US, Algorithm::Fixed), None).expect("valid");
+    limiter.set_limit(hourly.clone());
+    // The previous run was last heard of 59 minutes ago: one minute of the hour is left.
+    let last_heard = tollgate::Clock::now_us(&*clock) - 59 * 60 * SECOND_US;
+    store.hold(last_heard, [&hourly]);
     let denial = denied(
         limiter
-            .try_acquire(&Request::new("vendor"))
+            .try_acquire(&Request::new("hourly"))
+            .await
+            .expect("ok"),
+    );
+    assert_eq!(denial.reason, DenialReason::Recovering);
+    assert_eq!(denial.retry_after, Duration::from_secs(60));
+    // A pause asked for on top, longer than the hold, is a pause.
+    limiter
+        .pause("hourly", None, Duration::from_secs(120))
+        .await
+        .expect("paused");
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::new("hourly"))
             .await
             .expect("ok"),
     );
     assert_eq!(denial.reason, DenialReason::Paused);
-    assert_eq!(denial.retry_after, Duration::from_secs(1));
-    tokio::time::advance(Duration::from_secs(1)).await;
-    assert!(granted(&limiter, &Request::new("vendor")).await);
+    // A limit the previous run never had is not held.
+    add(
+        &limiter,
+        "new",
+        rate(10, 3600 * SECOND_US, Algorithm::Fixed),
+        None,
+    );
+    assert!(granted(&limiter, &Request::new("new")).await);
+    tokio::time::advance(Duration::from_secs(121)).await;
+    assert!(granted(&limiter, &Request::new("hourly")).await);
+}
+
+/// A snapshot put back in a new store resumes exactly: what was used stays used, leases stay
+/// held, pauses go on, and nothing is held back.
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_restored_resumes_exactly() {
+    let (old_store, old) = store_and_limiter(1000);
+    let limits = [
+        Limit::new(
+            "sliding",
+            rate(3, 3600 * SECOND_US, Algorithm::Sliding),
+            None,
+        ),
+        Limit::new(
+            "fixed",
+            rate(3, 3600 * SECOND_US, Algorithm::Fixed),
+            Some("user"),
+        ),
+        Limit::new(
+            "gcra",
+            rate(3, 3600 * SECOND_US, Algorithm::Gcra { burst: 3 }),
+            None,
+        ),
+        Limit::new(
+            "pool",
+            Policy::concurrency(2, 3600 * SECOND_US, Reserve::default()).expect("valid"),
+            None,
+        ),
+        Limit::new(
+            "paused",
+            rate(3, 3600 * SECOND_US, Algorithm::Sliding),
+            None,
+        ),
+    ]
+    .map(|limit| limit.expect("valid"));
+    for limit in &limits {
+        old.set_limit(limit.clone());
+    }
+    for name in ["sliding", "gcra"] {
+        assert!(granted(&old, &Request::new(name)).await);
+        assert!(granted(&old, &Request::new(name).cost(2)).await);
+    }
+    assert!(granted(&old, &Request::new("fixed").key("ann").cost(3)).await);
+    let Outcome::Granted(lease) = old.try_acquire(&Request::new("pool")).await.expect("ok") else {
+        panic!("lease not granted");
+    };
+    // Kept past its guard, as a holder that goes on working across the restart would.
+    let _ = lease.detach();
+    old.pause("paused", None, Duration::from_secs(600))
+        .await
+        .expect("paused");
+    let snapshot = old_store.snapshot();
+    assert!(!snapshot.counters.is_empty());
+
+    // A new process: a new store on the same clock, the same limits.
+    let (store, limiter) = store_and_limiter(1000);
+    for limit in &limits {
+        limiter.set_limit(limit.clone());
+    }
+    let restored = store.restore(&snapshot, |name| {
+        limits
+            .iter()
+            .find(|limit| limit.name() == name)
+            .map(|limit| *limit.policy())
+    });
+    assert_eq!(restored.counters, snapshot.counters.len(), "{restored:?}");
+    assert!(restored.held.is_empty());
+    for name in ["sliding", "gcra"] {
+        let denial = denied(limiter.try_acquire(&Request::new(name)).await.expect("ok"));
+        assert_eq!(denial.reason, DenialReason::Capacity, "{name}");
+    }
+    assert!(!granted(&limiter, &Request::new("fixed").key("ann")).await);
+    assert!(granted(&limiter, &Request::new("fixed").key("bob")).await);
+    let second = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok");
+    assert!(second.is_granted());
+    assert!(
+        !granted(&limiter, &Request::new("pool")).await,
+        "the old lease is held"
+    );
+    drop(second);
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::new("paused"))
+            .await
+            .expect("ok"),
+    );
+    assert_eq!(denial.reason, DenialReason::Paused);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(granted(&limiter, &Request::new("sliding")).await);
 }
 
 #[tokio::test(start_paused = true)]
@@ -748,7 +917,7 @@ async fn a_changed_policy_keeps_what_was_granted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_keys_gives_its_memory_back_once_idle() {
-    let (store, limiter) = store_and_limiter(1_000_000, false);
+    let (store, limiter) = store_and_limiter(1_000_000);
     add(
         &limiter,
         "per-user",
@@ -790,7 +959,7 @@ async fn a_burst_of_keys_gives_its_memory_back_once_idle() {
 #[tokio::test(start_paused = true)]
 async fn a_request_at_the_key_cap_never_loses_its_own_counters() {
     for _ in 0..2_000 {
-        let limiter = limiter_with(1, false);
+        let limiter = limiter_with(1);
         for name in ["per-user-a", "per-user-b"] {
             add(
                 &limiter,

@@ -97,7 +97,6 @@ async fn run(seed: u64, limit: u64, algorithm: Algorithm) {
     let store = tollgate::MemoryStore::new(
         tollgate::MemoryStoreConfig {
             keys_tracked_max: 1_000,
-            recover_on_start: false,
         },
         clock.clone(),
     );

@@ -278,6 +278,33 @@ impl RedisStore {
         &self.config.namespace
     }
 
+    /// Take the namespace as new, if Redis holds nothing of it: its generation starts in the
+    /// past, so its counters are made without the hold that a namespace found empty otherwise
+    /// gets (G6). For a caller that knows the namespace was never used (the server asks its
+    /// rules database); one that was used and comes back empty must not call this. Returns
+    /// whether the namespace was new; one Redis already knows is left as it is.
+    pub async fn begin_new_namespace(&self) -> Result<bool> {
+        // `born` 0 and `ver` 1: the script's next call finds a live generation (ver 2) whose
+        // birth is long past.
+        let script = Script::new(
+            "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+             redis.call('HSET', KEYS[1], 'born', 0, 'ver', 1)
+             redis.call('PEXPIRE', KEYS[1], 2592000000)
+             return 1",
+        );
+        let mut connection = self.connection.clone();
+        let created: i64 = tokio::time::timeout(
+            self.config.timeout,
+            script
+                .key(self.keys.generation())
+                .invoke_async(&mut connection),
+        )
+        .await
+        .map_err(|_| unavailable("Redis did not answer in time"))?
+        .map_err(unavailable)?;
+        Ok(created == 1)
+    }
+
     /// Run the script: one round trip. `keys` and `args` follow the script's header.
     async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
         let value: Value = tokio::time::timeout(self.config.timeout, self.call(keys, args))
@@ -439,10 +466,10 @@ impl RedisStore {
                 _ => CounterOutcome::Denied(Denial {
                     retry_after_us: u(outcome[1]),
                     remaining: u(outcome[2]),
-                    reason: if outcome[3] == 1 {
-                        DenyReason::Paused
-                    } else {
-                        DenyReason::Capacity
+                    reason: match outcome[3] {
+                        1 => DenyReason::Paused,
+                        2 => DenyReason::Recovering,
+                        _ => DenyReason::Capacity,
                     },
                 }),
             })

@@ -420,7 +420,8 @@ function T.idle_at(c, p)
   return math.max(idle, T.counted_until(c, p))
 end
 
--- Returns nil when allowed, or {retry_after, remaining, reason (0 capacity, 1 paused)}.
+-- Returns nil when allowed, or {retry_after, remaining, reason (0 capacity, 1 paused; the
+-- caller tells a hold after a loss apart, 2)}.
 function T.check(c, p, now, cost, priority, limit_paused_until)
   local open = T.capacity_for(p, priority)
   T.normalise(c, p, now)
@@ -618,8 +619,14 @@ function T.decide(KEYS, ARGV)
       local c, hold_until = T.load(values[2 * i - 1], { KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i] },
         now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
-      local denial = T.check(c, p, now, cost, priority, tonumber(values[2 * i]) or 0)
+      local limit_paused_until = tonumber(values[2 * i]) or 0
+      local denial = T.check(c, p, now, cost, priority, limit_paused_until)
       counters[i] = c
+      -- Held after a loss (T.load) rather than paused by someone: reason 2, recovering.
+      if denial and denial[3] == 1 and c.p >= limit_paused_until
+          and c.p == gen.birth() + p.memory then
+        denial[3] = 2
+      end
       if denial then
         all_allowed = false
         outcomes[i] = { 2, denial[1], denial[2], denial[3], 0 }

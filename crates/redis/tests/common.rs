@@ -44,22 +44,14 @@ pub async fn connect(url: &str, namespace: &str) -> RedisStore {
 }
 
 /// Mark a namespace as new rather than lost: a test that is not about store loss should not
-/// wait out the recovery period a fresh generation imposes (G6). Writes what the script writes
-/// for a generation born at time zero.
+/// wait out the recovery period a fresh generation imposes (G6). What the server does for a
+/// namespace its rules database never knew.
 pub async fn declare_fresh(url: &str, namespace: &str) {
-    let client = redis::Client::open(url).expect("url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
+    connect(url, namespace)
         .await
-        .expect("connect");
-    let key = format!("tg:{{{namespace}}}:gen");
-    let _: () = redis::pipe()
-        .hset(&key, "born", 0)
-        .hset(&key, "ver", 1)
-        .pexpire(&key, 3_600_000)
-        .query_async(&mut connection)
+        .begin_new_namespace()
         .await
-        .expect("write the generation");
+        .expect("declare the namespace new");
 }
 
 /// A limiter on `store`, waiting at most 10 s, with a secret of its own.

@@ -54,12 +54,64 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
         .expect("answers")
     {
         Outcome::Denied(denial) => {
-            assert_eq!(denial.reason, DenialReason::Paused);
+            assert_eq!(denial.reason, DenialReason::Recovering);
             assert!(
                 denial.retry_after > Duration::from_millis(900),
                 "{denial:?}"
             );
         }
         Outcome::Granted(_) => panic!("granted on a stale replica's empty counter"),
+    }
+}
+
+/// A namespace declared new grants at once; one Redis already knows is left as it is; one that
+/// comes back empty after use is held, with its own reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_namespace_grants_at_once_and_a_lost_one_recovers() {
+    let Some(url) = common::redis_url("a_new_namespace_grants_at_once_and_a_lost_one_recovers")
+    else {
+        return;
+    };
+    let namespace = common::namespace("new-or-lost");
+    let store = Arc::new(common::connect(&url, &namespace).await);
+    assert!(store.begin_new_namespace().await.expect("answers"));
+    assert!(!store.begin_new_namespace().await.expect("answers"));
+    let limiter = common::limiter_on(store.clone());
+    let policy =
+        Policy::rate(2, 3_600_000_000, 0, Algorithm::Fixed, Reserve::default()).expect("valid");
+    limiter.set_limit(Limit::new("daily", policy, None).expect("valid"));
+    assert!(
+        limiter
+            .try_acquire(&Request::new("daily"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    // Redis flushed: the namespace was in use, so it is lost, not new.
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("tg:{{{namespace}}}:*"))
+        .query_async(&mut connection)
+        .await
+        .expect("keys");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut connection)
+        .await
+        .expect("flush the namespace");
+    match limiter
+        .try_acquire(&Request::new("daily"))
+        .await
+        .expect("answers")
+    {
+        Outcome::Denied(denial) => {
+            assert_eq!(denial.reason, DenialReason::Recovering);
+            assert!(denial.retry_after > Duration::from_secs(3500), "{denial:?}");
+        }
+        Outcome::Granted(_) => panic!("granted on a flushed namespace"),
     }
 }

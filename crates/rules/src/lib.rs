@@ -5,15 +5,17 @@
 //! administrators may edit by hand ([`SqlSource`]), and put in force as one snapshot on the
 //! limiter ([`Rules`]), reloaded on a poll and, on PostgreSQL, on notification.
 
+mod fanout;
 mod path;
 mod reload;
 mod rule;
 mod sql;
 
-pub use path::{MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, normalize_path};
+pub use fanout::{Fanout, Widest, check_fanout, widest};
+pub use path::{MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathError, normalize_path};
 pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesStats};
 pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError};
 pub use sql::{
-    COLUMNS, ChangeFeed, DEFAULT_TABLE, SourceError, SqlSource, TABLE_NAME_BYTES_MAX, TableRow,
-    check_table_name, column_of, redact,
+    COLUMNS, ChangeFeed, DEFAULT_TABLE, PreviousRun, SourceError, SqlSource, TABLE_NAME_BYTES_MAX,
+    TableRow, check_table_name, column_of, redact,
 };

@@ -4,6 +4,10 @@
 //! A row that fails validation is reported and skipped, but if an earlier version of the same
 //! limit was valid, that version stays in force: an administrator's typo never silently lifts
 //! a limit. Counters live in the store by limit name, so a reload never refills them.
+//!
+//! One request is decided all or nothing over at most `COUNTERS_PER_REQUEST_MAX` limits, so a
+//! set in force never lets one request match more rules than that (see `fanout`): a row that
+//! would is rejected like an invalid one, and never displaces a rule already in force.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,8 +16,9 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
-use tollgate::{LimitTable, Limiter};
+use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitTable, Limiter};
 
+use crate::fanout::Fanout;
 use crate::rule::{RawRule, Rule, RuleError};
 use crate::sql::{SourceError, SqlSource, column_of};
 
@@ -177,6 +182,11 @@ impl Rules {
     /// Read the table and apply it. On a database error nothing changes.
     pub async fn reload(&self) -> Result<Arc<RuleSet>, SourceError> {
         let mut state = self.inner.state.lock().await;
+        self.apply(&mut state).await
+    }
+
+    /// `reload`, under the state lock the caller holds.
+    async fn apply(&self, state: &mut State) -> Result<Arc<RuleSet>, SourceError> {
         let rows = match self.inner.source.load().await {
             Ok(rows) => rows,
             Err(error) => {
@@ -191,35 +201,66 @@ impl Rules {
                 return Err(error);
             }
         };
+        // What is in force now and still has a row stays, as it is, while the rows are
+        // decided: it fitted together before, so no row below can displace it. Rows are then
+        // decided changed first (each in its previous version's place), new ones after, by
+        // name within each.
+        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX);
         let mut in_force = BTreeMap::new();
         let mut rejected = BTreeMap::new();
+        let mut changed_rows = Vec::new();
+        let mut new_rows = Vec::new();
         for row in rows {
             let validated = row.rule.and_then(|raw| raw.validate(&row.name));
-            let validated = match validated {
-                Ok(_) if in_force.len() >= RULES_MAX => Err(RuleError {
-                    field: "name",
-                    reason: format!("more than {RULES_MAX} rules; this one is not loaded"),
-                }),
-                other => other,
-            };
+            if let Some(previous) = state.in_force.get(&row.name)
+                && fanout.try_add(previous).is_ok()
+            {
+                in_force.insert(row.name.clone(), previous.clone());
+            }
+            match validated {
+                // Unchanged: in force already, the same `Arc` (equality checks stay cheap).
+                Ok(rule) if in_force.get(&row.name).is_some_and(|kept| **kept == rule) => {}
+                validated if in_force.contains_key(&row.name) => {
+                    changed_rows.push((row.name, validated))
+                }
+                validated => new_rows.push((row.name, validated)),
+            }
+        }
+        for (name, validated) in changed_rows.into_iter().chain(new_rows) {
+            let previous = in_force.get(&name).cloned();
+            let validated = validated.and_then(|rule| {
+                if previous.is_none() && in_force.len() >= RULES_MAX {
+                    return Err(RuleError {
+                        field: "name",
+                        reason: format!("more than {RULES_MAX} rules; this one is not loaded"),
+                    });
+                }
+                if let Some(previous) = &previous {
+                    fanout.remove(previous);
+                }
+                match fanout.try_add(&rule) {
+                    Ok(()) => Ok(rule),
+                    Err(widest) => {
+                        // The previous version fitted in this very place a moment ago.
+                        if let Some(previous) = &previous {
+                            let _ = fanout.try_add(previous);
+                        }
+                        Err(widest.refusal(fanout.cap()))
+                    }
+                }
+            });
             match validated {
                 Ok(rule) => {
-                    let rule = match state.in_force.get(&row.name) {
-                        // Keep the same Arc when nothing changed, so equality checks are cheap.
-                        Some(previous) if **previous == rule => previous.clone(),
-                        _ => Arc::new(rule),
-                    };
-                    in_force.insert(row.name, rule);
+                    in_force.insert(name, Arc::new(rule));
                 }
                 Err(error) => {
-                    let previous = state.in_force.get(&row.name).cloned();
                     let rejection = RejectedRow {
-                        name: row.name.clone(),
+                        name: name.clone(),
                         column: column_of(error.field).to_owned(),
                         reason: error.reason,
                         previous_in_force: previous.is_some(),
                     };
-                    if state.rejected.get(&row.name) != Some(&rejection) {
+                    if state.rejected.get(&name) != Some(&rejection) {
                         tracing::warn!(
                             table = %self.inner.source.table(),
                             row = %rejection.name,
@@ -229,10 +270,7 @@ impl Rules {
                             "rules row rejected"
                         );
                     }
-                    if let Some(previous) = previous {
-                        in_force.insert(row.name.clone(), previous);
-                    }
-                    rejected.insert(row.name, rejection);
+                    rejected.insert(name, rejection);
                 }
             }
         }
@@ -286,13 +324,27 @@ impl Rules {
         Ok(snapshot)
     }
 
-    /// Validate a rule, write it to the table, and put the table in force at once.
+    /// Validate a rule, write it to the table, and put the table in force at once. A rule that
+    /// would let one request match more rules than one request may be decided on, beside the
+    /// others in force (in place of this name's current version), is refused and not written.
     pub async fn put(&self, name: &str, raw: &RawRule) -> Result<Arc<Rule>, RulesError> {
         let rule = raw.validate(name)?;
+        // Under the state lock, so no reload changes what is in force between the check and
+        // the write.
+        let mut state = self.inner.state.lock().await;
+        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX);
+        for other in state.in_force.values().filter(|other| other.name() != name) {
+            // The set in force fits, and so does any part of it.
+            let _ = fanout.try_add(other);
+        }
+        fanout
+            .try_add(&rule)
+            .map_err(|widest| RulesError::Invalid(widest.refusal(fanout.cap())))?;
         self.inner.source.upsert(&rule).await?;
-        let snapshot = self.reload().await?;
-        // The row just written is valid, so it is what is in force (unless an administrator
-        // changed it in between, in which case theirs is the newer truth).
+        let snapshot = self.apply(&mut state).await?;
+        // The row just written is valid and fits beside the rules in force, so it is what is in
+        // force (unless an administrator changed the table in between, in which case theirs is
+        // the newer truth).
         Ok(snapshot
             .get(name)
             .cloned()

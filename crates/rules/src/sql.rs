@@ -52,7 +52,8 @@ pub fn column_of(field: &str) -> &str {
         "reserve.high" | "reserve" => "reserve_high",
         "reserve.normal" => "reserve_normal",
         "match.method" => "match_method",
-        "match.path" => "match_path",
+        // A rule's `match` as a whole (how many rules one request matches): its path column.
+        "match" | "match.path" => "match_path",
         other => other,
     }
 }
@@ -101,6 +102,10 @@ macro_rules! on_pool {
         }
     };
 }
+
+mod runs;
+
+pub use runs::PreviousRun;
 
 /// A connected rules database.
 #[derive(Clone, Debug)]
@@ -315,7 +320,7 @@ impl SqlSource {
                  ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_notify()"
             ));
         }
-        vec![(1, first)]
+        vec![(1, first), (2, self.runs_migration())]
     }
 
     fn channel(&self) -> String {

@@ -438,3 +438,171 @@ async fn bad_urls_and_table_names_are_refused_clearly() {
         .expect_err("refused");
     assert!(error.to_string().contains("bad-name"), "{error}");
 }
+
+/// A row on every method and path, counted per user: a user's overall frequency.
+fn broad_row(table: &str, name: &str) -> String {
+    format!(
+        "INSERT INTO {table} (name, kind, limit_units, period_ms, per, match_method, match_path) VALUES ('{name}', 'rate', 1000, 60000, 'user', '*', '*')"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_that_would_let_one_request_match_too_many_rules_are_rejected() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let setup = setup(&url, "fanout", Duration::from_millis(50)).await;
+        let table = setup.table.clone();
+        // Seven broad rules and an endpoint rule: a GET on the endpoint matches 8, the most one
+        // request may be decided on.
+        for n in 0..7 {
+            setup.admin.exec(&broad_row(&table, &format!("b{n}"))).await;
+        }
+        setup
+            .admin
+            .exec(&format!(
+                "INSERT INTO {table} (name, kind, limit_units, period_ms, algorithm, per, match_method, match_path) VALUES ('entity-bundle', 'rate', 1, 3600000, 'fixed', 'user', 'GET', '/repo/v1/entity/#/bundle')"
+            ))
+            .await;
+        setup
+            .admin
+            .exec(&format!(
+                "INSERT INTO {table} (name, kind, limit_units, period_ms, match_method, match_path) VALUES ('other', 'rate', 5, 1000, 'POST', '/other')"
+            ))
+            .await;
+        until(&format!("{url}: the rules are in force"), async || {
+            setup.rules.snapshot().len() == 9
+        })
+        .await;
+        // A new broad row, named to come first, and a change that would make `other` broad: each
+        // would let a GET on the endpoint match 9 rules.
+        setup.admin.exec(&broad_row(&table, "a-new")).await;
+        setup
+            .admin
+            .exec(&format!(
+                "UPDATE {table} SET match_method = '*', match_path = '*' WHERE name = 'other'"
+            ))
+            .await;
+        until(&format!("{url}: the rows are rejected"), async || {
+            setup.rules.snapshot().rejected().len() == 2
+        })
+        .await;
+        let snapshot = setup.rules.snapshot();
+        let rejected: Vec<(&str, &str, bool)> = snapshot
+            .rejected()
+            .iter()
+            .map(|row| {
+                (
+                    row.name.as_str(),
+                    row.column.as_str(),
+                    row.previous_in_force,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rejected,
+            vec![
+                ("a-new", "match_path", false),
+                ("other", "match_path", true)
+            ],
+            "{url}"
+        );
+        for row in snapshot.rejected() {
+            assert_eq!(
+                row.reason,
+                "a GET request on /repo/v1/entity/#/bundle would match 9 rules; one request may be decided on at most 8",
+                "{url}: {row:?}"
+            );
+        }
+        // What was in force stays, `other` in its previous version.
+        assert_eq!(setup.in_force("a-new"), None);
+        assert_eq!(setup.in_force("entity-bundle"), Some(1));
+        for n in 0..7 {
+            assert!(setup.in_force(&format!("b{n}")).is_some(), "b{n}");
+        }
+        let other = snapshot.get("other").expect("in force");
+        assert_eq!(other.matcher().map(|m| m.path()), Some("/other"));
+        let matched: Vec<&str> = snapshot
+            .matching("GET", "/repo/v1/entity/#/bundle")
+            .map(|rule| rule.name())
+            .collect();
+        assert_eq!(
+            matched,
+            ["b0", "b1", "b2", "b3", "b4", "b5", "b6", "entity-bundle"]
+        );
+        // Room made by deleting a broad rule goes to the changed row first, then to new ones.
+        setup
+            .admin
+            .exec(&format!("DELETE FROM {table} WHERE name = 'b6'"))
+            .await;
+        until(&format!("{url}: the change is in force"), async || {
+            setup
+                .rules
+                .snapshot()
+                .get("other")
+                .is_some_and(|rule| rule.matcher().is_some_and(|m| m.path() == "*"))
+        })
+        .await;
+        let snapshot = setup.rules.snapshot();
+        let rejected: Vec<&str> = snapshot
+            .rejected()
+            .iter()
+            .map(|row| row.name.as_str())
+            .collect();
+        assert_eq!(rejected, ["a-new"], "{url}");
+        setup
+            .admin
+            .exec(&format!("DELETE FROM {table} WHERE name = 'b5'"))
+            .await;
+        until(&format!("{url}: the new row is in force"), async || {
+            setup.in_force("a-new").is_some()
+        })
+        .await;
+        assert!(setup.rules.snapshot().rejected().is_empty(), "{url}");
+        setup.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_write_that_would_let_one_request_match_too_many_rules_is_refused() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let setup = setup(&url, "fanout_put", Duration::from_secs(3_600)).await;
+        let table = setup.table.clone();
+        let broad: RawRule = serde_json::from_str(
+            r#"{"kind":"rate","limit":1000,"period_ms":60000,"per":"user","match":{"method":"*","path":"*"}}"#,
+        )
+        .expect("json");
+        for n in 0..8 {
+            setup
+                .rules
+                .put(&format!("b{n}"), &broad)
+                .await
+                .expect("fits");
+        }
+        // Replacing a rule does not count it twice.
+        setup.rules.put("b0", &broad).await.expect("replaced");
+        let error = setup
+            .rules
+            .put("b8", &broad)
+            .await
+            .expect_err("a ninth broad rule is refused");
+        let tollgate_rules::RulesError::Invalid(error) = error else {
+            panic!("not a refusal of the rule: {error}");
+        };
+        assert_eq!(error.field, "match");
+        assert_eq!(
+            error.reason,
+            "any request would match 9 rules; one request may be decided on at most 8"
+        );
+        assert_eq!(
+            setup
+                .admin
+                .count(&format!("SELECT COUNT(*) FROM {table} WHERE name = 'b8'"))
+                .await,
+            0,
+            "nothing was written"
+        );
+        assert_eq!(setup.in_force("b8"), None);
+        setup.finish().await;
+    }
+}

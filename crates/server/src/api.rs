@@ -305,7 +305,10 @@ pub(crate) struct RateLimited {
     error: ErrorDetail,
     /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
     retry_after_ms: u64,
-    /// `capacity`, `paused` or `queued`.
+    /// `capacity` (the limit is used up), `paused` (someone paused it, e.g. on a vendor's
+    /// "retry after"), `recovering` (the store lost what it counted, after an unclean stop or
+    /// a Redis that came back empty, and holds the limit until what was granted before can no
+    /// longer count) or `queued` (requests of the same or higher priority wait ahead).
     reason: &'static str,
     limits: Vec<LimitView>,
 }
@@ -314,6 +317,7 @@ fn reason_name(reason: DenialReason) -> &'static str {
     match reason {
         DenialReason::Capacity => "capacity",
         DenialReason::Paused => "paused",
+        DenialReason::Recovering => "recovering",
         DenialReason::Queued => "queued",
         #[allow(unreachable_patterns)]
         _ => "other",
@@ -326,7 +330,16 @@ fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
     let body = RateLimited {
         error: ErrorDetail {
             code: Code::RateLimited.as_str(),
-            message: format!("not granted: {reason}; retry after {retry_after_ms} ms"),
+            message: match denied.reason {
+                DenialReason::Recovering => format!(
+                    "not granted: recovering; the store lost what it counted (an unclean stop, \
+                     or a Redis that came back empty), so the limit grants nothing until what \
+                     was granted before can no longer count: {} from now (setting \
+                     recover_on_start); retry after {retry_after_ms} ms",
+                    crate::human_duration(denied.retry_after)
+                ),
+                _ => format!("not granted: {reason}; retry after {retry_after_ms} ms"),
+            },
             field: None,
         },
         retry_after_ms,
@@ -611,7 +624,11 @@ pub(crate) struct CheckBody {
     #[serde(default)]
     user: Option<String>,
     method: String,
-    /// The request path as received; it is normalized here (ids become `#`).
+    /// The request path as received (a query is ignored). It is matched normalized, as the
+    /// throttle layer does: percent-decoded once (`%2F` stays within its segment), dot
+    /// segments resolved, empty segments dropped, ids (numbers in any spelling such as `+12`
+    /// or `012`, UUIDs, runs of 16+ hex digits) as `#`. A path that cannot be
+    /// percent-decoded (a `%` without two hex digits, bytes that are not UTF-8) is a 400.
     path: String,
 }
 
@@ -650,12 +667,15 @@ pub(crate) async fn check(
     if body.method.is_empty() || !body.method.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(ApiError::bad_field("method", "must be an HTTP method"));
     }
-    let path = normalize_path(&body.path).into_owned();
+    let path = normalize_path(&body.path)
+        .map_err(|error| ApiError::bad_field("path", error))?
+        .into_owned();
     let snapshot = state.rules().snapshot();
     let mut leases = false;
+    // Every matching rule: the rules in force never let one request match more than it may
+    // be decided on (refused at load), so none is left out.
     let matched: Vec<String> = snapshot
         .matching(&body.method, &path)
-        .take(tollgate::COUNTERS_PER_REQUEST_MAX)
         .map(|rule| {
             leases |= rule.limit().policy().is_concurrency();
             rule.name().to_owned()

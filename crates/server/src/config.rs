@@ -61,8 +61,10 @@ pub struct ServerConfig {
     pub wait_ms_max: u64,
     /// Memory store: counters tracked at most (G7).
     pub keys_tracked_max: u64,
-    /// Memory store: grant nothing on a limit until one period after start, because a previous
-    /// incarnation of this server may have granted units that still count (G6).
+    /// Memory store: after a start that finds the previous run did not stop cleanly, hold each
+    /// limit it had until one period after that run was last known to grant (its heartbeat in
+    /// the rules database), since units it granted may still count. A clean stop saves the
+    /// counters and a start puts them back, whatever this says.
     pub recover_on_start: bool,
     /// Key for permit ids; replicas that accept each other's ids share it. Random if unset.
     pub permit_secret: Option<[u8; 16]>,

@@ -11,6 +11,7 @@ mod error;
 mod extract;
 mod metrics;
 mod openapi;
+mod runs;
 mod state;
 
 use std::future::Future;
@@ -23,7 +24,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tokio::sync::watch;
 use tollgate::{
-    Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret, Store,
+    Clock, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret,
+    Store,
 };
 use tollgate_rules::{Rules, SourceError, SqlSource};
 
@@ -60,19 +62,24 @@ pub enum ServerError {
     Serve(std::io::Error),
 }
 
+/// The memory store and the clock it decides on, which reads wall time, so that what a run
+/// saves or records means the same to the next one.
+type Memory = (Arc<MemoryStore>, Arc<dyn Clock>);
+
 async fn build_store(
     config: &ServerConfig,
-) -> Result<(Arc<dyn Store>, Option<Arc<MemoryStore>>), ServerError> {
+    rules: &SqlSource,
+) -> Result<(Arc<dyn Store>, Option<Memory>), ServerError> {
     match &config.store {
         StoreChoice::Memory => {
+            let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
             let store = Arc::new(MemoryStore::new(
                 MemoryStoreConfig {
                     keys_tracked_max: config.keys_tracked_max,
-                    recover_on_start: config.recover_on_start,
                 },
-                Arc::new(MonotonicClock::new()),
+                clock.clone(),
             ));
-            Ok((store.clone(), Some(store)))
+            Ok((store.clone(), Some((store, clock))))
         }
         StoreChoice::Redis(url) => {
             if config.permit_secret.is_none() {
@@ -98,6 +105,23 @@ async fn build_store(
                 fail_open = config.store_fail_open,
                 "redis store connected"
             );
+            // A namespace this rules database never knew in use is new, not lost: nothing in
+            // it was granted, so nothing is held. One it knew that comes back empty is a loss.
+            let row = runs::redis_store(&config.redis_namespace);
+            if rules.previous_run(&row).await?.is_none() {
+                let fresh =
+                    store
+                        .begin_new_namespace()
+                        .await
+                        .map_err(|error| ServerError::Store {
+                            store: tollgate_rules::redact(url),
+                            reason: error.to_string(),
+                        })?;
+                if fresh {
+                    tracing::info!(namespace = %config.redis_namespace, "new Redis namespace");
+                }
+                rules.begin_run(&row, 0).await?;
+            }
             Ok((Arc::new(store), None))
         }
     }
@@ -150,13 +174,13 @@ pub async fn run(
              request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
         );
     }
-    if config.recover_on_start && config.store == StoreChoice::Memory {
-        tracing::info!(
-            "recover_on_start: each limit grants nothing until one period (or lease TTL) after \
-             start, since a previous run may have granted units that still count"
-        );
-    }
-    let (store, memory) = build_store(&config).await?;
+    let source = SqlSource::connect(&config.rules_url, &config.rules_table).await?;
+    tracing::info!(
+        rules = %tollgate_rules::redact(&config.rules_url),
+        table = %config.rules_table,
+        "rules database ready"
+    );
+    let (store, memory) = build_store(&config, &source).await?;
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
     let permit_secret = match config.permit_secret {
@@ -170,17 +194,24 @@ pub async fn run(
             permit_secret,
         },
     );
-    let source = SqlSource::connect(&config.rules_url, &config.rules_table).await?;
-    tracing::info!(
-        rules = %tollgate_rules::redact(&config.rules_url),
-        table = %config.rules_table,
-        "rules database ready"
-    );
-    let rules = Rules::start(source, limiter.clone()).await?;
+    let rules = Rules::start(source.clone(), limiter.clone()).await?;
+    let memory_run = match &memory {
+        Some((memory, clock)) => Some(
+            runs::MemoryRun::begin(
+                source,
+                memory.clone(),
+                clock.clone(),
+                &limiter,
+                config.recover_on_start,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let metrics = Metrics::new(rules.clone(), metered, store_seconds);
     let (stop_sender, stop) = watch::channel(false);
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
-    let sweeper = memory.map(|memory| spawn_sweeper(memory, stop.clone()));
+    let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
     let state = AppState::new(config, limiter, rules, metrics);
@@ -237,6 +268,10 @@ pub async fn run(
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
     }
+    // Nothing decides any more: what the memory store counts is final.
+    if let Some(memory_run) = memory_run {
+        memory_run.end().await;
+    }
     tracing::info!("stopped");
     served
 }
@@ -258,4 +293,33 @@ fn spawn_sweeper(
             }
         }
     })
+}
+
+/// A duration as people read it, to the second above a minute ("23 h 26 min 15 s",
+/// "1.5 s", "250 ms"), for messages and logs.
+pub fn human_duration(duration: Duration) -> String {
+    let ms = duration.as_millis();
+    if ms < 1_000 {
+        return format!("{ms} ms");
+    }
+    if ms < 60_000 {
+        let tenths = ms.div_ceil(100);
+        return match tenths % 10 {
+            0 => format!("{} s", tenths / 10),
+            rest => format!("{}.{rest} s", tenths / 10),
+        };
+    }
+    let seconds = ms.div_ceil(1_000);
+    let parts = [
+        (seconds / 86_400, "d"),
+        (seconds / 3_600 % 24, "h"),
+        (seconds / 60 % 60, "min"),
+        (seconds % 60, "s"),
+    ];
+    let words: Vec<String> = parts
+        .iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, unit)| format!("{count} {unit}"))
+        .collect();
+    words.join(" ")
 }

@@ -53,7 +53,6 @@ fn main() {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: (users * ENDPOINTS + 1_000) as u64,
-            recover_on_start: false,
         },
         clock.clone(),
     ));
@@ -66,7 +65,8 @@ fn main() {
     );
     let layer = ThrottleLayer::new(
         limiter,
-        ThrottleRules::fixed((0..ENDPOINTS).map(endpoint_rule)),
+        ThrottleRules::fixed((0..ENDPOINTS).map(endpoint_rule))
+            .expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::Header(http::HeaderName::from_static("x-user")),
             unidentified: Unidentified::Reject,

@@ -81,7 +81,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
-            recover_on_start: false,
         },
         Arc::new(MonotonicClock::new()),
     ));

@@ -234,7 +234,7 @@ type Headers = SmallVec<[(HeaderName, HeaderValue); 2]>;
 enum Settled {
     /// Call the service, with what its response carries besides its own, if anything.
     Call { extra: Option<Box<Extra>> },
-    /// The layer answers itself (a refusal, a failure, no user).
+    /// The layer answers itself (a refusal, a failure, no user, an undecodable path).
     Answer(Answer),
 }
 
@@ -259,7 +259,17 @@ impl Shared {
             matched,
             per_user,
             leases,
-        } = index.matching_request(request);
+        } = match index.matching_request(request) {
+            Ok(matching) => matching,
+            Err(error) => {
+                bump(&self.counters.bad_path);
+                return Prepared::Settled(Settled::Answer(Answer::error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    &format!("path: {error}"),
+                )));
+            }
+        };
         if matched.is_empty() {
             bump(&self.counters.unmatched);
             return Prepared::Pass;
@@ -356,11 +366,21 @@ impl Shared {
         // Filled by index: collecting into a `SmallVec` pushes one by one, a tenth of a
         // chain's cost in the layer.
         let mut names = [""; COUNTERS_PER_REQUEST_MAX];
-        for (name, &position) in names.iter_mut().zip(matched.iter()) {
-            *name = index.entries[position as usize].rule.name();
-        }
-        // A request matches at most `COUNTERS_PER_REQUEST_MAX` rules.
-        let names = &names[..matched.len().min(COUNTERS_PER_REQUEST_MAX)];
+        let spilled: Vec<&str>;
+        let names: &[&str] = if matched.len() <= COUNTERS_PER_REQUEST_MAX {
+            for (name, &position) in names.iter_mut().zip(matched.iter()) {
+                *name = index.entries[position as usize].rule.name();
+            }
+            &names[..matched.len()]
+        } else {
+            // The rules in force never let a request match this many; if they did, every
+            // one is named and the limiter's own error answers, rather than some left out.
+            spilled = matched
+                .iter()
+                .map(|&position| index.entries[position as usize].rule.name())
+                .collect();
+            &spilled
+        };
         // The layer never commits for a refund (a served request used its unit), so the store
         // need not record the reservation; leases are held and released as always.
         let mut acquire = tollgate::Request::all(names).refundable(false);
@@ -700,7 +720,7 @@ enum Waiting<S, ReqBody> {
         service: S,
         request: Request<ReqBody>,
     },
-    /// The layer's own answer (a refusal, a failure, no user).
+    /// The layer's own answer (a refusal, a failure, no user, an undecodable path).
     Answered(Response<Body>),
 }
 

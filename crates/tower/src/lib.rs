@@ -2,8 +2,10 @@
 //! Tollgate rules to each incoming request, per user and per endpoint (seed 002).
 //!
 //! For every request the layer normalizes the path with the rules crate's
-//! [`normalize_path`](tollgate_rules::normalize_path) (ids become `#`, the query is ignored;
-//! skipped when no rule in force names a path), finds the rules whose `match` fits the method
+//! [`normalize_path`](tollgate_rules::normalize_path) (the path the application routes:
+//! percent-decoded, dot segments resolved, ids in any spelling become `#`, the query is
+//! ignored; skipped when no rule in force names a path; a path that cannot be decoded is
+//! answered `400 Bad Request`), finds the rules whose `match` fits the method
 //! and normalized path, and asks the shared [`Limiter`](tollgate::Limiter) for one unit of all
 //! of them at once, keyed by the user for rules counted `per` user. The request is granted on every matched limit or on none, so a
 //! request the endpoint rule refuses spends nothing of the user's overall frequency or
@@ -35,6 +37,6 @@ mod sweep;
 pub use identity::{Identity, IpNet, PeerAddr, TrustedProxies, Unidentified};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};
-pub use rules::ThrottleRules;
+pub use rules::{FixedRules, ThrottleRules};
 pub use serve::IntoMakeServiceWithPeer;
 pub use sweep::spawn_sweeper;

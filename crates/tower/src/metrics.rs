@@ -16,6 +16,7 @@ pub(crate) struct RuleCounters {
 pub(crate) struct LayerCounters {
     pub(crate) unmatched: AtomicU64,
     pub(crate) unidentified: AtomicU64,
+    pub(crate) bad_path: AtomicU64,
     pub(crate) too_many_keys: AtomicU64,
     pub(crate) store_errors: AtomicU64,
 }
@@ -43,6 +44,9 @@ pub struct ThrottleMetrics {
     pub unmatched: u64,
     /// Requests that matched a rule counted per user but named no user.
     pub unidentified: u64,
+    /// Requests refused with `400 Bad Request` because their path could not be percent-decoded
+    /// (read only while a rule names a path).
+    pub bad_path: u64,
     /// Requests refused because the store's `keys_tracked_max` was reached.
     pub too_many_keys: u64,
     /// Requests during which the store failed (answered per `OnStoreError`).
@@ -63,6 +67,7 @@ pub(crate) fn read(
             .collect(),
         unmatched: layer.unmatched.load(Ordering::Relaxed),
         unidentified: layer.unidentified.load(Ordering::Relaxed),
+        bad_path: layer.bad_path.load(Ordering::Relaxed),
         too_many_keys: layer.too_many_keys.load(Ordering::Relaxed),
         store_errors: layer.store_errors.load(Ordering::Relaxed),
     }

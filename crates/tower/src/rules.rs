@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 
 use smallvec::SmallVec;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
-use tollgate_rules::{Rule, Rules, normalize_path};
+use tollgate_rules::{PathError, Rule, RuleError, Rules, check_fanout, normalize_path};
 
 use crate::headers::policy_item;
 use crate::metrics::RuleCounters;
@@ -27,15 +27,34 @@ use crate::metrics::RuleCounters;
 /// Where the layer's rules come from.
 #[derive(Clone, Debug)]
 pub enum ThrottleRules {
-    /// A fixed list, put in force on the limiter when the layer is built.
-    Fixed(Vec<Arc<Rule>>),
-    /// The SQL table, as reloaded by `Rules` (which puts each version in force on its limiter).
+    /// A fixed list, put in force on the limiter when the layer is built; made by
+    /// [`ThrottleRules::fixed`], which checks it.
+    Fixed(FixedRules),
+    /// The SQL table, as reloaded by `Rules` (which puts each version in force on its limiter,
+    /// checked alike at every reload).
     Sql(Rules),
 }
 
+/// A fixed list of rules in which no request matches more than `COUNTERS_PER_REQUEST_MAX`:
+/// only [`ThrottleRules::fixed`] makes one.
+#[derive(Clone, Debug)]
+pub struct FixedRules(Vec<Arc<Rule>>);
+
+impl FixedRules {
+    /// The rules, in the order given.
+    pub fn rules(&self) -> &[Arc<Rule>] {
+        &self.0
+    }
+}
+
 impl ThrottleRules {
-    pub fn fixed(rules: impl IntoIterator<Item = Rule>) -> ThrottleRules {
-        ThrottleRules::Fixed(rules.into_iter().map(Arc::new).collect())
+    /// A fixed list of rules. Refused when one request could match more than
+    /// `COUNTERS_PER_REQUEST_MAX` of them (one request is decided all or nothing over at most
+    /// that many limits); the error names such a request and its count.
+    pub fn fixed(rules: impl IntoIterator<Item = Rule>) -> Result<ThrottleRules, RuleError> {
+        let rules: Vec<Arc<Rule>> = rules.into_iter().map(Arc::new).collect();
+        check_fanout(rules.iter().map(|rule| &**rule))?;
+        Ok(ThrottleRules::Fixed(FixedRules(rules)))
     }
 }
 
@@ -219,23 +238,28 @@ impl RuleIndex {
 
     /// The rules that apply to `request`, in chain order (see `matching`). Neither method nor
     /// path is looked at when no rule in force depends on them, and the path is normalized only
-    /// when an endpoint rule might match it.
-    pub(crate) fn matching_request<B>(&self, request: &http::Request<B>) -> Matching {
+    /// when an endpoint rule might match it: an error then if it cannot be decoded (which rules
+    /// it meets is unknown).
+    pub(crate) fn matching_request<B>(
+        &self,
+        request: &http::Request<B>,
+    ) -> Result<Matching, PathError> {
         if let Some(everywhere) = self.everywhere() {
-            return everywhere.matching();
+            return Ok(everywhere.matching());
         }
         let path = request.uri().path();
         let path = if self.by_path.is_empty() {
             Cow::Borrowed(path)
         } else {
-            normalize_path(path)
+            normalize_path(path)?
         };
-        self.matching(request.method().as_str(), &path)
+        Ok(self.matching(request.method().as_str(), &path))
     }
 
-    /// The rules that apply to `method` on `normalized_path`, in chain order. A request names
-    /// at most `COUNTERS_PER_REQUEST_MAX` limits; past that, the later rules in chain order
-    /// are not applied (and a warning says so).
+    /// The rules that apply to `method` on `normalized_path`, in chain order: every one of
+    /// them. The rules in force never let a request match more than `COUNTERS_PER_REQUEST_MAX`
+    /// (fixed and SQL rules are checked for it); none is left out here if they did, so the
+    /// limiter's own error would answer for it.
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matching {
         // The path's candidates already match it (the index is keyed by the rules' normalized
         // paths): only methods are left to compare, unless none narrows them.
@@ -256,14 +280,6 @@ impl RuleIndex {
                 .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method))
             {
                 continue;
-            }
-            if matching.matched.len() == COUNTERS_PER_REQUEST_MAX {
-                tracing::warn!(
-                    path = normalized_path,
-                    applied = COUNTERS_PER_REQUEST_MAX,
-                    "more rules match than one request may name; the later ones are not applied"
-                );
-                break;
             }
             matching.matched.push(position);
             matching.per_user |= entry.per_user;
@@ -286,7 +302,7 @@ impl RuleTracker {
     /// For fixed rules, put them in force on `limiter` (replacing any limit of the same name).
     pub(crate) fn new(source: ThrottleRules, limiter: &Limiter) -> RuleTracker {
         let index = match source {
-            ThrottleRules::Fixed(rules) => {
+            ThrottleRules::Fixed(FixedRules(rules)) => {
                 for rule in &rules {
                     limiter.set_limit(rule.limit().clone());
                 }
@@ -397,23 +413,61 @@ mod tests {
         Arc::new(raw.validate(name).expect("rule is valid"))
     }
 
-    /// What `matching` must answer: every entry whose rule matches, in chain order, the chain
-    /// cut at its length.
+    /// What `matching` must answer: every entry whose rule matches, in chain order.
     fn by_scan(index: &RuleIndex, method: &str, path: &str) -> Vec<u32> {
-        let mut positions: Vec<u32> = (0..index.entries.len() as u32)
+        (0..index.entries.len() as u32)
             .filter(|&p| {
                 index.entries[p as usize]
                     .rule
                     .matcher()
                     .is_some_and(|m| m.matches(method, path))
             })
-            .collect();
-        positions.truncate(COUNTERS_PER_REQUEST_MAX);
-        positions
+            .collect()
     }
 
     const GLOBAL: &str = r#""kind":"rate","limit":5,"period_ms":1000"#;
     const CONCURRENCY: &str = r#""kind":"concurrency","limit":2,"lease_ttl_ms":1000,"per":"user""#;
+
+    /// Sets in which one request matches more rules than one request may name.
+    fn too_wide() -> Vec<Vec<Arc<Rule>>> {
+        vec![
+            (0..COUNTERS_PER_REQUEST_MAX + 1)
+                .map(|n| rule(&format!("r{n}"), "*", "*"))
+                .collect(),
+            // An endpoint rule first in the chain, and every broad rule after it.
+            std::iter::once(rule_of("item-conc", CONCURRENCY, "*", "/items/1"))
+                .chain((0..COUNTERS_PER_REQUEST_MAX).map(|n| rule(&format!("r{n}"), "*", "*")))
+                .collect(),
+            // Rules on GET everywhere and on /items/1 for any method meet on GET /items/1.
+            (0..4)
+                .map(|n| rule(&format!("g{n}"), "get", "*"))
+                .chain((0..5).map(|n| rule(&format!("i{n}"), "*", "/items/1")))
+                .collect(),
+        ]
+    }
+
+    #[test]
+    fn fixed_refuses_a_set_one_request_could_match_too_much_of() {
+        for rules in too_wide() {
+            let error = ThrottleRules::fixed(rules.iter().map(|rule| (**rule).clone()))
+                .expect_err("refused");
+            assert_eq!(error.field, "match");
+            assert!(error.reason.contains("would match 9 rules"), "{error}");
+            // Built unchecked, the index still drops none of them: the limiter refuses a
+            // request naming too many limits with its own error.
+            let index = RuleIndex::build(0, rules.iter(), None, &Limiter::in_memory());
+            for (method, path) in [("GET", "/items/#"), ("GET", "/")] {
+                assert_eq!(
+                    index.matching(method, path).matched.to_vec(),
+                    by_scan(&index, method, path)
+                );
+            }
+            assert_eq!(index.matching("GET", "/items/#").matched.len(), 9);
+        }
+        let fits =
+            (0..COUNTERS_PER_REQUEST_MAX).map(|n| (*rule(&format!("r{n}"), "*", "*")).clone());
+        assert!(ThrottleRules::fixed(fits).is_ok());
+    }
 
     #[test]
     fn matching_agrees_with_a_scan_of_every_rule() {
@@ -425,12 +479,6 @@ mod tests {
             (vec![rule("a", "*", "*"), rule("gets", "GET", "*")], false),
             (
                 vec![rule("a", "*", "*"), rule("item", "GET", "/items/1")],
-                false,
-            ),
-            (
-                (0..COUNTERS_PER_REQUEST_MAX + 1)
-                    .map(|n| rule(&format!("r{n}"), "*", "*"))
-                    .collect(),
                 false,
             ),
             (Vec::new(), true),
@@ -463,13 +511,21 @@ mod tests {
                 ],
                 false,
             ),
-            // More than a request may name, an endpoint rule first in the chain: the chain's
-            // first are applied, whichever list they come from.
+            // As many as a request may name, an endpoint rule first in the chain.
             (
                 std::iter::once(rule_of("item-conc", CONCURRENCY, "*", "/items/1"))
-                    .chain((0..COUNTERS_PER_REQUEST_MAX).map(|n| rule(&format!("r{n}"), "*", "*")))
+                    .chain(
+                        (0..COUNTERS_PER_REQUEST_MAX - 1).map(|n| rule(&format!("r{n}"), "*", "*")),
+                    )
                     .collect(),
                 false,
+            ),
+            // As many as a request may name on every path: held ready.
+            (
+                (0..COUNTERS_PER_REQUEST_MAX)
+                    .map(|n| rule(&format!("r{n}"), "*", "*"))
+                    .collect(),
+                true,
             ),
         ];
         for (rules, request_independent) in sets {
@@ -489,9 +545,9 @@ mod tests {
                     .uri(path)
                     .body(())
                     .expect("request");
-                let normalized = normalize_path(request.uri().path());
+                let normalized = normalize_path(request.uri().path()).expect("decodable");
                 let expected = by_scan(&index, method, &normalized);
-                let matching = index.matching_request(&request);
+                let matching = index.matching_request(&request).expect("decodable");
                 assert_eq!(
                     matching.matched.to_vec(),
                     expected,
@@ -503,5 +559,29 @@ mod tests {
                 assert_eq!(matching.leases, entries().any(|e| e.is_lease));
             }
         }
+    }
+
+    #[test]
+    fn an_undecodable_path_is_an_error_only_where_a_rule_names_a_path() {
+        let limiter = Limiter::in_memory();
+        let request = http::Request::builder()
+            .uri("/items/%ZZ")
+            .body(())
+            .expect("request");
+        let everywhere = [rule("a", "*", "*")];
+        let index = RuleIndex::build(0, everywhere.iter(), None, &limiter);
+        assert!(index.matching_request(&request).is_ok());
+        let endpoint = [rule("a", "*", "*"), rule("item", "GET", "/items/#")];
+        let index = RuleIndex::build(0, endpoint.iter(), None, &limiter);
+        assert!(matches!(
+            index.matching_request(&request),
+            Err(PathError::BadEscape { offset: 7 })
+        ));
+        let spelled = http::Request::builder()
+            .uri("/items/%2B07")
+            .body(())
+            .expect("request");
+        let matching = index.matching_request(&spelled).expect("decodable");
+        assert_eq!(matching.matched.len(), 2);
     }
 }

@@ -90,7 +90,8 @@ fn throttled(store: Arc<dyn Store>) -> Throttle<Handler> {
                 r#"{"kind":"rate","limit":3,"period_ms":60000,"algorithm":"fixed","per":"user",
                     "match":{"method":"GET","path":"/api/#"}}"#,
             ),
-        ]),
+        ])
+        .expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::Header(http::HeaderName::from_static("x-user")),
             unidentified: Unidentified::Reject,
@@ -106,7 +107,6 @@ fn memory_store() -> MemoryStore {
     MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000,
-            recover_on_start: false,
         },
         Arc::new(ManualClock::new(1_000_000)),
     )

@@ -169,7 +169,7 @@ async fn serve_with(layer: ThrottleLayer, connected_by: ConnectedBy) -> SocketAd
 fn principal_layer(limiter: &Limiter, rules: Vec<Rule>) -> ThrottleLayer {
     ThrottleLayer::new(
         limiter.clone(),
-        ThrottleRules::fixed(rules),
+        ThrottleRules::fixed(rules).expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::principal(|extensions| {
                 extensions.get::<User>().map(|user| user.0.as_str())
@@ -456,7 +456,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         let limiter = Limiter::in_memory();
         let layer = ThrottleLayer::new(
             limiter.clone(),
-            ThrottleRules::fixed(seed_002_rules()),
+            ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
             ThrottleConfig {
                 identity: Identity::Peer(TrustedProxies::none()),
                 unidentified: Unidentified::Reject,
@@ -492,7 +492,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         let limiter = Limiter::in_memory();
         let layer = ThrottleLayer::new(
             limiter.clone(),
-            ThrottleRules::fixed(seed_002_rules()),
+            ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
             ThrottleConfig {
                 identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
                 unidentified: Unidentified::Reject,
@@ -620,7 +620,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
         )];
         let layer = ThrottleLayer::new(
             limiter.clone(),
-            ThrottleRules::fixed(rules),
+            ThrottleRules::fixed(rules).expect("no request matches too many rules"),
             ThrottleConfig {
                 identity: Identity::Peer(TrustedProxies::none()),
                 unidentified: Unidentified::Reject,
@@ -686,4 +686,52 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
             "{case}"
         );
     }
+}
+
+/// A rule applies to a request however its path is spelled: the layer matches the path the
+/// router will route (percent-decoded, dot segments resolved, numbers in any format), and a
+/// path that cannot be decoded is refused before the service sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_limited_path_is_limited() {
+    let limiter = Limiter::in_memory();
+    let layer = principal_layer(&limiter, seed_002_rules());
+    let address = serve(app(layer.clone())).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    for _ in 0..3 {
+        let answer = send(address, "/repo/v1/entity/123/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    for spelling in [
+        "/repo/v1/entity/123/bundle",
+        "/repo/v1/entity/%31%32%33/bundle",
+        "/repo/v1/entity/+123/bundle",
+        "/repo/v1/entity/%2B123/bundle",
+        "/repo/v1/entity/0123/bundle",
+        "/repo/v1/entity/./123/bundle",
+        "/repo/v1/entity/%2e/123/bundle",
+        "/repo/v1/%65ntity/123/bundle",
+        "/repo/v1/entity/123/bundle/",
+        "/repo//v1/entity/123/bundle",
+        "/repo/v1/x/../entity/123/bundle?mask=1",
+    ] {
+        let answer = send(address, spelling, &auth).await;
+        assert_eq!(answer.status, 429, "{spelling}: {answer:?}");
+        assert_eq!(answer.remaining("entity-bundle"), Some(0), "{spelling}");
+    }
+    let undecodable = send(address, "/repo/v1/entity/%ZZ/bundle", &auth).await;
+    assert_eq!(undecodable.status, 400, "{undecodable:?}");
+    let body: serde_json::Value =
+        serde_json::from_str(&undecodable.body).expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.starts_with("path: "), "{message}");
+    assert_eq!(layer.metrics().bad_path, 1);
+    // Refused before any rule or the service: nobody's counts moved.
+    let entity = send(address, "/repo/v1/entity/1", &auth).await;
+    assert_eq!(entity.status, 200, "{entity:?}");
+    assert_eq!(entity.remaining("user-freq"), Some(96), "{entity:?}");
+    // An encoded slash is not a separator: this is another path, which the rule does not name.
+    let other = send(address, "/repo/v1/entity%2F123/bundle", &auth).await;
+    assert_ne!(other.status, 429, "{other:?}");
 }

@@ -40,10 +40,7 @@ fn throttled(
 ) {
     let clock = Arc::new(ManualClock::new(1_000_000));
     let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig {
-            keys_tracked_max,
-            recover_on_start: false,
-        },
+        MemoryStoreConfig { keys_tracked_max },
         clock.clone(),
     ));
     let limiter = Limiter::new(
@@ -59,7 +56,8 @@ fn throttled(
             "endpoint",
             r#"{"kind":"rate","limit":5,"period_ms":60000,"algorithm":"fixed","per":"user",
                 "match":{"method":"*","path":"/api/#"}}"#,
-        )]),
+        )])
+        .expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::Header(http::HeaderName::from_static("x-user")),
             unidentified: Unidentified::SharedKey("anonymous".to_owned()),

@@ -54,7 +54,6 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
-            recover_on_start: false,
         },
         Arc::new(TscClock::new()),
     );
@@ -67,7 +66,7 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
     );
     ThrottleLayer::new(
         limiter,
-        ThrottleRules::fixed(rules),
+        ThrottleRules::fixed(rules).expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::Peer(TrustedProxies::none()),
             unidentified: Unidentified::Reject,

@@ -1,0 +1,189 @@
+//! Restarts of the real `tollgate serve` on the embedded default (memory store, SQLite rules):
+//! a fresh start holds nothing back, a clean stop resumes its counters exactly, and a crash
+//! holds only the limits the crashed run had, from its last heartbeat, with their own reason.
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use common::*;
+
+/// Restart in the same directory (and so on the same rules database).
+fn restart(server: &mut Server) -> Server {
+    let directory = std::mem::replace(&mut server.directory, tempfile::tempdir().expect("tempdir"));
+    Server::start_with(Options {
+        default_recovery: true,
+        directory: Some(directory),
+        ..Options::default()
+    })
+}
+
+async fn acquire(server: &Server, limit: &str) -> tollgate_cli::client::Answer {
+    post(
+        &server.anonymous(),
+        "/v1/acquire",
+        &format!(r#"{{"limits":["{limit}"]}}"#),
+    )
+    .await
+}
+
+fn reason(answer: &tollgate_cli::client::Answer) -> String {
+    let json = answer.json.as_ref().expect("json");
+    json["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_server_grants_a_new_limit_at_once() {
+    let server = Server::start_with(Options {
+        default_recovery: true,
+        ..Options::default()
+    });
+    put_limit(
+        &server,
+        "daily",
+        r#"{"kind":"rate","limit":5,"period_ms":86400000}"#,
+    )
+    .await;
+    let answer = acquire(&server, "daily").await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_restart_resumes_the_counters_exactly() {
+    let mut server = Server::start_with(Options {
+        default_recovery: true,
+        ..Options::default()
+    });
+    for (name, algorithm) in [("sliding", "sliding"), ("fixed", "fixed"), ("gcra", "gcra")] {
+        put_limit(
+            &server,
+            name,
+            &format!(
+                r#"{{"kind":"rate","limit":2,"period_ms":3600000,"algorithm":"{algorithm}"}}"#
+            ),
+        )
+        .await;
+    }
+    put_limit(
+        &server,
+        "spare",
+        r#"{"kind":"rate","limit":2,"period_ms":3600000}"#,
+    )
+    .await;
+    for name in ["sliding", "fixed", "gcra"] {
+        for _ in 0..2 {
+            let answer = acquire(&server, name).await;
+            assert_eq!(answer.status, 200, "{name}: {}", answer.text());
+        }
+    }
+    assert_eq!(acquire(&server, "spare").await.status, 200);
+    assert!(server.terminate().success(), "{}", server.log());
+    let restarted = restart(&mut server);
+    assert!(
+        restarted
+            .log()
+            .contains("counters of the previous run restored"),
+        "{}",
+        restarted.log()
+    );
+    for name in ["sliding", "fixed", "gcra"] {
+        let answer = acquire(&restarted, name).await;
+        assert_eq!(answer.status, 429, "{name}: {}", answer.text());
+        assert_eq!(reason(&answer), "capacity", "{name}: {}", answer.text());
+    }
+    // One unit of the spare limit was used before the stop: one is left, not two, not none.
+    assert_eq!(acquire(&restarted, "spare").await.status, 200);
+    let answer = acquire(&restarted, "spare").await;
+    assert_eq!(reason(&answer), "capacity", "{}", answer.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
+    let mut server = Server::start_with(Options {
+        default_recovery: true,
+        ..Options::default()
+    });
+    put_limit(
+        &server,
+        "hourly",
+        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
+    )
+    .await;
+    put_limit(
+        &server,
+        "brief",
+        r#"{"kind":"rate","limit":5,"period_ms":2000}"#,
+    )
+    .await;
+    assert_eq!(acquire(&server, "hourly").await.status, 200);
+    assert_eq!(acquire(&server, "brief").await.status, 200);
+    let crashed_at = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-KILL", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    server.wait_exit();
+    let restarted = restart(&mut server);
+    let answer = acquire(&restarted, "hourly").await;
+    assert_error(&answer, 429, "rate_limited", None);
+    assert_eq!(reason(&answer), "recovering", "{}", answer.text());
+    let message = answer.error_message().unwrap_or_default();
+    assert!(message.contains("recover_on_start"), "{message}");
+    // Held from the last heartbeat (at most two heartbeat intervals before the crash counted
+    // as granting), not from this start: never past crash + 10 s + the period.
+    let retry_ms = answer.json.as_ref().expect("json")["retry_after_ms"]
+        .as_u64()
+        .expect("retry_after_ms");
+    let hour_ms = 3_600_000;
+    let since_crash_ms = u64::try_from(crashed_at.elapsed().as_millis()).unwrap_or(0);
+    assert!(
+        retry_ms <= hour_ms + 10_000 - since_crash_ms.min(10_000) + 1_000,
+        "held {retry_ms} ms"
+    );
+    assert!(retry_ms > hour_ms - 60_000, "held only {retry_ms} ms");
+    // A limit created after the start was never granted on by the crashed run: not held.
+    put_limit(
+        &restarted,
+        "new",
+        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
+    )
+    .await;
+    assert_eq!(acquire(&restarted, "new").await.status, 200);
+    // The brief limit's hold ends within its period after the last heartbeat.
+    until("the brief limit's hold ends", async || {
+        acquire(&restarted, "brief").await.status == 200
+    })
+    .await;
+}
+
+/// A Redis namespace the rules database never knew is new: nothing is held on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_redis_namespace_grants_at_once() {
+    let Ok(redis) = std::env::var("TOLLGATE_TEST_REDIS") else {
+        eprintln!(
+            "SKIPPED a_new_redis_namespace_grants_at_once: TOLLGATE_TEST_REDIS is unset, so it \
+             did not run against Redis"
+        );
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.as_nanos())
+        .unwrap_or(0);
+    let namespace = format!("restart-{}-{nanos}", std::process::id());
+    let server = Server::start_with(Options {
+        default_recovery: true,
+        args: vec!["--store", &redis, "--redis-namespace", &namespace],
+        ..Options::default()
+    });
+    put_limit(
+        &server,
+        "daily",
+        r#"{"kind":"rate","limit":5,"period_ms":86400000}"#,
+    )
+    .await;
+    let answer = acquire(&server, "daily").await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}
