@@ -19,6 +19,14 @@ fn restart(server: &mut Server) -> Server {
     })
 }
 
+/// A server on a new rules database, with the default recovery.
+fn fresh_server() -> Server {
+    Server::start_with(Options {
+        default_recovery: true,
+        ..Options::default()
+    })
+}
+
 async fn acquire(server: &Server, limit: &str) -> tollgate_cli::client::Answer {
     post(
         &server.anonymous(),
@@ -35,10 +43,7 @@ fn reason(answer: &tollgate_cli::client::Answer) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_server_grants_a_new_limit_at_once() {
-    let server = Server::start_with(Options {
-        default_recovery: true,
-        ..Options::default()
-    });
+    let server = fresh_server();
     put_limit(
         &server,
         "daily",
@@ -51,10 +56,7 @@ async fn a_fresh_server_grants_a_new_limit_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_restart_resumes_the_counters_exactly() {
-    let mut server = Server::start_with(Options {
-        default_recovery: true,
-        ..Options::default()
-    });
+    let mut server = fresh_server();
     for (name, algorithm) in [("sliding", "sliding"), ("fixed", "fixed"), ("gcra", "gcra")] {
         put_limit(
             &server,
@@ -100,10 +102,7 @@ async fn a_clean_restart_resumes_the_counters_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
-    let mut server = Server::start_with(Options {
-        default_recovery: true,
-        ..Options::default()
-    });
+    let mut server = fresh_server();
     put_limit(
         &server,
         "hourly",

@@ -234,17 +234,7 @@ async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
             "{url}: a's last valid version stays"
         );
         assert_eq!(setup.in_force("c"), None, "{url}: c was never valid");
-        let rejected: Vec<(&str, &str, bool)> = snapshot
-            .rejected()
-            .iter()
-            .map(|row| {
-                (
-                    row.name.as_str(),
-                    row.column.as_str(),
-                    row.previous_in_force,
-                )
-            })
-            .collect();
+        let rejected = rejections(&snapshot);
         assert_eq!(
             rejected,
             vec![("a", "limit_units", true), ("c", "algorithm", false)],
@@ -487,17 +477,7 @@ async fn rows_that_would_let_one_request_match_too_many_rules_are_rejected() {
         })
         .await;
         let snapshot = setup.rules.snapshot();
-        let rejected: Vec<(&str, &str, bool)> = snapshot
-            .rejected()
-            .iter()
-            .map(|row| {
-                (
-                    row.name.as_str(),
-                    row.column.as_str(),
-                    row.previous_in_force,
-                )
-            })
-            .collect();
+        let rejected = rejections(&snapshot);
         assert_eq!(
             rejected,
             vec![
@@ -605,4 +585,19 @@ async fn an_admin_write_that_would_let_one_request_match_too_many_rules_is_refus
         assert_eq!(setup.in_force("b8"), None);
         setup.finish().await;
     }
+}
+
+/// The rejected rows of a snapshot: name, column, whether a previous version stays in force.
+fn rejections(snapshot: &tollgate_rules::RuleSet) -> Vec<(&str, &str, bool)> {
+    snapshot
+        .rejected()
+        .iter()
+        .map(|row| {
+            (
+                row.name.as_str(),
+                row.column.as_str(),
+                row.previous_in_force,
+            )
+        })
+        .collect()
 }
