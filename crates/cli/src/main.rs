@@ -64,6 +64,9 @@ enum Command {
     /// Run the server: HTTP API v1, admin API, /metrics, /healthz, /readyz.
     Serve(ServeArgs),
     /// List, show, create or replace, and delete limits on a running server (admin API).
+    ///
+    /// Exits 1 if the server refused the request, 69 if the server failed or could not be
+    /// reached.
     Limits {
         #[command(flatten)]
         server: ServerArgs,
@@ -472,12 +475,12 @@ fn segment(name: &str) -> String {
 async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> Result<ExitCode> {
     let token = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone());
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
-    let answer = match &action {
-        LimitsAction::List => client.send(Method::GET, "/v1/limits", None).await?,
+    let sent = match &action {
+        LimitsAction::List => client.send(Method::GET, "/v1/limits", None).await,
         LimitsAction::Get { name } => {
             client
                 .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
-                .await?
+                .await
         }
         LimitsAction::Put { name, rule } => {
             let body = read_rule(rule)?;
@@ -487,7 +490,7 @@ async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> R
                     &format!("/v1/limits/{}", segment(name)),
                     Some(&body),
                 )
-                .await?
+                .await
         }
         LimitsAction::Delete { name } => {
             client
@@ -496,7 +499,15 @@ async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> R
                     &format!("/v1/limits/{}", segment(name)),
                     None,
                 )
-                .await?
+                .await
+        }
+    };
+    // As for `acquire`: a server that cannot be reached is 69, not a usage error.
+    let answer = match sent {
+        Ok(answer) => answer,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
         }
     };
     if !answer.status.is_success() {

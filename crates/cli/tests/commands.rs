@@ -95,6 +95,37 @@ async fn limits_commands_manage_a_running_server() {
     );
 }
 
+/// A server that cannot be reached is 69 for every command that talks to one, as for
+/// `acquire`: a script tells "try again later" from "you asked wrongly".
+#[test]
+fn commands_exit_69_when_the_server_cannot_be_reached() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let server = format!("http://127.0.0.1:{port}");
+    for args in [
+        vec!["limits", "list"],
+        vec!["limits", "get", "a"],
+        vec!["limits", "delete", "a"],
+        vec!["acquire", "a", "--", "true"],
+    ] {
+        let output = command(directory.path())
+            .args(&args)
+            .env("TOLLGATE_SERVER", &server)
+            .output()
+            .expect("run tollgate");
+        assert_eq!(
+            output.status.code(),
+            Some(69),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_runs_the_command_under_a_permit_and_passes_its_exit_code() {
     let server = Server::start();
