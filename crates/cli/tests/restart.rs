@@ -157,6 +157,26 @@ async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
     .await;
 }
 
+/// A second memory-store server on the same rules database while the first still runs cannot
+/// know what the first granted: it reads the first one's heartbeat as an unclean stop and holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_the_same_rules_holds_what_the_first_may_grant() {
+    let mut first = fresh_server();
+    put_limit(
+        &first,
+        "hourly",
+        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
+    )
+    .await;
+    assert_eq!(acquire(&first, "hourly").await.status, 200);
+    let second = restart(&mut first);
+    let answer = acquire(&second, "hourly").await;
+    assert_error(&answer, 429, "rate_limited", None);
+    assert_eq!(reason(&answer), "recovering", "{}", answer.text());
+    // The first goes on as before.
+    assert_eq!(acquire(&first, "hourly").await.status, 200);
+}
+
 /// A Redis namespace the rules database never knew is new: nothing is held on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_redis_namespace_grants_at_once() {

@@ -554,10 +554,24 @@ impl MemoryStore {
     /// to be granting, and `limits` the ones it may have granted on. A limit not named (one
     /// created since) is not held. Adds to any earlier hold.
     pub fn hold<'l>(&self, since_us: u64, limits: impl IntoIterator<Item = &'l Limit>) {
+        self.hold_policies(
+            since_us,
+            limits
+                .into_iter()
+                .map(|limit| (limit.name(), limit.policy())),
+        );
+    }
+
+    /// `hold`, by name and policy.
+    fn hold_policies<'l>(
+        &self,
+        since_us: u64,
+        limits: impl IntoIterator<Item = (&'l str, &'l Policy)>,
+    ) {
         let mut hold = lock(&self.hold);
-        for limit in limits {
-            let end = since_us.saturating_add(limit.policy().memory_us());
-            let held = hold.entry(limit.name().into()).or_default();
+        for (name, policy) in limits {
+            let end = since_us.saturating_add(policy.memory_us());
+            let held = hold.entry(name.into()).or_default();
             *held = (*held).max(end);
             self.hold_ends.fetch_max(end, Ordering::AcqRel);
         }
@@ -633,27 +647,21 @@ impl MemoryStore {
             };
             let located = self.locate(id);
             let mut shard = lock(&self.shards[located.shard]);
-            let index = match shard.find(id, located.hash) {
-                Some(index) => index,
-                None => {
-                    if !self.claim_place() {
-                        held.insert(saved.limit.clone(), policy);
-                        continue;
-                    }
-                    let (index, _) = shard.counters.insert_full(
-                        OwnedCounterId::new(id),
-                        Entry {
-                            idle_at: now,
-                            counter: Counter::new(now),
-                            hot: None,
-                        },
-                    );
-                    index
-                }
+            let entry = Entry {
+                counter,
+                idle_at,
+                hot: None,
             };
-            let entry = &mut shard.counters[index];
-            entry.counter = counter;
-            entry.idle_at = idle_at;
+            match shard.find(id, located.hash) {
+                Some(index) => shard.counters[index] = entry,
+                None if self.claim_place() => {
+                    shard.counters.insert(OwnedCounterId::new(id), entry);
+                }
+                None => {
+                    held.insert(saved.limit.clone(), policy);
+                    continue;
+                }
+            }
             restored.counters += 1;
         }
         let mut pauses = lock(&self.pauses);
@@ -665,14 +673,11 @@ impl MemoryStore {
             }
         }
         drop(pauses);
-        if !held.is_empty() {
-            restored.held = held.keys().cloned().collect();
-            let limits: Vec<Limit> = held
-                .into_iter()
-                .filter_map(|(name, policy)| Limit::new(&name, policy, None).ok())
-                .collect();
-            self.hold(snapshot.taken_at_us, &limits);
-        }
+        self.hold_policies(
+            snapshot.taken_at_us,
+            held.iter().map(|(name, policy)| (name.as_str(), policy)),
+        );
+        restored.held = held.into_keys().collect();
         restored
     }
 

@@ -891,6 +891,45 @@ async fn a_snapshot_restored_resumes_exactly() {
     assert!(granted(&limiter, &Request::new("sliding")).await);
 }
 
+/// A saved counter that cannot be read back (a row edited by hand, or from another version)
+/// loses nothing: its limit is held from the snapshot's time, as after a crash, and named.
+#[tokio::test(start_paused = true)]
+async fn a_saved_counter_that_cannot_be_read_holds_its_limit() {
+    let (old_store, old) = store_and_limiter(1000);
+    let hourly = Limit::new(
+        "hourly",
+        rate(3, 3600 * SECOND_US, Algorithm::Sliding),
+        None,
+    )
+    .expect("valid");
+    old.set_limit(hourly.clone());
+    assert!(granted(&old, &Request::new("hourly")).await);
+    let mut snapshot = old_store.snapshot();
+    assert_eq!(snapshot.counters.len(), 1);
+    snapshot.counters[0].state.truncate(2);
+
+    let (store, limiter) = store_and_limiter(1000);
+    limiter.set_limit(hourly.clone());
+    let restored = store.restore(&snapshot, |name| {
+        (name == "hourly").then(|| *hourly.policy())
+    });
+    assert_eq!(restored.counters, 0);
+    assert_eq!(restored.held, ["hourly"]);
+    let denial = denied(
+        limiter
+            .try_acquire(&Request::new("hourly"))
+            .await
+            .expect("ok"),
+    );
+    assert_eq!(denial.reason, DenialReason::Recovering);
+    // Each store's clock reads wall time from its start: the two differ by the instant between.
+    assert!(
+        denial.retry_after <= Duration::from_secs(3600)
+            && denial.retry_after > Duration::from_secs(3599),
+        "{denial:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_changed_policy_keeps_what_was_granted() {
     let limiter = Limiter::in_memory();

@@ -64,3 +64,12 @@ pub fn limiter_on(store: std::sync::Arc<RedisStore>) -> tollgate::Limiter {
         },
     )
 }
+
+/// A plain connection to the test Redis, for what a test does behind the store's back.
+pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}

@@ -23,11 +23,7 @@ async fn a_lost_function_library_is_loaded_again() {
     let policy =
         Policy::rate(3, 60_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("valid");
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut connection = common::raw_connection(&url).await;
     for _ in 0..3 {
         // Other tests on this Redis may load it again at any moment: deleting is best effort.
         let _: Result<(), _> = redis::cmd("FUNCTION")

@@ -105,11 +105,7 @@ async fn a_lost_bucket_log_keeps_counting_its_units() {
         .strip_prefix(&prefix)
         .and_then(|key| key.strip_prefix("c:"));
     let rest = rest.expect("a counter key");
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut connection = common::raw_connection(&url).await;
     let deleted: u64 = redis::cmd("DEL")
         .arg(format!("{prefix}q:{rest}"))
         .arg(format!("{prefix}r:{rest}"))

@@ -32,11 +32,7 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
         );
     }
     // The replica the store fails over to never saw those grants, and is a few versions behind.
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut connection = common::raw_connection(&url).await;
     let counter_key = store.counter_key(tollgate::CounterId {
         limit: "vendor",
         key: None,
@@ -88,11 +84,7 @@ async fn a_new_namespace_grants_at_once_and_a_lost_one_recovers() {
             .is_granted()
     );
     // Redis flushed: the namespace was in use, so it is lost, not new.
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut connection = common::raw_connection(&url).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("tg:{{{namespace}}}:*"))
         .query_async(&mut connection)

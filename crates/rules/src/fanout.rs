@@ -11,7 +11,7 @@
 //! enumerating every method and path together. A method or path no rule names counts as zero
 //! in the maps: "any other" is a candidate too.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use tollgate::COUNTERS_PER_REQUEST_MAX;
@@ -21,7 +21,7 @@ use crate::rule::{Rule, RuleError};
 /// A request that matches the most rules (of a set, or of those a rule added to a set
 /// matches), and how many it matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Widest {
+pub(crate) struct Widest {
     /// The request's method, upper case; `None` when the count is the same for every method.
     pub method: Option<String>,
     /// The request's normalized path; `None` when the count is the same for every path.
@@ -68,58 +68,21 @@ fn shape(rule: &Rule) -> Option<(Option<String>, Option<&str>)> {
 
 /// The request that matches the most of `rules`, with its count; `None` when no rule has a
 /// `match` (rules without one are never matched by a request). Linear in the number of rules.
-pub fn widest<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Option<Widest> {
-    let mut any = 0;
+pub(crate) fn widest<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Option<Widest> {
+    // With no cap, every rule is added; the widest request is then the one a further rule on
+    // every request would meet, less that rule.
+    let mut fanout = Fanout::new(usize::MAX);
     let mut matched = false;
-    // Ordered maps: the example named among equals is the first by method and path.
-    let mut by_method: BTreeMap<String, usize> = BTreeMap::new();
-    let mut by_path: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut by_pair: BTreeMap<(String, &str), usize> = BTreeMap::new();
     for rule in rules {
-        let Some((method, path)) = shape(rule) else {
-            continue;
-        };
-        matched = true;
-        match (method, path) {
-            (None, None) => any += 1,
-            (Some(method), None) => *by_method.entry(method).or_default() += 1,
-            (None, Some(path)) => *by_path.entry(path).or_default() += 1,
-            (Some(method), Some(path)) => *by_pair.entry((method, path)).or_default() += 1,
+        matched |= rule.matcher().is_some();
+        let _ = fanout.try_add(rule);
+    }
+    matched.then(|| {
+        let rules = fanout.widest_with(None, None) - 1;
+        Widest {
+            rules,
+            ..fanout.example(None, None, rules + 1)
         }
-    }
-    if !matched {
-        return None;
-    }
-    // The best method and the best path together, unless a pair named by a rule beats them
-    // (a pair's own rules only add, so every other pair is at most the two bests).
-    let best_method = best(&by_method);
-    let best_path = best(&by_path);
-    let mut widest = Widest {
-        method: best_method.map(|(method, _)| method.clone()),
-        path: best_path.map(|(path, _)| (*path).to_owned()),
-        rules: best_method.map_or(0, |(_, count)| count) + best_path.map_or(0, |(_, count)| count),
-    };
-    for ((method, path), &count) in &by_pair {
-        let rules = by_method.get(method).copied().unwrap_or(0)
-            + by_path.get(path).copied().unwrap_or(0)
-            + count;
-        if rules > widest.rules {
-            widest = Widest {
-                method: Some(method.clone()),
-                path: Some((*path).to_owned()),
-                rules,
-            };
-        }
-    }
-    widest.rules += any;
-    Some(widest)
-}
-
-/// The key with the largest count, the first of equals.
-fn best<K>(counts: &BTreeMap<K, usize>) -> Option<(&K, usize)> {
-    counts.iter().fold(None, |best, (key, &count)| match best {
-        Some((_, most)) if most >= count => best,
-        _ => Some((key, count)),
     })
 }
 
@@ -196,7 +159,7 @@ struct PathCounts {
 /// than the cap. Checking a rule costs a few map lookups; adding or removing one on every path
 /// (or every method) also visits the paths (methods) it is named with beside a method (path).
 #[derive(Debug)]
-pub struct Fanout {
+pub(crate) struct Fanout {
     cap: usize,
     any: usize,
     methods: HashMap<String, MethodCounts>,

@@ -11,7 +11,7 @@ mod reload;
 mod rule;
 mod sql;
 
-pub use fanout::{Fanout, Widest, check_fanout, widest};
+pub use fanout::check_fanout;
 pub use path::{MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathError, normalize_path};
 pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesStats};
 pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError};

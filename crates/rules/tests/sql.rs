@@ -71,6 +71,8 @@ impl Admin {
         for sql in [
             format!("DROP TABLE IF EXISTS {table}"),
             format!("DROP TABLE IF EXISTS {table}_migrations"),
+            format!("DROP TABLE IF EXISTS {table}_runs"),
+            format!("DROP TABLE IF EXISTS {table}_saved"),
         ] {
             let _ = match self {
                 Admin::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
@@ -600,4 +602,85 @@ fn rejections(snapshot: &tollgate_rules::RuleSet) -> Vec<(&str, &str, bool)> {
             )
         })
         .collect()
+}
+
+/// What the rules database remembers of a store's runs, on every backend: nothing before the
+/// first, a run while it goes on, everything a clean stop saved (in batches past the size of
+/// one statement), and nothing of it once the next run has begun.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_saved_counters_round_trip() {
+    use tollgate::{MemorySnapshot, SavedCounter};
+    use tollgate_rules::PreviousRun;
+
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let table = unique_table("runs");
+        let source = SqlSource::connect(&url, &table).await.expect("connect");
+        let admin = Admin::connect(&url).await;
+        assert_eq!(source.previous_run("memory").await.expect("read"), None);
+        source.begin_run("memory", 100).await.expect("begin");
+        let running = Some(PreviousRun {
+            granting_until_us: 100,
+            clean: false,
+        });
+        assert_eq!(source.previous_run("memory").await.expect("read"), running);
+        source.heartbeat("memory", 200).await.expect("heartbeat");
+        assert_eq!(
+            source.previous_run("memory").await.expect("read"),
+            Some(PreviousRun {
+                granting_until_us: 200,
+                clean: false,
+            })
+        );
+        // Another store's row is its own.
+        assert_eq!(
+            source.previous_run("redis:other").await.expect("read"),
+            None
+        );
+        let counters: Vec<SavedCounter> = (0..2_500u64)
+            .map(|n| SavedCounter {
+                limit: format!("limit-{}", n % 7),
+                key: (n % 2 == 0).then(|| format!("user-{n}")),
+                state: vec![n, n + 1, 0, 3, u64::MAX - n],
+            })
+            .collect();
+        let snapshot = MemorySnapshot {
+            counters,
+            pauses: vec![("vendor".into(), 900), ("other".into(), 950)],
+            taken_at_us: 300,
+        };
+        source.end_run("memory", &snapshot).await.expect("end");
+        assert_eq!(
+            source.previous_run("memory").await.expect("read"),
+            Some(PreviousRun {
+                granting_until_us: 300,
+                clean: true,
+            }),
+            "{url}"
+        );
+        assert_eq!(
+            source.saved("memory").await.expect("read"),
+            snapshot,
+            "{url}"
+        );
+        // A row edited into something no counter wrote comes back with no state, which the
+        // store refuses (and holds the limit for): nothing is silently read as zero.
+        admin
+            .exec(&format!(
+                "UPDATE {table}_saved SET state = 'x 1' WHERE seq = 3"
+            ))
+            .await;
+        let edited = source.saved("memory").await.expect("read");
+        assert!(
+            edited.counters.iter().any(|saved| saved.state.is_empty()),
+            "{url}"
+        );
+        source.begin_run("memory", 400).await.expect("begin again");
+        assert_eq!(
+            source.saved("memory").await.expect("read"),
+            MemorySnapshot::default(),
+            "{url}: a crash of this run must not bring the old counters back"
+        );
+        admin.drop_table(&table).await;
+    }
 }

@@ -363,27 +363,15 @@ impl Shared {
         key: Option<&str>,
         leases: bool,
     ) -> Option<Settled> {
-        // Filled by index: collecting into a `SmallVec` pushes one by one, a tenth of a
-        // chain's cost in the layer.
-        let mut names = [""; COUNTERS_PER_REQUEST_MAX];
-        let spilled: Vec<&str>;
-        let names: &[&str] = if matched.len() <= COUNTERS_PER_REQUEST_MAX {
-            for (name, &position) in names.iter_mut().zip(matched.iter()) {
-                *name = index.entries[position as usize].rule.name();
-            }
-            &names[..matched.len()]
-        } else {
-            // The rules in force never let a request match this many; if they did, every
-            // one is named and the limiter's own error answers, rather than some left out.
-            spilled = matched
-                .iter()
-                .map(|&position| index.entries[position as usize].rule.name())
-                .collect();
-            &spilled
-        };
+        // Every matched rule by name: past what one request may name (which the rules in force
+        // never allow), the limiter's own error answers rather than some rule being left out.
+        let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
+            .iter()
+            .map(|&position| index.entries[position as usize].rule.name())
+            .collect();
         // The layer never commits for a refund (a served request used its unit), so the store
         // need not record the reservation; leases are held and released as always.
-        let mut acquire = tollgate::Request::all(names).refundable(false);
+        let mut acquire = tollgate::Request::all(&names).refundable(false);
         if let Some(key) = key {
             acquire = acquire.key(key);
         }

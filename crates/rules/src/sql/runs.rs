@@ -85,7 +85,16 @@ impl SqlSource {
     /// Record that `store` runs and may grant until `granting_until_us`: from now on a restart
     /// that finds no clean stop holds back what this run may have granted.
     pub async fn heartbeat(&self, store: &str, granting_until_us: u64) -> Result<(), SourceError> {
-        self.record_run(store, granting_until_us, false).await
+        let until = i64::try_from(granting_until_us).unwrap_or(i64::MAX);
+        on_pool!(&self.pool, pool => {
+            sqlx::query(&self.run_upsert())
+                .bind(store)
+                .bind(until)
+                .bind(0_i64)
+                .execute(pool)
+                .await?;
+        });
+        Ok(())
     }
 
     /// Insert or update a store's run: store, granting until, clean.
@@ -106,20 +115,6 @@ impl SqlSource {
                 self.param(3)
             ),
         }
-    }
-
-    async fn record_run(&self, store: &str, until_us: u64, clean: bool) -> Result<(), SourceError> {
-        let upsert = self.run_upsert();
-        let until = i64::try_from(until_us).unwrap_or(i64::MAX);
-        on_pool!(&self.pool, pool => {
-            sqlx::query(&upsert)
-                .bind(store)
-                .bind(until)
-                .bind(i64::from(clean))
-                .execute(pool)
-                .await?;
-        });
-        Ok(())
     }
 
     /// What a clean stop of `store` left. A row that cannot be read comes back with an empty
@@ -166,17 +161,27 @@ impl SqlSource {
     }
 
     /// Start a run of `store`: forget what an earlier clean stop saved (it has been read, and a
-    /// crash of this run must not bring it back), and record the run as granting.
+    /// crash of this run must not bring it back), and record the run as granting. One
+    /// transaction: a crash in between must not leave a clean stop with nothing saved.
     pub async fn begin_run(&self, store: &str, granting_until_us: u64) -> Result<(), SourceError> {
         let delete = format!(
             "DELETE FROM {}_saved WHERE store = {}",
             self.table,
             self.param(1)
         );
+        let until = i64::try_from(granting_until_us).unwrap_or(i64::MAX);
         on_pool!(&self.pool, pool => {
-            sqlx::query(&delete).bind(store).execute(pool).await?;
+            let mut transaction = pool.begin().await?;
+            sqlx::query(&delete).bind(store).execute(&mut *transaction).await?;
+            sqlx::query(&self.run_upsert())
+                .bind(store)
+                .bind(until)
+                .bind(0_i64)
+                .execute(&mut *transaction)
+                .await?;
+            transaction.commit().await?;
         });
-        self.record_run(store, granting_until_us, false).await
+        Ok(())
     }
 
     /// A clean stop of `store`: save `snapshot` and record the stop, in one transaction, so a
