@@ -36,6 +36,22 @@ async fn acquire(server: &Server, limit: &str) -> tollgate_cli::client::Answer {
     .await
 }
 
+/// A rate limit of 5 units per `period_ms`.
+async fn rate_limit(server: &Server, name: &str, period_ms: u64) {
+    put_limit(
+        server,
+        name,
+        &format!(r#"{{"kind":"rate","limit":5,"period_ms":{period_ms}}}"#),
+    )
+    .await;
+}
+
+#[track_caller]
+fn assert_recovering(answer: &tollgate_cli::client::Answer) {
+    assert_error(answer, 429, "rate_limited", None);
+    assert_eq!(reason(answer), "recovering", "{}", answer.text());
+}
+
 fn reason(answer: &tollgate_cli::client::Answer) -> String {
     let json = answer.json.as_ref().expect("json");
     json["reason"].as_str().unwrap_or_default().to_owned()
@@ -44,12 +60,7 @@ fn reason(answer: &tollgate_cli::client::Answer) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_server_grants_a_new_limit_at_once() {
     let server = fresh_server();
-    put_limit(
-        &server,
-        "daily",
-        r#"{"kind":"rate","limit":5,"period_ms":86400000}"#,
-    )
-    .await;
+    rate_limit(&server, "daily", 86_400_000).await;
     let answer = acquire(&server, "daily").await;
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
@@ -103,18 +114,8 @@ async fn a_clean_restart_resumes_the_counters_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
     let mut server = fresh_server();
-    put_limit(
-        &server,
-        "hourly",
-        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
-    )
-    .await;
-    put_limit(
-        &server,
-        "brief",
-        r#"{"kind":"rate","limit":5,"period_ms":2000}"#,
-    )
-    .await;
+    rate_limit(&server, "hourly", 3600000).await;
+    rate_limit(&server, "brief", 2000).await;
     assert_eq!(acquire(&server, "hourly").await.status, 200);
     assert_eq!(acquire(&server, "brief").await.status, 200);
     let crashed_at = Instant::now();
@@ -126,8 +127,7 @@ async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
     server.wait_exit();
     let restarted = restart(&mut server);
     let answer = acquire(&restarted, "hourly").await;
-    assert_error(&answer, 429, "rate_limited", None);
-    assert_eq!(reason(&answer), "recovering", "{}", answer.text());
+    assert_recovering(&answer);
     let message = answer.error_message().unwrap_or_default();
     assert!(message.contains("recover_on_start"), "{message}");
     // Held from the last heartbeat (at most two heartbeat intervals before the crash counted
@@ -143,12 +143,7 @@ async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
     );
     assert!(retry_ms > hour_ms - 60_000, "held only {retry_ms} ms");
     // A limit created after the start was never granted on by the crashed run: not held.
-    put_limit(
-        &restarted,
-        "new",
-        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
-    )
-    .await;
+    rate_limit(&restarted, "new", 3600000).await;
     assert_eq!(acquire(&restarted, "new").await.status, 200);
     // The brief limit's hold ends within its period after the last heartbeat.
     until("the brief limit's hold ends", async || {
@@ -162,17 +157,11 @@ async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_server_on_the_same_rules_holds_what_the_first_may_grant() {
     let mut first = fresh_server();
-    put_limit(
-        &first,
-        "hourly",
-        r#"{"kind":"rate","limit":5,"period_ms":3600000}"#,
-    )
-    .await;
+    rate_limit(&first, "hourly", 3600000).await;
     assert_eq!(acquire(&first, "hourly").await.status, 200);
     let second = restart(&mut first);
     let answer = acquire(&second, "hourly").await;
-    assert_error(&answer, 429, "rate_limited", None);
-    assert_eq!(reason(&answer), "recovering", "{}", answer.text());
+    assert_recovering(&answer);
     // The first goes on as before.
     assert_eq!(acquire(&first, "hourly").await.status, 200);
 }
@@ -197,12 +186,7 @@ async fn a_new_redis_namespace_grants_at_once() {
         args: vec!["--store", &redis, "--redis-namespace", &namespace],
         ..Options::default()
     });
-    put_limit(
-        &server,
-        "daily",
-        r#"{"kind":"rate","limit":5,"period_ms":86400000}"#,
-    )
-    .await;
+    rate_limit(&server, "daily", 86_400_000).await;
     let answer = acquire(&server, "daily").await;
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
