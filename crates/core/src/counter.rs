@@ -150,6 +150,9 @@ pub enum DenyReason {
     /// core reports such a hold as `Paused`, and the store, which knows which holds it made,
     /// tells it apart.
     Recovering,
+    /// Requests of the same or higher priority wait ahead of it in this process (the engine's
+    /// queue; the core never answers it).
+    Queued,
 }
 
 /// A refusal: a value, not an error.
@@ -273,7 +276,7 @@ fn open_for(policy: &Policy, cost: u64, priority: Priority) -> Result<u64, CostE
     Ok(open)
 }
 
-/// A final GCRA grant worked out from the backlog's end alone (`gcra_final`).
+/// A GCRA grant worked out from the backlog's end alone (`gcra_admit`).
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GcraStep {
@@ -285,12 +288,13 @@ pub struct GcraStep {
     pub reset_after_us: u64,
 }
 
-/// GCRA's final grant of `cost` at `priority` on a counter whose backlog ends at `tat`, for a
-/// counter `Counter::gcra_alone` allowed: exactly what `decide_final` grants on it. `None` when
-/// it would not grant (no room, a cost it can never grant, a policy not GCRA): the caller asks
-/// the counter itself, which says why and when to retry.
+/// GCRA admission: the grant of `cost` at `priority` on a backlog ending at `tat`, or `None`
+/// when it does not fit (or the cost can never be granted, or the policy is not GCRA). Every
+/// GCRA decision is this one: a counter's (`Counter::decide`) and a lock-free word's, which
+/// holds nothing but `tat` (for a counter `Counter::gcra_alone` allows). The test is
+/// `backlog <= (open - cost) * T`, GCRA's `max(tat, now) + cost * T <= now + open * T`.
 #[inline]
-pub fn gcra_final(
+pub fn gcra_admit(
     tat: u64,
     policy: &Policy,
     now: u64,
@@ -298,33 +302,6 @@ pub fn gcra_final(
     priority: Priority,
 ) -> Option<GcraStep> {
     let open = open_for(policy, cost, priority).ok()?;
-    gcra_step(tat, policy, now, cost, open)
-}
-
-/// The backlog's end after `gcra_final`'s grant, and nothing else: for a caller that shows no
-/// numbers, which are then never worked out. `None` exactly when `gcra_final` is `None`.
-#[inline]
-pub fn gcra_final_end(
-    tat: u64,
-    policy: &Policy,
-    now: u64,
-    cost: u64,
-    priority: Priority,
-) -> Option<u64> {
-    let open = open_for(policy, cost, priority).ok()?;
-    gcra_admit(tat, policy, now, cost, open).map(|admitted| admitted.tat)
-}
-
-/// A GCRA grant admitted: the emission interval, the backlog before it, its end after it.
-struct Admitted {
-    emission: u64,
-    backlog: u64,
-    tat: u64,
-}
-
-/// GCRA's own test for `cost` units once `open` is known to be at least `cost`.
-#[inline]
-fn gcra_admit(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<Admitted> {
     let Kind::Rate(rate) = policy.kind() else {
         return None;
     };
@@ -332,26 +309,11 @@ fn gcra_admit(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Opti
         return None;
     }
     let emission = rate.emission_us();
-    // `backlog <= (open - cost) * T`, without dividing the backlog by T.
     let backlog = tat.saturating_sub(now);
     if backlog > (open - cost) * emission {
         return None;
     }
-    Some(Admitted {
-        emission,
-        backlog,
-        tat: tat.max(now) + cost * emission,
-    })
-}
-
-/// `gcra_final` once `open` is known to be at least `cost`.
-#[inline]
-fn gcra_step(tat: u64, policy: &Policy, now: u64, cost: u64, open: u64) -> Option<GcraStep> {
-    let Admitted {
-        emission,
-        backlog,
-        tat,
-    } = gcra_admit(tat, policy, now, cost, open)?;
+    let tat = tat.max(now) + cost * emission;
     Some(GcraStep {
         tat,
         remaining: open - backlog.div_ceil(emission) - cost,
@@ -623,48 +585,19 @@ impl Counter {
 
     /// Grant `cost` units. Call only right after `check` allowed the same request at the same
     /// `now`; granting past the limit is a broken invariant and panics rather than overdraw.
-    pub fn grant(&mut self, policy: &Policy, now: u64, cost: u64, priority: Priority) -> Grant {
-        self.grant_recording(policy, now, cost, priority, true)
-    }
-
-    /// `grant` for a caller that will never commit the permit: the rate units are not recorded
-    /// as an open reservation, so nothing can refund them (`commit` of the number is `Gone`).
-    /// Their units count exactly as any other grant's; what is saved is the counter's memory
-    /// and the work of keeping the record, which callers that never commit do not need.
-    pub fn grant_final(
+    /// `refundable`: record the rate units as an open reservation that `commit` can refund.
+    /// A caller that never commits says `false`: the units count exactly the same, and the
+    /// counter keeps no record of them (`commit` of the number is `Gone`).
+    pub fn grant(
         &mut self,
         policy: &Policy,
         now: u64,
         cost: u64,
         priority: Priority,
-    ) -> Grant {
-        self.grant_recording(policy, now, cost, priority, false)
-    }
-
-    fn grant_recording(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        priority: Priority,
-        record_reservation: bool,
+        refundable: bool,
     ) -> Grant {
         let open = policy.capacity_for(priority);
         let used_before = self.used(policy, now);
-        self.grant_counted(policy, now, cost, open, used_before, record_reservation)
-    }
-
-    /// `grant_recording` once `open` and `used_before` (the body's `used` at `now`, after
-    /// `normalise`) are known.
-    fn grant_counted(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        open: u64,
-        used_before: u64,
-        record_reservation: bool,
-    ) -> Grant {
         assert!(
             self.paused_until <= now && used_before + cost <= open,
             "grant without room: check must allow it first"
@@ -694,8 +627,9 @@ impl Counter {
                 }
             }
             (Body::Fixed { used, .. }, Kind::Rate(_)) => *used += cost,
-            (Body::Gcra { tat, last_seq, .. }, Kind::Rate(rate)) => {
-                *tat = (*tat).max(now) + cost * rate.emission_us();
+            (Body::Gcra { tat, last_seq, .. }, Kind::Rate(_)) => {
+                let step = gcra_admit(*tat, policy, now, cost, priority);
+                *tat = step.expect("check allowed the grant, and GCRA admits it alike").tat;
                 *last_seq = seq;
             }
             (Body::Leases { leases }, Kind::Concurrency(concurrency)) => {
@@ -709,7 +643,7 @@ impl Counter {
             }
             _ => unreachable!("normalise gives the body the policy's kind"),
         }
-        if record_reservation && !policy.is_concurrency() {
+        if refundable && !policy.is_concurrency() {
             if self.reservations.len() >= RESERVATIONS_TRACKED_MAX {
                 self.reservations.pop_front();
             }
@@ -740,130 +674,19 @@ impl Counter {
         now: u64,
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> Result<Verdict, CostError> {
         Ok(match self.check(policy, now, cost, priority)? {
             Some(denial) => Verdict::Denied(denial),
-            None => Verdict::Granted(self.grant(policy, now, cost, priority)),
+            None => Verdict::Granted(self.grant(policy, now, cost, priority, refundable)),
         })
     }
 
-    /// `check` then `grant_final`, in one pass: the decision for a caller that will never
-    /// commit for a refund (a plain "may I go now"). The same verdict and the same state as the
-    /// two steps, with the units in use worked out once instead of three times; a denial, the
-    /// rarer answer, is worked out by `check` itself so its hints stay exactly `check`'s.
-    pub fn decide_final(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        priority: Priority,
-    ) -> Result<Verdict, CostError> {
-        let open = open_for(policy, cost, priority)?;
-        if let Some(grant) = self.grant_final_in_few_steps(policy, now, cost, open) {
-            return Ok(Verdict::Granted(grant));
-        }
-        self.normalise(policy, now);
-        let fits = match (&self.body, policy.kind()) {
-            // GCRA's own test, `backlog <= (open - cost) * T`, which is `used + cost <= open`
-            // without dividing the backlog by T.
-            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
-                tat.saturating_sub(now) <= (open - cost) * rate.emission_us()
-            }
-            _ => self.used(policy, now) + cost <= open,
-        };
-        if (!fits || self.paused_until > now)
-            && let Some(denial) = self.check(policy, now, cost, priority)?
-        {
-            return Ok(Verdict::Denied(denial));
-        }
-        let used = self.used(policy, now);
-        Ok(Verdict::Granted(
-            self.grant_counted(policy, now, cost, open, used, false),
-        ))
-    }
-
-    /// `decide_final` when it grants in a few steps (`grant_final_in_few_steps`), and `None`
-    /// otherwise, with nothing counted: the caller then asks `decide_final`, which decides and
-    /// explains. A grant here is the grant `decide_final` makes and leaves the same state.
-    pub fn grant_final_alone(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<Grant> {
-        let open = open_for(policy, cost, priority).ok()?;
-        self.grant_final_in_few_steps(policy, now, cost, open)
-    }
-
-    /// `decide_final`'s grant in a few steps, for a counter with nothing else to do and room
-    /// for the cost: a GCRA backlog alone (`gcra_alone`), or a fixed window counting the
-    /// policy's window with no reservation open (none can be refunded, and `normalise` would
-    /// drop none) and nothing paused. `None` sends the caller the general way, a fixed window
-    /// that ended rolled over first, as `normalise` would. The same state and grant as the
-    /// general way (`check` then `grant_final`).
-    fn grant_final_in_few_steps(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        open: u64,
-    ) -> Option<Grant> {
-        let Kind::Rate(rate) = policy.kind() else {
-            return None;
-        };
-        let seq = self.next_seq.max(now);
-        let (remaining, reset_after_us) = match (rate.algorithm(), &mut self.body) {
-            (Algorithm::Gcra { .. }, _) => {
-                let tat = self.gcra_alone(policy, now)?;
-                let step = gcra_step(tat, policy, now, cost, open)?;
-                if let Body::Gcra { tat, last_seq, .. } = &mut self.body {
-                    *tat = step.tat;
-                    *last_seq = seq;
-                }
-                (step.remaining, step.reset_after_us)
-            }
-            (
-                Algorithm::Fixed,
-                Body::Fixed {
-                    window: index,
-                    window_us,
-                    used,
-                },
-            ) if *window_us == rate.window_us()
-                && self.reservations.is_empty()
-                && self.paused_until <= now =>
-            {
-                let current = now / *window_us;
-                if *index < current {
-                    *index = current;
-                    *used = 0;
-                }
-                if *used + cost > open {
-                    return None;
-                }
-                *used += cost;
-                // The window's end: what `counted_until` says of a window with units in it.
-                let counted_until = index.saturating_add(1).saturating_mul(*window_us);
-                let reset_after_us = counted_until.saturating_sub(now).min(policy.memory_us());
-                (open - *used, reset_after_us)
-            }
-            _ => return None,
-        };
-        self.next_seq = seq + 1;
-        Some(Grant {
-            seq,
-            remaining,
-            reset_after_us,
-            lease_expires_at: None,
-        })
-    }
-
-    /// The end of the GCRA backlog, if a final grant on this counter at `now` or later needs
-    /// nothing else: the body is GCRA at the policy's emission interval (so `normalise` would
-    /// change nothing), no reservation is open (none can be refunded), and nothing is paused.
-    /// Such a counter can be decided by `gcra_final` on its backlog alone, and a store may keep
-    /// that one number where callers decide on it without a lock.
+    /// The end of the GCRA backlog, if a grant without a refund on this counter at `now` or
+    /// later needs nothing else: the body is GCRA at the policy's emission interval (so
+    /// `normalise` would change nothing), no reservation is open (none can be refunded), and
+    /// nothing is paused. Such a counter can be decided by `gcra_admit` on its backlog alone,
+    /// and a store may keep that one number where callers decide on it without a lock.
     pub fn gcra_alone(&self, policy: &Policy, now: u64) -> Option<u64> {
         let Kind::Rate(rate) = policy.kind() else {
             return None;
@@ -881,7 +704,7 @@ impl Counter {
         alone.then_some(*tat)
     }
 
-    /// Put back the backlog's end that `gcra_final` moved, on a counter `gcra_alone` allowed
+    /// Put back the backlog's end that `gcra_admit` moved, on a counter `gcra_alone` allowed
     /// (any other body is left as it is: it has no such number).
     pub fn set_gcra_tat(&mut self, backlog_end: u64) {
         debug_assert!(matches!(self.body, Body::Gcra { .. }), "not a GCRA counter");

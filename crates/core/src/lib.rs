@@ -10,10 +10,10 @@
 //! use tollgate_core::{Algorithm, Counter, Policy, Priority, Reserve, Verdict};
 //! let policy = Policy::rate(2, 1_000_000, 0, Algorithm::Sliding, Reserve::default())?;
 //! let mut counter = Counter::new(0);
-//! assert!(counter.decide(&policy, 0, 1, Priority::Normal)?.is_granted());
-//! assert!(counter.decide(&policy, 10, 1, Priority::Normal)?.is_granted());
+//! assert!(counter.decide(&policy, 0, 1, Priority::Normal, true)?.is_granted());
+//! assert!(counter.decide(&policy, 10, 1, Priority::Normal, true)?.is_granted());
 //! // The third unit must wait until the first stops counting, one period after it.
-//! match counter.decide(&policy, 20, 1, Priority::Normal)? {
+//! match counter.decide(&policy, 20, 1, Priority::Normal, true)? {
 //!     Verdict::Denied(denial) => assert_eq!(denial.retry_after_us, 999_980),
 //!     Verdict::Granted(_) => unreachable!(),
 //! }
@@ -25,8 +25,7 @@ mod policy;
 
 pub use counter::{
     Committed, CostError, Counter, CounterWordsError, Denial, DenyReason, GcraStep, Grant,
-    LEASES_MAX, PermitError, RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict, gcra_final,
-    gcra_final_end,
+    LEASES_MAX, PermitError, RESERVATIONS_TRACKED_MAX, SLIDING_BUCKETS_MAX, Verdict, gcra_admit,
 };
 pub use policy::{
     Algorithm, Concurrency, Kind, Policy, PolicyError, Priority, Rate, Reserve, SPAN_US_MAX,

@@ -330,13 +330,6 @@ impl Policy {
         matches!(&self.kind, Kind::Rate(rate) if matches!(rate.algorithm(), Algorithm::Gcra { .. }))
     }
 
-    /// Whether a counter under this policy can grant in a few steps (`Counter::
-    /// grant_final_alone`): a GCRA backlog or a fixed window. A sliding window's count spans
-    /// its buckets, and a lease is a lease: those never can, so there is no use trying.
-    pub fn grants_in_few_steps(&self) -> bool {
-        matches!(&self.kind, Kind::Rate(rate) if !matches!(rate.algorithm(), Algorithm::Sliding))
-    }
-
     /// Units that can be held at once: the limit, or the burst for GCRA.
     pub fn capacity(&self) -> u64 {
         match &self.kind {

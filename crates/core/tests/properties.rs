@@ -15,7 +15,7 @@ use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use tollgate_core::{
     Algorithm, Committed, CostError, Counter, DenyReason, LEASES_MAX, PermitError, Policy,
     Priority, Reserve, SLIDING_BUCKETS_MAX, SPAN_US_MAX, SPAN_US_MIN, UNITS_MAX, Verdict,
-    gcra_final, gcra_final_end,
+    gcra_admit,
 };
 
 /// The limit under test, with the parameters the reference model reasons with.
@@ -116,10 +116,10 @@ struct Granted {
     /// Units that still count: the cost less what a commit refunded.
     net: u64,
     committed: bool,
-    /// Granted with `grant_final`: no reservation was recorded, so nothing can be refunded.
+    /// Granted not refundable: no reservation was recorded, so nothing can be refunded.
     final_grant: bool,
-    /// Granted by `gcra_final` on the backlog alone: no number was handed out (`seq` is the
-    /// one `decide_final` would have given), so there is nothing to commit.
+    /// Granted by `gcra_admit` on the backlog alone: no number was handed out (`seq` is the
+    /// one `decide` would have given), so there is nothing to commit.
     hot: bool,
     /// Leases: when the lease ends unless renewed again, and when it was released.
     expires_at: u64,
@@ -445,53 +445,32 @@ impl Run {
         let cost = cost_within(raw_cost, self.spec.capacity());
         let open = self.spec.open(priority);
         let mut hot_state = None;
-        let decided = if final_grant {
-            // The two steps, check then `grant_final`, on a copy: `decide_final` must give the
-            // same verdict and leave the same state.
-            let mut stepped = self.counter.clone();
-            let two_steps =
-                stepped
-                    .check(&policy, now, cost, priority)
-                    .map(|denial| match denial {
-                        Some(denial) => Verdict::Denied(denial),
-                        None => Verdict::Granted(stepped.grant_final(&policy, now, cost, priority)),
-                    });
-            // A counter that may be decided on its backlog alone: `gcra_final` on that one
-            // number must grant exactly when `decide_final` does, the same hints and backlog.
-            let before = self.counter.clone();
-            let alone = before.gcra_alone(&policy, now);
-            let decided = self.counter.decide_final(&policy, now, cost, priority);
-            prop_assert_eq!(decided, two_steps);
-            prop_assert_eq!(&self.counter, &stepped);
-            if let Some(tat) = alone {
-                let step = gcra_final(tat, &policy, now, cost, priority);
-                prop_assert_eq!(
-                    gcra_final_end(tat, &policy, now, cost, priority),
-                    step.map(|step| step.tat),
-                    "the end alone, as the whole step has it"
-                );
-                match decided {
-                    Ok(Verdict::Granted(grant)) => {
-                        let step = step.ok_or_else(|| fail("gcra_final refused a grant"))?;
-                        prop_assert_eq!(step.remaining, grant.remaining);
-                        prop_assert_eq!(step.reset_after_us, grant.reset_after_us);
-                        prop_assert_eq!(self.counter.gcra_alone(&policy, now), Some(step.tat));
-                        // A store that decides on the backlog alone puts back only that
-                        // number (no number is handed out): go on from such a state for odd
-                        // costs, so that the bounds are checked on it too.
-                        if cost % 2 == 1 {
-                            let mut hot = before;
-                            hot.set_gcra_tat(step.tat);
-                            hot_state = Some(hot);
-                        }
+        let before = self.counter.clone();
+        let decided = self
+            .counter
+            .decide(&policy, now, cost, priority, !final_grant);
+        // A counter that may be decided on its backlog alone: `gcra_admit` on that one
+        // number must grant exactly when the counter does, the same hints and backlog.
+        if final_grant && let Some(tat) = before.gcra_alone(&policy, now) {
+            let step = gcra_admit(tat, &policy, now, cost, priority);
+            match decided {
+                Ok(Verdict::Granted(grant)) => {
+                    let step = step.ok_or_else(|| fail("gcra_admit refused a grant"))?;
+                    prop_assert_eq!(step.remaining, grant.remaining);
+                    prop_assert_eq!(step.reset_after_us, grant.reset_after_us);
+                    prop_assert_eq!(self.counter.gcra_alone(&policy, now), Some(step.tat));
+                    // A store that decides on the backlog alone puts back only that number
+                    // (no number is handed out): go on from such a state for odd costs, so
+                    // that the bounds are checked on it too.
+                    if cost % 2 == 1 {
+                        let mut hot = before;
+                        hot.set_gcra_tat(step.tat);
+                        hot_state = Some(hot);
                     }
-                    _ => prop_assert_eq!(step, None),
                 }
+                _ => prop_assert_eq!(step, None),
             }
-            decided
-        } else {
-            self.counter.decide(&policy, now, cost, priority)
-        };
+        }
         if cost > open {
             prop_assert_eq!(
                 decided,
@@ -556,6 +535,7 @@ impl Run {
                         now + grant.reset_after_us,
                         self.spec.capacity(),
                         Priority::High,
+                        true,
                     )
                     .map_err(fail)?;
                 prop_assert!(
@@ -630,12 +610,12 @@ impl Run {
                 prop_assert!(retry > 0);
                 let mut early = self.counter.clone();
                 let too_early = early
-                    .decide(&policy, now + retry - 1, cost, priority)
+                    .decide(&policy, now + retry - 1, cost, priority, true)
                     .map_err(fail)?;
                 prop_assert!(!too_early.is_granted(), "granted before the retry hint");
                 let mut on_time = self.counter.clone();
                 let at_retry = on_time
-                    .decide(&policy, now + retry, cost, priority)
+                    .decide(&policy, now + retry, cost, priority, true)
                     .map_err(fail)?;
                 prop_assert!(
                     at_retry.is_granted(),
@@ -1097,8 +1077,8 @@ proptest! {
             match op {
                 Op::Acquire { cost, priority, .. } => {
                     let cost = cost_within(cost, spec.capacity());
-                    let verdict = fresh.decide(&policy, now, cost, priority);
-                    prop_assert_eq!(old.decide(&policy, now, cost, priority), verdict);
+                    let verdict = fresh.decide(&policy, now, cost, priority, true);
+                    prop_assert_eq!(old.decide(&policy, now, cost, priority, true), verdict);
                     match verdict {
                         Ok(Verdict::Granted(grant)) => {
                             prop_assert!(issued_max.is_none_or(|max| grant.seq > max));
@@ -1168,7 +1148,7 @@ proptest! {
         let mut counter = Counter::recovering(now, until);
         if wait > 0 {
             let at = now + probe % wait;
-            let verdict = counter.decide(&policy, at, 1, priority).map_err(fail)?;
+            let verdict = counter.decide(&policy, at, 1, priority, true).map_err(fail)?;
             let Verdict::Denied(denial) = verdict else {
                 return Err(fail(format!("granted at {at} while recovering until {until}")));
             };
@@ -1176,7 +1156,7 @@ proptest! {
             prop_assert_eq!(denial.retry_after_us, until - at);
             prop_assert_eq!(denial.remaining, spec.open(priority));
         }
-        let verdict = counter.decide(&policy, until, 1, priority).map_err(fail)?;
+        let verdict = counter.decide(&policy, until, 1, priority, true).map_err(fail)?;
         let Verdict::Granted(grant) = verdict else {
             return Err(fail(format!("denied at the end of recovery: {verdict:?}")));
         };
@@ -1212,21 +1192,21 @@ proptest! {
         let Ok(policy) = built else { return Ok(()) };
         let capacity = policy.capacity();
         let mut counter = Counter::new(now);
-        let first = counter.decide(&policy, now, capacity, Priority::High).map_err(fail)?;
+        let first = counter.decide(&policy, now, capacity, Priority::High, true).map_err(fail)?;
         prop_assert!(first.is_granted(), "empty counter denied its capacity: {:?}", first);
-        let second = counter.decide(&policy, now, 1, Priority::High).map_err(fail)?;
+        let second = counter.decide(&policy, now, 1, Priority::High, true).map_err(fail)?;
         let Verdict::Denied(denial) = second else {
             return Err(fail(format!("granted {} units at once: {second:?}", capacity + 1)));
         };
         let retry = denial.retry_after_us;
         prop_assert!(retry > 0);
         let mut early = counter.clone();
-        prop_assert!(!early.decide(&policy, now + retry - 1, 1, Priority::High).map_err(fail)?.is_granted());
+        prop_assert!(!early.decide(&policy, now + retry - 1, 1, Priority::High, true).map_err(fail)?.is_granted());
         let mut on_time = counter.clone();
-        prop_assert!(on_time.decide(&policy, now + retry, 1, Priority::High).map_err(fail)?.is_granted());
+        prop_assert!(on_time.decide(&policy, now + retry, 1, Priority::High, true).map_err(fail)?.is_granted());
         let idle = counter.idle_at(&policy);
         let mut later = counter.clone();
-        prop_assert!(later.decide(&policy, idle, capacity, Priority::High).map_err(fail)?.is_granted());
+        prop_assert!(later.decide(&policy, idle, capacity, Priority::High, true).map_err(fail)?.is_granted());
     }
 }
 

@@ -123,13 +123,16 @@ fn run(policy: Policy, mut counter: Counter, steps: &[Step]) {
                 priority,
                 expect,
             } => {
-                let seen = match counter.decide(&policy, t, cost, priority) {
+                let seen = match counter.decide(&policy, t, cost, priority, true) {
                     Ok(Verdict::Granted(grant)) => {
                         seqs.push(grant.seq);
                         granted(grant.remaining, grant.reset_after_us)
                     }
                     Ok(Verdict::Denied(denial)) => match denial.reason {
-                        DenyReason::Capacity => denied(denial.retry_after_us, denial.remaining),
+                        // The core never queues: that is the engine's answer.
+                        DenyReason::Capacity | DenyReason::Queued => {
+                            denied(denial.retry_after_us, denial.remaining)
+                        }
                         DenyReason::Paused | DenyReason::Recovering => {
                             paused(denial.retry_after_us, denial.remaining)
                         }
@@ -412,7 +415,7 @@ fn recovering_counter_waits_for_what_was_lost() {
 fn renew_on_a_rate_limit_is_the_wrong_kind() {
     let policy = rate(3, 1_000, 0, Algorithm::Sliding);
     let mut counter = Counter::new(0);
-    let Ok(Verdict::Granted(grant)) = counter.decide(&policy, 0, 1, Normal) else {
+    let Ok(Verdict::Granted(grant)) = counter.decide(&policy, 0, 1, Normal, true) else {
         panic!("an empty counter grants one unit");
     };
     assert_eq!(

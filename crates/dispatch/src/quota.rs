@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate::{DenialReason, Limiter, Outcome, Priority, Request};
+use tollgate::{DenyReason, Limiter, Outcome, Priority, Request};
 
 use crate::error::DispatchError;
 use crate::remote::{RemotePermit, RemoteQuota};
@@ -165,7 +165,7 @@ impl Quota {
                     }
                     Outcome::Denied(denied) => Ok(Acquired::Denied {
                         retry_after: denied.retry_after,
-                        paused: denied.reason == DenialReason::Paused,
+                        paused: denied.reason == DenyReason::Paused,
                     }),
                 }
             }

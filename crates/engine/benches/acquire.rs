@@ -1,4 +1,5 @@
-//! Latency of one decision (`LimitHandle::check`, `check`, `try_acquire`) on the in-memory store, next to governor's limiters
+//! Latency of one decision (`LimitHandle::check_now`, `check`, `try_acquire`) on the in-memory
+//! store, next to governor's limiters
 //! measured the same way: one unkeyed limit (against `RateLimiter::direct`) and 10,000 keys of
 //! a per-key limit (against `RateLimiter::keyed`), each from one thread and from two.
 //!
@@ -6,10 +7,6 @@
 //! billion), so the figures are the cost of a grant, not of a denial. The memory store answers
 //! at once, so the async calls are driven by polling them once with a no-op waker: no runtime,
 //! no scheduling. Every tollgate limiter reads `TscClock`, as governor's default clock does.
-//!
-//! `tollgate_gcra_key_handle` rows decide by one `KeyHandle` per key (`take_now`), as a
-//! connection counted under its client's address does: a decision on the key's word, with no
-//! lookup, next to governor's `check_key`.
 //!
 //! `memory_store_*` rows ask the store directly for the same grant, without the limiter around
 //! it (resolving names, the wait queue, the permit): the difference is the limiter's share.
@@ -31,7 +28,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{
-    Algorithm, Check, CounterId, KeyHandle, Limit, LimitHandle, Limiter, LimiterConfig,
+    Algorithm, Check, CounterId, Limit, LimitHandle, Limiter, LimiterConfig,
     MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
     Take, TscClock,
 };
@@ -154,7 +151,7 @@ fn grant(limiter: &Limiter, request: &Request<'_>) {
 /// the wait queue, building the permit): the same grant, asked of the store directly.
 fn store_grant(limiter: &Limiter, counter: CounterId<'_>, policy: &Policy) {
     let takes = [Take { counter, policy }];
-    let decision = now_or_never(limiter.store().acquire(&takes, 1, Priority::Normal))
+    let decision = now_or_never(limiter.store().acquire(&takes, 1, Priority::Normal, true))
         .expect("the memory store answers at once")
         .expect("a valid request");
     assert!(decision.is_granted(), "a limit this large never denies");
@@ -326,45 +323,11 @@ fn ten_thousand_keys(c: &mut Criterion) {
             iteration += 1;
         })
     });
-    // One `KeyHandle` per key, as a connection counted under its client's address holds one:
-    // a decision on the key's word, by `take_now` (no numbers, as governor's `check_key`
-    // shows none).
-    let gcra_handle = cases
-        .iter()
-        .find(|case| case.label == "tollgate_gcra_handle")
-        .expect("a GCRA handle case");
-    let key_handles: Vec<KeyHandle> = keys
-        .iter()
-        .map(|key| gcra_handle.handle.for_key(Arc::from(key.as_str())))
-        .collect();
-    let take = |index: usize| {
-        let handle = &key_handles[index % KEYS];
-        assert!(black_box(handle.take_now(1, Priority::Normal)));
-    };
-    // A word is published by the store's first decision on its counter after it was made.
-    for (index, key) in keys.iter().enumerate() {
-        gcra_handle.decide(Some(key));
-        take(index);
-    }
-    group.bench_function("tollgate_gcra_key_handle/1_thread", |b| {
-        let mut iteration = 0;
-        b.iter(|| {
-            take(iteration);
-            iteration += 1;
-        })
-    });
     group.bench_function("governor_keyed/1_thread", |b| {
         let mut iteration = 0;
         b.iter(|| {
             assert!(black_box(governor.check_key(key_at(0, iteration))).is_ok());
             iteration += 1;
-        })
-    });
-    group.bench_function("tollgate_gcra_key_handle/2_threads", |b| {
-        b.iter_custom(|iterations| {
-            split_over_threads(iterations, &|thread, iteration| {
-                take(iteration as usize + thread as usize * KEYS / 2)
-            })
         })
     });
     for case in &cases {

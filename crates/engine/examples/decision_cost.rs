@@ -7,10 +7,8 @@
 //!
 //! Cases: `gcra_final`, `gcra`, `sliding_final`, `sliding` (one unkeyed limit, `_final` meaning
 //! `refundable(false)`), `gcra_check` and `sliding_check` (`Limiter::check`, no permit),
-//! `gcra_handle` and `sliding_handle` (`LimitHandle::check`), the
-//! same with a `keyed_` prefix (10,000 keys of a per-key limit), `keyed_gcra_key_handle` (one
-//! `KeyHandle` per key, `take_now`: what a connection counted under its client's address
-//! decides by), and `governor_direct` and
+//! `gcra_handle` and `sliding_handle` (`LimitHandle::check_now`), the same with a `keyed_`
+//! prefix (10,000 keys of a per-key limit), and `governor_direct` and
 //! `governor_keyed` (governor's limiters, the same quota and keys). The tollgate limiters read
 //! `MonotonicClock`, whose cost in instructions is the same in every run.
 
@@ -25,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, KeyHandle, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
+    Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
     MemoryStoreConfig, MonotonicClock, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
@@ -145,25 +143,6 @@ fn main() {
         Policy::rate(limit, 1_000_000, 0, algorithm, Reserve::default()).expect("valid policy");
     let per = keyed.then_some("user");
     limiter.set_limit(Limit::new("api", policy, per).expect("valid limit"));
-    if ask_name == "key_handle" {
-        // One handle per key, made and its word published (by the store's first decision)
-        // before counting, as a connection holds its client's.
-        let handle = limiter.handle("api").expect("a limit in force");
-        let key_handles: Vec<KeyHandle> = keys
-            .iter()
-            .map(|key| handle.for_key(Arc::from(key.as_str())))
-            .collect();
-        for kept in &key_handles {
-            let first = kept.check_now(1, Priority::Normal);
-            assert!(matches!(first, Some(Ok(verdict)) if verdict.is_allowed()));
-        }
-        for index in 0..decisions {
-            assert!(black_box(
-                key_handles[index % KEYS].take_now(1, Priority::Normal)
-            ));
-        }
-        return;
-    }
     let ask = match ask_name {
         "handle" => Ask::Handle(limiter.handle("api").expect("a limit in force")),
         "check" => Ask::Check,

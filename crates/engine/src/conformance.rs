@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::{
-    DenialReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
+    DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
     Request, Store,
 };
 
@@ -84,7 +84,7 @@ pub async fn rate_limits_grant_to_the_limit_and_hint_honestly(stores: Stores) {
             assert!(granted <= 6, "{name}: {granted} grants without a denial");
         };
         assert!(granted >= 1, "{name}: nothing granted on a fresh limit");
-        assert_eq!(denial.reason, DenialReason::Capacity, "{name}");
+        assert_eq!(denial.reason, DenyReason::Capacity, "{name}");
         assert!(
             !denial.retry_after.is_zero() && denial.retry_after <= Duration::from_millis(400),
             "{name}: retry after {:?}",
@@ -292,12 +292,12 @@ pub async fn pauses_stop_grants_and_only_extend(stores: Stores) {
         "a shorter pause shortened it: {left:?}"
     );
     let denial = denied(limiter.try_acquire(&acme).await.expect("answers"));
-    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.reason, DenyReason::Paused);
     assert!(denial.retry_after > Duration::from_secs(1));
     let other_key = Request::new("vendor").key("globex");
     assert_eq!(
         denied(limiter.try_acquire(&other_key).await.expect("answers")).reason,
-        DenialReason::Paused
+        DenyReason::Paused
     );
     let waited = limiter
         .acquire(&acme.clone().wait(Duration::from_secs(30)))

@@ -1,13 +1,11 @@
-//! Hot counters: a GCRA counter that a handle decides on by itself, with one compare-and-swap
-//! and no lock, while the counter needs nothing but its backlog's end. An unkeyed limit's
-//! `LimitHandle` holds its counter's word; a keyed limit's `KeyHandle` holds one key's (a
-//! connection that counts every request under its client's address holds it for as long as
-//! it is open).
+//! Hot counters: the memory store's GCRA counter of an unkeyed limit, which a `LimitHandle`
+//! decides on by itself, with one compare-and-swap and no lock, while the counter needs nothing
+//! but its backlog's end.
 //!
 //! The number lives in one atomic word, and so does who holds the truth:
 //!
 //! - **Published** (the top bit clear): the word is the backlog's end, and it is the truth; the
-//!   store's copy of the counter may be behind. A handle decides with `tollgate_core::gcra_final`
+//!   store's copy of the counter may be behind. A handle decides with `tollgate_core::gcra_admit`
 //!   and swaps the new end in; a swap that loses a race decides again on the winner's value.
 //! - **Seized** (the top bit set): the store's counter is the truth. The store seizes the word
 //!   under the counter's shard lock before it touches the counter, with one `fetch_or` that
@@ -33,7 +31,7 @@
 //! denial, a request over several counters) only costs the next decision the store's way. The
 //! store never drops a counter whose word a handle holds (it could not seize it again).
 
-use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_final, gcra_final_end};
+use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_admit};
 
 use std::sync::Arc;
 
@@ -45,7 +43,7 @@ const SEIZED: u64 = 1 << 63;
 
 /// One GCRA counter, decided without the store's lock (see the module docs).
 #[derive(Debug)]
-pub struct HotCounter {
+pub(crate) struct HotCounter {
     word: OwnLine<AtomicU64>,
     clock: FastClock,
     /// The end of the store's latest limit-wide pause: no decision here before it.
@@ -77,9 +75,10 @@ impl HotCounter {
         emission_of(policy) == Some(self.emission_us)
     }
 
-    /// A final grant of `cost` at `priority`, decided here; `None` when it cannot be (the word
-    /// is seized, a limit-wide pause is on, or `gcra_final` would not grant): the caller asks
-    /// the store, which decides and explains.
+    /// A grant of `cost` at `priority` without a refund, decided here; `None` when it cannot be
+    /// (the word is seized, a limit-wide pause is on, or `gcra_admit` would not grant): the
+    /// caller asks the store, which decides and explains. A lost race decides again on the
+    /// winner's value.
     #[inline]
     pub(crate) fn decide(
         &self,
@@ -87,23 +86,6 @@ impl HotCounter {
         cost: u64,
         priority: Priority,
     ) -> Option<GcraStep> {
-        self.swap(|tat, now| {
-            gcra_final(tat, policy, now, cost, priority).map(|step| (step.tat, step))
-        })
-    }
-
-    /// `decide`, saying only whether it granted: its numbers are never worked out.
-    #[inline]
-    pub(crate) fn take(&self, policy: &Policy, cost: u64, priority: Priority) -> bool {
-        self.swap(|tat, now| gcra_final_end(tat, policy, now, cost, priority).map(|end| (end, ())))
-            .is_some()
-    }
-
-    /// Swap in the backlog's end `grant` works out from the word and the time, if the word is
-    /// published, no limit-wide pause is on and `grant` grants; again on the winner's value
-    /// after a lost race.
-    #[inline(always)]
-    fn swap<R>(&self, grant: impl Fn(u64, u64) -> Option<(u64, R)>) -> Option<R> {
         let now = self.clock.now_us();
         if self.limit_pauses_end.load(Ordering::Acquire) > now {
             return None;
@@ -113,12 +95,12 @@ impl HotCounter {
             if word & SEIZED != 0 {
                 return None;
             }
-            let (end, granted) = grant(word, now)?;
+            let step = gcra_admit(word, policy, now, cost, priority)?;
             match self
                 .word
-                .compare_exchange_weak(word, end, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(word, step.tat, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(granted),
+                Ok(_) => return Some(step),
                 Err(actual) => word = actual,
             }
         }

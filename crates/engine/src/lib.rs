@@ -28,10 +28,9 @@ mod loom_tests;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
-pub use hot::HotCounter;
 pub use limiter::{
-    Check, DenialReason, Denied, KeyHandle, LimitHandle, Limiter, LimiterConfig, Outcome,
-    PAUSE_MS_MAX, Permit, RateStatus, Request,
+    Check, Denied, LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, Request,
+    Status, Statuses,
 };
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,
@@ -41,12 +40,10 @@ pub use memory::{
     SavedCounter,
 };
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
-pub use store::{
-    CounterId, CounterOutcome, Decision, FinalGrant, Renewed, Store, StoreFuture, Take, WakeFn,
-};
+pub use store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
 pub use tollgate_core::{
-    self as core, Algorithm, Committed, CostError, PermitError, Policy, PolicyError, Priority,
-    Reserve,
+    self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
+    Priority, Reserve,
 };
 
 /// The README's examples compile and run as doc tests, so they stay true.

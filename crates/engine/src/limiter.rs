@@ -2,12 +2,12 @@
 //! hands out permits. Waiting is ordered by `waiters` (priority, then arrival) and sleeps on
 //! exact retry hints or wake-ups, never on a polling interval.
 
-use std::sync::Mutex;
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-
-use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 use tollgate_core::{Committed, DenyReason, Priority, UNITS_MAX};
@@ -17,9 +17,8 @@ use crate::error::{Error, Result};
 use crate::hot::HotCounter;
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
-use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, Text, decode, encode};
+use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
 use crate::store::{CounterId, CounterOutcome, Decision, Store, Take};
-use std::sync::Arc;
 
 use crate::sync::Ordering;
 use crate::waiters::WaitQueue;
@@ -99,27 +98,12 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Why a request was not granted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DenialReason {
-    /// Not enough capacity open to the request's priority.
-    Capacity,
-    /// A limit or key is paused (`Limiter::pause`).
-    Paused,
-    /// The store is holding the limit back after losing what it counted (a crash, a Redis that
-    /// came back empty): units granted before the loss may still count, so nothing is granted
-    /// until they cannot.
-    Recovering,
-    /// Requests of the same or higher priority wait ahead of it in this process.
-    Queued,
-}
-
 /// A request not granted within its wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Denied {
     /// When to try again: exact if nothing else changes.
     pub retry_after: Duration,
-    pub reason: DenialReason,
+    pub reason: DenyReason,
     pub limits: Vec<LimitStatus>,
 }
 
@@ -144,13 +128,40 @@ impl Outcome {
     }
 }
 
-/// One limit's state after a `check`.
+/// One limit's state after a decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RateStatus {
+pub struct Status {
     /// Units still open to the request's priority.
     pub remaining: u64,
     /// Time until everything counted now stops counting.
     pub reset_after: Duration,
+}
+
+/// The statuses of an allowed `check`, one per limit in the request's order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Statuses(SmallVec<[Status; 2]>);
+
+impl std::ops::Deref for Statuses {
+    type Target = [Status];
+
+    fn deref(&self) -> &[Status] {
+        &self.0
+    }
+}
+
+impl<'s> IntoIterator for &'s Statuses {
+    type Item = &'s Status;
+    type IntoIter = std::slice::Iter<'s, Status>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl FromIterator<Status> for Statuses {
+    fn from_iter<I: IntoIterator<Item = Status>>(statuses: I) -> Statuses {
+        Statuses(statuses.into_iter().collect())
+    }
 }
 
 /// The answer to `Limiter::check`.
@@ -158,7 +169,7 @@ pub struct RateStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Check {
     /// Granted and counted for good; one status per limit, in the request's order.
-    Allowed(SmallVec<[RateStatus; 2]>),
+    Allowed(Statuses),
     Denied(Denied),
 }
 
@@ -166,26 +177,99 @@ impl Check {
     pub fn is_allowed(&self) -> bool {
         matches!(self, Check::Allowed(_))
     }
+}
 
-    /// Allowed on one limit. Built from its inline buffer: `push` is a call that checks for
-    /// room, a fifth of a hot handle's decision.
-    #[inline]
-    fn allowed_one(remaining: u64, reset_after_us: u64) -> Check {
-        let status = RateStatus {
-            remaining,
-            reset_after: Duration::from_micros(reset_after_us),
-        };
-        let unused = RateStatus {
-            remaining: 0,
-            reset_after: Duration::ZERO,
-        };
-        Check::Allowed(SmallVec::from_buf_and_len([status, unused], 1))
+fn status(remaining: u64, reset_after_us: u64) -> Status {
+    Status {
+        remaining,
+        reset_after: Duration::from_micros(reset_after_us),
+    }
+}
+
+/// What one decision is turned into: a permit (`try_acquire`) or an answer (`check`).
+trait Answer: Sized {
+    /// Refuse what this answer cannot carry (a lease without a permit).
+    fn admits(limit: &Limit) -> Result<()>;
+    /// Whether the store records the grant for a refund.
+    fn refundable(request: &Request<'_>) -> bool;
+    fn decided(
+        limiter: &Limiter,
+        resolved: &Resolved<'_>,
+        request: &Request<'_>,
+        decision: Decision,
+    ) -> Self;
+    fn denied(denied: Denied) -> Self;
+}
+
+impl Answer for Outcome {
+    fn admits(_: &Limit) -> Result<()> {
+        Ok(())
+    }
+
+    fn refundable(request: &Request<'_>) -> bool {
+        request.refundable
+    }
+
+    fn decided(
+        limiter: &Limiter,
+        resolved: &Resolved<'_>,
+        request: &Request<'_>,
+        decision: Decision,
+    ) -> Outcome {
+        limiter.outcome(resolved, request, decision)
+    }
+
+    fn denied(denied: Denied) -> Outcome {
+        Outcome::Denied(denied)
+    }
+}
+
+impl Answer for Check {
+    /// `check` hands out no permit, so it cannot grant a lease.
+    fn admits(limit: &Limit) -> Result<()> {
+        if limit.policy().is_concurrency() {
+            return Err(Error::invalid(
+                "limits",
+                format!(
+                    "limit {:?} is a concurrency limit; its lease needs a permit (acquire)",
+                    limit.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn refundable(_: &Request<'_>) -> bool {
+        false
+    }
+
+    fn decided(
+        _: &Limiter,
+        resolved: &Resolved<'_>,
+        _: &Request<'_>,
+        decision: Decision,
+    ) -> Check {
+        if !decision.is_granted() {
+            return Check::Denied(Limiter::denied(resolved, &decision));
+        }
+        let statuses = decision.outcomes().iter().map(|outcome| match outcome {
+            CounterOutcome::Granted(grant) => status(grant.remaining, grant.reset_after_us),
+            _ => status(0, 0),
+        });
+        Check::Allowed(statuses.collect())
+    }
+
+    fn denied(denied: Denied) -> Check {
+        Check::Denied(denied)
     }
 }
 
 #[derive(Debug)]
 struct Shared {
     store: Arc<dyn Store>,
+    /// The store, when it is the memory store: a `LimitHandle` on one of its GCRA limits
+    /// decides on the counter's word (`HotCounter`) without the store's lock.
+    memory: Option<Arc<MemoryStore>>,
     /// Read on every decision, replaced whole on a change: readers take no lock and write no
     /// cache line another thread reads (a read lock would be both, on every decision).
     limits: ArcSwap<LimitTable>,
@@ -273,8 +357,7 @@ fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Resu
     })
 }
 
-/// `resolve` with each name's limit found by `find` (in the table, or from a handle), the
-/// request checked the same way.
+/// `resolve` with each name's limit found by `find` (in the table, or a handle's own).
 fn resolve_each<'t>(
     names: &[&str],
     key: Option<&str>,
@@ -338,8 +421,12 @@ fn key_missing(limit: &Limit, per: &str) -> Error {
 
 impl Limiter {
     pub fn new(store: Arc<dyn Store>, config: LimiterConfig) -> Limiter {
+        let memory = (Arc::clone(&store) as Arc<dyn Any + Send + Sync>)
+            .downcast::<MemoryStore>()
+            .ok();
         let shared = Arc::new(Shared {
             store,
+            memory,
             limits: ArcSwap::from_pointee(LimitTable::default()),
             limits_writer: Mutex::new(()),
             generation: AtomicU64::new(0),
@@ -426,237 +513,117 @@ impl Limiter {
         self.update_limits(|_| Some(table));
     }
 
-    fn check_request(request: &Request<'_>) -> Result<()> {
-        Limiter::check_cost(request.cost)
-    }
-
     #[inline]
     fn check_cost(cost: u64) -> Result<()> {
         if cost == 0 || cost > UNITS_MAX {
-            return Err(Limiter::cost_refused());
+            return Err(Error::invalid(
+                "cost",
+                format!("must be between 1 and {UNITS_MAX}"),
+            ));
         }
         Ok(())
     }
 
-    #[cold]
-    fn cost_refused() -> Error {
-        Error::invalid("cost", format!("must be between 1 and {UNITS_MAX}"))
-    }
-
-    /// The store's acquire for `request`: recording reservations unless it is not refundable.
-    fn store_acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        request: &Request<'_>,
-    ) -> crate::store::StoreFuture<'a, Decision> {
-        let store = &self.shared.store;
-        if request.refundable {
-            store.acquire(takes, request.cost, request.priority)
-        } else {
-            store.acquire_final(takes, request.cost, request.priority)
-        }
-    }
-
     /// Ask once, without waiting.
     pub async fn try_acquire(&self, request: &Request<'_>) -> Result<Outcome> {
-        Limiter::check_request(request)?;
-        if self.shared.store.answers_at_once() {
-            return self.try_acquire_at_once(request);
-        }
-        let table = self.shared.table();
-        let resolved = resolve(&table, &request.limits, request.key)?;
-        let takes = resolved.takes(request.key);
-        let counters = takes.iter().map(|take| take.counter);
-        if let Some(retry_at_us) = self.shared.waiters.blocked(counters, request.priority) {
-            return Ok(Outcome::Denied(self.queued_denial(&resolved, retry_at_us)));
-        }
-        let decision = self.store_acquire(&takes, request).await?;
-        Ok(self.outcome(&resolved, request, decision))
-    }
-
-    /// `try_acquire` on a store that answers at once: decided under the table's read lock,
-    /// borrowing the policies rather than taking references to them (a clone of an `Arc` that
-    /// every thread shares is a write to a cache line every thread reads). A plain function, so
-    /// the lock can never be held across an await.
-    fn try_acquire_at_once(&self, request: &Request<'_>) -> Result<Outcome> {
-        let table = self.shared.table_guard();
-        let resolved = resolve(&table, &request.limits, request.key)?;
-        self.decide_at_once(&resolved, request)
-    }
-
-    /// `try_acquire` of `request`, whose limits are those of `handles` (one each, in the
-    /// request's order), decided on this thread with the handles' limits rather than looked
-    /// up by name: a hot path that names the same limits over and over (the tower layer's
-    /// chain) pays no lookup. `None` when this needs the usual way: a store that does not
-    /// answer at once, a handle whose limit changed, or handles that are not the request's.
-    pub fn try_acquire_now_with(
-        &self,
-        request: &Request<'_>,
-        handles: &[&LimitHandle],
-    ) -> Option<Result<Outcome>> {
-        let theirs = handles.len() == request.limits.len()
-            && handles.iter().zip(&request.limits).all(|(handle, name)| {
-                Arc::ptr_eq(&handle.limiter.shared, &self.shared)
-                    && handle.in_force()
-                    && handle.name() == *name
-            });
-        if !theirs || !self.shared.store.answers_at_once() {
-            return None;
-        }
-        if let Err(error) = Limiter::check_request(request) {
-            return Some(Err(error));
-        }
-        let mut limits = handles.iter().map(|handle| &*handle.limit);
-        let resolved = resolve_each(&request.limits, request.key, |name| {
-            // One handle per name, checked above.
-            limits.next().ok_or_else(|| Error::UnknownLimit {
-                name: name.to_owned(),
-            })
-        });
-        Some(resolved.and_then(|resolved| self.decide_at_once(&resolved, request)))
-    }
-
-    /// The decision of `try_acquire_at_once`, its limits resolved.
-    fn decide_at_once(&self, resolved: &Resolved<'_>, request: &Request<'_>) -> Result<Outcome> {
-        let takes = resolved.takes(request.key);
-        let counters = takes.iter().map(|take| take.counter);
-        if let Some(retry_at_us) = self.shared.waiters.blocked(counters, request.priority) {
-            return Ok(Outcome::Denied(self.queued_denial(resolved, retry_at_us)));
-        }
-        let Some(decision) = self.store_acquire(&takes, request).into_ready() else {
-            // A store that says it answers at once and does not is a broken invariant.
-            panic!(
-                "{:?} promised answers at once but returned a pending future",
-                self.shared.store
-            );
-        };
-        Ok(self.outcome(resolved, request, decision?))
+        self.decide_once(request).await
     }
 
     /// "May I go now": the request's units are granted for good, with nothing to settle
     /// afterwards (no permit, no commit, no refund). The same decision as `acquire` with
     /// `refundable(false)`, waiting up to the request's `wait` likewise; every limit must be a
-    /// rate limit, since a lease needs a permit to be released. A request for one limit that
-    /// does not wait, on a store that answers at once, is decided without building a permit or
-    /// taking a lock other than its counter's shard.
+    /// rate limit, since a lease needs a permit to be released.
     pub async fn check(&self, request: &Request<'_>) -> Result<Check> {
-        if request.wait.is_zero()
-            && let [name] = request.limits[..]
-            && let Some(answer) = self.check_one_now(name, request)
-        {
-            return answer;
+        if request.wait.is_zero() {
+            return self.decide_once(request).await;
         }
         {
             let table = self.shared.table_guard();
             let resolved = resolve(&table, &request.limits, request.key)?;
-            Limiter::refuse_leases(resolved.limits.iter().copied())?;
+            resolved.limits.iter().try_for_each(|limit| Check::admits(limit))?;
         }
         let mut request = request.clone();
         request.refundable = false;
         match self.acquire(&request).await? {
             Outcome::Granted(mut permit) => {
                 permit.settled = true;
-                let statuses = permit.parts.iter().map(|granted| RateStatus {
-                    remaining: granted.remaining,
-                    reset_after: Duration::from_micros(granted.reset_after_us),
-                });
+                let statuses = permit
+                    .parts
+                    .iter()
+                    .map(|granted| status(granted.remaining, granted.reset_after_us));
                 Ok(Check::Allowed(statuses.collect()))
             }
             Outcome::Denied(denied) => Ok(Check::Denied(denied)),
         }
     }
 
-    /// `check` hands out no permit, so it cannot grant a lease.
-    fn refuse_leases<'l>(limits: impl IntoIterator<Item = &'l Limit>) -> Result<()> {
-        match limits.into_iter().find(|l| l.policy().is_concurrency()) {
-            Some(limit) => Err(Error::invalid(
-                "limits",
-                format!(
-                    "limit {:?} is a concurrency limit; its lease needs a permit (acquire)",
-                    limit.name()
-                ),
-            )),
-            None => Ok(()),
+    /// One decision without waiting: on the calling thread if the store answers at once,
+    /// else awaited.
+    async fn decide_once<A: Answer>(&self, request: &Request<'_>) -> Result<A> {
+        if let Some(answer) = self.decide_now(request, None) {
+            return answer;
         }
+        // A store that does I/O: the same steps, on a table owned across the await.
+        let table = self.shared.table();
+        let resolved = self.resolve_for::<A>(&table, request, None)?;
+        let takes = resolved.takes(request.key);
+        if let Some(denied) = self.queued(&resolved, &takes, request.priority) {
+            return Ok(A::denied(denied));
+        }
+        let refundable = A::refundable(request);
+        let store = &self.shared.store;
+        let decision = store
+            .acquire(&takes, request.cost, request.priority, refundable)
+            .await?;
+        Ok(A::decided(self, &resolved, request, decision))
     }
 
-    /// `check` of one limit, decided now by a store that answers at once; `None` if the store
-    /// cannot.
-    fn check_one_now(&self, name: &str, request: &Request<'_>) -> Option<Result<Check>> {
-        let table = self.shared.table_guard();
-        let limit = match table.get(name) {
-            Some(limit) => limit,
-            None => {
-                return Some(Err(Error::UnknownLimit {
-                    name: name.to_owned(),
-                }));
-            }
-        };
-        self.check_limit_now(limit, request.key, request.cost, request.priority)
-    }
-
-    /// `check` of `limit`, decided now by a store that answers at once; `None` if the store
-    /// cannot. Refuses what `resolve` and `check_request` refuse, in the same words.
-    #[inline]
-    fn check_limit_now(
+    /// One decision without waiting, on the calling thread: `None` when the store cannot
+    /// answer at once (it does I/O), with nothing counted. The limits come from the table in
+    /// force, borrowed, or from `handle` while its limit is the one in force.
+    fn decide_now<A: Answer>(
         &self,
-        limit: &Limit,
-        key: Option<&str>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<Result<Check>> {
-        // What `check_request` and `resolve` refuse, in the same order. Written with early
-        // returns, not `?` and a `transpose`: the answer is built once where it is returned,
-        // where the conversions copied it through misaligned halves (a stalled reload).
-        if let Err(error) = Limiter::check_cost(cost) {
-            return Some(Err(error));
-        }
-        // The key of a counter the store tracks was checked when the counter was made, so the
-        // store checks it only before making one (`Store::acquire_one_final_now`). The limiter
-        // checks here only a key the store will not see (the limit is not counted per key),
-        // and one on a concurrency limit, whose refusal below must not come before the key's.
-        let counted = limit.per().is_some() && !limit.policy().is_concurrency();
-        if !counted && let Err(error) = check_request_key(key) {
-            return Some(Err(error));
-        }
-        if let Err(error) =
-            check_key_given(limit, key).and_then(|()| Limiter::refuse_leases([limit]))
-        {
-            return Some(Err(error));
-        }
-        let resolved = || Resolved {
-            limits: smallvec::smallvec![limit],
+        request: &Request<'_>,
+        handle: Option<&LimitHandle>,
+    ) -> Option<Result<A>> {
+        let table = self.shared.table_guard();
+        let resolved = match self.resolve_for::<A>(&table, request, handle) {
+            Ok(resolved) => resolved,
+            Err(error) => return Some(Err(error)),
         };
-        let counter = CounterId {
-            limit: limit.name(),
-            key: limit.per().and(key),
-        };
-        if let Some(retry_at_us) = self.shared.waiters.blocked([counter], priority) {
-            let denied = self.queued_denial(&resolved(), retry_at_us);
-            return Some(Ok(Check::Denied(denied)));
+        let takes = resolved.takes(request.key);
+        if let Some(denied) = self.queued(&resolved, &takes, request.priority) {
+            return Some(Ok(A::denied(denied)));
         }
-        let take = Take {
-            counter,
-            policy: limit.policy(),
+        let refundable = A::refundable(request);
+        let store = &self.shared.store;
+        let decision = store
+            .acquire(&takes, request.cost, request.priority, refundable)
+            .into_ready()?;
+        Some(decision.map(|decision| A::decided(self, &resolved, request, decision)))
+    }
+
+    /// `request`'s limits, checked as `A` needs them.
+    fn resolve_for<'t, A: Answer>(
+        &self,
+        table: &'t LimitTable,
+        request: &Request<'_>,
+        handle: Option<&'t LimitHandle>,
+    ) -> Result<Resolved<'t>> {
+        Limiter::check_cost(request.cost)?;
+        let resolved = match handle.filter(|handle| handle.in_force()) {
+            Some(handle) => resolve_each(&request.limits, request.key, |_| Ok(&*handle.limit))?,
+            None => resolve(table, &request.limits, request.key)?,
         };
-        match self
-            .shared
-            .store
-            .acquire_one_final_now(take, cost, priority)?
-        {
-            Ok(CounterOutcome::Granted(grant)) => Some(Ok(Check::allowed_one(
-                grant.remaining,
-                grant.reset_after_us,
-            ))),
-            Ok(denied) => {
-                let decision = Decision {
-                    now_us: 0,
-                    outcomes: smallvec::smallvec![denied],
-                };
-                Some(Ok(Check::Denied(Limiter::denied(&resolved(), &decision))))
-            }
-            Err(error) => Some(Err(error)),
-        }
+        resolved.limits.iter().try_for_each(|limit| A::admits(limit))?;
+        Ok(resolved)
+    }
+
+    /// A denial for a request that waiters of the same or higher priority are ahead of.
+    fn queued(&self, resolved: &Resolved<'_>, takes: &[Take<'_>], priority: Priority) -> Option<Denied> {
+        let counters = takes.iter().map(|take| take.counter);
+        let retry_at_us = self.shared.waiters.blocked(counters, priority)?;
+        Some(self.queued_denial(resolved, retry_at_us))
     }
 
     /// A handle on the limit `name`, for a hot path that checks it over and over: the name is
@@ -673,15 +640,15 @@ impl Limiter {
             name: name.to_owned(),
         })?;
         // Only an unkeyed limit has one counter a handle can hold.
-        let hot = match limit.per() {
-            None => self.shared.store.hot_counter(Take {
+        let hot = match (&self.shared.memory, limit.per()) {
+            (Some(memory), None) => memory.hot_counter(Take {
                 counter: CounterId {
                     limit: limit.name(),
                     key: None,
                 },
                 policy: limit.policy(),
             }),
-            Some(_) => None,
+            _ => None,
         };
         Ok(LimitHandle {
             limiter: self.clone(),
@@ -699,7 +666,7 @@ impl Limiter {
         if wait.is_zero() {
             return self.try_acquire(request).await;
         }
-        Limiter::check_request(request)?;
+        Limiter::check_cost(request.cost)?;
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
         let waiter = {
@@ -714,7 +681,11 @@ impl Limiter {
                 .blocked(counters.iter().copied(), request.priority)
                 .is_none()
             {
-                let decision = self.store_acquire(&takes, request).await?;
+                let decision = self
+                    .shared
+                    .store
+                    .acquire(&takes, request.cost, request.priority, request.refundable)
+                    .await?;
                 match self.outcome(&resolved, request, decision) {
                     Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
@@ -737,7 +708,11 @@ impl Limiter {
                 let table = self.shared.table();
                 let resolved = resolve(&table, &request.limits, request.key)?;
                 let takes = resolved.takes(request.key);
-                let decision = self.store_acquire(&takes, request).await?;
+                let decision = self
+                    .shared
+                    .store
+                    .acquire(&takes, request.cost, request.priority, request.refundable)
+                    .await?;
                 match self.outcome(&resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         // Leaving the queue signals whoever heads it next.
@@ -777,7 +752,7 @@ impl Limiter {
         Denied {
             // Not exact: it depends on the requests ahead; the head's own hint, at least 1 ms.
             retry_after: Duration::from_micros(retry_at_us.saturating_sub(now_us).max(1_000)),
-            reason: DenialReason::Queued,
+            reason: DenyReason::Queued,
             limits: resolved
                 .limits
                 .iter()
@@ -802,14 +777,14 @@ impl Limiter {
         if decision.is_granted() {
             // Sized once: a chain's parts spill from the one held inline, and growing by
             // doubling would move them twice.
-            let mut parts = SmallVec::with_capacity(decision.outcomes.len());
-            for (index, outcome) in decision.outcomes.iter().enumerate() {
+            let mut parts = SmallVec::with_capacity(decision.outcomes().len());
+            for (index, outcome) in decision.outcomes().iter().enumerate() {
                 if let CounterOutcome::Granted(grant) = outcome {
                     let limit = &resolved.limits[index];
                     parts.push(GrantedPart {
                         part: Part {
-                            limit: Text::new(limit.name()),
-                            key: resolved.counter(index, key).key.map(Text::new),
+                            limit: limit.name().into(),
+                            key: resolved.counter(index, key).key.map(Box::from),
                             seq: grant.seq,
                             lease: limit.policy().is_concurrency(),
                         },
@@ -834,9 +809,9 @@ impl Limiter {
 
     /// What a caller sees of a denial.
     fn denied(resolved: &Resolved<'_>, decision: &Decision) -> Denied {
-        let mut reason = DenialReason::Capacity;
+        let mut reason = DenyReason::Capacity;
         let limits = decision
-            .outcomes
+            .outcomes()
             .iter()
             .zip(&resolved.limits)
             .map(|(outcome, limit)| {
@@ -844,9 +819,9 @@ impl Limiter {
                     CounterOutcome::Denied(denial) => {
                         // A pause someone asked for is the news; a hold, the next.
                         match denial.reason {
-                            DenyReason::Paused => reason = DenialReason::Paused,
-                            DenyReason::Recovering if reason == DenialReason::Capacity => {
-                                reason = DenialReason::Recovering;
+                            DenyReason::Paused => reason = DenyReason::Paused,
+                            DenyReason::Recovering if reason == DenyReason::Capacity => {
+                                reason = DenyReason::Recovering;
                             }
                             _ => {}
                         }
@@ -971,34 +946,18 @@ impl LimitHandle {
         self.limit.name()
     }
 
-    /// `Limiter::check` of one unit of this limit, at normal priority, not waiting.
-    pub async fn check(&self, key: Option<&str>) -> Result<Check> {
-        self.check_with(key, 1, Priority::Normal).await
-    }
-
-    /// `Limiter::check` of `cost` units of this limit at `priority`, not waiting.
-    pub async fn check_with(
-        &self,
-        key: Option<&str>,
-        cost: u64,
-        priority: Priority,
-    ) -> Result<Check> {
+    /// `Limiter::check` of `cost` units of this limit (for `key`, if it counts per key) at
+    /// `priority`, not waiting.
+    pub async fn check(&self, key: Option<&str>, cost: u64, priority: Priority) -> Result<Check> {
         if let Some(answer) = self.check_now(key, cost, priority) {
             return answer;
         }
-        let mut request = Request::new(self.limit.name())
-            .cost(cost)
-            .priority(priority);
-        if let Some(key) = key {
-            request = request.key(key);
-        }
-        self.limiter.check(&request).await
+        self.limiter.check(&self.request(key, cost, priority)).await
     }
 
-    /// `check_with`, decided on this thread without waiting for anything: `None` when the
-    /// answer needs the store's way round (a remote store, or limits that changed under this
-    /// handle), which `check_with` then takes. A hot path with an in-process store calls this
-    /// and needs no executor.
+    /// `check`, decided on the calling thread: `None` when the store must be asked (it does
+    /// I/O), which `check` then does. With the memory store it always answers, and needs no
+    /// executor.
     #[inline]
     pub fn check_now(
         &self,
@@ -1006,60 +965,27 @@ impl LimitHandle {
         cost: u64,
         priority: Priority,
     ) -> Option<Result<Check>> {
-        if !self.in_force() {
-            return None;
-        }
-        // A request that waits may be ahead of this one in the queue; only the store's way
-        // checks the queue.
-        match key {
-            None => {
-                if let Some(hot) = self.word()
-                    && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
-                {
-                    return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
-                }
-            }
-            // A keyed limit's counter the store has: a grant without the general way's checks,
-            // none of which can refuse it (the cost is valid, the key was checked when the
-            // counter was made, and the store grants no lease this way), nor its answer's
-            // building.
-            Some(key) => {
-                if self.limit.per().is_some()
-                    && Limiter::check_cost(cost).is_ok()
-                    && !self.limiter.shared.waiters.anyone_waiting()
-                {
-                    let take = Take {
-                        counter: CounterId {
-                            limit: self.limit.name(),
-                            key: Some(key),
-                        },
-                        policy: self.limit.policy(),
-                    };
-                    if let Some(grant) = self
-                        .limiter
-                        .shared
-                        .store
-                        .grant_tracked_final_now(take, cost, priority)
-                    {
-                        return Some(Ok(Check::allowed_one(
-                            grant.remaining,
-                            grant.reset_after_us,
-                        )));
-                    }
-                }
-            }
+        // The word holds the counter while it needs nothing else; a request that waits may be
+        // ahead of this one in the queue, and only the limiter's way checks the queue.
+        if key.is_none()
+            && let Some(hot) = &self.hot
+            && !self.limiter.shared.waiters.anyone_waiting()
+            && self.in_force()
+            && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
+        {
+            let allowed = std::iter::once(status(step.remaining, step.reset_after_us));
+            return Some(Ok(Check::Allowed(allowed.collect())));
         }
         self.limiter
-            .check_limit_now(&self.limit, key, cost, priority)
+            .decide_now(&self.request(key, cost, priority), Some(self))
     }
 
-    /// The word to decide on by itself, if the handle holds one and nobody waits (a request
-    /// that waits may be ahead of this one in the queue; only the store's way checks it).
-    #[inline]
-    fn word(&self) -> Option<&HotCounter> {
-        self.hot
-            .as_deref()
-            .filter(|_| !self.limiter.shared.waiters.anyone_waiting())
+    fn request<'r>(&'r self, key: Option<&'r str>, cost: u64, priority: Priority) -> Request<'r> {
+        let request = Request::new(self.limit.name()).cost(cost).priority(priority);
+        match key {
+            Some(key) => request.key(key),
+            None => request,
+        }
     }
 
     /// Whether `limit` is the limit in force: the limits have not changed since it was known
@@ -1085,101 +1011,6 @@ impl LimitHandle {
             self.generation.store(generation, Ordering::Relaxed);
         }
         unchanged
-    }
-}
-
-/// A keyed limit's handle for one key, for a caller that decides on the same key over and
-/// over: a connection whose requests are all counted under its client's address. It holds the
-/// key's counter word when the store offers one (`Store::hot_counter`: the memory store, for
-/// a GCRA limit), and then a decision takes no lock and finds no counter while the counter
-/// needs nothing else, as an unkeyed limit's handle does. The store keeps the key's counter
-/// for as long as a `KeyHandle` holds its word: drop it with the connection.
-#[derive(Debug)]
-pub struct KeyHandle {
-    /// This limit's handle, holding the key's word as its own.
-    handle: LimitHandle,
-    key: Arc<str>,
-}
-
-impl LimitHandle {
-    /// A handle on `key`'s counter of this limit (see `KeyHandle`). On an unkeyed limit the
-    /// key means nothing, and it decides on this handle's word, if any (a malformed key takes
-    /// none, and is refused as this handle refuses it); where the store offers no word, its
-    /// decisions are this handle's.
-    pub fn for_key(&self, key: Arc<str>) -> KeyHandle {
-        let hot = match self.limit.per() {
-            Some(_) if self.in_force() => self.limiter.shared.store.hot_counter(Take {
-                counter: CounterId {
-                    limit: self.limit.name(),
-                    key: Some(&key),
-                },
-                policy: self.limit.policy(),
-            }),
-            Some(_) => None,
-            None => check_key(&key).ok().and(self.hot.clone()),
-        };
-        KeyHandle {
-            handle: LimitHandle {
-                limiter: self.limiter.clone(),
-                limit: Arc::clone(&self.limit),
-                generation: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
-                hot,
-            },
-            key,
-        }
-    }
-
-    /// Whether `for_key` may give a handle that decides by itself: a keyed GCRA limit. (Whether
-    /// the store offers words is known only by asking it.)
-    pub fn key_handles_decide(&self) -> bool {
-        self.limit.per().is_some() && self.limit.policy().is_gcra()
-    }
-}
-
-impl KeyHandle {
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Whether this was made from `handle`, or from one on the same limit as it stands: then
-    /// it decides what `handle` would for its key.
-    pub fn is_for(&self, handle: &LimitHandle) -> bool {
-        Arc::ptr_eq(&self.handle.limit, &handle.limit)
-    }
-
-    /// `LimitHandle::check_with` for this key.
-    pub async fn check_with(&self, cost: u64, priority: Priority) -> Result<Check> {
-        if let Some(answer) = self.check_now(cost, priority) {
-            return answer;
-        }
-        self.handle
-            .check_with(Some(&self.key), cost, priority)
-            .await
-    }
-
-    /// Take `cost` units at `priority` on the key's word, if the counter allows it now, and say
-    /// only whether it did: for a caller that needs no numbers (they are never worked out).
-    /// `false` has taken nothing: `check_now` then decides and explains.
-    #[inline]
-    pub fn take_now(&self, cost: u64, priority: Priority) -> bool {
-        let handle = &self.handle;
-        handle.in_force()
-            && handle
-                .word()
-                .is_some_and(|hot| hot.take(handle.limit.policy(), cost, priority))
-    }
-
-    /// `LimitHandle::check_now` for this key, on the key's word when the counter allows it.
-    #[inline]
-    pub fn check_now(&self, cost: u64, priority: Priority) -> Option<Result<Check>> {
-        let handle = &self.handle;
-        if handle.in_force()
-            && let Some(hot) = handle.word()
-            && let Some(step) = hot.decide(handle.limit.policy(), cost, priority)
-        {
-            return Some(Ok(Check::allowed_one(step.remaining, step.reset_after_us)));
-        }
-        handle.check_now(Some(&self.key), cost, priority)
     }
 }
 
@@ -1389,16 +1220,6 @@ impl Drop for Permit {
         }
         let waker = std::task::Waker::noop();
         let mut context = std::task::Context::from_waker(waker);
-        if self.shared.store.answers_at_once() {
-            // An in-process store releases on the first poll: borrow the parts, copy nothing.
-            let leases = self.parts.iter().map(|granted| &granted.part);
-            let release = std::pin::pin!(release_leases(&self.shared, leases));
-            if release.poll(&mut context).is_ready() {
-                return;
-            }
-            // Not at once after all: release again the owned way below. A lease released
-            // twice is released once (the second release finds nothing to give back).
-        }
         let leases: Vec<Part> = self
             .parts
             .iter()
@@ -1407,7 +1228,8 @@ impl Drop for Permit {
             .collect();
         let shared = self.shared.clone();
         let release = async move { release_leases(&shared, leases.iter()).await };
-        // A remote store's release may need a runtime: poll once, and spawn it if it waits.
+        // An in-process store releases on the first poll; a remote one may need a runtime:
+        // spawn it if it waits.
         let mut release = Box::pin(release);
         if release.as_mut().poll(&mut context).is_pending()
             && let Ok(handle) = tokio::runtime::Handle::try_current()

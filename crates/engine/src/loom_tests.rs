@@ -13,8 +13,8 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::clock::ManualClock;
 use crate::error::Error;
-use crate::memory::{MemoryStore, MemoryStoreConfig, Reservations};
-use crate::store::{CounterId, CounterOutcome, Store, Take};
+use crate::memory::{MemoryStore, MemoryStoreConfig};
+use crate::store::{CounterId, Store, Take};
 use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
@@ -36,21 +36,21 @@ fn take<'a>(limit: &'a str, key: Option<&'a str>, policy: &'a Policy) -> Take<'a
 }
 
 /// One unit of the unkeyed limit "vendor", asked of the store directly: whether it was granted.
-fn grant_one(store: &MemoryStore, policy: &Policy, reservations: Reservations) -> bool {
+fn grant_one(store: &MemoryStore, policy: &Policy, refundable: bool) -> bool {
     let takes = [take("vendor", None, policy)];
     store
-        .acquire_now(&takes, 1, Priority::Normal, reservations)
+        .acquire_now(&takes, 1, Priority::Normal, refundable)
         .expect("store answers")
         .is_granted()
 }
 
-/// One unit of `take`'s counter by the store's one-counter way (`acquire_one_final_now`),
-/// which publishes the counter's word again after it decides: whether it was granted.
+/// One unit of `take`'s counter asked of the store alone, not refundable (a decision on one
+/// counter publishes its word again): whether it was granted.
 fn grant_final(store: &MemoryStore, take: Take<'_>) -> bool {
-    matches!(
-        store.acquire_one_final_now(take, 1, Priority::Normal),
-        Some(Ok(CounterOutcome::Granted(_)))
-    )
+    let takes = [take];
+    store
+        .acquire_now(&takes, 1, Priority::Normal, false)
+        .is_ok_and(|decision| decision.is_granted())
 }
 
 #[test]
@@ -61,7 +61,7 @@ fn loom_two_racing_acquires_never_both_take_the_last_unit() {
         let handles: Vec<_> = (0..2)
             .map(|_| {
                 let store = store.clone();
-                thread::spawn(move || grant_one(&store, &policy, Reservations::Record))
+                thread::spawn(move || grant_one(&store, &policy, true))
             })
             .collect();
         let granted = handles
@@ -104,7 +104,7 @@ fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
         let by_store = by_store.join().expect("thread");
         assert!(by_handle ^ by_store, "handle {by_handle}, store {by_store}");
         assert!(
-            !grant_one(&store, &policy, Reservations::Skip),
+            !grant_one(&store, &policy, false),
             "both units are counted"
         );
     });
@@ -172,7 +172,7 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
             thread::spawn(move || {
                 let takes = [take(names[0], None, &policy), take(names[1], None, &policy)];
                 store
-                    .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
+                    .acquire_now(&takes, 1, Priority::Normal, true)
                     .expect("store answers")
                     .is_granted()
             })
@@ -191,14 +191,14 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
         let takes = [take("a", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
+                .acquire_now(&takes, 1, Priority::Normal, true)
                 .expect("answers")
                 .is_granted()
         );
         let takes = [take("b", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal, Reservations::Record)
+                .acquire_now(&takes, 1, Priority::Normal, true)
                 .expect("answers")
                 .is_granted()
         );
@@ -216,7 +216,7 @@ fn loom_the_key_cap_holds_under_racing_inserts() {
                 let store = store.clone();
                 thread::spawn(move || {
                     let takes = [take("per-user", Some(key), &policy)];
-                    match store.acquire_now(&takes, 1, Priority::Normal, Reservations::Record) {
+                    match store.acquire_now(&takes, 1, Priority::Normal, true) {
                         Ok(decision) => decision.is_granted(),
                         Err(Error::TooManyKeys { .. }) => false,
                         Err(other) => panic!("unexpected {other:?}"),

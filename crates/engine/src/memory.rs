@@ -19,15 +19,11 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{
-    Committed, Counter, DenyReason, GcraStep, Grant, Policy, Priority, Verdict, gcra_final,
-};
+use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
 
 use crate::clock::{Clock, FastClock};
 use crate::error::{Error, Result};
-use crate::store::{
-    CounterId, CounterOutcome, Decision, FinalGrant, Renewed, Store, StoreFuture, Take, WakeFn,
-};
+use crate::store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
 use std::sync::Arc;
 
 use crate::hot::HotCounter;
@@ -54,9 +50,8 @@ const SHRINK_ABOVE_CAPACITY: usize = 64;
 /// Counters one request may name.
 pub const COUNTERS_PER_REQUEST_MAX: usize = 8;
 
-/// Bytes of a limit name and key kept inside the map's entry; longer ids go to the heap.
-/// Finding a counter compares its name and key, so keeping them inline spares a lookup a read
-/// of memory elsewhere (most names and keys are short).
+/// Bytes of a limit name and key kept inside the map's entry; longer ids go to the heap (most
+/// names and keys are short, and an entry that holds its id keeps a lookup in one place).
 const ID_BYTES_INLINE: usize = 32;
 
 /// A counter's id as one run of bytes, the limit's name then the key: one length and one
@@ -104,42 +99,8 @@ impl Hash for OwnedCounterId {
 impl Equivalent<OwnedCounterId> for CounterId<'_> {
     #[inline]
     fn equivalent(&self, owned: &OwnedCounterId) -> bool {
-        // Equal bytes are equal strings: no need to check UTF-8 again.
-        let limit = self.limit.as_bytes();
-        let key = self.key.map_or(&[][..], str::as_bytes);
-        owned.keyed == self.key.is_some()
-            && owned.limit_len as usize == limit.len()
-            && owned.bytes.len() == limit.len() + key.len()
-            && same_bytes(limit, &owned.bytes[..limit.len()])
-            && same_bytes(key, &owned.bytes[limit.len()..])
-    }
-}
-
-/// `a == b`, without a call to `memcmp` for the short names and keys most counters have: up to
-/// 16 bytes compare as two words that may overlap (the first and the last 8, or 4), and up to
-/// 3 as bytes.
-#[inline]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    match a.len() {
-        8..=16 => {
-            a.first_chunk::<8>() == b.first_chunk::<8>()
-                && a.last_chunk::<8>() == b.last_chunk::<8>()
-        }
-        4..8 => {
-            a.first_chunk::<4>() == b.first_chunk::<4>()
-                && a.last_chunk::<4>() == b.last_chunk::<4>()
-        }
-        // An unkeyed counter's empty key: `memcmp` of no bytes, at the dangling address of an
-        // empty slice, measured at about 90 ns on this project's bench machine.
-        0 => true,
-        // The first, middle and last bytes cover all of one, two or three.
-        length @ 1..4 => {
-            a[0] == b[0] && a[length / 2] == b[length / 2] && a[length - 1] == b[length - 1]
-        }
-        _ => a == b,
+        let (limit, key) = owned.parts();
+        limit == self.limit.as_bytes() && key == self.key.map(str::as_bytes)
     }
 }
 
@@ -163,24 +124,6 @@ impl Entry {
             // Handles' grants moved only the backlog's end, so that is all `idle_at` misses.
             self.idle_at = self.idle_at.max(tat);
         }
-    }
-
-    /// A final grant on the GCRA backlog alone (`Counter::gcra_alone`), as a hot counter's grant
-    /// is taken: the backlog moves, and the idle time with it, nothing else does. `None` (the
-    /// counter needs more than its backlog, or it has no room) has changed nothing.
-    #[inline]
-    fn grant_backlog_alone(
-        &mut self,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<GcraStep> {
-        let tat = self.counter.gcra_alone(policy, now)?;
-        let step = gcra_final(tat, policy, now, cost, priority)?;
-        self.counter.set_gcra_tat(step.tat);
-        self.idle_at = self.idle_at.max(step.tat);
-        Some(step)
     }
 
     /// After a decision on this counter alone, under the lock hold that seized it: let
@@ -221,23 +164,6 @@ enum Room {
 struct Located {
     shard: usize,
     hash: u64,
-}
-
-/// Whether a grant records its rate units as an open reservation that `commit` can refund.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Reservations {
-    Record,
-    /// The caller will never commit for a refund (`Store::acquire_final`).
-    Skip,
-}
-
-/// Whether whoever asked sees a grant's number: a permit carries it; `Limiter::check` shows
-/// none, so its final grants on a GCRA counter that needs nothing else may leave the numbers
-/// alone and move only the backlog, as a hot counter's grants do (`Counter::gcra_alone`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Numbered {
-    Yes,
-    No,
 }
 
 /// One request, as asked of one counter.
@@ -303,21 +229,15 @@ fn check_entry(
 }
 
 /// Grant on one counter that `check_entry` allowed under the same lock and `now`.
-fn grant_entry(
-    entry: &mut Entry,
-    take: Take<'_>,
-    asked: Asked,
-    reservations: Reservations,
-) -> CounterOutcome {
+fn grant_entry(entry: &mut Entry, take: Take<'_>, asked: Asked, refundable: bool) -> CounterOutcome {
     let Asked {
         now,
         cost,
         priority,
     } = asked;
-    let grant = match reservations {
-        Reservations::Record => entry.counter.grant(take.policy, now, cost, priority),
-        Reservations::Skip => entry.counter.grant_final(take.policy, now, cost, priority),
-    };
+    let grant = entry
+        .counter
+        .grant(take.policy, now, cost, priority, refundable);
     entry.idle_at = entry.counter.idle_at(take.policy);
     CounterOutcome::Granted(grant)
 }
@@ -724,7 +644,7 @@ impl MemoryStore {
         room: Room,
     ) -> Result<usize> {
         // Every counter is made here: a key is checked once, before its counter exists, and an
-        // equal key found later is as valid (`Store::acquire_one_final_now`).
+        // equal key found later is as valid.
         if let Some(key) = counter.key
             && let Err(reason) = check_key(key)
         {
@@ -830,19 +750,20 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    pub(crate) fn acquire_now(
+    /// The decision on every take: all granted or none, under the locks of their shards.
+    fn acquire_now(
         &self,
         takes: &[Take<'_>],
         cost: u64,
         priority: Priority,
-        reservations: Reservations,
+        refundable: bool,
     ) -> Result<Decision> {
-        match self.acquire_locked(takes, cost, priority, reservations) {
+        match self.acquire_locked(takes, cost, priority, refundable) {
             Err(Error::TooManyKeys { .. }) => {
                 // The key's own shard had no idle counter to give up; look in all of them, with
                 // no lock held (taking more locks while holding some could deadlock), once.
                 self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
-                self.acquire_locked(takes, cost, priority, reservations)
+                self.acquire_locked(takes, cost, priority, refundable)
             }
             other => other,
         }
@@ -853,7 +774,7 @@ impl MemoryStore {
         takes: &[Take<'_>],
         cost: u64,
         priority: Priority,
-        reservations: Reservations,
+        refundable: bool,
     ) -> Result<Decision> {
         if takes.len() > COUNTERS_PER_REQUEST_MAX {
             return Err(Error::invalid(
@@ -861,12 +782,6 @@ impl MemoryStore {
                 format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
             ));
         }
-        if let [take] = takes {
-            return self.acquire_one_locked(*take, cost, priority, reservations);
-        }
-        // Every temporary holds a whole request inline (it was checked against the maximum
-        // above), in arrays filled by index: a chain of three limits would otherwise allocate,
-        // or grow a vector one checked push at a time.
         let count = takes.len();
         let mut located = [Located { shard: 0, hash: 0 }; COUNTERS_PER_REQUEST_MAX];
         for (slot, take) in located.iter_mut().zip(takes) {
@@ -889,141 +804,88 @@ impl MemoryStore {
             guard_of_take[position] = guards.len() - 1;
         }
         let now = self.clock.now_us();
+        let asked = Asked {
+            now,
+            cost,
+            priority,
+        };
+        // At the cap, a request over several counters must not sweep a shard it holds: its
+        // own new counters are idle until granted.
+        let room = if count == 1 { Room::Sweep } else { Room::Keep };
 
         let mut outcomes: SmallVec<[CounterOutcome; 3]> = SmallVec::with_capacity(count);
         let mut all_allowed = true;
         let mut index_of_take = [0usize; COUNTERS_PER_REQUEST_MAX];
+        let mut pauses = [0u64; COUNTERS_PER_REQUEST_MAX];
         for (position, take) in takes.iter().enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+            pauses[position] = limit_pause_until;
             let shard = &mut guards[guard_of_take[position]];
             let hash = located[position].hash;
-            let index = self.entry_index(shard, take.counter, hash, now, Room::Keep)?;
+            let index = self.entry_index(shard, take.counter, hash, now, room)?;
             index_of_take[position] = index;
             let entry = &mut shard.counters[index];
-            // When this is the last counter and every one allows the request, it is granted
-            // next, and the grant reports what remains: do not work it out twice.
-            let granted_next = all_allowed && position + 1 == takes.len();
-            let outcome = check_entry(
-                entry,
-                *take,
-                Asked {
-                    now,
-                    cost,
-                    priority,
-                },
-                limit_pause_until,
-                granted_next,
-            )?;
+            // The last counter, when every one allows the request, is granted next, and the
+            // grant reports what remains.
+            let granted_next = all_allowed && position + 1 == count;
+            let outcome = check_entry(entry, *take, asked, limit_pause_until, granted_next)?;
             let outcome = self.labelled(*take, &entry.counter, now, outcome);
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
-        if all_allowed {
-            for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
-                let shard = &mut guards[guard_of_take[position]];
-                let index = index_of_take[position];
-                // The index the check found still holds its counter: under `Room::Keep` a new
-                // counter is appended and nothing is swept or moved while the locks are held.
-                debug_assert!(
-                    shard
-                        .counters
-                        .get_index(index)
-                        .is_some_and(|(owned, _)| take.counter.equivalent(owned)),
-                    "a counter moved between its check and its grant"
-                );
-                let asked = Asked {
-                    now,
-                    cost,
-                    priority,
-                };
-                *outcome = grant_entry(&mut shard.counters[index], *take, asked, reservations);
+        for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
+            let shard = &mut guards[guard_of_take[position]];
+            // The index the check found still holds its counter: nothing is swept or moved
+            // while the locks are held (a sweep at the cap runs before its own insertion).
+            let entry = &mut shard.counters[index_of_take[position]];
+            if all_allowed {
+                *outcome = grant_entry(entry, *take, asked, refundable);
+            }
+            if count == 1 {
+                entry.publish(take.policy, now, pauses[position]);
             }
         }
         for guard in guards.iter_mut() {
             self.sweep_after(guard, now);
         }
-        Ok(Decision {
-            now_us: now,
-            outcomes,
-        })
+        Ok(Decision::new(now, outcomes))
     }
 
-    /// `acquire_locked` for one counter: one shard, nothing to order or search twice.
-    fn acquire_one_locked(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-        reservations: Reservations,
-    ) -> Result<Decision> {
-        let (now, outcome) =
-            self.decide_one_locked(take, cost, priority, reservations, Numbered::Yes)?;
-        let mut outcomes = SmallVec::new();
-        outcomes.push(outcome);
-        Ok(Decision {
-            now_us: now,
-            outcomes,
-        })
-    }
-
-    /// One counter's decision and the store's `now`, under its shard's lock.
-    fn decide_one_locked(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-        reservations: Reservations,
-        numbered: Numbered,
-    ) -> Result<(u64, CounterOutcome)> {
+    /// A word through which a `LimitHandle` decides on `take`'s counter without the shard's
+    /// lock (`HotCounter`), for a GCRA limit; the counter is made if it is not tracked yet, and
+    /// kept for as long as a handle holds its word. `None`: the handle asks the store.
+    pub(crate) fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
+        if !take.policy.is_gcra() {
+            return None;
+        }
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
+        // At the key cap there is no counter to hold: the handle asks the store every time,
+        // which answers why.
+        let entry = self
+            .entry(&mut shard, take.counter, located.hash, now)
+            .ok()?;
+        // A word made for another policy's interval stays seized for good (its handles are no
+        // longer in force); handles under this policy get a word of their own.
+        if !entry
+            .hot
+            .as_ref()
+            .is_some_and(|hot| hot.serves(take.policy))
+        {
+            let hot = HotCounter::new(
+                self.clock.clone(),
+                Arc::clone(&self.limit_pauses_end),
+                take.policy,
+            )?;
+            entry.hot = Some(Arc::new(hot));
+        }
+        let hot = Arc::clone(entry.hot.as_ref()?);
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-        let index = self.entry_index(&mut shard, take.counter, located.hash, now, Room::Sweep)?;
-        let entry = &mut shard.counters[index];
-        let unnumbered = (numbered == Numbered::No && limit_pause_until <= now)
-            .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
-            .flatten();
-        let outcome = if let Some(step) = unnumbered {
-            CounterOutcome::Granted(Grant {
-                seq: 0,
-                remaining: step.remaining,
-                reset_after_us: step.reset_after_us,
-                lease_expires_at: None,
-            })
-        } else if reservations == Reservations::Skip && limit_pause_until <= now {
-            // The common case, with no limit-wide pause to merge in: the core's one-pass
-            // decision, which counts the units in use once.
-            let verdict = entry
-                .counter
-                .decide_final(take.policy, now, cost, priority)
-                .map_err(cost_error(take))?;
-            match verdict {
-                Verdict::Granted(grant) => {
-                    entry.idle_at = entry.counter.idle_at(take.policy);
-                    CounterOutcome::Granted(grant)
-                }
-                Verdict::Denied(denial) => {
-                    self.labelled(take, &entry.counter, now, CounterOutcome::Denied(denial))
-                }
-            }
-        } else {
-            let asked = Asked {
-                now,
-                cost,
-                priority,
-            };
-            let outcome = check_entry(entry, take, asked, limit_pause_until, true)?;
-            let outcome = self.labelled(take, &entry.counter, now, outcome);
-            if matches!(outcome, CounterOutcome::Allowed { .. }) {
-                grant_entry(entry, take, asked, reservations)
-            } else {
-                outcome
-            }
-        };
         entry.publish(take.policy, now, limit_pause_until);
+        // A new counter owes a sweep like any other; the word held now keeps it.
         self.sweep_after(&mut shard, now);
-        Ok((now, outcome))
+        Some(hot)
     }
 
     fn with_existing<T>(
@@ -1094,120 +956,9 @@ impl Store for MemoryStore {
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(takes, cost, priority, Reservations::Record))
-    }
-
-    fn acquire_final<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-    ) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(takes, cost, priority, Reservations::Skip))
-    }
-
-    fn acquire_one_final_now(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<Result<CounterOutcome>> {
-        let decide =
-            || self.decide_one_locked(take, cost, priority, Reservations::Skip, Numbered::No);
-        let decided = match decide() {
-            Err(Error::TooManyKeys { .. }) => {
-                // As in `acquire_now`: look for idle counters in every shard, with no lock held.
-                self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
-                decide()
-            }
-            other => other,
-        };
-        Some(decided.map(|(_, outcome)| outcome))
-    }
-
-    fn answers_at_once(&self) -> bool {
-        true
-    }
-
-    /// `decide_one_locked`'s grant for a final decision (`Numbered::No`, `Reservations::Skip`)
-    /// on a counter the shard has, taken the same way and leaving the same state, when it is
-    /// that simple: no limit-wide pause anywhere, a backlog alone or a window with room. `None`
-    /// has counted nothing. Nothing is made, so no key is checked and no sweep is owed. A
-    /// counter not tracked yet is looked up twice (here, then the general way): once per key
-    /// and idle period, where a grant here saves the general way's checks on every other.
-    fn grant_tracked_final_now(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<FinalGrant> {
-        // A policy that never grants in few steps would pay for the lookup twice.
-        if !take.policy.grants_in_few_steps() {
-            return None;
-        }
-        let located = self.locate(take.counter);
-        let mut shard = lock(&self.shards[located.shard]);
-        let now = self.clock.now_us();
-        if self.limit_pauses_end.load(Ordering::Acquire) > now {
-            return None;
-        }
-        let index = shard.find(take.counter, located.hash)?;
-        let entry = &mut shard.counters[index];
-        entry.seize();
-        // A backlog without room is refused by both ways below, and the second counts nothing.
-        let granted =
-            if let Some(step) = entry.grant_backlog_alone(take.policy, now, cost, priority) {
-                FinalGrant {
-                    remaining: step.remaining,
-                    reset_after_us: step.reset_after_us,
-                }
-            } else {
-                let grant = entry
-                    .counter
-                    .grant_final_alone(take.policy, now, cost, priority)?;
-                entry.idle_at = entry.counter.idle_at(take.policy);
-                FinalGrant {
-                    remaining: grant.remaining,
-                    reset_after_us: grant.reset_after_us,
-                }
-            };
-        entry.publish(take.policy, now, 0);
-        Some(granted)
-    }
-
-    fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
-        if !take.policy.is_gcra() {
-            return None;
-        }
-        let located = self.locate(take.counter);
-        let mut shard = lock(&self.shards[located.shard]);
-        let now = self.clock.now_us();
-        // At the key cap (or for a key that is not valid) there is no counter to hold: the
-        // handle asks the store every time, which answers why.
-        let entry = self
-            .entry(&mut shard, take.counter, located.hash, now)
-            .ok()?;
-        // A word made for another policy's interval stays seized for good (its handles are no
-        // longer in force); handles under this policy get a word of their own.
-        if !entry
-            .hot
-            .as_ref()
-            .is_some_and(|hot| hot.serves(take.policy))
-        {
-            let hot = HotCounter::new(
-                self.clock.clone(),
-                Arc::clone(&self.limit_pauses_end),
-                take.policy,
-            )?;
-            entry.hot = Some(Arc::new(hot));
-        }
-        let hot = Arc::clone(entry.hot.as_ref()?);
-        let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-        entry.publish(take.policy, now, limit_pause_until);
-        // A new key's counter owes a sweep like any other; the word held now keeps it.
-        self.sweep_after(&mut shard, now);
-        Some(hot)
+        StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -1257,36 +1008,5 @@ impl Store for MemoryStore {
 
     fn on_wake(&self, wake: WakeFn) {
         lock(&self.wake.0).push(wake);
-    }
-
-    fn tracked_keys(&self) -> Option<u64> {
-        Some(self.len() as u64)
-    }
-}
-
-#[cfg(all(test, not(tollgate_loom)))]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::same_bytes;
-
-    proptest! {
-        /// Against plain slice equality, on lengths around every bound of the word compares,
-        /// and on copies that differ in one byte anywhere.
-        #[test]
-        fn same_bytes_is_slice_equality(
-            a in proptest::collection::vec(any::<u8>(), 0..40),
-            other in proptest::collection::vec(any::<u8>(), 0..40),
-            flip in any::<prop::sample::Index>(),
-            xor in 1..=255u8,
-        ) {
-            prop_assert!(same_bytes(&a, &a.clone()));
-            prop_assert_eq!(same_bytes(&a, &other), a == other);
-            if !a.is_empty() {
-                let mut changed = a.clone();
-                changed[flip.index(a.len())] ^= xor;
-                prop_assert!(!same_bytes(&a, &changed));
-            }
-        }
     }
 }

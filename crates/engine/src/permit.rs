@@ -18,94 +18,11 @@ use crate::error::{Error, Result};
 pub const PERMIT_ID_CHARS_MAX: usize = 4096;
 const FORMAT_VERSION: u8 = 1;
 
-/// Bytes of a limit name or key a permit keeps inline; longer ones go to the heap.
-const TEXT_BYTES_INLINE: usize = 24;
-
-/// A limit name or key held by a permit. Most are short and kept inline, so granting neither
-/// allocates nor increments a reference count that every thread deciding on the limit shares.
-#[derive(Clone)]
-pub(crate) enum Text {
-    /// The text, then zeros: reading it back checks whole words of the buffer rather than
-    /// its bytes one by one (most names and keys fit the first 16).
-    Inline {
-        bytes: InlineBytes,
-        len: u8,
-    },
-    Heap(Box<str>),
-}
-
-#[derive(Clone, Copy)]
-#[repr(C, align(8))]
-pub(crate) struct InlineBytes([u8; TEXT_BYTES_INLINE]);
-
-impl Text {
-    pub(crate) fn new(text: &str) -> Text {
-        if text.len() > TEXT_BYTES_INLINE {
-            return Text::Heap(text.into());
-        }
-        let mut bytes = InlineBytes([0; TEXT_BYTES_INLINE]);
-        bytes.0[..text.len()].copy_from_slice(text.as_bytes());
-        Text::Inline {
-            bytes,
-            // At most TEXT_BYTES_INLINE: fits.
-            len: text.len() as u8,
-        }
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        match self {
-            Text::Inline { bytes, len } => {
-                let len = usize::from(*len);
-                // The zeros after the text are valid UTF-8, and the text ends on a character
-                // boundary (it was a `str`): checking a prefix of whole words is checking it.
-                let checked = if len <= 16 {
-                    &bytes.0[..16]
-                } else {
-                    &bytes.0[..]
-                };
-                std::str::from_utf8(checked)
-                    .ok()
-                    .and_then(|all| all.get(..len))
-                    .expect("copied from a str")
-            }
-            Text::Heap(text) => text,
-        }
-    }
-}
-
-impl PartialEq for Text {
-    fn eq(&self, other: &Text) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for Text {}
-
-impl std::ops::Deref for Text {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl From<&str> for Text {
-    fn from(text: &str) -> Text {
-        Text::new(text)
-    }
-}
-
-impl fmt::Debug for Text {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
 /// One limit's part of a grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
-    pub(crate) limit: Text,
-    pub(crate) key: Option<Text>,
+    pub(crate) limit: Box<str>,
+    pub(crate) key: Option<Box<str>>,
     pub(crate) seq: u64,
     pub(crate) lease: bool,
 }
@@ -326,27 +243,6 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn text_reads_back_what_it_was_given_inline_or_not() {
-        // Lengths on both sides of the 16-byte check and of the inline room, with characters
-        // of one to four bytes ending exactly at, and straddling, those edges.
-        for piece in ["a", "é", "€", "𝄞", "\0"] {
-            for repeat in 0..=30 {
-                let text = piece.repeat(repeat);
-                for text in [text.clone(), format!("{text}x"), format!("x{text}")] {
-                    let held = Text::new(&text);
-                    assert_eq!(held.as_str(), text);
-                    assert_eq!(
-                        matches!(held, Text::Inline { .. }),
-                        text.len() <= TEXT_BYTES_INLINE
-                    );
-                    assert_eq!(held, Text::new(&text));
-                }
-            }
-        }
-        assert_ne!(Text::new("a"), Text::new("a\0"));
-    }
 
     fn sample() -> Vec<Part> {
         vec![

@@ -3,6 +3,7 @@
 //! The engine knows nothing of how a store keeps its counters; stores know nothing of waiting,
 //! priorities across requests, or permits as guards.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +13,6 @@ use smallvec::SmallVec;
 use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
 
 use crate::error::Result;
-use crate::hot::HotCounter;
 
 /// One counter: a limit, and the key for limits counted `per` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,9 +24,7 @@ pub struct CounterId<'a> {
 impl CounterId<'_> {
     /// Hash limit and key as bytes, after one word that holds both lengths (and whether there
     /// is a key), so that ("ab", "c") and ("a", "bc") differ. Stores that keep the id as bytes
-    /// hash those the same way, without decoding. A hasher mixes its state on every `write`,
-    /// and a word is the cheapest write: three writes at most, where separators after each
-    /// part took four.
+    /// hash those the same way, without decoding.
     pub(crate) fn hash_bytes<H: std::hash::Hasher>(
         limit: &[u8],
         key: Option<&[u8]>,
@@ -54,15 +52,6 @@ pub struct Take<'a> {
     pub policy: &'a Policy,
 }
 
-/// A final grant's numbers (`Store::grant_tracked_final_now`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FinalGrant {
-    /// Units still open to the request's priority.
-    pub remaining: u64,
-    /// Time until everything counted now stops counting.
-    pub reset_after_us: u64,
-}
-
 /// What a store answers for one counter of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CounterOutcome {
@@ -80,12 +69,23 @@ pub enum CounterOutcome {
 pub struct Decision {
     /// The store's clock at the decision, in microseconds.
     pub now_us: u64,
-    /// One outcome per counter, in the request's order. Room inline for seed 002's chain of
-    /// three (user concurrency, user frequency, endpoint), which would otherwise allocate.
-    pub outcomes: SmallVec<[CounterOutcome; 3]>,
+    /// Inline for a chain of three limits (user concurrency, user frequency, endpoint).
+    outcomes: SmallVec<[CounterOutcome; 3]>,
 }
 
 impl Decision {
+    /// The answer at `now_us`: one outcome per counter, in the request's order.
+    pub fn new(now_us: u64, outcomes: impl IntoIterator<Item = CounterOutcome>) -> Decision {
+        Decision {
+            now_us,
+            outcomes: outcomes.into_iter().collect(),
+        }
+    }
+
+    pub fn outcomes(&self) -> &[CounterOutcome] {
+        &self.outcomes
+    }
+
     pub fn is_granted(&self) -> bool {
         self.outcomes
             .iter()
@@ -166,79 +166,20 @@ impl<T> Future for StoreFuture<'_, T> {
 /// Called with a counter on which capacity came back.
 pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
-/// Where counters live. Every method is one atomic step on the store's side.
-pub trait Store: Send + Sync + fmt::Debug {
-    /// Check every take, and grant `cost` on all of them only if all allow it.
+/// Where counters live. Every method is one atomic step on the store's side, on the store's
+/// clock. A store written anywhere implements all of it and can prove itself with
+/// `conformance_tests!`.
+pub trait Store: Any + Send + Sync + fmt::Debug {
+    /// Check every take, and grant `cost` on all of them only if all allow it. `refundable`:
+    /// record the rate reservations, so that `commit` can refund what was not used; a request
+    /// that will never be committed for a refund says `false`, and its units count the same.
     fn acquire<'a>(
         &'a self,
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision>;
-
-    /// `acquire` for a request whose permit will never be committed for a refund: a store may
-    /// skip recording the rate reservations (`Counter::grant_final`), which keeps counters
-    /// smaller and decisions cheaper. Units count exactly as with `acquire`; leases are leases.
-    /// The default records them anyway, which is always safe.
-    fn acquire_final<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-    ) -> StoreFuture<'a, Decision> {
-        self.acquire(takes, cost, priority)
-    }
-
-    /// `acquire_final` of one counter, answered now, without building a `Decision`: the decision
-    /// behind `Limiter::check` on a store that answers at once. `None` (the default) says this
-    /// store cannot, and the limiter takes the general way.
-    ///
-    /// The key has not been checked (`limits::check_key`): a store that implements this must
-    /// refuse an invalid key with `Error::invalid("key", reason)` before it makes a counter for
-    /// it. A counter it already tracks was made for a valid key, and an equal key is as valid,
-    /// so a decision on one needs no check.
-    fn acquire_one_final_now(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<Result<CounterOutcome>> {
-        let _ = (take, cost, priority);
-        None
-    }
-
-    /// `acquire_one_final_now` when it grants at once on a counter this store tracks already
-    /// and decides alone (no pause, no reservation, room for `cost`), with nothing built but
-    /// the grant's numbers: the hot path of `LimitHandle::check_now` on a keyed rate limit.
-    /// `None` (the default, and whenever anything else is in play) counts nothing, and the
-    /// limiter takes the general way, which decides and explains. A grant here leaves the
-    /// counter as that way's grant would. `take`'s key is given and `cost` is valid.
-    fn grant_tracked_final_now(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<FinalGrant> {
-        let _ = (take, cost, priority);
-        None
-    }
-
-    /// A word through which a handle decides on `take`'s counter by itself, without the
-    /// store's lock (`HotCounter`), when the counter allows it: offered by the memory store
-    /// for a GCRA limit's counter, unkeyed (`LimitHandle`) or one key's (`KeyHandle`), made if
-    /// it is not tracked yet, and kept for as long as a handle holds its word. `None` (the
-    /// default): the handle asks the store every time.
-    fn hot_counter(&self, take: Take<'_>) -> Option<std::sync::Arc<HotCounter>> {
-        let _ = take;
-        None
-    }
-
-    /// Whether every future this store returns is `StoreFuture::Ready` (an in-process store).
-    /// The limiter then decides without building a future around the store's answer and
-    /// without cloning the policies it decides under.
-    fn answers_at_once(&self) -> bool {
-        false
-    }
 
     /// Commit a reservation (refund `cost - used`) or release a lease.
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed>;
@@ -263,10 +204,5 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// for an in-process one.
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::ready(Ok(()))
-    }
-
-    /// How many counters the store tracks now, if it can tell cheaply.
-    fn tracked_keys(&self) -> Option<u64> {
-        None
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Check, CounterId, DenialReason, Error, KeyHandle, Limit, LimitHandle, Limiter,
+    Algorithm, Check, CounterId, DenyReason, Error, Limit, LimitHandle, Limiter,
     LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy,
     Priority, Request, Reserve, Store, Take,
 };
@@ -81,7 +81,7 @@ fn check_counts_units_and_says_when_to_come_back() {
     let Check::Denied(denied) = now(limiter.check(&request)).expect("ok") else {
         panic!("the third is over the limit");
     };
-    assert_eq!(denied.reason, DenialReason::Capacity);
+    assert_eq!(denied.reason, DenyReason::Capacity);
     assert_eq!(denied.retry_after, Duration::from_millis(700));
     assert_eq!(denied.limits[0].name, "vendor");
     assert_eq!(denied.limits[0].remaining, 0);
@@ -176,7 +176,7 @@ fn check_stops_at_a_pause() {
     let Check::Denied(denied) = now(limiter.check(&request)).expect("ok") else {
         panic!("paused");
     };
-    assert_eq!(denied.reason, DenialReason::Paused);
+    assert_eq!(denied.reason, DenyReason::Paused);
     assert_eq!(denied.retry_after, Duration::from_millis(200));
     clock.advance_us(200_000);
     assert!(now(limiter.check(&request)).expect("ok").is_allowed());
@@ -184,7 +184,7 @@ fn check_stops_at_a_pause() {
     let Check::Denied(denied) = now(limiter.check(&request)).expect("ok") else {
         panic!("the key is paused");
     };
-    assert_eq!(denied.reason, DenialReason::Paused);
+    assert_eq!(denied.reason, DenyReason::Paused);
     assert_eq!(denied.retry_after, Duration::from_millis(50));
     assert!(
         now(limiter.check(&Request::new("api").key("bob")))
@@ -221,7 +221,7 @@ async fn check_queues_behind_waiters_and_can_wait_itself() {
     let Check::Denied(denied) = limiter.check(&Request::new("vendor")).await.expect("ok") else {
         panic!("someone waits ahead");
     };
-    assert_eq!(denied.reason, DenialReason::Queued);
+    assert_eq!(denied.reason, DenyReason::Queued);
     assert!(
         waiting.await.expect("joined"),
         "the waiter got the next unit"
@@ -268,25 +268,25 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     add(&limiter, "api", one, Some("user"));
     let handle = limiter.handle("api").expect("a limit in force");
     assert_eq!(handle.name(), "api");
-    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
-    assert!(!now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(!now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
     assert!(
         !now(limiter.check(&Request::new("api").key("ada")))
             .expect("ok")
             .is_allowed()
     );
     assert!(matches!(
-        now(handle.check(None)),
+        now(handle.check(None, 1, Priority::Normal)),
         Err(Error::InvalidRequest { field: "key", .. })
     ));
     assert!(matches!(
-        now(handle.check_with(Some("ada"), 0, Priority::Normal)),
+        now(handle.check(Some("ada"), 0, Priority::Normal)),
         Err(Error::InvalidRequest { field: "cost", .. })
     ));
     // Another limit changing leaves this one as it was, and the handle as it was.
     add(&limiter, "other", one, None);
-    assert!(!now(handle.check(Some("ada"))).expect("ok").is_allowed());
-    assert!(now(handle.check(Some("bob"))).expect("ok").is_allowed());
+    assert!(!now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(now(handle.check(Some("bob"), 1, Priority::Normal)).expect("ok").is_allowed());
     // The same, decided on the spot: the memory store needs no waiting.
     assert!(matches!(
         handle.check_now(Some("cy"), 1, Priority::Normal),
@@ -295,15 +295,15 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     // A new policy applies to the handle made before it; what was granted stays counted.
     let three = rate(3, SECOND_US, Algorithm::Fixed, Reserve::default());
     add(&limiter, "api", three, Some("user"));
-    // The limit changed under the handle: not decided on the spot, but the way `check` goes.
-    assert!(handle.check_now(Some("ada"), 1, Priority::Normal).is_none());
-    let Check::Allowed(statuses) = now(handle.check(Some("ada"))).expect("ok") else {
+    // The limit changed under the handle: decided by the limit in force, found by name.
+    let Some(Ok(Check::Allowed(statuses))) = handle.check_now(Some("ada"), 1, Priority::Normal)
+    else {
         panic!("room under the new policy");
     };
     assert_eq!(statuses[0].remaining, 1);
     assert!(limiter.remove_limit("api"));
     assert!(matches!(
-        now(handle.check(Some("ada"))),
+        now(handle.check(Some("ada"), 1, Priority::Normal)),
         Err(Error::UnknownLimit { name }) if name == "api"
     ));
     assert!(matches!(
@@ -332,17 +332,17 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
 
     let handle = limiter.handle("vendor").expect("a limit in force");
     for _ in 0..5 {
-        assert!(now(handle.check(None)).expect("ok").is_allowed());
+        assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     }
-    assert!(!now(handle.check(None)).expect("ok").is_allowed());
+    assert!(!now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     clock.advance_us(150_000);
     // The store's own way sees the handle's grants: room for one.
     assert!(now(limiter.check(&request)).expect("ok").is_allowed());
     assert!(!now(limiter.check(&request)).expect("ok").is_allowed());
     // Two more by the handle alone, then it goes; the store last decided 300 ms before.
     clock.advance_us(300_000);
-    assert!(now(handle.check(None)).expect("ok").is_allowed());
-    assert!(now(handle.check(None)).expect("ok").is_allowed());
+    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     drop(handle);
     clock.advance_us(250_000);
     store.sweep(1_000);
@@ -359,7 +359,7 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
     assert_eq!(store.len(), 1, "kept while a handle holds it");
-    assert_eq!(remaining(now(handle.check(None)).expect("ok")), Some(4));
+    assert_eq!(remaining(now(handle.check(None, 1, Priority::Normal)).expect("ok")), Some(4));
     drop(handle);
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
@@ -385,7 +385,7 @@ fn a_keyed_handle_s_grants_keep_their_counter_through_sweeps() {
         add(&limiter, "user-freq", policy, Some("user"));
         let handle = limiter.handle("user-freq").expect("a limit in force");
         let allowed = |handle: &LimitHandle| {
-            now(handle.check(Some("ada")))
+            now(handle.check(Some("ada"), 1, Priority::Normal))
                 .expect("a valid check")
                 .is_allowed()
         };
@@ -415,103 +415,6 @@ fn a_keyed_handle_s_grants_keep_their_counter_through_sweeps() {
 /// go on deciding on a counter the store had forgotten, and a fresh one would open the limit
 /// again), and gives it back once the handle is dropped. A limit-wide pause stops it at once,
 /// though nothing seizes its word; a pause of its own key too.
-#[test]
-fn a_key_handle_keeps_its_counter_while_held_and_stops_at_pauses() {
-    let clock = Arc::new(ManualClock::new(SECOND_US));
-    let store = memory_store(clock.clone(), 100);
-    let limiter = limiter_over(store.clone());
-    // One unit every 100 ms, two at once.
-    add(&limiter, "user-freq", gcra_per_second(10, 2), Some("user"));
-    let handle = limiter.handle("user-freq").expect("a limit in force");
-    let ada = handle.for_key(Arc::from("ada"));
-    assert_eq!(ada.key(), "ada");
-    assert!(ada.is_for(&handle));
-    assert_eq!(store.len(), 1, "the key's counter is made with its handle");
-    let allowed = |ada: &KeyHandle| {
-        now(ada.check_with(1, Priority::Normal))
-            .expect("a valid check")
-            .is_allowed()
-    };
-    // A fresh counter has no backlog to publish: the first grant is the store's, which
-    // publishes the word for the next.
-    assert!(allowed(&ada));
-    assert!(ada.take_now(1, Priority::Normal), "on the word");
-    assert!(
-        !ada.take_now(1, Priority::Normal),
-        "two at once: nothing taken"
-    );
-    assert!(!allowed(&ada), "two at once");
-    // The store's way sees the handle's grants, and the handle sees the store's.
-    clock.advance_us(100_000);
-    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
-    assert!(!allowed(&ada));
-
-    // Idle, but held: kept, and the next grant is counted on the same counter.
-    clock.advance_us(10 * SECOND_US);
-    store.sweep(1_000);
-    assert_eq!(store.len(), 1, "kept while a key handle holds its word");
-    assert!(allowed(&ada));
-    assert!(allowed(&ada));
-    assert!(
-        !now(handle.check(Some("ada"))).expect("ok").is_allowed(),
-        "one counter for the key: both units are spent"
-    );
-
-    // A pause of the whole limit, then one of the key alone.
-    clock.advance_us(SECOND_US);
-    now(limiter.pause("user-freq", None, Duration::from_millis(50))).expect("paused");
-    let Check::Denied(denied) = now(ada.check_with(1, Priority::Normal)).expect("ok") else {
-        panic!("a limit-wide pause stops a key handle");
-    };
-    assert_eq!(denied.reason, DenialReason::Paused);
-    clock.advance_us(60_000);
-    assert!(allowed(&ada), "the pause is over");
-    now(limiter.pause("user-freq", Some("ada"), Duration::from_millis(50))).expect("paused");
-    assert!(!allowed(&ada), "the key's own pause");
-    clock.advance_us(60_000);
-    assert!(allowed(&ada));
-
-    // Dropped with its handle: forgotten once idle.
-    drop(ada);
-    clock.advance_us(10 * SECOND_US);
-    store.sweep(1_000);
-    assert_eq!(store.len(), 0, "dropped once idle and held by none");
-
-    // No word where the store offers none: the handle's decisions, counted as always.
-    add(
-        &limiter,
-        "user-fixed",
-        rate(1, SECOND_US, Algorithm::Fixed, Reserve::default()),
-        Some("user"),
-    );
-    let fixed = limiter.handle("user-fixed").expect("a limit in force");
-    assert!(!fixed.key_handles_decide());
-    assert!(handle.key_handles_decide());
-    let bob = fixed.for_key(Arc::from("bob"));
-    assert!(!bob.take_now(1, Priority::Normal), "no word to take on");
-    assert!(allowed(&bob));
-    assert!(!allowed(&bob));
-    assert!(!bob.is_for(&handle));
-    assert!(matches!(
-        now(handle
-            .for_key(Arc::from("bad\nkey"))
-            .check_with(1, Priority::Normal)),
-        Err(Error::InvalidRequest { field: "key", .. })
-    ));
-    // On an unkeyed limit the key means nothing, but a malformed one is refused, as by the
-    // limit's own handle, and never taken on its word.
-    add(&limiter, "vendor", gcra_per_second(10, 2), None);
-    let vendor = limiter.handle("vendor").expect("a limit in force");
-    // The first grant is the store's, which publishes the limit's word.
-    assert!(now(vendor.check(None)).expect("ok").is_allowed());
-    let malformed = vendor.for_key(Arc::from("bad\nkey"));
-    assert!(!malformed.take_now(1, Priority::Normal));
-    assert!(matches!(
-        now(malformed.check_with(1, Priority::Normal)),
-        Err(Error::InvalidRequest { field: "key", .. })
-    ));
-}
-
 /// New keys pay for sweeping out old ones: a stream of users, each seen once, keeps the store
 /// near the users seen within one period, with no `sweep` from outside. (A store that only
 /// swept on a timer, or examined fewer counters than it took in, would grow with the stream.)
@@ -528,9 +431,9 @@ fn a_stream_of_new_keys_keeps_the_store_near_its_live_keys() {
     for user in 0..30_000u32 {
         clock.advance_us(1_000);
         let key = format!("user-{user}");
-        assert!(now(handle.check(Some(&key))).expect("ok").is_allowed());
+        assert!(now(handle.check(Some(&key), 1, Priority::Normal)).expect("ok").is_allowed());
         // A repeat visit finds its counter and examines nothing; it must not break the bound.
-        assert!(now(handle.check(Some(&key))).expect("ok").is_allowed());
+        assert!(now(handle.check(Some(&key), 1, Priority::Normal)).expect("ok").is_allowed());
         largest = largest.max(store.len());
     }
     // Live: the thousand users of the current window (a counter lives to its window's end).
@@ -554,7 +457,7 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
     add(&limiter, "vendor", fast, None);
     let before = limiter.handle("vendor").expect("a limit in force");
     for _ in 0..10 {
-        assert!(now(before.check(None)).expect("ok").is_allowed());
+        assert!(now(before.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     }
     add(&limiter, "vendor", slow, None);
     let after = limiter.handle("vendor").expect("a limit in force");
@@ -566,9 +469,9 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
         },
         policy: &fast,
     }];
-    let straggler = now(store.acquire_final(&takes, 1, Priority::Normal)).expect("answers");
+    let straggler = now(store.acquire(&takes, 1, Priority::Normal, false)).expect("answers");
     assert!(!straggler.is_granted());
-    assert!(!now(after.check(None)).expect("ok").is_allowed());
+    assert!(!now(after.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     assert!(
         !now(limiter.check(&Request::new("vendor")))
             .expect("ok")
@@ -582,19 +485,19 @@ fn a_hot_handle_refuses_bad_input_with_the_field_named() {
     let limiter = limiter_on(Arc::new(ManualClock::new(SECOND_US)), 100);
     add(&limiter, "vendor", gcra_per_second(10, 5), None);
     let handle = limiter.handle("vendor").expect("a limit in force");
-    assert!(now(handle.check(None)).expect("ok").is_allowed());
+    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
     for cost in [0, 6, u64::MAX] {
         assert!(matches!(
-            now(handle.check_with(None, cost, Priority::Normal)),
+            now(handle.check(None, cost, Priority::Normal)),
             Err(Error::InvalidRequest { field: "cost", .. } | Error::Cost { .. })
         ));
     }
     // A key means nothing to an unkeyed limit, as on every path, but a malformed one is refused.
-    assert!(now(handle.check(Some("ada"))).expect("ok").is_allowed());
+    assert!(now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
     let oversized = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
     for key in ["bad\nkey", oversized.as_str()] {
         assert!(matches!(
-            now(handle.check(Some(key))),
+            now(handle.check(Some(key), 1, Priority::Normal)),
             Err(Error::InvalidRequest { field: "key", .. })
         ));
     }
@@ -622,7 +525,7 @@ fn a_per_key_check_refuses_every_malformed_key_and_tracks_none_of_them() {
         oversized.as_str(),
     ];
     for key in bad {
-        let by_handle = now(handle.check(Some(key)));
+        let by_handle = now(handle.check(Some(key), 1, Priority::Normal));
         let Err(Error::InvalidRequest {
             field: "key",
             reason,
@@ -647,12 +550,12 @@ fn a_per_key_check_refuses_every_malformed_key_and_tracks_none_of_them() {
         longest.as_str(),
     ] {
         assert!(
-            now(handle.check(Some(key))).expect("ok").is_allowed(),
+            now(handle.check(Some(key), 1, Priority::Normal)).expect("ok").is_allowed(),
             "{key:?}"
         );
         // Found now: decided without a check, and as allowed.
         assert!(
-            now(handle.check(Some(key))).expect("ok").is_allowed(),
+            now(handle.check(Some(key), 1, Priority::Normal)).expect("ok").is_allowed(),
             "{key:?}"
         );
     }
@@ -720,12 +623,11 @@ fn outcome_text(outcome: &tollgate::Result<Outcome>) -> String {
 
 proptest! {
     /// The same steps on four limiters with clocks in step: one asks by `check`, one by
-    /// `try_acquire(refundable(false))`, one by a `LimitHandle`, the last by a `KeyHandle` per
-    /// user. Every answer must match, field by field. The limit is counted per key or not: an
-    /// unkeyed GCRA handle, and a keyed GCRA limit's key handles, decide on hot words, so
-    /// refundable grants, commits, pauses (of a key or of the whole limit) and requests over
-    /// two limits between their decisions take the counters back and forth between them and
-    /// the store.
+    /// `try_acquire(refundable(false))`, one by a `LimitHandle`'s `check`, the last by another
+    /// handle's `check_now`. Every answer must match, field by field. The limit is counted per
+    /// key or not: an unkeyed GCRA handle decides on the counter's hot word, so refundable
+    /// grants, commits, pauses (of a key or of the whole limit) and requests over two limits
+    /// between its decisions take the counter back and forth between it and the store.
     #[test]
     fn check_decides_as_a_final_acquire(
         algorithm in algorithm(),
@@ -749,17 +651,13 @@ proptest! {
         }
         let handle = limiters[2].handle("api").expect("a limit in force");
         let users = ["ada", "bob", "cy"];
-        let key_handles: Vec<KeyHandle> = {
-            let handle = limiters[3].handle("api").expect("a limit in force");
-            users.iter().map(|user| handle.for_key(Arc::from(*user))).collect()
-        };
+        let handle_now = limiters[3].handle("api").expect("a limit in force");
         let key_of = |user: u8| keyed.then(|| users[usize::from(user)]);
         let request_of = |user: u8| match key_of(user) {
             Some(key) => Request::new("api").key(key),
             None => Request::new("api"),
         };
         let mut permits: Vec<Vec<tollgate::Permit>> = (0..4).map(|_| Vec::new()).collect();
-        let mut asks = 0_u32;
         for step in steps {
             match step {
                 Step::Ask { user, cost, high } => {
@@ -767,29 +665,20 @@ proptest! {
                     let request = request_of(user).cost(cost).priority(priority).refundable(false);
                     let checked = now(limiters[0].check(&request));
                     let acquired = now(limiters[1].try_acquire(&request));
-                    let handled = now(handle.check_with(key_of(user), cost, priority));
+                    let handled = now(handle.check(key_of(user), cost, priority));
                     prop_assert_eq!(
                         format!("{handled:?}"),
                         format!("{checked:?}"),
                         "a handle decides as check does"
                     );
-                    // Every other ask, the key handle first tries to take the units with no
-                    // numbers: it must take exactly what check grants, and nothing else.
-                    let key_handle = &key_handles[usize::from(user)];
-                    asks += 1;
-                    if asks.is_multiple_of(2) && key_handle.take_now(cost, priority) {
-                        prop_assert!(
-                            matches!(checked, Ok(Check::Allowed(_))),
-                            "a key handle took what check refused: {checked:?}"
-                        );
-                    } else {
-                        let by_key = now(key_handle.check_with(cost, priority));
-                        prop_assert_eq!(
-                            format!("{by_key:?}"),
-                            format!("{checked:?}"),
-                            "a key handle decides as check does"
-                        );
-                    }
+                    let on_the_spot = handle_now
+                        .check_now(key_of(user), cost, priority)
+                        .ok_or_else(|| TestCaseError::fail("the memory store answers now"))?;
+                    prop_assert_eq!(
+                        format!("{on_the_spot:?}"),
+                        format!("{checked:?}"),
+                        "check_now decides as check does"
+                    );
                     match (checked, acquired) {
                         (Ok(Check::Allowed(statuses)), Ok(Outcome::Granted(permit))) => {
                             let limits = permit.limits();
@@ -854,77 +743,4 @@ proptest! {
             }
         }
     }
-}
-
-/// `try_acquire_now_with`: the request's limits taken from handles, decided as `try_acquire`
-/// decides it, and handed back (`None`) whenever the handles cannot be trusted to be the
-/// request's limits as they are in force.
-#[test]
-fn acquiring_with_handles_decides_as_by_name_and_steps_aside_when_unsure() {
-    let clock = Arc::new(ManualClock::new(SECOND_US));
-    let limiter = limiter_on(clock, 100);
-    let two = rate(2, SECOND_US, Algorithm::Fixed, Reserve::default());
-    let pool = Policy::concurrency(1, SECOND_US, Reserve::default()).expect("valid policy");
-    add(&limiter, "conc", pool, Some("user"));
-    add(&limiter, "freq", two, Some("user"));
-    let conc = limiter.handle("conc").expect("in force");
-    let freq = limiter.handle("freq").expect("in force");
-    let request = Request::all(&["conc", "freq"]).key("ada").refundable(false);
-
-    let Some(Ok(Outcome::Granted(permit))) =
-        limiter.try_acquire_now_with(&request, &[&conc, &freq])
-    else {
-        panic!("room on both");
-    };
-    // The lease is held: by handles or by name, the next is refused on it.
-    let Some(Ok(Outcome::Denied(denied))) = limiter.try_acquire_now_with(&request, &[&conc, &freq])
-    else {
-        panic!("the lease is held");
-    };
-    assert_eq!(denied.limits[0].remaining, 0);
-    assert!(!now(limiter.try_acquire(&request)).expect("ok").is_granted());
-    drop(permit);
-    // One unit of two was used by the first grant; the second takes the last.
-    assert!(now(limiter.try_acquire(&request)).expect("ok").is_granted());
-    let Some(Ok(Outcome::Denied(denied))) = limiter.try_acquire_now_with(&request, &[&conc, &freq])
-    else {
-        panic!("the frequency is spent");
-    };
-    assert_eq!(denied.limits[1].remaining, 0);
-
-    // The request's own errors, named as by name.
-    let keyless = Request::all(&["conc", "freq"]);
-    assert!(matches!(
-        limiter.try_acquire_now_with(&keyless, &[&conc, &freq]),
-        Some(Err(Error::InvalidRequest { field: "key", .. }))
-    ));
-    // Handles that are not the request's limits, in its order, or not this limiter's.
-    let bob = Request::all(&["conc", "freq"]).key("bob");
-    assert!(
-        limiter
-            .try_acquire_now_with(&bob, &[&freq, &conc])
-            .is_none()
-    );
-    assert!(limiter.try_acquire_now_with(&bob, &[&conc]).is_none());
-    let elsewhere = limiter_on(Arc::new(ManualClock::new(SECOND_US)), 100);
-    add(&elsewhere, "conc", pool, Some("user"));
-    add(&elsewhere, "freq", two, Some("user"));
-    assert!(
-        elsewhere
-            .try_acquire_now_with(&bob, &[&conc, &freq])
-            .is_none()
-    );
-    // A limit changed under its handle: the usual way decides, under the new policy.
-    add(
-        &limiter,
-        "freq",
-        rate(5, SECOND_US, Algorithm::Fixed, Reserve::default()),
-        Some("user"),
-    );
-    assert!(
-        limiter
-            .try_acquire_now_with(&bob, &[&conc, &freq])
-            .is_none()
-    );
-    assert!(now(limiter.try_acquire(&bob)).expect("ok").is_granted());
 }

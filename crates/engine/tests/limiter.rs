@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, DenialReason, Error, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    Algorithm, DenyReason, Error, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
     MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
@@ -75,7 +75,7 @@ async fn a_denial_says_exactly_when_to_come_back() {
         .granted()
         .expect("room");
     let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
-    assert_eq!(denial.reason, DenialReason::Capacity);
+    assert_eq!(denial.reason, DenyReason::Capacity);
     assert_eq!(denial.retry_after, Duration::from_millis(700));
     tokio::time::advance(Duration::from_millis(699)).await;
     assert!(!granted(&limiter, &request).await);
@@ -387,7 +387,7 @@ async fn pauses_stop_every_key_and_only_extend() {
         .expect("pause");
     assert_eq!(left, Duration::from_secs(15));
     let denial = denied(limiter.try_acquire(&request).await.expect("ok"));
-    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.reason, DenyReason::Paused);
     assert_eq!(denial.retry_after, Duration::from_secs(15));
     let other = denied(
         limiter
@@ -395,7 +395,7 @@ async fn pauses_stop_every_key_and_only_extend() {
             .await
             .expect("ok"),
     );
-    assert_eq!(other.reason, DenialReason::Paused);
+    assert_eq!(other.reason, DenyReason::Paused);
     // One key alone.
     tokio::time::advance(Duration::from_secs(15)).await;
     limiter
@@ -698,14 +698,13 @@ async fn shutdown_ends_waits_with_a_clear_error() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
-    let limiter = limiter_with(100);
+    let (store, limiter) = store_and_limiter(100);
     add(
         &limiter,
         "per-user",
         rate(1, SECOND_US, Algorithm::Sliding),
         Some("user"),
     );
-    let store = limiter.store().clone();
     for user in 0..100 {
         let key = format!("user-{user}");
         let outcome = limiter
@@ -713,7 +712,7 @@ async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
             .await;
         assert!(outcome.expect("ok").is_granted());
     }
-    assert_eq!(store.tracked_keys(), Some(100));
+    assert_eq!(store.len(), 100);
     let full = limiter
         .try_acquire(&Request::new("per-user").key("one-more"))
         .await;
@@ -735,7 +734,7 @@ async fn idle_keys_are_forgotten_and_the_cap_is_enforced() {
             .await;
         assert!(outcome.expect("room after eviction").is_granted());
     }
-    assert_eq!(store.tracked_keys(), Some(100));
+    assert_eq!(store.len(), 100);
     // The new ones are live: the cap holds.
     let full = limiter
         .try_acquire(&Request::new("per-user").key("one-more"))
@@ -773,7 +772,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
             .await
             .expect("ok"),
     );
-    assert_eq!(denial.reason, DenialReason::Recovering);
+    assert_eq!(denial.reason, DenyReason::Recovering);
     assert_eq!(denial.retry_after, Duration::from_secs(60));
     // A pause asked for on top, longer than the hold, is a pause.
     limiter
@@ -786,7 +785,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
             .await
             .expect("ok"),
     );
-    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.reason, DenyReason::Paused);
     // A limit the previous run never had is not held.
     add(
         &limiter,
@@ -866,7 +865,7 @@ async fn a_snapshot_restored_resumes_exactly() {
     assert!(restored.held.is_empty());
     for name in ["sliding", "gcra"] {
         let denial = denied(limiter.try_acquire(&Request::new(name)).await.expect("ok"));
-        assert_eq!(denial.reason, DenialReason::Capacity, "{name}");
+        assert_eq!(denial.reason, DenyReason::Capacity, "{name}");
     }
     assert!(!granted(&limiter, &Request::new("fixed").key("ann")).await);
     assert!(granted(&limiter, &Request::new("fixed").key("bob")).await);
@@ -886,7 +885,7 @@ async fn a_snapshot_restored_resumes_exactly() {
             .await
             .expect("ok"),
     );
-    assert_eq!(denial.reason, DenialReason::Paused);
+    assert_eq!(denial.reason, DenyReason::Paused);
     tokio::time::advance(Duration::from_secs(3600)).await;
     assert!(granted(&limiter, &Request::new("sliding")).await);
 }
@@ -921,7 +920,7 @@ async fn a_saved_counter_that_cannot_be_read_holds_its_limit() {
             .await
             .expect("ok"),
     );
-    assert_eq!(denial.reason, DenialReason::Recovering);
+    assert_eq!(denial.reason, DenyReason::Recovering);
     // Each store's clock reads wall time from its start: the two differ by the instant between.
     assert!(
         denial.retry_after <= Duration::from_secs(3600)

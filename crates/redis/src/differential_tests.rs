@@ -19,7 +19,7 @@ use crate::{RedisStore, RedisStoreConfig};
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// `final_grant`: a final grant (`acquire_final`, the core's `grant_final`), never committed.
+    /// `final_grant`: a grant that is not refundable (no reservation recorded), never committed.
     Acquire {
         cost: u64,
         priority: Priority,
@@ -134,7 +134,7 @@ async fn compare(
                     .acquire_remote(&takes, *cost, *priority, !*final_grant)
                     .await;
                 let (head, outcome) = match result {
-                    Ok(decision) => (decision.now_us, Some(decision.outcomes[0])),
+                    Ok(decision) => (decision.now_us, Some(decision.outcomes()[0])),
                     Err(Error::Cost { .. }) => (0, None),
                     Err(other) => return Err(context(format!("store failed: {other}"))),
                 };
@@ -149,19 +149,9 @@ async fn compare(
                 let now = head;
                 let born = store.last_born_us();
                 let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
-                let expected = if *final_grant {
-                    match counter.check(&policy, now, *cost, *priority) {
-                        Ok(Some(denial)) => Verdict::Denied(denial),
-                        Ok(None) => {
-                            Verdict::Granted(counter.grant_final(&policy, now, *cost, *priority))
-                        }
-                        Err(e) => return Err(context(format!("core refused the cost: {e}"))),
-                    }
-                } else {
-                    counter
-                        .decide(&policy, now, *cost, *priority)
-                        .map_err(|e| context(format!("core refused the cost: {e}")))?
-                };
+                let expected = counter
+                    .decide(&policy, now, *cost, *priority, !*final_grant)
+                    .map_err(|e| context(format!("core refused the cost: {e}")))?;
                 // The store tells a hold after a loss (the fresh counter's pause, to the end
                 // of the generation's recovery) apart from a pause.
                 let expected = match expected {

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use smallvec::smallvec;
 use tokio::time::Instant;
 use tollgate::{CounterOutcome, Decision, Renewed, Result, Store, StoreFuture, Take, WakeFn};
 use tollgate_core::{Algorithm, Committed, Grant, Kind, Policy, Priority};
@@ -187,15 +186,13 @@ impl LeasingStore {
         pool.next_local_seq += 1;
         pool.open_permits.insert(seq, cost);
         self.stats.local_grants.fetch_add(1, Ordering::Relaxed);
-        Some(Decision {
-            now_us: 0,
-            outcomes: smallvec![CounterOutcome::Granted(Grant {
-                seq,
-                remaining: pool.remaining_in_store + pool.left(),
-                reset_after_us: 0,
-                lease_expires_at: None,
-            })],
-        })
+        let grant = Grant {
+            seq,
+            remaining: pool.remaining_in_store + pool.left(),
+            reset_after_us: 0,
+            lease_expires_at: None,
+        };
+        Some(Decision::new(0, [CounterOutcome::Granted(grant)]))
     }
 
     /// Remove the counter's pool, if any, returning what it should give back: (block_seq, used).
@@ -249,15 +246,15 @@ impl LeasingStore {
             .min((take.policy.capacity_for(priority) / 4).max(1));
         let block = next_block.clamp(cost, cap.max(cost));
         self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-        let mut decision = self.inner.acquire(takes, block, priority).await?;
+        let mut decision = self.inner.acquire(takes, block, priority, true).await?;
         let mut granted_units = block;
         if !decision.is_granted() && block > cost {
             // Not room for a whole block: ask for just this request.
             self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-            decision = self.inner.acquire(takes, cost, priority).await?;
+            decision = self.inner.acquire(takes, cost, priority, true).await?;
             granted_units = cost;
         }
-        let CounterOutcome::Granted(grant) = decision.outcomes[0] else {
+        let CounterOutcome::Granted(grant) = decision.outcomes()[0] else {
             return Ok(decision);
         };
         let Some(span) = block_span(take.policy, self.config.block_lifetime, decision.now_us)
@@ -279,15 +276,13 @@ impl LeasingStore {
         };
         let remaining = pool.remaining_in_store + pool.left();
         self.pools().insert(key, pool);
-        Ok(Decision {
-            now_us: decision.now_us,
-            outcomes: smallvec![CounterOutcome::Granted(Grant {
-                seq: first_local_seq,
-                remaining,
-                reset_after_us: grant.reset_after_us,
-                lease_expires_at: None,
-            })],
-        })
+        let grant = Grant {
+            seq: first_local_seq,
+            remaining,
+            reset_after_us: grant.reset_after_us,
+            lease_expires_at: None,
+        };
+        Ok(Decision::new(decision.now_us, [CounterOutcome::Granted(grant)]))
     }
 
     /// A permit handed out from a block: refund into the block while it lives.
@@ -371,11 +366,14 @@ impl Store for LeasingStore {
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision> {
         if !leasable(takes) {
             self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-            return self.inner.acquire(takes, cost, priority);
+            return self.inner.acquire(takes, cost, priority, refundable);
         }
+        // A block is committed back when it retires, so it is always refundable; a local
+        // grant from it records its permit either way.
         StoreFuture::boxed(self.acquire_leased(takes, cost, priority))
     }
 
@@ -413,9 +411,5 @@ impl Store for LeasingStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         self.inner.ping()
-    }
-
-    fn tracked_keys(&self) -> Option<u64> {
-        self.inner.tracked_keys()
     }
 }

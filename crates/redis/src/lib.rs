@@ -37,7 +37,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script, Value};
-use smallvec::SmallVec;
 use tollgate::{
     CounterId, CounterOutcome, Decision, Error, Renewed, Result, Store, StoreFuture, Take, WakeFn,
 };
@@ -391,7 +390,7 @@ impl RedisStore {
         ]
     }
 
-    /// `record`: whether grants record their reservations (false: `acquire_final`).
+    /// `record`: whether grants record their reservations (the request is refundable).
     async fn acquire_remote(
         &self,
         takes: &[Take<'_>],
@@ -451,7 +450,7 @@ impl RedisStore {
         if numbers.len() != takes.len() * 5 {
             return Err(unavailable("script reply of the wrong length"));
         }
-        let outcomes: SmallVec<[CounterOutcome; 3]> = numbers
+        let outcomes = numbers
             .chunks(5)
             .map(|outcome| match outcome[0] {
                 0 => CounterOutcome::Granted(Grant {
@@ -472,12 +471,8 @@ impl RedisStore {
                         _ => DenyReason::Capacity,
                     },
                 }),
-            })
-            .collect();
-        Ok(Decision {
-            now_us: head.now_us,
-            outcomes,
-        })
+            });
+        Ok(Decision::new(head.now_us, outcomes))
     }
 
     async fn commit_remote(&self, take: Take<'_>, seq: u64, used: u64) -> Result<Committed> {
@@ -608,19 +603,13 @@ fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
 
 /// A grant on every counter that counts nothing: what fail-open answers while Redis is down.
 fn fail_open_decision(counters: usize) -> Decision {
-    Decision {
-        now_us: 0,
-        outcomes: (0..counters)
-            .map(|_| {
-                CounterOutcome::Granted(Grant {
-                    seq: 0,
-                    remaining: 0,
-                    reset_after_us: 0,
-                    lease_expires_at: None,
-                })
-            })
-            .collect(),
-    }
+    let grant = Grant {
+        seq: 0,
+        remaining: 0,
+        reset_after_us: 0,
+        lease_expires_at: None,
+    };
+    Decision::new(0, (0..counters).map(|_| CounterOutcome::Granted(grant)))
 }
 
 /// Listen on the wake channel, reconnecting with a capped backoff, and pass every counter whose
@@ -668,17 +657,9 @@ impl Store for RedisStore {
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, true))
-    }
-
-    fn acquire_final<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-    ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, false))
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

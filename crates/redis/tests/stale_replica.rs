@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Algorithm, DenialReason, Limit, Outcome, Policy, Request, Reserve};
+use tollgate::{Algorithm, DenyReason, Limit, Outcome, Policy, Request, Reserve};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
@@ -50,7 +50,7 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
         .expect("answers")
     {
         Outcome::Denied(denial) => {
-            assert_eq!(denial.reason, DenialReason::Recovering);
+            assert_eq!(denial.reason, DenyReason::Recovering);
             assert!(
                 denial.retry_after > Duration::from_millis(900),
                 "{denial:?}"
@@ -101,7 +101,7 @@ async fn a_new_namespace_grants_at_once_and_a_lost_one_recovers() {
         .expect("answers")
     {
         Outcome::Denied(denial) => {
-            assert_eq!(denial.reason, DenialReason::Recovering);
+            assert_eq!(denial.reason, DenyReason::Recovering);
             assert!(denial.retry_after > Duration::from_secs(3500), "{denial:?}");
         }
         Outcome::Granted(_) => panic!("granted on a flushed namespace"),
