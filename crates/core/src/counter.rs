@@ -629,7 +629,9 @@ impl Counter {
             (Body::Fixed { used, .. }, Kind::Rate(_)) => *used += cost,
             (Body::Gcra { tat, last_seq, .. }, Kind::Rate(_)) => {
                 let step = gcra_admit(*tat, policy, now, cost, priority);
-                *tat = step.expect("check allowed the grant, and GCRA admits it alike").tat;
+                *tat = step
+                    .expect("check allowed the grant, and GCRA admits it alike")
+                    .tat;
                 *last_seq = seq;
             }
             (Body::Leases { leases }, Kind::Concurrency(concurrency)) => {

@@ -28,9 +28,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{
-    Algorithm, Check, CounterId, Limit, LimitHandle, Limiter, LimiterConfig,
-    MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
-    Take, TscClock,
+    Algorithm, Check, CounterId, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
+    MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve, Take, TscClock,
 };
 
 /// Units per period of every sliding limit here: the largest the core accepts, never reached.

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
-    MemoryStoreConfig, MonotonicClock, PermitSecret, Policy, Priority, Request, Reserve,
+    Algorithm, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    MonotonicClock, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
 const UNITS_PER_SECOND: u64 = 1_000_000_000;

@@ -2,7 +2,6 @@
 //! differences matter to the decision core. Shared stores bring their own clock (Redis `TIME`).
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -10,21 +9,10 @@ use crate::sync::{AtomicU64, Ordering};
 /// tolerates a step back (it stays safe), but waiting times are computed from it.
 pub trait Clock: Send + Sync + fmt::Debug {
     fn now_us(&self) -> u64;
-
-    /// This clock as a `TscClock`, if it is one, so that a hot path can read it with a direct
-    /// call rather than through the trait object.
-    fn as_tsc(&self) -> Option<TscClock> {
-        None
-    }
 }
 
-/// `duration` in whole microseconds, from seconds and sub-second micros: `as_micros` divides
-/// a u128, which costs more than reading the time-stamp counter.
 fn whole_micros(duration: std::time::Duration) -> u64 {
-    duration
-        .as_secs()
-        .saturating_mul(1_000_000)
-        .saturating_add(u64::from(duration.subsec_micros()))
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The process's monotonic clock (`tokio::time::Instant`), so tests that pause tokio's time
@@ -62,10 +50,9 @@ impl Clock for MonotonicClock {
 }
 
 /// The CPU's time-stamp counter, calibrated against the monotonic clock once per process (via
-/// `quanta`; where the counter is not invariant it reads the monotonic clock instead). A reading
-/// costs about a third of `MonotonicClock`'s, which matters when the decision itself is cheap:
-/// for in-process limiters on a hot path. It does not follow tokio's paused test time, so tests
-/// that pause time use `MonotonicClock` or `ManualClock`.
+/// `quanta`; where the counter is not invariant it reads the monotonic clock instead): cheaper
+/// to read than `MonotonicClock`, for in-process limiters on a hot path. It does not follow
+/// tokio's paused test time, so tests that pause time use `MonotonicClock` or `ManualClock`.
 #[derive(Debug, Clone)]
 pub struct TscClock {
     clock: quanta::Clock,
@@ -98,35 +85,6 @@ impl Clock for TscClock {
     fn now_us(&self) -> u64 {
         let elapsed_ns = self.clock.delta_as_nanos(self.origin, self.clock.raw());
         self.origin_us.saturating_add(elapsed_ns / 1_000)
-    }
-
-    fn as_tsc(&self) -> Option<TscClock> {
-        Some(self.clone())
-    }
-}
-
-/// A store's clock, read without a virtual call when it is the time-stamp counter: on a
-/// decision as short as a hot counter's, the indirect call is a measurable share.
-#[derive(Debug, Clone)]
-pub(crate) enum FastClock {
-    Tsc(TscClock),
-    Any(Arc<dyn Clock>),
-}
-
-impl FastClock {
-    pub(crate) fn new(clock: Arc<dyn Clock>) -> FastClock {
-        match clock.as_tsc() {
-            Some(tsc) => FastClock::Tsc(tsc),
-            None => FastClock::Any(clock),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn now_us(&self) -> u64 {
-        match self {
-            FastClock::Tsc(tsc) => tsc.now_us(),
-            FastClock::Any(clock) => clock.now_us(),
-        }
     }
 }
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::{
-    DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
-    Request, Store,
+    DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret, Request,
+    Store,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,

@@ -35,7 +35,7 @@ use tollgate_core::{Counter, GcraStep, Kind, Policy, Priority, gcra_admit};
 
 use std::sync::Arc;
 
-use crate::clock::FastClock;
+use crate::clock::Clock;
 use crate::sync::{AtomicU64, Ordering, OwnLine};
 
 /// Set while the store's copy of the counter is the truth.
@@ -45,7 +45,7 @@ const SEIZED: u64 = 1 << 63;
 #[derive(Debug)]
 pub(crate) struct HotCounter {
     word: OwnLine<AtomicU64>,
-    clock: FastClock,
+    clock: Arc<dyn Clock>,
     /// The end of the store's latest limit-wide pause: no decision here before it.
     limit_pauses_end: Arc<OwnLine<AtomicU64>>,
     /// The emission interval of the policy the handles that hold this word decide under. The
@@ -58,7 +58,7 @@ impl HotCounter {
     /// Seized: the store publishes when the counter allows it. `policy` is the handles'
     /// policy; `None` for one with no emission interval (a concurrency limit).
     pub(crate) fn new(
-        clock: FastClock,
+        clock: Arc<dyn Clock>,
         limit_pauses_end: Arc<OwnLine<AtomicU64>>,
         policy: &Policy,
     ) -> Option<HotCounter> {
@@ -96,10 +96,12 @@ impl HotCounter {
                 return None;
             }
             let step = gcra_admit(word, policy, now, cost, priority)?;
-            match self
-                .word
-                .compare_exchange_weak(word, step.tat, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.word.compare_exchange_weak(
+                word,
+                step.tat,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Some(step),
                 Err(actual) => word = actual,
             }

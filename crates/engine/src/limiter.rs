@@ -243,12 +243,7 @@ impl Answer for Check {
         false
     }
 
-    fn decided(
-        _: &Limiter,
-        resolved: &Resolved<'_>,
-        _: &Request<'_>,
-        decision: Decision,
-    ) -> Check {
+    fn decided(_: &Limiter, resolved: &Resolved<'_>, _: &Request<'_>, decision: Decision) -> Check {
         if !decision.is_granted() {
             return Check::Denied(Limiter::denied(resolved, &decision));
         }
@@ -540,7 +535,10 @@ impl Limiter {
         {
             let table = self.shared.table_guard();
             let resolved = resolve(&table, &request.limits, request.key)?;
-            resolved.limits.iter().try_for_each(|limit| Check::admits(limit))?;
+            resolved
+                .limits
+                .iter()
+                .try_for_each(|limit| Check::admits(limit))?;
         }
         let mut request = request.clone();
         request.refundable = false;
@@ -615,12 +613,20 @@ impl Limiter {
             Some(handle) => resolve_each(&request.limits, request.key, |_| Ok(&*handle.limit))?,
             None => resolve(table, &request.limits, request.key)?,
         };
-        resolved.limits.iter().try_for_each(|limit| A::admits(limit))?;
+        resolved
+            .limits
+            .iter()
+            .try_for_each(|limit| A::admits(limit))?;
         Ok(resolved)
     }
 
     /// A denial for a request that waiters of the same or higher priority are ahead of.
-    fn queued(&self, resolved: &Resolved<'_>, takes: &[Take<'_>], priority: Priority) -> Option<Denied> {
+    fn queued(
+        &self,
+        resolved: &Resolved<'_>,
+        takes: &[Take<'_>],
+        priority: Priority,
+    ) -> Option<Denied> {
         let counters = takes.iter().map(|take| take.counter);
         let retry_at_us = self.shared.waiters.blocked(counters, priority)?;
         Some(self.queued_denial(resolved, retry_at_us))
@@ -925,8 +931,8 @@ pub struct LimitHandle {
     /// forward when a change of the limits left this one as it was, so that changing another
     /// limit does not send this handle the slow way for good.
     generation: AtomicU64,
-    /// The counter's word, when the store offers one (`Store::hot_counter`): decisions on it
-    /// take no lock while the counter allows it.
+    /// The counter's word, from the memory store (`MemoryStore::hot_counter`): decisions on
+    /// it take no lock while the counter allows it.
     hot: Option<Arc<HotCounter>>,
 }
 
@@ -981,7 +987,9 @@ impl LimitHandle {
     }
 
     fn request<'r>(&'r self, key: Option<&'r str>, cost: u64, priority: Priority) -> Request<'r> {
-        let request = Request::new(self.limit.name()).cost(cost).priority(priority);
+        let request = Request::new(self.limit.name())
+            .cost(cost)
+            .priority(priority);
         match key {
             Some(key) => request.key(key),
             None => request,
@@ -1098,7 +1106,7 @@ async fn renew_parts(shared: &Shared, parts: impl Iterator<Item = &Part>) -> Res
 #[derive(Debug)]
 struct GrantedPart {
     part: Part,
-    /// False for a rate part granted by `acquire_final`: nothing recorded, nothing to refund.
+    /// False for a rate part granted not refundable: nothing recorded, nothing to refund.
     refundable: bool,
     remaining: u64,
     reset_after_us: u64,

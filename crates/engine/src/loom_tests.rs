@@ -103,10 +103,7 @@ fn loom_a_hot_grant_and_a_locked_grant_never_both_take_the_last_unit() {
         let by_handle = by_handle.join().expect("thread");
         let by_store = by_store.join().expect("thread");
         assert!(by_handle ^ by_store, "handle {by_handle}, store {by_store}");
-        assert!(
-            !grant_one(&store, &policy, false),
-            "both units are counted"
-        );
+        assert!(!grant_one(&store, &policy, false), "both units are counted");
     });
 }
 

@@ -21,9 +21,11 @@ use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
 use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
 
-use crate::clock::{Clock, FastClock};
+use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
+use crate::store::{
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+};
 use std::sync::Arc;
 
 use crate::hot::HotCounter;
@@ -229,7 +231,12 @@ fn check_entry(
 }
 
 /// Grant on one counter that `check_entry` allowed under the same lock and `now`.
-fn grant_entry(entry: &mut Entry, take: Take<'_>, asked: Asked, refundable: bool) -> CounterOutcome {
+fn grant_entry(
+    entry: &mut Entry,
+    take: Take<'_>,
+    asked: Asked,
+    refundable: bool,
+) -> CounterOutcome {
     let Asked {
         now,
         cost,
@@ -353,7 +360,7 @@ pub struct MemoryStore {
     /// Each on its own lines: threads deciding in different shards never share a line.
     shards: Box<[OwnLine<Mutex<Shard>>]>,
     hasher: foldhash::fast::RandomState,
-    clock: FastClock,
+    clock: Arc<dyn Clock>,
     keys_tracked_max: u64,
     tracked: AtomicUsize,
     /// Limit-wide pauses (`pause` with no key), by limit name; consulted for every counter of
@@ -393,7 +400,7 @@ impl MemoryStore {
                 })
                 .collect(),
             hasher,
-            clock: FastClock::new(clock),
+            clock,
             keys_tracked_max: config.keys_tracked_max,
             tracked: AtomicUsize::new(0),
             pauses: Mutex::new(Vec::new()),

@@ -112,7 +112,9 @@ pub struct Renewed {
 }
 
 /// The future a store returns: already resolved for in-process stores (no allocation, no
-/// await point), boxed for stores that do I/O.
+/// await point), boxed for stores that do I/O. A pending future must do nothing before it is
+/// first polled (as an `async` block does nothing): the limiter asks for a decision on the
+/// calling thread first, and drops a pending answer unpolled to await it afresh.
 pub enum StoreFuture<'a, T> {
     Ready(Option<Result<T>>),
     Pending(Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>),

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Check, CounterId, DenyReason, Error, Limit, LimitHandle, Limiter,
-    LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy,
-    Priority, Request, Reserve, Store, Take,
+    Algorithm, Check, CounterId, DenyReason, Error, Limit, LimitHandle, Limiter, LimiterConfig,
+    ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request,
+    Reserve, Store, Take,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -268,8 +268,16 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     add(&limiter, "api", one, Some("user"));
     let handle = limiter.handle("api").expect("a limit in force");
     assert_eq!(handle.name(), "api");
-    assert!(now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
-    assert!(!now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        now(handle.check(Some("ada"), 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
+    assert!(
+        !now(handle.check(Some("ada"), 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     assert!(
         !now(limiter.check(&Request::new("api").key("ada")))
             .expect("ok")
@@ -285,8 +293,16 @@ fn a_handle_decides_as_check_and_follows_changed_limits() {
     ));
     // Another limit changing leaves this one as it was, and the handle as it was.
     add(&limiter, "other", one, None);
-    assert!(!now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
-    assert!(now(handle.check(Some("bob"), 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        !now(handle.check(Some("ada"), 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
+    assert!(
+        now(handle.check(Some("bob"), 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     // The same, decided on the spot: the memory store needs no waiting.
     assert!(matches!(
         handle.check_now(Some("cy"), 1, Priority::Normal),
@@ -332,17 +348,33 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
 
     let handle = limiter.handle("vendor").expect("a limit in force");
     for _ in 0..5 {
-        assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+        assert!(
+            now(handle.check(None, 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed()
+        );
     }
-    assert!(!now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        !now(handle.check(None, 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     clock.advance_us(150_000);
     // The store's own way sees the handle's grants: room for one.
     assert!(now(limiter.check(&request)).expect("ok").is_allowed());
     assert!(!now(limiter.check(&request)).expect("ok").is_allowed());
     // Two more by the handle alone, then it goes; the store last decided 300 ms before.
     clock.advance_us(300_000);
-    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
-    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        now(handle.check(None, 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
+    assert!(
+        now(handle.check(None, 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     drop(handle);
     clock.advance_us(250_000);
     store.sweep(1_000);
@@ -359,7 +391,10 @@ fn a_handle_s_lock_free_grants_survive_the_store_s_sweeps() {
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
     assert_eq!(store.len(), 1, "kept while a handle holds it");
-    assert_eq!(remaining(now(handle.check(None, 1, Priority::Normal)).expect("ok")), Some(4));
+    assert_eq!(
+        remaining(now(handle.check(None, 1, Priority::Normal)).expect("ok")),
+        Some(4)
+    );
     drop(handle);
     clock.advance_us(10 * SECOND_US);
     store.sweep(1_000);
@@ -431,9 +466,17 @@ fn a_stream_of_new_keys_keeps_the_store_near_its_live_keys() {
     for user in 0..30_000u32 {
         clock.advance_us(1_000);
         let key = format!("user-{user}");
-        assert!(now(handle.check(Some(&key), 1, Priority::Normal)).expect("ok").is_allowed());
+        assert!(
+            now(handle.check(Some(&key), 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed()
+        );
         // A repeat visit finds its counter and examines nothing; it must not break the bound.
-        assert!(now(handle.check(Some(&key), 1, Priority::Normal)).expect("ok").is_allowed());
+        assert!(
+            now(handle.check(Some(&key), 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed()
+        );
         largest = largest.max(store.len());
     }
     // Live: the thousand users of the current window (a counter lives to its window's end).
@@ -457,7 +500,11 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
     add(&limiter, "vendor", fast, None);
     let before = limiter.handle("vendor").expect("a limit in force");
     for _ in 0..10 {
-        assert!(now(before.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+        assert!(
+            now(before.check(None, 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed()
+        );
     }
     add(&limiter, "vendor", slow, None);
     let after = limiter.handle("vendor").expect("a limit in force");
@@ -471,7 +518,11 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
     }];
     let straggler = now(store.acquire(&takes, 1, Priority::Normal, false)).expect("answers");
     assert!(!straggler.is_granted());
-    assert!(!now(after.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        !now(after.check(None, 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     assert!(
         !now(limiter.check(&Request::new("vendor")))
             .expect("ok")
@@ -485,7 +536,11 @@ fn a_hot_handle_refuses_bad_input_with_the_field_named() {
     let limiter = limiter_on(Arc::new(ManualClock::new(SECOND_US)), 100);
     add(&limiter, "vendor", gcra_per_second(10, 5), None);
     let handle = limiter.handle("vendor").expect("a limit in force");
-    assert!(now(handle.check(None, 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        now(handle.check(None, 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     for cost in [0, 6, u64::MAX] {
         assert!(matches!(
             now(handle.check(None, cost, Priority::Normal)),
@@ -493,7 +548,11 @@ fn a_hot_handle_refuses_bad_input_with_the_field_named() {
         ));
     }
     // A key means nothing to an unkeyed limit, as on every path, but a malformed one is refused.
-    assert!(now(handle.check(Some("ada"), 1, Priority::Normal)).expect("ok").is_allowed());
+    assert!(
+        now(handle.check(Some("ada"), 1, Priority::Normal))
+            .expect("ok")
+            .is_allowed()
+    );
     let oversized = "k".repeat(tollgate::KEY_BYTES_MAX + 1);
     for key in ["bad\nkey", oversized.as_str()] {
         assert!(matches!(
@@ -550,12 +609,16 @@ fn a_per_key_check_refuses_every_malformed_key_and_tracks_none_of_them() {
         longest.as_str(),
     ] {
         assert!(
-            now(handle.check(Some(key), 1, Priority::Normal)).expect("ok").is_allowed(),
+            now(handle.check(Some(key), 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed(),
             "{key:?}"
         );
         // Found now: decided without a check, and as allowed.
         assert!(
-            now(handle.check(Some(key), 1, Priority::Normal)).expect("ok").is_allowed(),
+            now(handle.check(Some(key), 1, Priority::Normal))
+                .expect("ok")
+                .is_allowed(),
             "{key:?}"
         );
     }

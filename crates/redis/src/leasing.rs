@@ -282,7 +282,10 @@ impl LeasingStore {
             reset_after_us: grant.reset_after_us,
             lease_expires_at: None,
         };
-        Ok(Decision::new(decision.now_us, [CounterOutcome::Granted(grant)]))
+        Ok(Decision::new(
+            decision.now_us,
+            [CounterOutcome::Granted(grant)],
+        ))
     }
 
     /// A permit handed out from a block: refund into the block while it lives.
@@ -369,8 +372,11 @@ impl Store for LeasingStore {
         refundable: bool,
     ) -> StoreFuture<'a, Decision> {
         if !leasable(takes) {
-            self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-            return self.inner.acquire(takes, cost, priority, refundable);
+            // Counted when asked, not when the future is made: an unpolled one asks nothing.
+            return StoreFuture::boxed(async move {
+                self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
+                self.inner.acquire(takes, cost, priority, refundable).await
+            });
         }
         // A block is committed back when it retires, so it is always refundable; a local
         // grant from it records its permit either way.

@@ -450,28 +450,26 @@ impl RedisStore {
         if numbers.len() != takes.len() * 5 {
             return Err(unavailable("script reply of the wrong length"));
         }
-        let outcomes = numbers
-            .chunks(5)
-            .map(|outcome| match outcome[0] {
-                0 => CounterOutcome::Granted(Grant {
-                    seq: u(outcome[1]),
-                    remaining: u(outcome[2]),
-                    reset_after_us: u(outcome[3]),
-                    lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
-                }),
-                1 => CounterOutcome::Allowed {
-                    remaining: u(outcome[2]),
+        let outcomes = numbers.chunks(5).map(|outcome| match outcome[0] {
+            0 => CounterOutcome::Granted(Grant {
+                seq: u(outcome[1]),
+                remaining: u(outcome[2]),
+                reset_after_us: u(outcome[3]),
+                lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
+            }),
+            1 => CounterOutcome::Allowed {
+                remaining: u(outcome[2]),
+            },
+            _ => CounterOutcome::Denied(Denial {
+                retry_after_us: u(outcome[1]),
+                remaining: u(outcome[2]),
+                reason: match outcome[3] {
+                    1 => DenyReason::Paused,
+                    2 => DenyReason::Recovering,
+                    _ => DenyReason::Capacity,
                 },
-                _ => CounterOutcome::Denied(Denial {
-                    retry_after_us: u(outcome[1]),
-                    remaining: u(outcome[2]),
-                    reason: match outcome[3] {
-                        1 => DenyReason::Paused,
-                        2 => DenyReason::Recovering,
-                        _ => DenyReason::Capacity,
-                    },
-                }),
-            });
+            }),
+        });
         Ok(Decision::new(head.now_us, outcomes))
     }
 
