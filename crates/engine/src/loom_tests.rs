@@ -14,7 +14,7 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 use crate::clock::ManualClock;
 use crate::error::Error;
 use crate::memory::{MemoryStore, MemoryStoreConfig};
-use crate::store::{CounterId, Store, Take};
+use crate::store::{CounterId, Take};
 use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {

@@ -758,7 +758,7 @@ impl MemoryStore {
     }
 
     /// The decision on every take: all granted or none, under the locks of their shards.
-    fn acquire_now(
+    pub(crate) fn acquire_now(
         &self,
         takes: &[Take<'_>],
         cost: u64,
