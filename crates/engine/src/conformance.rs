@@ -1,6 +1,7 @@
 //! The behaviour every store must show through the limiter, as one suite that each store's tests
-//! run (`conformance_tests!`), so the memory store and the Redis store are held to the same
-//! cases rather than to copies that drift apart.
+//! run (`conformance_tests!`), so the memory store, the Redis store and a store written outside
+//! the workspace (`tests/external_store.rs`) are held to the same cases rather than to copies
+//! that drift apart.
 //!
 //! The suite runs on the wall clock (a shared store has its own clock, which no test can pause),
 //! so it asserts safety exactly and timing only with generous room: never more than a limit,
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::{
-    DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret, Request,
-    Store,
+    Check, DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
+    Request, Store,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,
@@ -624,6 +625,228 @@ pub async fn bad_input_is_refused_with_the_field_named(stores: Stores) {
     ));
 }
 
+/// A period no case outlives: units granted under it still count when the case ends, whatever
+/// the store's clock reads, so a case that counts units need not race the clock.
+const HOUR_MS: u64 = 3_600_000;
+
+/// `refundable(false)` changes what a store records, never what it counts: the same requests on
+/// two equal limits, one refundable and one not, are granted alike and denied at the same point;
+/// committing the unrefundable permit gives nothing back (by id, the store has no reservation:
+/// `Gone`), and a lease in it is released as always. Sliding and GCRA only: a fixed window is
+/// aligned to the store's clock, so even an hour's could roll over mid-case.
+pub async fn unrefundable_grants_count_the_same_and_refund_nothing(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let lease = Policy::concurrency(1, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", lease, None);
+    for (name, algorithm) in [
+        ("sliding", Algorithm::Sliding),
+        ("gcra", Algorithm::Gcra { burst: 4 }),
+    ] {
+        let refundable = format!("{name}-refundable");
+        let unrefundable = format!("{name}-unrefundable");
+        let with_lease = format!("{name}-with-lease");
+        for limit in [&refundable, &unrefundable, &with_lease] {
+            add(
+                &[&limiter, &other],
+                limit,
+                rate(4, HOUR_MS, algorithm),
+                None,
+            );
+        }
+        let mut refundable_permits = Vec::new();
+        let mut unrefundable_permits = Vec::new();
+        for cost in [2, 1, 1] {
+            let kept = limiter
+                .try_acquire(&Request::new(&refundable).cost(cost))
+                .await
+                .expect("answers")
+                .granted()
+                .expect("room on the refundable limit");
+            let unrefundable_request = Request::new(&unrefundable).cost(cost).refundable(false);
+            let not_kept = limiter
+                .try_acquire(&unrefundable_request)
+                .await
+                .expect("answers")
+                .granted()
+                .unwrap_or_else(|| panic!("{name}: denied where a refundable grant was not"));
+            assert_eq!(
+                not_kept.limits()[0].remaining,
+                kept.limits()[0].remaining,
+                "{name}: cost {cost} left a different remainder"
+            );
+            refundable_permits.push(kept);
+            unrefundable_permits.push(not_kept);
+        }
+        for (limit, flag) in [(&refundable, true), (&unrefundable, false)] {
+            let request = Request::new(limit).refundable(flag);
+            let denial = denied(limiter.try_acquire(&request).await.expect("answers"));
+            assert_eq!(denial.reason, DenyReason::Capacity, "{limit}");
+            assert_eq!(denial.limits[0].remaining, 0, "{limit}");
+            assert!(!denial.retry_after.is_zero(), "{limit}: no retry hint");
+        }
+        // The newest grants (the only ones GCRA can take back exactly), committed unused.
+        let newest = refundable_permits.pop().expect("three permits");
+        assert_eq!(newest.commit(0).await.expect("commit").refunded, 1);
+        let newest = unrefundable_permits.pop().expect("three permits");
+        let committed = newest.commit(0).await.expect("commit");
+        assert_eq!(
+            (committed.refunded, committed.released),
+            (0, 0),
+            "{name}: an unrefundable permit gave units back"
+        );
+        // By id, through the other handle: nothing was recorded, so nothing is given back.
+        let id = unrefundable_permits.pop().expect("two permits").detach();
+        let by_id = other.commit(id.as_str(), 0).await;
+        assert!(
+            matches!(
+                by_id,
+                Err(Error::Permit {
+                    source: PermitError::Gone
+                })
+            ),
+            "{name}: {by_id:?}"
+        );
+        let oldest = unrefundable_permits.pop().expect("one permit");
+        assert_eq!(oldest.commit(1).await.expect("commit").refunded, 0);
+        assert!(
+            limiter
+                .try_acquire(&Request::new(&refundable))
+                .await
+                .expect("answers")
+                .is_granted(),
+            "{name}: the refunded unit did not come back"
+        );
+        assert!(
+            !limiter
+                .try_acquire(&Request::new(&unrefundable).refundable(false))
+                .await
+                .expect("answers")
+                .is_granted(),
+            "{name}: committing unrefundable permits freed units"
+        );
+        // A lease in an unrefundable request is a lease: held, then released by the commit.
+        let both = Request::all(&[with_lease.as_str(), "pool"]).refundable(false);
+        let permit = limiter
+            .try_acquire(&both)
+            .await
+            .expect("answers")
+            .granted()
+            .expect("room on both");
+        assert!(
+            !other
+                .try_acquire(&Request::new("pool"))
+                .await
+                .expect("answers")
+                .is_granted(),
+            "{name}: the lease was not held"
+        );
+        let committed = permit.commit(0).await.expect("commit");
+        assert_eq!((committed.refunded, committed.released), (0, 1), "{name}");
+        other
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("answers")
+            .granted()
+            .expect("the lease was released")
+            .release()
+            .await
+            .expect("release");
+        let Check::Allowed(statuses) = limiter
+            .check(&Request::new(&with_lease))
+            .await
+            .expect("answers")
+        else {
+            panic!("{name}: no room left after one unit");
+        };
+        // Four, less the unrefundable grant's unit, less this check's own.
+        assert_eq!(statuses[0].remaining, 2, "{name}");
+    }
+}
+
+/// `Limiter::check` is a grant without a permit: it counts units on the same counter as
+/// `acquire`, denies past the limit with a retry hint (waiting or not), and refuses a
+/// concurrency limit (naming `limits`: its lease would need a permit to be released), taking
+/// nothing then.
+pub async fn check_counts_rate_units_and_refuses_leases(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    add(
+        &[&limiter, &other],
+        "vendor",
+        rate(4, HOUR_MS, Algorithm::Sliding),
+        None,
+    );
+    let lease = Policy::concurrency(2, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", lease, None);
+    let field = |result: Result<Check, Error>| match result {
+        Err(Error::InvalidRequest { field, .. }) => field,
+        answer => panic!("expected a refusal, got {answer:?}"),
+    };
+    assert_eq!(field(limiter.check(&Request::new("pool")).await), "limits");
+    let both = Request::all(&["vendor", "pool"]);
+    assert_eq!(field(limiter.check(&both).await), "limits");
+    let waiting = Request::new("pool").wait(Duration::from_secs(5));
+    assert_eq!(field(limiter.check(&waiting).await), "limits");
+    // The refusals took nothing: both slots are free, and (below) all four units.
+    limiter
+        .try_acquire(&Request::new("pool").cost(2))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("a refused check held a slot")
+        .release()
+        .await
+        .expect("release");
+
+    let remaining = |check: Check| match check {
+        Check::Allowed(statuses) => statuses[0].remaining,
+        Check::Denied(denied) => panic!("expected room, got {denied:?}"),
+    };
+    let refusal = |check: Check| match check {
+        Check::Denied(denied) => denied,
+        Check::Allowed(statuses) => panic!("expected a denial, got {statuses:?}"),
+    };
+    let permit = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("room");
+    assert_eq!(permit.limits()[0].remaining, 3);
+    let two = Request::new("vendor").cost(2);
+    assert_eq!(remaining(other.check(&two).await.expect("answers")), 1);
+    let denial = refusal(limiter.check(&two).await.expect("answers"));
+    assert_eq!(denial.reason, DenyReason::Capacity);
+    assert_eq!(denial.limits[0].name, "vendor");
+    assert_eq!(denial.limits[0].remaining, 1);
+    let one = Request::new("vendor");
+    assert_eq!(remaining(limiter.check(&one).await.expect("answers")), 0);
+    let denial = refusal(other.check(&one).await.expect("answers"));
+    assert_eq!(denial.reason, DenyReason::Capacity);
+    assert_eq!(denial.limits[0].remaining, 0);
+    assert!(
+        !denial.retry_after.is_zero() && denial.retry_after <= Duration::from_millis(HOUR_MS),
+        "retry after {:?}",
+        denial.retry_after
+    );
+    // Checks and acquires count on one counter.
+    let acquired = limiter.try_acquire(&one).await.expect("answers");
+    assert!(!acquired.is_granted(), "granted past four checked units");
+    // The acquire's unit comes back on commit; what the checks counted stays counted.
+    assert_eq!(permit.commit(0).await.expect("commit").refunded, 1);
+    assert_eq!(remaining(limiter.check(&one).await.expect("answers")), 0);
+    assert!(!limiter.check(&one).await.expect("answers").is_allowed());
+    // Waiting changes nothing while the units count (no time is asserted).
+    let waiting = one.clone().wait(Duration::from_millis(50));
+    let denial = refusal(other.check(&waiting).await.expect("answers"));
+    assert_eq!(denial.limits[0].remaining, 0);
+    let handle = limiter.handle("vendor").expect("a handle");
+    let from_handle = handle
+        .check(None, 1, Priority::Normal)
+        .await
+        .expect("answers");
+    assert!(!from_handle.is_allowed(), "{from_handle:?}");
+}
+
 /// One `#[tokio::test]` per conformance case, each given fresh stores by `$factory`, an
 /// `async fn(&'static str) -> Option<Stores>` (None: skipped, having said why).
 #[macro_export]
@@ -640,6 +863,8 @@ macro_rules! conformance_tests {
             random_traffic_never_exceeds_the_limit,
             bulk_and_priority_callers_never_overshoot,
             bad_input_is_refused_with_the_field_named,
+            unrefundable_grants_count_the_same_and_refund_nothing,
+            check_counts_rate_units_and_refuses_leases,
         );
     };
     (@each $factory:path, $($name:ident),* $(,)?) => {

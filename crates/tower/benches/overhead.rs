@@ -6,8 +6,8 @@
 //!
 //! Run: `cargo bench -p tollgate-tower --bench overhead -- MODE N` (MODE: none, tollgate,
 //! tollgate-gcra, tollgate-chain, tollgate-headers, governor; N requests, default 200,000).
-//! It prints nanoseconds per request. For a figure independent of machine noise, run the built binary
-//! under `valgrind --tool=callgrind` at two values of N and divide the difference in
+//! It prints the time per request. For a figure independent of machine noise, run the built
+//! binary under `valgrind --tool=callgrind` at two values of N and divide the difference in
 //! instructions by the difference in N (docs/inbound.md, "Overhead").
 
 use std::convert::Infallible;
@@ -19,48 +19,36 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 #[path = "support/layer.rs"]
 mod layer;
 use layer::{MODES, Serving, bench_app, serving};
-use tollgate_tower::PeerAddr;
 
 const REQUESTS_DEFAULT: u64 = 200_000;
 /// Distinct client addresses the requests rotate over, so per-client counters are reused as
 /// they are on a server with keep-alive clients.
 const CLIENTS: u64 = 32;
 
-/// The client's connection info as a server gives it to every request of a connection: made
-/// once per client (as once per connection), cloned into each request. None for a service
-/// made for its connection, or one that needs no address.
-#[derive(Clone)]
-enum Peer {
-    None,
-    Socket(SocketAddr),
-    Addr(PeerAddr),
-}
-
-fn request(peer: &Peer) -> Request<Body> {
+/// A request with the client's connection info as a server gives it to every request of a
+/// connection, if the service needs it.
+fn request(peer: Option<SocketAddr>) -> Request<Body> {
     let mut request = Request::get("/")
         .body(Body::empty())
         .expect("valid request");
-    let extensions = request.extensions_mut();
-    match peer {
-        Peer::None => {}
-        Peer::Socket(address) => {
-            extensions.insert(ConnectInfo(*address));
-        }
-        Peer::Addr(peer) => {
-            extensions.insert(ConnectInfo(peer.clone()));
-        }
+    if let Some(address) = peer {
+        request.extensions_mut().insert(ConnectInfo(address));
     }
     request
 }
 
 /// `requests` requests, rotating over the clients: client `c` is served by `services[c]` with
 /// `peers[c]` in its requests.
-async fn drive<S>(mut services: Vec<S>, peers: Vec<Peer>, requests: u64) -> Result<u64, Infallible>
+async fn drive<S>(
+    mut services: Vec<S>,
+    peers: Vec<Option<SocketAddr>>,
+    requests: u64,
+) -> Result<u64, Infallible>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
 {
@@ -68,7 +56,7 @@ where
     for index in 0..requests {
         let client = (index % CLIENTS) as usize;
         let ready = ServiceExt::<Request<Body>>::ready(&mut services[client]).await?;
-        let response = ready.call(request(&peers[client])).await?;
+        let response = ready.call(request(peers[client])).await?;
         if !response.status().is_success() {
             not_ok += 1;
         }
@@ -105,32 +93,17 @@ fn main() {
     let addresses: Vec<SocketAddr> = (0..CLIENTS)
         .map(|client| SocketAddr::from(([127, 0, 0, 1], 40_000 + client as u16)))
         .collect();
-    let peers = |peer: fn(SocketAddr) -> Peer| addresses.iter().copied().map(peer).collect();
-    let started = Instant::now();
-    let driven = match (serving(&mode), throttle) {
-        (Serving::Connection, Some(throttle)) => {
-            // As `into_make_service_with_peer` makes them, once per connection.
-            let throttled = throttle.layer(app);
-            let services = addresses
-                .iter()
-                .map(|&address| throttled.for_connection(address))
-                .collect();
-            runtime.block_on(drive(services, peers(|_| Peer::None), requests))
-        }
-        (serving, throttle) => {
-            let app = match throttle {
-                Some(throttle) => app.layer(throttle),
-                None => app,
-            };
-            let peers = match serving {
-                Serving::PeerAddr => peers(|address| Peer::Addr(PeerAddr::new(address))),
-                Serving::Socket => peers(Peer::Socket),
-                Serving::Bare | Serving::Connection => peers(|_| Peer::None),
-            };
-            let services = vec![app; CLIENTS as usize];
-            runtime.block_on(drive(services, peers, requests))
-        }
+    let peers = addresses
+        .iter()
+        .map(|&address| (serving(&mode) == Serving::Socket).then_some(address))
+        .collect();
+    let app = match throttle {
+        Some(throttle) => app.layer(throttle),
+        None => app,
     };
+    let services = vec![app; CLIENTS as usize];
+    let started = Instant::now();
+    let driven = runtime.block_on(drive(services, peers, requests));
     let not_ok = driven.unwrap_or_else(|never| match never {});
     let elapsed = started.elapsed();
     let per_request = elapsed.as_nanos() / u128::from(requests.max(1));

@@ -21,7 +21,7 @@ use tollgate::{
 };
 use tollgate_rules::{DEFAULT_TABLE, RawRule, Rules, SqlSource};
 use tollgate_tower::{
-    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, Unidentified, spawn_sweeper,
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, Unidentified, spawn_sweeper,
 };
 
 /// The authenticated user, put in the request's extensions by `authenticate`.
@@ -143,13 +143,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!("listening on http://{listen}; rules in {database}");
-    // The connection info lets `Identity::Peer` see the socket peer (its key written once per
-    // connection); harmless otherwise. A service keyed by peer alone would rather put the
-    // layer around the router and serve `throttle.layer(app).into_make_service_with_peer()`,
-    // whose requests carry no connection info.
+    // The connection info lets `Identity::Peer` see the socket peer; harmless otherwise.
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<PeerAddr>(),
+        app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;
     Ok(())

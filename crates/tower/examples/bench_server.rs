@@ -11,10 +11,8 @@
 //! - `tollgate-headers`: the chain with the RateLimit fields on allowed answers;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!
-//! The Tollgate modes are served with the layer around the router, made for each connection
-//! (`into_make_service_with_peer`); under `PEER=addr` inside the router, with `PeerAddr` as
-//! the connection info, and under `PEER=socket` with `SocketAddr`. `governor` is served with
-//! the `SocketAddr` it reads, `none` bare (with `SocketAddr` too under `PEER=socket`).
+//! The Tollgate modes and `governor` are served with the `SocketAddr` connection info they
+//! read, `none` bare (with `SocketAddr` too under `PEER=socket`).
 //! `WORKERS=N` sets the runtime's worker threads. `HEADERS=1` sends the RateLimit fields on
 //! allowed responses (off by default, as `tower_governor` sends none unless asked). See
 //! docs/inbound.md for the figures.
@@ -24,8 +22,6 @@ use std::net::SocketAddr;
 #[path = "../benches/support/layer.rs"]
 mod layer;
 use layer::{MODES, Serving, bench_app, serving};
-use tollgate_tower::PeerAddr;
-use tower_layer::Layer;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -50,25 +46,16 @@ fn main() {
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         let listener = tokio::net::TcpListener::bind(address).await.expect("bind");
         eprintln!("{mode} listening on {address}");
-        match (serving(&mode), throttle) {
-            (Serving::Connection, Some(throttle)) => {
-                let service = throttle.layer(app).into_make_service_with_peer();
+        let app = match throttle {
+            Some(throttle) => app.layer(throttle),
+            None => app,
+        };
+        match serving(&mode) {
+            Serving::Socket => {
+                let service = app.into_make_service_with_connect_info::<SocketAddr>();
                 axum::serve(listener, service).await
             }
-            (Serving::PeerAddr, Some(throttle)) => {
-                let service = app.layer(throttle);
-                let service = service.into_make_service_with_connect_info::<PeerAddr>();
-                axum::serve(listener, service).await
-            }
-            (Serving::Socket, throttle) => {
-                let service = match throttle {
-                    Some(throttle) => app.layer(throttle),
-                    None => app,
-                };
-                let service = service.into_make_service_with_connect_info::<SocketAddr>();
-                axum::serve(listener, service).await
-            }
-            (_, _) => axum::serve(listener, app.into_make_service()).await,
+            Serving::Bare => axum::serve(listener, app.into_make_service()).await,
         }
         .expect("serve");
     });

@@ -11,21 +11,21 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tollgate::Permit;
 
 pin_project! {
-    /// A response body holding a lease until it ends: `L` is what holds it, a permit or the
-    /// box the layer carried it in (dropping it releases the permit's leases; its rate units
-    /// stay used).
+    /// A response body holding a lease until it ends (dropping the permit releases its leases;
+    /// its rate units stay used).
     #[derive(Debug)]
-    pub(crate) struct LeasedBody<B, L> {
+    pub(crate) struct LeasedBody<B> {
         #[pin]
         body: B,
-        permit: Option<L>,
+        permit: Option<Permit>,
     }
 }
 
-impl<B, L> LeasedBody<B, L> {
-    pub(crate) fn new(body: B, permit: L) -> LeasedBody<B, L> {
+impl<B> LeasedBody<B> {
+    pub(crate) fn new(body: B, permit: Permit) -> LeasedBody<B> {
         LeasedBody {
             body,
             permit: Some(permit),
@@ -33,7 +33,7 @@ impl<B, L> LeasedBody<B, L> {
     }
 }
 
-impl<B, L> Body for LeasedBody<B, L>
+impl<B> Body for LeasedBody<B>
 where
     B: Body<Data = Bytes>,
 {
@@ -70,7 +70,7 @@ mod tests {
     use std::convert::Infallible;
 
     use http_body_util::BodyExt;
-    use tollgate::{Limit, Limiter, Permit, Policy, Request, Reserve};
+    use tollgate::{Limit, Limiter, Policy, Request, Reserve};
 
     use super::*;
 

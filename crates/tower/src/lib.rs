@@ -20,10 +20,8 @@
 //! Every clone of the layer and of the service shares one state behind an `Arc`: a server
 //! that clones its service per connection still enforces one limit.
 //!
-//! Counted by client address ([`Identity::Peer`]), a service is best served one connection at a
-//! time: `axum::serve(listener, layer.layer(router).into_make_service_with_peer())` gives each
-//! connection a [`Throttle`] that holds its peer, so requests carry no connection info (see
-//! [`Throttle::into_make_service_with_peer`]).
+//! Counted by client address ([`Identity::Peer`]), a service is served with axum's connection
+//! info: `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
 
 mod body;
 pub mod headers;
@@ -31,12 +29,10 @@ mod identity;
 mod layer;
 mod metrics;
 mod rules;
-mod serve;
 mod sweep;
 
-pub use identity::{Identity, IpNet, PeerAddr, TrustedProxies, Unidentified};
+pub use identity::{Identity, IpNet, TrustedProxies, Unidentified};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};
 pub use rules::{FixedRules, ThrottleRules};
-pub use serve::IntoMakeServiceWithPeer;
 pub use sweep::spawn_sweeper;

@@ -5,20 +5,18 @@
 //! Each version of the rules is indexed once: for every literal path the rules that can match
 //! it (the path's own merged with those on `*`, in chain order), the rules on `*` for every
 //! other path, and the `RateLimit-Policy` member of every rule formatted ahead of time, so a
-//! request costs a hash lookup and a pass over its path's candidates comparing methods, rather
-//! than a scan of every rule. Where no candidate narrows the method, the answer is held ready;
-//! when that is so for every path and no rule names one, the path is not even read. The index
-//! is rebuilt when the rules' version changes, which a request notices by comparing versions
-//! (the SQL rules' version is an atomic, read without their snapshot).
+//! request is matched by one lookup and a comparison of methods rather than a scan of every
+//! rule. When no rule names a path or a method, the path is not read at all, so an
+//! undecodable path is refused only where it could change which rules apply. The index is
+//! rebuilt when the rules' version changes, which a request notices by comparing versions.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
+use tollgate::{COUNTERS_PER_REQUEST_MAX, Limiter};
 use tollgate_rules::{PathError, Rule, RuleError, Rules, check_fanout, normalize_path};
 
 use crate::headers::policy_item;
@@ -69,10 +67,6 @@ pub(crate) struct Entry {
     /// The one method the rule matches, as it names it; `None`: every method.
     method: Option<Box<str>>,
     pub(crate) counters: Arc<RuleCounters>,
-    /// The rule's limit on the layer's limiter, looked up when the index was built, so a
-    /// request that matches this rule alone is checked without a name lookup. `None` when the
-    /// limit was not in force yet (the request then names it, as any chain does).
-    pub(crate) handle: Option<LimitHandle>,
 }
 
 /// The matched rules of one request, as indexes into `RuleIndex::entries`, in chain order.
@@ -95,59 +89,11 @@ pub(crate) struct RuleIndex {
     /// In chain order (seed 002): concurrency limits, then rules on every path (a user's
     /// overall frequency), then endpoint rules; by name within each.
     pub(crate) entries: Vec<Entry>,
-    /// Keyed by the rules' paths, which an administrator writes: a fast hash, with nothing
-    /// for a client to flood (requests only look up).
-    by_path: HashMap<Box<str>, Candidates, foldhash::fast::RandomState>,
-    /// The candidates of a path no rule names: the rules on `*`.
-    elsewhere: Candidates,
-}
-
-/// The rules a request on one path can match, in chain order.
-#[derive(Debug, Default)]
-struct Candidates {
-    positions: SmallVec<[u32; 4]>,
-    /// What every request on the path matches, when no candidate narrows the method and they
-    /// fit in one request.
-    fixed: Option<Fixed>,
-}
-
-/// A matching held ready, to be copied.
-#[derive(Clone, Copy, Debug)]
-struct Fixed {
-    positions: [u32; COUNTERS_PER_REQUEST_MAX],
-    len: usize,
-    per_user: bool,
-    leases: bool,
-}
-
-impl Fixed {
-    /// `positions`' matching, when it is the same for every method: none narrows it, and they
-    /// fit in one request.
-    fn of(positions: &[u32], entries: &[Entry]) -> Option<Fixed> {
-        let chosen = || positions.iter().map(|&p| &entries[p as usize]);
-        if positions.len() > COUNTERS_PER_REQUEST_MAX
-            || !chosen().all(|entry| entry.method.is_none())
-        {
-            return None;
-        }
-        let mut fixed = Fixed {
-            positions: [0; COUNTERS_PER_REQUEST_MAX],
-            len: positions.len(),
-            per_user: chosen().any(|entry| entry.per_user),
-            leases: chosen().any(|entry| entry.is_lease),
-        };
-        fixed.positions[..positions.len()].copy_from_slice(positions);
-        Some(fixed)
-    }
-
-    fn matching(&self) -> Matching {
-        // A copy of the buffer, where collecting or cloning would push one by one.
-        Matching {
-            matched: Matched::from_buf_and_len(self.positions, self.len),
-            per_user: self.per_user,
-            leases: self.leases,
-        }
-    }
+    /// The rules a request on each path a rule names can match, in chain order: the path's
+    /// own merged with those on `*`. Keyed by the rules' normalized paths.
+    by_path: HashMap<Box<str>, Vec<u32>>,
+    /// The rules a request on any other path can match: those on `*`.
+    elsewhere: Vec<u32>,
 }
 
 /// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
@@ -165,7 +111,6 @@ impl RuleIndex {
         version: u64,
         rules: impl Iterator<Item = &'a Arc<Rule>>,
         previous: Option<&RuleIndex>,
-        limiter: &Limiter,
     ) -> RuleIndex {
         let mut rules: Vec<&Arc<Rule>> = rules.filter(|rule| rule.matcher().is_some()).collect();
         rules.sort_by(|a, b| (chain_rank(a), a.name()).cmp(&(chain_rank(b), b.name())));
@@ -178,8 +123,8 @@ impl RuleIndex {
                     .collect()
             })
             .unwrap_or_default();
-        let mut own_paths: HashMap<Box<str>, SmallVec<[u32; 2]>> = HashMap::new();
-        let mut any_path: SmallVec<[u32; 4]> = SmallVec::new();
+        let mut own_paths: HashMap<Box<str>, Vec<u32>> = HashMap::new();
+        let mut any_path = Vec::new();
         let mut entries = Vec::with_capacity(rules.len());
         for (position, rule) in rules.into_iter().enumerate() {
             // At most RULES_MAX (10,000) rules: an index always fits in u32.
@@ -201,52 +146,32 @@ impl RuleIndex {
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
-                handle: limiter.handle(rule.name()).ok(),
             });
         }
         // Positions are in chain order within each list: merged, the chain's order holds.
-        let by_path: HashMap<Box<str>, Candidates, foldhash::fast::RandomState> = own_paths
+        let by_path = own_paths
             .into_iter()
             .map(|(path, own)| {
-                let mut positions: SmallVec<[u32; 4]> =
-                    any_path.iter().chain(&own).copied().collect();
+                let mut positions: Vec<u32> = any_path.iter().chain(&own).copied().collect();
                 positions.sort_unstable();
-                let fixed = Fixed::of(&positions, &entries);
-                (path, Candidates { positions, fixed })
+                (path, positions)
             })
             .collect();
-        let elsewhere = Candidates {
-            fixed: Fixed::of(&any_path, &entries),
-            positions: any_path,
-        };
         RuleIndex {
             version,
             entries,
             by_path,
-            elsewhere,
+            elsewhere: any_path,
         }
     }
 
-    /// What every request matches, when that does not depend on the request: no endpoint
-    /// rule, and every rule on any method (`*`, `*`), within the chain's length.
-    fn everywhere(&self) -> Option<&Fixed> {
-        self.elsewhere
-            .fixed
-            .as_ref()
-            .filter(|_| self.by_path.is_empty())
-    }
-
-    /// The rules that apply to `request`, in chain order (see `matching`). Neither method nor
-    /// path is looked at when no rule in force depends on them, and the path is normalized only
-    /// when an endpoint rule might match it: an error then if it cannot be decoded (which rules
-    /// it meets is unknown).
+    /// The rules that apply to `request`, in chain order (see `matching`). The path is
+    /// normalized only when a rule names one: an error then if it cannot be decoded (which
+    /// rules it meets is unknown).
     pub(crate) fn matching_request<B>(
         &self,
         request: &http::Request<B>,
     ) -> Result<Matching, PathError> {
-        if let Some(everywhere) = self.everywhere() {
-            return Ok(everywhere.matching());
-        }
         let path = request.uri().path();
         let path = if self.by_path.is_empty() {
             Cow::Borrowed(path)
@@ -261,18 +186,14 @@ impl RuleIndex {
     /// (fixed and SQL rules are checked for it); none is left out here if they did, so the
     /// limiter's own error would answer for it.
     pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matching {
-        // The path's candidates already match it (the index is keyed by the rules' normalized
-        // paths): only methods are left to compare, unless none narrows them.
+        // The path's candidates already match it: only methods are left to compare.
         let candidates = self.by_path.get(normalized_path).unwrap_or(&self.elsewhere);
-        if let Some(fixed) = &candidates.fixed {
-            return fixed.matching();
-        }
         let mut matching = Matching {
             matched: Matched::new(),
             per_user: false,
             leases: false,
         };
-        for &position in &candidates.positions {
+        for &position in candidates {
             let entry = &self.entries[position as usize];
             if !entry
                 .method
@@ -292,7 +213,6 @@ impl RuleIndex {
 /// The rules source and its current index.
 #[derive(Debug)]
 pub(crate) struct RuleTracker {
-    limiter: Limiter,
     index: Indexed,
     /// One rebuild at a time; others keep using the index they have.
     rebuilding: Mutex<()>,
@@ -306,11 +226,11 @@ impl RuleTracker {
                 for rule in &rules {
                     limiter.set_limit(rule.limit().clone());
                 }
-                Indexed::Fixed(Arc::new(RuleIndex::build(0, rules.iter(), None, limiter)))
+                Indexed::Fixed(Arc::new(RuleIndex::build(0, rules.iter(), None)))
             }
             ThrottleRules::Sql(rules) => {
                 let snapshot = rules.snapshot();
-                let index = RuleIndex::build(snapshot.version(), snapshot.iter(), None, limiter);
+                let index = RuleIndex::build(snapshot.version(), snapshot.iter(), None);
                 Indexed::Reloaded {
                     rules,
                     index: ArcSwap::from_pointee(index),
@@ -318,34 +238,28 @@ impl RuleTracker {
             }
         };
         RuleTracker {
-            limiter: limiter.clone(),
             index,
             rebuilding: Mutex::new(()),
         }
     }
 
-    /// The index of the rules in force now. Borrowed, not cloned: a read writes no word that
-    /// requests on other cores read (a count on the index's `Arc`, or a read lock, would be
-    /// one every request on every core writes).
-    #[inline]
-    pub(crate) fn index(&self) -> IndexGuard<'_> {
+    /// The index of the rules in force now.
+    pub(crate) fn index(&self) -> Arc<RuleIndex> {
         match &self.index {
-            Indexed::Fixed(index) => IndexGuard::Fixed(index),
+            Indexed::Fixed(index) => Arc::clone(index),
             Indexed::Reloaded { rules, index } => {
-                let current = index.load();
+                let current = index.load_full();
                 if rules.version() == current.version {
-                    return IndexGuard::Reloaded(current);
+                    return current;
                 }
-                drop(current);
                 self.rebuild(index, rules);
-                IndexGuard::Reloaded(index.load())
+                index.load_full()
             }
         }
     }
 
     /// Index the rules in force now, unless another request is doing so (this one then uses
     /// the previous version, as it would have a moment earlier).
-    #[cold]
     fn rebuild(&self, index: &ArcSwap<RuleIndex>, rules: &Rules) {
         let Ok(_guard) = self.rebuilding.try_lock() else {
             return;
@@ -359,7 +273,6 @@ impl RuleTracker {
             snapshot.version(),
             snapshot.iter(),
             Some(&current),
-            &self.limiter,
         )));
     }
 }
@@ -372,24 +285,6 @@ enum Indexed {
         rules: Rules,
         index: ArcSwap<RuleIndex>,
     },
-}
-
-/// The index in force, read.
-pub(crate) enum IndexGuard<'a> {
-    Fixed(&'a Arc<RuleIndex>),
-    Reloaded(arc_swap::Guard<Arc<RuleIndex>>),
-}
-
-impl std::ops::Deref for IndexGuard<'_> {
-    type Target = Arc<RuleIndex>;
-
-    #[inline]
-    fn deref(&self) -> &Arc<RuleIndex> {
-        match self {
-            IndexGuard::Fixed(index) => index,
-            IndexGuard::Reloaded(index) => index,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -455,7 +350,7 @@ mod tests {
             assert!(error.reason.contains("would match 9 rules"), "{error}");
             // Built unchecked, the index still drops none of them: the limiter refuses a
             // request naming too many limits with its own error.
-            let index = RuleIndex::build(0, rules.iter(), None, &Limiter::in_memory());
+            let index = RuleIndex::build(0, rules.iter(), None);
             for (method, path) in [("GET", "/items/#"), ("GET", "/")] {
                 assert_eq!(
                     index.matching(method, path).matched.to_vec(),
@@ -471,66 +366,40 @@ mod tests {
 
     #[test]
     fn matching_agrees_with_a_scan_of_every_rule() {
-        let limiter = Limiter::in_memory();
-        let sets: Vec<(Vec<Arc<Rule>>, bool)> = vec![
-            (vec![rule("freq", "*", "*")], true),
-            (vec![rule("a", "*", "*"), rule("b", "*", "*")], true),
-            // A method narrows a rule on every path: what matches depends on the request.
-            (vec![rule("a", "*", "*"), rule("gets", "GET", "*")], false),
-            (
-                vec![rule("a", "*", "*"), rule("item", "GET", "/items/1")],
-                false,
-            ),
-            (Vec::new(), true),
-            // Endpoint rules on any method: each path's answer is held ready.
-            (
-                vec![rule("a", "*", "*"), rule("item-any", "*", "/items/1")],
-                false,
-            ),
-            (
-                vec![
-                    rule("a", "*", "*"),
-                    rule("item-any", "*", "/items/1"),
-                    rule("item-get", "GET", "/items/1"),
-                    rule("root-post", "POST", "/"),
-                ],
-                false,
-            ),
-            (vec![rule_of("all", GLOBAL, "*", "*")], true),
-            (
-                vec![
-                    rule_of("conc", CONCURRENCY, "*", "*"),
-                    rule_of("all", GLOBAL, "*", "*"),
-                ],
-                true,
-            ),
-            (
-                vec![
-                    rule_of("all", GLOBAL, "*", "*"),
-                    rule_of("item-conc", CONCURRENCY, "GET", "/items/1"),
-                ],
-                false,
-            ),
+        let sets: Vec<Vec<Arc<Rule>>> = vec![
+            vec![rule("freq", "*", "*")],
+            vec![rule("a", "*", "*"), rule("b", "*", "*")],
+            // A method narrows a rule on every path.
+            vec![rule("a", "*", "*"), rule("gets", "GET", "*")],
+            vec![rule("a", "*", "*"), rule("item", "GET", "/items/1")],
+            Vec::new(),
+            vec![rule("a", "*", "*"), rule("item-any", "*", "/items/1")],
+            vec![
+                rule("a", "*", "*"),
+                rule("item-any", "*", "/items/1"),
+                rule("item-get", "GET", "/items/1"),
+                rule("root-post", "POST", "/"),
+            ],
+            vec![rule_of("all", GLOBAL, "*", "*")],
+            vec![
+                rule_of("conc", CONCURRENCY, "*", "*"),
+                rule_of("all", GLOBAL, "*", "*"),
+            ],
+            vec![
+                rule_of("all", GLOBAL, "*", "*"),
+                rule_of("item-conc", CONCURRENCY, "GET", "/items/1"),
+            ],
             // As many as a request may name, an endpoint rule first in the chain.
-            (
-                std::iter::once(rule_of("item-conc", CONCURRENCY, "*", "/items/1"))
-                    .chain(
-                        (0..COUNTERS_PER_REQUEST_MAX - 1).map(|n| rule(&format!("r{n}"), "*", "*")),
-                    )
-                    .collect(),
-                false,
-            ),
-            // As many as a request may name on every path: held ready.
-            (
-                (0..COUNTERS_PER_REQUEST_MAX)
-                    .map(|n| rule(&format!("r{n}"), "*", "*"))
-                    .collect(),
-                true,
-            ),
+            std::iter::once(rule_of("item-conc", CONCURRENCY, "*", "/items/1"))
+                .chain((0..COUNTERS_PER_REQUEST_MAX - 1).map(|n| rule(&format!("r{n}"), "*", "*")))
+                .collect(),
+            // As many as a request may name on every path.
+            (0..COUNTERS_PER_REQUEST_MAX)
+                .map(|n| rule(&format!("r{n}"), "*", "*"))
+                .collect(),
         ];
-        for (rules, request_independent) in sets {
-            let index = RuleIndex::build(0, rules.iter(), None, &limiter);
-            assert_eq!(index.everywhere().is_some(), request_independent);
+        for rules in sets {
+            let index = RuleIndex::build(0, rules.iter(), None);
             let requests = [
                 ("GET", "/items/7"),
                 ("POST", "/items/7?q=1"),
@@ -563,16 +432,15 @@ mod tests {
 
     #[test]
     fn an_undecodable_path_is_an_error_only_where_a_rule_names_a_path() {
-        let limiter = Limiter::in_memory();
         let request = http::Request::builder()
             .uri("/items/%ZZ")
             .body(())
             .expect("request");
         let everywhere = [rule("a", "*", "*")];
-        let index = RuleIndex::build(0, everywhere.iter(), None, &limiter);
+        let index = RuleIndex::build(0, everywhere.iter(), None);
         assert!(index.matching_request(&request).is_ok());
         let endpoint = [rule("a", "*", "*"), rule("item", "GET", "/items/#")];
-        let index = RuleIndex::build(0, endpoint.iter(), None, &limiter);
+        let index = RuleIndex::build(0, endpoint.iter(), None);
         assert!(matches!(
             index.matching_request(&request),
             Err(PathError::BadEscape { offset: 7 })

@@ -1,8 +1,7 @@
-//! Both ways the layer decides: in `call` when the store answers at once (the memory store),
-//! and in the response future when it does not (a remote store). A store that answers `ping`
-//! at once but makes the layer wait for a decision exercises the switch from one to the other:
-//! the first request's abandoned attempt must hold nothing, and every request must still be
-//! counted once, leases released when the body ends.
+//! Both places a decision completes: in `call` when the store answers on the first poll (the
+//! memory store), and in the response future when it does not (a remote store). A store that
+//! makes the layer wait for a decision exercises the second: every request must be asked of
+//! the store once and counted once, leases released when the body ends.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,6 +25,8 @@ use tower::{Layer, Service, ServiceExt};
 #[derive(Debug)]
 struct Deferred {
     inner: MemoryStore,
+    /// Acquires polled at all: a remote store's request is on its way from the first poll.
+    acquires_asked: AtomicU64,
     acquires_decided: AtomicU64,
 }
 
@@ -35,11 +36,13 @@ impl Store for Deferred {
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision> {
         StoreFuture::boxed(async move {
+            self.acquires_asked.fetch_add(1, Ordering::Relaxed);
             tokio::task::yield_now().await;
             self.acquires_decided.fetch_add(1, Ordering::Relaxed);
-            self.inner.acquire(takes, cost, priority).await
+            self.inner.acquire(takes, cost, priority, refundable).await
         })
     }
 
@@ -152,11 +155,15 @@ async fn a_store_that_answers_at_once_is_decided_in_call() {
 async fn a_store_that_makes_the_layer_wait_is_decided_in_the_response_future() {
     let store = Arc::new(Deferred {
         inner: memory_store(),
+        acquires_asked: AtomicU64::new(0),
         acquires_decided: AtomicU64::new(0),
     });
     let mut service = throttled(store.clone());
-    // Same answers as the in-process path: the first request's abandoned attempt in `call`
-    // took nothing, and the lease of each request came back when its body ended.
+    // Same answers as the in-process path, and the lease of each request came back when its
+    // body ended.
     assert_eq!(five_in_a_row(&mut service).await, EXPECTED);
+    // Each request asked once: the attempt begun in `call` is the one awaited, never
+    // abandoned for a second (which a remote store would count twice).
+    assert_eq!(store.acquires_asked.load(Ordering::Relaxed), 5);
     assert_eq!(store.acquires_decided.load(Ordering::Relaxed), 5);
 }

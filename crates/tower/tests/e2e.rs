@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,13 +21,14 @@ use bytes::Bytes;
 use http_body::Frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tollgate::Limiter;
+use tollgate::{
+    Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret,
+};
 use tollgate_rules::{RawRule, Rule};
 use tollgate_tower::{
-    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
     Unidentified,
 };
-use tower_layer::Layer;
 
 /// The authenticated user, as an authentication layer would store it.
 #[derive(Clone, Debug)]
@@ -121,48 +123,6 @@ async fn serve(router: Router) -> SocketAddr {
     let address = listener.local_addr().expect("local address");
     let service = router.into_make_service_with_connect_info::<SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, service).await });
-    address
-}
-
-/// How the layer learns a request's socket peer: from the socket address every axum server
-/// can give, from a `PeerAddr` with the client's key written once per connection (both in
-/// each request's connection info), or by being made for the connection
-/// (`into_make_service_with_peer`, the layer around the routes).
-#[derive(Clone, Copy, Debug)]
-enum ConnectedBy {
-    Socket,
-    PeerAddr,
-    Connection,
-}
-
-const CONNECTED_BY: [ConnectedBy; 3] = [
-    ConnectedBy::Socket,
-    ConnectedBy::PeerAddr,
-    ConnectedBy::Connection,
-];
-
-/// `layer` in front of the routes, served as `connected_by` says.
-async fn serve_with(layer: ThrottleLayer, connected_by: ConnectedBy) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let address = listener.local_addr().expect("local address");
-    tokio::spawn(async move {
-        let _ = match connected_by {
-            ConnectedBy::Socket => {
-                let service = app(layer).into_make_service_with_connect_info::<SocketAddr>();
-                axum::serve(listener, service).await
-            }
-            ConnectedBy::PeerAddr => {
-                let service = app(layer).into_make_service_with_connect_info::<PeerAddr>();
-                axum::serve(listener, service).await
-            }
-            ConnectedBy::Connection => {
-                let service = layer.layer(routes()).into_make_service_with_peer();
-                axum::serve(listener, service).await
-            }
-        };
-    });
     address
 }
 
@@ -450,77 +410,80 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         assert_eq!(answer.status, expected, "{forged}: {answer:?}");
     }
 
-    // By socket peer, however the layer learns it, which must give the same key.
-    for connected_by in CONNECTED_BY {
-        // With no trusted proxy: X-Forwarded-For and Forwarded are not believed.
-        let limiter = Limiter::in_memory();
-        let layer = ThrottleLayer::new(
-            limiter.clone(),
-            ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
-            ThrottleConfig {
-                identity: Identity::Peer(TrustedProxies::none()),
-                unidentified: Unidentified::Reject,
-                headers_on_allowed: true,
-                on_store_error: OnStoreError::FailClosed,
-            },
-        );
-        let address = serve_with(layer, connected_by).await;
-        for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
-            .iter()
-            .enumerate()
-        {
-            let forwarded = format!("for={forged}");
-            let headers = [
-                ("x-forwarded-for", *forged),
-                ("forwarded", forwarded.as_str()),
-            ];
-            let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
-            let expected = if index == 3 { 429 } else { 200 };
-            assert_eq!(
-                answer.status, expected,
-                "{connected_by:?} {forged}: {answer:?}"
-            );
-        }
-        let by_peer = tollgate::Request::new("entity-bundle").key("127.0.0.1");
-        let outcome = limiter.try_acquire(&by_peer).await.expect("decides");
-        assert!(
-            !outcome.is_granted(),
-            "all four were counted under the peer's address"
-        );
+    // By socket peer. With no trusted proxy: X-Forwarded-For and Forwarded are not believed.
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::none()),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    for (index, forged) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+        .iter()
+        .enumerate()
+    {
+        let forwarded = format!("for={forged}");
+        let headers = [
+            ("x-forwarded-for", *forged),
+            ("forwarded", forwarded.as_str()),
+        ];
+        let answer = send(address, "/repo/v1/entity/5/bundle", &headers).await;
+        let expected = if index == 3 { 429 } else { 200 };
+        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
+    }
+    let by_peer = tollgate::Request::new("entity-bundle").key("127.0.0.1");
+    let outcome = limiter.try_acquire(&by_peer).await.expect("decides");
+    assert!(
+        !outcome.is_granted(),
+        "all four were counted under the peer's address"
+    );
 
-        // Behind a trusted proxy (the loopback peer), the nearest untrusted hop is the client.
-        let limiter = Limiter::in_memory();
-        let layer = ThrottleLayer::new(
-            limiter.clone(),
-            ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
-            ThrottleConfig {
-                identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
-                unidentified: Unidentified::Reject,
-                headers_on_allowed: true,
-                on_store_error: OnStoreError::FailClosed,
-            },
-        );
-        let address = serve_with(layer, connected_by).await;
-        for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
-            let chain = format!("{forged}, 198.51.100.7");
-            let answer = send(
-                address,
-                "/repo/v1/entity/5/bundle",
-                &[("x-forwarded-for", &chain)],
-            )
-            .await;
-            let expected = if forged == "4.4.4.4" { 429 } else { 200 };
-            assert_eq!(
-                answer.status, expected,
-                "{connected_by:?} {forged}: {answer:?}"
-            );
-        }
+    // Behind a trusted proxy (the loopback peer), the nearest untrusted hop is the client.
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleConfig {
+            identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"] {
+        let chain = format!("{forged}, 198.51.100.7");
+        let answer = send(
+            address,
+            "/repo/v1/entity/5/bundle",
+            &[("x-forwarded-for", &chain)],
+        )
+        .await;
+        let expected = if forged == "4.4.4.4" { 429 } else { 200 };
+        assert_eq!(answer.status, expected, "{forged}: {answer:?}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_paths_pass_through_untouched() {
-    let limiter = Limiter::in_memory();
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1_000,
+        },
+        Arc::new(MonotonicClock::new()),
+    ));
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(1),
+            permit_secret: PermitSecret::random(),
+        },
+    );
     let endpoint_only: Vec<Rule> = seed_002_rules()
         .into_iter()
         .filter(|rule| rule.name() == "entity-bundle")
@@ -538,11 +501,7 @@ async fn unmatched_paths_pass_through_untouched() {
     assert_eq!(metrics.unmatched, 10);
     assert_eq!(metrics.rules.len(), 1);
     assert_eq!(metrics.rules[0].rule, "entity-bundle");
-    assert_eq!(
-        limiter.store().tracked_keys(),
-        Some(0),
-        "no state for passing requests"
-    );
+    assert_eq!(store.len(), 0, "no state for passing requests");
 }
 
 /// One keep-alive HTTP/1.1 connection: requests one after another on the same socket, so
@@ -599,17 +558,13 @@ impl KeepAlive {
     }
 }
 
-/// Keep-alive clients counted under their address, by a GCRA rule: each connection keeps a
-/// handle on its key and decides on the key's word, and several connections of one client
-/// in parallel share the client's one counter. Exactly the limit is served, whatever the
-/// interleaving; the fields count down on one connection.
+/// Keep-alive clients counted under their address, by a GCRA rule: several connections of
+/// one client in parallel share the client's one counter. Exactly the limit is served,
+/// whatever the interleaving; the fields count down on one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_connections_of_one_client_share_its_counter() {
     const LIMIT: usize = 20;
-    let cases = [ConnectedBy::PeerAddr, ConnectedBy::Connection]
-        .into_iter()
-        .flat_map(|connected_by| [(connected_by, false), (connected_by, true)]);
-    for (connected_by, headers_on_allowed) in cases {
+    for headers_on_allowed in [false, true] {
         let limiter = Limiter::in_memory();
         let rules = vec![rule(
             "client-rate",
@@ -628,7 +583,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
                 on_store_error: OnStoreError::FailClosed,
             },
         );
-        let address = serve_with(layer.clone(), connected_by).await;
+        let address = serve(app(layer.clone())).await;
 
         // One connection first: the fields count down as the store would.
         let mut first = KeepAlive::open(address).await;
@@ -665,7 +620,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
             served += task.await.expect("client task");
         }
         // The period is an hour: one unit comes back every three minutes, so none does here.
-        let case = format!("{connected_by:?}, headers on allowed: {headers_on_allowed}");
+        let case = format!("headers on allowed: {headers_on_allowed}");
         assert_eq!(served, LIMIT, "{case}");
         assert_eq!(first.get("/repo/v1/entity/5/bundle").await.0, 429);
         let by_store = tollgate::Request::new("client-rate").key("127.0.0.1");

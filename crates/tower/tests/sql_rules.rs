@@ -13,7 +13,7 @@ use sqlx::sqlite::SqlitePoolOptions;
 use tollgate::Limiter;
 use tollgate_rules::{DEFAULT_TABLE, Rules, SqlSource};
 use tollgate_tower::{
-    Identity, OnStoreError, PeerAddr, ThrottleConfig, ThrottleLayer, TrustedProxies, Unidentified,
+    Identity, OnStoreError, ThrottleConfig, ThrottleLayer, TrustedProxies, Unidentified,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -187,11 +187,11 @@ async fn an_administrators_sql_edit_applies_within_the_reload_interval() {
     assert_eq!((acl.allowed, acl.denied), (2, 1));
 }
 
-/// The requests of one connection counted under its peer's address, by a GCRA rule: each
-/// connection keeps a handle on its key, and must go on counting with the store and with every
-/// other connection of the same client, through an edit of the rule and after it.
+/// Requests counted under their peer's address, by a GCRA rule: every connection of one
+/// client counts on the client's one counter in the store, through an edit of the rule and
+/// after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
+async fn a_client_s_connections_count_on_one_counter_through_an_edit_of_its_rule() {
     let (_directory, source, admin) = rules_database().await;
     let insert = |name: &str, path: &str, limit: u32| {
         format!(
@@ -214,16 +214,15 @@ async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
     let interval = Duration::from_millis(100);
     let _reloader = rules.spawn_reloader(interval, stop);
     let (_layer, mut service) = throttled(&rules, Identity::Peer(TrustedProxies::none()), false);
-    // Two connections of one client, as a server gives them: one `PeerAddr` each, cloned into
-    // every request of its connection.
-    let client: SocketAddr = "192.0.2.7:40000".parse().expect("address");
-    let first = PeerAddr::new(client);
-    let second = PeerAddr::new(SocketAddr::new(client.ip(), 40001));
-    let mut status = async |peer: &PeerAddr, path: &str| {
+    // Two connections of one client, as a server gives them: the socket address of its
+    // connection in every request.
+    let first: SocketAddr = "192.0.2.7:40000".parse().expect("address");
+    let second = SocketAddr::new(first.ip(), 40001);
+    let mut status = async |peer: &SocketAddr, path: &str| {
         let mut request = Request::get(path)
             .body(String::new())
             .expect("valid request");
-        request.extensions_mut().insert(ConnectInfo(peer.clone()));
+        request.extensions_mut().insert(ConnectInfo(*peer));
         status_for(&mut service, request).await
     };
 
@@ -244,8 +243,8 @@ async fn a_connection_s_key_handle_follows_an_edit_of_its_rule() {
         "the store counted both connections' grants on the client's one counter"
     );
 
-    // The administrator gives /a five an hour: the connections' handles were made for the
-    // old rule, and the new one must count from the two units already spent.
+    // The administrator gives /a five an hour: the new rule counts from the two units
+    // already spent.
     sqlx::query(&format!(
         "UPDATE {DEFAULT_TABLE} SET limit_units = 5, burst = 5 WHERE name = 'client-a'"
     ))

@@ -49,8 +49,8 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
                 "match":{"method":"GET","path":"/"}}"#,
         ));
     }
-    // The time-stamp counter, as tower_governor's default clock reads it: `Limiter::in_memory`'s
-    // monotonic clock costs about a hundred instructions more per decision.
+    // The time-stamp counter, the clock tower_governor reads by default, so both layers pay
+    // for the same clock.
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
@@ -81,27 +81,19 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
 pub enum Serving {
     /// It does not need to: `into_make_service` (`none`).
     Bare,
-    /// The Tollgate layer around the router, made for each connection
-    /// (`into_make_service_with_peer`): requests carry nothing.
-    Connection,
-    /// The layer inside the router, which is given `ConnectInfo<PeerAddr>` (the client's key
-    /// written once per connection) in every request.
-    PeerAddr,
-    /// The layer inside the router, given the `ConnectInfo<SocketAddr>` every axum server can
-    /// give (`tower_governor` reads it; Tollgate writes the key out for each request).
+    /// From the `ConnectInfo<SocketAddr>` in every request, which both Tollgate and
+    /// `tower_governor` read.
     Socket,
 }
 
-/// How `mode` is served: Tollgate modes per connection unless `PEER=addr` or `PEER=socket`
-/// asks for connection info in each request; `governor` with the `SocketAddr` it reads;
-/// `none` bare, or with `SocketAddr` under `PEER=socket` (what connection info alone costs).
+/// How `mode` is served: with the `SocketAddr` the layers read; `none` bare, or with
+/// `SocketAddr` under `PEER=socket` (what connection info alone costs).
 pub fn serving(mode: &str) -> Serving {
     let peer = std::env::var("PEER").unwrap_or_default();
-    match (mode, peer.as_str()) {
-        ("governor", _) | (_, "socket") => Serving::Socket,
-        ("none", _) => Serving::Bare,
-        (_, "addr") => Serving::PeerAddr,
-        _ => Serving::Connection,
+    if mode == "none" && peer != "socket" {
+        Serving::Bare
+    } else {
+        Serving::Socket
     }
 }
 
