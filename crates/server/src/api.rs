@@ -10,13 +10,13 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tollgate::{
-    Check, DenialReason, Denied, LimitStatus, Outcome, Priority, Request, check_limit_name,
+    Check, Denied, DenyReason, LimitStatus, Outcome, Priority, Request, check_limit_name,
 };
 use tollgate_rules::{RawRule, normalize_path};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Code, ErrorBody, ErrorDetail};
-use crate::extract::{Admin, Body, Data, PermitInPath};
+use crate::extract::{Admin, Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
@@ -199,98 +199,6 @@ impl From<&LimitStatus> for LimitView {
     }
 }
 
-/// A JSON answer whose body is already written.
-fn json_response(body: String) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
-}
-
-/// A JSON string literal, escaped as serde_json escapes it.
-fn push_json_string(out: &mut String, text: &str) {
-    use std::fmt::Write;
-    out.push('"');
-    // Permit ids and limit names never need escaping: copy them whole.
-    if !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-        out.push_str(text);
-        out.push('"');
-        return;
-    }
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if u32::from(c) < 0x20 => {
-                // Writing to a String cannot fail.
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-impl CommitAnswer {
-    /// The answer as serde writes it, written out by hand (the other half of every call).
-    fn to_json(&self) -> String {
-        let mut out = String::with_capacity(48);
-        push_json_number(&mut out, "{\"refunded\":", self.refunded);
-        push_json_number(&mut out, ",\"released\":", self.released);
-        out.push('}');
-        out
-    }
-}
-
-impl Granted {
-    /// The answer as `Json` would write it, written out by hand: the grant is the hot answer,
-    /// and serde's writer through `Json` costs more than the rest of the handler.
-    fn to_json(&self) -> String {
-        granted_json(&self.permit, &self.limits)
-    }
-}
-
-/// `member` (the comma, the key and the colon), then `value`: numbers are written by `itoa`,
-/// as serde's writer writes them, without the formatting machinery's cost.
-fn push_json_number(out: &mut String, member: &str, value: u64) {
-    out.push_str(member);
-    out.push_str(itoa::Buffer::new().format(value));
-}
-
-fn granted_json(permit: &str, limits: &[LimitView]) -> String {
-    let mut out = String::with_capacity(permit.len() + 32 + limits.len() * 96);
-    out.push_str("{\"permit\":");
-    push_json_string(&mut out, permit);
-    out.push_str(",\"limits\":[");
-    for (index, limit) in limits.iter().enumerate() {
-        if index > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"name\":");
-        push_json_string(&mut out, &limit.name);
-        push_json_number(&mut out, ",\"remaining\":", limit.remaining);
-        push_json_number(&mut out, ",\"reset_ms\":", limit.reset_ms);
-        if let Some(fence) = limit.fence {
-            push_json_number(&mut out, ",\"fence\":", fence);
-        }
-        if let Some(expires_ms) = limit.expires_ms {
-            push_json_number(&mut out, ",\"expires_ms\":", expires_ms);
-        }
-        out.push('}');
-    }
-    out.push_str("]}");
-    out
-}
-
 /// A grant.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Granted {
@@ -313,12 +221,12 @@ pub(crate) struct RateLimited {
     limits: Vec<LimitView>,
 }
 
-fn reason_name(reason: DenialReason) -> &'static str {
+fn reason_name(reason: DenyReason) -> &'static str {
     match reason {
-        DenialReason::Capacity => "capacity",
-        DenialReason::Paused => "paused",
-        DenialReason::Recovering => "recovering",
-        DenialReason::Queued => "queued",
+        DenyReason::Capacity => "capacity",
+        DenyReason::Paused => "paused",
+        DenyReason::Recovering => "recovering",
+        DenyReason::Queued => "queued",
         #[allow(unreachable_patterns)]
         _ => "other",
     }
@@ -331,7 +239,7 @@ fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
         error: ErrorDetail {
             code: Code::RateLimited.as_str(),
             message: match denied.reason {
-                DenialReason::Recovering => format!(
+                DenyReason::Recovering => format!(
                     "not granted: recovering; the store lost what it counted (an unclean stop, \
                      or a Redis that came back empty), so the limit grants nothing until what \
                      was granted before can no longer count: {} from now (setting \
@@ -354,10 +262,10 @@ fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
         object.extend(extra);
     }
     let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response();
-    let seconds = retry_after_ms.div_ceil(1_000);
-    if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-        response.headers_mut().insert(header::RETRY_AFTER, value);
-    }
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after_ms.div_ceil(1_000)),
+    );
     response
 }
 
@@ -490,11 +398,11 @@ pub(crate) async fn acquire(
         Outcome::Granted(permit) => {
             let limits: Vec<LimitView> = permit.limits().iter().map(LimitView::from).collect();
             let id = permit.detach();
-            let granted = Granted {
+            Json(Granted {
                 permit: id.to_string(),
                 limits,
-            };
-            json_response(granted.to_json())
+            })
+            .into_response()
         }
         Outcome::Denied(denied) => rate_limited(&denied, None),
     })
@@ -526,18 +434,18 @@ pub(crate) struct CommitAnswer {
 pub(crate) async fn commit(
     _: Data,
     State(state): State<AppState>,
-    PermitInPath(permit): PermitInPath,
+    permit: Result<Path<String>, PathRejection>,
     Body(body): Body<CommitBody>,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<CommitAnswer>> {
+    let permit = path_name(permit, "permit")?;
     let used = body
         .used
         .ok_or_else(|| ApiError::bad_field("used", "is required: the units used, 0 to cost"))?;
     let committed = state.limiter().commit(&permit, used).await?;
-    let answer = CommitAnswer {
+    Ok(Json(CommitAnswer {
         refunded: committed.refunded,
         released: committed.released,
-    };
-    Ok(json_response(answer.to_json()))
+    }))
 }
 
 /// `POST /v1/permits/{permit}/renew` takes an empty body or `{}`.
@@ -559,9 +467,10 @@ pub(crate) struct RenewAnswer {
 pub(crate) async fn renew(
     _: Data,
     State(state): State<AppState>,
-    PermitInPath(permit): PermitInPath,
+    permit: Result<Path<String>, PathRejection>,
     Body(_): Body<RenewBody>,
 ) -> ApiResult<Json<RenewAnswer>> {
+    let permit = path_name(permit, "permit")?;
     let expires_in = state.limiter().renew(&permit).await?;
     Ok(Json(RenewAnswer {
         expires_ms: ms_ceil(expires_in),
@@ -851,54 +760,4 @@ pub(crate) async fn method_not_allowed() -> ApiError {
         Code::BadRequest,
         "method not allowed on this endpoint; see /openapi.json",
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn view(name: &str, fence: Option<u64>, expires_ms: Option<u64>) -> LimitView {
-        LimitView {
-            name: name.to_owned(),
-            remaining: 7,
-            reset_ms: 1_000,
-            fence,
-            expires_ms,
-        }
-    }
-
-    #[test]
-    fn written_out_answers_are_what_serde_writes() {
-        let cases = [
-            Granted {
-                permit: "0101abcdef".to_owned(),
-                limits: vec![view("vendor-x", None, None)],
-            },
-            Granted {
-                permit: String::new(),
-                limits: vec![
-                    view("a.b:c_d-e", Some(3), Some(30_000)),
-                    view(
-                        "odd \"name\" \\ \n\r\t\u{8}\u{c}\u{1}\u{1f} é",
-                        None,
-                        Some(0),
-                    ),
-                    view("x", Some(u64::MAX), None),
-                ],
-            },
-            Granted {
-                permit: "p".to_owned(),
-                limits: Vec::new(),
-            },
-        ];
-        for granted in &cases {
-            let by_serde = serde_json::to_string(granted).expect("serializes");
-            assert_eq!(granted.to_json(), by_serde);
-        }
-        for (refunded, released) in [(2, 1), (0, 0), (u64::MAX, 10)] {
-            let answer = CommitAnswer { refunded, released };
-            let by_serde = serde_json::to_string(&answer).expect("serializes");
-            assert_eq!(answer.to_json(), by_serde);
-        }
-    }
 }

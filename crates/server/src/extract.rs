@@ -111,19 +111,14 @@ where
 
 /// Parse JSON into `T`, naming the field at fault in every error.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+    let bytes: &[u8] = if bytes.trim_ascii().is_empty() {
         b"{}"
     } else {
         bytes
     };
     // serde would read an array into a struct by position; every body here is an object.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
         return Err(ApiError::bad_field("body", "must be a JSON object"));
-    }
-    // Well-formed bodies, the usual case, are read without tracking the path: only a refusal
-    // needs it, and it is found by reading the body again.
-    if let Ok(value) = serde_json::from_slice(bytes) {
-        return Ok(value);
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
@@ -195,39 +190,6 @@ mod tests {
     }
 
     #[test]
-    fn a_permit_path_has_one_segment_then_the_action() {
-        assert_eq!(
-            permit_segment("/v1/permits/ab01/commit", "commit"),
-            Some("ab01")
-        );
-        assert_eq!(
-            permit_segment("/v1/permits/ab01/renew", "renew"),
-            Some("ab01")
-        );
-        for path in [
-            "/v1/permits//commit",
-            "/v1/permits/ab01/commit/",
-            "/v1/permits/ab01/x/commit",
-            "/v1/permits/ab01",
-            "/v1/permits/ab01/renew",
-            "/v2/permits/ab01/commit",
-        ] {
-            assert_eq!(permit_segment(path, "commit"), None, "{path}");
-        }
-    }
-
-    #[test]
-    fn permit_segments_are_percent_decoded_as_the_router_decodes_them() {
-        assert_eq!(percent_decode("ab01").ok().as_deref(), Some("ab01"));
-        assert_eq!(percent_decode("%61b%301").ok().as_deref(), Some("ab01"));
-        // Not an escape: left as it is.
-        assert_eq!(percent_decode("%+1x%").ok().as_deref(), Some("%+1x%"));
-        assert_eq!(percent_decode("%zz%4").ok().as_deref(), Some("%zz%4"));
-        let refused = percent_decode("%ff").expect_err("not UTF-8");
-        assert_eq!(refused.field.as_deref(), Some("permit"));
-    }
-
-    #[test]
     fn every_refusal_names_a_field() {
         assert_eq!(field(r#"{"cost":-1}"#).as_deref(), Some("cost"));
         assert_eq!(field(r#"{"cost":"one"}"#).as_deref(), Some("cost"));
@@ -264,66 +226,4 @@ mod tests {
         assert!(!constant_time_eq(b"secret1", b"secret"));
         assert!(!constant_time_eq(b"", b"secret"));
     }
-}
-
-/// Where a permit's routes keep its id: `/v1/permits/{permit}/...`.
-const PERMITS_PREFIX: &str = "/v1/permits/";
-
-/// The permit id of a `/v1/permits/{permit}/{action}` path, still percent-encoded, if the path
-/// has that shape (one non-empty segment for the id, then `action`).
-pub(crate) fn permit_segment<'p>(path: &'p str, action: &str) -> Option<&'p str> {
-    let rest = path.strip_prefix(PERMITS_PREFIX)?;
-    let (permit, tail) = rest.split_once('/')?;
-    (!permit.is_empty() && tail == action).then_some(permit)
-}
-
-/// The permit id from the path, percent-decoded, read straight from the URI: the busiest
-/// routes are dispatched without the router (`endpoints`), so there are no route parameters.
-#[derive(Debug)]
-pub(crate) struct PermitInPath(pub String);
-
-impl<S: Send + Sync> FromRequestParts<S> for PermitInPath {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<PermitInPath, ApiError> {
-        let path = parts.uri.path();
-        let segment = permit_segment(path, "commit")
-            .or_else(|| permit_segment(path, "renew"))
-            .ok_or_else(|| ApiError::bad_field("permit", "is missing from the path"))?;
-        percent_decode(segment).map(PermitInPath)
-    }
-}
-
-/// `%XY` as the byte it stands for; a `%` not followed by two hex digits stays as it is.
-fn percent_decode(segment: &str) -> Result<String, ApiError> {
-    if !segment.contains('%') {
-        return Ok(segment.to_owned());
-    }
-    let bytes = segment.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let escaped = match bytes.get(index..index + 3) {
-            Some(&[b'%', high, low]) => hex_digit(high).zip(hex_digit(low)),
-            _ => None,
-        };
-        match escaped {
-            Some((high, low)) => {
-                decoded.push(high << 4 | low);
-                index += 3;
-            }
-            None => {
-                decoded.push(bytes[index]);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8(decoded)
-        .map_err(|_| ApiError::bad_field("permit", "is not UTF-8 once percent-decoded"))
-}
-
-fn hex_digit(byte: u8) -> Option<u8> {
-    char::from(byte)
-        .to_digit(16)
-        .and_then(|digit| u8::try_from(digit).ok())
 }

@@ -4,16 +4,18 @@
 //! Store round trips are timed by wrapping the store (`MeteredStore`), so every store, present
 //! or future, is measured the same way without the engine knowing about metrics.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
+use axum::extract::State;
+use axum::response::Response;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tollgate::{Committed, Decision, Priority, Renewed, Store, StoreFuture, Take};
+use tollgate::{Committed, Decision, MemoryStore, Priority, Renewed, Store, StoreFuture, Take};
 use tollgate_rules::Rules;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,7 +65,7 @@ impl Metrics {
     /// The registry, with the rules and store read at scrape time.
     pub(crate) fn new(
         rules: Rules,
-        store: Arc<dyn Store>,
+        memory: Option<Arc<MemoryStore>>,
         store_seconds: HistogramFamily<OperationLabels>,
     ) -> Metrics {
         let mut registry = Registry::with_prefix("tollgate");
@@ -95,7 +97,7 @@ impl Metrics {
         );
         let errors = Family::<CodeLabels, Counter>::default();
         registry.register("http_errors", "Error answers, by code", errors.clone());
-        registry.register_collector(Box::new(ScrapeTime { rules, store }));
+        registry.register_collector(Box::new(ScrapeTime { rules, memory }));
         Metrics {
             registry: Arc::new(registry),
             grants,
@@ -118,7 +120,8 @@ impl Metrics {
 #[derive(Debug)]
 struct ScrapeTime {
     rules: Rules,
-    store: Arc<dyn Store>,
+    /// The memory store, whose counters are counted; a shared store's are its own business.
+    memory: Option<Arc<MemoryStore>>,
 }
 
 fn encode_one(
@@ -166,12 +169,12 @@ impl prometheus_client::collector::Collector for ScrapeTime {
             "Version of the rules in force; it grows with every change applied",
             &ConstGauge::new(snapshot.version() as i64),
         )?;
-        if let Some(tracked) = self.store.tracked_keys() {
+        if let Some(memory) = &self.memory {
             encode_one(
                 &mut encoder,
                 "keys_tracked",
                 "Counters the store tracks now (bounded by keys_tracked_max)",
-                &ConstGauge::new(i64::try_from(tracked).unwrap_or(i64::MAX)),
+                &ConstGauge::new(i64::try_from(memory.len()).unwrap_or(i64::MAX)),
             )?;
         }
         Ok(())
@@ -188,25 +191,14 @@ pub(crate) fn store_seconds_family() -> HistogramFamily<OperationLabels> {
 pub(crate) struct MeteredStore {
     inner: Arc<dyn Store>,
     seconds: HistogramFamily<OperationLabels>,
-    /// Each operation's histogram, taken from the family on its first use and kept: looking it
-    /// up in the family locks and hashes on every round trip. Taken lazily so that an
-    /// operation never used shows no series, as before.
-    by_operation: [OnceLock<Histogram>; OPERATIONS.len()],
 }
-
-/// The operations timed, in the order of `MeteredStore::by_operation`.
-const OPERATIONS: [&str; 4] = ["acquire", "commit", "renew", "pause"];
 
 impl MeteredStore {
     pub(crate) fn new(
         inner: Arc<dyn Store>,
         seconds: HistogramFamily<OperationLabels>,
     ) -> MeteredStore {
-        MeteredStore {
-            inner,
-            seconds,
-            by_operation: Default::default(),
-        }
+        MeteredStore { inner, seconds }
     }
 
     fn timed<'a, T: Send + 'a>(
@@ -229,67 +221,24 @@ impl MeteredStore {
     }
 
     fn observe(&self, operation: &'static str, started: Instant) {
-        let seconds = started.elapsed().as_secs_f64();
-        match OPERATIONS.iter().position(|known| *known == operation) {
-            Some(index) => self.by_operation[index]
-                .get_or_init(|| {
-                    self.seconds
-                        .get_or_create(&OperationLabels { operation })
-                        .clone()
-                })
-                .observe(seconds),
-            None => self
-                .seconds
-                .get_or_create(&OperationLabels { operation })
-                .observe(seconds),
-        }
+        self.seconds
+            .get_or_create(&OperationLabels { operation })
+            .observe(started.elapsed().as_secs_f64());
     }
 }
 
 impl Store for MeteredStore {
+    // A ready answer stays ready: the limiter decides on the calling thread as before.
     fn acquire<'a>(
         &'a self,
         takes: &'a [Take<'a>],
         cost: u64,
         priority: Priority,
+        refundable: bool,
     ) -> StoreFuture<'a, Decision> {
         let started = Instant::now();
-        self.timed(
-            "acquire",
-            started,
-            self.inner.acquire(takes, cost, priority),
-        )
-    }
-
-    fn acquire_final<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-    ) -> StoreFuture<'a, Decision> {
-        let started = Instant::now();
-        self.timed(
-            "acquire",
-            started,
-            self.inner.acquire_final(takes, cost, priority),
-        )
-    }
-
-    fn acquire_one_final_now(
-        &self,
-        take: Take<'_>,
-        cost: u64,
-        priority: Priority,
-    ) -> Option<tollgate::Result<tollgate::CounterOutcome>> {
-        let started = Instant::now();
-        let answer = self.inner.acquire_one_final_now(take, cost, priority)?;
-        self.observe("acquire", started);
-        Some(answer)
-    }
-
-    // Timing wraps a ready answer in a ready answer: the inner store's promise stands.
-    fn answers_at_once(&self) -> bool {
-        self.inner.answers_at_once()
+        let answer = self.inner.acquire(takes, cost, priority, refundable);
+        self.timed("acquire", started, answer)
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -315,104 +264,20 @@ impl Store for MeteredStore {
     fn on_wake(&self, wake: tollgate::WakeFn) {
         self.inner.on_wake(wake);
     }
-
-    fn tracked_keys(&self) -> Option<u64> {
-        self.inner.tracked_keys()
-    }
 }
 
 /// Counts error answers by code (`tollgate_http_errors_total`), from the code every error
-/// answer carries in its extensions. A layer of its own rather than axum's
-/// `map_response_with_state`, which boxes every request's future and clones the service: that
-/// cost 4 700 instructions per acquire + commit pair, more than the rest of the handlers.
-#[derive(Clone, Debug)]
-pub(crate) struct CountErrorsLayer {
-    errors: Family<CodeLabels, Counter>,
-}
-
-impl CountErrorsLayer {
-    pub(crate) fn new(errors: Family<CodeLabels, Counter>) -> CountErrorsLayer {
-        CountErrorsLayer { errors }
+/// answer carries in its extensions.
+pub(crate) async fn count_errors(
+    State(errors): State<Family<CodeLabels, Counter>>,
+    response: Response,
+) -> Response {
+    if let Some(code) = response.extensions().get::<crate::error::Code>() {
+        errors
+            .get_or_create(&CodeLabels {
+                code: code.as_str(),
+            })
+            .inc();
     }
-}
-
-impl<S> tower_layer::Layer<S> for CountErrorsLayer {
-    type Service = CountErrors<S>;
-
-    fn layer(&self, inner: S) -> CountErrors<S> {
-        CountErrors {
-            inner,
-            errors: self.errors.clone(),
-        }
-    }
-}
-
-/// The service `CountErrorsLayer` wraps around each route.
-#[derive(Clone, Debug)]
-pub(crate) struct CountErrors<S> {
-    inner: S,
-    errors: Family<CodeLabels, Counter>,
-}
-
-impl<S, B> tower_service::Service<axum::http::Request<B>> for CountErrors<S>
-where
-    S: tower_service::Service<axum::http::Request<B>, Response = axum::response::Response>,
-{
-    type Response = axum::response::Response;
-    type Error = S::Error;
-    type Future = CountErrorsFuture<S::Future>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        CountErrorsFuture {
-            inner: self.inner.call(request),
-            errors: self.errors.clone(),
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The route's answer, counted once it is ready.
-    pub(crate) struct CountErrorsFuture<F> {
-        #[pin]
-        inner: F,
-        errors: Family<CodeLabels, Counter>,
-    }
-}
-
-impl<F> std::fmt::Debug for CountErrorsFuture<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CountErrorsFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, E> std::future::Future for CountErrorsFuture<F>
-where
-    F: std::future::Future<Output = Result<axum::response::Response, E>>,
-{
-    type Output = Result<axum::response::Response, E>;
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        let result = std::task::ready!(this.inner.poll(cx));
-        if let Ok(response) = &result
-            && let Some(code) = response.extensions().get::<crate::error::Code>()
-        {
-            this.errors
-                .get_or_create(&CodeLabels {
-                    code: code.as_str(),
-                })
-                .inc();
-        }
-        std::task::Poll::Ready(result)
-    }
+    response
 }
