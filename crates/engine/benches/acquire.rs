@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::store::{CounterId, Take};
 use tollgate::{
-    Algorithm, Check, CounterId, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore,
-    MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve, Take, TscClock,
+    Algorithm, Check, Limit, LimitHandle, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    Outcome, PermitSecret, Policy, Priority, Request, Reserve, TscClock,
 };
 
 /// Units per period of every sliding limit here: the largest the core accepts, never reached.

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
+use crate::store::Store;
 use crate::{
     Check, DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
-    Request, Store,
+    Request,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,

@@ -1,6 +1,6 @@
 //! Tollgate: keep a fleet of programs inside the limits that APIs impose.
 //!
-//! A [`Limiter`] holds named [`Limit`]s and decides requests against a [`Store`]: the
+//! A [`Limiter`] holds named [`Limit`]s and decides requests against a [`store::Store`]: the
 //! in-memory [`MemoryStore`] for one process, or a shared store for many. A request names one
 //! or more limits and is granted on all or none; it may wait, in priority order, for room.
 //! Grants are [`Permit`]s: rate units that `commit(used)` partly refunds, and leases with
@@ -19,7 +19,7 @@ mod limiter;
 mod limits;
 mod memory;
 mod permit;
-mod store;
+pub mod store;
 mod sync;
 mod waiters;
 
@@ -40,7 +40,6 @@ pub use memory::{
     SavedCounter,
 };
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
-pub use store::{CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
     Priority, Reserve,

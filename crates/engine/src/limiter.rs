@@ -56,7 +56,7 @@ impl<'a> Request<'a> {
     /// One unit of every limit in `limits`, granted on all or none.
     pub fn all(limits: &[&'a str]) -> Request<'a> {
         Request {
-            limits: limits.iter().copied().collect(),
+            limits: SmallVec::from_slice(limits),
             key: None,
             cost: 1,
             priority: Priority::Normal,
@@ -247,11 +247,15 @@ impl Answer for Check {
         if !decision.is_granted() {
             return Check::Denied(Limiter::denied(resolved, &decision));
         }
-        let statuses = decision.outcomes().iter().map(|outcome| match outcome {
-            CounterOutcome::Granted(grant) => status(grant.remaining, grant.reset_after_us),
-            _ => status(0, 0),
-        });
-        Check::Allowed(statuses.collect())
+        let mut statuses = Statuses::default();
+        for outcome in decision.outcomes() {
+            if let CounterOutcome::Granted(grant) = outcome {
+                statuses
+                    .0
+                    .push(status(grant.remaining, grant.reset_after_us));
+            }
+        }
+        Check::Allowed(statuses)
     }
 
     fn denied(denied: Denied) -> Check {
@@ -312,8 +316,9 @@ pub struct Limiter {
 }
 
 /// A request's limits, borrowed from the table in force when it was resolved.
+/// Inline for a chain of three limits (user concurrency, user frequency, endpoint).
 struct Resolved<'t> {
-    limits: SmallVec<[&'t Limit; COUNTERS_PER_REQUEST_MAX]>,
+    limits: SmallVec<[&'t Limit; 3]>,
 }
 
 impl<'t> Resolved<'t> {
@@ -325,13 +330,15 @@ impl<'t> Resolved<'t> {
         }
     }
 
-    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; COUNTERS_PER_REQUEST_MAX]> {
-        (0..self.limits.len())
-            .map(|index| Take {
+    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; 3]> {
+        let mut takes = SmallVec::new();
+        for (index, limit) in self.limits.iter().enumerate() {
+            takes.push(Take {
                 counter: self.counter(index, key),
-                policy: self.limits[index].policy(),
-            })
-            .collect()
+                policy: limit.policy(),
+            });
+        }
+        takes
     }
 }
 
@@ -971,16 +978,28 @@ impl LimitHandle {
         cost: u64,
         priority: Priority,
     ) -> Option<Result<Check>> {
-        // The word holds the counter while it needs nothing else; a request that waits may be
+        // The memory store's own ways for a counter that needs nothing but its GCRA backlog: an
+        // unkeyed limit's word, a keyed one's tracked counter. A request that waits may be
         // ahead of this one in the queue, and only the limiter's way checks the queue.
-        if key.is_none()
-            && let Some(hot) = &self.hot
-            && !self.limiter.shared.waiters.anyone_waiting()
-            && self.in_force()
-            && let Some(step) = hot.decide(self.limit.policy(), cost, priority)
-        {
-            let allowed = std::iter::once(status(step.remaining, step.reset_after_us));
-            return Some(Ok(Check::Allowed(allowed.collect())));
+        let shared = &self.limiter.shared;
+        if !shared.waiters.anyone_waiting() && self.in_force() {
+            let policy = self.limit.policy();
+            let step = match (key, &self.hot, &shared.memory) {
+                (None, Some(hot), _) => hot.decide(policy, cost, priority),
+                (Some(key), _, Some(memory)) if self.limit.per().is_some() => {
+                    let counter = CounterId {
+                        limit: self.limit.name(),
+                        key: Some(key),
+                    };
+                    memory.grant_tracked(Take { counter, policy }, cost, priority)
+                }
+                _ => None,
+            };
+            if let Some(step) = step {
+                let mut allowed = Statuses::default();
+                allowed.0.push(status(step.remaining, step.reset_after_us));
+                return Some(Ok(Check::Allowed(allowed)));
+            }
         }
         self.limiter
             .decide_now(&self.request(key, cost, priority), Some(self))

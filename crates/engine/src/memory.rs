@@ -19,7 +19,9 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{Committed, Counter, DenyReason, Policy, Priority};
+use tollgate_core::{
+    Committed, Counter, DenyReason, GcraStep, Grant, Policy, Priority, gcra_admit,
+};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -126,6 +128,22 @@ impl Entry {
             // Handles' grants moved only the backlog's end, so that is all `idle_at` misses.
             self.idle_at = self.idle_at.max(tat);
         }
+    }
+
+    /// A grant nobody will refund, decided on the GCRA backlog alone (`gcra_admit`) when the
+    /// counter needs nothing else, as its hot word would decide it. `None` changed nothing.
+    fn grant_backlog_alone(
+        &mut self,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<GcraStep> {
+        let tat = self.counter.gcra_alone(policy, now)?;
+        let step = gcra_admit(tat, policy, now, cost, priority)?;
+        self.counter.set_gcra_tat(step.tat);
+        self.idle_at = self.idle_at.max(step.tat);
+        Some(step)
     }
 
     /// After a decision on this counter alone, under the lock hold that seized it: let
@@ -789,6 +807,9 @@ impl MemoryStore {
                 format!("at most {COUNTERS_PER_REQUEST_MAX} limits per request"),
             ));
         }
+        if let [take] = takes {
+            return self.acquire_one(*take, cost, priority, refundable);
+        }
         let count = takes.len();
         let mut located = [Located { shard: 0, hash: 0 }; COUNTERS_PER_REQUEST_MAX];
         for (slot, take) in located.iter_mut().zip(takes) {
@@ -816,20 +837,17 @@ impl MemoryStore {
             cost,
             priority,
         };
-        // At the cap, a request over several counters must not sweep a shard it holds: its
-        // own new counters are idle until granted.
-        let room = if count == 1 { Room::Sweep } else { Room::Keep };
 
-        let mut outcomes: SmallVec<[CounterOutcome; 3]> = SmallVec::with_capacity(count);
+        let mut outcomes: SmallVec<[CounterOutcome; 1]> = SmallVec::with_capacity(count);
         let mut all_allowed = true;
         let mut index_of_take = [0usize; COUNTERS_PER_REQUEST_MAX];
-        let mut pauses = [0u64; COUNTERS_PER_REQUEST_MAX];
         for (position, take) in takes.iter().enumerate() {
             let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-            pauses[position] = limit_pause_until;
             let shard = &mut guards[guard_of_take[position]];
             let hash = located[position].hash;
-            let index = self.entry_index(shard, take.counter, hash, now, room)?;
+            // At the cap, no sweep of a shard this request holds: its own new counters are
+            // idle until granted.
+            let index = self.entry_index(shard, take.counter, hash, now, Room::Keep)?;
             index_of_take[position] = index;
             let entry = &mut shard.counters[index];
             // The last counter, when every one allows the request, is granted next, and the
@@ -840,22 +858,93 @@ impl MemoryStore {
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
-        for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
-            let shard = &mut guards[guard_of_take[position]];
-            // The index the check found still holds its counter: nothing is swept or moved
-            // while the locks are held (a sweep at the cap runs before its own insertion).
-            let entry = &mut shard.counters[index_of_take[position]];
-            if all_allowed {
+        if all_allowed {
+            for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
+                let shard = &mut guards[guard_of_take[position]];
+                // The index the check found still holds its counter: under `Room::Keep`
+                // nothing is swept or moved while the locks are held.
+                let entry = &mut shard.counters[index_of_take[position]];
                 *outcome = grant_entry(entry, *take, asked, refundable);
-            }
-            if count == 1 {
-                entry.publish(take.policy, now, pauses[position]);
             }
         }
         for guard in guards.iter_mut() {
             self.sweep_after(guard, now);
         }
-        Ok(Decision::new(now, outcomes))
+        Ok(Decision::from_outcomes(now, outcomes))
+    }
+
+    /// `acquire_locked` for one counter: one shard, nothing to order. A decision on a counter
+    /// alone hands its hot word, if it has one, back to its handles.
+    fn acquire_one(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+    ) -> Result<Decision> {
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let now = self.clock.now_us();
+        let asked = Asked {
+            now,
+            cost,
+            priority,
+        };
+        let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+        let index = self.entry_index(&mut shard, take.counter, located.hash, now, Room::Sweep)?;
+        let entry = &mut shard.counters[index];
+        // A grant nobody will refund on a counter that needs nothing but its GCRA backlog is
+        // decided as its hot word would decide it.
+        let admitted = (!refundable && limit_pause_until <= now)
+            .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
+            .flatten();
+        let outcome = match admitted {
+            Some(step) => {
+                CounterOutcome::Granted(Grant {
+                    // Nothing to commit: no number is handed out.
+                    seq: 0,
+                    remaining: step.remaining,
+                    reset_after_us: step.reset_after_us,
+                    lease_expires_at: None,
+                })
+            }
+            None => {
+                let checked = check_entry(entry, take, asked, limit_pause_until, true)?;
+                match self.labelled(take, &entry.counter, now, checked) {
+                    CounterOutcome::Allowed { .. } => grant_entry(entry, take, asked, refundable),
+                    refused => refused,
+                }
+            }
+        };
+        entry.publish(take.policy, now, limit_pause_until);
+        self.sweep_after(&mut shard, now);
+        let mut outcomes = SmallVec::new();
+        outcomes.push(outcome);
+        Ok(Decision::from_outcomes(now, outcomes))
+    }
+
+    /// A keyed `LimitHandle`'s grant nobody will refund on a counter this store tracks, when
+    /// its GCRA backlog alone decides it (`Entry::grant_backlog_alone`) and no limit-wide pause
+    /// is on. The counter is found, never made, so its key was checked when it was made. `None`
+    /// counted nothing: the handle asks the usual way, which decides and explains.
+    pub(crate) fn grant_tracked(
+        &self,
+        take: Take<'_>,
+        cost: u64,
+        priority: Priority,
+    ) -> Option<GcraStep> {
+        let located = self.locate(take.counter);
+        let mut shard = lock(&self.shards[located.shard]);
+        let now = self.clock.now_us();
+        if self.limit_pauses_end.load(Ordering::Acquire) > now {
+            return None;
+        }
+        let index = shard.find(take.counter, located.hash)?;
+        let entry = &mut shard.counters[index];
+        entry.seize();
+        let step = entry.grant_backlog_alone(take.policy, now, cost, priority);
+        entry.publish(take.policy, now, 0);
+        step
     }
 
     /// A word through which a `LimitHandle` decides on `take`'s counter without the shard's

@@ -1,7 +1,8 @@
-//! The seam between the engine and where counters live. A store decides atomically, with its
-//! own clock, on all counters of one request: every check, then every grant, or nothing.
-//! The engine knows nothing of how a store keeps its counters; stores know nothing of waiting,
-//! priorities across requests, or permits as guards.
+//! The seam between the engine and where counters live: what a store implements (`Store`) and
+//! the values it trades in. A store decides atomically, with its own clock, on all counters of
+//! one request: every check, then every grant, or nothing. The engine knows nothing of how a
+//! store keeps its counters; stores know nothing of waiting, priorities across requests, or
+//! permits as guards.
 
 use std::any::Any;
 use std::fmt;
@@ -69,8 +70,8 @@ pub enum CounterOutcome {
 pub struct Decision {
     /// The store's clock at the decision, in microseconds.
     pub now_us: u64,
-    /// Inline for a chain of three limits (user concurrency, user frequency, endpoint).
-    outcomes: SmallVec<[CounterOutcome; 3]>,
+    /// One inline: a decision is moved through a few returns, and most name one limit.
+    outcomes: SmallVec<[CounterOutcome; 1]>,
 }
 
 impl Decision {
@@ -80,6 +81,10 @@ impl Decision {
             now_us,
             outcomes: outcomes.into_iter().collect(),
         }
+    }
+
+    pub(crate) fn from_outcomes(now_us: u64, outcomes: SmallVec<[CounterOutcome; 1]>) -> Decision {
+        Decision { now_us, outcomes }
     }
 
     pub fn outcomes(&self) -> &[CounterOutcome] {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use tollgate::store::{CounterId, Store, Take};
 use tollgate::{
-    Algorithm, Check, CounterId, DenyReason, Error, Limit, LimitHandle, Limiter, LimiterConfig,
-    ManualClock, MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request,
-    Reserve, Store, Take,
+    Algorithm, Check, DenyReason, Error, Limit, LimitHandle, Limiter, LimiterConfig, ManualClock,
+    MemoryStore, MemoryStoreConfig, Outcome, PermitSecret, Policy, Priority, Request, Reserve,
 };
 
 const SECOND_US: u64 = 1_000_000;

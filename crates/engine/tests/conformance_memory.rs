@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use tollgate::conformance::Stores;
-use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock, Store};
+use tollgate::store::Store;
+use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
 
 async fn memory_stores(_test: &'static str) -> Option<Stores> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(

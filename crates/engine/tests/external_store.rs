@@ -21,10 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tollgate::conformance::Stores;
 use tollgate::core::{Counter, Denial};
+use tollgate::store::{
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+};
 use tollgate::{
-    COUNTERS_PER_REQUEST_MAX, Clock, Committed, CounterId, CounterOutcome, Decision, DenyReason,
-    Error, MonotonicClock, PermitError, Priority, Renewed, Result, Store, StoreFuture, Take,
-    WakeFn, check_key,
+    COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, MonotonicClock, PermitError,
+    Priority, Result, check_key,
 };
 
 /// A counter's id, owned: its limit and, for a limit counted per key, its key.

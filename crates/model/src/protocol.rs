@@ -630,8 +630,12 @@ impl Model for ProtocolModel {
                     // flight changes nothing anyone can observe, so it is not a state of its own.
                     next.workers[worker] = Phase::Idle;
                 } else {
-                    let rate_grant = next.rate.grant(&self.rate, now, cost, Priority::Normal, true);
-                    let lease_grant = next.leases.grant(&self.leases, now, 1, Priority::Normal, true);
+                    let rate_grant = next
+                        .rate
+                        .grant(&self.rate, now, cost, Priority::Normal, true);
+                    let lease_grant =
+                        next.leases
+                            .grant(&self.leases, now, 1, Priority::Normal, true);
                     let expires_at = now + self.setup.lease_ttl_us();
                     assert_eq!(
                         lease_grant.lease_expires_at,

@@ -11,9 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::{
-    Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve, Store,
-};
+use tollgate::store::Store;
+use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
 use tollgate_redis::{LeasingConfig, LeasingStore, RedisStore, RedisStoreConfig};
 
 const RUN: Duration = Duration::from_secs(3);

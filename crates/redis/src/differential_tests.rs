@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tollgate::{CounterId, CounterOutcome, Error, Take};
+use tollgate::Error;
+use tollgate::store::{CounterId, CounterOutcome, Take};
 use tollgate_core::{
     Algorithm, Committed, Counter, DenyReason, PermitError, Policy, Priority, Reserve, Verdict,
 };

@@ -50,7 +50,7 @@ impl Keys {
     }
 
     /// `tg:{ns}:c:<len>:<limit>` or `tg:{ns}:c:<len>:<limit>:<len>:<key>`.
-    pub(crate) fn counter(&self, counter: tollgate::CounterId<'_>) -> String {
+    pub(crate) fn counter(&self, counter: tollgate::store::CounterId<'_>) -> String {
         let mut key = String::with_capacity(self.prefix.len() + 16 + counter.limit.len());
         key.push_str(&self.prefix);
         key.push_str("c:");
@@ -63,7 +63,7 @@ impl Keys {
     }
 
     /// `tg:{ns}:r:...`: the open reservations of the counter `counter` names (same fields).
-    pub(crate) fn reservations(&self, counter: tollgate::CounterId<'_>) -> String {
+    pub(crate) fn reservations(&self, counter: tollgate::store::CounterId<'_>) -> String {
         let mut key = self.counter(counter);
         // "c:" becomes "r:" right after the prefix.
         key.replace_range(self.prefix.len()..self.prefix.len() + 1, "r");
@@ -71,7 +71,7 @@ impl Keys {
     }
 
     /// `tg:{ns}:q:...`: the older sliding buckets of the counter `counter` names (same fields).
-    pub(crate) fn buckets(&self, counter: tollgate::CounterId<'_>) -> String {
+    pub(crate) fn buckets(&self, counter: tollgate::store::CounterId<'_>) -> String {
         let mut key = self.counter(counter);
         key.replace_range(self.prefix.len()..self.prefix.len() + 1, "q");
         key
@@ -117,7 +117,7 @@ fn take_field(text: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate::CounterId;
+    use tollgate::store::CounterId;
 
     #[test]
     fn user_text_never_reaches_the_hash_tag_or_another_counter() {

@@ -27,7 +27,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate::{CounterOutcome, Decision, Renewed, Result, Store, StoreFuture, Take, WakeFn};
+use tollgate::Result;
+use tollgate::store::{CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
 use tollgate_core::{Algorithm, Committed, Grant, Kind, Policy, Priority};
 
 /// Reservation numbers of units handed out from a block carry this bit; the store's own numbers
@@ -351,7 +352,7 @@ async fn return_expired_blocks(store: Weak<LeasingStore>, period: Duration) {
         };
         for ((limit, key), pool) in expired {
             let take = Take {
-                counter: tollgate::CounterId {
+                counter: tollgate::store::CounterId {
                     limit: &limit,
                     key: key.as_deref(),
                 },

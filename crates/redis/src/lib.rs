@@ -37,9 +37,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script, Value};
-use tollgate::{
-    CounterId, CounterOutcome, Decision, Error, Renewed, Result, Store, StoreFuture, Take, WakeFn,
+use tollgate::store::{
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
 };
+use tollgate::{Error, Result};
 use tollgate_core::{
     Algorithm, Committed, Denial, DenyReason, Grant, Kind, PermitError, Policy, Priority,
 };

@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, CounterId, Limit, Limiter, Policy, Request, Reserve};
+use tollgate::store::CounterId;
+use tollgate::{Algorithm, Limit, Limiter, Policy, Request, Reserve};
 
 const LIMIT: u64 = 100;
 

@@ -33,7 +33,7 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
     }
     // The replica the store fails over to never saw those grants, and is a few versions behind.
     let mut connection = common::raw_connection(&url).await;
-    let counter_key = store.counter_key(tollgate::CounterId {
+    let counter_key = store.counter_key(tollgate::store::CounterId {
         limit: "vendor",
         key: None,
     });

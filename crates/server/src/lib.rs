@@ -23,9 +23,9 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 use tokio::sync::watch;
+use tollgate::store::Store;
 use tollgate::{
     Clock, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret,
-    Store,
 };
 use tollgate_rules::{Rules, SourceError, SqlSource};
 

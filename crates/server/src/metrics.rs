@@ -15,7 +15,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tollgate::{Committed, Decision, MemoryStore, Priority, Renewed, Store, StoreFuture, Take};
+use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take};
+use tollgate::{Committed, MemoryStore, Priority};
 use tollgate_rules::Rules;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -261,7 +262,7 @@ impl Store for MeteredStore {
         self.inner.ping()
     }
 
-    fn on_wake(&self, wake: tollgate::WakeFn) {
+    fn on_wake(&self, wake: tollgate::store::WakeFn) {
         self.inner.on_wake(wake);
     }
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take};
 use tollgate::{
-    Committed, Decision, Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig,
-    PermitSecret, Priority, Renewed, Store, StoreFuture, Take,
+    Committed, Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret,
+    Priority,
 };
 use tollgate_rules::{RawRule, Rule};
 use tollgate_tower::{

@@ -57,7 +57,7 @@ async fn run() {
     let concurrency: u64 = argument(&args, 7, "CONCURRENCY");
     let deadline_ms: u64 = argument(&args, 8, "DEADLINE_MS");
 
-    let store: Arc<dyn tollgate::Store> = if store_url == "memory" {
+    let store: Arc<dyn tollgate::store::Store> = if store_url == "memory" {
         Limiter::in_memory().store().clone()
     } else {
         let store = RedisStore::connect(RedisStoreConfig {
