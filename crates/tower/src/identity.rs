@@ -58,9 +58,11 @@ impl Identity {
             }
             Identity::Peer(trusted) => {
                 let ConnectInfo(peer) = extensions.get::<ConnectInfo<SocketAddr>>()?;
-                Some(Cow::Owned(
-                    client_ip(peer.ip(), headers, trusted).to_string(),
-                ))
+                Some(Cow::Owned(address_key(client_ip(
+                    peer.ip(),
+                    headers,
+                    trusted,
+                ))))
             }
         }
     }
@@ -74,6 +76,28 @@ impl fmt::Debug for Identity {
             Identity::Peer(trusted) => f.debug_tuple("Peer").field(trusted).finish(),
         }
     }
+}
+
+/// An address as `Display` writes it. IPv4 by hand: through the formatting machinery it is
+/// 12 % of a throttled request's instructions (`benches/overhead.rs`, `tollgate-gcra`).
+fn address_key(address: IpAddr) -> String {
+    let IpAddr::V4(v4) = address else {
+        return address.to_string();
+    };
+    let mut key = String::with_capacity(15);
+    for (index, octet) in v4.octets().into_iter().enumerate() {
+        if index > 0 {
+            key.push('.');
+        }
+        if octet >= 100 {
+            key.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            key.push(char::from(b'0' + octet / 10 % 10));
+        }
+        key.push(char::from(b'0' + octet % 10));
+    }
+    key
 }
 
 /// What to do with a request that matched a rule counted per user but names no user.
@@ -259,6 +283,16 @@ fn parse_node(text: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn address_keys_are_what_display_writes() {
+        for octet in [0u8, 7, 9, 10, 42, 99, 100, 199, 200, 255] {
+            let v4 = IpAddr::from([octet, 255 - octet, octet / 3, 1]);
+            assert_eq!(address_key(v4), v4.to_string());
+        }
+        let v6: IpAddr = "2001:db8::1".parse().expect("an address");
+        assert_eq!(address_key(v6), v6.to_string());
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

@@ -4,9 +4,10 @@
 //!
 //! A request that matches no rule goes straight to the service. A matched one is decided by
 //! the limiter in one all-or-nothing request (see the crate docs); the service is called only
-//! when it is granted. The decision is polled once in `call`, where an in-process store (the
-//! memory store) completes it; a remote store's decision, the same future, is awaited in the
-//! response future.
+//! when it is granted. A request one rule matches, with no lease to hold, is decided by that
+//! rule's `LimitHandle` in `call` when the store answers at once. Any other is decided in one
+//! future polled once in `call`, where an in-process store (the memory store) completes it; a
+//! remote store's decision, the same future, is awaited in the response future.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -23,7 +24,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use serde::Serialize;
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit};
+use tollgate::{
+    COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -261,6 +264,15 @@ impl Shared {
         } else {
             None
         };
+        // One rule with nothing to hold: its handle answers here when the store can (the
+        // memory store), and asks nothing when it cannot.
+        if let [position] = matched[..]
+            && !leases
+            && let Some(handle) = &index.entries[position as usize].handle
+            && let Some(checked) = handle.check_now(key.as_deref(), 1, Priority::Normal)
+        {
+            return Prepared::Settled(self.settle_check(&index, &matched, checked));
+        }
         let shared = Arc::clone(self);
         let key = key.map(Cow::into_owned);
         let mut decision: Decision = Box::pin(async move {

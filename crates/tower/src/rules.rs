@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, Limiter};
+use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
 use tollgate_rules::{PathError, Rule, RuleError, Rules, check_fanout, normalize_path};
 
 use crate::headers::policy_item;
@@ -67,6 +67,9 @@ pub(crate) struct Entry {
     /// The one method the rule matches, as it names it; `None`: every method.
     method: Option<Box<str>>,
     pub(crate) counters: Arc<RuleCounters>,
+    /// The rule's limit, looked up when the index was built: a request this rule alone
+    /// matches is decided without a name lookup. `None` while the limit is not in force.
+    pub(crate) handle: Option<LimitHandle>,
 }
 
 /// The matched rules of one request, as indexes into `RuleIndex::entries`, in chain order.
@@ -111,6 +114,7 @@ impl RuleIndex {
         version: u64,
         rules: impl Iterator<Item = &'a Arc<Rule>>,
         previous: Option<&RuleIndex>,
+        limiter: Option<&Limiter>,
     ) -> RuleIndex {
         let mut rules: Vec<&Arc<Rule>> = rules.filter(|rule| rule.matcher().is_some()).collect();
         rules.sort_by(|a, b| (chain_rank(a), a.name()).cmp(&(chain_rank(b), b.name())));
@@ -146,6 +150,7 @@ impl RuleIndex {
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
+                handle: limiter.and_then(|limiter| limiter.handle(rule.name()).ok()),
             });
         }
         // Positions are in chain order within each list: merged, the chain's order holds.
@@ -213,6 +218,7 @@ impl RuleIndex {
 /// The rules source and its current index.
 #[derive(Debug)]
 pub(crate) struct RuleTracker {
+    limiter: Limiter,
     index: Indexed,
     /// One rebuild at a time; others keep using the index they have.
     rebuilding: Mutex<()>,
@@ -226,11 +232,17 @@ impl RuleTracker {
                 for rule in &rules {
                     limiter.set_limit(rule.limit().clone());
                 }
-                Indexed::Fixed(Arc::new(RuleIndex::build(0, rules.iter(), None)))
+                Indexed::Fixed(Arc::new(RuleIndex::build(
+                    0,
+                    rules.iter(),
+                    None,
+                    Some(limiter),
+                )))
             }
             ThrottleRules::Sql(rules) => {
                 let snapshot = rules.snapshot();
-                let index = RuleIndex::build(snapshot.version(), snapshot.iter(), None);
+                let index =
+                    RuleIndex::build(snapshot.version(), snapshot.iter(), None, Some(limiter));
                 Indexed::Reloaded {
                     rules,
                     index: ArcSwap::from_pointee(index),
@@ -238,6 +250,7 @@ impl RuleTracker {
             }
         };
         RuleTracker {
+            limiter: limiter.clone(),
             index,
             rebuilding: Mutex::new(()),
         }
@@ -273,6 +286,7 @@ impl RuleTracker {
             snapshot.version(),
             snapshot.iter(),
             Some(&current),
+            Some(&self.limiter),
         )));
     }
 }
@@ -350,7 +364,7 @@ mod tests {
             assert!(error.reason.contains("would match 9 rules"), "{error}");
             // Built unchecked, the index still drops none of them: the limiter refuses a
             // request naming too many limits with its own error.
-            let index = RuleIndex::build(0, rules.iter(), None);
+            let index = RuleIndex::build(0, rules.iter(), None, None);
             for (method, path) in [("GET", "/items/#"), ("GET", "/")] {
                 assert_eq!(
                     index.matching(method, path).matched.to_vec(),
@@ -399,7 +413,7 @@ mod tests {
                 .collect(),
         ];
         for rules in sets {
-            let index = RuleIndex::build(0, rules.iter(), None);
+            let index = RuleIndex::build(0, rules.iter(), None, None);
             let requests = [
                 ("GET", "/items/7"),
                 ("POST", "/items/7?q=1"),
@@ -437,10 +451,10 @@ mod tests {
             .body(())
             .expect("request");
         let everywhere = [rule("a", "*", "*")];
-        let index = RuleIndex::build(0, everywhere.iter(), None);
+        let index = RuleIndex::build(0, everywhere.iter(), None, None);
         assert!(index.matching_request(&request).is_ok());
         let endpoint = [rule("a", "*", "*"), rule("item", "GET", "/items/#")];
-        let index = RuleIndex::build(0, endpoint.iter(), None);
+        let index = RuleIndex::build(0, endpoint.iter(), None, None);
         assert!(matches!(
             index.matching_request(&request),
             Err(PathError::BadEscape { offset: 7 })
