@@ -280,6 +280,9 @@ struct Shared {
     waiters: WaitQueue,
     config: LimiterConfig,
     shutting_down: AtomicBool,
+    /// Whether the store has answered every decision at once so far (it is in-process):
+    /// cleared by the first that it did not.
+    answers_now: AtomicBool,
 }
 
 impl Shared {
@@ -435,6 +438,7 @@ impl Limiter {
             waiters: WaitQueue::default(),
             config,
             shutting_down: AtomicBool::new(false),
+            answers_now: AtomicBool::new(true),
         });
         // Weak: the store lives inside `Shared`, and must not keep it alive.
         let weak = Arc::downgrade(&shared);
@@ -565,8 +569,12 @@ impl Limiter {
     /// One decision without waiting: on the calling thread if the store answers at once,
     /// else awaited.
     async fn decide_once<A: Answer>(&self, request: &Request<'_>) -> Result<A> {
-        if let Some(answer) = self.decide_now(request, None) {
-            return answer;
+        if self.shared.answers_now.load(Ordering::Relaxed) {
+            match self.decide_now(request, None) {
+                Some(answer) => return answer,
+                // A store that does I/O: no use trying on this thread again.
+                None => self.shared.answers_now.store(false, Ordering::Relaxed),
+            }
         }
         // A store that does I/O: the same steps, on a table owned across the await.
         let table = self.shared.table();
