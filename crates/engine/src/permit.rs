@@ -6,7 +6,7 @@
 //! or fence, per counter) and a keyed tag over them, so a caller can neither forge an id nor
 //! point one at another caller's lease.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::hash::Hasher;
 use std::time::Duration;
 
@@ -128,32 +128,22 @@ pub(crate) fn encode<'a>(
     }
     let tag = secret.tag(&body);
     body.extend_from_slice(&tag.to_le_bytes());
-    // Hex digits as bytes, checked as UTF-8 once: pushing `char`s encodes each one.
-    let mut hex = Vec::with_capacity(body.len() * 2);
+    let mut hex = String::with_capacity(body.len() * 2);
     for byte in body {
-        hex.push(HEX[usize::from(byte >> 4)]);
-        hex.push(HEX[usize::from(byte & 15)]);
+        let _ = write!(hex, "{byte:02x}");
     }
-    PermitId(String::from_utf8(hex).expect("hex digits are ASCII"))
+    PermitId(hex)
 }
 
-/// The value of every byte as a lower-case hex digit; 16 for any other byte. A table: a
-/// permit id is decoded on every commit, two digits per byte.
-const HEX_VALUE: [u8; 256] = {
-    let mut table = [16; 256];
-    let mut digit = 0;
-    while digit < 16 {
-        table[HEX[digit] as usize] = digit as u8;
-        digit += 1;
+/// The value of a lower-case hex digit.
+fn hex_value(byte: u8) -> Option<u8> {
+    match byte {
+        b'0'..=b'9' | b'a'..=b'f' => char::from(byte)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok()),
+        _ => None,
     }
-    table
-};
-
-fn hex_value(byte: u8) -> u8 {
-    HEX_VALUE[usize::from(byte)]
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn malformed(reason: &str) -> Error {
     Error::invalid("permit", format!("malformed permit id: {reason}"))
@@ -195,16 +185,12 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
     if !id.len().is_multiple_of(2) || id.len() < 4 + 16 {
         return Err(malformed("wrong length"));
     }
-    // Decode every pair first and look at the error once: no error value is built per byte.
     let mut bytes = Vec::with_capacity(id.len() / 2);
-    let mut invalid = false;
     for pair in id.as_bytes().chunks_exact(2) {
-        let (high, low) = (hex_value(pair[0]), hex_value(pair[1]));
-        invalid |= high > 15 || low > 15;
-        bytes.push(((high & 15) << 4) | (low & 15));
-    }
-    if invalid {
-        return Err(malformed("not lower-case hex"));
+        match (hex_value(pair[0]), hex_value(pair[1])) {
+            (Some(high), Some(low)) => bytes.push((high << 4) | low),
+            _ => return Err(malformed("not lower-case hex")),
+        }
     }
     let (body, tag) = bytes.split_at(bytes.len() - 8);
     let tag = u64::from_le_bytes(tag.try_into().map_err(|_| malformed("truncated"))?);
@@ -265,9 +251,9 @@ mod tests {
     fn only_lower_case_hex_digits_have_a_value() {
         for byte in 0..=u8::MAX {
             let expected = match byte {
-                b'0'..=b'9' => byte - b'0',
-                b'a'..=b'f' => byte - b'a' + 10,
-                _ => 16,
+                b'0'..=b'9' => Some(byte - b'0'),
+                b'a'..=b'f' => Some(byte - b'a' + 10),
+                _ => None,
             };
             assert_eq!(hex_value(byte), expected, "{byte:#04x}");
         }
