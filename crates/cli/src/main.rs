@@ -44,9 +44,10 @@ const EXIT_COMMAND_NOT_STARTED: u8 = 127;
         with `tollgate acquire`.\n\n\
         Settings come from flags, then TOLLGATE_* environment variables, then the TOML file \
         given by --config (flags win). The admin token is read from TOLLGATE_ADMIN_TOKEN or \
-        the config file's admin_token, never from a flag (flags show in `ps`).",
+        the config file's admin_token, never from a flag (flags show in `ps`). With neither, \
+        a server on a SQLite rules file makes one on first start and keeps it beside the file \
+        (tollgate.db.admin-token, mode 0600), where the commands on this machine find it.",
     after_help = "Example:\n  \
-        export TOLLGATE_ADMIN_TOKEN=$(openssl rand -hex 16)\n  \
         tollgate serve &\n  \
         tollgate limits put vendor-x '{\"kind\":\"rate\",\"limit\":10,\"period_ms\":1000}'\n  \
         tollgate acquire vendor-x --wait 5s -- curl -s https://api.vendor-x.example/items"
@@ -399,8 +400,17 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
-    let (config, log, log_format) = resolve_server_config(args, file)?;
+    let (mut config, log, log_format) = resolve_server_config(args, file)?;
     init_logging(&log, &log_format)?;
+    if config.admin_token.is_none()
+        && let Some(path) = admin_token_path(&config.rules_url)
+    {
+        config.admin_token = Some(kept_admin_token(&path)?);
+        tracing::info!(
+            path = %path.display(),
+            "admin token kept in this file (mode 0600); tollgate commands on this machine read it"
+        );
+    }
     tracing::info!(?config, "starting");
     tollgate_server::run(config, shutdown_signal(), |address| {
         // A stable line on standard output for scripts (and tests) that start on port 0.
@@ -411,6 +421,62 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
 }
 
 // ---- client commands -----------------------------------------------------------------------
+
+/// Where a server on a SQLite rules file keeps the admin token it made: beside the file.
+fn admin_token_path(rules_url: &str) -> Option<PathBuf> {
+    let file = rules_url.strip_prefix("sqlite://")?;
+    let file = file.split('?').next().unwrap_or(file);
+    if file.is_empty() || file == ":memory:" {
+        return None;
+    }
+    Some(PathBuf::from(format!("{file}.admin-token")))
+}
+
+/// The admin token in `path`, made there (random, readable by this user alone) if there is
+/// none yet.
+fn kept_admin_token(path: &Path) -> Result<String> {
+    if let Some(token) = read_admin_token(path)? {
+        return Ok(token);
+    }
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|error| anyhow!("no randomness for a token: {error}"))?;
+    let token: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut written = options
+        .open(path)
+        .with_context(|| format!("admin token file {}", path.display()))?;
+    std::io::Write::write_all(&mut written, format!("{token}\n").as_bytes())
+        .with_context(|| format!("admin token file {}", path.display()))?;
+    Ok(token)
+}
+
+/// The token in `path`, if the file is there.
+fn read_admin_token(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => Ok(Some(text.trim().to_owned())),
+        Ok(_) => bail!("admin token file {} is empty", path.display()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error).with_context(|| format!("admin token file {}", path.display())),
+    }
+}
+
+/// The admin token for a command: the environment's, the config file's, or the one a local
+/// server keeps beside its SQLite rules file.
+fn admin_token(file: &FileConfig) -> Result<Option<String>> {
+    if let Some(token) = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone()) {
+        return Ok(Some(token));
+    }
+    let rules = env_text("TOLLGATE_RULES")
+        .or_else(|| file.rules.clone())
+        .unwrap_or_else(|| DEFAULT_RULES_URL.to_owned());
+    match admin_token_path(&rules) {
+        Some(path) => read_admin_token(&path),
+        None => Ok(None),
+    }
+}
 
 fn client(
     server: ServerArgs,
@@ -473,7 +539,7 @@ fn segment(name: &str) -> String {
 }
 
 async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> Result<ExitCode> {
-    let token = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone());
+    let token = admin_token(&file)?;
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         LimitsAction::List => client.send(Method::GET, "/v1/limits", None).await,

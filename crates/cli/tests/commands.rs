@@ -25,6 +25,80 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// With no admin token configured, a server on the embedded SQLite file makes one, keeps it
+/// beside the file for this user alone, and the commands run in the same place find it; a
+/// token from the environment wins, and then no file is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_server_keeps_an_admin_token_the_commands_find() {
+    let server = Server::start_with(Options {
+        env: vec![],
+        ..Options::default()
+    });
+    let kept = server.directory.path().join("tollgate.db.admin-token");
+    let token = std::fs::read_to_string(&kept).expect("the token file beside the database");
+    let token = token.trim();
+    assert_eq!(token.len(), 48, "{token:?}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&kept)
+            .expect("metadata")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    assert!(
+        server.log().contains("tollgate.db.admin-token"),
+        "{}",
+        server.log()
+    );
+    let answer = call(&server.anonymous(), Method::GET, "/v1/limits", "").await;
+    assert_error(&answer, 401, "unauthorized", None);
+    let answer = call(&server.with_token(token), Method::GET, "/v1/limits", "").await;
+    assert_eq!(answer.status.as_u16(), 200, "{}", answer.text());
+    // No token in the environment: the command reads the kept one.
+    let put = run(
+        &server,
+        &[
+            "limits",
+            "put",
+            "vendor-x",
+            r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
+        ],
+        &[],
+    );
+    assert!(put.status.success(), "{}", stderr(&put));
+    // A token given wins over the kept one, which then is not the token in force.
+    let wrong = run(
+        &server,
+        &["limits", "list"],
+        &[("TOLLGATE_ADMIN_TOKEN", "not-the-token")],
+    );
+    assert!(!wrong.status.success(), "{}", stdout(&wrong));
+    // The same file on the next start: the token stays.
+    let mut server = server;
+    server.terminate();
+    let directory = std::mem::replace(&mut server.directory, tempfile::tempdir().expect("tempdir"));
+    let again = Server::start_with(Options {
+        env: vec![],
+        directory: Some(directory),
+        ..Options::default()
+    });
+    let kept_again = std::fs::read_to_string(&kept).expect("still there");
+    assert_eq!(kept_again.trim(), token);
+    let list = run(&again, &["limits", "list"], &[]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    // A token from the environment: nothing is written.
+    let configured = Server::start();
+    assert!(
+        !configured
+            .directory
+            .path()
+            .join("tollgate.db.admin-token")
+            .exists()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_commands_manage_a_running_server() {
     let server = Server::start();
