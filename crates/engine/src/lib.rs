@@ -44,8 +44,3 @@ pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
     Priority, Reserve,
 };
-
-/// The README's examples compile and run as doc tests, so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;
