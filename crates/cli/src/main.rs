@@ -84,7 +84,7 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct ServerArgs {
-    /// Server to talk to [env TOLLGATE_SERVER; file: server; default http://127.0.0.1:7070].
+    /// Server to talk to (or the config file's `server`) [default: http://127.0.0.1:7070].
     #[arg(long, env = "TOLLGATE_SERVER", value_name = "URL")]
     server: Option<String>,
 }
@@ -129,55 +129,55 @@ struct AcquireArgs {
 
 #[derive(Args, Debug)]
 struct ServeArgs {
-    /// Address to listen on [env TOLLGATE_LISTEN; default 127.0.0.1:7070].
+    /// Address to listen on [default: 127.0.0.1:7070].
     #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
     listen: Option<String>,
-    /// `memory` or redis://HOST:PORT/DB [env TOLLGATE_STORE; default memory].
+    /// `memory` or redis://HOST:PORT/DB [default: memory].
     #[arg(long, env = "TOLLGATE_STORE", value_name = "STORE")]
     store: Option<String>,
-    /// Rules database: sqlite://FILE, postgres://..., mysql://... [env TOLLGATE_RULES;
-    /// default sqlite://tollgate.db].
+    /// Rules database: sqlite://FILE, postgres://..., mysql://...
+    /// [default: sqlite://tollgate.db].
     #[arg(long, env = "TOLLGATE_RULES", value_name = "URL")]
     rules: Option<String>,
-    /// Rules table name [env TOLLGATE_RULES_TABLE; default tollgate_limits].
+    /// Rules table name [default: tollgate_limits].
     #[arg(long, env = "TOLLGATE_RULES_TABLE", value_name = "NAME")]
     rules_table: Option<String>,
-    /// How often to re-read the rules table, ms [env TOLLGATE_RELOAD_INTERVAL_MS; default 2000].
+    /// How often to re-read the rules table, ms [default: 2000].
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", value_name = "MS")]
     reload_interval_ms: Option<u64>,
-    /// Longest wait honoured, ms [env TOLLGATE_WAIT_MS_MAX; default 60000].
+    /// Longest wait honoured, ms [default: 60000].
     #[arg(long, env = "TOLLGATE_WAIT_MS_MAX", value_name = "MS")]
     wait_ms_max: Option<u64>,
-    /// Largest request body, bytes [env TOLLGATE_BODY_BYTES_MAX; default 65536].
+    /// Largest request body, bytes [default: 65536].
     #[arg(long, env = "TOLLGATE_BODY_BYTES_MAX", value_name = "BYTES")]
     body_bytes_max: Option<u32>,
-    /// Memory store: counters tracked at most [env TOLLGATE_KEYS_TRACKED_MAX; default 1000000].
+    /// Memory store: counters tracked at most [default: 1000000].
     #[arg(long, env = "TOLLGATE_KEYS_TRACKED_MAX", value_name = "N")]
     keys_tracked_max: Option<u64>,
     /// Memory store: after an unclean stop, hold each limit until one period after the previous
-    /// run last granted, since what it granted may still count [env TOLLGATE_RECOVER_ON_START;
-    /// default true].
+    /// run last granted, since what it granted may still count
+    /// [default: true].
     #[arg(long, env = "TOLLGATE_RECOVER_ON_START", value_name = "BOOL")]
     recover_on_start: Option<bool>,
-    /// Time in-flight requests get to finish on shutdown, ms [env TOLLGATE_SHUTDOWN_GRACE_MS;
-    /// default 10000].
+    /// Time in-flight requests get to finish on shutdown, ms
+    /// [default: 10000].
     #[arg(long, env = "TOLLGATE_SHUTDOWN_GRACE_MS", value_name = "MS")]
     shutdown_grace_ms: Option<u64>,
     /// Redis store: namespace of every key; replicas sharing a quota share it
-    /// [env TOLLGATE_REDIS_NAMESPACE; default tollgate].
+    /// [default: tollgate].
     #[arg(long, env = "TOLLGATE_REDIS_NAMESPACE", value_name = "NAME")]
     redis_namespace: Option<String>,
     /// Redis store: grant when Redis is unreachable (fail-open) instead of answering
-    /// store_unavailable [env TOLLGATE_STORE_FAIL_OPEN; default false].
+    /// store_unavailable [default: false].
     #[arg(long, env = "TOLLGATE_STORE_FAIL_OPEN", value_name = "BOOL")]
     store_fail_open: Option<bool>,
-    /// Redis store: time one operation may take, ms [env TOLLGATE_STORE_TIMEOUT_MS; default 1000].
+    /// Redis store: time one operation may take, ms [default: 1000].
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", value_name = "MS")]
     store_timeout_ms: Option<u64>,
-    /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [env TOLLGATE_LOG; default info].
+    /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
-    /// `text` or `json` [env TOLLGATE_LOG_FORMAT; default text].
+    /// `text` or `json` [default: text].
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_name = "FORMAT")]
     log_format: Option<String>,
 }
