@@ -17,6 +17,12 @@ fn run(server: &Server, args: &[&str], env: &[(&str, &str)]) -> Output {
     command.output().expect("runs")
 }
 
+/// `tollgate limits put` of a rate limit named vendor-x.
+fn put_vendor_x(server: &Server, env: &[(&str, &str)]) -> Output {
+    let rule = r#"{"kind":"rate","limit":10,"period_ms":1000}"#;
+    run(server, &["limits", "put", "vendor-x", rule], env)
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -57,16 +63,7 @@ async fn a_local_server_keeps_an_admin_token_the_commands_find() {
     let answer = call(&server.with_token(token), Method::GET, "/v1/limits", "").await;
     assert_eq!(answer.status.as_u16(), 200, "{}", answer.text());
     // No token in the environment: the command reads the kept one.
-    let put = run(
-        &server,
-        &[
-            "limits",
-            "put",
-            "vendor-x",
-            r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
-        ],
-        &[],
-    );
+    let put = put_vendor_x(&server, &[]);
     assert!(put.status.success(), "{}", stderr(&put));
     // A token given wins over the kept one, which then is not the token in force.
     let wrong = run(
@@ -103,16 +100,7 @@ async fn a_local_server_keeps_an_admin_token_the_commands_find() {
 async fn limits_commands_manage_a_running_server() {
     let server = Server::start();
     let token = [("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)];
-    let put = run(
-        &server,
-        &[
-            "limits",
-            "put",
-            "vendor-x",
-            r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
-        ],
-        &token,
-    );
+    let put = put_vendor_x(&server, &token);
     assert!(put.status.success(), "{}", stderr(&put));
     assert!(
         stdout(&put).contains("\"algorithm\": \"sliding\""),
