@@ -237,10 +237,24 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("tollgate: {error:#}");
+            eprintln!("tollgate: {}", said_once(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, each said once: a cause whose text an outer message already
+/// carries (`"rules database: {0}"` over its source) is not repeated.
+fn said_once(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
@@ -740,4 +754,19 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
         }
     }
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::said_once;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let repeated = anyhow::Error::new(std::io::Error::other("pool timed out"))
+            .context("rules database: pool timed out");
+        assert_eq!(said_once(&repeated), "rules database: pool timed out");
+        let distinct =
+            anyhow::Error::new(std::io::Error::other("connection refused")).context("store");
+        assert_eq!(said_once(&distinct), "store: connection refused");
+    }
 }

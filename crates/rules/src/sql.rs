@@ -13,7 +13,7 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
 use crate::rule::{RawMatch, RawReserve, RawRule, Rule, RuleError};
 
@@ -471,10 +471,19 @@ impl ChangeFeed {
     }
 }
 
-fn cell_error(column: &'static str, wanted: &str, error: &sqlx::Error) -> RuleError {
+/// A cell that is not of the type its column holds, said in SQL's terms: the column, what it
+/// must hold, and the SQL type found.
+fn cell_error<R: Row>(row: &R, column: &'static str, wanted: &str) -> RuleError
+where
+    &'static str: ColumnIndex<R>,
+{
+    let found = row
+        .try_get_raw(column)
+        .map(|value| value.type_info().name().to_owned())
+        .unwrap_or_else(|_| "no such column".to_owned());
     RuleError {
         field: column,
-        reason: format!("cannot be read as {wanted}: {error}"),
+        reason: format!("must be {wanted}, found {found}"),
     }
 }
 
@@ -487,11 +496,11 @@ where
 {
     let text = |column: &'static str| {
         row.try_get::<Option<String>, _>(column)
-            .map_err(|error| cell_error(column, "text", &error))
+            .map_err(|_| cell_error(row, column, "text"))
     };
     let number = |column: &'static str| {
         row.try_get::<Option<i64>, _>(column)
-            .map_err(|error| cell_error(column, "an integer", &error))
+            .map_err(|_| cell_error(row, column, "an integer"))
     };
     let name = match text("name") {
         Ok(Some(name)) => name,

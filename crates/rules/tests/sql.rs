@@ -415,6 +415,11 @@ async fn cells_of_the_wrong_type_reject_only_their_row() {
     let snapshot = setup.rules.snapshot();
     assert_eq!(snapshot.rejected()[0].name, "bad");
     assert_eq!(snapshot.rejected()[0].column, "limit_units");
+    // Said in SQL's terms, not the reader's types.
+    assert_eq!(
+        snapshot.rejected()[0].reason,
+        "must be an integer, found TEXT"
+    );
     assert!(setup.in_force("bad").is_none());
     setup.finish().await;
 }
