@@ -50,7 +50,13 @@ const EXIT_COMMAND_NOT_STARTED: u8 = 127;
     after_help = "Example:\n  \
         tollgate serve &\n  \
         tollgate limits put vendor-x '{\"kind\":\"rate\",\"limit\":10,\"period_ms\":1000}'\n  \
-        tollgate acquire vendor-x --wait 5s -- curl -s https://api.vendor-x.example/items"
+        tollgate acquire vendor-x --wait 5s -- curl -s https://api.vendor-x.example/items\n\n\
+        Exit codes:\n  \
+        0    done (acquire: the command's own status, or 128 + the signal that ended it)\n  \
+        1    refused: bad input, unknown limit, wrong token, or a failure to start serve\n  \
+        69   the server failed or could not be reached\n  \
+        75   acquire: no permit granted within --wait\n  \
+        127  acquire: the command could not be started"
 )]
 struct Cli {
     /// TOML config file (see docs/server.md for its keys).
