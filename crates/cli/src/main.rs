@@ -77,6 +77,9 @@ enum Command {
     Limits {
         #[command(flatten)]
         server: ServerArgs,
+        /// How answers are printed: the server's JSON, or a table for people.
+        #[arg(long, value_enum, default_value_t = Output::Json)]
+        output: Output,
         #[command(subcommand)]
         action: LimitsAction,
     },
@@ -93,6 +96,12 @@ struct ServerArgs {
     /// Server to talk to (or the config file's `server`) [default: http://127.0.0.1:7070].
     #[arg(long, env = "TOLLGATE_SERVER", value_name = "URL")]
     server: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Json,
+    Table,
 }
 
 #[derive(Subcommand, Debug)]
@@ -267,7 +276,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
         Command::Serve(args) => serve(args, file).await,
-        Command::Limits { server, action } => limits(server, action, file).await,
+        Command::Limits {
+            server,
+            output,
+            action,
+        } => limits(server, output, action, file).await,
         Command::Acquire(args) => acquire(args, file).await,
     }
 }
@@ -558,7 +571,12 @@ fn segment(name: &str) -> String {
     encoded
 }
 
-async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> Result<ExitCode> {
+async fn limits(
+    server: ServerArgs,
+    output: Output,
+    action: LimitsAction,
+    file: FileConfig,
+) -> Result<ExitCode> {
     let token = admin_token(&file)?;
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
@@ -599,8 +617,84 @@ async fn limits(server: ServerArgs, action: LimitsAction, file: FileConfig) -> R
     if !answer.status.is_success() {
         return Ok(report_error(&answer));
     }
-    print_json(&answer)?;
+    match (output, &answer.json) {
+        (Output::Table, Some(json)) => print!("{}", limits_table(json)),
+        _ => print_json(&answer)?,
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Limits as a table, one a line, and the rows of the rules table that are not in force.
+fn limits_table(json: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let text = |value: Option<&Value>| match value {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Null) | None => "-".to_owned(),
+        Some(other) => other.to_string(),
+    };
+    let limits: Vec<&Value> = match json.get("limits") {
+        Some(Value::Array(limits)) => limits.iter().collect(),
+        _ => vec![json],
+    };
+    let mut rows = vec![
+        [
+            "NAME",
+            "KIND",
+            "LIMIT",
+            "PERIOD_MS",
+            "LEASE_TTL_MS",
+            "ALGORITHM",
+            "PER",
+            "MATCH",
+        ]
+        .map(str::to_owned),
+    ];
+    for limit in limits {
+        let matched = limit
+            .get("match")
+            .map(|m| format!("{} {}", text(m.get("method")), text(m.get("path"))));
+        rows.push([
+            text(limit.get("name")),
+            text(limit.get("kind")),
+            text(limit.get("limit")),
+            text(limit.get("period_ms")),
+            text(limit.get("lease_ttl_ms")),
+            text(limit.get("algorithm")),
+            text(limit.get("per")),
+            matched.unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    let mut widths = [0; 8];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut table = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        table.push_str(cells.join("  ").trim_end());
+        table.push('\n');
+    }
+    if let Some(Value::Array(rejected)) = json.get("rejected")
+        && !rejected.is_empty()
+    {
+        table.push_str("\nrejected rows (not in force as written):\n");
+        for row in rejected {
+            let line = format!(
+                "{} {}: {}\n",
+                text(row.get("name")),
+                text(row.get("column")),
+                text(row.get("reason"))
+            );
+            table.push_str(&line);
+        }
+    }
+    table
 }
 
 async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {

@@ -120,6 +120,23 @@ async fn limits_commands_manage_a_running_server() {
     assert!(list.status.success(), "{}", stderr(&list));
     let listed: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
     assert_eq!(listed["limits"].as_array().map(Vec::len), Some(2));
+    // The same for people: one line a limit under a header.
+    let table = run(&server, &["limits", "--output", "table", "list"], &token);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let lines: Vec<String> = stdout(&table).lines().map(str::to_owned).collect();
+    assert!(lines[0].starts_with("NAME"), "{lines:?}");
+    assert!(
+        lines.iter().any(|line| line.starts_with("pool ")
+            && line.contains("concurrency")
+            && line.contains("1000")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.starts_with("vendor-x ") && line.contains("sliding")),
+        "{lines:?}"
+    );
     let get = run(&server, &["limits", "get", "pool"], &token);
     let shown: serde_json::Value = serde_json::from_slice(&get.stdout).expect("json");
     assert_eq!(shown["lease_ttl_ms"], 1000);
