@@ -83,6 +83,11 @@ enum Command {
         #[command(subcommand)]
         action: LimitsAction,
     },
+    /// Print a completion script for SHELL: `tollgate completions bash > /etc/bash_completion.d/tollgate`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run COMMAND under a permit of LIMIT, then commit it; exits with COMMAND's status.
     ///
     /// Exits 75 if no permit was granted within --wait, 69 if the server failed or could not
@@ -282,6 +287,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action,
         } => limits(server, output, action, file).await,
         Command::Acquire(args) => acquire(args, file).await,
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "tollgate", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

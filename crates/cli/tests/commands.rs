@@ -402,3 +402,25 @@ fn help_explains_every_command() {
         );
     }
 }
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for (shell, marker) in [
+        ("bash", "_tollgate()"),
+        ("zsh", "#compdef tollgate"),
+        ("fish", "complete -c tollgate"),
+    ] {
+        let output = command(directory.path())
+            .args(["completions", shell])
+            .output()
+            .expect("runs");
+        assert!(output.status.success(), "{shell}: {}", stderr(&output));
+        let script = stdout(&output);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(
+            script.contains("limits"),
+            "{shell}: the subcommands are completed"
+        );
+    }
+}
