@@ -424,3 +424,17 @@ fn completions_are_printed_for_each_shell() {
         );
     }
 }
+
+/// The example configuration is one `serve` accepts as it stands.
+#[test]
+fn the_example_configuration_starts_a_server() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tollgate.toml");
+    let example = example.display().to_string();
+    let mut server = Server::start_with(Options {
+        args: vec!["--config", &example],
+        ..Options::default()
+    });
+    assert!(server.log().contains("starting"), "{}", server.log());
+    assert!(server.terminate().success());
+}
