@@ -438,3 +438,21 @@ fn the_example_configuration_starts_a_server() {
     assert!(server.log().contains("starting"), "{}", server.log());
     assert!(server.terminate().success());
 }
+
+/// A kept admin token file that holds no token stops `serve` with the file named, rather than
+/// opening the admin API to an empty token.
+#[test]
+fn an_empty_kept_token_file_is_refused_by_name() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(directory.path().join("tollgate.db.admin-token"), "\n").expect("write");
+    let output = command(directory.path())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("admin token file tollgate.db.admin-token is empty"),
+        "{}",
+        stderr(&output)
+    );
+}
