@@ -121,6 +121,27 @@ enum LimitsAction {
     Put { name: String, rule: String },
     /// Delete a limit.
     Delete { name: String },
+    /// Make the server's limits those of a limits file (TOML or YAML, as `export` writes).
+    ///
+    /// Every limit in the file is validated first: one bad limit and nothing is written.
+    /// Limits on the server that the file lacks are kept unless --prune is given.
+    Apply {
+        /// The limits file: `.toml`, `.yaml` or `.yml`.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+        /// Show what would change, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete the server's limits that the file does not name.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Print the limits in force as a limits file, for `apply` or `serve --rules file://`.
+    Export {
+        /// `toml` or `yaml`.
+        #[arg(long, default_value = "toml", value_parser = tollgate_rules::FileFormat::parse)]
+        format: tollgate_rules::FileFormat,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -155,10 +176,14 @@ struct ServeArgs {
     /// `memory` or redis://HOST:PORT/DB [default: memory].
     #[arg(long, env = "TOLLGATE_STORE", value_name = "STORE")]
     store: Option<String>,
-    /// Rules database: sqlite://FILE, postgres://..., mysql://...
-    /// [default: sqlite://tollgate.db].
+    /// Rules: a database, sqlite://FILE, postgres://..., mysql://..., or a read-only limits
+    /// file, file://limits.toml (or .yaml) [default: sqlite://tollgate.db].
     #[arg(long, env = "TOLLGATE_RULES", value_name = "URL")]
     rules: Option<String>,
+    /// Database the server remembers its store in across restarts
+    /// [default: the rules database; with a limits file, sqlite://tollgate.db].
+    #[arg(long, env = "TOLLGATE_STATE", value_name = "URL")]
+    state: Option<String>,
     /// Rules table name [default: tollgate_limits].
     #[arg(long, env = "TOLLGATE_RULES_TABLE", value_name = "NAME")]
     rules_table: Option<String>,
@@ -209,6 +234,7 @@ struct FileConfig {
     listen: Option<String>,
     store: Option<String>,
     rules: Option<String>,
+    state: Option<String>,
     rules_table: Option<String>,
     reload_interval_ms: Option<u64>,
     admin_token: Option<String>,
@@ -295,6 +321,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+mod limits_file;
+
 // ---- serve ---------------------------------------------------------------------------------
 
 fn resolve_server_config(
@@ -347,6 +375,7 @@ fn resolve_server_config(
         listen,
         store,
         rules_url,
+        state_url: args.state.or(file.state),
         rules_table,
         reload_interval: Duration::from_millis(reload_interval_ms),
         admin_token: env_text("TOLLGATE_ADMIN_TOKEN").or(file.admin_token),
@@ -446,7 +475,7 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
     let (mut config, log, log_format) = resolve_server_config(args, file)?;
     init_logging(&log, &log_format)?;
     if config.admin_token.is_none()
-        && let Some(path) = admin_token_path(&config.rules_url)
+        && let Some(path) = admin_token_path(config.state_url())
     {
         config.admin_token = Some(kept_admin_token(&path)?);
         tracing::info!(
@@ -465,9 +494,10 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
 
 // ---- client commands -----------------------------------------------------------------------
 
-/// Where a server on a SQLite rules file keeps the admin token it made: beside the file.
-fn admin_token_path(rules_url: &str) -> Option<PathBuf> {
-    let file = rules_url.strip_prefix("sqlite://")?;
+/// Where a server whose state is in a SQLite file keeps the admin token it made: beside the
+/// file.
+fn admin_token_path(state_url: &str) -> Option<PathBuf> {
+    let file = state_url.strip_prefix("sqlite://")?;
     let file = file.split('?').next().unwrap_or(file);
     if file.is_empty() || file == ":memory:" {
         return None;
@@ -507,7 +537,7 @@ fn read_admin_token(path: &Path) -> Result<Option<String>> {
 }
 
 /// The admin token for a command: the environment's, the config file's, or the one a local
-/// server keeps beside its SQLite rules file.
+/// server keeps beside its SQLite state file.
 fn admin_token(file: &FileConfig) -> Result<Option<String>> {
     if let Some(token) = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone()) {
         return Ok(Some(token));
@@ -515,7 +545,12 @@ fn admin_token(file: &FileConfig) -> Result<Option<String>> {
     let rules = env_text("TOLLGATE_RULES")
         .or_else(|| file.rules.clone())
         .unwrap_or_else(|| DEFAULT_RULES_URL.to_owned());
-    match admin_token_path(&rules) {
+    let state = match env_text("TOLLGATE_STATE").or_else(|| file.state.clone()) {
+        Some(state) => state,
+        None if rules.starts_with("file://") => DEFAULT_RULES_URL.to_owned(),
+        None => rules,
+    };
+    match admin_token_path(&state) {
         Some(path) => read_admin_token(&path),
         None => Ok(None),
     }
@@ -569,7 +604,7 @@ fn read_rule(rule: &str) -> Result<serde_json::Value> {
 
 /// A path segment: limit names are validated by the server; encode anything that would change
 /// the path's meaning.
-fn segment(name: &str) -> String {
+pub(crate) fn segment(name: &str) -> String {
     let mut encoded = String::with_capacity(name.len());
     for byte in name.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b':' | b'-') {
@@ -590,7 +625,14 @@ async fn limits(
     let token = admin_token(&file)?;
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
-        LimitsAction::List => client.send(Method::GET, "/v1/limits", None).await,
+        LimitsAction::Apply {
+            file,
+            dry_run,
+            prune,
+        } => return apply(&client, file, *dry_run, *prune).await,
+        LimitsAction::List | LimitsAction::Export { .. } => {
+            client.send(Method::GET, "/v1/limits", None).await
+        }
         LimitsAction::Get { name } => {
             client
                 .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
@@ -627,11 +669,51 @@ async fn limits(
     if !answer.status.is_success() {
         return Ok(report_error(&answer));
     }
+    if let LimitsAction::Export { format } = action {
+        let (text, rejected) = limits_file::export(&answer, format)?;
+        print!("{text}");
+        if rejected > 0 {
+            eprintln!(
+                "tollgate: {rejected} rejected row(s) are not in force and not exported; \
+                 `tollgate limits list` shows them"
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     match (output, &answer.json) {
         (Output::Table, Some(json)) => print!("{}", limits_table(json)),
         _ => print_json(&answer)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `limits apply`: validate the whole file, compare it with the limits in force, show the
+/// difference, and (unless a dry run) make it so.
+async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Result<ExitCode> {
+    let wanted = limits_file::read_limits_file(path)?;
+    let answer = match client.send(Method::GET, "/v1/limits", None).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
+        }
+    };
+    if !answer.status.is_success() {
+        return Ok(report_error(&answer));
+    }
+    let plan = limits_file::plan(&wanted, &limits_file::limits_in_force(&answer)?);
+    print!("{}", limits_file::describe(&plan, prune));
+    if dry_run || plan.is_empty(prune) {
+        return Ok(ExitCode::SUCCESS);
+    }
+    match limits_file::carry_out(client, &plan, prune).await {
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Ok(Some(refused)) => Ok(report_error(&refused)),
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            Ok(ExitCode::from(EXIT_SERVER_FAILED))
+        }
+    }
 }
 
 /// Limits as a table, one a line, and the rows of the rules table that are not in force.

@@ -54,6 +54,7 @@ impl Server {
             listen: "127.0.0.1:0".parse().expect("an address"),
             store: StoreChoice::Memory,
             rules_url,
+            state_url: None,
             rules_table: "tollgate_limits".into(),
             reload_interval: Duration::from_secs(2),
             admin_token: Some(ADMIN_TOKEN.into()),

@@ -35,7 +35,7 @@ impl Widest {
     /// field is `match`, and the reason names the request, the count and the cap.
     pub fn refusal(&self, cap: usize) -> RuleError {
         RuleError {
-            field: "match",
+            field: "match".into(),
             reason: format!(
                 "{self} would match {} rules; one request may be decided on at most {cap}",
                 self.rules

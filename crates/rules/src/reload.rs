@@ -1,5 +1,6 @@
 //! The rules in force and how they change: one immutable `RuleSet` snapshot, swapped whole,
-//! rebuilt from the SQL table on every poll, PostgreSQL notification and admin write.
+//! rebuilt from the source (the SQL table, or a limits file) on every poll, PostgreSQL
+//! notification and admin write.
 //!
 //! A row that fails validation is reported and skipped, but if an earlier version of the same
 //! limit was valid, that version stays in force: an administrator's typo never silently lifts
@@ -19,17 +20,80 @@ use tokio::task::JoinHandle;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitTable, Limiter};
 
 use crate::fanout::Fanout;
+use crate::file::FileSource;
 use crate::rule::{RawRule, Rule, RuleError};
-use crate::sql::{SourceError, SqlSource, column_of};
+use crate::sql::{SourceError, SqlSource, TableRow, column_of};
 
 /// Rules in force at most; rows past it are refused, so memory stays bounded.
 pub const RULES_MAX: usize = 10_000;
+
+/// Where rules come from: the SQL table, which the admin API writes, or a limits file, which
+/// only its authors change.
+#[derive(Debug)]
+pub enum RulesSource {
+    Sql(SqlSource),
+    File(FileSource),
+}
+
+impl From<SqlSource> for RulesSource {
+    fn from(source: SqlSource) -> RulesSource {
+        RulesSource::Sql(source)
+    }
+}
+
+impl From<FileSource> for RulesSource {
+    fn from(source: FileSource) -> RulesSource {
+        RulesSource::File(source)
+    }
+}
+
+impl RulesSource {
+    async fn load(&self) -> Result<Vec<TableRow>, SourceError> {
+        match self {
+            RulesSource::Sql(source) => source.load().await,
+            RulesSource::File(source) => source.load().await,
+        }
+    }
+
+    /// What to call the source in logs and messages: `table tollgate_limits`, `file limits.toml`.
+    pub fn describe(&self) -> String {
+        match self {
+            RulesSource::Sql(source) => format!("table {}", source.table()),
+            RulesSource::File(source) => format!("file {}", source.path().display()),
+        }
+    }
+
+    /// Where a rule's field lives in this source: a table column, or the field as the file
+    /// spells it.
+    fn locate(&self, field: &str) -> String {
+        match self {
+            RulesSource::Sql(_) => column_of(field).to_owned(),
+            RulesSource::File(_) => field.to_owned(),
+        }
+    }
+
+    /// Whether the source can be read now, for readiness checks.
+    pub async fn ping(&self) -> Result<(), SourceError> {
+        match self {
+            RulesSource::Sql(source) => source.ping().await,
+            RulesSource::File(source) => source.ping().await,
+        }
+    }
+
+    /// PostgreSQL's change notifications, where the source has them.
+    async fn change_feed(&self) -> Result<Option<crate::sql::ChangeFeed>, SourceError> {
+        match self {
+            RulesSource::Sql(source) => source.change_feed().await,
+            RulesSource::File(_) => Ok(None),
+        }
+    }
+}
 
 /// A row that is not in force as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RejectedRow {
     pub name: String,
-    /// The table column at fault.
+    /// Where the fault is: the table column, or the file's field.
     pub column: String,
     pub reason: String,
     /// Whether an earlier valid version of this limit is still in force.
@@ -103,6 +167,11 @@ pub enum RulesError {
     Invalid(#[from] RuleError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The rules come from a file: they change by editing it, not through the server.
+    #[error(
+        "limits come from the file {path}: edit it there (the server reloads it), or serve from a SQL rules database to change limits through the admin API"
+    )]
+    ReadOnly { path: String },
 }
 
 #[derive(Debug)]
@@ -115,7 +184,7 @@ struct State {
 
 #[derive(Debug)]
 struct Inner {
-    source: SqlSource,
+    source: RulesSource,
     limiter: Limiter,
     /// Serializes reloads and admin writes, so snapshots are applied in order.
     state: Mutex<State>,
@@ -125,19 +194,22 @@ struct Inner {
     stats: RulesStats,
 }
 
-/// The rules of one server: the SQL table, the snapshot in force, and the limiter it feeds.
+/// The rules of one server: their source, the snapshot in force, and the limiter it feeds.
 #[derive(Clone, Debug)]
 pub struct Rules {
     inner: Arc<Inner>,
 }
 
 impl Rules {
-    /// Load the table and put its rules in force on `limiter`. Fails if the table cannot be
+    /// Load the source and put its rules in force on `limiter`. Fails if the source cannot be
     /// read: a server should not start with no idea of its limits.
-    pub async fn start(source: SqlSource, limiter: Limiter) -> Result<Rules, SourceError> {
+    pub async fn start(
+        source: impl Into<RulesSource>,
+        limiter: Limiter,
+    ) -> Result<Rules, SourceError> {
         let rules = Rules {
             inner: Arc::new(Inner {
-                source,
+                source: source.into(),
                 limiter,
                 state: Mutex::new(State {
                     version: 0,
@@ -153,8 +225,18 @@ impl Rules {
         Ok(rules)
     }
 
-    pub fn source(&self) -> &SqlSource {
+    pub fn source(&self) -> &RulesSource {
         &self.inner.source
+    }
+
+    /// The SQL table, when the rules come from one (the admin API writes it).
+    fn table(&self) -> Result<&SqlSource, RulesError> {
+        match &self.inner.source {
+            RulesSource::Sql(source) => Ok(source),
+            RulesSource::File(source) => Err(RulesError::ReadOnly {
+                path: source.path().display().to_string(),
+            }),
+        }
     }
 
     pub fn limiter(&self) -> &Limiter {
@@ -231,7 +313,7 @@ impl Rules {
             let validated = validated.and_then(|rule| {
                 if previous.is_none() && in_force.len() >= RULES_MAX {
                     return Err(RuleError {
-                        field: "name",
+                        field: "name".into(),
                         reason: format!("more than {RULES_MAX} rules; this one is not loaded"),
                     });
                 }
@@ -256,13 +338,13 @@ impl Rules {
                 Err(error) => {
                     let rejection = RejectedRow {
                         name: name.clone(),
-                        column: column_of(error.field).to_owned(),
+                        column: self.inner.source.locate(&error.field),
                         reason: error.reason,
                         previous_in_force: previous.is_some(),
                     };
                     if state.rejected.get(&name) != Some(&rejection) {
                         tracing::warn!(
-                            table = %self.inner.source.table(),
+                            source = %self.inner.source.describe(),
                             row = %rejection.name,
                             column = %rejection.column,
                             reason = %rejection.reason,
@@ -328,6 +410,7 @@ impl Rules {
     /// would let one request match more rules than one request may be decided on, beside the
     /// others in force (in place of this name's current version), is refused and not written.
     pub async fn put(&self, name: &str, raw: &RawRule) -> Result<Arc<Rule>, RulesError> {
+        let table = self.table()?;
         let rule = raw.validate(name)?;
         // Under the state lock, so no reload changes what is in force between the check and
         // the write.
@@ -340,7 +423,7 @@ impl Rules {
         fanout
             .try_add(&rule)
             .map_err(|widest| RulesError::Invalid(widest.refusal(fanout.cap())))?;
-        self.inner.source.upsert(&rule).await?;
+        table.upsert(&rule).await?;
         let snapshot = self.apply(&mut state).await?;
         // The row just written is valid and fits beside the rules in force, so it is what is in
         // force (unless an administrator changed the table in between, in which case theirs is
@@ -353,7 +436,7 @@ impl Rules {
 
     /// Delete a rule's row and put the table in force at once. Returns whether it existed.
     pub async fn delete(&self, name: &str) -> Result<bool, RulesError> {
-        let existed = self.inner.source.delete(name).await?;
+        let existed = self.table()?.delete(name).await?;
         self.reload().await?;
         Ok(existed)
     }
@@ -368,7 +451,8 @@ impl Rules {
         let rules = self.clone();
         tokio::spawn(async move {
             let mut feed = None;
-            let mut feed_wanted = rules.inner.source.backend() == "postgres";
+            let mut feed_wanted =
+                matches!(&rules.inner.source, RulesSource::Sql(sql) if sql.backend() == "postgres");
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticker.tick().await;

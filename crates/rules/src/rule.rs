@@ -3,6 +3,8 @@
 //! so that nothing is refused by the parser with a vague message; `RawRule::validate` turns it
 //! into a `Rule` or an error that names the field and the reason.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use tollgate::{Algorithm, Limit, Policy, Reserve, check_key, check_limit_name};
 
@@ -74,13 +76,13 @@ pub struct RawMatch {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
 pub struct RuleError {
-    pub field: &'static str,
+    pub field: Cow<'static, str>,
     pub reason: String,
 }
 
 fn refuse(field: &'static str, reason: impl Into<String>) -> RuleError {
     RuleError {
-        field,
+        field: Cow::Borrowed(field),
         reason: reason.into(),
     }
 }
@@ -283,8 +285,12 @@ mod tests {
         serde_json::from_str(json).expect("parses")
     }
 
-    fn field_of(json: &str) -> &'static str {
-        parse(json).validate("vendor-x").expect_err("invalid").field
+    fn field_of(json: &str) -> String {
+        parse(json)
+            .validate("vendor-x")
+            .expect_err("invalid")
+            .field
+            .into_owned()
     }
 
     #[test]

@@ -68,12 +68,14 @@ pub enum SourceError {
     BadTable { name: String, reason: String },
     #[error("rules database: {0}")]
     Database(#[from] sqlx::Error),
+    #[error("limits file {path}: {reason}")]
+    File { path: String, reason: String },
 }
 
 impl SourceError {
     /// Whether trying again later, unchanged, may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SourceError::Database(_))
+        matches!(self, SourceError::Database(_) | SourceError::File { .. })
     }
 }
 
@@ -482,7 +484,7 @@ where
         .map(|value| value.type_info().name().to_owned())
         .unwrap_or_else(|_| "no such column".to_owned());
     RuleError {
-        field: column,
+        field: column.into(),
         reason: format!("must be {wanted}, found {found}"),
     }
 }

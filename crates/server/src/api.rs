@@ -107,6 +107,8 @@ pub(crate) async fn get_limit(
     request_body = RawRule,
     responses((status = 200, description = "the stored limit", body = RawRule),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 409, description = "the limits come from a file, which only its authors change",
+            body = ErrorBody),
         (status = 503, body = ErrorBody)))]
 pub(crate) async fn put_limit(
     _: Admin,
@@ -131,7 +133,10 @@ pub(crate) struct Deleted {
     security(("bearer" = [])),
     params(("name" = String, Path, description = "limit name")),
     responses((status = 200, body = Deleted), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody)))]
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "the limits come from a file, which only its authors change",
+            body = ErrorBody),
+        (status = 503, body = ErrorBody)))]
 pub(crate) async fn delete_limit(
     _: Admin,
     State(state): State<AppState>,

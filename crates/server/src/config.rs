@@ -47,8 +47,13 @@ impl StoreChoice {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub store: StoreChoice,
-    /// `sqlite://FILE`, `postgres://...` or `mysql://...`.
+    /// `sqlite://FILE`, `postgres://...` or `mysql://...`, or a read-only limits file,
+    /// `file://limits.toml` (or `.yaml`).
     pub rules_url: String,
+    /// The SQL database that remembers the stores across restarts (their runs, and the memory
+    /// store's counters at a clean stop). Unset: the rules database, or with a limits file,
+    /// `sqlite://tollgate.db`.
+    pub state_url: Option<String>,
     pub rules_table: String,
     /// How often the rules table is re-read (PostgreSQL also notifies at once).
     pub reload_interval: Duration,
@@ -79,6 +84,22 @@ pub struct ServerConfig {
     pub store_timeout: Duration,
 }
 
+impl ServerConfig {
+    /// Whether the rules come from a limits file rather than a SQL table.
+    pub fn rules_from_file(&self) -> bool {
+        self.rules_url.starts_with("file://")
+    }
+
+    /// The database the server keeps its state in: `state_url`, or its default.
+    pub fn state_url(&self) -> &str {
+        match &self.state_url {
+            Some(url) => url,
+            None if self.rules_from_file() => DEFAULT_RULES_URL,
+            None => &self.rules_url,
+        }
+    }
+}
+
 // Tokens and the permit secret stay out of logs.
 impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,6 +107,10 @@ impl std::fmt::Debug for ServerConfig {
             .field("listen", &self.listen)
             .field("store", &redacted_store(&self.store))
             .field("rules_url", &tollgate_rules::redact(&self.rules_url))
+            .field(
+                "state_url",
+                &self.state_url.as_deref().map(tollgate_rules::redact),
+            )
             .field("rules_table", &self.rules_table)
             .field("reload_interval", &self.reload_interval)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))

@@ -174,6 +174,9 @@ impl From<RulesError> for ApiError {
         match error {
             RulesError::Invalid(error) => error.into(),
             RulesError::Source(error) => error.into(),
+            RulesError::ReadOnly { .. } => {
+                ApiError::new(StatusCode::CONFLICT, Code::Conflict, error.to_string())
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //! readiness, graceful shutdown. The only crate that knows HTTP status codes.
 //!
 //! [`run`] wires the parts: a store (memory, or later a shared one, behind `Arc<dyn Store>`),
-//! a [`tollgate::Limiter`] over it, the SQL rules feeding the limiter, and the router.
+//! a [`tollgate::Limiter`] over it, the rules (a SQL table or a limits file) feeding the
+//! limiter, the SQL database that remembers the store across restarts, and the router.
 
 mod api;
 mod config;
@@ -27,7 +28,7 @@ use tollgate::store::Store;
 use tollgate::{
     Clock, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret,
 };
-use tollgate_rules::{Rules, SourceError, SqlSource};
+use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
@@ -180,13 +181,28 @@ pub async fn run(
              request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
         );
     }
-    let source = SqlSource::connect(&config.rules_url, &config.rules_table).await?;
-    tracing::info!(
-        rules = %tollgate_rules::redact(&config.rules_url),
-        table = %config.rules_table,
-        "rules database ready"
-    );
-    let (store, memory) = build_store(&config, &source).await?;
+    // The state database is the rules database unless the rules come from a file or it is
+    // configured apart.
+    let state = SqlSource::connect(config.state_url(), &config.rules_table).await?;
+    let source = if config.rules_from_file() {
+        let file = FileSource::open(&config.rules_url)?;
+        tracing::info!(
+            rules = %file.path().display(),
+            state = %tollgate_rules::redact(config.state_url()),
+            "rules read from a limits file; the admin API cannot change them"
+        );
+        RulesSource::File(file)
+    } else if config.state_url() == config.rules_url {
+        tracing::info!(
+            rules = %tollgate_rules::redact(&config.rules_url),
+            table = %config.rules_table,
+            "rules database ready"
+        );
+        RulesSource::Sql(state.clone())
+    } else {
+        RulesSource::Sql(SqlSource::connect(&config.rules_url, &config.rules_table).await?)
+    };
+    let (store, memory) = build_store(&config, &state).await?;
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
     let permit_secret = match config.permit_secret {
@@ -200,11 +216,11 @@ pub async fn run(
             permit_secret,
         },
     );
-    let rules = Rules::start(source.clone(), limiter.clone()).await?;
+    let rules = Rules::start(source, limiter.clone()).await?;
     let memory_run = match &memory {
         Some((memory, clock)) => Some(
             runs::MemoryRun::begin(
-                source,
+                state,
                 memory.clone(),
                 clock.clone(),
                 &limiter,

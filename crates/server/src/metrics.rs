@@ -145,7 +145,7 @@ impl prometheus_client::collector::Collector for ScrapeTime {
             let failed = ConstCounter::new(stats.reloads_failed.load(Relaxed));
             let mut family = encoder.encode_descriptor(
                 "rules_reloads",
-                "Reads of the rules table, by outcome (ok, failed)",
+                "Reads of the rules source (table or file), by outcome (ok, failed)",
                 None,
                 reloads.metric_type(),
             )?;
@@ -155,7 +155,7 @@ impl prometheus_client::collector::Collector for ScrapeTime {
         encode_one(
             &mut encoder,
             "rules_rows_rejected",
-            "Rows of the rules table that failed validation at the last reload",
+            "Rows of the rules table (or limits of the file) that failed validation at the last reload",
             &ConstGauge::new(stats.rows_rejected.load(Relaxed) as i64),
         )?;
         encode_one(

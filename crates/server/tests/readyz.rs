@@ -90,6 +90,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         listen: "127.0.0.1:0".parse().expect("an address"),
         store: StoreChoice::Redis(format!("redis://127.0.0.1:{port}/")),
         rules_url: format!("sqlite://{}", rules.path().join("rules.db").display()),
+        state_url: None,
         rules_table: "tollgate_limits".into(),
         reload_interval: Duration::from_secs(2),
         admin_token: None,

@@ -1,0 +1,290 @@
+//! Limits as code, end to end: `serve --rules file://...` (read-only, reloaded on change, bad
+//! entries rejected alone, a broken file keeping what is in force) and `limits apply` /
+//! `limits export` against a server whose limits live in SQL.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::*;
+use hyper::Method;
+
+fn run(server: &Server, args: &[&str]) -> Output {
+    command(server.directory.path())
+        .args(args)
+        .env("TOLLGATE_SERVER", &server.url)
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn limits(server: &Server) -> serde_json::Value {
+    let answer = call(&server.admin(), Method::GET, "/v1/limits", "").await;
+    assert_eq!(answer.status.as_u16(), 200, "{}", answer.text());
+    answer.json.expect("json")
+}
+
+fn limit_of(list: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    list["limits"]
+        .as_array()?
+        .iter()
+        .find(|limit| limit["name"] == name)
+        .cloned()
+}
+
+/// Replace a file the way editors that save atomically do: write beside it, then rename.
+fn save(path: &Path, text: &str) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text).expect("write");
+    std::fs::rename(&temporary, path).expect("rename");
+}
+
+const VENDOR_X: &str = r#"
+[limits.vendor-x]
+kind = "rate"
+limit = 2
+period_ms = 60000
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_file_is_served_reloaded_and_never_written() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let file = directory.path().join("limits.toml");
+    std::fs::write(&file, VENDOR_X).expect("write");
+    let server = Server::start_with(Options {
+        args: vec![
+            "--rules",
+            "file://limits.toml",
+            "--reload-interval-ms",
+            "100",
+        ],
+        directory: Some(directory),
+        ..Options::default()
+    });
+    let list = limits(&server).await;
+    assert_eq!(limit_of(&list, "vendor-x").expect("in force")["limit"], 2);
+    // In force: two grants, then a denial.
+    let data = server.anonymous();
+    let acquire = r#"{"limits":["vendor-x"]}"#;
+    for _ in 0..2 {
+        granted(&data, acquire).await;
+    }
+    let denied = post(&data, "/v1/acquire", acquire).await;
+    assert_eq!(denied.status.as_u16(), 429, "{}", denied.text());
+    // The admin API cannot change a file's limits, and says where they are changed.
+    let refused = call(
+        &server.admin(),
+        Method::PUT,
+        "/v1/limits/vendor-y",
+        r#"{"kind":"rate","limit":1,"period_ms":1000}"#,
+    )
+    .await;
+    assert_error(&refused, 409, "conflict", None);
+    assert!(refused.text().contains("limits.toml"), "{}", refused.text());
+    let refused = call(&server.admin(), Method::DELETE, "/v1/limits/vendor-x", "").await;
+    assert_error(&refused, 409, "conflict", None);
+
+    // An edit takes effect; the counters are kept (the two grants still count against 3).
+    save(&file, &VENDOR_X.replace("limit = 2", "limit = 3"));
+    until("the edited limit is in force", async || {
+        limit_of(&limits(&server).await, "vendor-x").is_some_and(|limit| limit["limit"] == 3)
+    })
+    .await;
+    granted(&data, acquire).await;
+    let denied = post(&data, "/v1/acquire", acquire).await;
+    assert_eq!(denied.status.as_u16(), 429, "{}", denied.text());
+
+    // A bad entry is rejected alone, naming its field; the good ones stay in force.
+    let with_typo = format!(
+        "{}\n[limits.typo]\nkind = \"rate\"\nlimt = 5\n",
+        VENDOR_X.replace("limit = 2", "limit = 3")
+    );
+    save(&file, &with_typo);
+    until("the bad entry is reported", async || {
+        limits(&server).await["rejected"]
+            .as_array()
+            .is_some_and(|rejected| !rejected.is_empty())
+    })
+    .await;
+    let list = limits(&server).await;
+    let rejected = &list["rejected"][0];
+    assert_eq!(rejected["name"], "typo");
+    assert_eq!(rejected["column"], "limt");
+    assert!(
+        rejected["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("unknown field")),
+        "{rejected}"
+    );
+    assert!(limit_of(&list, "vendor-x").is_some());
+
+    // A file that does not parse changes nothing, and is counted as a failed reload.
+    save(&file, "[limits.vendor-x\nkind = ");
+    until("the failed reload is counted", async || {
+        let metrics = call(&server.anonymous(), Method::GET, "/metrics", "").await;
+        metrics.text().lines().any(|line| {
+            line.starts_with("tollgate_rules_reloads_total{outcome=\"failed\"}")
+                && !line.ends_with(" 0")
+        })
+    })
+    .await;
+    let list = limits(&server).await;
+    assert_eq!(limit_of(&list, "vendor-x").expect("kept")["limit"], 3);
+    assert!(server.log().contains("limits.toml"), "{}", server.log());
+    // Readiness holds: what is in force is still served.
+    let ready = call(&server.anonymous(), Method::GET, "/readyz", "").await;
+    assert_eq!(ready.status.as_u16(), 200, "{}", ready.text());
+}
+
+#[test]
+fn a_limits_file_that_does_not_parse_stops_serve_naming_the_file() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        directory.path().join("limits.yaml"),
+        "limits:\n  a: {kind: rate\n",
+    )
+    .expect("write");
+    for (rules, says) in [
+        ("file://limits.yaml", "limits file limits.yaml: "),
+        ("file://missing.toml", "limits file missing.toml: "),
+        ("file://limits.json", "must end in .toml, .yaml or .yml"),
+    ] {
+        let output = command(directory.path())
+            .args(["serve", "--listen", "127.0.0.1:0", "--rules", rules])
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{rules}");
+        assert!(
+            stderr(&output).contains(says),
+            "{rules}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+/// The example limits file is one `serve` accepts whole: every entry in force, none rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_limits_file_is_served_whole() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/limits.toml");
+    let rules = format!("file://{}", example.display());
+    let server = Server::start_with(Options {
+        args: vec!["--rules", &rules],
+        ..Options::default()
+    });
+    let list = limits(&server).await;
+    assert_eq!(list["rejected"], serde_json::json!([]), "{list}");
+    assert_eq!(list["limits"].as_array().map(Vec::len), Some(3), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_makes_the_servers_limits_the_files_and_export_writes_them_back() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "old",
+        r#"{"kind":"rate","limit":1,"period_ms":1000}"#,
+    )
+    .await;
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":2,"period_ms":60000}"#,
+    )
+    .await;
+    let file = server.directory.path().join("limits.yaml");
+    std::fs::write(
+        &file,
+        "limits:\n  vendor-x: {kind: rate, limit: 5, period_ms: 60000}\n  \
+         pool: {kind: concurrency, limit: 2, lease_ttl_ms: 1000}\n",
+    )
+    .expect("write");
+    let path = file.display().to_string();
+
+    // A dry run shows the difference and changes nothing.
+    let dry = run(&server, &["limits", "apply", "-f", &path, "--dry-run"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let shown = stdout(&dry);
+    assert!(shown.contains("+ pool "), "{shown}");
+    assert!(shown.contains("~ vendor-x\n    limit: 2 -> 5"), "{shown}");
+    assert!(shown.contains("old is not in the file: kept"), "{shown}");
+    assert_eq!(
+        limit_of(&limits(&server).await, "vendor-x").expect("there")["limit"],
+        2
+    );
+    assert!(limit_of(&limits(&server).await, "pool").is_none());
+
+    // Applied: created and changed; what the file lacks is kept without --prune.
+    let applied = run(&server, &["limits", "apply", "-f", &path]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let list = limits(&server).await;
+    assert_eq!(limit_of(&list, "vendor-x").expect("there")["limit"], 5);
+    assert_eq!(
+        limit_of(&list, "pool").expect("created")["lease_ttl_ms"],
+        1000
+    );
+    assert!(limit_of(&list, "old").is_some());
+    let again = run(&server, &["limits", "apply", "-f", &path]);
+    assert!(stdout(&again).contains("no changes"), "{}", stdout(&again));
+    let pruned = run(&server, &["limits", "apply", "-f", &path, "--prune"]);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert!(stdout(&pruned).contains("- old\n"), "{}", stdout(&pruned));
+    assert!(limit_of(&limits(&server).await, "old").is_none());
+
+    // A file with a bad limit is refused whole, every fault named, nothing written.
+    std::fs::write(
+        &file,
+        "limits:\n  vendor-x: {kind: rate, limit: 9, period_ms: 60000}\n  \
+         bad: {kind: rate, limit: 0, period_ms: 1000}\n  \
+         worse: {kind: sometimes}\n",
+    )
+    .expect("write");
+    let refused = run(&server, &["limits", "apply", "-f", &path]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    let said = stderr(&refused);
+    assert!(said.contains("nothing was changed"), "{said}");
+    assert!(
+        said.contains("limit \"bad\": limit: must be at least 1"),
+        "{said}"
+    );
+    assert!(said.contains("limit \"worse\": "), "{said}");
+    assert_eq!(
+        limit_of(&limits(&server).await, "vendor-x").expect("there")["limit"],
+        5
+    );
+
+    // Export, in both formats, reads back as the same limits on another server.
+    for format in ["toml", "yaml"] {
+        let exported = run(&server, &["limits", "export", "--format", format]);
+        assert!(exported.status.success(), "{}", stderr(&exported));
+        let other = Server::start();
+        let file = other.directory.path().join(format!("exported.{format}"));
+        std::fs::write(&file, exported.stdout).expect("write");
+        let applied = run(
+            &other,
+            &["limits", "apply", "-f", &file.display().to_string()],
+        );
+        assert!(applied.status.success(), "{}", stderr(&applied));
+        assert_eq!(
+            limits(&other).await["limits"],
+            limits(&server).await["limits"]
+        );
+        let rules = format!("file://{}", file.display());
+        let from_file = Server::start_with(Options {
+            args: vec!["--rules", &rules],
+            ..Options::default()
+        });
+        assert_eq!(
+            limits(&from_file).await["limits"],
+            limits(&server).await["limits"]
+        );
+    }
+}

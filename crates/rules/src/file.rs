@@ -1,0 +1,438 @@
+//! Limits as code: a TOML or YAML file of limits, kept under review beside the code that uses
+//! them, as a read-only rules source. This module owns the file format (a `limits` table of
+//! rules by name, each with the admin API's fields), reading it without catching an editor
+//! half-way through a write, and writing one from the rules in force (`tollgate limits export`).
+//!
+//! ```toml
+//! [limits.vendor-x]
+//! kind = "rate"
+//! limit = 600
+//! period_ms = 60000
+//! ```
+//!
+//! A file that does not parse is refused whole, and the rules in force stay as they are; an
+//! entry that parses but is not a valid rule is rejected alone, as a bad row of the SQL table is.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::rule::{RawRule, RuleError};
+use crate::sql::{SourceError, TableRow};
+
+/// How long a changed file must stay the same before it is read as the new truth: an editor
+/// that truncates and then writes leaves a prefix of the file for a moment.
+const SETTLE: Duration = Duration::from_millis(50);
+/// Largest limits file read, in bytes; a bigger one is refused, not read into memory.
+pub const FILE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+/// The two spellings of a limits file, told apart by the file's extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileFormat {
+    Toml,
+    Yaml,
+}
+
+impl FileFormat {
+    /// `.toml`, or `.yaml`/`.yml`.
+    pub fn of_path(path: &Path) -> Result<FileFormat, String> {
+        match path.extension().and_then(|extension| extension.to_str()) {
+            Some("toml") => Ok(FileFormat::Toml),
+            Some("yaml" | "yml") => Ok(FileFormat::Yaml),
+            _ => Err("must end in .toml, .yaml or .yml".to_owned()),
+        }
+    }
+
+    /// `toml` or `yaml`.
+    pub fn parse(text: &str) -> Result<FileFormat, String> {
+        match text {
+            "toml" => Ok(FileFormat::Toml),
+            "yaml" | "yml" => Ok(FileFormat::Yaml),
+            other => Err(format!("{other:?} is not a format: use toml or yaml")),
+        }
+    }
+}
+
+/// The file's shape: one table, `limits`, of rules by name. Unknown top-level keys are refused,
+/// so a misspelt `limit` table is an error rather than a file with no limits.
+#[derive(serde::Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile<T> {
+    limits: Entries<T>,
+}
+
+/// Entries by name that refuse a name given twice (YAML allows it; a second entry would
+/// silently win).
+struct Entries<T>(BTreeMap<String, T>);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Entries<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Entries<T>;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a table of limits by name")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut entries = BTreeMap::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if entries.contains_key(&name) {
+                        return Err(serde::de::Error::custom(format!(
+                            "limit {name:?} is defined twice"
+                        )));
+                    }
+                    let entry = map.next_value()?;
+                    entries.insert(name, entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+impl<T: Serialize> Serialize for Entries<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// Read a limits file's text into one row per limit, in name order. An error here is the whole
+/// file's (bad syntax, no `limits` table, a name given twice) and says where; an entry that is
+/// not a rule comes back as that row's error, naming its field.
+pub fn parse_limits(text: &str, format: FileFormat) -> Result<Vec<TableRow>, String> {
+    // Entries are kept as untyped values first, so one bad entry does not refuse the others.
+    let file: LimitsFile<serde_json::Value> = match format {
+        FileFormat::Toml => toml::from_str(text).map_err(|error| error.to_string())?,
+        FileFormat::Yaml => yaml_serde::from_str(text).map_err(|error| error.to_string())?,
+    };
+    Ok(file
+        .limits
+        .0
+        .into_iter()
+        .map(|(name, entry)| TableRow {
+            rule: entry_rule(entry),
+            name,
+        })
+        .collect())
+}
+
+fn entry_rule(entry: serde_json::Value) -> Result<RawRule, RuleError> {
+    serde_path_to_error::deserialize(entry).map_err(|error| {
+        let path = error.path().to_string();
+        let message = error.into_inner().to_string();
+        // serde names an unknown field in back-quotes; the path is where it was found.
+        let unknown = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(name, _)| name.to_owned());
+        let field = match (unknown, path.as_str()) {
+            (Some(name), "." | "") => name,
+            (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
+                path.to_owned()
+            }
+            (Some(name), parent) => format!("{parent}.{name}"),
+            (None, "." | "") => "limit entry".to_owned(),
+            (None, path) => path.to_owned(),
+        };
+        RuleError {
+            field: field.into(),
+            reason: message,
+        }
+    })
+}
+
+/// A limits file holding `rules` (canonical forms, by name), as `tollgate limits export`
+/// writes it; reading it back gives the same rules.
+pub fn render_limits<'r>(
+    rules: impl IntoIterator<Item = &'r RawRule>,
+    format: FileFormat,
+) -> Result<String, String> {
+    let limits = rules
+        .into_iter()
+        .filter_map(|rule| {
+            let name = rule.name.clone()?;
+            let mut entry = rule.clone();
+            entry.name = None;
+            Some((name, entry))
+        })
+        .collect();
+    let file = LimitsFile {
+        limits: Entries(limits),
+    };
+    match format {
+        FileFormat::Toml => toml::to_string(&file).map_err(|error| error.to_string()),
+        FileFormat::Yaml => yaml_serde::to_string(&file).map_err(|error| error.to_string()),
+    }
+}
+
+/// A limits file as a rules source: read on every reload, never written.
+#[derive(Debug)]
+pub struct FileSource {
+    path: PathBuf,
+    format: FileFormat,
+    /// The text last read in full, to tell a settled file from one being written.
+    settled: Mutex<Option<String>>,
+}
+
+impl FileSource {
+    /// `file://PATH` (a relative path is relative to the working directory), ending in `.toml`,
+    /// `.yaml` or `.yml`. The file is read at the first load, not here.
+    pub fn open(url: &str) -> Result<FileSource, SourceError> {
+        let bad = |reason: &str| SourceError::BadUrl {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let path = url
+            .strip_prefix("file://")
+            .filter(|path| !path.is_empty())
+            .ok_or_else(|| bad("must be file://PATH"))?;
+        let path = PathBuf::from(path);
+        let format = FileFormat::of_path(&path).map_err(|reason| bad(&reason))?;
+        Ok(FileSource {
+            path,
+            format,
+            settled: Mutex::new(None),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn format(&self) -> FileFormat {
+        self.format
+    }
+
+    /// Whether the file is there to be read, for readiness: what is in force stays in force
+    /// while its authors edit it, so a file that does not parse now is still ready.
+    pub async fn ping(&self) -> Result<(), SourceError> {
+        tokio::fs::metadata(&self.path)
+            .await
+            .map(|_| ())
+            .map_err(|error| self.error(error.to_string()))
+    }
+
+    fn error(&self, reason: impl Into<String>) -> SourceError {
+        SourceError::File {
+            path: self.path.display().to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    async fn read(&self) -> Result<String, SourceError> {
+        let length = tokio::fs::metadata(&self.path)
+            .await
+            .map_err(|error| self.error(error.to_string()))?
+            .len();
+        if length > FILE_BYTES_MAX {
+            return Err(self.error(format!(
+                "is {length} bytes; a limits file may be at most {FILE_BYTES_MAX}"
+            )));
+        }
+        let bytes = tokio::fs::read(&self.path)
+            .await
+            .map_err(|error| self.error(error.to_string()))?;
+        String::from_utf8(bytes).map_err(|_| self.error("is not UTF-8 text"))
+    }
+
+    /// Every limit of the file, in name order. A file that changed since the last load is read
+    /// again a moment later, and taken only if it reads the same.
+    pub async fn load(&self) -> Result<Vec<TableRow>, SourceError> {
+        let mut settled = self.settled.lock().await;
+        let mut text = self.read().await?;
+        if settled.as_deref() != Some(text.as_str()) {
+            tokio::time::sleep(SETTLE).await;
+            let again = self.read().await?;
+            if again != text {
+                return Err(self.error("is being written; it is read again at the next reload"));
+            }
+            text = again;
+        }
+        let rows = parse_limits(&text, self.format).map_err(|reason| self.error(reason))?;
+        *settled = Some(text);
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(text: &str, format: FileFormat) -> Vec<(String, Result<RawRule, RuleError>)> {
+        parse_limits(text, format)
+            .expect("parses")
+            .into_iter()
+            .map(|row| (row.name, row.rule))
+            .collect()
+    }
+
+    #[test]
+    fn toml_and_yaml_spell_the_same_limits() {
+        let toml = r#"
+            [limits.vendor-x]
+            kind = "rate"
+            limit = 600
+            period_ms = 60000
+            reserve = { high = 100 }
+
+            [limits.exports]
+            kind = "concurrency"
+            limit = 4
+            lease_ttl_ms = 30000
+        "#;
+        let yaml = "
+limits:
+  vendor-x:
+    kind: rate
+    limit: 600
+    period_ms: 60000
+    reserve: {high: 100}
+  exports:
+    kind: concurrency
+    limit: 4
+    lease_ttl_ms: 30000
+";
+        let from_toml = rows(toml, FileFormat::Toml);
+        assert_eq!(from_toml, rows(yaml, FileFormat::Yaml));
+        let names: Vec<&str> = from_toml.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["exports", "vendor-x"]);
+        let vendor = from_toml[1].1.as_ref().expect("a rule");
+        assert_eq!(vendor.limit, Some(600));
+        assert_eq!(vendor.reserve.as_ref().and_then(|r| r.high), Some(100));
+    }
+
+    #[test]
+    fn a_bad_entry_is_refused_alone_naming_its_field() {
+        let text = r#"
+            [limits.good]
+            kind = "rate"
+            limit = 5
+            period_ms = 1000
+
+            [limits.typo]
+            kind = "rate"
+            limt = 5
+
+            [limits.wrong-type]
+            kind = "rate"
+            limit = "five"
+
+            [limits.nested]
+            kind = "rate"
+            reserve = { hihg = 1 }
+        "#;
+        let rows = rows(text, FileFormat::Toml);
+        let error = |name: &str| {
+            rows.iter()
+                .find(|(row, _)| row == name)
+                .and_then(|(_, rule)| rule.clone().err())
+                .expect("refused")
+        };
+        assert!(rows[0].1.is_ok(), "{:?}", rows[0]);
+        assert_eq!(error("typo").field, "limt");
+        assert!(error("typo").reason.contains("unknown field"));
+        assert_eq!(error("wrong-type").field, "limit");
+        assert!(error("wrong-type").reason.contains("invalid type"));
+        assert_eq!(error("nested").field, "reserve.hihg");
+    }
+
+    #[test]
+    fn a_broken_file_is_refused_whole_and_says_where() {
+        for (text, format, says) in [
+            ("[limits.a\nkind = 1", FileFormat::Toml, "line 1"),
+            (
+                "[limit.a]\nkind = \"rate\"",
+                FileFormat::Toml,
+                "unknown field `limit`",
+            ),
+            ("", FileFormat::Toml, "missing field `limits`"),
+            (
+                "limits:\n  a: {kind: rate}\n  a: {kind: rate}\n",
+                FileFormat::Yaml,
+                "twice",
+            ),
+            (
+                "limits: [1, 2]",
+                FileFormat::Yaml,
+                "a table of limits by name",
+            ),
+            ("limits:\n  a: {kind: rate\n", FileFormat::Yaml, "line"),
+        ] {
+            let error = parse_limits(text, format).expect_err("refused");
+            assert!(error.contains(says), "{text:?}: {error}");
+        }
+    }
+
+    /// A file is outside input: aliases that would expand exponentially (here to 10^10 values,
+    /// inside an entry, which is read untyped) are refused, not expanded.
+    #[test]
+    fn a_yaml_alias_bomb_is_refused() {
+        let mut text = String::from("limits:\n  bomb:\n    a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..=9u8 {
+            let (name, previous) = (char::from(b'a' + level), char::from(b'a' + level - 1));
+            let list = vec![format!("*{previous}"); 10].join(", ");
+            text.push_str(&format!("    {name}: &{name} [{list}]\n"));
+        }
+        let error = parse_limits(&text, FileFormat::Yaml).expect_err("refused");
+        assert!(error.contains("repetition limit"), "{error}");
+    }
+
+    #[test]
+    fn an_exported_file_reads_back_the_same() {
+        let rules = [
+            RawRule {
+                name: Some("a.b".into()),
+                kind: Some("rate".into()),
+                limit: Some(3),
+                period_ms: Some(1000),
+                algorithm: Some("gcra".into()),
+                burst: Some(2),
+                reserve: Some(crate::RawReserve {
+                    high: Some(1),
+                    normal: None,
+                }),
+                matcher: Some(crate::RawMatch {
+                    method: Some("GET".into()),
+                    path: Some("/v1/#".into()),
+                }),
+                per: Some("user".into()),
+                ..RawRule::default()
+            },
+            RawRule {
+                name: Some("pool".into()),
+                kind: Some("concurrency".into()),
+                limit: Some(2),
+                lease_ttl_ms: Some(5000),
+                ..RawRule::default()
+            },
+        ];
+        for format in [FileFormat::Toml, FileFormat::Yaml] {
+            let text = render_limits(&rules, format).expect("renders");
+            let back: Vec<RawRule> = parse_limits(&text, format)
+                .expect("parses")
+                .into_iter()
+                .map(|row| RawRule {
+                    name: Some(row.name),
+                    ..row.rule.expect("valid")
+                })
+                .collect();
+            assert_eq!(back, rules, "{format:?}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_url_names_a_toml_or_yaml_file() {
+        assert!(FileSource::open("file://limits.toml").is_ok());
+        assert!(FileSource::open("file:///etc/tollgate/limits.yml").is_ok());
+        for bad in ["file://", "file://limits.json", "limits.toml"] {
+            assert!(FileSource::open(bad).is_err(), "{bad}");
+        }
+    }
+}
