@@ -54,6 +54,7 @@ const EXIT_COMMAND_NOT_STARTED: u8 = 127;
         Exit codes:\n  \
         0    done (acquire: the command's own status, or 128 + the signal that ended it)\n  \
         1    refused: bad input, unknown limit, wrong token, or a failure to start serve\n  \
+        2    usage: an unknown or missing argument\n  \
         69   the server failed or could not be reached\n  \
         75   acquire: no permit granted within --wait\n  \
         127  acquire: the command could not be started"
@@ -82,6 +83,23 @@ enum Command {
         output: Output,
         #[command(subcommand)]
         action: LimitsAction,
+    },
+    /// A running server at a glance: each limit's usage now, pauses, waiters, grants and
+    /// denials; the rules' reload state; the store.
+    ///
+    /// Exits 1 if the server refused the request, 69 if the server failed or could not be
+    /// reached.
+    Status {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Only this limit.
+        limit: Option<String>,
+        /// For a limit counted per key: the key whose usage to show.
+        #[arg(long, requires = "limit")]
+        key: Option<String>,
+        /// How the answer is printed: a table for people, or the server's JSON.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// Print a completion script for SHELL: `tollgate completions bash > /etc/bash_completion.d/tollgate`.
     Completions {
@@ -313,6 +331,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action,
         } => limits(server, output, action, file).await,
         Command::Acquire(args) => acquire(args, file).await,
+        Command::Status {
+            server,
+            limit,
+            key,
+            output,
+        } => status(server, limit, key, output, file).await,
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut command, "tollgate", &mut std::io::stdout());
@@ -787,6 +811,41 @@ fn limits_table(json: &serde_json::Value) -> String {
         }
     }
     table
+}
+
+mod status;
+
+async fn status(
+    server: ServerArgs,
+    limit: Option<String>,
+    key: Option<String>,
+    output: Output,
+    file: FileConfig,
+) -> Result<ExitCode> {
+    let token = env_text("TOLLGATE_DATA_TOKEN").or_else(|| file.data_token.clone());
+    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let mut path = "/v1/stats".to_owned();
+    if let Some(limit) = &limit {
+        path.push_str(&format!("?limit={}", segment(limit)));
+        if let Some(key) = &key {
+            path.push_str(&format!("&key={}", segment(key)));
+        }
+    }
+    let answer = match client.send(Method::GET, &path, None).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
+        }
+    };
+    if !answer.status.is_success() {
+        return Ok(report_error(&answer));
+    }
+    match (output, &answer.json) {
+        (Output::Table, Some(json)) => print!("{}", status::table(json)),
+        _ => print_json(&answer)?,
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {

@@ -185,11 +185,18 @@ fn commands_exit_69_when_the_server_cannot_be_reached() {
         .expect("a free port")
         .port();
     let server = format!("http://127.0.0.1:{port}");
+    std::fs::write(
+        directory.path().join("limits.toml"),
+        "[limits.a]\nkind = \"rate\"\nlimit = 1\nperiod_ms = 1000\n",
+    )
+    .expect("write");
     for args in [
         vec!["limits", "list"],
         vec!["limits", "get", "a"],
         vec!["limits", "delete", "a"],
         vec!["acquire", "a", "--", "true"],
+        vec!["status"],
+        vec!["limits", "apply", "-f", "limits.toml"],
     ] {
         let output = command(directory.path())
             .args(&args)
@@ -378,6 +385,7 @@ fn help_explains_every_command() {
         "serve",
         "limits",
         "acquire",
+        "status",
         "TOLLGATE_ADMIN_TOKEN",
         "Example",
     ] {
@@ -422,6 +430,96 @@ fn completions_are_printed_for_each_shell() {
             script.contains("limits"),
             "{shell}: the subcommands are completed"
         );
+    }
+}
+
+/// `status` shows each limit's usage read from the store, its pause, its grants and its
+/// denials by reason; a limit counted per key shows the key asked for; and `/v1/stats` names
+/// the parameter at fault in every refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_usage_pauses_and_denials() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":2,"period_ms":60000}"#,
+    )
+    .await;
+    put_limit(
+        &server,
+        "api",
+        r#"{"kind":"rate","limit":5,"period_ms":60000,"per":"user"}"#,
+    )
+    .await;
+    let data = server.anonymous();
+    for _ in 0..2 {
+        granted(&data, r#"{"limits":["vendor-x"]}"#).await;
+    }
+    let denied = post(&data, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await;
+    assert_eq!(denied.status.as_u16(), 429);
+    granted(&data, r#"{"limits":["api"],"key":"user-42"}"#).await;
+    let paused = post(
+        &data,
+        "/v1/pause",
+        r#"{"limit":"vendor-x","retry_after_ms":600000}"#,
+    )
+    .await;
+    assert_eq!(paused.status.as_u16(), 200, "{}", paused.text());
+
+    let table = run(&server, &["status"], &[]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let shown = stdout(&table);
+    let line = |name: &str| {
+        shown
+            .lines()
+            .find(|line| line.starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{shown}"))
+            .to_owned()
+    };
+    let vendor = line("vendor-x ");
+    for part in ["2/2", "1 capacity", "min"] {
+        assert!(vendor.contains(part), "{part}: {vendor}");
+    }
+    assert!(line("api ").contains("(per key)"), "{shown}");
+    assert!(shown.contains("rules: version"), "{shown}");
+
+    let json = run(&server, &["status", "vendor-x", "--output", "json"], &[]);
+    let stats: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let limit = &stats["limits"][0];
+    assert_eq!(limit["usage"]["used"], 2, "{stats}");
+    assert_eq!(limit["usage"]["remaining"], 0, "{stats}");
+    assert!(
+        limit["usage"]["paused_ms"].as_u64() > Some(500_000),
+        "{stats}"
+    );
+    assert_eq!(limit["grants"], 2, "{stats}");
+    assert_eq!(limit["denials"]["capacity"], 1, "{stats}");
+    let keyed = run(&server, &["status", "api", "--key", "user-42"], &[]);
+    assert!(
+        stdout(&keyed).contains("api [user-42]"),
+        "{}",
+        stdout(&keyed)
+    );
+    assert!(stdout(&keyed).contains("1/5"), "{}", stdout(&keyed));
+    // Looking took nothing: the vendor is still at 2 of 2, the user at 1 of 5.
+    let again = run(&server, &["status", "api", "--key", "user-42"], &[]);
+    assert!(stdout(&again).contains("1/5"), "{}", stdout(&again));
+
+    let unknown = run(&server, &["status", "nope"], &[]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("404 not_found"),
+        "{}",
+        stderr(&unknown)
+    );
+    for (query, field) in [
+        ("?bogus=1", "bogus"),
+        ("?key=user-42", "key"),
+        ("?limit=vendor-x&key=user-42", "key"),
+        ("?limit=Not%20A%20Name", "limit"),
+    ] {
+        let answer = call(&data, Method::GET, &format!("/v1/stats{query}"), "").await;
+        assert_error(&answer, 400, "bad_request", Some(field));
     }
 }
 

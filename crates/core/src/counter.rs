@@ -826,10 +826,18 @@ impl Counter {
 
     /// Units open to `priority` at `now` and the time until every counted unit stops counting.
     pub fn status(&mut self, policy: &Policy, now: u64, priority: Priority) -> (u64, u64) {
-        self.normalise(policy, now);
-        let used = self.used(policy, now);
+        let (used, reset_after) = self.usage(policy, now);
         (
             policy.capacity_for(priority).saturating_sub(used),
+            reset_after,
+        )
+    }
+
+    /// Units (or lease slots) counted at `now`, and the time until every one stops counting.
+    pub fn usage(&mut self, policy: &Policy, now: u64) -> (u64, u64) {
+        self.normalise(policy, now);
+        (
+            self.used(policy, now),
             self.counted_until(policy)
                 .saturating_sub(now)
                 .min(policy.memory_us()),

@@ -848,6 +848,98 @@ pub async fn check_counts_rate_units_and_refuses_leases(stores: Stores) {
     assert!(!from_handle.is_allowed(), "{from_handle:?}");
 }
 
+/// `usage` reads what a counter holds, through either handle, and counts nothing: the units
+/// granted (for every algorithm), leases held until released, a pause of the limit, nothing on
+/// a counter never used; and every unit it saw stays grantable after it looked.
+pub async fn usage_shows_what_is_counted_and_takes_nothing(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let usage = async |limiter: &Limiter, name: &str, key: Option<&str>| {
+        limiter.usage(name, key).await.expect("usage")
+    };
+    for (name, algorithm) in [
+        ("sliding", Algorithm::Sliding),
+        ("fixed", Algorithm::Fixed),
+        ("gcra", Algorithm::Gcra { burst: 5 }),
+    ] {
+        add(&[&limiter, &other], name, rate(5, HOUR_MS, algorithm), None);
+        assert_eq!(usage(&other, name, None).await.used, 0, "{name}");
+        let permit = limiter
+            .try_acquire(&Request::new(name).cost(3))
+            .await
+            .expect("answers")
+            .granted()
+            .expect("room");
+        for _ in 0..2 {
+            let seen = usage(&other, name, None).await;
+            assert_eq!(seen.used, 3, "{name}: {seen:?}");
+            assert!(
+                seen.reset_after_us > 0 && seen.reset_after_us <= HOUR_MS * MS,
+                "{name}: {seen:?}"
+            );
+            assert_eq!(seen.paused_for_us, 0, "{name}: {seen:?}");
+        }
+        // Looking took nothing: the other two units are still there.
+        let rest = limiter
+            .try_acquire(&Request::new(name).cost(2))
+            .await
+            .expect("answers");
+        assert!(rest.is_granted(), "{name}: usage took units");
+        assert_eq!(usage(&limiter, name, None).await.used, 5, "{name}");
+        assert_eq!(permit.commit(3).await.expect("commit").refunded, 0);
+    }
+
+    let lease = Policy::concurrency(2, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", lease, None);
+    let held = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("a slot");
+    let seen = usage(&other, "pool", None).await;
+    assert_eq!(seen.used, 1, "{seen:?}");
+    assert!(
+        seen.reset_after_us > 0 && seen.reset_after_us <= 30_000 * MS,
+        "{seen:?}"
+    );
+    held.release().await.expect("release");
+    assert_eq!(usage(&other, "pool", None).await.used, 0);
+
+    add(
+        &[&limiter, &other],
+        "per-user",
+        rate(5, HOUR_MS, Algorithm::Sliding),
+        Some("user"),
+    );
+    let _alice = limiter
+        .try_acquire(&Request::new("per-user").key("alice"))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("room");
+    assert_eq!(usage(&other, "per-user", Some("alice")).await.used, 1);
+    assert_eq!(usage(&other, "per-user", Some("bob")).await.used, 0);
+    match other.usage("per-user", None).await {
+        Err(Error::InvalidRequest { field: "key", .. }) => {}
+        answer => panic!("a per-key limit without its key: {answer:?}"),
+    }
+
+    limiter
+        .pause("sliding", None, Duration::from_secs(600))
+        .await
+        .expect("pause");
+    let seen = usage(&other, "sliding", None).await;
+    assert!(
+        seen.paused_for_us > 0 && seen.paused_for_us <= 600_000 * MS,
+        "{seen:?}"
+    );
+    assert_eq!(seen.used, 5, "{seen:?}");
+    match other.usage("nowhere", None).await {
+        Err(Error::UnknownLimit { .. }) => {}
+        answer => panic!("an unknown limit: {answer:?}"),
+    }
+}
+
 /// One `#[tokio::test]` per conformance case, each given fresh stores by `$factory`, an
 /// `async fn(&'static str) -> Option<Stores>` (None: skipped, having said why).
 #[macro_export]
@@ -866,6 +958,7 @@ macro_rules! conformance_tests {
             bad_input_is_refused_with_the_field_named,
             unrefundable_grants_count_the_same_and_refund_nothing,
             check_counts_rate_units_and_refuses_leases,
+            usage_shows_what_is_counted_and_takes_nothing,
         );
     };
     (@each $factory:path, $($name:ident),* $(,)?) => {

@@ -18,7 +18,7 @@ use crate::hot::HotCounter;
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
 use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
-use crate::store::{CounterId, CounterOutcome, Decision, Store, Take};
+use crate::store::{CounterId, CounterOutcome, Decision, Store, Take, Usage};
 
 use crate::sync::Ordering;
 use crate::waiters::WaitQueue;
@@ -927,6 +927,22 @@ impl Limiter {
         };
         let remaining_us = self.shared.store.pause(take, micros(duration)).await?;
         Ok(Duration::from_micros(remaining_us))
+    }
+
+    /// What `limit`'s counter (the key's, for a limit counted per key) holds now, for people
+    /// and dashboards: it changes nothing, and may be stale by the time it is read.
+    pub async fn usage(&self, limit: &str, key: Option<&str>) -> Result<Usage> {
+        let table = self.shared.table();
+        let resolved = resolve(&table, &[limit], key)?;
+        let target = resolved.limits[0];
+        let take = Take {
+            counter: CounterId {
+                limit: target.name(),
+                key: key.filter(|_| target.per().is_some()),
+            },
+            policy: target.policy(),
+        };
+        self.shared.store.usage(take).await
     }
 
     /// Stop taking waits: every waiting acquire returns `ShuttingDown` now, and so does every

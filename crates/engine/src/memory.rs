@@ -26,7 +26,7 @@ use tollgate_core::{
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use std::sync::Arc;
 
@@ -1009,6 +1009,34 @@ impl MemoryStore {
         result
     }
 
+    fn usage_now(&self, take: Take<'_>) -> Result<Usage> {
+        let limit = take.counter.limit;
+        // A limit-wide pause, or a hold on the limit that a counter made now would start under.
+        let limit_paused_until = |now: u64| {
+            self.limit_paused_until(limit, now)
+                .max(self.hold_end(limit, now).unwrap_or(0))
+        };
+        self.with_existing(
+            take,
+            || {
+                let now = self.clock.now_us();
+                Ok(Usage {
+                    paused_for_us: limit_paused_until(now).saturating_sub(now),
+                    ..Usage::default()
+                })
+            },
+            |counter, now| {
+                let (used, reset_after_us) = counter.usage(take.policy, now);
+                let paused_until = counter.paused_until().max(limit_paused_until(now));
+                Ok(Usage {
+                    used,
+                    reset_after_us,
+                    paused_for_us: paused_until.saturating_sub(now),
+                })
+            },
+        )
+    }
+
     fn pause_now(&self, take: Take<'_>, duration_us: u64) -> Result<u64> {
         let now = self.clock.now_us();
         let until = now.saturating_add(duration_us);
@@ -1100,6 +1128,10 @@ impl Store for MemoryStore {
 
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         StoreFuture::ready(self.pause_now(take, duration_us))
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        StoreFuture::ready(self.usage_now(take))
     }
 
     fn on_wake(&self, wake: WakeFn) {

@@ -170,6 +170,19 @@ impl<T> Future for StoreFuture<'_, T> {
     }
 }
 
+/// A counter as it stands, for people and dashboards: never an input to a decision, since it
+/// may have changed by the time it is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Units (rate) or lease slots (concurrency) counted now.
+    pub used: u64,
+    /// Until every unit counted now stops counting, in microseconds.
+    pub reset_after_us: u64,
+    /// Until nothing is granted any more because of a pause (the counter's, its limit's, or a
+    /// hold after a loss of state), in microseconds; 0 when none is on.
+    pub paused_for_us: u64,
+}
+
 /// Called with a counter on which capacity came back.
 pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
@@ -198,6 +211,9 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     /// limit counted per key, on every key of the limit. Pauses only extend. Returns the time
     /// until the pause ends.
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64>;
+
+    /// What the counter holds now, changing nothing it counts.
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage>;
 
     /// Register the limiter's wake-up: a store shared between processes calls it when another
     /// process gave capacity back on a counter (a refund, a release), so that waiters here ask

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tollgate::conformance::Stores;
 use tollgate::core::{Counter, Denial};
 use tollgate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, MonotonicClock, PermitError,
@@ -277,6 +277,32 @@ impl ExternalStore {
             }
         }
     }
+
+    fn usage_now(&self, take: Take<'_>) -> Usage {
+        let mut state = lock(&self.state);
+        let now = self.clock.now_us();
+        let limit_paused_until = state.limit_paused_until(take.counter.limit, now);
+        let id: Id = (
+            take.counter.limit.to_owned(),
+            take.counter.key.map(str::to_owned),
+        );
+        let Some(entry) = state.counters.get_mut(&id) else {
+            return Usage {
+                paused_for_us: limit_paused_until.saturating_sub(now),
+                ..Usage::default()
+            };
+        };
+        let (used, reset_after_us) = entry.counter.usage(take.policy, now);
+        Usage {
+            used,
+            reset_after_us,
+            paused_for_us: entry
+                .counter
+                .paused_until()
+                .max(limit_paused_until)
+                .saturating_sub(now),
+        }
+    }
 }
 
 impl Store for ExternalStore {
@@ -300,6 +326,10 @@ impl Store for ExternalStore {
 
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         StoreFuture::ready(self.pause_now(take, duration_us))
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        StoreFuture::ready(Ok(self.usage_now(take)))
     }
 
     fn on_wake(&self, wake: WakeFn) {

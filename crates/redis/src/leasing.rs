@@ -412,6 +412,12 @@ impl Store for LeasingStore {
         self.inner.pause(take, duration_us)
     }
 
+    /// The shared counter's usage: units leased to blocks here and not yet handed out count as
+    /// used, as they do for every other process.
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
+        self.inner.usage(take)
+    }
+
     fn on_wake(&self, wake: WakeFn) {
         self.inner.on_wake(wake);
     }

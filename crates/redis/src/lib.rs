@@ -38,7 +38,7 @@ use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Script, Value};
 use tollgate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn,
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use tollgate::{Error, Result};
 use tollgate_core::{
@@ -110,6 +110,7 @@ const ACQUIRE: u64 = 1;
 const COMMIT: u64 = 2;
 const RENEW: u64 = 3;
 const PAUSE: u64 = 4;
+const USAGE: u64 = 5;
 
 /// The script's numbers as one argument of big-endian doubles: one Lua string to make instead of
 /// one per number. Every number the script reads is an integer below 2^53, exact as a double.
@@ -549,6 +550,24 @@ impl RedisStore {
         (head.now_us, result)
     }
 
+    async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
+        let packed = self.counter_numbers(USAGE, take.policy, &[]);
+        let mut keys = self.counter_keys(take.counter);
+        keys.push(self.keys.limit_pause(take.counter.limit));
+        let (head, reply) = self.run(&keys, &[&packed]).await?;
+        match reply.status.as_str() {
+            "ok" => {
+                let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
+                Ok(Usage {
+                    used: number(4),
+                    reset_after_us: number(5),
+                    paused_for_us: number(6).saturating_sub(head.now_us),
+                })
+            }
+            other => Err(unavailable(format!("unexpected script status {other}"))),
+        }
+    }
+
     /// The generation's birth as of the last reply, in the store's microseconds.
     pub fn last_born_us(&self) -> u64 {
         self.born_seen.load(Ordering::Acquire)
@@ -671,6 +690,10 @@ impl Store for RedisStore {
 
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         StoreFuture::boxed(self.pause_remote(take, duration_us))
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        StoreFuture::boxed(self.usage_remote(take))
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

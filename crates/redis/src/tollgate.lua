@@ -10,10 +10,11 @@
 -- acquire: KEYS[4i-2 .. 4i+1]  counter i's state, its reservations, its closed buckets, and its
 --                   limit's pause
 -- commit, renew, pause of a key: KEYS[2], [3], [4]  the counter's three keys
+-- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause
 -- pause of a whole limit: KEYS[2]  the limit's pause
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause), [2] the highest generation version this client
+--                   2 commit, 3 renew, 4 pause, 5 usage), [2] the highest generation version this client
 --                   has seen, then per operation (see each branch below)
 -- ARGV[2]           commit only: the wake-up channel
 -- Every reply is {status, now, ver, born, lost, ...}: the status word, the head (born is -1 when
@@ -840,6 +841,30 @@ function T.decide(KEYS, ARGV)
     redis.call('SET', KEYS[2], until_us, 'PX', T.ttl_ms(until_us, now))
     local reply = T.head('ok', now, gen)
     reply[6] = until_us
+    return reply
+  end
+
+  if op == 5 then
+    -- usage, counting nothing: [3..11] policy. Reply: ok now ver born lost used reset_after
+    -- paused_until. A counter not kept (or not readable) counts nothing, and is held as acquire
+    -- would hold it.
+    local p = T.read_policy(a, 3)
+    local values = redis.call('MGET', KEYS[2], KEYS[5])
+    local limit_paused_until = tonumber(values[2]) or 0
+    local c = values[1] and T.decode(values[1], counter_keys, now)
+    local reply = T.head('ok', now, gen)
+    if not c then
+      local _, hold_until = T.load(values[1], counter_keys, now, gen, p)
+      reply[6], reply[7] = 0, 0
+      reply[8] = math.max(limit_paused_until, hold_until or 0)
+      return reply
+    end
+    T.normalise(c, p, now)
+    reply[6] = T.used(c, p, now)
+    reply[7] = math.min(T.sub0(T.counted_until(c, p), now), p.memory)
+    reply[8] = math.max(c.p, limit_paused_until)
+    -- Normalising may have dropped expired state: keep the store as small as the core's.
+    T.save(c, p, now)
     return reply
   end
 

@@ -20,9 +20,9 @@ use crate::extract::{Admin, Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-fn ms_ceil(duration: Duration) -> u64 {
+pub(crate) fn ms_ceil(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
 }
 
@@ -52,11 +52,22 @@ pub(crate) struct LimitList {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct RejectedRow {
     name: String,
-    /// The table column at fault.
+    /// The table column (or the file's field) at fault.
     column: String,
     reason: String,
     /// Whether an earlier valid version of this limit is still in force.
     previous_in_force: bool,
+}
+
+impl From<&tollgate_rules::RejectedRow> for RejectedRow {
+    fn from(row: &tollgate_rules::RejectedRow) -> RejectedRow {
+        RejectedRow {
+            name: row.name.clone(),
+            column: row.column.clone(),
+            reason: row.reason.clone(),
+            previous_in_force: row.previous_in_force,
+        }
+    }
 }
 
 #[utoipa::path(get, path = "/v1/limits", tag = "admin",
@@ -70,16 +81,7 @@ pub(crate) async fn list_limits(_: Admin, State(state): State<AppState>) -> Json
             .iter()
             .map(|rule| rule.canonical().clone())
             .collect(),
-        rejected: snapshot
-            .rejected()
-            .iter()
-            .map(|row| RejectedRow {
-                name: row.name.clone(),
-                column: row.column.clone(),
-                reason: row.reason.clone(),
-                previous_in_force: row.previous_in_force,
-            })
-            .collect(),
+        rejected: snapshot.rejected().iter().map(RejectedRow::from).collect(),
     })
 }
 

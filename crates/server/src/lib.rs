@@ -13,6 +13,7 @@ mod metrics;
 mod openapi;
 mod runs;
 mod state;
+mod stats;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -144,6 +145,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/permits/{permit}/renew", post(api::renew))
         .route("/v1/pause", post(api::pause))
         .route("/v1/check", post(api::check))
+        .route("/v1/stats", get(stats::stats))
         .route("/metrics", get(api::metrics))
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))

@@ -60,6 +60,8 @@ pub(crate) struct Metrics {
     pub(crate) waiters: Family<LimitLabels, Gauge>,
     pub(crate) wait_seconds: HistogramFamily<LimitLabels>,
     pub(crate) errors: Family<CodeLabels, Counter>,
+    /// The memory store, whose counters are counted; a shared store's are its own business.
+    memory: Option<Arc<MemoryStore>>,
 }
 
 impl Metrics {
@@ -98,8 +100,12 @@ impl Metrics {
         );
         let errors = Family::<CodeLabels, Counter>::default();
         registry.register("http_errors", "Error answers, by code", errors.clone());
-        registry.register_collector(Box::new(ScrapeTime { rules, memory }));
+        registry.register_collector(Box::new(ScrapeTime {
+            rules,
+            memory: memory.clone(),
+        }));
         Metrics {
+            memory,
             registry: Arc::new(registry),
             grants,
             denials,
@@ -107,6 +113,10 @@ impl Metrics {
             wait_seconds,
             errors,
         }
+    }
+
+    pub(crate) fn memory(&self) -> Option<&MemoryStore> {
+        self.memory.as_deref()
     }
 
     /// The text exposition format.
@@ -255,6 +265,11 @@ impl Store for MeteredStore {
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         let started = Instant::now();
         self.timed("pause", started, self.inner.pause(take, duration_us))
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
+        let started = Instant::now();
+        self.timed("usage", started, self.inner.usage(take))
     }
 
     // Readiness asks the real store: the default would answer for it, always "reachable".

@@ -26,7 +26,7 @@ impl Modify for BearerScheme {
         description = "Rate-limit and quota coordination. Errors are {\"error\": {\"code\", \"message\"}}."),
     paths(
         api::list_limits, api::get_limit, api::put_limit, api::delete_limit,
-        api::acquire, api::commit, api::renew, api::pause, api::check,
+        api::acquire, api::commit, api::renew, api::pause, api::check, crate::stats::stats,
         api::healthz, api::readyz,
     ),
     components(schemas(

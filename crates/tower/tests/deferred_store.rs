@@ -58,6 +58,10 @@ impl Store for Deferred {
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         self.inner.pause(take, duration_us)
     }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
+        self.inner.usage(take)
+    }
 }
 
 fn rule(name: &str, json: &str) -> Rule {

@@ -1,0 +1,242 @@
+//! `GET /v1/stats`: what an operator wants to see at a glance, as one JSON document (for
+//! `tollgate status`, dashboards and scripts): every limit with its rule, its usage read from the
+//! store now, its waiters, grants and denials; the rules' reload state; the store's.
+//!
+//! Usage is read from the store and changes nothing (`Limiter::usage`); a limit counted per key
+//! has one counter per key, so its usage is shown for the key asked for (`?limit=&key=`).
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use tollgate::check_limit_name;
+use tollgate_rules::RawRule;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::api::{ApiResult, RejectedRow, ms_ceil};
+use crate::error::ApiError;
+use crate::extract::Data;
+use crate::metrics::{DenialLabels, LimitLabels};
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StatsQuery {
+    /// Only this limit.
+    limit: Option<String>,
+    /// With `limit`, for a limit counted per key: the key whose usage to show.
+    key: Option<String>,
+}
+
+/// The server at a glance.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Stats {
+    /// The limits in force (or the one asked for), by name.
+    limits: Vec<LimitStats>,
+    rules: RulesView,
+    store: StoreView,
+}
+
+/// One limit: its rule, what its counter holds now, and what the server has decided on it.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct LimitStats {
+    name: String,
+    /// The rule in force, as `GET /v1/limits/{name}` shows it.
+    rule: RawRule,
+    /// The key whose usage is shown, for a limit counted per key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    /// The counter now; absent for a limit counted per key when no key was asked for, or when
+    /// the store did not answer (then `usage_error` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_error: Option<String>,
+    /// Acquires waiting for room on this limit now.
+    waiting: u64,
+    /// Acquires granted since the server started.
+    grants: u64,
+    /// Acquires not granted within their wait since the server started, by reason.
+    denials: Denials,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct UsageView {
+    /// Units (rate) or lease slots (concurrency) counted now.
+    used: u64,
+    /// What could be held at once (the limit, or a GCRA limit's burst) less what is used: what
+    /// the highest priority could still take.
+    remaining: u64,
+    /// Milliseconds until every unit counted now stops counting.
+    reset_after_ms: u64,
+    /// Milliseconds until a pause (or a hold after a loss of state) ends; 0 when none is on.
+    paused_ms: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Denials {
+    capacity: u64,
+    paused: u64,
+    queued: u64,
+    recovering: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RulesView {
+    /// Grows with every change of the rules in force.
+    version: u64,
+    /// Where the rules come from: `table NAME` or `file PATH`.
+    source: String,
+    /// Whether the last reload read the source.
+    last_reload_ok: bool,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    /// Rows (or file entries) not in force as written.
+    rejected: Vec<RejectedRow>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct StoreView {
+    /// `memory` or `redis`.
+    kind: &'static str,
+    /// Memory store: counters tracked now, and at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys_tracked: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys_tracked_max: Option<u64>,
+}
+
+#[utoipa::path(get, path = "/v1/stats", tag = "data",
+    params(StatsQuery),
+    responses((status = 200, body = Stats), (status = 400, body = crate::error::ErrorBody),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody)))]
+pub(crate) async fn stats(
+    _: Data,
+    State(state): State<AppState>,
+    query: Result<Query<StatsQuery>, QueryRejection>,
+) -> ApiResult<Json<Stats>> {
+    let Query(query) = query.map_err(|rejection| {
+        let text = rejection.body_text();
+        // serde names an unknown parameter in back-quotes.
+        match text
+            .split_once("unknown field `")
+            .and_then(|(_, rest)| rest.split_once('`'))
+        {
+            Some((name, _)) => {
+                ApiError::bad_field(name, "unknown parameter; the parameters are limit and key")
+            }
+            None => ApiError::bad_field(
+                "query",
+                text.trim_start_matches("Failed to deserialize query string: "),
+            ),
+        }
+    })?;
+    if let Some(limit) = &query.limit {
+        check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+    } else if query.key.is_some() {
+        return Err(ApiError::bad_field(
+            "key",
+            "needs `limit`: a key names one counter of one limit",
+        ));
+    }
+    let snapshot = state.rules().snapshot();
+    let rules: Vec<_> = match &query.limit {
+        Some(name) => vec![
+            snapshot
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(format!("unknown limit {name:?}")))?,
+        ],
+        None => snapshot.iter().cloned().collect(),
+    };
+    let metrics = state.metrics();
+    let mut limits = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let name = rule.name().to_owned();
+        let per_key = rule.limit().per().is_some();
+        let key = query.key.clone().filter(|_| per_key);
+        if query.key.is_some() && !per_key {
+            return Err(ApiError::bad_field(
+                "key",
+                format!("limit {name:?} is not counted per key"),
+            ));
+        }
+        let (usage, usage_error) = if per_key && key.is_none() {
+            (None, None)
+        } else {
+            match state.limiter().usage(&name, key.as_deref()).await {
+                Ok(usage) => {
+                    let capacity = rule.limit().policy().capacity();
+                    (
+                        Some(UsageView {
+                            used: usage.used,
+                            remaining: capacity.saturating_sub(usage.used),
+                            reset_after_ms: ms_ceil(std::time::Duration::from_micros(
+                                usage.reset_after_us,
+                            )),
+                            paused_ms: ms_ceil(std::time::Duration::from_micros(
+                                usage.paused_for_us,
+                            )),
+                        }),
+                        None,
+                    )
+                }
+                Err(error) => (None, Some(error.to_string())),
+            }
+        };
+        let labels = LimitLabels {
+            limit: name.clone(),
+        };
+        let denied = |reason: &'static str| {
+            metrics
+                .denials
+                .get(&DenialLabels {
+                    limit: name.clone(),
+                    reason,
+                })
+                .map_or(0, |counter| counter.get())
+        };
+        let denials = Denials {
+            capacity: denied("capacity"),
+            paused: denied("paused"),
+            queued: denied("queued"),
+            recovering: denied("recovering"),
+        };
+        limits.push(LimitStats {
+            rule: rule.canonical().clone(),
+            key,
+            usage,
+            usage_error,
+            waiting: metrics
+                .waiters
+                .get(&labels)
+                .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0)),
+            grants: metrics
+                .grants
+                .get(&labels)
+                .map_or(0, |counter| counter.get()),
+            denials,
+            name,
+        });
+    }
+    let rules_stats = state.rules().stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    let memory = metrics.memory();
+    Ok(Json(Stats {
+        limits,
+        rules: RulesView {
+            version: snapshot.version(),
+            source: state.rules().source().describe(),
+            last_reload_ok: rules_stats.last_reload_ok.load(Relaxed),
+            reloads_ok: rules_stats.reloads_ok.load(Relaxed),
+            reloads_failed: rules_stats.reloads_failed.load(Relaxed),
+            rejected: snapshot.rejected().iter().map(RejectedRow::from).collect(),
+        },
+        store: StoreView {
+            kind: if memory.is_some() { "memory" } else { "redis" },
+            keys_tracked: memory.map(|memory| memory.len() as u64),
+            keys_tracked_max: memory.map(|_| state.config().keys_tracked_max),
+        },
+    }))
+}
