@@ -1,0 +1,67 @@
+"""Client of the Tollgate rate-limit and quota server.
+
+::
+
+    from tollgate_client import Client
+
+    with Client("http://127.0.0.1:7070") as tollgate:
+        with tollgate.acquire("vendor-x", wait=5) as permit:
+            call_the_vendor()
+
+:class:`Client` blocks; :class:`AsyncClient` is its asyncio twin. Every failure the server
+answers with is a :class:`TollgateError` subclass carrying ``code``, ``message`` and
+``field``. :mod:`tollgate_client.httpx` has httpx transports that take a vendor's quota
+before each request and pause the whole fleet when the vendor says "retry after".
+"""
+
+from ._async import AcquireCall, AsyncClient, AsyncLimitsAdmin, AsyncPermit
+from ._core import DEFAULT_TIMEOUT, DEFAULT_URL
+from ._dispatch import PRIORITY_EXTENSION, Verdict, default_verdict, parse_retry_after
+from ._errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    RateLimited,
+    ServerError,
+    ServerUnreachable,
+    StoreUnavailable,
+    TollgateError,
+    TooManyKeys,
+    Unauthorized,
+)
+from ._models import CheckResult, Committed, LimitList, Limits, LimitStatus
+from ._sync import Client, LimitsAdmin, Permit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_URL",
+    "PRIORITY_EXTENSION",
+    "AcquireCall",
+    "AsyncClient",
+    "AsyncLimitsAdmin",
+    "AsyncPermit",
+    "BadRequest",
+    "CheckResult",
+    "Client",
+    "Committed",
+    "Conflict",
+    "LimitList",
+    "LimitStatus",
+    "Limits",
+    "LimitsAdmin",
+    "NotFound",
+    "Permit",
+    "RateLimited",
+    "ServerError",
+    "ServerUnreachable",
+    "StoreUnavailable",
+    "TollgateError",
+    "TooManyKeys",
+    "Unauthorized",
+    "Verdict",
+    "__version__",
+    "default_verdict",
+    "parse_retry_after",
+]

@@ -1,0 +1,76 @@
+"""What the sync and async clients share: configuration, headers, answer decoding."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import ServerError, ServerUnreachable, TollgateError, error_from_response
+
+#: Where ``tollgate serve`` listens by default.
+DEFAULT_URL = "http://127.0.0.1:7070"
+#: Seconds one call may take; a waiting acquire gets its wait on top.
+DEFAULT_TIMEOUT = 10.0
+
+logger = logging.getLogger("tollgate_client")
+
+
+@dataclass(frozen=True)
+class Options:
+    """A client's settings, kept so that a companion client can be made with the same."""
+
+    url: str
+    token: str | None
+    admin_token: str | None
+    timeout: float
+
+    def headers(self, admin: bool) -> dict[str, str]:
+        """The bearer header for the data plane or, with ``admin``, the admin API."""
+        token = (self.admin_token or self.token) if admin else self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def timeout_for(self, wait: float) -> httpx.Timeout:
+        """The HTTP timeout of a call that may wait ``wait`` seconds at the server."""
+        return httpx.Timeout(self.timeout + wait)
+
+
+def permit_path(permit_id: str, action: str) -> str:
+    return f"/v1/permits/{quote(permit_id, safe='')}/{action}"
+
+
+def limit_path(name: str) -> str:
+    return f"/v1/limits/{quote(name, safe='')}"
+
+
+def unreachable(error: httpx.TransportError, url: str) -> TollgateError:
+    """A failure with no answer from the server."""
+    detail = str(error) or type(error).__name__
+    return ServerUnreachable(f"no answer from the Tollgate server at {url}: {detail}")
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON of a success, or the error an error answer stands for."""
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    try:
+        return response.json()
+    except ValueError as error:
+        raise ServerError(
+            f"HTTP {response.status_code} with a body that is not JSON",
+            status=response.status_code,
+        ) from error
+
+
+def decode_object(response: httpx.Response) -> dict[str, Any]:
+    """Like :func:`decode`, for answers that must be a JSON object."""
+    body = decode(response)
+    if not isinstance(body, dict):
+        raise ServerError(
+            f"HTTP {response.status_code} with a body that is not a JSON object",
+            status=response.status_code,
+        )
+    return body

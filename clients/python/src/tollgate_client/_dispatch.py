@@ -1,0 +1,311 @@
+"""The vendor-call protocol of the httpx transports, free of I/O: reading ``Retry-After``,
+classifying a vendor's answer, the bounds on pauses and retries, and what this process knows
+of pauses in force.
+
+The classification, in order (a user rule, if given, runs first):
+
+- HTTP 429: the vendor is rate limiting; pause the host for its ``Retry-After`` (or the
+  configured default when there is none that can be read).
+- HTTP 503 **with** a ``Retry-After`` header: load shedding with a stated wait; the same.
+- HTTP 500, 502, 503 (without ``Retry-After``), 504 and 408, and connection failures and
+  timeouts: transient; retried after a jittered backoff, for idempotent methods only.
+- anything else: the answer goes back to the caller unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Literal, Optional
+
+import httpx
+
+from ._models import PRIORITIES, Limits, limit_names
+
+__all__ = [
+    "PRIORITY_EXTENSION",
+    "RETRY_AFTER_BYTES_MAX",
+    "Verdict",
+    "default_verdict",
+    "parse_retry_after",
+]
+
+#: Longest ``Retry-After`` value read, in bytes; an HTTP-date is 29.
+RETRY_AFTER_BYTES_MAX = 64
+#: Most retries a transport may be configured for.
+RETRIES_MAX_LIMIT = 100
+#: Longest pause the server takes (a day), in seconds.
+PAUSE_SECONDS_MAX = 24 * 3600.0
+#: The request extension that sets one request's priority: ``extensions={PRIORITY_EXTENSION:
+#: "high"}`` on an httpx request.
+PRIORITY_EXTENSION = "tollgate_priority"
+
+_DAYS = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_LONG_DAYS = r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday)"
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH = "(" + "|".join(_MONTHS) + ")"
+_TIME = r"(\d{2}):(\d{2}):(\d{2})"
+# RFC 9110 section 5.6.7: the preferred form, then the two obsolete ones.
+_IMF_FIXDATE = re.compile(rf"{_DAYS}, (\d{{2}}) {_MONTH} (\d{{4}}) {_TIME} GMT")
+_RFC850_DATE = re.compile(rf"{_LONG_DAYS}, (\d{{2}})-{_MONTH}-(\d{{2}}) {_TIME} GMT")
+_ASCTIME_DATE = re.compile(rf"{_DAYS} {_MONTH} ( \d|\d{{2}}) {_TIME} (\d{{4}})")
+
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
+_TRANSIENT_STATUSES = frozenset({500, 502, 503, 504, 408})
+
+
+def _http_date(text: str, now: float) -> float | None:
+    """Seconds since the epoch of an HTTP-date in any of its three forms, or ``None``."""
+    fields: tuple[int, int, int, int, int, int] | None = None
+    if match := _IMF_FIXDATE.fullmatch(text):
+        day, month, year, hour, minute, second = match.groups()
+        fields = (
+            int(year),
+            _MONTHS.index(month) + 1,
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+        )
+    elif match := _RFC850_DATE.fullmatch(text):
+        day, month, year_2, hour, minute, second = match.groups()
+        # A two-digit year more than 50 years ahead is the latest such year in the past.
+        this_year = datetime.fromtimestamp(now, timezone.utc).year
+        year = this_year - this_year % 100 + int(year_2)
+        if year > this_year + 50:
+            year -= 100
+        fields = (year, _MONTHS.index(month) + 1, int(day), int(hour), int(minute), int(second))
+    elif match := _ASCTIME_DATE.fullmatch(text):
+        month, day, hour, minute, second, year = match.groups()
+        fields = (
+            int(year),
+            _MONTHS.index(month) + 1,
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+        )
+    if fields is None:
+        return None
+    try:
+        return datetime(*fields, tzinfo=timezone.utc).timestamp()
+    except ValueError:  # 32 Nov, 25:00 and the like
+        return None
+
+
+def parse_retry_after(value: str | bytes, now: float | None = None) -> float | None:
+    """The wait a ``Retry-After`` value asks for, in seconds, measured from ``now`` (seconds
+    since the epoch; default the wall clock).
+
+    Whole seconds (``"120"``), or an HTTP-date in any of the three forms HTTP allows (zero if
+    it is past: no wait is invented). Anything else (empty, negative, fractional, a malformed
+    date, longer than :data:`RETRY_AFTER_BYTES_MAX`) is ``None``, never a guess: the caller
+    falls back to its default.
+    """
+    if len(value) > RETRY_AFTER_BYTES_MAX:
+        return None
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    text = value.strip()
+    if not text or not text.isascii():
+        return None
+    if text.isdigit():
+        # Huge values are a vendor asking for a long wait: saturate, the caller caps it.
+        return float(min(int(text), 2**63))
+    if now is None:
+        now = time.time()
+    at = _http_date(text, now)
+    return None if at is None else max(0.0, at - now)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a vendor's answer.
+
+    ``kind`` is ``done`` (hand it to the caller), ``retry`` (transient: retry after a backoff)
+    or ``rate_limited`` (pause the host fleet-wide for ``retry_after`` seconds, or the
+    configured default when ``None``, then retry).
+    """
+
+    kind: Literal["done", "retry", "rate_limited"]
+    retry_after: float | None = None
+
+    @staticmethod
+    def done() -> Verdict:
+        return Verdict("done")
+
+    @staticmethod
+    def retry() -> Verdict:
+        return Verdict("retry")
+
+    @staticmethod
+    def rate_limited(retry_after: float | None = None) -> Verdict:
+        return Verdict("rate_limited", retry_after)
+
+
+def default_verdict(status: int, headers: Mapping[str, str], now: float | None = None) -> Verdict:
+    """The default classification of an HTTP answer (see the module documentation)."""
+    header = headers.get("retry-after")
+    retry_after = parse_retry_after(header, now) if header is not None else None
+    if status == 429 or (status == 503 and header is not None):
+        return Verdict.rate_limited(retry_after)
+    if status in _TRANSIENT_STATUSES:
+        return Verdict.retry()
+    return Verdict.done()
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a transport failure may pass: no connection, or a timeout."""
+    return isinstance(error, (httpx.ConnectError, httpx.TimeoutException))
+
+
+def idempotent(method: str) -> bool:
+    return method.upper() in _IDEMPOTENT
+
+
+def replayable(request: httpx.Request) -> bool:
+    """Whether the request's body can be sent again (it is held in memory, not a stream)."""
+    try:
+        request.content  # noqa: B018 - raises for a stream not read
+    except httpx.RequestNotRead:
+        return False
+    return True
+
+
+#: A user rule: a verdict to decide, ``None`` to let the defaults decide.
+Classifier = Callable[[httpx.Response], Optional[Verdict]]
+
+
+@dataclass(frozen=True)
+class Host:
+    """The limits a host's requests take, all or none; pauses go on the first."""
+
+    names: tuple[str, ...]
+
+    @property
+    def pause_target(self) -> str:
+        return self.names[0]
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise TypeError(f"{name}: seconds as a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name}: must be {'at least 0' if allow_zero else 'above 0'}")
+    return float(value)
+
+
+class Policy:
+    """A transport's configuration, its host map, and the pauses this process knows of."""
+
+    def __init__(
+        self,
+        hosts: Mapping[str, Limits],
+        *,
+        priority: str,
+        wait_max: float,
+        retries_max: int,
+        backoff: float,
+        backoff_max: float,
+        retry_after_default: float,
+        retry_after_max: float,
+        resume_jitter_max: float,
+        classify: Classifier | None,
+    ) -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority: must be high, normal or low, got {priority!r}")
+        if not hosts:
+            raise ValueError("hosts: map at least one host to its limits")
+        self.hosts: dict[str, Host] = {
+            host.lower(): Host(tuple(limit_names(limits))) for host, limits in hosts.items()
+        }
+        self.priority = priority
+        self.wait_max = _positive("wait_max", wait_max, allow_zero=False)
+        if isinstance(retries_max, bool) or not isinstance(retries_max, int):
+            raise TypeError("retries_max: an int")
+        if not 0 <= retries_max <= RETRIES_MAX_LIMIT:
+            raise ValueError(f"retries_max: must be between 0 and {RETRIES_MAX_LIMIT}")
+        self.retries_max = retries_max
+        self.backoff_base = _positive("backoff", backoff)
+        self.backoff_max = _positive("backoff_max", backoff_max)
+        if self.backoff_base > self.backoff_max:
+            raise ValueError("backoff: must be at most backoff_max")
+        self.retry_after_default = _positive(
+            "retry_after_default", retry_after_default, allow_zero=False
+        )
+        self.retry_after_max = _positive("retry_after_max", retry_after_max)
+        if self.retry_after_default > self.retry_after_max:
+            raise ValueError("retry_after_default: must be at most retry_after_max")
+        self.resume_jitter_max = _positive("resume_jitter_max", resume_jitter_max)
+        if self.retry_after_max + self.resume_jitter_max > PAUSE_SECONDS_MAX:
+            raise ValueError(
+                "retry_after_max: with resume_jitter_max, must be at most a day (86400 s)"
+            )
+        self.user_classify = classify
+        self._paused_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def host_for(self, url: httpx.URL) -> Host | None:
+        """The host entry for a request's URL: ``host:port`` first, then ``host``."""
+        host = url.host.lower()
+        if url.port is not None:
+            entry = self.hosts.get(f"{host}:{url.port}")
+            if entry is not None:
+                return entry
+        return self.hosts.get(host)
+
+    def priority_of(self, request: httpx.Request) -> str:
+        value = request.extensions.get(PRIORITY_EXTENSION, self.priority)
+        return value if isinstance(value, str) else self.priority
+
+    def classify(self, response: httpx.Response) -> Verdict:
+        if self.user_classify is not None:
+            verdict = self.user_classify(response)
+            if verdict is not None:
+                return verdict
+        return default_verdict(response.status_code, response.headers)
+
+    def pause_for(self, retry_after: float | None) -> float | None:
+        """The pause for a rate-limit answer: the vendor's wait (cut to ``retry_after_max``)
+        or the default, plus a random resumption jitter, never less than asked. ``None`` when
+        the vendor asked for no wait: no pause is invented."""
+        asked = self.retry_after_default if retry_after is None else retry_after
+        asked = min(asked, self.retry_after_max)
+        if asked <= 0:
+            return None
+        return asked + self.jitter()
+
+    def jitter(self) -> float:
+        return random.uniform(0.0, self.resume_jitter_max)
+
+    def backoff(self, attempt: int) -> float:
+        """The wait before retry ``attempt + 1``: ``backoff * 2**attempt`` capped at
+        ``backoff_max``, drawn between half and all of it."""
+        full = min(self.backoff_base * 2.0 ** min(attempt, 62), self.backoff_max)
+        return random.uniform(full / 2, full)
+
+    def paused_for(self, host: Host) -> float:
+        """Seconds until the pause this process knows of on the host's limits ends (0: none)."""
+        now = time.monotonic()
+        with self._lock:
+            until = max((self._paused_until.get(name, 0.0) for name in host.names), default=0.0)
+        return max(0.0, until - now)
+
+    def note_pause(self, limit: str, until: float) -> None:
+        """Remember a pause of ``limit`` until ``until`` (monotonic); pauses only extend."""
+        with self._lock:
+            if self._paused_until.get(limit, 0.0) < until:
+                self._paused_until[limit] = until
+
+
+def timed_out_message(host: Host, wait_max: float, paused: bool) -> str:
+    names = ", ".join(host.names)
+    return f"no quota on {names} within {wait_max:g} s" + (" (paused)" if paused else "")

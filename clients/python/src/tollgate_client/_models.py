@@ -1,0 +1,205 @@
+"""Values the server answers with, in Python units (seconds as floats), and the request
+bodies the clients send. Shared by the sync and async clients, free of I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, Union
+
+__all__ = [
+    "CheckResult",
+    "Committed",
+    "LimitList",
+    "LimitStatus",
+    "Limits",
+    "acquire_body",
+    "parse_limits",
+    "pause_body",
+]
+
+#: One limit name, or several taken together (all or none).
+Limits = Union[str, Sequence[str]]
+
+PRIORITIES = ("high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class LimitStatus:
+    """One limit's state after a decision.
+
+    ``remaining`` is the units still open to the request's priority; ``reset_after`` the
+    seconds until everything counted now stops counting. Leases also carry ``fence`` (a
+    number that only grows with each grant) and ``expires_after`` (seconds until the lease
+    expires unless renewed).
+    """
+
+    name: str
+    remaining: int
+    reset_after: float
+    fence: int | None = None
+    expires_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a commit gave back: rate units refunded and leases released."""
+
+    refunded: int
+    released: int
+
+
+PermitT = TypeVar("PermitT")
+
+
+@dataclass(frozen=True)
+class CheckResult(Generic[PermitT]):
+    """The answer to "may this inbound request proceed?".
+
+    ``allowed`` is the decision. ``path`` is the normalized path that was matched and
+    ``matched`` the names of the limits that applied. When denied, ``retry_after`` says when to
+    try again (seconds) and ``reason`` why; when allowed and a concurrency limit applied,
+    ``permit`` holds the lease to commit once the request is done (else ``None``).
+    """
+
+    allowed: bool
+    path: str
+    matched: list[str]
+    limits: list[LimitStatus]
+    retry_after: float | None = None
+    reason: str | None = None
+    permit: PermitT | None = None
+
+
+class LimitList(list[dict[str, Any]]):
+    """The limits in force, as a list of dicts (each as ``limits.get`` returns it).
+
+    Also carries ``version`` (grows with every change of the rules in force) and
+    ``rejected``: the rows of the rules table that failed validation, each a dict with
+    ``name``, ``column``, ``reason`` and ``previous_in_force``.
+    """
+
+    def __init__(
+        self,
+        limits: Sequence[dict[str, Any]] = (),
+        *,
+        version: int = 0,
+        rejected: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        super().__init__(limits)
+        self.version: int = version
+        self.rejected: list[dict[str, Any]] = list(rejected)
+
+
+def _seconds(value: Any) -> float:
+    return value / 1000.0 if isinstance(value, (int, float)) else 0.0
+
+
+def _optional_seconds(value: Any) -> float | None:
+    return value / 1000.0 if isinstance(value, (int, float)) else None
+
+
+def parse_limits(raw: Any) -> list[LimitStatus]:
+    """The ``limits`` array of an answer (``reset_ms`` and ``expires_ms`` become seconds)."""
+    if not isinstance(raw, list):
+        return []
+    statuses = []
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        fence = item.get("fence")
+        statuses.append(
+            LimitStatus(
+                name=str(item.get("name", "")),
+                remaining=int(item.get("remaining", 0)),
+                reset_after=_seconds(item.get("reset_ms")),
+                fence=fence if isinstance(fence, int) else None,
+                expires_after=_optional_seconds(item.get("expires_ms")),
+            )
+        )
+    return statuses
+
+
+def limit_names(limits: Limits) -> list[str]:
+    """``"a"`` or ``["a", "b"]`` as a list of names."""
+    if isinstance(limits, str):
+        return [limits]
+    names = list(limits)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"limit names are strings, got {name!r}")
+    if not names:
+        raise ValueError("limits: name at least one limit")
+    return names
+
+
+def milliseconds(seconds: float, what: str) -> int:
+    """Seconds as whole milliseconds, rounded up: a wait or a pause is never shortened."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what}: seconds as a number, got {seconds!r}")
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"{what}: must be at least 0 seconds, got {seconds!r}")
+    if math.isinf(seconds):
+        raise ValueError(f"{what}: must be finite")
+    return math.ceil(seconds * 1000)
+
+
+@dataclass(frozen=True)
+class AcquireArgs:
+    """The body of an acquire, and how long it may wait at the server (seconds)."""
+
+    body: dict[str, Any]
+    wait: float
+
+
+def acquire_body(
+    limits: Limits,
+    *,
+    key: str | None,
+    cost: int,
+    priority: str,
+    wait: float | None,
+) -> AcquireArgs:
+    """The body of ``POST /v1/acquire``. ``wait`` is in seconds; ``None`` and 0 do not wait.
+
+    Values only the server can judge (an unknown priority, a zero cost) are sent as given, so
+    that the server's ``bad_request`` names the field.
+    """
+    names = limit_names(limits)
+    wait_ms = 0 if wait is None else milliseconds(wait, "wait")
+    body: dict[str, Any] = {"limits": names, "cost": cost, "priority": priority, "wait_ms": wait_ms}
+    if key is not None:
+        body["key"] = key
+    return AcquireArgs(body=body, wait=wait_ms / 1000.0)
+
+
+def pause_body(limit: str, seconds: float, key: str | None) -> dict[str, Any]:
+    """The body of ``POST /v1/pause``."""
+    body: dict[str, Any] = {"limit": limit, "retry_after_ms": milliseconds(seconds, "seconds")}
+    if key is not None:
+        body["key"] = key
+    return body
+
+
+def rule_body(rule: Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A limit's fields for ``PUT /v1/limits/{name}``: a mapping, then keyword fields over it."""
+    body: dict[str, Any] = dict(rule) if rule is not None else {}
+    body.update(fields)
+    return body
+
+
+def check_answer(body: Any) -> tuple[bool, str, list[str], list[LimitStatus], str | None]:
+    """The common part of a ``/v1/check`` answer: allowed, path, matched, limits, permit."""
+    if not isinstance(body, dict):
+        raise ValueError("the check answer is not a JSON object")
+    matched = body.get("matched")
+    permit = body.get("permit")
+    return (
+        bool(body.get("allowed")),
+        str(body.get("path", "")),
+        [str(name) for name in matched] if isinstance(matched, list) else [],
+        parse_limits(body.get("limits")),
+        permit if isinstance(permit, str) else None,
+    )

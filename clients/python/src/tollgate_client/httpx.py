@@ -1,0 +1,382 @@
+"""httpx transports that keep every caller of a vendor inside the vendor's quota, and turn the
+vendor's "rate limited, retry after N" into a pause for the whole fleet.
+
+::
+
+    import httpx
+    from tollgate_client import Client
+    from tollgate_client.httpx import TollgateTransport
+
+    tollgate = Client("http://127.0.0.1:7070")
+    vendor = httpx.Client(
+        transport=TollgateTransport(tollgate, {"api.vendor.example": "vendor-x"})
+    )
+    vendor.get("https://api.vendor.example/v1/things")  # takes a unit of vendor-x first
+
+For each request to a mapped host the transport:
+
+1. waits out any pause of the host's limits this process knows of (plus a random jitter, so
+   that waiters do not all resume at once), then takes one unit of every limit mapped to the
+   host from the Tollgate server, in priority order, waiting up to ``wait_max`` seconds;
+2. sends the request through the inner transport;
+3. classifies the answer (see :func:`~tollgate_client.default_verdict`): on 429, or 503 with
+   ``Retry-After``, it pauses the host's first limit on the server for the vendor's wait (cut
+   to ``retry_after_max``, plus jitter, never less than asked), so that every process of the
+   fleet holds its requests until the vendor's cessation ends, and retries; on a transient
+   failure it retries an idempotent request after a jittered, doubling backoff;
+4. commits the unit (the call happened) and releases the lease of a concurrency limit, after
+   recording a pause, so that with a concurrency limit of 1 no other request leaves before the
+   pause is in force.
+
+Retries (for rate limiting and transient failures together) stop after ``retries_max``; the
+last answer then goes back to the caller as the vendor gave it. A request whose body is a
+stream cannot be replayed: it is sent once (its rate-limit answer still pauses the host).
+Requests to hosts not in the mapping pass through untouched.
+
+When no quota comes within ``wait_max``, the request fails with
+:class:`~tollgate_client.RateLimited` (nothing was sent); failures of the Tollgate server
+raise the other :class:`~tollgate_client.TollgateError` classes.
+
+Set one request's priority with the request extension ``"tollgate_priority"``:
+``vendor.get(url, extensions={"tollgate_priority": "high"})``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from ._async import AsyncClient, AsyncPermit
+from ._core import logger
+from ._dispatch import (
+    PRIORITY_EXTENSION,
+    Classifier,
+    Host,
+    Policy,
+    Verdict,
+    default_verdict,
+    idempotent,
+    parse_retry_after,
+    replayable,
+    timed_out_message,
+    transient,
+)
+from ._errors import RateLimited, TollgateError
+from ._models import Limits
+from ._sync import Client, Permit
+
+__all__ = [
+    "PRIORITY_EXTENSION",
+    "AsyncTollgateTransport",
+    "TollgateTransport",
+    "Verdict",
+    "default_verdict",
+    "parse_retry_after",
+]
+
+# The shortest sleep between two asks when the server answers before the deadline.
+_ASK_INTERVAL_MIN = 0.01
+
+
+def _timed_out(
+    host: Host, policy: Policy, paused: bool, last: RateLimited | None, retry_after: float
+) -> RateLimited:
+    return RateLimited(
+        timed_out_message(host, policy.wait_max, paused),
+        retry_after=retry_after,
+        reason="paused" if paused else (last.reason if last is not None else None),
+        limits=last.limits if last is not None else [],
+        status=last.status if last is not None else None,
+    )
+
+
+class TollgateTransport(httpx.BaseTransport):
+    """A blocking httpx transport that takes each mapped host's quota from a Tollgate server
+    before every request (see the module documentation).
+
+    ``hosts`` maps a host name (``api.vendor.example``, or ``host:port`` for one port) to
+    the limit name, or names, its requests take; a vendor's rate-limit answer pauses the first.
+    ``transport`` is the transport that does the sending (default ``httpx.HTTPTransport()``;
+    pass one to set TLS or proxy options). Times are in seconds:
+
+    - ``wait_max`` (60): longest one attempt waits for quota, pauses included;
+    - ``retries_max`` (3): retries after the first attempt;
+    - ``backoff`` (0.1) doubling up to ``backoff_max`` (5): wait before retrying a transient
+      failure, drawn between half and all of it;
+    - ``retry_after_default`` (30): the pause when a vendor's answer gives no readable wait;
+    - ``retry_after_max`` (900): the longest pause a vendor can cause;
+    - ``resume_jitter_max`` (0.25): a random extra added to every pause;
+    - ``classify``: a function of the response returning a :class:`Verdict` to override the
+      defaults, or ``None`` to let them decide.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        hosts: Mapping[str, Limits],
+        *,
+        transport: httpx.BaseTransport | None = None,
+        priority: str = "normal",
+        wait_max: float = 60.0,
+        retries_max: int = 3,
+        backoff: float = 0.1,
+        backoff_max: float = 5.0,
+        retry_after_default: float = 30.0,
+        retry_after_max: float = 900.0,
+        resume_jitter_max: float = 0.25,
+        classify: Classifier | None = None,
+    ) -> None:
+        self._client = client
+        self._inner = transport if transport is not None else httpx.HTTPTransport()
+        self._policy = Policy(
+            hosts,
+            priority=priority,
+            wait_max=wait_max,
+            retries_max=retries_max,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            retry_after_default=retry_after_default,
+            retry_after_max=retry_after_max,
+            resume_jitter_max=resume_jitter_max,
+            classify=classify,
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self._policy
+        host = policy.host_for(request.url)
+        if host is None:
+            return self._inner.handle_request(request)
+        priority = policy.priority_of(request)
+        may_replay = replayable(request)
+        retry_transient = may_replay and idempotent(request.method)
+        attempt = 0
+        while True:
+            permit = self._admit(host, priority)
+            try:
+                response = self._inner.handle_request(request)
+            except BaseException as error:
+                self._settle(permit)
+                if retry_transient and transient(error) and attempt < policy.retries_max:
+                    time.sleep(policy.backoff(attempt))
+                    attempt += 1
+                    continue
+                raise
+            verdict = policy.classify(response)
+            if verdict.kind == "retry" and not retry_transient:
+                verdict = Verdict.done()
+            if verdict.kind == "rate_limited":
+                self._pause(host, verdict.retry_after)
+            self._settle(permit)
+            if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
+                return response
+            response.close()
+            if verdict.kind == "retry":
+                time.sleep(policy.backoff(attempt))
+            attempt += 1
+
+    def _admit(self, host: Host, priority: str) -> Permit:
+        """Wait for leave to send one attempt: no pause known, one unit of the host's limits."""
+        policy = self._policy
+        deadline = time.monotonic() + policy.wait_max
+        last: RateLimited | None = None
+        while True:
+            left = policy.paused_for(host)
+            if left > 0:
+                resume_at = time.monotonic() + left + policy.jitter()
+                if resume_at >= deadline:
+                    raise _timed_out(host, policy, True, last, resume_at - time.monotonic())
+                time.sleep(max(0.0, resume_at - time.monotonic()))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _timed_out(host, policy, False, last, 0.0)
+            try:
+                permit = self._client.acquire(list(host.names), priority=priority, wait=remaining)
+            except RateLimited as denial:
+                last = denial
+                if denial.reason == "paused":
+                    policy.note_pause(host.pause_target, time.monotonic() + denial.retry_after)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0.001:
+                    raise _timed_out(host, policy, False, last, denial.retry_after) from denial
+                time.sleep(min(max(denial.retry_after, _ASK_INTERVAL_MIN), remaining))
+                continue
+            if policy.paused_for(host) > 0:
+                # Granted, but a pause began since: give the unit back, wait with the others.
+                try:
+                    permit.commit(0)
+                except TollgateError as error:
+                    logger.debug("refund of a grant held for a pause failed: %s", error)
+                continue
+            return permit
+
+    def _pause(self, host: Host, retry_after: float | None) -> None:
+        """Pause the host here at once, then fleet-wide through the server."""
+        pause = self._policy.pause_for(retry_after)
+        if pause is None:
+            return
+        target = host.pause_target
+        self._policy.note_pause(target, time.monotonic() + pause)
+        try:
+            left = self._client.pause(target, pause)
+        except TollgateError as error:
+            logger.warning(
+                "could not pause %s on the Tollgate server; other processes will learn of "
+                "the vendor's limit from the vendor: %s",
+                target,
+                error,
+            )
+            return
+        self._policy.note_pause(target, time.monotonic() + left)
+
+    @staticmethod
+    def _settle(permit: Permit) -> None:
+        # The call happened (or may have): its unit stays used; a lease is released.
+        try:
+            permit.commit()
+        except TollgateError as error:
+            logger.debug(
+                "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
+            )
+
+    def close(self) -> None:
+        """Close the inner transport (the Tollgate client is the caller's to close)."""
+        self._inner.close()
+
+
+class AsyncTollgateTransport(httpx.AsyncBaseTransport):
+    """The asyncio twin of :class:`TollgateTransport`, over an :class:`AsyncClient`; same
+    arguments, the inner transport defaulting to ``httpx.AsyncHTTPTransport()``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        hosts: Mapping[str, Limits],
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        priority: str = "normal",
+        wait_max: float = 60.0,
+        retries_max: int = 3,
+        backoff: float = 0.1,
+        backoff_max: float = 5.0,
+        retry_after_default: float = 30.0,
+        retry_after_max: float = 900.0,
+        resume_jitter_max: float = 0.25,
+        classify: Classifier | None = None,
+    ) -> None:
+        self._client = client
+        self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self._policy = Policy(
+            hosts,
+            priority=priority,
+            wait_max=wait_max,
+            retries_max=retries_max,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            retry_after_default=retry_after_default,
+            retry_after_max=retry_after_max,
+            resume_jitter_max=resume_jitter_max,
+            classify=classify,
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self._policy
+        host = policy.host_for(request.url)
+        if host is None:
+            return await self._inner.handle_async_request(request)
+        priority = policy.priority_of(request)
+        may_replay = replayable(request)
+        retry_transient = may_replay and idempotent(request.method)
+        attempt = 0
+        while True:
+            permit = await self._admit(host, priority)
+            try:
+                response = await self._inner.handle_async_request(request)
+            except BaseException as error:
+                await self._settle(permit)
+                if retry_transient and transient(error) and attempt < policy.retries_max:
+                    await asyncio.sleep(policy.backoff(attempt))
+                    attempt += 1
+                    continue
+                raise
+            verdict = policy.classify(response)
+            if verdict.kind == "retry" and not retry_transient:
+                verdict = Verdict.done()
+            if verdict.kind == "rate_limited":
+                await self._pause(host, verdict.retry_after)
+            await self._settle(permit)
+            if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
+                return response
+            await response.aclose()
+            if verdict.kind == "retry":
+                await asyncio.sleep(policy.backoff(attempt))
+            attempt += 1
+
+    async def _admit(self, host: Host, priority: str) -> AsyncPermit:
+        """Wait for leave to send one attempt: no pause known, one unit of the host's limits."""
+        policy = self._policy
+        deadline = time.monotonic() + policy.wait_max
+        last: RateLimited | None = None
+        while True:
+            left = policy.paused_for(host)
+            if left > 0:
+                resume_at = time.monotonic() + left + policy.jitter()
+                if resume_at >= deadline:
+                    raise _timed_out(host, policy, True, last, resume_at - time.monotonic())
+                await asyncio.sleep(max(0.0, resume_at - time.monotonic()))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _timed_out(host, policy, False, last, 0.0)
+            try:
+                permit = await self._client.acquire(
+                    list(host.names), priority=priority, wait=remaining
+                )
+            except RateLimited as denial:
+                last = denial
+                if denial.reason == "paused":
+                    policy.note_pause(host.pause_target, time.monotonic() + denial.retry_after)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0.001:
+                    raise _timed_out(host, policy, False, last, denial.retry_after) from denial
+                await asyncio.sleep(min(max(denial.retry_after, _ASK_INTERVAL_MIN), remaining))
+                continue
+            if policy.paused_for(host) > 0:
+                try:
+                    await permit.commit(0)
+                except TollgateError as error:
+                    logger.debug("refund of a grant held for a pause failed: %s", error)
+                continue
+            return permit
+
+    async def _pause(self, host: Host, retry_after: float | None) -> None:
+        pause = self._policy.pause_for(retry_after)
+        if pause is None:
+            return
+        target = host.pause_target
+        self._policy.note_pause(target, time.monotonic() + pause)
+        try:
+            left = await self._client.pause(target, pause)
+        except TollgateError as error:
+            logger.warning(
+                "could not pause %s on the Tollgate server; other processes will learn of "
+                "the vendor's limit from the vendor: %s",
+                target,
+                error,
+            )
+            return
+        self._policy.note_pause(target, time.monotonic() + left)
+
+    @staticmethod
+    async def _settle(permit: AsyncPermit) -> None:
+        try:
+            await permit.commit()
+        except TollgateError as error:
+            logger.debug(
+                "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
+            )
+
+    async def aclose(self) -> None:
+        """Close the inner transport (the Tollgate client is the caller's to close)."""
+        await self._inner.aclose()

@@ -1,0 +1,56 @@
+"""Fixtures: a real `tollgate serve` (from $TOLLGATE_BIN) on a free loopback port, shared by
+the session, clients bound to it, and a factory for servers with settings of their own."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from _support import ADMIN_TOKEN, Server, ServerFactory, find_binary
+from tollgate_client import AsyncClient, Client
+
+
+@pytest.fixture(scope="session")
+def tollgate_bin() -> str:
+    try:
+        return find_binary()
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def servers(tollgate_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    factory = ServerFactory(tollgate_bin, Path(tmp_path_factory.mktemp("servers")))
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="session")
+def server(servers: ServerFactory) -> Server:
+    """The shared server: memory store, admin token set, data plane open."""
+    return servers.start()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[Client]:
+    with Client(server.url, token=ADMIN_TOKEN) as tollgate:
+        yield tollgate
+
+
+@pytest.fixture
+async def async_client(server: Server) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(server.url, token=ADMIN_TOKEN) as tollgate:
+        yield tollgate
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
