@@ -237,6 +237,14 @@ struct ServeArgs {
     /// Redis store: time one operation may take, ms [default: 1000].
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", value_name = "MS")]
     store_timeout_ms: Option<u64>,
+    /// Serve Envoy's rate limit service (gRPC ShouldRateLimit) on ADDR, e.g. 127.0.0.1:8081
+    /// [default: off].
+    #[arg(long, env = "TOLLGATE_GRPC_LISTEN", value_name = "ADDR")]
+    grpc_listen: Option<String>,
+    /// envoyproxy/ratelimit's YAML configuration for the gRPC service: a file, or a directory
+    /// of *.yaml files (one domain each); re-read when it changes.
+    #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
+    envoy_config: Option<PathBuf>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -266,6 +274,8 @@ struct FileConfig {
     redis_namespace: Option<String>,
     store_fail_open: Option<bool>,
     store_timeout_ms: Option<u64>,
+    grpc_listen: Option<String>,
+    envoy_config: Option<PathBuf>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -389,6 +399,14 @@ fn resolve_server_config(
     if body_bytes_max < 256 {
         bail!("body_bytes_max must be at least 256");
     }
+    let grpc_listen = match args.grpc_listen.or(file.grpc_listen) {
+        Some(text) => Some(
+            text.parse::<SocketAddr>()
+                .map_err(|error| anyhow!("grpc_listen {text:?}: {error} (e.g. 127.0.0.1:8081)"))?,
+        ),
+        None => None,
+    };
+    let envoy_config = args.envoy_config.or(file.envoy_config);
     let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
         Some(text) => {
             Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?)
@@ -436,6 +454,8 @@ fn resolve_server_config(
                 .or(file.store_timeout_ms)
                 .unwrap_or(DEFAULT_STORE_TIMEOUT_MS),
         ),
+        grpc_listen,
+        envoy_config,
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
     let log_format = args
@@ -508,8 +528,11 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
         );
     }
     tracing::info!(?config, "starting");
-    tollgate_server::run(config, shutdown_signal(), |address| {
-        // A stable line on standard output for scripts (and tests) that start on port 0.
+    tollgate_server::run(config, shutdown_signal(), |address, grpc| {
+        // Stable lines on standard output for scripts (and tests) that start on port 0.
+        if let Some(grpc) = grpc {
+            println!("tollgate: envoy rate limit service (gRPC) on {grpc}");
+        }
         println!("tollgate: listening on http://{address}");
     })
     .await?;

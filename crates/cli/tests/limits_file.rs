@@ -288,3 +288,58 @@ async fn apply_makes_the_servers_limits_the_files_and_export_writes_them_back() 
         );
     }
 }
+
+/// `serve --grpc-listen` needs envoyproxy/ratelimit's YAML, refuses a file that service would
+/// refuse (naming it), and announces the gRPC address it serves on.
+#[test]
+fn serve_checks_the_envoy_configuration_before_it_listens() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        directory.path().join("bad.yaml"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    for (args, says) in [
+        (
+            vec!["--grpc-listen", "127.0.0.1:0"],
+            "envoy_config must name",
+        ),
+        (
+            vec!["--grpc-listen", "127.0.0.1:0", "--envoy-config", "bad.yaml"],
+            "envoy configuration bad.yaml: api.k: rate_limit.unit \"fortnight\" is not a unit",
+        ),
+    ] {
+        let output = command(directory.path())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{args:?}");
+        assert!(
+            stderr(&output).contains(says),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+    std::fs::write(
+        directory.path().join("good.yaml"),
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    let mut server = Server::start_with(Options {
+        args: vec![
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--envoy-config",
+            "good.yaml",
+        ],
+        directory: Some(directory),
+        ..Options::default()
+    });
+    assert!(
+        server.log().contains("envoy rate limit service listening"),
+        "{}",
+        server.log()
+    );
+    assert!(server.terminate().success());
+}

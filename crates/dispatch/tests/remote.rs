@@ -69,6 +69,8 @@ impl Server {
             redis_namespace: tollgate_server::DEFAULT_REDIS_NAMESPACE.into(),
             store_fail_open: false,
             store_timeout: Duration::from_secs(1),
+            grpc_listen: None,
+            envoy_config: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();
@@ -77,7 +79,7 @@ impl Server {
             async move {
                 let _ = stopped.await;
             },
-            move |address| {
+            move |address, _| {
                 let _ = listening_tx.send(address);
             },
         ));

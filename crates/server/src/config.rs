@@ -82,6 +82,10 @@ pub struct ServerConfig {
     pub store_fail_open: bool,
     /// Redis store: how long one operation may take before Redis counts as unreachable.
     pub store_timeout: Duration,
+    /// Where to serve Envoy's rate limit service (gRPC); off when unset.
+    pub grpc_listen: Option<SocketAddr>,
+    /// envoyproxy/ratelimit's configuration: a YAML file, or a directory of them.
+    pub envoy_config: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -124,6 +128,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("redis_namespace", &self.redis_namespace)
             .field("store_fail_open", &self.store_fail_open)
             .field("store_timeout", &self.store_timeout)
+            .field("grpc_listen", &self.grpc_listen)
+            .field("envoy_config", &self.envoy_config)
             .finish()
     }
 }

@@ -61,6 +61,14 @@ pub enum ServerError {
     },
     #[error("serve: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Envoy(#[from] tollgate_envoy::ConfigError),
+    #[error(
+        "grpc_listen is set, so envoy_config must name envoyproxy/ratelimit's YAML (a file or a directory)"
+    )]
+    EnvoyConfigMissing,
+    #[error("grpc: {0}")]
+    Grpc(String),
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
@@ -171,11 +179,12 @@ pub fn openapi_document() -> String {
 
 /// Start the server and serve until `shutdown` resolves; then stop taking waits (waiting
 /// acquirers get a clear error), let in-flight requests finish within `shutdown_grace`, and
-/// return. `on_listening` is told the bound address (useful with port 0).
+/// return. `on_listening` is told the bound HTTP address, and the gRPC one when Envoy's service
+/// is on (useful with port 0).
 pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    on_listening: impl FnOnce(SocketAddr),
+    on_listening: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServerError> {
     if config.admin_token.is_none() {
         tracing::warn!(
@@ -183,6 +192,13 @@ pub async fn run(
              request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
         );
     }
+    // Envoy's configuration is checked first: a file envoyproxy/ratelimit would refuse stops
+    // the start before anything listens.
+    let envoy = match (&config.grpc_listen, &config.envoy_config) {
+        (Some(address), Some(path)) => Some((*address, tollgate_envoy::ConfigWatch::load(path)?)),
+        (Some(_), None) => return Err(ServerError::EnvoyConfigMissing),
+        (None, _) => None,
+    };
     // The state database is the rules database unless the rules come from a file or it is
     // configured apart.
     let state = SqlSource::connect(config.state_url(), &config.rules_table).await?;
@@ -233,12 +249,41 @@ pub async fn run(
         None => None,
     };
     let counted = memory.as_ref().map(|(memory, _)| Arc::clone(memory));
-    let metrics = Metrics::new(rules.clone(), counted, store_seconds);
     let (stop_sender, stop) = watch::channel(false);
+    let envoy = match envoy {
+        Some((address, watch)) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| ServerError::Listen { address, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| ServerError::Listen { address, source })?;
+            let service = tollgate_envoy::EnvoyService::new(
+                limiter.store().clone(),
+                watch.clone(),
+                config.store_fail_open,
+            );
+            let watcher = watch.spawn_watcher(stop.clone());
+            let mut grpc_stop = stop.clone();
+            let grpc = tokio::spawn(tollgate_envoy::serve(listener, service, async move {
+                let _ = grpc_stop.wait_for(|stop| *stop).await;
+            }));
+            tracing::info!(address = %bound, domains = watch.current().domains().count(), "envoy rate limit service listening (gRPC)");
+            Some((watch, watcher, grpc, bound))
+        }
+        None => None,
+    };
+    let metrics = Metrics::new(
+        rules.clone(),
+        counted,
+        store_seconds,
+        envoy.as_ref().map(|(watch, ..)| watch.clone()),
+    );
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
+    let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
     let state = AppState::new(config, limiter, rules, metrics);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -253,7 +298,7 @@ pub async fn run(
             source,
         })?;
     tracing::info!(%address, "listening");
-    on_listening(address);
+    on_listening(address, grpc_address);
 
     let (draining_sender, mut draining) = watch::channel(false);
     let signal_state = state.clone();
@@ -276,6 +321,14 @@ pub async fn run(
     };
     let _ = stop_sender.send(true);
     let _ = reloader.await;
+    if let Some((_, watcher, grpc, _)) = envoy {
+        let _ = watcher.await;
+        match grpc.await {
+            Ok(Err(error)) => tracing::warn!(%error, "the gRPC server stopped with an error"),
+            Err(error) => tracing::warn!(%error, "the gRPC server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
     }

@@ -70,6 +70,7 @@ impl Metrics {
         rules: Rules,
         memory: Option<Arc<MemoryStore>>,
         store_seconds: HistogramFamily<OperationLabels>,
+        envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
     ) -> Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let grants = Family::<LimitLabels, Counter>::default();
@@ -103,6 +104,7 @@ impl Metrics {
         registry.register_collector(Box::new(ScrapeTime {
             rules,
             memory: memory.clone(),
+            envoy,
         }));
         Metrics {
             memory,
@@ -133,6 +135,8 @@ struct ScrapeTime {
     rules: Rules,
     /// The memory store, whose counters are counted; a shared store's are its own business.
     memory: Option<Arc<MemoryStore>>,
+    /// Envoy's rate limit service, when it is on.
+    envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
 }
 
 fn encode_one(
@@ -180,6 +184,35 @@ impl prometheus_client::collector::Collector for ScrapeTime {
             "Version of the rules in force; it grows with every change applied",
             &ConstGauge::new(snapshot.version() as i64),
         )?;
+        if let Some(envoy) = &self.envoy {
+            let stats = envoy.stats();
+            let ok = ConstCounter::new(stats.reloads_ok.load(Relaxed));
+            let failed = ConstCounter::new(stats.reloads_failed.load(Relaxed));
+            let mut family = encoder.encode_descriptor(
+                "envoy_config_reloads",
+                "Reloads of the Envoy configuration after its files changed, by outcome (ok, failed: the edit was refused and the previous configuration kept)",
+                None,
+                ok.metric_type(),
+            )?;
+            ok.encode(family.encode_family(&[("outcome", "ok")])?)?;
+            failed.encode(family.encode_family(&[("outcome", "failed")])?)?;
+            let allowed = ConstCounter::new(stats.answered_ok.load(Relaxed));
+            let over = ConstCounter::new(stats.answered_over_limit.load(Relaxed));
+            let mut family = encoder.encode_descriptor(
+                "envoy_decisions",
+                "ShouldRateLimit answers, by overall code (ok, over_limit)",
+                None,
+                allowed.metric_type(),
+            )?;
+            allowed.encode(family.encode_family(&[("code", "ok")])?)?;
+            over.encode(family.encode_family(&[("code", "over_limit")])?)?;
+            encode_one(
+                &mut encoder,
+                "envoy_store_failures",
+                "ShouldRateLimit requests decided without the store, which could not answer",
+                &ConstCounter::new(stats.store_failures.load(Relaxed)),
+            )?;
+        }
         if let Some(memory) = &self.memory {
             encode_one(
                 &mut encoder,

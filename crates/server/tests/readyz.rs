@@ -104,6 +104,8 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         redis_namespace: "readyz-test".into(),
         store_fail_open: false,
         store_timeout: Duration::from_millis(500),
+        grpc_listen: None,
+        envoy_config: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();
@@ -112,7 +114,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         async move {
             let _ = stopped.await;
         },
-        move |address| {
+        move |address, _| {
             let _ = listening_tx.send(address);
         },
     ));

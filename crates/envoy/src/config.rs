@@ -1,0 +1,433 @@
+//! envoyproxy/ratelimit's configuration, read as that service reads it: one YAML document per
+//! domain (`domain`, nested `descriptors` of `key`, optional `value`, `rate_limit`, and flags),
+//! from a file or from every `*.yaml`/`*.yml` file of a directory. This module owns parsing,
+//! validation (every refusal names the file and what is wrong), and the tree that requests are
+//! matched against (`Domain::find`).
+//!
+//! Each limit of the tree is given a counter name that depends only on its domain and its place
+//! in the tree, so that servers sharing a store share its counters.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tollgate::{Algorithm, Policy, Reserve};
+
+/// Longest file read, in bytes.
+const FILE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+/// Why a configuration was refused: the file, and what is wrong in it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("envoy configuration {file}: {reason}")]
+pub struct ConfigError {
+    pub file: String,
+    pub reason: String,
+}
+
+/// A time unit of `rate_limit`, with the length envoyproxy/ratelimit gives it: a month is 30
+/// days, a year 365; windows are aligned to multiples of it counted from the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    fn parse(text: &str) -> Option<Unit> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+}
+
+/// A limit of the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    pub requests_per_unit: u32,
+    pub unit: Option<Unit>,
+    pub unlimited: bool,
+    pub name: String,
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    /// The counter's name in the store, from the domain and the entry's place in the tree.
+    pub counter: String,
+    /// A fixed window of one unit; `None` for an unlimited entry or a limit of 0 (which refuses
+    /// everything without counting).
+    pub policy: Option<Policy>,
+}
+
+/// One level of the tree: its entries by `key` or `key_value`, and the wildcard entries among
+/// them in the order written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    pub limit: Option<LimitSpec>,
+    children: HashMap<String, Node>,
+    /// `(key_value pattern, its parts split on '*')`.
+    wildcards: Vec<(String, Vec<String>)>,
+    /// `share_threshold`: every value this wildcard matches shares one counter.
+    share_threshold: bool,
+}
+
+/// What a request's descriptor found in the tree.
+#[derive(Clone, Debug)]
+pub struct Found<'c> {
+    pub limit: &'c LimitSpec,
+    /// Per entry of the descriptor, the wildcard pattern that stands for its value in the
+    /// counter's key (`share_threshold`), if any.
+    pub shared: Vec<Option<&'c str>>,
+}
+
+/// Every domain of a configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    domains: HashMap<String, Node>,
+}
+
+fn wildcard_match(parts: &[String], value: &str) -> bool {
+    match parts {
+        [] => value.is_empty(),
+        [only] => only == value,
+        [first, middle @ .., last] => {
+            let fixed: usize = parts.iter().map(String::len).sum();
+            if value.len() < fixed
+                || !value.starts_with(first.as_str())
+                || !value.ends_with(last.as_str())
+            {
+                return false;
+            }
+            let mut rest = &value[first.len()..value.len() - last.len()];
+            for part in middle {
+                match rest.find(part.as_str()) {
+                    Some(at) => rest = &rest[at + part.len()..],
+                    None => return false,
+                }
+            }
+            true
+        }
+    }
+}
+
+impl Config {
+    pub fn domain(&self, name: &str) -> Option<&Node> {
+        self.domains.get(name)
+    }
+
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// The limit a descriptor's entries find, as envoyproxy/ratelimit finds it: at each level
+    /// the entry `key_value`, else the first wildcard entry that matches, else the entry `key`
+    /// alone; a limit applies only at the level of the descriptor's last entry, and a request
+    /// deeper than the tree finds none.
+    pub fn find<'c>(&'c self, domain: &str, entries: &[(&str, &str)]) -> Option<Found<'c>> {
+        let mut node = self.domains.get(domain)?;
+        let mut shared = vec![None; entries.len()];
+        for (index, (key, value)) in entries.iter().enumerate() {
+            let full = format!("{key}_{value}");
+            let mut next = node.children.get(&full);
+            if next.is_none() {
+                for (pattern, parts) in &node.wildcards {
+                    if wildcard_match(parts, &full) {
+                        next = node.children.get(pattern);
+                        if let Some(child) = next
+                            && child.share_threshold
+                            && let Some(slot) = shared.get_mut(index)
+                        {
+                            *slot = pattern.strip_prefix(&format!("{key}_"));
+                        }
+                        break;
+                    }
+                }
+            }
+            let next = match next {
+                Some(next) => next,
+                None => node.children.get(*key)?,
+            };
+            if index + 1 == entries.len() {
+                return next.limit.as_ref().map(|limit| Found { limit, shared });
+            }
+            if next.children.is_empty() {
+                return None;
+            }
+            node = next;
+        }
+        None
+    }
+
+    /// Read a file, or every `*.yaml`/`*.yml` file of a directory (others are ignored), one
+    /// domain each.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let refuse = |file: &Path, reason: String| ConfigError {
+            file: file.display().to_string(),
+            reason,
+        };
+        let metadata = std::fs::metadata(path).map_err(|error| refuse(path, error.to_string()))?;
+        let files: Vec<PathBuf> = if metadata.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(|error| refuse(path, error.to_string()))?
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|file| {
+                    matches!(
+                        file.extension().and_then(|extension| extension.to_str()),
+                        Some("yaml" | "yml")
+                    )
+                })
+                .collect();
+            files.sort();
+            files
+        } else {
+            vec![path.to_owned()]
+        };
+        let mut texts = Vec::with_capacity(files.len());
+        for file in files {
+            let length = std::fs::metadata(&file)
+                .map_err(|error| refuse(&file, error.to_string()))?
+                .len();
+            if length > FILE_BYTES_MAX {
+                return Err(refuse(
+                    &file,
+                    format!("is larger than {FILE_BYTES_MAX} bytes"),
+                ));
+            }
+            let text =
+                std::fs::read_to_string(&file).map_err(|error| refuse(&file, error.to_string()))?;
+            texts.push((file.display().to_string(), text));
+        }
+        Config::parse(
+            texts
+                .iter()
+                .map(|(name, text)| (name.as_str(), text.as_str())),
+        )
+    }
+
+    /// Parse documents given as `(file name, text)`.
+    pub fn parse<'t>(
+        files: impl IntoIterator<Item = (&'t str, &'t str)>,
+    ) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        for (file, text) in files {
+            let refuse = |reason: String| ConfigError {
+                file: file.to_owned(),
+                reason,
+            };
+            let root: YamlRoot =
+                yaml_serde::from_str(text).map_err(|error| refuse(error.to_string()))?;
+            if root.domain.is_empty() {
+                return Err(refuse("the domain is empty".to_owned()));
+            }
+            if config.domains.contains_key(&root.domain) {
+                return Err(refuse(format!(
+                    "domain {:?} is configured twice (in another file too)",
+                    root.domain
+                )));
+            }
+            let mut domain = Node::default();
+            load_level(&mut domain, &root.domain, &root.domain, &root.descriptors)
+                .map_err(refuse)?;
+            config.domains.insert(root.domain, domain);
+        }
+        Ok(config)
+    }
+}
+
+fn load_level(
+    node: &mut Node,
+    domain: &str,
+    parent: &str,
+    descriptors: &[YamlDescriptor],
+) -> Result<(), String> {
+    for descriptor in descriptors {
+        if descriptor.key.is_empty() {
+            return Err(format!("{parent}: a descriptor has an empty key"));
+        }
+        let full = match &descriptor.value {
+            Some(value) if !value.is_empty() => format!("{}_{value}", descriptor.key),
+            _ => descriptor.key.clone(),
+        };
+        let path = format!("{parent}.{full}");
+        if node.children.contains_key(&full) {
+            return Err(format!("{path}: the descriptor is configured twice"));
+        }
+        let wildcard = full.contains('*');
+        if descriptor.share_threshold && !wildcard {
+            return Err(format!(
+                "{path}: share_threshold needs a value with a wildcard '*'"
+            ));
+        }
+        let limit = match &descriptor.rate_limit {
+            None => None,
+            Some(rate) => Some(limit_spec(rate, descriptor.shadow_mode, domain, &path)?),
+        };
+        let mut child = Node {
+            limit,
+            share_threshold: descriptor.share_threshold,
+            ..Node::default()
+        };
+        load_level(&mut child, domain, &path, &descriptor.descriptors)?;
+        if wildcard {
+            let parts = full.split('*').map(str::to_owned).collect();
+            node.wildcards.push((full.clone(), parts));
+        }
+        node.children.insert(full, child);
+    }
+    Ok(())
+}
+
+fn limit_spec(
+    rate: &YamlRateLimit,
+    shadow_mode: bool,
+    domain: &str,
+    path: &str,
+) -> Result<LimitSpec, String> {
+    let unit = match rate.unit.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(Unit::parse(text).ok_or_else(|| {
+            format!("{path}: rate_limit.unit {text:?} is not a unit (second, minute, hour, day, week, month or year)")
+        })?),
+    };
+    if rate.unlimited && unit.is_some() {
+        return Err(format!(
+            "{path}: rate_limit is unlimited, so it takes no unit"
+        ));
+    }
+    if !rate.unlimited && unit.is_none() {
+        return Err(format!("{path}: rate_limit.unit is required"));
+    }
+    let name = rate.name.clone().unwrap_or_default();
+    let mut replaces = Vec::with_capacity(rate.replaces.len());
+    for replaced in &rate.replaces {
+        if replaced.name.is_empty() {
+            return Err(format!(
+                "{path}: rate_limit.replaces has an entry with no name"
+            ));
+        }
+        if replaced.name == name {
+            return Err(format!(
+                "{path}: rate_limit.replaces names this limit itself ({name:?})"
+            ));
+        }
+        replaces.push(replaced.name.clone());
+    }
+    let policy = match unit {
+        Some(unit) if rate.requests_per_unit > 0 => Some(
+            Policy::rate(
+                u64::from(rate.requests_per_unit),
+                unit.seconds() * 1_000_000,
+                0,
+                Algorithm::Fixed,
+                Reserve::default(),
+            )
+            .map_err(|error| format!("{path}: rate_limit: {error}"))?,
+        ),
+        _ => None,
+    };
+    Ok(LimitSpec {
+        requests_per_unit: rate.requests_per_unit,
+        unit,
+        unlimited: rate.unlimited,
+        name,
+        replaces,
+        shadow_mode,
+        counter: counter_name(domain, path),
+        policy,
+    })
+}
+
+/// `envoy.` and 16 hex digits of a 64-bit FNV-1a hash of the entry's path in the tree: a limit
+/// name the store accepts whatever the domain and keys hold, and the same on every server and
+/// every build (the standard library's hasher promises neither).
+fn counter_name(domain: &str, path: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in domain.bytes().chain([0]).chain(path.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("envoy.{hash:016x}")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlRoot {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<YamlDescriptor>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlDescriptor {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<YamlRateLimit>,
+    #[serde(default)]
+    descriptors: Vec<YamlDescriptor>,
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Accepted as envoyproxy/ratelimit accepts them; they shape its statistics, which
+    /// Tollgate keeps its own way.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    quota_mode: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<yaml_serde::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlRateLimit {
+    #[serde(default)]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<YamlReplaces>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct YamlReplaces {
+    #[serde(default)]
+    name: String,
+}
