@@ -176,7 +176,7 @@ pub struct EnvoyService {
 enum Applies<'c> {
     /// No limit (no match, replaced, or a request deeper than the configuration).
     Nothing,
-    Unlimited,
+    Unlimited(&'c LimitSpec),
     /// A limit of 0: refuses without counting.
     Zero(&'c LimitSpec),
     /// A limit counted on the counter `key` of its `counter`.
@@ -283,7 +283,7 @@ impl EnvoyService {
                 .collect();
             let applied = match config.find(&request.domain, &entries) {
                 None => Applies::Nothing,
-                Some(found) if found.limit.unlimited => Applies::Unlimited,
+                Some(found) if found.limit.unlimited => Applies::Unlimited(found.limit),
                 Some(found) if found.limit.policy.is_none() => Applies::Zero(found.limit),
                 Some(found) => {
                     let key = descriptor_key(&entries, &found.shared);
@@ -301,12 +301,15 @@ impl EnvoyService {
             };
             applies.push(applied);
         }
-        // A limit named in another matched limit's `replaces` does not apply.
+        // A limit named in another matched limit's `replaces` (unlimited ones included) does not
+        // apply.
         let replaced: Vec<&str> = applies
             .iter()
             .filter_map(|applied| match applied {
-                Applies::Counted { spec, .. } | Applies::Zero(spec) => Some(spec),
-                _ => None,
+                Applies::Counted { spec, .. } | Applies::Zero(spec) | Applies::Unlimited(spec) => {
+                    Some(spec)
+                }
+                Applies::Nothing => None,
             })
             .flat_map(|spec| spec.replaces.iter().map(String::as_str))
             .collect();
@@ -416,7 +419,7 @@ impl EnvoyService {
         for applied in applies {
             let status = match applied {
                 Applies::Nothing => plain_status(0),
-                Applies::Unlimited => plain_status(u32::MAX),
+                Applies::Unlimited(_) => plain_status(u32::MAX),
                 Applies::Zero(spec) => {
                     let code = if spec.shadow_mode {
                         Code::Ok

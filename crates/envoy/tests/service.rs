@@ -62,6 +62,11 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 1
+  - key: assets
+    rate_limit:
+      unlimited: true
+      replaces:
+        - name: login
   - key: closed
     rate_limit:
       unit: minute
@@ -276,6 +281,13 @@ async fn replaces_shadow_mode_and_a_zero_limit() {
         let answer = h.ask(&[&login, &enterprise]).await;
         assert_eq!(code(&answer), Code::Ok, "{answer:?}");
         assert!(answer.statuses[0].current_limit.is_none());
+    }
+    // An unlimited limit replaces what it names too.
+    for _ in 0..3 {
+        let answer = h.ask(&[&[("path", "/login")], &[("assets", "a")]]).await;
+        assert_eq!(code(&answer), Code::Ok, "{answer:?}");
+        assert!(answer.statuses[0].current_limit.is_none());
+        assert_eq!(answer.statuses[1].limit_remaining, u32::MAX);
     }
     // Shadow mode: over its limit, it still answers OK and never refuses the request.
     let shadow = [("shadow", "s")];
