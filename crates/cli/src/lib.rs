@@ -1,8 +1,9 @@
 //! The library half of the `tollgate` binary: a small HTTP/1 client for a running server's API
-//! (used by `limits` and `acquire`, and by the end-to-end tests), and the parsing of durations
-//! given on the command line. Precise error types here; `anyhow` only in `main.rs`.
+//! (used by `limits` and `acquire`, and by the end-to-end tests), the `simulate` command's
+//! workloads and runs, and the parsing of durations given on the command line. Precise error types here; `anyhow` only in `main.rs`.
 
 pub mod client;
+pub mod simulate;
 
 use std::time::Duration;
 

@@ -56,6 +56,7 @@ const EXIT_COMMAND_NOT_STARTED: u8 = 127;
         1    refused: bad input, unknown limit, wrong token, or a failure to start serve\n  \
         2    usage: an unknown or missing argument\n  \
         69   the server failed or could not be reached\n  \
+        70   simulate: a limit was overdrawn (a defect; please report it)\n  \
         75   acquire: no permit granted within --wait\n  \
         127  acquire: the command could not be started"
 )]
@@ -100,6 +101,21 @@ enum Command {
         /// How the answer is printed: a table for people, or the server's JSON.
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// Run a workload (limits and callers, TOML) through the real engine on a virtual clock, and
+    /// report per caller offered, granted, timed out and waits, and per limit the most units in
+    /// any window (never above the limit) and the utilisation while demand exceeds it.
+    ///
+    /// Exits 1 if the workload is refused, 70 if a limit was overdrawn (which would be a bug).
+    Simulate {
+        /// The workload file (see examples/workloads/).
+        workload: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write an SVG chart: grants per window by priority against the limit, and waits.
+        #[arg(long, value_name = "FILE.svg")]
+        chart: Option<PathBuf>,
     },
     /// Print a completion script for SHELL: `tollgate completions bash > /etc/bash_completion.d/tollgate`.
     Completions {
@@ -347,6 +363,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             key,
             output,
         } => status(server, limit, key, output, file).await,
+        Command::Simulate {
+            workload,
+            json,
+            chart,
+        } => tokio::task::spawn_blocking(move || simulate(&workload, json, chart.as_deref()))
+            .await
+            .context("the simulation stopped")?,
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut command, "tollgate", &mut std::io::stdout());
@@ -837,6 +860,60 @@ fn limits_table(json: &serde_json::Value) -> String {
 }
 
 mod status;
+
+/// Exit code of `simulate` when a limit was overdrawn (EX_SOFTWARE): a defect, never a workload's
+/// fault.
+const EXIT_OVERDRAWN: u8 = 70;
+
+/// `simulate`, on a runtime of its own whose clock is paused: time moves only when every task
+/// waits, straight to the next timer, so simulated hours take seconds.
+fn simulate(path: &Path, json: bool, chart: Option<&Path>) -> Result<ExitCode> {
+    use std::io::Write;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the workload {}", path.display()))?;
+    let workload = tollgate_cli::simulate::parse(&text)
+        .with_context(|| format!("workload {}", path.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let report = runtime.block_on(tollgate_cli::simulate::run(&workload, move |done| {
+        if terminal {
+            let filled = (done * 40.0) as usize;
+            eprint!(
+                "\rsimulating [{}{}] {:>3.0} %",
+                "#".repeat(filled),
+                " ".repeat(40 - filled),
+                done * 100.0
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }))?;
+    if terminal {
+        eprintln!();
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", tollgate_cli::simulate::table(&report));
+    }
+    if let Some(chart) = chart {
+        std::fs::write(chart, tollgate_cli::simulate::chart(&report))
+            .with_context(|| format!("writing the chart {}", chart.display()))?;
+    }
+    let overdrawn = report.overshoots();
+    if !overdrawn.is_empty() {
+        for limit in overdrawn {
+            eprintln!(
+                "tollgate: limit {} was overdrawn: {} units in one window, limit {}",
+                limit.name, limit.max_in_window, limit.limit
+            );
+        }
+        return Ok(ExitCode::from(EXIT_OVERDRAWN));
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 async fn status(
     server: ServerArgs,

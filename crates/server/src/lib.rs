@@ -14,6 +14,7 @@ mod openapi;
 mod runs;
 mod state;
 mod stats;
+mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -158,6 +159,8 @@ fn router(state: AppState) -> Router {
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
         .route("/openapi.json", get(openapi_json))
+        .route("/ui", get(ui::index))
+        .route("/ui/{asset}", get(ui::asset))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_bytes_max))

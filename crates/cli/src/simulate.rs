@@ -1,0 +1,748 @@
+//! `tollgate simulate`: capacity planning on the real engine. A workload (limits with the admin
+//! API's fields, and callers: closed-loop workers or open-loop Poisson arrivals, with priority,
+//! cost, call duration and wait deadline, and optionally a vendor that answers 429 when its own
+//! limit is overdrawn) runs through the same `Limiter` and `MemoryStore` the server uses, on a
+//! virtual clock: tokio's paused time, which the store's clock follows, so an hour of traffic
+//! runs in seconds and the same seed gives the same figures.
+//!
+//! The report counts independently of the store: every grant is recorded by the callers, and
+//! the most units in any window of each limit's period is computed from those records.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate::{
+    Algorithm, Clock, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock,
+    Outcome, PermitSecret, Priority, Request,
+};
+use tollgate_rules::RawRule;
+
+/// Longest simulated span: a week.
+pub const DURATION_S_MAX: f64 = 7.0 * 86_400.0;
+/// Most workers and arrivals a workload may start, so a typo cannot exhaust memory.
+pub const CALLERS_MAX: u64 = 100_000;
+
+/// A workload file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Simulated seconds.
+    pub duration_s: f64,
+    /// The random seed of open-loop arrivals (and nothing else).
+    #[serde(default)]
+    pub seed: u64,
+    /// Limits by name, with the admin API's fields (`kind`, `limit`, `period_ms`, ...).
+    pub limits: BTreeMap<String, RawRule>,
+    pub callers: Vec<Caller>,
+    /// A vendor behind one limit that refuses (429) when called more than its own limit.
+    #[serde(default)]
+    pub vendor: Option<Vendor>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caller {
+    pub name: String,
+    pub limits: Vec<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default = "normal")]
+    pub priority: String,
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Closed loop: this many workers, each calling again as soon as its call ends.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// Open loop: calls arriving at this rate per second (Poisson), each trying once.
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// How long a call takes once granted, in milliseconds (a lease is held that long).
+    #[serde(default)]
+    pub call_ms: u64,
+    /// How long a call waits for a permit before it gives up, in milliseconds.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vendor {
+    /// The Tollgate limit that guards the vendor; a 429 pauses it for `retry_after_ms`.
+    pub guarded_by: String,
+    /// The vendor's own limit: calls in any `period_ms`.
+    pub limit: u64,
+    pub period_ms: u64,
+    pub retry_after_ms: u64,
+}
+
+fn normal() -> String {
+    "normal".to_owned()
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Percentiles of waits, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Waits {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CallerReport {
+    pub name: String,
+    pub priority: String,
+    pub offered: u64,
+    pub granted: u64,
+    pub timed_out: u64,
+    pub wait_ms: Waits,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LimitReport {
+    pub name: String,
+    /// What the algorithm allows in one window: the limit (sliding: in any window of the
+    /// period and margin; fixed: in each aligned window), the burst plus what the rate adds in
+    /// one period (gcra), or the leases held at once (concurrency).
+    pub limit: u64,
+    /// The most units granted in such a window, or the most leases held at once, counted from
+    /// the grants the callers recorded at their decisions' instants.
+    pub max_in_window: u64,
+    /// Units granted over units available, in the windows where some call waited or gave up:
+    /// how much of the limit was used while demand exceeded it. `None` when demand never did.
+    pub utilization: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub duration_s: f64,
+    pub limits: Vec<LimitReport>,
+    pub callers: Vec<CallerReport>,
+    /// Calls the vendor refused (429), when there is a vendor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor_refusals: Option<u64>,
+    /// For the chart: per limit, units granted in each window (its period, or a hundredth of
+    /// the run for a concurrency limit) by priority: high, normal, low.
+    #[serde(skip)]
+    pub windows: BTreeMap<String, Vec<[u64; 3]>>,
+}
+
+impl Report {
+    /// Limits whose independent count went over the limit: never, if the engine is right.
+    pub fn overshoots(&self) -> Vec<&LimitReport> {
+        self.limits
+            .iter()
+            .filter(|limit| limit.max_in_window > limit.limit)
+            .collect()
+    }
+}
+
+/// What the callers saw, recorded as it happened (microseconds on the store's clock).
+#[derive(Debug, Default)]
+struct Record {
+    /// Per caller: offered, granted, timed out, waits (µs).
+    callers: Vec<(u64, u64, u64, Vec<u64>)>,
+    /// Per limit: (granted at, released at, cost, priority).
+    grants: BTreeMap<String, Vec<(u64, u64, u64, Priority)>>,
+    /// Per limit: the instants a call waited or gave up.
+    contended: BTreeMap<String, Vec<u64>>,
+    /// The vendor's calls (instants), and its refusals.
+    vendor_calls: Vec<u64>,
+    vendor_refusals: u64,
+}
+
+fn invalid(text: String) -> anyhow::Error {
+    anyhow::anyhow!(text)
+}
+
+/// Read and check a workload: every limit valid, every caller naming known limits with one of
+/// `count` or `rate`, every figure in range.
+pub fn parse(text: &str) -> anyhow::Result<Workload> {
+    let workload: Workload = toml::from_str(text).map_err(|error| invalid(error.to_string()))?;
+    if !(workload.duration_s > 0.0 && workload.duration_s <= DURATION_S_MAX) {
+        return Err(invalid(format!(
+            "duration_s: must be above 0 and at most {DURATION_S_MAX} (a week)"
+        )));
+    }
+    for (name, rule) in &workload.limits {
+        rule.validate(name)
+            .map_err(|error| invalid(format!("limits.{name}.{}: {}", error.field, error.reason)))?;
+    }
+    let mut started = 0.0;
+    for (index, caller) in workload.callers.iter().enumerate() {
+        let at = |field: &str| format!("callers[{index}] ({}).{field}", caller.name);
+        for limit in &caller.limits {
+            if !workload.limits.contains_key(limit) {
+                return Err(invalid(format!(
+                    "{}: no limit named {limit:?}",
+                    at("limits")
+                )));
+            }
+        }
+        if caller.limits.is_empty() {
+            return Err(invalid(format!(
+                "{}: name at least one limit",
+                at("limits")
+            )));
+        }
+        Priority::parse(&caller.priority)
+            .ok_or_else(|| invalid(format!("{}: high, normal or low", at("priority"))))?;
+        match (caller.count, caller.rate) {
+            (Some(count), None) if count >= 1 => started += count as f64,
+            (None, Some(rate)) if rate > 0.0 && rate.is_finite() => {
+                started += rate * workload.duration_s
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{}: give either count (workers, at least 1) or rate (calls per second, above 0)",
+                    at("count")
+                )));
+            }
+        }
+        if caller.cost == 0 {
+            return Err(invalid(format!("{}: must be at least 1", at("cost"))));
+        }
+    }
+    if started > CALLERS_MAX as f64 {
+        return Err(invalid(format!(
+            "callers: {started:.0} workers and arrivals in all; at most {CALLERS_MAX}"
+        )));
+    }
+    if let Some(vendor) = &workload.vendor {
+        if !workload.limits.contains_key(&vendor.guarded_by) {
+            return Err(invalid(format!(
+                "vendor.guarded_by: no limit named {:?}",
+                vendor.guarded_by
+            )));
+        }
+        if vendor.limit == 0 || vendor.period_ms == 0 || vendor.retry_after_ms == 0 {
+            return Err(invalid(
+                "vendor: limit, period_ms and retry_after_ms must be at least 1".to_owned(),
+            ));
+        }
+    }
+    Ok(workload)
+}
+
+/// Run a workload. With `virtual_time`, on tokio's paused clock (call from a current-thread
+/// runtime started paused); otherwise on the wall clock, for comparing the two. `progress` is
+/// told the simulated fraction done, about every 1 %.
+pub async fn run(
+    workload: &Workload,
+    progress: impl Fn(f64) + Send + Sync + 'static,
+) -> anyhow::Result<Report> {
+    let clock = Arc::new(MonotonicClock::new());
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 1_000_000,
+        },
+        clock.clone(),
+    ));
+    let limiter = Limiter::new(
+        store,
+        LimiterConfig {
+            wait_max: Duration::from_secs(86_400),
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    for (name, rule) in &workload.limits {
+        let rule = rule
+            .validate(name)
+            .map_err(|error| invalid(format!("limits.{name}: {error}")))?;
+        limiter.set_limit(rule.limit().clone());
+    }
+    let started = tokio::time::Instant::now();
+    let started_us = clock.now_us();
+    let end = started + Duration::from_secs_f64(workload.duration_s);
+    let record = Arc::new(Mutex::new(Record {
+        callers: vec![(0, 0, 0, Vec::new()); workload.callers.len()],
+        ..Record::default()
+    }));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut rng = fastrand::Rng::with_seed(workload.seed);
+    for (index, caller) in workload.callers.iter().enumerate() {
+        let call = Call {
+            index,
+            caller: Arc::new(caller.clone()),
+            limiter: limiter.clone(),
+            record: record.clone(),
+            vendor: workload.vendor.clone(),
+            clock: clock.clone(),
+        };
+        if let Some(count) = caller.count {
+            for _ in 0..count {
+                let call = call.clone();
+                tasks.spawn(async move {
+                    while tokio::time::Instant::now() < end {
+                        call.once().await;
+                    }
+                });
+            }
+        } else if let Some(rate) = caller.rate {
+            // Arrival instants drawn now, from the seed alone: the same workload, the same calls.
+            let mut at = 0.0;
+            let mut arrivals = Vec::new();
+            loop {
+                at += -(1.0 - rng.f64()).ln() / rate;
+                if at >= workload.duration_s {
+                    break;
+                }
+                arrivals.push(at);
+            }
+            tasks.spawn(async move {
+                let mut calls = tokio::task::JoinSet::new();
+                for at in arrivals {
+                    tokio::time::sleep_until(started + Duration::from_secs_f64(at)).await;
+                    let call = call.clone();
+                    calls.spawn(async move { call.once().await });
+                }
+                while calls.join_next().await.is_some() {}
+            });
+        }
+    }
+    let progress = Arc::new(progress);
+    let reporter = {
+        let progress = progress.clone();
+        let step = Duration::from_secs_f64(workload.duration_s / 100.0);
+        tokio::spawn(async move {
+            for percent in 1..=100 {
+                tokio::time::sleep_until(started + step * percent).await;
+                progress(f64::from(percent) / 100.0);
+            }
+        })
+    };
+    tokio::time::sleep_until(end).await;
+    // Calls still waiting or running at the end are cut off where they stand.
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    reporter.abort();
+    let record = match Arc::try_unwrap(record) {
+        Ok(record) => record
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        Err(shared) => std::mem::take(
+            &mut *shared
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        ),
+    };
+    Ok(report(workload, &limiter, record, started_us))
+}
+
+#[derive(Clone)]
+struct Call {
+    index: usize,
+    caller: Arc<Caller>,
+    limiter: Limiter,
+    record: Arc<Mutex<Record>>,
+    vendor: Option<Vendor>,
+    /// The store's clock: grants are recorded at their decision's instant on it.
+    clock: Arc<MonotonicClock>,
+}
+
+impl Call {
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// One call: wait for a permit, make the call, give it back.
+    async fn once(&self) {
+        let caller = &*self.caller;
+        let priority = Priority::parse(&caller.priority).unwrap_or_default();
+        let names: Vec<&str> = caller.limits.iter().map(String::as_str).collect();
+        let mut request = Request::all(&names)
+            .cost(caller.cost)
+            .priority(priority)
+            .wait(Duration::from_millis(caller.wait_ms));
+        if let Some(key) = &caller.key {
+            request = request.key(key);
+        }
+        let asked = self.clock.now_us();
+        self.record().callers[self.index].0 += 1;
+        let outcome = match self.limiter.acquire(&request).await {
+            Ok(outcome) => outcome,
+            Err(_) => return,
+        };
+        let now = self.clock.now_us();
+        match outcome {
+            Outcome::Denied(denied) => {
+                {
+                    let mut record = self.record();
+                    record.callers[self.index].2 += 1;
+                    for name in &caller.limits {
+                        record.contended.entry(name.clone()).or_default().push(now);
+                    }
+                }
+                // A closed-loop worker tries again when told, not at once.
+                tokio::time::sleep(denied.retry_after.max(Duration::from_millis(1))).await;
+            }
+            Outcome::Granted(permit) => {
+                let granted_at = permit.decided_at_us();
+                let refused = self.call_vendor(now);
+                {
+                    let mut record = self.record();
+                    record.callers[self.index].1 += 1;
+                    record.callers[self.index].3.push(now - asked);
+                    if now > asked {
+                        for name in &caller.limits {
+                            record
+                                .contended
+                                .entry(name.clone())
+                                .or_default()
+                                .push(asked);
+                        }
+                    }
+                }
+                if let (Some(vendor), true) = (&self.vendor, refused) {
+                    let _ = self
+                        .limiter
+                        .pause(
+                            &vendor.guarded_by,
+                            None,
+                            Duration::from_millis(vendor.retry_after_ms),
+                        )
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(caller.call_ms)).await;
+                let released = self.clock.now_us();
+                {
+                    let mut record = self.record();
+                    for name in &caller.limits {
+                        record.grants.entry(name.clone()).or_default().push((
+                            granted_at,
+                            released,
+                            caller.cost,
+                            priority,
+                        ));
+                    }
+                }
+                let _ = permit.commit(caller.cost).await;
+            }
+        }
+    }
+
+    /// Whether the vendor refuses a call made now: it counts the calls of the limit it is
+    /// guarded by, in any window of its own period.
+    fn call_vendor(&self, now: u64) -> bool {
+        let Some(vendor) = &self.vendor else {
+            return false;
+        };
+        if !self.caller.limits.contains(&vendor.guarded_by) {
+            return false;
+        }
+        let mut record = self.record();
+        let window = vendor.period_ms * 1_000;
+        record.vendor_calls.retain(|&at| at + window > now);
+        if record.vendor_calls.len() as u64 >= vendor.limit {
+            record.vendor_refusals += 1;
+            return true;
+        }
+        record.vendor_calls.push(now);
+        false
+    }
+}
+
+/// The most units granted in any half-open window of `width` microseconds.
+fn most_in_any_window(times: &[(u64, u64)], width: u64) -> u64 {
+    let (mut most, mut sum, mut first) = (0, 0, 0);
+    for &(at, cost) in times {
+        sum += cost;
+        while times[first].0 + width <= at {
+            sum -= times[first].1;
+            first += 1;
+        }
+        most = most.max(sum);
+    }
+    most
+}
+
+fn percentile(sorted: &[u64], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[index] as f64 / 1_000.0
+}
+
+fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u64) -> Report {
+    let table = limiter.limits();
+    let duration_us = (workload.duration_s * 1e6) as u64;
+    let mut windows = BTreeMap::new();
+    for (name, grants) in &record.grants {
+        let Some(limit) = table.get(name) else {
+            continue;
+        };
+        let width = match limit.policy().kind() {
+            tollgate::core::Kind::Rate(rate) => rate.window_us(),
+            tollgate::core::Kind::Concurrency(_) => duration_us.div_ceil(100),
+        }
+        .max(1);
+        let slots = usize::try_from(duration_us.div_ceil(width))
+            .unwrap_or(0)
+            .min(10_000);
+        let mut counts = vec![[0u64; 3]; slots];
+        for &(at, _, cost, priority) in grants {
+            let level = match priority {
+                Priority::High => 0,
+                Priority::Normal => 1,
+                _ => 2,
+            };
+            let slot = usize::try_from(at.saturating_sub(started_us) / width).unwrap_or(usize::MAX);
+            if let Some(window) = counts.get_mut(slot) {
+                window[level] += cost;
+            }
+        }
+        windows.insert(name.clone(), counts);
+    }
+    let limits = workload
+        .limits
+        .keys()
+        .filter_map(|name| {
+            let limit = table.get(name)?;
+            let grants = record.grants.get(name).map(Vec::as_slice).unwrap_or(&[]);
+            let (bound, max_in_window, utilization) = match limit.policy().kind() {
+                tollgate::core::Kind::Rate(rate) => {
+                    let mut times: Vec<(u64, u64)> = grants.iter().map(|g| (g.0, g.2)).collect();
+                    times.sort_unstable();
+                    let window = rate.window_us().max(1);
+                    let (bound, most) = match rate.algorithm() {
+                        // Aligned windows on the store's clock, each at most `limit`.
+                        Algorithm::Fixed => {
+                            let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
+                            for (at, cost) in &times {
+                                *per_window.entry(at / window).or_default() += cost;
+                            }
+                            (
+                                rate.limit(),
+                                per_window.values().copied().max().unwrap_or(0),
+                            )
+                        }
+                        // Any window of one period: the burst, and what the rate adds in it.
+                        Algorithm::Gcra { burst } => (
+                            burst + rate.limit() - 1,
+                            most_in_any_window(&times, rate.period_us()),
+                        ),
+                        Algorithm::Sliding => (rate.limit(), most_in_any_window(&times, window)),
+                    };
+                    let contended = record.contended.get(name).map(Vec::as_slice).unwrap_or(&[]);
+                    let (mut used, mut offered) = (0u64, 0u64);
+                    for slot in 0..duration_us.div_ceil(window) {
+                        let from = started_us + slot * window;
+                        let to = from + window;
+                        if contended.iter().any(|&at| at >= from && at < to) {
+                            used += times
+                                .iter()
+                                .filter(|(at, _)| *at >= from && *at < to)
+                                .map(|(_, cost)| cost)
+                                .sum::<u64>();
+                            offered += rate.limit();
+                        }
+                    }
+                    (
+                        bound,
+                        most,
+                        (offered > 0).then(|| used as f64 / offered as f64),
+                    )
+                }
+                tollgate::core::Kind::Concurrency(concurrency) => {
+                    let mut events: Vec<(u64, i64)> = grants
+                        .iter()
+                        .flat_map(|g| [(g.0, g.2 as i64), (g.1, -(g.2 as i64))])
+                        .collect();
+                    // Releases before grants at one instant: a slot freed and taken is one slot.
+                    events.sort_unstable_by_key(|&(at, delta)| (at, delta));
+                    let (mut held, mut most) = (0i64, 0i64);
+                    for (_, delta) in events {
+                        held += delta;
+                        most = most.max(held);
+                    }
+                    (concurrency.limit(), u64::try_from(most).unwrap_or(0), None)
+                }
+            };
+            Some(LimitReport {
+                name: name.clone(),
+                limit: bound,
+                max_in_window,
+                utilization,
+            })
+        })
+        .collect();
+    let callers = workload
+        .callers
+        .iter()
+        .zip(record.callers)
+        .map(|(caller, (offered, granted, timed_out, mut waits))| {
+            waits.sort_unstable();
+            CallerReport {
+                name: caller.name.clone(),
+                priority: caller.priority.clone(),
+                offered,
+                granted,
+                timed_out,
+                wait_ms: Waits {
+                    p50: percentile(&waits, 0.50),
+                    p99: percentile(&waits, 0.99),
+                    max: percentile(&waits, 1.0),
+                },
+            }
+        })
+        .collect();
+    Report {
+        duration_s: workload.duration_s,
+        limits,
+        callers,
+        vendor_refusals: workload.vendor.as_ref().map(|_| record.vendor_refusals),
+        windows,
+    }
+}
+
+/// The report as a table for people.
+pub fn table(report: &Report) -> String {
+    let mut out = format!("simulated {} s\n\n", report.duration_s);
+    out.push_str(&format!(
+        "{:<20} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        "CALLER", "PRIORITY", "OFFERED", "GRANTED", "TIMED OUT", "WAIT P50", "WAIT P99"
+    ));
+    for caller in &report.callers {
+        out.push_str(&format!(
+            "{:<20} {:>8} {:>10} {:>10} {:>10} {:>8.0}ms {:>8.0}ms  (max {:.0} ms)\n",
+            caller.name,
+            caller.priority,
+            caller.offered,
+            caller.granted,
+            caller.timed_out,
+            caller.wait_ms.p50,
+            caller.wait_ms.p99,
+            caller.wait_ms.max
+        ));
+    }
+    out.push_str(&format!(
+        "\n{:<20} {:>8} {:>14} {:>12}\n",
+        "LIMIT", "LIMIT", "MOST IN WINDOW", "UTILIZATION"
+    ));
+    for limit in &report.limits {
+        let utilization = limit
+            .utilization
+            .map_or("-".to_owned(), |used| format!("{:.1} %", used * 100.0));
+        out.push_str(&format!(
+            "{:<20} {:>8} {:>14} {:>12}{}\n",
+            limit.name,
+            limit.limit,
+            limit.max_in_window,
+            utilization,
+            if limit.max_in_window > limit.limit {
+                "  OVER THE LIMIT"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(refusals) = report.vendor_refusals {
+        out.push_str(&format!("\nvendor refusals (429): {refusals}\n"));
+    }
+    out
+}
+
+/// The report as an SVG: per limit, grants per window against the limit line (stacked by
+/// priority); then each caller's waits (p50, p99, max) as bars.
+pub fn chart(report: &Report) -> String {
+    let grants_per_window = &report.windows;
+    let (width, panel) = (960.0, 220.0);
+    let height = panel * (report.limits.len() as f64 + 1.0) + 40.0;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let colors = ["#2b8cbe", "#74a9cf", "#bdc9e1"]; // high, normal, low
+    for (index, limit) in report.limits.iter().enumerate() {
+        let top = 20.0 + panel * index as f64;
+        let windows = grants_per_window
+            .get(&limit.name)
+            .cloned()
+            .unwrap_or_default();
+        let most = windows
+            .iter()
+            .map(|w| w.iter().sum::<u64>())
+            .max()
+            .unwrap_or(0)
+            .max(limit.limit) as f64;
+        let scale = (panel - 50.0) / most.max(1.0);
+        let bar = (width - 80.0) / windows.len().max(1) as f64;
+        svg.push_str(&format!(
+            "<text x=\"40\" y=\"{}\">{} — grants per window (high, normal, low) against the limit of {}</text>\n",
+            top + 12.0,
+            escape(&limit.name),
+            limit.limit
+        ));
+        let base = top + panel - 20.0;
+        for (slot, window) in windows.iter().enumerate() {
+            let mut y = base;
+            for (level, units) in window.iter().enumerate() {
+                let h = *units as f64 * scale;
+                y -= h;
+                svg.push_str(&format!(
+                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"/>\n",
+                    40.0 + bar * slot as f64,
+                    (bar - 1.0).max(0.5),
+                    colors[level]
+                ));
+            }
+        }
+        let line = base - limit.limit as f64 * scale;
+        svg.push_str(&format!(
+            "<line x1=\"40\" x2=\"{}\" y1=\"{line:.1}\" y2=\"{line:.1}\" stroke=\"#d7301f\" stroke-width=\"2\"/>\n",
+            width - 40.0
+        ));
+    }
+    let top = 20.0 + panel * report.limits.len() as f64;
+    svg.push_str(&format!(
+        "<text x=\"40\" y=\"{}\">waits per caller, ms (p50, p99, max)</text>\n",
+        top + 12.0
+    ));
+    let most = report
+        .callers
+        .iter()
+        .map(|c| c.wait_ms.max)
+        .fold(1.0, f64::max);
+    for (index, caller) in report.callers.iter().enumerate() {
+        let y = top + 30.0 + 22.0 * index as f64;
+        svg.push_str(&format!(
+            "<text x=\"40\" y=\"{:.1}\">{}</text>\n",
+            y + 12.0,
+            escape(&caller.name)
+        ));
+        for (value, color) in [
+            (caller.wait_ms.max, "#bdc9e1"),
+            (caller.wait_ms.p99, "#74a9cf"),
+            (caller.wait_ms.p50, "#2b8cbe"),
+        ] {
+            svg.push_str(&format!(
+                "<rect x=\"200\" y=\"{y:.1}\" width=\"{:.1}\" height=\"16\" fill=\"{color}\"/>\n",
+                (value / most) * (width - 260.0)
+            ));
+        }
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{:.0} / {:.0} / {:.0}</text>\n",
+            width - 50.0,
+            y + 12.0,
+            caller.wait_ms.p50,
+            caller.wait_ms.p99,
+            caller.wait_ms.max
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
