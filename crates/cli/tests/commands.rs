@@ -488,6 +488,8 @@ async fn status_shows_usage_pauses_and_denials() {
     let limit = &stats["limits"][0];
     assert_eq!(limit["usage"]["used"], 2, "{stats}");
     assert_eq!(limit["usage"]["remaining"], 0, "{stats}");
+    assert_eq!(limit["usage"]["capacity"], 2, "{stats}");
+    assert_eq!(stats["rules"]["writable"], true, "{stats}");
     assert!(
         limit["usage"]["paused_ms"].as_u64() > Some(500_000),
         "{stats}"

@@ -92,6 +92,10 @@ async fn a_limits_file_is_served_reloaded_and_never_written() {
     assert!(refused.text().contains("limits.toml"), "{}", refused.text());
     let refused = call(&server.admin(), Method::DELETE, "/v1/limits/vendor-x", "").await;
     assert_error(&refused, 409, "conflict", None);
+    let stats = call(&server.anonymous(), Method::GET, "/v1/stats", "").await;
+    let stats = stats.json.expect("json");
+    assert_eq!(stats["rules"]["writable"], false, "{stats}");
+    assert_eq!(stats["rules"]["source"], "file limits.toml", "{stats}");
 
     // An edit takes effect; the counters are kept (the two grants still count against 3).
     save(&file, &VENDOR_X.replace("limit = 2", "limit = 3"));

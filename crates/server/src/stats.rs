@@ -64,6 +64,8 @@ pub(crate) struct LimitStats {
 pub(crate) struct UsageView {
     /// Units (rate) or lease slots (concurrency) counted now.
     used: u64,
+    /// What the counter can hold at once: the limit, or a GCRA limit's burst.
+    capacity: u64,
     /// What could be held at once (the limit, or a GCRA limit's burst) less what is used: what
     /// the highest priority could still take.
     remaining: u64,
@@ -87,6 +89,8 @@ pub(crate) struct RulesView {
     version: u64,
     /// Where the rules come from: `table NAME` or `file PATH`.
     source: String,
+    /// Whether the admin API can change the limits (false when they come from a file).
+    writable: bool,
     /// Whether the last reload read the source.
     last_reload_ok: bool,
     reloads_ok: u64,
@@ -171,6 +175,7 @@ pub(crate) async fn stats(
                     (
                         Some(UsageView {
                             used: usage.used,
+                            capacity,
                             remaining: capacity.saturating_sub(usage.used),
                             reset_after_ms: ms_ceil(std::time::Duration::from_micros(
                                 usage.reset_after_us,
@@ -228,6 +233,7 @@ pub(crate) async fn stats(
         rules: RulesView {
             version: snapshot.version(),
             source: state.rules().source().describe(),
+            writable: matches!(state.rules().source(), tollgate_rules::RulesSource::Sql(_)),
             last_reload_ok: rules_stats.last_reload_ok.load(Relaxed),
             reloads_ok: rules_stats.reloads_ok.load(Relaxed),
             reloads_failed: rules_stats.reloads_failed.load(Relaxed),

@@ -119,9 +119,10 @@ function fmtClock(time) {
   return `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}`;
 }
 
-// What one counter can hold at once: the limit, or a GCRA limit's burst (as the server's
-// `remaining` counts it).
-function capacityOf(rule) {
+// What one counter can hold at once, as the server says it (`usage.capacity`); from the rule
+// when there is no usage to read (a limit counted per key with no key asked for).
+function capacityOf(rule, usage) {
+  if (usage && typeof usage.capacity === "number") return usage.capacity;
   return rule.algorithm === "gcra" && rule.burst ? rule.burst : rule.limit;
 }
 
@@ -195,7 +196,7 @@ function sampleOf(limit, t) {
   return {
     t,
     used: limit.usage ? limit.usage.used : null,
-    capacity: capacityOf(limit.rule),
+    capacity: capacityOf(limit.rule, limit.usage),
     grants: limit.grants,
     denials: { ...limit.denials },
   };
@@ -457,7 +458,7 @@ function renderLimits(limits) {
 
 function updateRow(row, limit) {
   const samples = state.history.get(limit.name) || [];
-  const capacity = capacityOf(limit.rule);
+  const capacity = capacityOf(limit.rule, limit.usage);
   row.tr.classList.toggle("selected", state.selected === limit.name);
   setText(row.policyMain, policyMain(limit.rule));
   setText(row.policyExtras, policyExtras(limit.rule));
@@ -693,7 +694,7 @@ function renderDetail() {
 // ---- Admin: token, edit, pause ------------------------------------------------------------
 
 function rulesFromFile() {
-  return Boolean(state.stats && state.stats.rules.source.startsWith("file "));
+  return Boolean(state.stats && state.stats.rules.writable === false);
 }
 
 function renderAdmin() {
