@@ -675,7 +675,7 @@ pub fn chart(report: &Report) -> String {
         let scale = (panel - 50.0) / most.max(1.0);
         let bar = (width - 80.0) / windows.len().max(1) as f64;
         svg.push_str(&format!(
-            "<text x=\"40\" y=\"{}\">{} — grants per window (high, normal, low) against the limit of {}</text>\n",
+            "<text x=\"40\" y=\"{}\">{}: grants per window by priority, against the limit of {}</text>\n",
             top + 12.0,
             escape(&limit.name),
             limit.limit
@@ -699,10 +699,25 @@ pub fn chart(report: &Report) -> String {
             "<line x1=\"40\" x2=\"{}\" y1=\"{line:.1}\" y2=\"{line:.1}\" stroke=\"#d7301f\" stroke-width=\"2\"/>\n",
             width - 40.0
         ));
+        svg.push_str(&format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#d7301f\">limit {}</text>\n",
+            width - 40.0,
+            line - 4.0,
+            limit.limit
+        ));
+        for (level, (color, name)) in colors.iter().zip(["high", "normal", "low"]).enumerate() {
+            let x = 40.0 + 80.0 * level as f64;
+            svg.push_str(&format!(
+                "<rect x=\"{x}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{}\" y=\"{:.1}\">{name}</text>\n",
+                base + 6.0,
+                x + 14.0,
+                base + 15.0
+            ));
+        }
     }
     let top = 20.0 + panel * report.limits.len() as f64;
     svg.push_str(&format!(
-        "<text x=\"40\" y=\"{}\">waits per caller, ms (p50, p99, max)</text>\n",
+        "<text x=\"40\" y=\"{}\">waits per caller: p50 (dark), p99, max (light)</text>\n",
         top + 12.0
     ));
     let most = report
@@ -717,6 +732,8 @@ pub fn chart(report: &Report) -> String {
             y + 12.0,
             escape(&caller.name)
         ));
+        // Bars end well before the figures beside them.
+        let span = width - 420.0;
         for (value, color) in [
             (caller.wait_ms.max, "#bdc9e1"),
             (caller.wait_ms.p99, "#74a9cf"),
@@ -724,12 +741,12 @@ pub fn chart(report: &Report) -> String {
         ] {
             svg.push_str(&format!(
                 "<rect x=\"200\" y=\"{y:.1}\" width=\"{:.1}\" height=\"16\" fill=\"{color}\"/>\n",
-                (value / most) * (width - 260.0)
+                (value / most) * span
             ));
         }
         svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\">{:.0} / {:.0} / {:.0}</text>\n",
-            width - 50.0,
+            "<text x=\"{:.1}\" y=\"{:.1}\">{:.0} / {:.0} / {:.0} ms</text>\n",
+            200.0 + span + 10.0,
             y + 12.0,
             caller.wait_ms.p50,
             caller.wait_ms.p99,
