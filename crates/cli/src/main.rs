@@ -639,6 +639,22 @@ fn client(
     Ok(Client::new(&url, token, timeout)?)
 }
 
+/// The successful answer of a client command's request, or the exit code it ends with: 69 for
+/// a server that cannot be reached (as for `acquire`: try again later, not a usage error), or
+/// the error answer's code.
+fn succeeded(
+    sent: std::result::Result<Answer, tollgate_cli::client::ClientError>,
+) -> std::result::Result<Answer, ExitCode> {
+    match sent {
+        Ok(answer) if answer.status.is_success() => Ok(answer),
+        Ok(answer) => Err(report_error(&answer)),
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            Err(ExitCode::from(EXIT_SERVER_FAILED))
+        }
+    }
+}
+
 /// Print an error answer; returns the exit code for it.
 fn report_error(answer: &Answer) -> ExitCode {
     let code = answer.error_code().unwrap_or("unknown");
@@ -728,17 +744,10 @@ async fn limits(
                 .await
         }
     };
-    // As for `acquire`: a server that cannot be reached is 69, not a usage error.
-    let answer = match sent {
+    let answer = match succeeded(sent) {
         Ok(answer) => answer,
-        Err(error) => {
-            eprintln!("tollgate: {error}");
-            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
-        }
+        Err(code) => return Ok(code),
     };
-    if !answer.status.is_success() {
-        return Ok(report_error(&answer));
-    }
     if let LimitsAction::Export { format } = action {
         let (text, rejected) = limits_file::export(&answer, format)?;
         print!("{text}");
@@ -761,16 +770,10 @@ async fn limits(
 /// difference, and (unless a dry run) make it so.
 async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Result<ExitCode> {
     let wanted = limits_file::read_limits_file(path)?;
-    let answer = match client.send(Method::GET, "/v1/limits", None).await {
+    let answer = match succeeded(client.send(Method::GET, "/v1/limits", None).await) {
         Ok(answer) => answer,
-        Err(error) => {
-            eprintln!("tollgate: {error}");
-            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
-        }
+        Err(code) => return Ok(code),
     };
-    if !answer.status.is_success() {
-        return Ok(report_error(&answer));
-    }
     let plan = limits_file::plan(&wanted, &limits_file::limits_in_force(&answer)?);
     print!("{}", limits_file::describe(&plan, prune));
     if dry_run || plan.is_empty(prune) {
@@ -826,22 +829,7 @@ fn limits_table(json: &serde_json::Value) -> String {
             matched.unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    let mut widths = [0; 8];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut table = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        table.push_str(cells.join("  ").trim_end());
-        table.push('\n');
-    }
+    let mut table = status::columns(&rows);
     if let Some(Value::Array(rejected)) = json.get("rejected")
         && !rejected.is_empty()
     {
@@ -931,16 +919,10 @@ async fn status(
             path.push_str(&format!("&key={}", segment(key)));
         }
     }
-    let answer = match client.send(Method::GET, &path, None).await {
+    let answer = match succeeded(client.send(Method::GET, &path, None).await) {
         Ok(answer) => answer,
-        Err(error) => {
-            eprintln!("tollgate: {error}");
-            return Ok(ExitCode::from(EXIT_SERVER_FAILED));
-        }
+        Err(code) => return Ok(code),
     };
-    if !answer.status.is_success() {
-        return Ok(report_error(&answer));
-    }
     match (output, &answer.json) {
         (Output::Table, Some(json)) => print!("{}", status::table(json)),
         _ => print_json(&answer)?,

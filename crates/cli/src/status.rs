@@ -22,6 +22,27 @@ fn duration_ms(ms: u64) -> String {
     }
 }
 
+/// Rows as left-aligned columns two spaces apart, one line each.
+pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// The stats as a table for people: a line a limit, then the rules and the store.
 pub fn table(stats: &Value) -> String {
     let mut rows = vec![
@@ -89,22 +110,7 @@ pub fn table(stats: &Value) -> String {
             },
         ]);
     }
-    let mut widths = [0; 8];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = columns(&rows);
     for limit in limits {
         if let (Some(name), Some(error)) = (text(limit, "name"), text(limit, "usage_error")) {
             out.push_str(&format!("{name}: usage unknown: {error}\n"));

@@ -489,6 +489,7 @@ async fn status_shows_usage_pauses_and_denials() {
     assert_eq!(limit["usage"]["used"], 2, "{stats}");
     assert_eq!(limit["usage"]["remaining"], 0, "{stats}");
     assert_eq!(limit["usage"]["capacity"], 2, "{stats}");
+    assert_eq!(limit["waiting_by_priority"]["high"], 0, "{stats}");
     assert_eq!(stats["rules"]["writable"], true, "{stats}");
     assert!(
         limit["usage"]["paused_ms"].as_u64() > Some(500_000),
@@ -506,6 +507,24 @@ async fn status_shows_usage_pauses_and_denials() {
     // Looking took nothing: the vendor is still at 2 of 2, the user at 1 of 5.
     let again = run(&server, &["status", "api", "--key", "user-42"], &[]);
     assert!(stdout(&again).contains("1/5"), "{}", stdout(&again));
+
+    // A high-priority acquire waiting on the full, paused limit is counted by its priority.
+    let waiter = server.anonymous();
+    let waiting = tokio::spawn(async move {
+        post(
+            &waiter,
+            "/v1/acquire",
+            r#"{"limits":["vendor-x"],"priority":"high","wait_ms":20000}"#,
+        )
+        .await
+    });
+    until("the waiter is counted by priority", async || {
+        let stats = call(&data, Method::GET, "/v1/stats?limit=vendor-x", "").await;
+        let stats = stats.json.unwrap_or_default();
+        stats["limits"][0]["waiting_by_priority"]["high"] == 1 && stats["limits"][0]["waiting"] == 1
+    })
+    .await;
+    waiting.abort();
 
     let unknown = run(&server, &["status", "nope"], &[]);
     assert_eq!(unknown.status.code(), Some(1));

@@ -127,20 +127,7 @@ fn entry_rule(entry: serde_json::Value) -> Result<RawRule, RuleError> {
     serde_path_to_error::deserialize(entry).map_err(|error| {
         let path = error.path().to_string();
         let message = error.into_inner().to_string();
-        // serde names an unknown field in back-quotes; the path is where it was found.
-        let unknown = message
-            .strip_prefix("unknown field `")
-            .and_then(|rest| rest.split_once('`'))
-            .map(|(name, _)| name.to_owned());
-        let field = match (unknown, path.as_str()) {
-            (Some(name), "." | "") => name,
-            (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
-                path.to_owned()
-            }
-            (Some(name), parent) => format!("{parent}.{name}"),
-            (None, "." | "") => "limit entry".to_owned(),
-            (None, path) => path.to_owned(),
-        };
+        let field = crate::rule::serde_field(&path, &message, "limit entry");
         RuleError {
             field: field.into(),
             reason: message,

@@ -80,6 +80,26 @@ pub struct RuleError {
     pub reason: String,
 }
 
+/// The field a serde error is about, dotted from the document's root: serde names an unknown or
+/// missing field in back-quotes, and `serde_path_to_error`'s `path` ends at an unknown field but
+/// at the parent of a missing one. `whole` names the document when no field is at fault.
+pub fn serde_field(path: &str, message: &str, whole: &str) -> String {
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix))
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name);
+    match (named, path) {
+        (Some(name), "." | "") => name.to_owned(),
+        (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
+            path.to_owned()
+        }
+        (Some(name), parent) => format!("{parent}.{name}"),
+        (None, "." | "") => whole.to_owned(),
+        (None, path) => path.to_owned(),
+    }
+}
+
 fn refuse(field: &'static str, reason: impl Into<String>) -> RuleError {
     RuleError {
         field: Cow::Borrowed(field),

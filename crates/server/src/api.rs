@@ -293,18 +293,27 @@ fn priority(text: Option<&str>) -> ApiResult<Priority> {
 struct Waiting<'s> {
     state: &'s AppState,
     limits: Vec<String>,
+    priority: Priority,
+}
+
+impl<'s> Waiting<'s> {
+    /// Count a request waiting on `limits` from now until it is dropped.
+    fn begin(state: &'s AppState, limits: Vec<String>, priority: Priority) -> Waiting<'s> {
+        for limit in &limits {
+            state.metrics().waiting(limit, priority, 1);
+        }
+        Waiting {
+            state,
+            limits,
+            priority,
+        }
+    }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         for limit in &self.limits {
-            self.state
-                .metrics()
-                .waiters
-                .get_or_create(&LimitLabels {
-                    limit: limit.clone(),
-                })
-                .dec();
+            self.state.metrics().waiting(limit, self.priority, -1);
         }
     }
 }
@@ -373,21 +382,8 @@ pub(crate) async fn acquire(
         let table = state.limiter().limits();
         let known = names.iter().all(|name| table.get(name).is_some());
         let started = Instant::now();
-        let _waiting = known.then(|| {
-            for name in &names {
-                state
-                    .metrics()
-                    .waiters
-                    .get_or_create(&LimitLabels {
-                        limit: (*name).to_owned(),
-                    })
-                    .inc();
-            }
-            Waiting {
-                state: &state,
-                limits: body.limits.clone(),
-            }
-        });
+        let asked_priority = priority(body.priority.as_deref())?;
+        let _waiting = known.then(|| Waiting::begin(&state, body.limits.clone(), asked_priority));
         let outcome = state.limiter().acquire(&request).await?;
         for name in &names {
             state

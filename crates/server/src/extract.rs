@@ -141,22 +141,7 @@ fn describe(path: &str, error: &serde_json::Error) -> ApiError {
         return ApiError::bad_field("body", format!("malformed JSON: {error}"));
     }
     let message = error.to_string();
-    // serde names unknown and missing fields in back-quotes; the path is their parent's.
-    let named = ["unknown field `", "missing field `"]
-        .iter()
-        .find_map(|prefix| message.strip_prefix(prefix))
-        .and_then(|rest| rest.split_once('`'))
-        .map(|(name, _)| name.to_owned());
-    // The path ends at an unknown field, but at the parent of a missing one.
-    let field = match (named, path) {
-        (Some(name), "." | "") => name,
-        (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
-            path.to_owned()
-        }
-        (Some(name), parent) => format!("{parent}.{name}"),
-        (None, "." | "") => "body".to_owned(),
-        (None, path) => path.to_owned(),
-    };
+    let field = tollgate_rules::serde_field(path, &message, "body");
     // serde_json appends " at line L column C"; the field is a better locator.
     let reason = message
         .rsplit_once(" at line ")

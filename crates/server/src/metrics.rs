@@ -30,6 +30,14 @@ pub(crate) struct DenialLabels {
     pub(crate) reason: &'static str,
 }
 
+/// Waiters by limit and priority: for `/v1/stats`, not exported (the exported gauge is per
+/// limit, which is what alerts want).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WaiterLabels {
+    pub(crate) limit: String,
+    pub(crate) priority: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OperationLabels {
     pub(crate) operation: &'static str,
@@ -58,6 +66,7 @@ pub(crate) struct Metrics {
     pub(crate) grants: Family<LimitLabels, Counter>,
     pub(crate) denials: Family<DenialLabels, Counter>,
     pub(crate) waiters: Family<LimitLabels, Gauge>,
+    pub(crate) waiters_by_priority: Family<WaiterLabels, Gauge>,
     pub(crate) wait_seconds: HistogramFamily<LimitLabels>,
     pub(crate) errors: Family<CodeLabels, Counter>,
     /// The memory store, whose counters are counted; a shared store's are its own business.
@@ -112,9 +121,35 @@ impl Metrics {
             grants,
             denials,
             waiters,
+            waiters_by_priority: Family::default(),
             wait_seconds,
             errors,
         }
+    }
+
+    /// One more (`delta` 1) or one fewer (-1) request waiting on `limit` at `priority`.
+    pub(crate) fn waiting(&self, limit: &str, priority: Priority, delta: i64) {
+        self.waiters
+            .get_or_create(&LimitLabels {
+                limit: limit.to_owned(),
+            })
+            .inc_by(delta);
+        self.waiters_by_priority
+            .get_or_create(&WaiterLabels {
+                limit: limit.to_owned(),
+                priority: priority.as_str(),
+            })
+            .inc_by(delta);
+    }
+
+    /// Requests waiting on `limit` at `priority` now.
+    pub(crate) fn waiting_at(&self, limit: &str, priority: Priority) -> u64 {
+        self.waiters_by_priority
+            .get(&WaiterLabels {
+                limit: limit.to_owned(),
+                priority: priority.as_str(),
+            })
+            .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0))
     }
 
     pub(crate) fn memory(&self) -> Option<&MemoryStore> {

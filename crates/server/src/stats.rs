@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
-use tollgate::check_limit_name;
+use tollgate::{Priority, check_limit_name};
 use tollgate_rules::RawRule;
 use utoipa::{IntoParams, ToSchema};
 
@@ -54,6 +54,8 @@ pub(crate) struct LimitStats {
     usage_error: Option<String>,
     /// Acquires waiting for room on this limit now.
     waiting: u64,
+    /// The same, by priority.
+    waiting_by_priority: ByPriority,
     /// Acquires granted since the server started.
     grants: u64,
     /// Acquires not granted within their wait since the server started, by reason.
@@ -73,6 +75,13 @@ pub(crate) struct UsageView {
     reset_after_ms: u64,
     /// Milliseconds until a pause (or a hold after a loss of state) ends; 0 when none is on.
     paused_ms: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ByPriority {
+    high: u64,
+    normal: u64,
+    low: u64,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -217,6 +226,11 @@ pub(crate) async fn stats(
                 .waiters
                 .get(&labels)
                 .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0)),
+            waiting_by_priority: ByPriority {
+                high: metrics.waiting_at(&name, Priority::High),
+                normal: metrics.waiting_at(&name, Priority::Normal),
+                low: metrics.waiting_at(&name, Priority::Low),
+            },
             grants: metrics
                 .grants
                 .get(&labels)

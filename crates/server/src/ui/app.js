@@ -679,7 +679,9 @@ function renderDetail() {
   const allKeys = perKey ? " (all keys)" : "";
   const denied = DENIAL_REASONS.reduce((sum, r) => sum + limit.denials[r], 0);
   const reasons = DENIAL_REASONS.filter((r) => limit.denials[r] > 0);
-  items.push([`Waiting${allKeys}`, fmtInt(limit.waiting)]);
+  const by = limit.waiting_by_priority;
+  const levels = by ? ` (high ${fmtInt(by.high)}, normal ${fmtInt(by.normal)}, low ${fmtInt(by.low)})` : "";
+  items.push([`Waiting${allKeys}`, `${fmtInt(limit.waiting)}${levels}`]);
   const grantRate = fmtRate(rate(limitSamples, grantsOf));
   const denialRate = fmtRate(rate(limitSamples, totalDenials));
   items.push([`Grants${allKeys}`, `${grantRate} /s, ${fmtInt(limit.grants)} since start`]);
