@@ -497,6 +497,13 @@ async fn status_shows_usage_pauses_and_denials() {
     );
     assert_eq!(limit["grants"], 2, "{stats}");
     assert_eq!(limit["denials"]["capacity"], 1, "{stats}");
+    // The per-key limit names its most asked-for key, with that key's usage.
+    let stats = call(&data, Method::GET, "/v1/stats?limit=api", "").await;
+    let stats = stats.json.expect("json");
+    let hot = &stats["limits"][0]["hot_keys"][0];
+    assert_eq!(hot["key"], "user-42", "{stats}");
+    assert_eq!(hot["requests"], 1, "{stats}");
+    assert_eq!(hot["usage"]["used"], 1, "{stats}");
     let keyed = run(&server, &["status", "api", "--key", "user-42"], &[]);
     assert!(
         stdout(&keyed).contains("api [user-42]"),

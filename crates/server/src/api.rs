@@ -318,6 +318,20 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Count a request for `key` on each of `names` that is counted per key, for the hottest keys
+/// of `/v1/stats`. A key a limit would refuse is refused by the decision, never counted here.
+fn observe_key(state: &AppState, names: &[&str], key: &str) {
+    if tollgate::check_key(key).is_err() {
+        return;
+    }
+    let table = state.limiter().limits();
+    for name in names {
+        if table.get(name).is_some_and(|limit| limit.per().is_some()) {
+            state.hot_keys().observe(name, key);
+        }
+    }
+}
+
 fn count_outcome(state: &AppState, names: &[&str], outcome: &Outcome) {
     let denied = match outcome {
         Outcome::Granted(_) => None,
@@ -374,6 +388,7 @@ pub(crate) async fn acquire(
         .wait(Duration::from_millis(wait_ms));
     if let Some(key) = body.key.as_deref() {
         request = request.key(key);
+        observe_key(&state, &names, key);
     }
     let outcome = if wait_ms == 0 {
         state.limiter().acquire(&request).await?
@@ -607,6 +622,7 @@ pub(crate) async fn check(
     let mut request = Request::all(&names);
     if let Some(user) = body.user.as_deref() {
         request = request.key(user);
+        observe_key(&state, &names, user);
     }
     // The key is the body's `user`.
     let user_error = |error| match error {

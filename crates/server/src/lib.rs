@@ -9,6 +9,7 @@ mod api;
 mod config;
 mod error;
 mod extract;
+mod hot;
 mod metrics;
 mod openapi;
 mod runs;

@@ -21,6 +21,7 @@ struct Inner {
     limiter: Limiter,
     rules: Rules,
     metrics: Metrics,
+    hot_keys: crate::hot::HotKeys,
     shutting_down: AtomicBool,
 }
 
@@ -37,6 +38,7 @@ impl AppState {
                 limiter,
                 rules,
                 metrics,
+                hot_keys: crate::hot::HotKeys::default(),
                 shutting_down: AtomicBool::new(false),
             }),
         }
@@ -56,6 +58,10 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    pub(crate) fn hot_keys(&self) -> &crate::hot::HotKeys {
+        &self.inner.hot_keys
     }
 
     pub(crate) fn begin_shutdown(&self) {

@@ -19,6 +19,9 @@ use crate::extract::Data;
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
+/// Hottest keys shown per limit counted per key.
+const HOT_KEYS_SHOWN: usize = 5;
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StatsQuery {
@@ -52,6 +55,10 @@ pub(crate) struct LimitStats {
     usage: Option<UsageView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage_error: Option<String>,
+    /// A limit counted per key, when no key was asked for: the keys asked for most since the
+    /// server started (an estimate that never misses a key asked for often), with their usage.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    hot_keys: Vec<HotKey>,
     /// Acquires waiting for room on this limit now.
     waiting: u64,
     /// The same, by priority.
@@ -75,6 +82,16 @@ pub(crate) struct UsageView {
     reset_after_ms: u64,
     /// Milliseconds until a pause (or a hold after a loss of state) ends; 0 when none is on.
     paused_ms: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(crate) struct HotKey {
+    key: String,
+    /// Requests for this key (acquires and checks), counted since the server started; an upper
+    /// bound for a key that entered the count late.
+    requests: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageView>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -117,6 +134,17 @@ pub(crate) struct StoreView {
     keys_tracked: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     keys_tracked_max: Option<u64>,
+}
+
+fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> UsageView {
+    let capacity = rule.limit().policy().capacity();
+    UsageView {
+        used: usage.used,
+        capacity,
+        remaining: capacity.saturating_sub(usage.used),
+        reset_after_ms: ms_ceil(std::time::Duration::from_micros(usage.reset_after_us)),
+        paused_ms: ms_ceil(std::time::Duration::from_micros(usage.paused_for_us)),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/stats", tag = "data",
@@ -164,6 +192,9 @@ pub(crate) async fn stats(
         None => snapshot.iter().cloned().collect(),
     };
     let metrics = state.metrics();
+    state
+        .hot_keys()
+        .retain(|limit| snapshot.get(limit).is_some());
     let mut limits = Vec::with_capacity(rules.len());
     for rule in rules {
         let name = rule.name().to_owned();
@@ -179,26 +210,26 @@ pub(crate) async fn stats(
             (None, None)
         } else {
             match state.limiter().usage(&name, key.as_deref()).await {
-                Ok(usage) => {
-                    let capacity = rule.limit().policy().capacity();
-                    (
-                        Some(UsageView {
-                            used: usage.used,
-                            capacity,
-                            remaining: capacity.saturating_sub(usage.used),
-                            reset_after_ms: ms_ceil(std::time::Duration::from_micros(
-                                usage.reset_after_us,
-                            )),
-                            paused_ms: ms_ceil(std::time::Duration::from_micros(
-                                usage.paused_for_us,
-                            )),
-                        }),
-                        None,
-                    )
-                }
+                Ok(usage) => (Some(usage_view(&rule, usage)), None),
                 Err(error) => (None, Some(error.to_string())),
             }
         };
+        let mut hot_keys = Vec::new();
+        if per_key && key.is_none() {
+            for (hot, requests) in state.hot_keys().top(&name, HOT_KEYS_SHOWN) {
+                let usage = state
+                    .limiter()
+                    .usage(&name, Some(&hot))
+                    .await
+                    .ok()
+                    .map(|usage| usage_view(&rule, usage));
+                hot_keys.push(HotKey {
+                    key: hot,
+                    requests,
+                    usage,
+                });
+            }
+        }
         let labels = LimitLabels {
             limit: name.clone(),
         };
@@ -222,6 +253,7 @@ pub(crate) async fn stats(
             key,
             usage,
             usage_error,
+            hot_keys,
             waiting: metrics
                 .waiters
                 .get(&labels)

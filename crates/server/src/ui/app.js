@@ -675,6 +675,13 @@ function renderDetail() {
   } else if (view) {
     items.push(["Used now", "reading…"]);
   }
+  if (perKey && !view && limit.hot_keys && limit.hot_keys.length > 0) {
+    const hottest = limit.hot_keys.map((hot) => {
+      const used = hot.usage ? `${fmtInt(hot.usage.used)} of ${fmtInt(hot.usage.capacity)}` : "unknown";
+      return `${hot.key}: ${used} used, ${fmtInt(hot.requests)} asked`;
+    });
+    items.push(["Most asked-for keys", hottest.join("; ")]);
+  }
   // The server counts waiters, grants and denials per limit, never per key.
   const allKeys = perKey ? " (all keys)" : "";
   const denied = DENIAL_REASONS.reduce((sum, r) => sum + limit.denials[r], 0);
