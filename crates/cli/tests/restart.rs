@@ -190,3 +190,65 @@ async fn a_new_redis_namespace_grants_at_once() {
     let answer = acquire(&server, "daily").await;
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
+
+/// Envoy's counters on the memory store are restored after a clean stop and held after a crash,
+/// as the rules' own are: a restart never grants a descriptor's window again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_counters_survive_a_clean_stop_and_are_held_after_a_crash() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let start = |directory: tempfile::TempDir| {
+        Server::start_with(Options {
+            args: vec!["--grpc-listen", "127.0.0.1:0", "--envoy-config", "api.yaml"],
+            default_recovery: true,
+            directory: Some(directory),
+            ..Options::default()
+        })
+    };
+    let ask = async |server: &Server| {
+        let url = server.grpc.clone().expect("the gRPC address");
+        let mut client = RateLimitServiceClient::connect(url).await.expect("connect");
+        let request = RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: "u1".into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        };
+        let answer = client.should_rate_limit(request).await.expect("answered");
+        Code::try_from(answer.into_inner().overall_code).expect("a code")
+    };
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        directory.path().join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
+    )
+    .expect("write");
+    let mut server = start(directory);
+    assert_eq!(ask(&server).await, Code::Ok);
+    assert_eq!(ask(&server).await, Code::Ok);
+    assert_eq!(ask(&server).await, Code::OverLimit);
+    // A clean stop saves the counters; the next start puts them back.
+    assert!(server.terminate().success());
+    let directory = std::mem::replace(&mut server.directory, tempfile::tempdir().expect("tempdir"));
+    let mut server = start(directory);
+    assert_eq!(ask(&server).await, Code::OverLimit, "{}", server.log());
+    // A crash loses them; the next start holds the limit instead of granting again.
+    let status = Command::new("kill")
+        .args(["-KILL", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    server.wait_exit();
+    let directory = std::mem::replace(&mut server.directory, tempfile::tempdir().expect("tempdir"));
+    let server = start(directory);
+    assert_eq!(ask(&server).await, Code::OverLimit, "{}", server.log());
+}

@@ -140,6 +140,29 @@ impl Config {
         self.domains.keys().map(String::as_str)
     }
 
+    /// Every counted limit of the tree: its counter's name and its policy (for a store that
+    /// must carry them across a restart).
+    pub fn counters(&self) -> Vec<(String, Policy)> {
+        fn walk(node: &Node, into: &mut Vec<(String, Policy)>) {
+            if let Some(LimitSpec {
+                counter,
+                policy: Some(policy),
+                ..
+            }) = &node.limit
+            {
+                into.push((counter.clone(), *policy));
+            }
+            for child in node.children.values() {
+                walk(child, into);
+            }
+        }
+        let mut counters = Vec::new();
+        for domain in self.domains.values() {
+            walk(domain, &mut counters);
+        }
+        counters
+    }
+
     /// The limit a descriptor's entries find, as envoyproxy/ratelimit finds it: at each level
     /// the entry `key_value`, else the first wildcard entry that matches, else the entry `key`
     /// alone; a limit applies only at the level of the descriptor's last entry, and a request

@@ -246,6 +246,10 @@ pub async fn run(
                 memory.clone(),
                 clock.clone(),
                 &limiter,
+                envoy
+                    .as_ref()
+                    .map(|(_, watch)| envoy_limits(watch))
+                    .unwrap_or_default(),
                 config.recover_on_start,
             )
             .await?,
@@ -342,6 +346,17 @@ pub async fn run(
     }
     tracing::info!("stopped");
     served
+}
+
+/// Envoy's counters as limits of the memory store, so that a restart restores or holds them as
+/// it does the rules' own.
+fn envoy_limits(watch: &tollgate_envoy::ConfigWatch) -> Vec<tollgate::Limit> {
+    watch
+        .current()
+        .counters()
+        .into_iter()
+        .filter_map(|(name, policy)| tollgate::Limit::new(&name, policy, Some("descriptor")).ok())
+        .collect()
 }
 
 /// Reclaim idle counters when traffic is too low to do it in passing.

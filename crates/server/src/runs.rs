@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate::{Clock, Limiter, MemoryStore};
+use tollgate::{Clock, Limit, Limiter, MemoryStore, Policy};
 use tollgate_rules::{SourceError, SqlSource};
 
 /// How often a running memory store records that it may be granting.
@@ -46,21 +46,32 @@ pub(crate) struct MemoryRun {
 
 impl MemoryRun {
     /// Put back what the previous run left, or hold what it may have granted, then record this
-    /// run and start its heartbeat. `limiter`'s limits must be in force (the rules loaded).
+    /// run and start its heartbeat. `limiter`'s limits must be in force (the rules loaded);
+    /// `others` are limits decided on the store outside the limiter (Envoy's counters).
     pub(crate) async fn begin(
         source: SqlSource,
         memory: Arc<MemoryStore>,
         clock: Arc<dyn Clock>,
         limiter: &Limiter,
+        others: Vec<Limit>,
         recover_on_start: bool,
     ) -> Result<MemoryRun, SourceError> {
-        let limits = limiter.limits();
+        let table = limiter.limits();
+        let limits: Vec<Limit> = table
+            .iter()
+            .map(|limit| (**limit).clone())
+            .chain(others)
+            .collect();
+        let policies: std::collections::HashMap<&str, Policy> = limits
+            .iter()
+            .map(|limit| (limit.name(), *limit.policy()))
+            .collect();
+        let policy_of = |name: &str| policies.get(name).copied();
         match source.previous_run(MEMORY_STORE).await? {
             None => tracing::info!("first run of the memory store on this rules database"),
             Some(previous) if previous.clean => {
                 let saved = source.saved(MEMORY_STORE).await?;
-                let restored =
-                    memory.restore(&saved, |name| limits.get(name).map(|limit| *limit.policy()));
+                let restored = memory.restore(&saved, policy_of);
                 tracing::info!(
                     counters = restored.counters,
                     dropped = restored.dropped,
@@ -75,10 +86,7 @@ impl MemoryRun {
                 }
             }
             Some(previous) if recover_on_start => {
-                memory.hold(
-                    previous.granting_until_us,
-                    limits.iter().map(|limit| &**limit),
-                );
+                memory.hold(previous.granting_until_us, limits.iter());
                 let now = clock.now_us();
                 let longest = limits
                     .iter()

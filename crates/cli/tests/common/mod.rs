@@ -59,6 +59,9 @@ pub fn command(directory: &std::path::Path) -> Command {
 pub struct Server {
     child: Child,
     pub url: String,
+    /// Envoy's rate limit service, when the server was started with `--grpc-listen`.
+    #[allow(dead_code)]
+    pub grpc: Option<String>,
     pub directory: tempfile::TempDir,
     log: PathBuf,
 }
@@ -111,15 +114,21 @@ impl Server {
         let stdout = child.stdout.take().expect("stdout");
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut grpc = None;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if let Some(address) =
+                    line.strip_prefix("tollgate: envoy rate limit service (gRPC) on ")
+                {
+                    grpc = Some(format!("http://{address}"));
+                }
                 if let Some(url) = line.strip_prefix("tollgate: listening on ") {
-                    let _ = sender.send(url.to_owned());
+                    let _ = sender.send((url.to_owned(), grpc.take()));
                 }
             }
         });
-        let url = match receiver.recv_timeout(DEADLINE) {
-            Ok(url) => url,
+        let (url, grpc) = match receiver.recv_timeout(DEADLINE) {
+            Ok(answer) => answer,
             Err(_) => {
                 let _ = child.kill();
                 let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -129,6 +138,7 @@ impl Server {
         Server {
             child,
             url,
+            grpc,
             directory,
             log,
         }
