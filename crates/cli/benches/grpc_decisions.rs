@@ -10,8 +10,10 @@
 //! itself briefly. Load generator and servers share this machine's cores: the figures compare
 //! the two servers under the same handicap, not their capacity on dedicated hardware.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -23,19 +25,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
+use common::{Process, free_port, throttlecrab_binary};
+
 const IN_FLIGHT: usize = 64;
 const KEYS: u64 = 10_000;
 
 const ENVOY_CONFIG: &str = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000000000\n";
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn start_tollgate(directory: &std::path::Path) -> (Process, String) {
     std::fs::write(directory.join("bench.yaml"), ENVOY_CONFIG).expect("write the config");
@@ -74,25 +69,8 @@ fn start_tollgate(directory: &std::path::Path) -> (Process, String) {
     (Process(child), format!("http://{address}"))
 }
 
-fn throttlecrab_binary() -> Option<String> {
-    if let Ok(path) = std::env::var("THROTTLECRAB_SERVER") {
-        return Some(path);
-    }
-    let found = Command::new("sh")
-        .args(["-c", "command -v throttlecrab-server"])
-        .output()
-        .ok()?;
-    found
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&found.stdout).trim().to_owned())
-}
-
 fn start_throttlecrab(binary: &str) -> (Process, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let child = Command::new(binary)
         .args([
             "--grpc",
@@ -119,8 +97,7 @@ async fn channel(url: &str) -> Channel {
             .await
         {
             Ok(channel) => return channel,
-            Err(error) if Instant::now() < deadline => {
-                let _ = error;
+            Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(error) => panic!("cannot connect to {url}: {error}"),
@@ -266,10 +243,7 @@ impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::
 }
 
 fn start_floor() -> (Process, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let child = Command::new(std::env::current_exe().expect("this binary"))
         .env("GRPC_FLOOR_SERVE", format!("127.0.0.1:{port}"))
         .stdout(Stdio::null())

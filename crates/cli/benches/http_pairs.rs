@@ -15,8 +15,10 @@
 //! Load generator and servers share this machine's cores, so the numbers compare the two
 //! servers under the same handicap; they are not the servers' capacity on dedicated hardware.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -24,18 +26,11 @@ use std::time::{Duration, Instant};
 use hyper::Method;
 use tollgate_cli::client::Client;
 
+use common::{Process, free_port, throttlecrab_binary};
+
 const CLIENTS: usize = 64;
 const TIMEOUT: Duration = Duration::from_secs(10);
 const ADMIN_TOKEN: &str = "bench";
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `redis`: the store's URL and the namespace to use; the memory store without it.
 fn start_tollgate(directory: &std::path::Path, redis: Option<(&str, &str)>) -> (Process, String) {
@@ -70,25 +65,6 @@ fn start_tollgate(directory: &std::path::Path, redis: Option<(&str, &str)>) -> (
         .expect("listening line")
         .to_owned();
     (Process(child), url)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port")
-}
-
-fn throttlecrab_binary() -> Option<String> {
-    if let Ok(path) = std::env::var("THROTTLECRAB_SERVER") {
-        return Some(path);
-    }
-    let found = Command::new("sh")
-        .args(["-c", "command -v throttlecrab-server"])
-        .output()
-        .ok()?;
-    let path = String::from_utf8_lossy(&found.stdout).trim().to_owned();
-    (!path.is_empty()).then_some(path)
 }
 
 /// Run `clients` loops of `one` for `duration`; returns operations per second.

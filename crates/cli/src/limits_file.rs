@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use tollgate_cli::client::{Answer, Client};
-use tollgate_rules::{FileFormat, RawRule, parse_limits, render_limits};
+use tollgate_rules::{FileFormat, FileSource, RawRule, render_limits};
 
 /// What applying a file changes, by limit name.
 #[derive(Debug, Default, PartialEq)]
@@ -30,13 +30,9 @@ impl Plan {
 
 /// The file's limits, each validated as the server would (canonical form, by name), or every
 /// fault of the file at once, each naming its limit and field.
-pub fn read_limits_file(path: &Path) -> Result<BTreeMap<String, Value>> {
-    let format = FileFormat::of_path(path)
-        .map_err(|reason| anyhow::anyhow!("{}: {reason}", path.display()))?;
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the limits file {}", path.display()))?;
-    let rows = parse_limits(&text, format)
-        .map_err(|reason| anyhow::anyhow!("{}: {reason}", path.display()))?;
+/// Read as the server reads a `file://` rules source.
+pub async fn read_limits_file(path: &Path) -> Result<BTreeMap<String, Value>> {
+    let rows = FileSource::new(path.to_owned())?.load().await?;
     let mut limits = BTreeMap::new();
     let mut faults = Vec::new();
     for row in rows {

@@ -769,7 +769,7 @@ async fn limits(
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the
 /// difference, and (unless a dry run) make it so.
 async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Result<ExitCode> {
-    let wanted = limits_file::read_limits_file(path)?;
+    let wanted = limits_file::read_limits_file(path).await?;
     let answer = match succeeded(client.send(Method::GET, "/v1/limits", None).await) {
         Ok(answer) => answer,
         Err(code) => return Ok(code),

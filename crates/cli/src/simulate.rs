@@ -305,32 +305,24 @@ pub async fn run(
             });
         }
     }
-    let progress = Arc::new(progress);
-    let reporter = {
-        let progress = progress.clone();
-        let step = Duration::from_secs_f64(workload.duration_s / 100.0);
-        tokio::spawn(async move {
-            for percent in 1..=100 {
-                tokio::time::sleep_until(started + step * percent).await;
-                progress(f64::from(percent) / 100.0);
-            }
-        })
-    };
+    let step = Duration::from_secs_f64(workload.duration_s / 100.0);
+    let reporter = tokio::spawn(async move {
+        for percent in 1..=100 {
+            tokio::time::sleep_until(started + step * percent).await;
+            progress(f64::from(percent) / 100.0);
+        }
+    });
     tokio::time::sleep_until(end).await;
     // Calls still waiting or running at the end are cut off where they stand.
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     reporter.abort();
-    let record = match Arc::try_unwrap(record) {
-        Ok(record) => record
-            .into_inner()
+    // An aborted call may not be dropped yet, so the record is taken rather than unwrapped.
+    let record = std::mem::take(
+        &mut *record
+            .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        Err(shared) => std::mem::take(
-            &mut *shared
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        ),
-    };
+    );
     Ok(report(workload, &limiter, record, started_us))
 }
 

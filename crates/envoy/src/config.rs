@@ -97,7 +97,7 @@ pub struct Node {
 pub struct Found<'c> {
     pub limit: &'c LimitSpec,
     /// Per entry of the descriptor, the wildcard pattern that stands for its value in the
-    /// counter's key (`share_threshold`), if any.
+    /// counter's key (`share_threshold`), if any; empty (no allocation) when none does.
     pub shared: Vec<Option<&'c str>>,
 }
 
@@ -169,7 +169,7 @@ impl Config {
     /// deeper than the tree finds none.
     pub fn find<'c>(&'c self, domain: &str, entries: &[(&str, &str)]) -> Option<Found<'c>> {
         let mut node = self.domains.get(domain)?;
-        let mut shared = vec![None; entries.len()];
+        let mut shared = Vec::new();
         for (index, (key, value)) in entries.iter().enumerate() {
             let full = format!("{key}_{value}");
             let mut next = node.children.get(&full);
@@ -177,11 +177,9 @@ impl Config {
                 for (pattern, parts) in &node.wildcards {
                     if wildcard_match(parts, &full) {
                         next = node.children.get(pattern);
-                        if let Some(child) = next
-                            && child.share_threshold
-                            && let Some(slot) = shared.get_mut(index)
-                        {
-                            *slot = pattern.strip_prefix(&format!("{key}_"));
+                        if next.is_some_and(|child| child.share_threshold) {
+                            shared.resize(entries.len(), None);
+                            shared[index] = pattern.strip_prefix(&format!("{key}_"));
                         }
                         break;
                     }

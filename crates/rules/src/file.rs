@@ -172,16 +172,22 @@ impl FileSource {
     /// `file://PATH` (a relative path is relative to the working directory), ending in `.toml`,
     /// `.yaml` or `.yml`. The file is read at the first load, not here.
     pub fn open(url: &str) -> Result<FileSource, SourceError> {
-        let bad = |reason: &str| SourceError::BadUrl {
-            url: url.to_owned(),
-            reason: reason.to_owned(),
-        };
         let path = url
             .strip_prefix("file://")
             .filter(|path| !path.is_empty())
-            .ok_or_else(|| bad("must be file://PATH"))?;
-        let path = PathBuf::from(path);
-        let format = FileFormat::of_path(&path).map_err(|reason| bad(&reason))?;
+            .ok_or_else(|| SourceError::BadUrl {
+                url: url.to_owned(),
+                reason: "must be file://PATH".to_owned(),
+            })?;
+        FileSource::new(PathBuf::from(path))
+    }
+
+    /// The limits file at `path`, ending in `.toml`, `.yaml` or `.yml`.
+    pub fn new(path: PathBuf) -> Result<FileSource, SourceError> {
+        let format = FileFormat::of_path(&path).map_err(|reason| SourceError::File {
+            path: path.display().to_string(),
+            reason,
+        })?;
         Ok(FileSource {
             path,
             format,

@@ -61,39 +61,29 @@ _TRANSIENT_STATUSES = frozenset({500, 502, 503, 504, 408})
 
 def _http_date(text: str, now: float) -> float | None:
     """Seconds since the epoch of an HTTP-date in any of its three forms, or ``None``."""
-    fields: tuple[int, int, int, int, int, int] | None = None
     if match := _IMF_FIXDATE.fullmatch(text):
         day, month, year, hour, minute, second = match.groups()
-        fields = (
-            int(year),
-            _MONTHS.index(month) + 1,
-            int(day),
-            int(hour),
-            int(minute),
-            int(second),
-        )
     elif match := _RFC850_DATE.fullmatch(text):
         day, month, year_2, hour, minute, second = match.groups()
         # A two-digit year more than 50 years ahead is the latest such year in the past.
         this_year = datetime.fromtimestamp(now, timezone.utc).year
-        year = this_year - this_year % 100 + int(year_2)
-        if year > this_year + 50:
-            year -= 100
-        fields = (year, _MONTHS.index(month) + 1, int(day), int(hour), int(minute), int(second))
+        century_year = this_year - this_year % 100 + int(year_2)
+        year = str(century_year - 100 if century_year > this_year + 50 else century_year)
     elif match := _ASCTIME_DATE.fullmatch(text):
         month, day, hour, minute, second, year = match.groups()
-        fields = (
+    else:
+        return None
+    try:
+        when = datetime(
             int(year),
             _MONTHS.index(month) + 1,
             int(day),
             int(hour),
             int(minute),
             int(second),
+            tzinfo=timezone.utc,
         )
-    if fields is None:
-        return None
-    try:
-        return datetime(*fields, tzinfo=timezone.utc).timestamp()
+        return when.timestamp()
     except ValueError:  # 32 Nov, 25:00 and the like
         return None
 
