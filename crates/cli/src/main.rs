@@ -207,7 +207,8 @@ struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7070].
     #[arg(long, env = "TOLLGATE_LISTEN", value_name = "ADDR")]
     listen: Option<String>,
-    /// `memory` or redis://HOST:PORT/DB [default: memory].
+    /// `memory`, redis://HOST:PORT/DB, redis-cluster://HOST:PORT[,HOST:PORT...] or
+    /// redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] [default: memory].
     #[arg(long, env = "TOLLGATE_STORE", value_name = "STORE")]
     store: Option<String>,
     /// Rules: a database, sqlite://FILE, postgres://..., mysql://..., or a read-only limits

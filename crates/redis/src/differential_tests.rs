@@ -328,13 +328,11 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
     // A namespace declared new (not lost), so the grants start at once.
     let client = redis::Client::open(store.config.url.as_str()).expect("url");
     let mut connection = client.get_connection().expect("connect");
-    let generation = store.keys.generation().to_owned();
-    let _: () = redis::pipe()
-        .hset(&generation, "born", 0)
-        .hset(&generation, "ver", 1)
-        .pexpire(&generation, 600_000)
-        .query(&mut connection)
-        .expect("declare the namespace new");
+    assert!(
+        runtime
+            .block_on(store.begin_new_namespace())
+            .expect("declare the namespace new")
+    );
     let grants = tollgate_core::RESERVATIONS_TRACKED_MAX * 2 + 88;
     assert!(grants > 300);
     let mut ops: Vec<Op> = (0..grants)
@@ -353,10 +351,16 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
     assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
     // The comparison saw grants, not a recovering store's denials.
     let reservations: usize = redis::cmd("STRLEN")
-        .arg(store.keys.reservations(CounterId {
-            limit: "cap",
-            key: Some("k"),
-        }))
+        .arg({
+            let counter = CounterId {
+                limit: "cap",
+                key: Some("k"),
+            };
+            let [_, reservations, _] = store
+                .keys
+                .counter_keys(store.keys.counter_slot(counter), counter);
+            reservations
+        })
         .query(&mut connection)
         .expect("strlen");
     assert!(reservations > 0, "no open reservation was recorded");

@@ -1,30 +1,37 @@
 //! The Redis store: counters shared by any number of processes and machines.
 //!
 //! Every operation (acquire over several counters, commit, renew, pause) is one call of
-//! `tollgate.lua`, which decides atomically with the same arithmetic as the decision core, on
-//! Redis's clock (`TIME`), never a worker's (G5). On Redis 7 and later the script is loaded as a
-//! function library named after its hash and each operation is one `FCALL` (its helpers are
-//! then made once, not on every call); where `FUNCTION LOAD` is refused (older Redis, ACLs) it
-//! is one `EVALSHA`. A Redis that lost the library (restart without persistence) gets it again
-//! on the first call that misses it, as a flushed script cache does.
+//! `tollgate.lua` per Redis Cluster slot it touches, which decides atomically with the same
+//! arithmetic as the decision core, on Redis's clock (`TIME`), never a worker's (G5). On Redis 7
+//! and later the script is loaded as a function library named after its hash and each call is
+//! one `FCALL` (its helpers are then made once, not on every call); where `FUNCTION LOAD` is
+//! refused (older Redis, ACLs) it is one `EVALSHA`. A Redis that lost the library (restart
+//! without persistence, a node new to a cluster) gets it again on the first call that misses it.
 //!
-//! Keys: `tg:{<namespace>}:...`. The namespace is the hash tag, so every key of one decision
-//! lands on one Redis Cluster slot; limit names and user keys stay outside the braces, length-
-//! prefixed, so no input can address another limit's or another key's counter. Every key is
-//! written with its expiry in the same script, so no key lives without a TTL and Redis's memory
-//! follows live state (G7).
+//! Where: one Redis (`redis://`), a Redis Cluster (`redis-cluster://`), or the master a set of
+//! Sentinels names (`redis-sentinel://`), see `backend.rs`. Keys (`keys.rs`): each counter's
+//! hash tag comes from its namespace, limit and key, so counters spread over a cluster's slots;
+//! a request whose counters sit in several slots is decided slot by slot (`plan.rs`): reserved
+//! in ascending slot order and rolled back on a denial, so it stays all or nothing and never
+//! overdraws. Every key is written with its expiry in the same script, so no key lives without
+//! a TTL and Redis's memory follows live state (G7).
 //!
-//! Lost state (G6): a generation hash `{born, ver}` is bumped by every operation; a missing
-//! hash, or a version lower than this client has seen (failover to a stale replica), starts a new
-//! generation, and every counter created within one period (or lease TTL) of its birth grants
-//! nothing until then. Unreachable Redis: `store_unavailable`, unless `fail_open` is set.
+//! Lost state (G6): a generation hash per slot (per namespace on one Redis) names its birth and
+//! the Redis process that owns it. Every call reads it; a missing hash or another owner
+//! (restart, flush, failover to a replica that may have missed writes) starts a new generation,
+//! and every counter not written since waits out whatever it may have counted. A slot moved by
+//! resharding keeps its generation. Unreachable Redis: `store_unavailable`, unless `fail_open`
+//! is set.
 //!
 //! Waiting across processes: the script publishes a counter's key on the namespace's wake
 //! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
 
+mod backend;
 mod keys;
 mod leasing;
+pub mod loss;
+pub mod plan;
 
 #[cfg(test)]
 mod differential_tests;
@@ -35,7 +42,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script, Value};
 use tollgate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
@@ -45,6 +51,8 @@ use tollgate_core::{
     Algorithm, Committed, Denial, DenyReason, Grant, Kind, PermitError, Policy, Priority,
 };
 
+use backend::{Backend, Target};
+
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 
@@ -53,29 +61,31 @@ const SCRIPT: &str = include_str!("tollgate.lua");
 /// How a Redis store connects and behaves.
 #[derive(Clone, Debug)]
 pub struct RedisStoreConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db` (one Redis), `redis-cluster://host:port[,host:port...]` (a Redis
+    /// Cluster, by seed nodes), or `redis-sentinel://host:port[,host:port...]/master[/db]` (the
+    /// master the Sentinels name, followed through failovers).
     pub url: String,
-    /// The hash tag of every key, and the unit of atomicity: limits decided together must share
-    /// a namespace. `[a-z0-9_-]`, at most 64 bytes.
+    /// The namespace every key carries: stores on different namespaces share nothing.
+    /// `[a-z0-9_-]`, at most 64 bytes.
     pub namespace: String,
     /// Grant when Redis cannot be reached. Off (fail-closed) unless the operator decides that
     /// overdrawing a quota is better than stopping; then every grant made while Redis is down is
     /// a grant no limit counted.
     pub fail_open: bool,
-    /// How long one operation may take before it counts as unreachable.
+    /// How long one operation may take, retries and redirections included, before it counts as
+    /// unreachable.
     pub timeout: Duration,
 }
 
 /// Counters in Redis, shared by every process on the same namespace.
 pub struct RedisStore {
-    connection: ConnectionManager,
+    backend: Arc<Backend>,
+    target: Target,
     script: Script,
     /// The function library: its `FCALL` name and source, when Redis accepted it.
     function: Option<(String, String)>,
     keys: keys::Keys,
     config: RedisStoreConfig,
-    /// The highest generation version seen: a lower one from Redis means it lost state.
-    version_seen: Arc<AtomicU64>,
     /// The generation's birth in the last reply (for tests mirroring the script).
     born_seen: AtomicU64,
     wake: Arc<Mutex<Option<WakeFn>>>,
@@ -86,6 +96,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("namespace", &self.config.namespace)
+            .field("cluster", &self.target.is_cluster())
             .field("fail_open", &self.config.fail_open)
             .finish_non_exhaustive()
     }
@@ -111,16 +122,6 @@ const COMMIT: u64 = 2;
 const RENEW: u64 = 3;
 const PAUSE: u64 = 4;
 const USAGE: u64 = 5;
-
-/// The script's numbers as one argument of big-endian doubles: one Lua string to make instead of
-/// one per number. Every number the script reads is an integer below 2^53, exact as a double.
-fn pack_numbers(numbers: &[u64]) -> Vec<u8> {
-    let mut packed = Vec::with_capacity(numbers.len() * 8);
-    for &number in numbers {
-        packed.extend_from_slice(&(number as f64).to_be_bytes());
-    }
-    packed
-}
 
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
@@ -207,9 +208,61 @@ fn u(number: i64) -> u64 {
 #[derive(Clone, Copy, Debug)]
 struct Head {
     now_us: u64,
-    version: u64,
-    born_us: Option<u64>,
+    born_us: u64,
     lost: bool,
+}
+
+/// Where a counter's limit-wide pause is, for the script: at `KEYS[index]` (its key is in the
+/// call's slot), or already read (its end, 0 for none), from another slot.
+#[derive(Clone, Copy, Debug)]
+enum PauseRef {
+    Key(usize),
+    Read(u64),
+}
+
+impl PauseRef {
+    fn arg(self) -> f64 {
+        match self {
+            PauseRef::Key(index) => index as f64,
+            PauseRef::Read(until) => -(until as f64),
+        }
+    }
+}
+
+/// The numbers of a call, packed as one argument of big-endian doubles: one Lua string to make
+/// instead of one per number. Every number the script reads is an integer below 2^53, exact as
+/// a double (a pause read elsewhere travels negated).
+#[derive(Default)]
+struct Numbers(Vec<u8>);
+
+impl Numbers {
+    fn new(operation: u64) -> Numbers {
+        let mut numbers = Numbers(Vec::with_capacity(128));
+        numbers.push(operation);
+        numbers
+    }
+
+    fn push(&mut self, number: u64) -> &mut Numbers {
+        self.push_f64(number as f64)
+    }
+
+    fn push_f64(&mut self, number: f64) -> &mut Numbers {
+        self.0.extend_from_slice(&number.to_be_bytes());
+        self
+    }
+
+    fn extend(&mut self, numbers: &[u64]) -> &mut Numbers {
+        for &number in numbers {
+            self.push(number);
+        }
+        self
+    }
+}
+
+/// What one slot's call answered for its counters.
+struct SlotAnswer {
+    now_us: u64,
+    outcomes: Vec<CounterOutcome>,
 }
 
 impl RedisStore {
@@ -219,56 +272,54 @@ impl RedisStore {
             field: "namespace",
             reason,
         })?;
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|error| Error::InvalidRequest {
-                field: "store",
-                reason: format!("not a Redis URL: {error}"),
-            })?;
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout))
-            .set_number_of_retries(1);
-        let connection = tokio::time::timeout(
-            config.timeout,
-            ConnectionManager::new_with_config(client.clone(), manager_config),
-        )
-        .await
-        .map_err(|_| unavailable("timed out connecting to Redis"))?
-        .map_err(unavailable)?;
+        let target = Target::parse(&config.url).map_err(|reason| Error::InvalidRequest {
+            field: "store",
+            reason,
+        })?;
+        let backend =
+            tokio::time::timeout(config.timeout, Backend::connect(&target, config.timeout))
+                .await
+                .map_err(|_| unavailable("timed out connecting to Redis"))?
+                .map_err(|error| match error.kind() {
+                    redis::ErrorKind::InvalidClientConfig => Error::InvalidRequest {
+                        field: "store",
+                        reason: format!("not a usable Redis URL: {error}"),
+                    },
+                    _ => unavailable(error),
+                })?;
         let script = Script::new(SCRIPT);
-        let mut loader = connection.clone();
         let name = format!("tollgate_{}", &script.get_hash()[..16]);
         let library = format!(
             "#!lua name={name}\n{}",
             SCRIPT.replace("__TOLLGATE_FUNCTION__", &name)
         );
-        let function = match load_library(&mut loader, &library).await {
+        let function = match load_library(&backend, &library).await {
             Ok(()) => Some((name, library)),
             Err(error) => {
                 tracing::debug!(%error, "FUNCTION LOAD refused; deciding by EVALSHA");
-                script
-                    .prepare_invoke()
-                    .load_async(&mut loader)
+                backend
+                    .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
                     .await
                     .map_err(unavailable)?;
                 None
             }
         };
-        let keys = keys::Keys::new(&config.namespace);
+        let keys = keys::Keys::new(&config.namespace, target.is_cluster());
+        let backend = Arc::new(backend);
         let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
         let subscriber = tokio::spawn(subscribe(
-            client,
-            keys.wake_channel().to_owned(),
+            backend.clone(),
+            target.clone(),
             keys.clone(),
             wake.clone(),
         ));
         Ok(RedisStore {
-            connection,
+            backend,
+            target,
             script,
             function,
             keys,
             config,
-            version_seen: Arc::new(AtomicU64::new(0)),
             born_seen: AtomicU64::new(0),
             wake,
             subscriber: Some(subscriber),
@@ -279,117 +330,151 @@ impl RedisStore {
         &self.config.namespace
     }
 
-    /// Take the namespace as new, if Redis holds nothing of it: its generation starts in the
+    /// Whether this store speaks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
+    /// Take the namespace as new, if Redis holds nothing of it: its generations start in the
     /// past, so its counters are made without the hold that a namespace found empty otherwise
     /// gets (G6). For a caller that knows the namespace was never used (the server asks its
     /// rules database); one that was used and comes back empty must not call this. Returns
-    /// whether the namespace was new; one Redis already knows is left as it is.
+    /// whether the namespace was new; generations Redis already keeps are left as they are. On
+    /// a cluster this writes one generation per slot (16,384), many at a time.
     pub async fn begin_new_namespace(&self) -> Result<bool> {
-        // `born` 0 and `ver` 1: the script's next call finds a live generation (ver 2) whose
-        // birth is long past.
-        let script = Script::new(
-            "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-             redis.call('HSET', KEYS[1], 'born', 0, 'ver', 1)
-             redis.call('PEXPIRE', KEYS[1], 2592000000)
-             return 1",
-        );
-        let mut connection = self.connection.clone();
-        let created: i64 = tokio::time::timeout(
-            self.config.timeout,
-            script
-                .key(self.keys.generation())
-                .invoke_async(&mut connection),
-        )
-        .await
-        .map_err(|_| unavailable("Redis did not answer in time"))?
-        .map_err(unavailable)?;
-        Ok(created == 1)
+        let numbers = Numbers::new(6);
+        let slots: Vec<u16> = if self.is_cluster() {
+            (0..keys::SLOTS).collect()
+        } else {
+            vec![0]
+        };
+        // One command per slot, many in flight at once: a cluster pipeline may not cross slots.
+        let answers: Vec<Result<Value>> = futures_util::stream::iter(slots)
+            .map(|slot| {
+                let command = self.command(&[self.keys.generation(slot)], &[&numbers.0]);
+                async move {
+                    tokio::time::timeout(
+                        self.config.timeout,
+                        self.with_library(|| self.backend.query(&command)),
+                    )
+                    .await
+                    .map_err(|_| unavailable("Redis did not answer in time"))?
+                    .map_err(unavailable)
+                }
+            })
+            .buffer_unordered(256)
+            .collect()
+            .await;
+        let mut created = 0;
+        for answer in answers {
+            if matches!(answer?, Value::Int(1)) {
+                created += 1;
+            }
+        }
+        Ok(created > 0)
     }
 
-    /// Run the script: one round trip. `keys` and `args` follow the script's header.
-    async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        let value: Value = tokio::time::timeout(self.config.timeout, self.call(keys, args))
-            .await
-            .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(|error: RedisError| unavailable(error))?;
-        let reply = parse_reply(value)?;
-        if reply.numbers.len() < 4 {
-            return Err(unavailable("script reply without its head"));
-        }
-        let head = Head {
-            now_us: u(reply.numbers[0]),
-            version: u(reply.numbers[1]),
-            // -1: the script did not need the generation's birth for this call.
-            born_us: u64::try_from(reply.numbers[2]).ok(),
-            lost: reply.numbers[3] != 0,
-        };
-        self.version_seen.fetch_max(head.version, Ordering::AcqRel);
-        if let Some(born) = head.born_us {
-            self.born_seen.store(born, Ordering::Release);
-        }
-        if head.lost {
-            tracing::warn!(
-                namespace = %self.config.namespace,
-                "Redis lost Tollgate's state; granting nothing on a limit until one period after {}",
-                head.born_us.unwrap_or(head.now_us)
-            );
-        }
-        Ok((head, reply))
-    }
-
-    /// One `FCALL` (or `EVALSHA`), loading the library again if Redis lost it.
-    async fn call(
-        &self,
-        keys: &[String],
-        args: &[&[u8]],
-    ) -> std::result::Result<Value, RedisError> {
-        let mut connection = self.connection.clone();
-        let Some((name, library)) = &self.function else {
-            let mut invocation = self.script.prepare_invoke();
-            invocation.key(self.keys.generation());
-            for key in keys {
-                invocation.key(key.as_str());
+    /// The command that runs the script on `keys` (after the generation, which is first).
+    fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        let mut command = match &self.function {
+            Some((name, _)) => {
+                let mut command = redis::cmd("FCALL");
+                command.arg(name.as_str());
+                command
             }
-            for arg in args {
-                invocation.arg(*arg);
+            None => {
+                let mut command = redis::cmd("EVALSHA");
+                command.arg(self.script.get_hash());
+                command
             }
-            return invocation.invoke_async(&mut connection).await;
         };
-        let mut command = redis::cmd("FCALL");
+        command.arg(keys.len()).arg(keys).arg(args);
         command
-            .arg(name.as_str())
-            .arg(keys.len() + 1)
-            .arg(self.keys.generation())
-            .arg(keys)
-            .arg(args);
-        match command.query_async(&mut connection).await {
-            Err(error) if error.to_string().contains("Function not found") => {
-                load_library(&mut connection, library).await?;
-                command.query_async(&mut connection).await
+    }
+
+    /// Run `send`, and once more after loading the script again if Redis lost it.
+    async fn with_library<'s, T, F>(&'s self, send: impl Fn() -> F) -> redis::RedisResult<T>
+    where
+        F: Future<Output = redis::RedisResult<T>> + 's,
+    {
+        match send().await {
+            Err(error) if lost_library(&error) => {
+                match &self.function {
+                    Some((_, library)) => load_library(&self.backend, library).await?,
+                    None => {
+                        self.backend
+                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
+                            .await?;
+                    }
+                }
+                send().await
             }
             answer => answer,
         }
     }
 
-    /// The numbers every operation starts with: its code and the version this client has seen.
-    fn common_numbers(&self, operation: u64) -> Vec<u64> {
-        vec![operation, self.version_seen.load(Ordering::Acquire)]
+    /// Run the script on one slot: one round trip. `keys` start with the slot's generation.
+    async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
+        let command = self.command(keys, args);
+        let value = tokio::time::timeout(
+            self.config.timeout,
+            self.with_library(|| self.backend.query(&command)),
+        )
+        .await
+        .map_err(|_| unavailable("Redis did not answer in time"))?
+        .map_err(|error: RedisError| unavailable(error))?;
+        let reply = parse_reply(value)?;
+        if reply.numbers.len() < 3 {
+            return Err(unavailable("script reply without its head"));
+        }
+        let head = Head {
+            now_us: u(reply.numbers[0]),
+            born_us: u(reply.numbers[1]),
+            lost: reply.numbers[2] != 0,
+        };
+        self.born_seen.store(head.born_us, Ordering::Release);
+        if head.lost {
+            tracing::warn!(
+                namespace = %self.config.namespace,
+                "Redis lost Tollgate's state, or may have (a restart, a flush, a failover); \
+                 granting nothing on a counter kept there until one period after {}",
+                head.born_us
+            );
+        }
+        Ok((head, reply))
     }
 
-    /// The numbers of an operation on one counter: the common ones, the policy, then `extra`.
-    fn counter_numbers(&self, operation: u64, policy: &Policy, extra: &[u64]) -> Vec<u8> {
-        let mut numbers = self.common_numbers(operation);
-        numbers.extend(policy_args(policy).iter().chain(extra));
-        pack_numbers(&numbers)
+    /// The generation and three keys of `counter`: what a call on that counter alone names.
+    fn counter_call_keys(&self, counter: CounterId<'_>) -> Vec<String> {
+        let slot = self.keys.counter_slot(counter);
+        let mut keys = Vec::with_capacity(5);
+        keys.push(self.keys.generation(slot));
+        keys.extend(self.keys.counter_keys(slot, counter));
+        keys
     }
 
-    /// A counter's three keys: its state, its open reservations and its older sliding buckets.
-    fn counter_keys(&self, counter: CounterId<'_>) -> Vec<String> {
-        vec![
-            self.keys.counter(counter),
-            self.keys.reservations(counter),
-            self.keys.buckets(counter),
-        ]
+    /// The numbers of an operation on one counter: its code, the policy, then `extra`.
+    fn counter_numbers(operation: u64, policy: &Policy, extra: &[u64]) -> Numbers {
+        let mut numbers = Numbers::new(operation);
+        numbers.extend(&policy_args(policy)).extend(extra);
+        numbers
+    }
+
+    /// The end of `limit`'s pause, read from its own slot (0 for none): for a counter in
+    /// another slot, whose call cannot read it.
+    async fn read_pause(&self, limit: &str) -> Result<u64> {
+        let command = redis::cmd("GET").arg(self.keys.limit_pause(limit)).clone();
+        let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(unavailable)?;
+        Ok(match value {
+            Value::BulkString(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|text| text.parse::<f64>().ok())
+                .map_or(0, |until| until as u64),
+            _ => 0,
+        })
     }
 
     /// `record`: whether grants record their reservations (the request is refundable).
@@ -409,70 +494,223 @@ impl RedisStore {
                 ),
             });
         }
-        let mut keys = Vec::with_capacity(takes.len() * 4);
-        let mut numbers = self.common_numbers(ACQUIRE);
-        numbers.extend([
+        match self.acquire_slots(takes, cost, priority, record).await {
+            Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
+                tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
+                Ok(fail_open_decision(takes.len()))
+            }
+            answer => answer,
+        }
+    }
+
+    async fn acquire_slots(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+        record: bool,
+    ) -> Result<Decision> {
+        // One Redis: every counter in one call, whatever its slot.
+        let slots: Vec<u16> = if self.is_cluster() {
+            takes
+                .iter()
+                .map(|take| self.keys.counter_slot(take.counter))
+                .collect()
+        } else {
+            vec![0; takes.len()]
+        };
+        let groups = plan::groups(&slots);
+        if groups.len() > 1 {
+            // Refused before any slot is asked, so no part is granted only to be rolled back.
+            for take in takes {
+                let open = take.policy.capacity_for(priority);
+                if cost == 0 || cost > open {
+                    return Err(Error::Cost {
+                        limit: take.counter.limit.to_owned(),
+                        source: tollgate_core::CostError {
+                            cost,
+                            capacity: open,
+                        },
+                    });
+                }
+            }
+        }
+        let mut outcomes: Vec<Option<CounterOutcome>> = vec![None; takes.len()];
+        let mut base_now = None;
+        let mut progress = plan::Progress::default();
+        let mut answer = None;
+        loop {
+            match progress.step(groups.len(), answer) {
+                plan::Step::Ask(index) => {
+                    let group = &groups[index];
+                    let record = plan::records(index, groups.len(), record);
+                    let slot_answer = self
+                        .acquire_slot(takes, group, cost, priority, record)
+                        .await;
+                    let slot_answer = match slot_answer {
+                        Ok(slot_answer) => slot_answer,
+                        Err(error) => {
+                            self.roll_back(takes, &groups[..index], &outcomes).await;
+                            return Err(error);
+                        }
+                    };
+                    let base = *base_now.get_or_insert(slot_answer.now_us);
+                    let mut denied = false;
+                    for (&take, outcome) in group.takes.iter().zip(slot_answer.outcomes) {
+                        denied |= matches!(outcome, CounterOutcome::Denied(_));
+                        outcomes[take] = Some(rebase(outcome, slot_answer.now_us, base));
+                    }
+                    answer = Some(denied);
+                }
+                plan::Step::Granted => break,
+                plan::Step::RollBack(granted) => {
+                    let granted: Vec<plan::Group> =
+                        granted.iter().map(|&index| groups[index].clone()).collect();
+                    self.roll_back(takes, &granted, &outcomes).await;
+                    // What was granted and given back was allowed; what was never asked is
+                    // answered as allowed with nothing known to remain.
+                    for outcome in &mut outcomes {
+                        *outcome = Some(match outcome.take() {
+                            Some(CounterOutcome::Granted(grant)) => CounterOutcome::Allowed {
+                                remaining: grant.remaining.saturating_add(cost),
+                            },
+                            Some(other) => other,
+                            None => CounterOutcome::Allowed { remaining: 0 },
+                        });
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(Decision::new(
+            base_now.unwrap_or(0),
+            outcomes
+                .into_iter()
+                .map(|outcome| outcome.unwrap_or(CounterOutcome::Allowed { remaining: 0 })),
+        ))
+    }
+
+    /// One slot's call: its counters decided all or nothing.
+    async fn acquire_slot(
+        &self,
+        takes: &[Take<'_>],
+        group: &plan::Group,
+        cost: u64,
+        priority: Priority,
+        record: bool,
+    ) -> Result<SlotAnswer> {
+        let mut keys = Vec::with_capacity(1 + group.takes.len() * 4);
+        keys.push(self.keys.generation(group.slot));
+        for &index in &group.takes {
+            // The counter's own slot: on one Redis, every counter is in the one group.
+            let counter = takes[index].counter;
+            keys.extend(
+                self.keys
+                    .counter_keys(self.keys.counter_slot(counter), counter),
+            );
+        }
+        let mut numbers = Numbers::new(ACQUIRE);
+        numbers.extend(&[
             cost,
             priority_arg(priority),
             u64::from(record),
-            takes.len() as u64,
+            group.takes.len() as u64,
         ]);
-        for take in takes {
-            keys.extend(self.counter_keys(take.counter));
-            keys.push(self.keys.limit_pause(take.counter.limit));
-            numbers.extend(policy_args(take.policy));
+        for &index in &group.takes {
+            let take = &takes[index];
+            numbers.extend(&policy_args(take.policy));
+            let pause =
+                if !self.is_cluster() || self.keys.pause_slot(take.counter.limit) == group.slot {
+                    keys.push(self.keys.limit_pause(take.counter.limit));
+                    PauseRef::Key(keys.len())
+                } else {
+                    PauseRef::Read(self.read_pause(take.counter.limit).await?)
+                };
+            numbers.push_f64(pause.arg());
         }
-        let packed = pack_numbers(&numbers);
-        let (head, reply) = match self.run(&keys, &[&packed]).await {
-            Ok(answer) => answer,
-            Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
-                tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
-                return Ok(fail_open_decision(takes.len()));
-            }
-            Err(error) => return Err(error),
-        };
+        let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
         match reply.status.as_str() {
             "ok" => {}
             "cost" => {
-                let index = usize::try_from(reply.numbers.get(4).copied().unwrap_or(1))
+                let index = usize::try_from(reply.numbers.get(3).copied().unwrap_or(1))
                     .unwrap_or(1)
                     .saturating_sub(1);
-                let limit = takes.get(index).map_or("", |take| take.counter.limit);
+                let limit = group
+                    .takes
+                    .get(index)
+                    .map_or("", |&take| takes[take].counter.limit);
                 return Err(Error::Cost {
                     limit: limit.to_owned(),
                     source: tollgate_core::CostError {
                         cost,
-                        capacity: u(reply.numbers.get(5).copied().unwrap_or(0)),
+                        capacity: u(reply.numbers.get(4).copied().unwrap_or(0)),
                     },
                 });
             }
             other => return Err(unavailable(format!("unexpected script status {other}"))),
         }
-        let numbers = &reply.numbers[4..];
-        if numbers.len() != takes.len() * 5 {
+        let numbers = &reply.numbers[3..];
+        if numbers.len() != group.takes.len() * 5 {
             return Err(unavailable("script reply of the wrong length"));
         }
-        let outcomes = numbers.chunks(5).map(|outcome| match outcome[0] {
-            0 => CounterOutcome::Granted(Grant {
-                seq: u(outcome[1]),
-                remaining: u(outcome[2]),
-                reset_after_us: u(outcome[3]),
-                lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
-            }),
-            1 => CounterOutcome::Allowed {
-                remaining: u(outcome[2]),
-            },
-            _ => CounterOutcome::Denied(Denial {
-                retry_after_us: u(outcome[1]),
-                remaining: u(outcome[2]),
-                reason: match outcome[3] {
-                    1 => DenyReason::Paused,
-                    2 => DenyReason::Recovering,
-                    _ => DenyReason::Capacity,
+        let outcomes = numbers
+            .chunks(5)
+            .map(|outcome| match outcome[0] {
+                0 => CounterOutcome::Granted(Grant {
+                    seq: u(outcome[1]),
+                    remaining: u(outcome[2]),
+                    reset_after_us: u(outcome[3]),
+                    lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
+                }),
+                1 => CounterOutcome::Allowed {
+                    remaining: u(outcome[2]),
                 },
-            }),
-        });
-        Ok(Decision::new(head.now_us, outcomes))
+                _ => CounterOutcome::Denied(Denial {
+                    retry_after_us: u(outcome[1]),
+                    remaining: u(outcome[2]),
+                    reason: match outcome[3] {
+                        1 => DenyReason::Paused,
+                        2 => DenyReason::Recovering,
+                        _ => DenyReason::Capacity,
+                    },
+                }),
+            })
+            .collect();
+        Ok(SlotAnswer {
+            now_us: head.now_us,
+            outcomes,
+        })
+    }
+
+    /// Give back what `groups` granted (a commit of nothing on each), all at once. A rollback
+    /// that fails leaves its units counted until they expire: fewer grants, never more.
+    async fn roll_back(
+        &self,
+        takes: &[Take<'_>],
+        groups: &[plan::Group],
+        outcomes: &[Option<CounterOutcome>],
+    ) {
+        let rollbacks = groups
+            .iter()
+            .flat_map(|group| &group.takes)
+            .filter_map(|&index| match outcomes[index] {
+                Some(CounterOutcome::Granted(grant)) => Some((takes[index], grant.seq)),
+                _ => None,
+            });
+        let answers = futures_util::future::join_all(
+            rollbacks
+                .map(|(take, seq)| async move { (take, self.commit_at(take, seq, 0).await.1) }),
+        )
+        .await;
+        for (take, answer) in answers {
+            if let Err(error) = answer {
+                tracing::warn!(
+                    limit = take.counter.limit,
+                    %error,
+                    "a cross-slot grant could not be rolled back; its units stay counted until they expire"
+                );
+            }
+        }
     }
 
     async fn commit_remote(&self, take: Take<'_>, seq: u64, used: u64) -> Result<Committed> {
@@ -486,17 +724,17 @@ impl RedisStore {
         seq: u64,
         used: u64,
     ) -> (u64, Result<Committed>) {
-        let packed = self.counter_numbers(COMMIT, take.policy, &[seq, used]);
-        let keys = self.counter_keys(take.counter);
+        let numbers = Self::counter_numbers(COMMIT, take.policy, &[seq, used]);
+        let keys = self.counter_call_keys(take.counter);
         let channel = self.keys.wake_channel().as_bytes();
-        let (head, reply) = match self.run(&keys, &[&packed, channel]).await {
+        let (head, reply) = match self.run(&keys, &[&numbers.0, channel]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
         let result = match reply.status.as_str() {
             "ok" => Ok(Committed {
-                refunded: u(reply.numbers.get(4).copied().unwrap_or(0)),
-                released: u(reply.numbers.get(5).copied().unwrap_or(0)),
+                refunded: u(reply.numbers.get(3).copied().unwrap_or(0)),
+                released: u(reply.numbers.get(4).copied().unwrap_or(0)),
             }),
             status => Err(permit_error(status, &reply.numbers, used)),
         };
@@ -512,14 +750,14 @@ impl RedisStore {
 
     /// Renew, and the store's clock at the decision; the result is the absolute expiry.
     pub(crate) async fn renew_at(&self, take: Take<'_>, fence: u64) -> (u64, Result<u64>) {
-        let packed = self.counter_numbers(RENEW, take.policy, &[fence]);
-        let keys = self.counter_keys(take.counter);
-        let (head, reply) = match self.run(&keys, &[&packed]).await {
+        let numbers = Self::counter_numbers(RENEW, take.policy, &[fence]);
+        let keys = self.counter_call_keys(take.counter);
+        let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
         let result = match reply.status.as_str() {
-            "ok" => Ok(u(reply.numbers.get(4).copied().unwrap_or(0))),
+            "ok" => Ok(u(reply.numbers.get(3).copied().unwrap_or(0))),
             status => Err(permit_error(status, &reply.numbers, 0)),
         };
         (head.now_us, result)
@@ -533,35 +771,47 @@ impl RedisStore {
     /// Pause, and the store's clock at the decision; the result is the absolute end.
     pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
         let keyed = take.counter.key.is_some();
-        let packed = self.counter_numbers(PAUSE, take.policy, &[duration_us, u64::from(keyed)]);
+        let numbers = Self::counter_numbers(PAUSE, take.policy, &[duration_us, u64::from(keyed)]);
         let keys = if keyed {
-            self.counter_keys(take.counter)
+            self.counter_call_keys(take.counter)
         } else {
-            vec![self.keys.limit_pause(take.counter.limit)]
+            let slot = self.keys.pause_slot(take.counter.limit);
+            vec![
+                self.keys.generation(slot),
+                self.keys.limit_pause(take.counter.limit),
+            ]
         };
-        let (head, reply) = match self.run(&keys, &[&packed]).await {
+        let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
         let result = match reply.status.as_str() {
-            "ok" => Ok(u(reply.numbers.get(4).copied().unwrap_or(0))),
+            "ok" => Ok(u(reply.numbers.get(3).copied().unwrap_or(0))),
             other => Err(unavailable(format!("unexpected script status {other}"))),
         };
         (head.now_us, result)
     }
 
     async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
-        let packed = self.counter_numbers(USAGE, take.policy, &[]);
-        let mut keys = self.counter_keys(take.counter);
-        keys.push(self.keys.limit_pause(take.counter.limit));
-        let (head, reply) = self.run(&keys, &[&packed]).await?;
+        let mut keys = self.counter_call_keys(take.counter);
+        let pause = if !self.is_cluster()
+            || self.keys.pause_slot(take.counter.limit) == self.keys.counter_slot(take.counter)
+        {
+            keys.push(self.keys.limit_pause(take.counter.limit));
+            PauseRef::Key(keys.len())
+        } else {
+            PauseRef::Read(self.read_pause(take.counter.limit).await?)
+        };
+        let mut numbers = Self::counter_numbers(USAGE, take.policy, &[]);
+        numbers.push_f64(pause.arg());
+        let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
         match reply.status.as_str() {
             "ok" => {
                 let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
                 Ok(Usage {
-                    used: number(4),
-                    reset_after_us: number(5),
-                    paused_for_us: number(6).saturating_sub(head.now_us),
+                    used: number(3),
+                    reset_after_us: number(4),
+                    paused_for_us: number(5).saturating_sub(head.now_us),
                 })
             }
             other => Err(unavailable(format!("unexpected script status {other}"))),
@@ -578,28 +828,52 @@ impl RedisStore {
         self.keys.counter(counter)
     }
 
+    /// The key of the generation that guards `counter` (for tests and operators).
+    pub fn generation_key(&self, counter: CounterId<'_>) -> String {
+        self.keys.generation(self.keys.counter_slot(counter))
+    }
+
     /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
     pub fn function_library(&self) -> Option<&str> {
         self.function.as_ref().map(|(name, _)| name.as_str())
     }
 
-    /// The prefix every key of this store starts with.
-    pub fn key_prefix(&self) -> &str {
-        self.keys.prefix()
+    /// A pattern matching every key of this store's namespace (for `SCAN`).
+    pub fn key_pattern(&self) -> String {
+        format!("tg:{{*}}:{}:*", self.config.namespace)
     }
 }
 
+/// `outcome`, decided at `now_us` on its slot's clock, with its lease expiry moved to the
+/// request's base clock (the first slot's): each node has its own clock, and a lease is as
+/// long as its node says.
+fn rebase(outcome: CounterOutcome, now_us: u64, base_us: u64) -> CounterOutcome {
+    match outcome {
+        CounterOutcome::Granted(mut grant) => {
+            grant.lease_expires_at = grant
+                .lease_expires_at
+                .map(|at| base_us.saturating_add(at.saturating_sub(now_us)));
+            CounterOutcome::Granted(grant)
+        }
+        other => other,
+    }
+}
+
+fn lost_library(error: &RedisError) -> bool {
+    let text = error.to_string();
+    text.contains("Function not found") || text.contains("NOSCRIPT")
+}
+
 /// `FUNCTION LOAD REPLACE`: the same source under the same name, so any number of processes may
-/// load it at once.
-async fn load_library(
-    connection: &mut ConnectionManager,
-    library: &str,
-) -> std::result::Result<(), RedisError> {
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(library)
-        .query_async::<String>(connection)
+/// load it at once (on a cluster, on every master).
+async fn load_library(backend: &Backend, library: &str) -> std::result::Result<(), RedisError> {
+    backend
+        .query(
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(library),
+        )
         .await
         .map(|_| ())
 }
@@ -612,7 +886,7 @@ fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
         "wrong_kind" => PermitError::WrongKind,
         "used_above_cost" => PermitError::UsedAboveCost {
             used,
-            cost: u(numbers.get(4).copied().unwrap_or(0)),
+            cost: u(numbers.get(3).copied().unwrap_or(0)),
         },
         other => return unavailable(format!("unexpected script status {other}")),
     };
@@ -630,38 +904,45 @@ fn fail_open_decision(counters: usize) -> Decision {
     Decision::new(0, (0..counters).map(|_| CounterOutcome::Granted(grant)))
 }
 
-/// Listen on the wake channel, reconnecting with a capped backoff, and pass every counter whose
-/// capacity came back to the limiter's wake-up.
+/// Listen on the wake channel, reconnecting with a capped backoff (to another node of a
+/// cluster, or to the master the Sentinels name now), and pass every counter whose capacity
+/// came back to the limiter's wake-up.
 async fn subscribe(
-    client: redis::Client,
-    channel: String,
+    backend: Arc<Backend>,
+    target: Target,
     keys: keys::Keys,
     wake: Arc<Mutex<Option<WakeFn>>>,
 ) {
     let mut backoff = Duration::from_millis(50);
+    let mut attempt = 0;
     loop {
-        match client.get_async_pubsub().await {
-            Ok(mut pubsub) => {
-                if pubsub.subscribe(&channel).await.is_ok() {
-                    backoff = Duration::from_millis(50);
-                    let mut messages = pubsub.on_message();
-                    while let Some(message) = messages.next().await {
-                        let payload: Vec<u8> = message.get_payload_bytes().to_vec();
-                        let Ok(text) = String::from_utf8(payload) else {
-                            continue;
-                        };
-                        if let Some((limit, key)) = keys.parse_counter(&text) {
-                            let handler = wake.lock().ok().and_then(|slot| slot.clone());
-                            if let Some(handler) = handler {
-                                handler(CounterId {
-                                    limit: &limit,
-                                    key: key.as_deref(),
-                                });
+        let client = backend.subscription_client(&target, attempt).await;
+        attempt += 1;
+        match client {
+            Ok(client) => match client.get_async_pubsub().await {
+                Ok(mut pubsub) => {
+                    if pubsub.subscribe(keys.wake_channel()).await.is_ok() {
+                        backoff = Duration::from_millis(50);
+                        let mut messages = pubsub.on_message();
+                        while let Some(message) = messages.next().await {
+                            let payload: Vec<u8> = message.get_payload_bytes().to_vec();
+                            let Ok(text) = String::from_utf8(payload) else {
+                                continue;
+                            };
+                            if let Some((limit, key)) = keys.parse_counter(&text) {
+                                let handler = wake.lock().ok().and_then(|slot| slot.clone());
+                                if let Some(handler) = handler {
+                                    handler(CounterId {
+                                        limit: &limit,
+                                        key: key.as_deref(),
+                                    });
+                                }
                             }
                         }
                     }
                 }
-            }
+                Err(error) => tracing::debug!(%error, "wake-up subscription failed; retrying"),
+            },
             Err(error) => tracing::debug!(%error, "wake-up subscription failed; retrying"),
         }
         tokio::time::sleep(backoff).await;
@@ -698,14 +979,10 @@ impl Store for RedisStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::boxed(async move {
-            let mut connection = self.connection.clone();
-            let answer: Result<String, RedisError> = tokio::time::timeout(
-                self.config.timeout,
-                redis::cmd("PING").query_async(&mut connection),
-            )
-            .await
-            .map_err(|_| RedisError::from((redis::ErrorKind::Io, "no answer in time")))
-            .and_then(|answer| answer);
+            let answer =
+                tokio::time::timeout(self.config.timeout, self.backend.query(&redis::cmd("PING")))
+                    .await
+                    .map_err(|_| unavailable("Redis did not answer in time"))?;
             answer.map(|_| ()).map_err(unavailable)
         })
     }

@@ -6,19 +6,21 @@
 -- All numbers are integers below 2^53 (microseconds, units), exact in Lua's doubles; floor(a / b)
 -- is exact for such integers.
 --
--- KEYS[1]           the generation hash {born, ver}: detects lost state (G6)
--- acquire: KEYS[4i-2 .. 4i+1]  counter i's state, its reservations, its closed buckets, and its
---                   limit's pause
+-- KEYS[1]           the generation hash {born, owner, renew}: detects lost state (G6)
+-- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
+--                   after the counters, the limits' pauses kept in this slot
 -- commit, renew, pause of a key: KEYS[2], [3], [4]  the counter's three keys
--- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause
+-- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause if in this slot
 -- pause of a whole limit: KEYS[2]  the limit's pause
+-- begin a new namespace: KEYS[1] only
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause, 5 usage), [2] the highest generation version this client
---                   has seen, then per operation (see each branch below)
+--                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace), then per
+--                   operation (see each branch below)
 -- ARGV[2]           commit only: the wake-up channel
--- Every reply is {status, now, ver, born, lost, ...}: the status word, the head (born is -1 when
--- the call did not need to read it), then the rest per operation (see each branch below).
+-- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
+-- birth, and 1 when this call found the state lost), then the rest per operation (see each
+-- branch below).
 -- A policy is 9 numbers:
 --   kind (1 rate, 2 concurrency), limit, period_us, margin_us,
 --   algorithm (1 sliding, 2 fixed, 3 gcra), burst, lease_ttl_us, reserve_high, reserve_normal
@@ -38,15 +40,15 @@
 --   24          bytes of a record: 3 big-endian doubles ('>ddd'). Buckets (opened, stamp,
 --               units), reservations (seq, units, at), leases (fence, slots, expires_at).
 --   64          SLIDING_BUCKETS_MAX (the core's); 256 RESERVATIONS_TRACKED_MAX (the core's)
---   2592000000  the generation's expiry (30 days, ms), pushed back every 1024 operations: a
---               namespace idle longer (or with fewer operations) starts over and waits one
---               period, as after a loss
+--   2592000000  the generation's expiry (30 days, ms), pushed back once a day (its `renew`): a
+--               namespace idle longer starts over and waits one period, as after a loss
 --   16          a log's expiry is pushed window / 16 past what it needs, so that a grant does
 --               not PEXPIRE it every time; a log outlives its counter by at most that
 --
--- The counter's value: 'V', the common header '>dddddddd' (65 bytes with the 'V'), then the
+-- The counter's value: 'W', the common header '>ddddddddd' (73 bytes with the 'W'), then the
 -- body's header by kind, then for leases their records.
---   common: p paused_until, s next_seq, k body kind (0 empty, 1 sliding, 2 fixed, 3 gcra,
+--   common: g the birth of the generation it was written in, p paused_until, s next_seq, k body
+--     kind (0 empty, 1 sliding, 2 fixed, 3 gcra,
 --     4 leases); the reservations log: ro, re its live bytes [ro, re), ra the oldest live one's
 --     `at` (-1: not read yet), rl the newest one's `at`, rx the log key's expiry (us)
 --   sliding '>dddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
@@ -98,8 +100,8 @@ end
 
 -- `rk`, `qk`: the counter's reservations and bucket log keys. `dirty`: the header must be
 -- written back.
-function T.empty(keys, now)
-  return { ck = keys[1], rk = keys[2], qk = keys[3],
+function T.empty(keys, now, born)
+  return { ck = keys[1], rk = keys[2], qk = keys[3], g = born,
     p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0,
     qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0, qw = 0,
     w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, b = {}, dirty = true }
@@ -107,11 +109,11 @@ end
 
 -- nil when `raw` is not a counter this script wrote (another format, or damaged).
 function T.decode(raw, keys, now)
-  if string.sub(raw, 1, 1) ~= 'V' or #raw < 65 then return nil end
-  local c = T.empty(keys, now)
+  if string.sub(raw, 1, 1) ~= 'W' or #raw < 73 then return nil end
+  local c = T.empty(keys, now, 0)
   c.dirty = false
   local k, at
-  c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, at = struct.unpack('>dddddddd', raw, 2)
+  c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, at = struct.unpack('>ddddddddd', raw, 2)
   c.k = k
   if k == 1 then
     c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw, at =
@@ -141,31 +143,38 @@ end
 
 function T.encode(c)
   local k = c.k
-  local common = struct.pack('>dddddddd', c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx)
+  local common = struct.pack('>ddddddddd', c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx)
   if k == 1 then
-    return 'V' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
+    return 'W' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
       c.fu, c.qx, c.qw)
   elseif k == 2 then
-    return 'V' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
+    return 'W' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
   elseif k == 3 then
-    return 'V' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
+    return 'W' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
   elseif k == 4 then
-    local parts = { 'V', common, struct.pack('>d', #c.b / 3) }
+    local parts = { 'W', common, struct.pack('>d', #c.b / 3) }
     for i = 1, #c.b, 3 do parts[#parts + 1] = struct.pack('>ddd', c.b[i], c.b[i + 1], c.b[i + 2]) end
     return table.concat(parts)
   end
-  return 'V' .. common
+  return 'W' .. common
 end
 
--- The counter in `raw` (a GET's answer), or a new one. A new counter, or one this script cannot
--- read, counts as lost state: it grants nothing until whatever it may have counted is over.
+-- The counter in `raw` (a GET's answer), or a new one, and until when it must be held. A new
+-- counter, one this script cannot read, or one written before the generation began (kept by a
+-- replica that may have missed its last writes) counts as lost state: it grants nothing until
+-- whatever it may have counted is over.
 function T.load(raw, keys, now, gen, p)
   if raw then
     local c = T.decode(raw, keys, now)
-    if c then return c end
-    return T.empty(keys, now), now + p.memory
+    if c and c.g == gen.born then return c end
+    if c then
+      c.g = gen.born
+      c.dirty = true
+      return c, gen.born + p.memory
+    end
+    return T.empty(keys, now, gen.born), now + p.memory
   end
-  return T.empty(keys, now), gen.birth() + p.memory
+  return T.empty(keys, now, gen.born), gen.born + p.memory
 end
 
 function T.hold(c, now, hold_until)
@@ -542,40 +551,71 @@ function T.save(c, p, now)
   redis.call('SET', c.ck, T.encode(c), 'PX', T.ttl_ms(idle, now))
 end
 
--- The generation: {born, ver}, ver bumped by every call. A missing hash (HINCRBY creates it and
--- answers 1, while a hash this script wrote never holds a ver below 1), or a version at or
--- below what this client has seen, means Redis lost state (restart without persistence, flush,
--- failover to a stale replica): start a new generation born now, so every counter created
--- before born + memory waits (G6). `born` is read only when a counter is created.
-function T.generation(key, now, seen)
-  local ver = redis.call('HINCRBY', key, 'ver', 1)
-  local gen = { ver = ver, lost = 0 }
-  if ver == 1 or ver <= seen then
-    gen.born = now
-    gen.ver = seen + 1
-    gen.lost = 1
-    redis.call('HSET', key, 'born', now, 'ver', gen.ver)
-    redis.call('PEXPIRE', key, 2592000000)
-  elseif ver % 1024 == 0 then
-    -- Keep the expiry ahead without a write on every call.
-    redis.call('PEXPIRE', key, 2592000000)
+-- Which Redis process runs this script: its node id in a cluster (empty otherwise) and its
+-- run id, which every start of a Redis process draws anew. Asked once per script engine, which
+-- lives as long as the process (or until the library is loaded again).
+function T.identity()
+  if not T.me then
+    local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+    local node = redis.pcall('CLUSTER', 'MYID')
+    if type(node) ~= 'string' then node = '' end
+    T.node = node
+    T.me = node .. '/' .. run_id
   end
-  gen.birth = function()
-    if not gen.born then
-      gen.born = tonumber(redis.call('HGET', key, 'born'))
-      if gen.born == nil then
-        -- A hash without its birth was not written whole by this script: born now.
-        gen.born = now
-        redis.call('HSET', key, 'born', now)
-      end
+  return T.me
+end
+
+-- Whether the generation `owner` wrote moved here with its slot (a reshard, which loses
+-- nothing) rather than being left by a process that is gone or demoted (a failover or a
+-- restart, which may have lost the last writes): its node is another, still a master the
+-- cluster does not mark failing.
+function T.moved_here(owner)
+  local node = string.match(owner, '^([^/]*)/')
+  if T.node == '' or node == nil or node == '' or node == T.node then return false end
+  local nodes = redis.call('CLUSTER', 'NODES')
+  for line in string.gmatch(nodes, '[^\n]+') do
+    local id, flags = string.match(line, '^(%S+) %S+ (%S+)')
+    if id == node then
+      return string.find(flags, 'master', 1, true) ~= nil
+        and string.find(flags, 'fail', 1, true) == nil
     end
-    return gen.born
+  end
+  return false
+end
+
+-- The generation: {born, owner, renew}. Read on every call, written only when it changes: a
+-- missing hash (restart without persistence, flush), or one written by another Redis process
+-- (failover to a replica, restart from a snapshot) means state may be lost: a new generation
+-- starts, born now, and every counter not written since (T.load) waits out whatever it may have
+-- counted (G6). A generation that came with its slot from another master keeps its birth.
+function T.generation(key, now)
+  local g = redis.call('HMGET', key, 'born', 'owner', 'renew')
+  local born, owner, renew = tonumber(g[1]), g[2], tonumber(g[3]) or 0
+  local me = T.identity()
+  local gen = { born = born, lost = 0 }
+  if born == nil then
+    gen.lost = 1
+  elseif owner ~= me then
+    if T.moved_here(owner) then
+      renew = 0
+    else
+      gen.lost = 1
+    end
+  end
+  if gen.lost == 1 then
+    gen.born = now
+    renew = 0
+  end
+  if renew <= now then
+    -- Keep the expiry ahead with one write a day.
+    redis.call('HSET', key, 'born', gen.born, 'owner', me, 'renew', now + 86400000000)
+    redis.call('PEXPIRE', key, 2592000000)
   end
   return gen
 end
 
 function T.head(status, now, gen)
-  return { status, now, gen.ver, gen.born or -1, gen.lost }
+  return { status, now, gen.born, gen.lost }
 end
 
 function T.wake(channel, counter_key)
@@ -585,31 +625,43 @@ end
 -- One operation: KEYS and ARGV as in the header.
 function T.decide(KEYS, ARGV)
   local a = { struct.unpack('>' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
-  local op, seen = a[1], a[2]
+  local op = a[1]
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local gen = T.generation(KEYS[1], now, seen)
+  if op == 6 then
+    -- begin a new namespace: a generation born at time zero, owned here, unless one exists.
+    if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+    redis.call('HSET', KEYS[1], 'born', 0, 'owner', T.identity(), 'renew', now + 86400000000)
+    redis.call('PEXPIRE', KEYS[1], 2592000000)
+    return 1
+  end
+  local gen = T.generation(KEYS[1], now)
 
   if op == 1 then
-    -- acquire: [3] cost, [4] priority (0 low, 1 normal, 2 high), [5] record reservations (1)
-    -- or grant final (0), [6] n, then n policies
-    local cost, priority, record, n = a[3], a[4], a[5], a[6]
-    local policies = {}
+    -- acquire: [2] cost, [3] priority (0 low, 1 normal, 2 high), [4] record reservations (1)
+    -- or grant final (0), [5] n, then per counter its policy and where its limit's pause is: at
+    -- KEYS[x] for x >= 1, or -x its end as read by the caller (its key is in another slot)
+    local cost, priority, record, n = a[2], a[3], a[4], a[5]
+    local policies, pauses = {}, {}
     for i = 1, n do
-      local p = T.read_policy(a, 7 + (i - 1) * 9)
+      local p = T.read_policy(a, 6 + (i - 1) * 10)
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
         local reply = T.head('cost', now, gen)
-        reply[6], reply[7] = i, open
+        reply[5], reply[6] = i, open
         return reply
       end
       policies[i] = p
+      pauses[i] = a[15 + (i - 1) * 10]
     end
-    -- Every counter's header and its limit's pause in one read.
+    -- Every counter's header and the pauses kept here in one read.
     local names = {}
     for i = 1, n do
-      names[2 * i - 1] = KEYS[4 * i - 2]
-      names[2 * i] = KEYS[4 * i + 1]
+      names[i] = KEYS[3 * i - 1]
+      if pauses[i] >= 1 then
+        names[#names + 1] = KEYS[pauses[i]]
+        pauses[i] = #names
+      end
     end
     local values = redis.call('MGET', unpack(names))
     local counters, outcomes = {}, {}
@@ -617,15 +669,16 @@ function T.decide(KEYS, ARGV)
     for i = 1, n do
       local p = policies[i]
       local open = T.capacity_for(p, priority)
-      local c, hold_until = T.load(values[2 * i - 1], { KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i] },
+      local c, hold_until = T.load(values[i], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
         now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
-      local limit_paused_until = tonumber(values[2 * i]) or 0
+      local limit_paused_until = -pauses[i]
+      if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
       local denial = T.check(c, p, now, cost, priority, limit_paused_until)
       counters[i] = c
       -- Held after a loss (T.load) rather than paused by someone: reason 2, recovering.
       if denial and denial[3] == 1 and c.p >= limit_paused_until
-          and c.p == gen.birth() + p.memory then
+          and c.p == gen.born + p.memory then
         denial[3] = 2
       end
       if denial then
@@ -654,9 +707,9 @@ function T.decide(KEYS, ARGV)
   local counter_keys = { KEYS[2], KEYS[3], KEYS[4] }
 
   if op == 2 then
-    -- commit: [3..11] policy, [12] seq, [13] used. Reply: ok now ver born lost refunded released
-    local p = T.read_policy(a, 3)
-    local seq, used_units, channel = a[12], a[13], ARGV[2]
+    -- commit: [2..10] policy, [11] seq, [12] used. Reply: ok now born lost refunded released
+    local p = T.read_policy(a, 2)
+    local seq, used_units, channel = a[11], a[12], ARGV[2]
     local raw = redis.call('GET', KEYS[2])
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then
@@ -664,7 +717,7 @@ function T.decide(KEYS, ARGV)
       -- cannot read knows of no permit either.)
       if p.kind == 2 then
         local reply = T.head('ok', now, gen)
-        reply[6], reply[7] = 0, 0
+        reply[5], reply[6] = 0, 0
         return reply
       end
       return T.head('gone', now, gen)
@@ -688,7 +741,7 @@ function T.decide(KEYS, ARGV)
       T.save(c, p, now)
       if released > 0 then T.wake(channel, KEYS[2]) end
       local reply = T.head('ok', now, gen)
-      reply[6], reply[7] = 0, released
+      reply[5], reply[6] = 0, released
       return reply
     end
     -- Reservations are in seq order: binary search, as the core does.
@@ -718,7 +771,7 @@ function T.decide(KEYS, ARGV)
     if used_units > units then
       T.save(c, p, now)
       local reply = T.head('used_above_cost', now, gen)
-      reply[6] = units
+      reply[5] = units
       return reply
     end
     local count = #live / 24
@@ -790,14 +843,14 @@ function T.decide(KEYS, ARGV)
     T.save(c, p, now)
     if refunded > 0 then T.wake(channel, KEYS[2]) end
     local reply = T.head('ok', now, gen)
-    reply[6], reply[7] = refunded, 0
+    reply[5], reply[6] = refunded, 0
     return reply
   end
 
   if op == 3 then
-    -- renew: [3..11] policy, [12] fence. Reply: ok now ver born lost expires_at
-    local p = T.read_policy(a, 3)
-    local fence = a[12]
+    -- renew: [2..10] policy, [11] fence. Reply: ok now born lost expires_at
+    local p = T.read_policy(a, 2)
+    local fence = a[11]
     if p.kind ~= 2 then return T.head('wrong_kind', now, gen) end
     local raw = redis.call('GET', KEYS[2])
     local c = raw and T.decode(raw, counter_keys, now)
@@ -811,7 +864,7 @@ function T.decide(KEYS, ARGV)
         c.dirty = true
         T.save(c, p, now)
         local reply = T.head('ok', now, gen)
-        reply[6] = b[i + 2]
+        reply[5] = b[i + 2]
         return reply
       end
     end
@@ -820,11 +873,11 @@ function T.decide(KEYS, ARGV)
   end
 
   if op == 4 then
-    -- pause: [3..11] policy, [12] duration_us, [13] keyed (1: KEYS[2..4] are a counter's; 0:
-    -- KEYS[2] is a limit's pause). Reply: ok now ver born lost paused_until
-    local p = T.read_policy(a, 3)
-    local until_us = now + a[12]
-    if a[13] == 1 then
+    -- pause: [2..10] policy, [11] duration_us, [12] keyed (1: KEYS[2..4] are a counter's; 0:
+    -- KEYS[2] is a limit's pause). Reply: ok now born lost paused_until
+    local p = T.read_policy(a, 2)
+    local until_us = now + a[11]
+    if a[12] == 1 then
       local c, hold_until = T.load(redis.call('GET', KEYS[2]), counter_keys, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       if until_us > c.p then
@@ -833,38 +886,38 @@ function T.decide(KEYS, ARGV)
       end
       T.save(c, p, now)
       local reply = T.head('ok', now, gen)
-      reply[6] = c.p
+      reply[5] = c.p
       return reply
     end
     local current = tonumber(redis.call('GET', KEYS[2])) or 0
     if current > until_us then until_us = current end
     redis.call('SET', KEYS[2], until_us, 'PX', T.ttl_ms(until_us, now))
     local reply = T.head('ok', now, gen)
-    reply[6] = until_us
+    reply[5] = until_us
     return reply
   end
 
   if op == 5 then
-    -- usage, counting nothing: [3..11] policy. Reply: ok now ver born lost used reset_after
-    -- paused_until. A counter not kept (or not readable) counts nothing, and is held as acquire
-    -- would hold it.
-    local p = T.read_policy(a, 3)
-    local values = redis.call('MGET', KEYS[2], KEYS[5])
-    local limit_paused_until = tonumber(values[2]) or 0
-    local c = values[1] and T.decode(values[1], counter_keys, now)
-    local reply = T.head('ok', now, gen)
-    if not c then
-      local _, hold_until = T.load(values[1], counter_keys, now, gen, p)
-      reply[6], reply[7] = 0, 0
-      reply[8] = math.max(limit_paused_until, hold_until or 0)
-      return reply
+    -- usage, counting nothing: [2..10] policy, [11] where the limit's pause is (as for
+    -- acquire). Reply: ok now born lost used reset_after paused_until. A counter is held as
+    -- acquire would hold it; one not kept is not made.
+    local p = T.read_policy(a, 2)
+    local raw, limit_paused_until = nil, -a[11]
+    if a[11] >= 1 then
+      local values = redis.call('MGET', KEYS[2], KEYS[a[11]])
+      raw, limit_paused_until = values[1], tonumber(values[2]) or 0
+    else
+      raw = redis.call('GET', KEYS[2])
     end
+    local c, hold_until = T.load(raw, counter_keys, now, gen, p)
+    if hold_until then T.hold(c, now, hold_until) end
     T.normalise(c, p, now)
-    reply[6] = T.used(c, p, now)
-    reply[7] = math.min(T.sub0(T.counted_until(c, p), now), p.memory)
-    reply[8] = math.max(c.p, limit_paused_until)
+    local reply = T.head('ok', now, gen)
+    reply[5] = T.used(c, p, now)
+    reply[6] = math.min(T.sub0(T.counted_until(c, p), now), p.memory)
+    reply[7] = math.max(c.p, limit_paused_until)
     -- Normalising may have dropped expired state: keep the store as small as the core's.
-    T.save(c, p, now)
+    if raw then T.save(c, p, now) end
     return reply
   end
 

@@ -9,134 +9,17 @@
 //! - afterwards, no Tollgate key without a TTL.
 
 mod common;
+mod fleets;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use fleets::{Fleet, Run, faketime_library, most_in_a_window};
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn worker_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tollgate-fleet-worker"))
-}
-
-struct Fleet {
-    children: Vec<Child>,
-}
-
-struct Run {
-    name: String,
-    limit: u64,
-    period_ms: u64,
-    acquirers: u64,
-    duration_ms: u64,
-    algorithm: &'static str,
-}
-
-impl Fleet {
-    fn start(url: &str, namespace: &str, run: &Run, skews: &[Option<&str>]) -> Fleet {
-        let binary = worker_binary();
-        let children = skews
-            .iter()
-            .map(|skew| {
-                let mut command = Command::new(&binary);
-                command
-                    .args([
-                        url,
-                        namespace,
-                        &run.name,
-                        &run.limit.to_string(),
-                        &run.period_ms.to_string(),
-                        &run.acquirers.to_string(),
-                        &run.duration_ms.to_string(),
-                        run.algorithm,
-                    ])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit());
-                if let Some(offset) = skew {
-                    command
-                        .env(
-                            "LD_PRELOAD",
-                            faketime_library().expect("checked by the caller"),
-                        )
-                        .env("FAKETIME", offset)
-                        .env("FAKETIME_DONT_RESET", "1");
-                }
-                command.spawn().expect("start a fleet worker")
-            })
-            .collect();
-        Fleet { children }
-    }
-
-    /// Every grant's decision time, and the total of errors the workers met.
-    fn collect(mut self) -> (Vec<u64>, u64) {
-        let mut grants = Vec::new();
-        let mut errors = 0;
-        for mut child in std::mem::take(&mut self.children) {
-            let stdout = child.stdout.take().expect("piped");
-            for line in BufReader::new(stdout).lines() {
-                let line = line.expect("worker output");
-                let mut words = line.split_whitespace();
-                match words.next() {
-                    Some("grant") => {
-                        let at: u64 = words.next().and_then(|w| w.parse().ok()).expect("time");
-                        grants.push(at);
-                    }
-                    Some("error") => errors += 1,
-                    _ => {}
-                }
-            }
-            let status = child.wait().expect("worker exit");
-            assert!(status.success(), "a worker failed: {status}");
-        }
-        grants.sort_unstable();
-        (grants, errors)
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-        }
-    }
-}
-
-fn faketime_library() -> Option<&'static str> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-    ]
-    .into_iter()
-    .find(|path| std::path::Path::new(path).exists())
-}
-
-/// The most grants in any half-open window `[t, t + period)` (sliding) or aligned window
-/// (fixed), from the grants' decision times.
-fn most_in_a_window(grants: &[u64], period_us: u64, algorithm: &str) -> u64 {
-    if algorithm == "fixed" {
-        let mut per_window = BTreeMap::new();
-        for at in grants {
-            *per_window.entry(at / period_us).or_insert(0u64) += 1;
-        }
-        return per_window.into_values().max().unwrap_or(0);
-    }
-    let mut most = 0;
-    let mut start = 0;
-    for end in 0..grants.len() {
-        while grants[end] - grants[start] >= period_us {
-            start += 1;
-        }
-        most = most.max((end - start + 1) as u64);
-    }
-    most
-}
 
 fn assert_no_key_without_ttl(url: &str, namespace: &str) {
     let client = redis::Client::open(url).expect("url");
     let mut connection = client.get_connection().expect("connect");
-    let pattern = format!("tg:{{{namespace}}}:*");
+    let pattern = format!("tg:{{*}}:{namespace}:*");
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(&pattern)
         .query(&mut connection)

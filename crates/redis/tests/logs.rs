@@ -101,15 +101,13 @@ async fn a_lost_bucket_log_keeps_counting_its_units() {
         limit: "vendor",
         key: None,
     });
-    let prefix = format!("tg:{{{namespace}}}:");
-    let rest = counter
-        .strip_prefix(&prefix)
-        .and_then(|key| key.strip_prefix("c:"));
-    let rest = rest.expect("a counter key");
+    let state = format!(":{namespace}:c:");
+    assert!(counter.contains(&state), "{counter} is not a counter key");
+    let log = |kind: &str| counter.replacen(&state, &format!(":{namespace}:{kind}:"), 1);
     let mut connection = common::raw_connection(&url).await;
     let deleted: u64 = redis::cmd("DEL")
-        .arg(format!("{prefix}q:{rest}"))
-        .arg(format!("{prefix}r:{rest}"))
+        .arg(log("q"))
+        .arg(log("r"))
         .query_async(&mut connection)
         .await
         .expect("delete the logs");

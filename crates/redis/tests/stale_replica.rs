@@ -1,13 +1,21 @@
-//! Failover to a stale replica: Redis answers, but with an older state that lacks recent
-//! grants. The generation's version tells: it is lower than this client has seen, so the store
-//! starts a new generation and grants nothing on a limit for one period (G6).
+//! Lost state (G6). A failover to a replica that missed the last writes: Redis answers, but
+//! with an older counter, written by another Redis process than the one that owns the
+//! generation now. The store notices the new owner, starts a new generation, and holds every
+//! counter written before it for one period, so nothing granted before is granted again. A
+//! flush or a restart without persistence is noticed by the missing generation.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tollgate::store::CounterId;
 use tollgate::{Algorithm, DenyReason, Limit, Outcome, Policy, Request, Reserve};
+
+const VENDOR: CounterId<'static> = CounterId {
+    limit: "vendor",
+    key: None,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
@@ -22,25 +30,33 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
     let policy =
         Policy::rate(2, 1_000_000, 0, Algorithm::Sliding, Reserve::default()).expect("valid");
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
-    for _ in 0..2 {
-        assert!(
-            limiter
-                .try_acquire(&Request::new("vendor"))
-                .await
-                .expect("answers")
-                .is_granted()
-        );
-    }
-    // The replica the store fails over to never saw those grants, and is a few versions behind.
+    let granted = || async {
+        limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("answers")
+            .is_granted()
+    };
     let mut connection = common::raw_connection(&url).await;
-    let counter_key = store.counter_key(tollgate::store::CounterId {
-        limit: "vendor",
-        key: None,
-    });
-    let generation = format!("tg:{{{namespace}}}:gen");
+    let counter_key = store.counter_key(VENDOR);
+    let generation = store.generation_key(VENDOR);
+    assert!(granted().await);
+    // What the replica holds: the counter after the first grant only.
+    let replica: Vec<u8> = redis::cmd("GET")
+        .arg(&counter_key)
+        .query_async(&mut connection)
+        .await
+        .expect("read the counter");
+    assert!(granted().await);
+    assert!(!granted().await, "the limit is 2");
+    // The replica is promoted: it lacks the second grant, and it is another Redis process.
     let _: () = redis::pipe()
-        .del(&counter_key)
-        .hset(&generation, "ver", 1)
+        .cmd("SET")
+        .arg(&counter_key)
+        .arg(&replica)
+        .arg("PX")
+        .arg(60_000)
+        .hset(&generation, "owner", "/replica-run-id")
         .query_async(&mut connection)
         .await
         .expect("make the state stale");
@@ -56,8 +72,17 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
                 "{denial:?}"
             );
         }
-        Outcome::Granted(_) => panic!("granted on a stale replica's empty counter"),
+        Outcome::Granted(_) => panic!("granted again on a stale replica's counter"),
     }
+    // The new owner wrote the new generation once; calls after it only read it.
+    let owner: String = redis::cmd("HGET")
+        .arg(&generation)
+        .arg("owner")
+        .query_async(&mut connection)
+        .await
+        .expect("owner");
+    assert_ne!(owner, "/replica-run-id");
+    assert!(!granted().await, "still recovering");
 }
 
 /// A namespace declared new grants at once; one Redis already knows is left as it is; one that
@@ -86,10 +111,11 @@ async fn a_new_namespace_grants_at_once_and_a_lost_one_recovers() {
     // Redis flushed: the namespace was in use, so it is lost, not new.
     let mut connection = common::raw_connection(&url).await;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tg:{{{namespace}}}:*"))
+        .arg(store.key_pattern())
         .query_async(&mut connection)
         .await
         .expect("keys");
+    assert!(keys.len() >= 2, "{keys:?}");
     let _: () = redis::cmd("DEL")
         .arg(&keys)
         .query_async(&mut connection)
@@ -106,4 +132,60 @@ async fn a_new_namespace_grants_at_once_and_a_lost_one_recovers() {
         }
         Outcome::Granted(_) => panic!("granted on a flushed namespace"),
     }
+}
+
+/// The loss check is a read: a decision on a generation it owns writes nothing to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deciding_reads_the_generation_without_writing_it() {
+    let Some(url) = common::redis_url("deciding_reads_the_generation_without_writing_it") else {
+        return;
+    };
+    let namespace = common::namespace("gen-read");
+    common::declare_fresh(&url, &namespace).await;
+    let store = Arc::new(common::connect(&url, &namespace).await);
+    let limiter = common::limiter_on(store.clone());
+    let policy = Policy::rate(
+        1000,
+        1_000_000,
+        0,
+        Algorithm::Gcra { burst: 1000 },
+        Reserve::default(),
+    )
+    .expect("valid");
+    limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+    assert!(
+        limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("answers")
+            .is_granted()
+    );
+    let mut connection = common::raw_connection(&url).await;
+    let generation = store.generation_key(VENDOR);
+    let before: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&generation)
+        .query_async(&mut connection)
+        .await
+        .expect("generation");
+    // A value of another type in the generation's key would make any write there fail loudly;
+    // instead compare the hash before and after many decisions: nothing moved.
+    for _ in 0..20 {
+        assert!(
+            limiter
+                .try_acquire(&Request::new("vendor").refundable(false))
+                .await
+                .expect("answers")
+                .is_granted()
+        );
+    }
+    let after: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&generation)
+        .query_async(&mut connection)
+        .await
+        .expect("generation");
+    assert_eq!(before, after);
+    assert!(
+        before.iter().any(|(field, _)| field == "owner"),
+        "{before:?}"
+    );
 }

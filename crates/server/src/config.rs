@@ -23,21 +23,32 @@ pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
 pub enum StoreChoice {
     /// In this process's memory: one server holds the quota.
     Memory,
-    /// A Redis URL, shared by every replica.
+    /// A Redis URL (one Redis, a cluster, or Sentinels), shared by every replica.
     Redis(String),
 }
 
 impl StoreChoice {
-    /// `memory` or a `redis://` / `rediss://` URL.
+    /// `memory`, or a Redis URL: `redis://` / `rediss://` (one Redis), `redis-cluster://`
+    /// (a Redis Cluster, by seed nodes) or `redis-sentinel://` (the master Sentinels name).
     pub fn parse(text: &str) -> Result<StoreChoice, String> {
         if text == "memory" {
             return Ok(StoreChoice::Memory);
         }
-        if text.starts_with("redis://") || text.starts_with("rediss://") {
+        if [
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "redis-sentinel://",
+        ]
+        .iter()
+        .any(|scheme| text.starts_with(scheme))
+        {
             return Ok(StoreChoice::Redis(text.to_owned()));
         }
         Err(format!(
-            "{text:?} is not a store: use \"memory\" or redis://HOST:PORT/DB"
+            "{text:?} is not a store: use \"memory\", redis://HOST:PORT/DB, \
+             redis-cluster://HOST:PORT[,HOST:PORT...] or \
+             redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]"
         ))
     }
 }

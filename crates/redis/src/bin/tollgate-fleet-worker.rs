@@ -3,8 +3,10 @@
 //!   redis://127.0.0.1:6379/ demo vendor 20 100 50 5000`.
 //!
 //! Arguments: URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ACQUIRERS DURATION_MS \[ALGORITHM\].
-//! Prints one line per grant, `grant <decided_at_us> <units>`, on the store's clock, then
-//! `done <grants> <errors>`. Store errors (Redis restarting) are printed and waited out.
+//! LIMIT_NAME may name several limits, comma-separated, each with the same policy; the
+//! acquirers take turns over them. Prints one line per grant, `grant <decided_at_us> <units>
+//! <limit>`, on the store's clock, then `done <grants> <errors>`. Store errors (Redis
+//! restarting, a failover) are printed and waited out.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -88,17 +90,20 @@ async fn run() {
             std::process::exit(2);
         }
     };
-    limiter.set_limit(Limit::new(&name, policy, None).unwrap_or_else(|error| {
-        eprintln!("limit: {error}");
-        std::process::exit(2);
-    }));
+    let names: Vec<String> = name.split(',').map(str::to_owned).collect();
+    for name in &names {
+        limiter.set_limit(Limit::new(name, policy, None).unwrap_or_else(|error| {
+            eprintln!("limit: {error}");
+            std::process::exit(2);
+        }));
+    }
     let end = Instant::now() + Duration::from_millis(duration_ms);
     let grants = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..acquirers {
+    for acquirer in 0..acquirers {
         let limiter = limiter.clone();
-        let name = name.clone();
+        let name = names[acquirer as usize % names.len()].clone();
         let grants = grants.clone();
         let errors = errors.clone();
         tasks.push(tokio::spawn(async move {
@@ -108,7 +113,7 @@ async fn run() {
                     Ok(outcome) => {
                         if let Some(permit) = outcome.granted() {
                             grants.fetch_add(1, Ordering::Relaxed);
-                            let line = format!("grant {} 1\n", permit.decided_at_us());
+                            let line = format!("grant {} 1 {name}\n", permit.decided_at_us());
                             let _ = std::io::stdout().lock().write_all(line.as_bytes());
                         }
                     }

@@ -1,0 +1,257 @@
+//! The Redis store on a real Redis Cluster of three masters, each with a replica, started by
+//! the test on loopback ports and stopped when it ends:
+//!
+//! - the store conformance suite, with counters spread over the slots (a request naming
+//!   several limits is decided slot by slot);
+//! - four processes of fifty acquirers over limits on every master, counted outside: no
+//!   overshoot;
+//! - `kill -9` of the master serving a hot limit mid-run: its replica is promoted, the other
+//!   masters' limits keep being served, the hot limit waits out its quarantine, and nothing is
+//!   granted twice;
+//! - the hot limit's slot moved to another master under load: no overshoot, no request failed,
+//!   and the generation moved with the slot (no quarantine).
+
+mod common;
+mod fleets;
+mod nodes;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::conformance::Stores;
+use tollgate::store::CounterId;
+use tollgate_redis::{RedisStore, RedisStoreConfig};
+
+use fleets::{Fleet, Run, most_in_a_window};
+use nodes::Cluster;
+
+async fn connect(url: &str, namespace: &str) -> RedisStore {
+    RedisStore::connect(RedisStoreConfig {
+        url: url.to_owned(),
+        namespace: namespace.to_owned(),
+        fail_open: false,
+        timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect to the cluster")
+}
+
+/// The slot of a counter's keys, as the cluster computes it.
+fn slot_of(cluster: &Cluster, store: &RedisStore, limit: &str) -> u16 {
+    let key = store.counter_key(CounterId { limit, key: None });
+    cluster.nodes[0]
+        .query(&["CLUSTER", "KEYSLOT", &key])
+        .expect("keyslot")
+        .trim()
+        .parse()
+        .expect("a slot")
+}
+
+/// One limit name per master, in the masters' order: `(name, slot, master index)`.
+fn limits_on_every_master(cluster: &Cluster, store: &RedisStore) -> Vec<(String, u16, usize)> {
+    let mut found: Vec<(String, u16, usize)> = Vec::new();
+    for candidate in 0.. {
+        let name = format!("vendor-{candidate}");
+        let slot = slot_of(cluster, store, &name);
+        let master = cluster.master_of(slot);
+        if found.iter().all(|(_, _, other)| *other != master) {
+            found.push((name, slot, master));
+        }
+        if found.len() == 3 {
+            break;
+        }
+    }
+    found
+}
+
+fn generation_born(cluster: &Cluster, store: &RedisStore, limit: &str) -> Option<u64> {
+    let key = store.generation_key(CounterId { limit, key: None });
+    let slot: u16 = cluster.nodes[0]
+        .query(&["CLUSTER", "KEYSLOT", &key])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let master = &cluster.nodes[cluster.master_of(slot)];
+    let born = master.query(&["HGET", &key, "born"]).ok()?;
+    born.trim().parse::<f64>().ok().map(|born| born as u64)
+}
+
+#[test]
+fn the_conformance_suite_passes_on_a_three_master_cluster() {
+    let Some(binary) =
+        nodes::redis_server("the_conformance_suite_passes_on_a_three_master_cluster")
+    else {
+        return;
+    };
+    let cluster = Cluster::start(&binary, 3);
+    let url = cluster.url();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stores = |test: &str| {
+        let namespace = common::namespace(test);
+        runtime.block_on(async {
+            let first = connect(&url, &namespace).await;
+            assert!(first.is_cluster());
+            first.begin_new_namespace().await.expect("a new namespace");
+            Stores {
+                first: Arc::new(first),
+                second: Arc::new(connect(&url, &namespace).await),
+            }
+        })
+    };
+    use tollgate::conformance as suite;
+    runtime.block_on(suite::rate_limits_grant_to_the_limit_and_hint_honestly(
+        stores("rate"),
+    ));
+    runtime.block_on(suite::several_limits_are_all_or_nothing(stores("several")));
+    runtime.block_on(suite::commit_refunds_unused_units_once(stores("commit")));
+    runtime.block_on(suite::leases_fence_renew_and_release_once(stores("leases")));
+    runtime.block_on(suite::pauses_stop_grants_and_only_extend(stores("pauses")));
+    runtime.block_on(suite::waiters_wake_when_another_handle_releases(stores(
+        "wake",
+    )));
+    runtime.block_on(suite::waiters_are_served_by_priority_then_arrival(stores(
+        "priority",
+    )));
+    runtime.block_on(suite::random_traffic_never_exceeds_the_limit(stores(
+        "random",
+    )));
+    runtime.block_on(suite::bulk_and_priority_callers_never_overshoot(stores(
+        "bulk",
+    )));
+    runtime.block_on(suite::bad_input_is_refused_with_the_field_named(stores(
+        "bad",
+    )));
+    runtime.block_on(suite::unrefundable_grants_count_the_same_and_refund_nothing(stores("final")));
+    runtime.block_on(suite::check_counts_rate_units_and_refuses_leases(stores(
+        "check",
+    )));
+    runtime.block_on(suite::usage_shows_what_is_counted_and_takes_nothing(
+        stores("usage"),
+    ));
+}
+
+/// What a fleet run over the three limits showed, per limit.
+fn assert_no_overshoot(run: &Run, grants: &std::collections::BTreeMap<String, Vec<u64>>) {
+    for (limit, times) in grants {
+        let most = most_in_a_window(times, run.period_ms * 1_000, run.algorithm);
+        eprintln!(
+            "{limit}: {} grants, at most {most} in one period of {} ms (limit {})",
+            times.len(),
+            run.period_ms,
+            run.limit
+        );
+        assert!(most <= run.limit, "{limit}: {most} grants in one period");
+    }
+}
+
+#[test]
+fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
+    let Some(binary) =
+        nodes::redis_server("a_fleet_over_every_master_survives_a_failover_and_a_reshard")
+    else {
+        return;
+    };
+    let mut cluster = Cluster::start(&binary, 3);
+    let url = cluster.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let namespace = common::namespace("cluster-fleet");
+    let store = runtime.block_on(connect(&url, &namespace));
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("a new namespace");
+    let limits = limits_on_every_master(&cluster, &store);
+    let names: Vec<&str> = limits.iter().map(|(name, _, _)| name.as_str()).collect();
+
+    // 1. Steady: four processes of fifty acquirers over the three limits.
+    let run = Run {
+        name: names.join(","),
+        limit: 20,
+        period_ms: 500,
+        acquirers: 50,
+        duration_ms: 3_000,
+        algorithm: "sliding",
+    };
+    let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
+    let (grants, errors) = fleet.collect_by_limit();
+    assert_eq!(errors, 0, "errors on a healthy cluster");
+    assert_eq!(
+        grants.len(),
+        3,
+        "every limit was served: {:?}",
+        grants.keys()
+    );
+    assert_no_overshoot(&run, &grants);
+
+    // 2. Reshard under load: the first limit's slot moves to the master of the second.
+    let (moved, slot, _) = limits[0].clone();
+    let born_before = generation_born(&cluster, &store, &moved).expect("a generation");
+    let run = Run {
+        duration_ms: 5_000,
+        ..run
+    };
+    let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
+    std::thread::sleep(Duration::from_millis(1_500));
+    cluster.migrate_slot(slot, limits[1].2);
+    let (grants, errors) = fleet.collect_by_limit();
+    assert_no_overshoot(&run, &grants);
+    assert_eq!(errors, 0, "a request failed while its slot moved");
+    assert_eq!(cluster.master_of(slot), limits[1].2, "the slot moved");
+    assert_eq!(
+        generation_born(&cluster, &store, &moved),
+        Some(born_before),
+        "the generation moved with its slot, not started again"
+    );
+
+    // 3. kill -9 of the master serving the third limit, mid-run.
+    let (hot, hot_slot, hot_master) = limits[2].clone();
+    let run = Run {
+        duration_ms: 9_000,
+        ..run
+    };
+    let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
+    std::thread::sleep(Duration::from_millis(1_500));
+    let killed_at = Instant::now();
+    cluster.nodes[hot_master].kill();
+    let (grants, errors) = fleet.collect_by_limit();
+    eprintln!(
+        "failover: {errors} errors seen by callers while the master was down; killed {:?} before the end",
+        killed_at.elapsed()
+    );
+    assert_no_overshoot(&run, &grants);
+    let promoted = cluster.master_of(hot_slot);
+    assert_ne!(promoted, hot_master, "a replica was promoted");
+    // The promoted replica started a new generation (its owner differs): the hot limit waited
+    // out one period before granting again, and the other masters never stopped.
+    let born_after = generation_born(&cluster, &store, &hot).expect("a generation");
+    assert!(born_after > 0, "a new generation after the failover");
+    let hot_grants = &grants[&hot];
+    let last = *hot_grants.last().expect("the hot limit was served");
+    assert!(
+        last >= born_after + run.period_ms * 1_000,
+        "the hot limit resumed after its quarantine"
+    );
+    assert!(
+        !hot_grants
+            .iter()
+            .any(|&at| at >= born_after && at < born_after + run.period_ms * 1_000),
+        "a grant inside the quarantine"
+    );
+    for (name, _, _) in &limits[..2] {
+        let times = &grants[name];
+        // Served during the outage: a grant within one second of the new generation's birth.
+        assert!(
+            times
+                .iter()
+                .any(|&at| at + 1_000_000 > born_after && at < born_after + 1_000_000),
+            "{name} was not served while the hot master failed over"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! The Redis store under Sentinel (`redis-sentinel://`): one master, one replica and three
+//! Sentinels, started by the test on loopback ports. A fleet of four processes acquires through
+//! the Sentinels' master; the master is killed (`kill -9`) mid-run; the Sentinels promote the
+//! replica and the store follows it. Counted outside: no overshoot across the failover, and the
+//! limit served again after its quarantine.
+
+mod common;
+mod fleets;
+mod nodes;
+
+use std::time::Duration;
+
+use tollgate::store::CounterId;
+use tollgate_redis::{RedisStore, RedisStoreConfig};
+
+use fleets::{Fleet, Run, most_in_a_window};
+use nodes::Sentinels;
+
+#[test]
+fn a_fleet_follows_a_sentinel_failover_without_overshoot() {
+    let Some(binary) = nodes::redis_server("a_fleet_follows_a_sentinel_failover_without_overshoot")
+    else {
+        return;
+    };
+    let mut set = Sentinels::start(&binary, "tollgate-test");
+    let url = set.url();
+    let namespace = common::namespace("sentinel-fleet");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = runtime
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url: url.clone(),
+            namespace: namespace.clone(),
+            fail_open: false,
+            timeout: Duration::from_secs(5),
+        }))
+        .expect("connect through the Sentinels");
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("a new namespace");
+    let run = Run {
+        name: "vendor".into(),
+        limit: 20,
+        period_ms: 500,
+        acquirers: 50,
+        duration_ms: 12_000,
+        algorithm: "sliding",
+    };
+    let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
+    std::thread::sleep(Duration::from_millis(2_000));
+    let old_master = set.master.port;
+    set.master.kill();
+    nodes::wait_until(Duration::from_secs(30), "the Sentinels to promote", || {
+        set.master_port() == Some(set.replica.port)
+    });
+    let (grants, errors) = fleet.collect_by_limit();
+    let times = &grants["vendor"];
+    let most = most_in_a_window(times, run.period_ms * 1_000, run.algorithm);
+    eprintln!(
+        "sentinel failover: {} grants, at most {most} in one period (limit {}), {errors} errors seen by callers",
+        times.len(),
+        run.limit
+    );
+    assert!(most <= run.limit, "{most} grants in one period");
+    assert_ne!(set.master_port(), Some(old_master));
+    // The promoted replica's generation is its own, born after the failover; the limit was
+    // served again after one period of it.
+    let generation = store.generation_key(CounterId {
+        limit: "vendor",
+        key: None,
+    });
+    let born: u64 = set
+        .replica
+        .query(&["HGET", &generation, "born"])
+        .expect("generation")
+        .trim()
+        .parse::<f64>()
+        .expect("a birth") as u64;
+    assert!(
+        times
+            .iter()
+            .all(|&at| at < born || at >= born + run.period_ms * 1_000),
+        "a grant inside the quarantine"
+    );
+    assert!(
+        times.iter().any(|&at| at >= born + run.period_ms * 1_000),
+        "the limit was not served after the failover"
+    );
+}
