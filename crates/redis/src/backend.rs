@@ -110,11 +110,12 @@ impl Backend {
             }
             Target::Cluster(nodes) => {
                 // Redirections (MOVED, ASK) are followed, and TRYAGAIN and CLUSTERDOWN retried
-                // with short waits, inside the store's own deadline for the operation.
+                // with short waits, inside the store's own deadline for the operation. (The
+                // client computes 2^retry for its backoff: more than about 60 retries overflows.)
                 let client = redis::cluster::ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    .retries(64)
+                    .retries(40)
                     .min_retry_wait(5)
                     .max_retry_wait(100)
                     .build()?;

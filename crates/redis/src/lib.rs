@@ -566,17 +566,28 @@ impl RedisStore {
                 plan::Step::RollBack(granted) => {
                     let granted: Vec<plan::Group> =
                         granted.iter().map(|&index| groups[index].clone()).collect();
-                    self.roll_back(takes, &granted, &outcomes).await;
-                    // What was granted and given back was allowed; what was never asked is
-                    // answered as allowed with nothing known to remain.
+                    let unasked = outcomes.iter().enumerate().filter(|(_, o)| o.is_none());
+                    let unasked: Vec<usize> = unasked.map(|(index, _)| index).collect();
+                    let (_, remaining) = futures_util::future::join(
+                        self.roll_back(takes, &granted, &outcomes),
+                        futures_util::future::join_all(
+                            unasked
+                                .iter()
+                                .map(|&index| self.remaining(&takes[index], priority)),
+                        ),
+                    )
+                    .await;
+                    // What was granted and given back was allowed, with its units back; what
+                    // was never asked is allowed with what its counter has left.
+                    for (index, remaining) in unasked.into_iter().zip(remaining) {
+                        outcomes[index] = Some(CounterOutcome::Allowed { remaining });
+                    }
                     for outcome in &mut outcomes {
-                        *outcome = Some(match outcome.take() {
-                            Some(CounterOutcome::Granted(grant)) => CounterOutcome::Allowed {
+                        if let Some(CounterOutcome::Granted(grant)) = *outcome {
+                            *outcome = Some(CounterOutcome::Allowed {
                                 remaining: grant.remaining.saturating_add(cost),
-                            },
-                            Some(other) => other,
-                            None => CounterOutcome::Allowed { remaining: 0 },
-                        });
+                            });
+                        }
                     }
                     break;
                 }
@@ -680,6 +691,18 @@ impl RedisStore {
             now_us: head.now_us,
             outcomes,
         })
+    }
+
+    /// What `take`'s counter has left at `priority`, read without taking anything (0 when Redis
+    /// does not answer): for the counters of a denied cross-slot request that were not asked.
+    async fn remaining(&self, take: &Take<'_>, priority: Priority) -> u64 {
+        match self.usage_remote(*take).await {
+            Ok(usage) => take
+                .policy
+                .capacity_for(priority)
+                .saturating_sub(usage.used),
+            Err(_) => 0,
+        }
     }
 
     /// Give back what `groups` granted (a commit of nothing on each), all at once. A rollback

@@ -39,7 +39,8 @@ async fn connect(url: &str, namespace: &str) -> RedisStore {
 /// The slot of a counter's keys, as the cluster computes it.
 fn slot_of(cluster: &Cluster, store: &RedisStore, limit: &str) -> u16 {
     let key = store.counter_key(CounterId { limit, key: None });
-    cluster.nodes[0]
+    cluster
+        .running()
         .query(&["CLUSTER", "KEYSLOT", &key])
         .expect("keyslot")
         .trim()
@@ -66,7 +67,8 @@ fn limits_on_every_master(cluster: &Cluster, store: &RedisStore) -> Vec<(String,
 
 fn generation_born(cluster: &Cluster, store: &RedisStore, limit: &str) -> Option<u64> {
     let key = store.generation_key(CounterId { limit, key: None });
-    let slot: u16 = cluster.nodes[0]
+    let slot: u16 = cluster
+        .running()
         .query(&["CLUSTER", "KEYSLOT", &key])
         .ok()?
         .trim()

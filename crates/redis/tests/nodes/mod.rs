@@ -214,13 +214,17 @@ impl Cluster {
         format!("redis-cluster://{}", seeds.join(","))
     }
 
-    /// A running node's view of the cluster: `(node id, port, flags, slots)` per node.
-    pub fn view(&self) -> Vec<(String, u16, String, String)> {
-        let node = self
-            .nodes
+    /// A node that runs.
+    pub fn running(&self) -> &Node {
+        self.nodes
             .iter()
             .find(|node| node.is_running())
-            .expect("a running node");
+            .expect("a running node")
+    }
+
+    /// A running node's view of the cluster: `(node id, port, flags, slots)` per node.
+    pub fn view(&self) -> Vec<(String, u16, String, String)> {
+        let node = self.running();
         let text = node.query(&["CLUSTER", "NODES"]).expect("cluster nodes");
         text.lines()
             .filter_map(|line| {
