@@ -106,17 +106,19 @@ fn vendor_rules() -> VendorRules {
 }
 
 /// Mark the namespace as new rather than lost, so the test does not wait out the recovery
-/// span a fresh generation imposes (G6): what the script writes for a generation born at 0.
-fn declare_fresh(url: &str, namespace: &str) {
-    let client = redis::Client::open(url).expect("url");
-    let mut connection = client.get_connection().expect("connect to Redis");
-    let key = format!("tg:{{{namespace}}}:gen");
-    let _: () = redis::pipe()
-        .hset(&key, "born", 0)
-        .hset(&key, "ver", 1)
-        .pexpire(&key, 3_600_000)
-        .query(&mut connection)
-        .expect("declare the namespace fresh");
+/// span a fresh generation imposes (G6), as the server does for a namespace it never knew.
+async fn declare_fresh(url: &str, namespace: &str) {
+    tollgate_redis::RedisStore::connect(tollgate_redis::RedisStoreConfig {
+        url: url.to_owned(),
+        namespace: namespace.to_owned(),
+        fail_open: false,
+        timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect to Redis")
+    .begin_new_namespace()
+    .await
+    .expect("declare the namespace fresh");
 }
 
 /// The seed's scenario with a shared store. The host's concurrency limit is 1 fleet-wide, and
@@ -131,7 +133,7 @@ async fn a_fleet_sharing_redis_sends_nothing_during_a_cessation() {
         return;
     };
     let namespace = common::namespace("shared");
-    declare_fresh(&url, &namespace);
+    declare_fresh(&url, &namespace).await;
     let vendor = Vendor::start(vendor_rules()).await;
     let outcome = run_fleet(&vendor, &url, &namespace, 120_000).await;
     let tally = vendor.tally();

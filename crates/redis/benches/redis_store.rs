@@ -165,31 +165,19 @@ fn main() {
         .build()
         .expect("runtime");
     let namespace = format!("bench-{}", std::process::id());
+    let store = runtime
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url: url.clone(),
+            namespace,
+            fail_open: false,
+            timeout: Duration::from_secs(5),
+        }))
+        .expect("connect to Redis");
     // A fresh namespace, not a lost one: skip the recovery period (see the store's docs, G6).
-    redis_cli(
-        host,
-        port,
-        &[
-            "HSET",
-            &format!("tg:{{{namespace}}}:gen"),
-            "born",
-            "0",
-            "ver",
-            "1",
-        ],
-    );
-    redis_cli(
-        host,
-        port,
-        &["PEXPIRE", &format!("tg:{{{namespace}}}:gen"), "600000"],
-    );
-    let store = runtime.block_on(RedisStore::connect(RedisStoreConfig {
-        url: url.clone(),
-        namespace,
-        fail_open: false,
-        timeout: Duration::from_secs(5),
-    }));
-    let store: Arc<dyn Store> = Arc::new(store.expect("connect to Redis"));
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("declare the namespace new");
+    let store: Arc<dyn Store> = Arc::new(store);
     // A limit that never binds: what is measured is the decision, not the waiting.
     let never_binds = Policy::rate(
         1_000_000_000,

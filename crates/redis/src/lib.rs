@@ -856,6 +856,20 @@ impl RedisStore {
         self.keys.generation(self.keys.counter_slot(counter))
     }
 
+    /// The generation that guards `counter`, as Redis holds it now: `None` when there is none
+    /// (for tests and operators; deciding reads it inside the script).
+    pub async fn generation(&self, counter: CounterId<'_>) -> Result<Option<loss::Generation>> {
+        let command = redis::cmd("GET").arg(self.generation_key(counter)).clone();
+        let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(unavailable)?;
+        let Value::BulkString(bytes) = value else {
+            return Ok(None);
+        };
+        Ok(loss::Generation::decode(&bytes))
+    }
+
     /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
     pub fn function_library(&self) -> Option<&str> {
         self.function.as_ref().map(|(name, _)| name.as_str())

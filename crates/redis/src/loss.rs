@@ -34,6 +34,34 @@ pub struct Generation {
     pub owner: Owner,
 }
 
+impl Generation {
+    /// Read a generation as the script stores it: its birth and the day its expiry is next
+    /// pushed back (big-endian doubles), then the owner as `node/run`. `None` if it is not one.
+    pub fn decode(bytes: &[u8]) -> Option<Generation> {
+        let born = f64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+        let owner = std::str::from_utf8(bytes.get(16..)?).ok()?;
+        let (node, run) = owner.split_once('/')?;
+        Some(Generation {
+            born_us: born as u64,
+            owner: Owner {
+                node: node.to_owned(),
+                run: run.to_owned(),
+            },
+        })
+    }
+
+    /// The stored form of this generation, with `renew_us` as the next push of its expiry.
+    pub fn encode(&self, renew_us: u64) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(16 + self.owner.node.len() + 1 + self.owner.run.len());
+        bytes.extend_from_slice(&(self.born_us as f64).to_be_bytes());
+        bytes.extend_from_slice(&(renew_us as f64).to_be_bytes());
+        bytes.extend_from_slice(self.owner.node.as_bytes());
+        bytes.push(b'/');
+        bytes.extend_from_slice(self.owner.run.as_bytes());
+        bytes
+    }
+}
+
 /// The generation a call decides under, and whether it had to start it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
@@ -124,6 +152,9 @@ mod tests {
         // Outside a cluster any other owner is a loss.
         let single = owner("", "run-2");
         assert!(generation(Some(&at(owner("", "run-1"))), &single, 100, |_| true).lost);
+        let stored = at(owner("a", "run-a"));
+        assert_eq!(Generation::decode(&stored.encode(7)), Some(stored));
+        assert_eq!(Generation::decode(b"short"), None);
         assert_eq!(hold_until(Some(5), 5, 10), None);
         assert_eq!(hold_until(Some(4), 5, 10), Some(15));
         assert_eq!(hold_until(None, 5, 10), Some(15));

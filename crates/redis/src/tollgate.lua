@@ -6,7 +6,7 @@
 -- All numbers are integers below 2^53 (microseconds, units), exact in Lua's doubles; floor(a / b)
 -- is exact for such integers.
 --
--- KEYS[1]           the generation hash {born, owner, renew}: detects lost state (G6)
+-- KEYS[1]           the generation (born, renew, owner): detects lost state (G6)
 -- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
 --                   after the counters, the limits' pauses kept in this slot
 -- commit, renew, pause of a key: KEYS[2], [3], [4]  the counter's three keys
@@ -583,14 +583,18 @@ function T.moved_here(owner)
   return false
 end
 
--- The generation: {born, owner, renew}. Read on every call, written only when it changes: a
--- missing hash (restart without persistence, flush), or one written by another Redis process
--- (failover to a replica, restart from a snapshot) means state may be lost: a new generation
--- starts, born now, and every counter not written since (T.load) waits out whatever it may have
--- counted (G6). A generation that came with its slot from another master keeps its birth.
-function T.generation(key, now)
-  local g = redis.call('HMGET', key, 'born', 'owner', 'renew')
-  local born, owner, renew = tonumber(g[1]), g[2], tonumber(g[3]) or 0
+-- The generation: born, renew (doubles) then the owner's identity, in one string read with the
+-- call's other keys (`raw`) and written only when it changes: a missing generation (restart
+-- without persistence, flush), or one written by another Redis process (failover to a replica,
+-- restart from a snapshot) means state may be lost: a new generation starts, born now, and every
+-- counter not written since (T.load) waits out whatever it may have counted (G6). A generation
+-- that came with its slot from another master keeps its birth.
+function T.generation(raw, key, now)
+  local born, renew, owner
+  if raw and #raw > 16 then
+    born, renew = struct.unpack('>dd', raw)
+    owner = string.sub(raw, 17)
+  end
   local me = T.identity()
   local gen = { born = born, lost = 0 }
   if born == nil then
@@ -608,8 +612,7 @@ function T.generation(key, now)
   end
   if renew <= now then
     -- Keep the expiry ahead with one write a day.
-    redis.call('HSET', key, 'born', gen.born, 'owner', me, 'renew', now + 86400000000)
-    redis.call('PEXPIRE', key, 2592000000)
+    redis.call('SET', key, struct.pack('>dd', gen.born, now + 86400000000) .. me, 'PX', 2592000000)
   end
   return gen
 end
@@ -630,12 +633,11 @@ function T.decide(KEYS, ARGV)
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
   if op == 6 then
     -- begin a new namespace: a generation born at time zero, owned here, unless one exists.
-    if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-    redis.call('HSET', KEYS[1], 'born', 0, 'owner', T.identity(), 'renew', now + 86400000000)
-    redis.call('PEXPIRE', KEYS[1], 2592000000)
-    return 1
+    local set = redis.call('SET', KEYS[1], struct.pack('>dd', 0, now + 86400000000) .. T.identity(),
+      'NX', 'PX', 2592000000)
+    if set then return 1 end
+    return 0
   end
-  local gen = T.generation(KEYS[1], now)
 
   if op == 1 then
     -- acquire: [2] cost, [3] priority (0 low, 1 normal, 2 high), [4] record reservations (1)
@@ -647,6 +649,7 @@ function T.decide(KEYS, ARGV)
       local p = T.read_policy(a, 6 + (i - 1) * 10)
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
+        local gen = T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
         local reply = T.head('cost', now, gen)
         reply[5], reply[6] = i, open
         return reply
@@ -654,22 +657,25 @@ function T.decide(KEYS, ARGV)
       policies[i] = p
       pauses[i] = a[15 + (i - 1) * 10]
     end
-    -- Every counter's header and the pauses kept here in one read.
-    local names = {}
+    -- The generation, every counter's header and the pauses kept here in one read.
+    local names = { KEYS[1] }
     for i = 1, n do
-      names[i] = KEYS[3 * i - 1]
+      names[i + 1] = KEYS[3 * i - 1]
+    end
+    for i = 1, n do
       if pauses[i] >= 1 then
         names[#names + 1] = KEYS[pauses[i]]
         pauses[i] = #names
       end
     end
     local values = redis.call('MGET', unpack(names))
+    local gen = T.generation(values[1], KEYS[1], now)
     local counters, outcomes = {}, {}
     local all_allowed = true
     for i = 1, n do
       local p = policies[i]
       local open = T.capacity_for(p, priority)
-      local c, hold_until = T.load(values[i], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
+      local c, hold_until = T.load(values[i + 1], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
         now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       local limit_paused_until = -pauses[i]
@@ -705,12 +711,21 @@ function T.decide(KEYS, ARGV)
   end
 
   local counter_keys = { KEYS[2], KEYS[3], KEYS[4] }
+  -- The generation and the one key every other operation reads first (a counter's state, or a
+  -- limit's pause), with the limit's pause for usage when it is kept here, in one read.
+  local values
+  if op == 5 and a[11] >= 1 then
+    values = redis.call('MGET', KEYS[1], KEYS[2], KEYS[a[11]])
+  else
+    values = redis.call('MGET', KEYS[1], KEYS[2])
+  end
+  local gen = T.generation(values[1], KEYS[1], now)
 
   if op == 2 then
     -- commit: [2..10] policy, [11] seq, [12] used. Reply: ok now born lost refunded released
     local p = T.read_policy(a, 2)
     local seq, used_units, channel = a[11], a[12], ARGV[2]
-    local raw = redis.call('GET', KEYS[2])
+    local raw = values[2]
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then
       -- Forgotten counters were idle: nothing they granted still counts. (One this script
@@ -852,7 +867,7 @@ function T.decide(KEYS, ARGV)
     local p = T.read_policy(a, 2)
     local fence = a[11]
     if p.kind ~= 2 then return T.head('wrong_kind', now, gen) end
-    local raw = redis.call('GET', KEYS[2])
+    local raw = values[2]
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then return T.head('lease_expired', now, gen) end
     if fence >= c.s then return T.head('unknown', now, gen) end
@@ -878,7 +893,7 @@ function T.decide(KEYS, ARGV)
     local p = T.read_policy(a, 2)
     local until_us = now + a[11]
     if a[12] == 1 then
-      local c, hold_until = T.load(redis.call('GET', KEYS[2]), counter_keys, now, gen, p)
+      local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       if until_us > c.p then
         c.p = until_us
@@ -889,7 +904,7 @@ function T.decide(KEYS, ARGV)
       reply[5] = c.p
       return reply
     end
-    local current = tonumber(redis.call('GET', KEYS[2])) or 0
+    local current = tonumber(values[2]) or 0
     if current > until_us then until_us = current end
     redis.call('SET', KEYS[2], until_us, 'PX', T.ttl_ms(until_us, now))
     local reply = T.head('ok', now, gen)
@@ -902,13 +917,8 @@ function T.decide(KEYS, ARGV)
     -- acquire). Reply: ok now born lost used reset_after paused_until. A counter is held as
     -- acquire would hold it; one not kept is not made.
     local p = T.read_policy(a, 2)
-    local raw, limit_paused_until = nil, -a[11]
-    if a[11] >= 1 then
-      local values = redis.call('MGET', KEYS[2], KEYS[a[11]])
-      raw, limit_paused_until = values[1], tonumber(values[2]) or 0
-    else
-      raw = redis.call('GET', KEYS[2])
-    end
+    local raw, limit_paused_until = values[2], -a[11]
+    if a[11] >= 1 then limit_paused_until = tonumber(values[3]) or 0 end
     local c, hold_until = T.load(raw, counter_keys, now, gen, p)
     if hold_until then T.hold(c, now, hold_until) end
     T.normalise(c, p, now)

@@ -65,18 +65,16 @@ fn limits_on_every_master(cluster: &Cluster, store: &RedisStore) -> Vec<(String,
     found
 }
 
-fn generation_born(cluster: &Cluster, store: &RedisStore, limit: &str) -> Option<u64> {
-    let key = store.generation_key(CounterId { limit, key: None });
-    let slot: u16 = cluster
-        .running()
-        .query(&["CLUSTER", "KEYSLOT", &key])
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let master = &cluster.nodes[cluster.master_of(slot)];
-    let born = master.query(&["HGET", &key, "born"]).ok()?;
-    born.trim().parse::<f64>().ok().map(|born| born as u64)
+fn generation_born(
+    runtime: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    limit: &str,
+) -> Option<u64> {
+    let generation = runtime.block_on(store.generation(CounterId { limit, key: None }));
+    generation
+        .ok()
+        .flatten()
+        .map(|generation| generation.born_us)
 }
 
 #[test]
@@ -194,7 +192,7 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
 
     // 2. Reshard under load: the first limit's slot moves to the master of the second.
     let (moved, slot, _) = limits[0].clone();
-    let born_before = generation_born(&cluster, &store, &moved).expect("a generation");
+    let born_before = generation_born(&runtime, &store, &moved).expect("a generation");
     let run = Run {
         duration_ms: 5_000,
         ..run
@@ -207,7 +205,7 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     assert_eq!(errors, 0, "a request failed while its slot moved");
     assert_eq!(cluster.master_of(slot), limits[1].2, "the slot moved");
     assert_eq!(
-        generation_born(&cluster, &store, &moved),
+        generation_born(&runtime, &store, &moved),
         Some(born_before),
         "the generation moved with its slot, not started again"
     );
@@ -232,7 +230,7 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     assert_ne!(promoted, hot_master, "a replica was promoted");
     // The promoted replica started a new generation (its owner differs): the hot limit waited
     // out one period before granting again, and the other masters never stopped.
-    let born_after = generation_born(&cluster, &store, &hot).expect("a generation");
+    let born_after = generation_born(&runtime, &store, &hot).expect("a generation");
     assert!(born_after > 0, "a new generation after the failover");
     let hot_grants = &grants[&hot];
     let last = *hot_grants.last().expect("the hot limit was served");

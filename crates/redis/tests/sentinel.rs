@@ -67,17 +67,14 @@ fn a_fleet_follows_a_sentinel_failover_without_overshoot() {
     assert_ne!(set.master_port(), Some(old_master));
     // The promoted replica's generation is its own, born after the failover; the limit was
     // served again after one period of it.
-    let generation = store.generation_key(CounterId {
-        limit: "vendor",
-        key: None,
-    });
-    let born: u64 = set
-        .replica
-        .query(&["HGET", &generation, "born"])
-        .expect("generation")
-        .trim()
-        .parse::<f64>()
-        .expect("a birth") as u64;
+    let born = runtime
+        .block_on(store.generation(CounterId {
+            limit: "vendor",
+            key: None,
+        }))
+        .expect("answers")
+        .expect("a generation")
+        .born_us;
     assert!(
         times
             .iter()

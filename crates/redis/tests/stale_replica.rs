@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tollgate::store::CounterId;
 use tollgate::{Algorithm, DenyReason, Limit, Outcome, Policy, Request, Reserve};
+use tollgate_redis::loss::Owner;
 
 const VENDOR: CounterId<'static> = CounterId {
     limit: "vendor",
@@ -39,7 +40,7 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
     };
     let mut connection = common::raw_connection(&url).await;
     let counter_key = store.counter_key(VENDOR);
-    let generation = store.generation_key(VENDOR);
+    let generation_key = store.generation_key(VENDOR);
     assert!(granted().await);
     // What the replica holds: the counter after the first grant only.
     let replica: Vec<u8> = redis::cmd("GET")
@@ -50,13 +51,27 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
     assert!(granted().await);
     assert!(!granted().await, "the limit is 2");
     // The replica is promoted: it lacks the second grant, and it is another Redis process.
+    let mut generation = store
+        .generation(VENDOR)
+        .await
+        .expect("answers")
+        .expect("a generation");
+    let born_before = generation.born_us;
+    generation.owner = Owner {
+        node: String::new(),
+        run: "replica-run-id".into(),
+    };
     let _: () = redis::pipe()
         .cmd("SET")
         .arg(&counter_key)
         .arg(&replica)
         .arg("PX")
         .arg(60_000)
-        .hset(&generation, "owner", "/replica-run-id")
+        .cmd("SET")
+        .arg(&generation_key)
+        .arg(generation.encode(u64::MAX / 2))
+        .arg("PX")
+        .arg(60_000)
         .query_async(&mut connection)
         .await
         .expect("make the state stale");
@@ -74,14 +89,14 @@ async fn a_stale_replica_is_detected_and_nothing_is_regranted() {
         }
         Outcome::Granted(_) => panic!("granted again on a stale replica's counter"),
     }
-    // The new owner wrote the new generation once; calls after it only read it.
-    let owner: String = redis::cmd("HGET")
-        .arg(&generation)
-        .arg("owner")
-        .query_async(&mut connection)
+    // The new owner wrote a new generation, born after the old one.
+    let now = store
+        .generation(VENDOR)
         .await
-        .expect("owner");
-    assert_ne!(owner, "/replica-run-id");
+        .expect("answers")
+        .expect("a generation");
+    assert_ne!(now.owner.run, "replica-run-id");
+    assert!(now.born_us > born_before);
     assert!(!granted().await, "still recovering");
 }
 
@@ -160,15 +175,24 @@ async fn deciding_reads_the_generation_without_writing_it() {
             .expect("answers")
             .is_granted()
     );
-    let mut connection = common::raw_connection(&url).await;
+    let connection = common::raw_connection(&url).await;
     let generation = store.generation_key(VENDOR);
-    let before: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&generation)
-        .query_async(&mut connection)
-        .await
-        .expect("generation");
-    // A value of another type in the generation's key would make any write there fail loudly;
-    // instead compare the hash before and after many decisions: nothing moved.
+    let read = || {
+        let mut connection = connection.clone();
+        let generation = generation.clone();
+        async move {
+            let value: (Vec<u8>, i64) = redis::pipe()
+                .get(&generation)
+                .pttl(&generation)
+                .query_async(&mut connection)
+                .await
+                .expect("generation");
+            value
+        }
+    };
+    // Its value and its expiry, before and after many decisions: a write would move the
+    // expiry, even one that wrote the same value.
+    let before = read().await;
     for _ in 0..20 {
         assert!(
             limiter
@@ -178,14 +202,8 @@ async fn deciding_reads_the_generation_without_writing_it() {
                 .is_granted()
         );
     }
-    let after: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&generation)
-        .query_async(&mut connection)
-        .await
-        .expect("generation");
-    assert_eq!(before, after);
-    assert!(
-        before.iter().any(|(field, _)| field == "owner"),
-        "{before:?}"
-    );
+    let after = read().await;
+    assert_eq!(before.0, after.0);
+    assert!(after.1 <= before.1, "the generation was written again");
+    assert!(tollgate_redis::loss::Generation::decode(&before.0).is_some());
 }

@@ -239,7 +239,7 @@ def _resp_read(reader) -> object:
 
 
 def delete_redis_namespace(url: str, namespace: str) -> int:
-    """Delete every key of a Tollgate namespace (`tg:{namespace}:*`) from the Redis at `url`
+    """Delete every key of a Tollgate namespace (`tg:{<tag>}:namespace:*`) from the Redis at `url`
     (redis://[user:password@]host[:port][/db]); the number of keys deleted."""
     import socket
     from urllib.parse import unquote, urlparse
@@ -264,7 +264,7 @@ def delete_redis_namespace(url: str, namespace: str) -> int:
             call("SELECT", database)
         cursor = "0"
         while True:
-            reply = call("SCAN", cursor, "MATCH", f"tg:{{{namespace}}}:*", "COUNT", "1000")
+            reply = call("SCAN", cursor, "MATCH", f"tg:{{*}}:{namespace}:*", "COUNT", "1000")
             assert isinstance(reply, list)
             cursor, keys = reply
             if keys:
