@@ -40,14 +40,62 @@ pub struct RawRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl_ms: Option<i64>,
     /// Units kept for a priority level or higher.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reserve: Option<RawReserve>,
     /// A label (`user`, `account`): each key given at acquire gets its own counter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
     /// Inbound throttling: which requests the rule applies to.
-    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "match",
+        deserialize_with = "object",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub matcher: Option<RawMatch>,
+}
+
+/// An object, or null: serde would also read a struct from an array, by position, so that
+/// `"reserve": [1, 2]` would pass for `{"high": 1, "normal": 2}`.
+fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ObjectOrNull<T>(std::marker::PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOrNull<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("an object or null")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D2: serde::Deserializer<'de>>(
+            self,
+            deserializer: D2,
+        ) -> Result<Option<T>, D2::Error> {
+            deserializer.deserialize_map(self)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Option<T>, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+
+    deserializer.deserialize_option(ObjectOrNull(std::marker::PhantomData))
 }
 
 /// Units kept for `high` (and for `normal` and higher).
@@ -80,15 +128,22 @@ pub struct RuleError {
     pub reason: String,
 }
 
-/// The field a serde error is about, dotted from the document's root: serde names an unknown or
-/// missing field in back-quotes, and `serde_path_to_error`'s `path` ends at an unknown field but
-/// at the parent of a missing one. `whole` names the document when no field is at fault.
+/// The field a serde error is about, dotted from the document's root: serde names an unknown,
+/// missing or repeated field in back-quotes, and `serde_path_to_error`'s `path` ends at an
+/// unknown field but at the parent of a missing or repeated one. `whole` names the document
+/// when no field is at fault.
 pub fn serde_field(path: &str, message: &str, whole: &str) -> String {
-    let named = ["unknown field `", "missing field `"]
+    let named = ["unknown field `", "missing field `", "duplicate field `"]
         .iter()
         .find_map(|prefix| message.strip_prefix(prefix))
         .and_then(|rest| rest.split_once('`'))
-        .map(|(name, _)| name);
+        .map(|(name, _)| name)
+        // A field named by the empty string cannot be pointed at: its object is at fault.
+        .filter(|name| !name.is_empty());
+    let path = match named {
+        Some(_) => path,
+        None => path.trim_end_matches('.'),
+    };
     match (named, path) {
         (Some(name), "." | "") => name.to_owned(),
         (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
@@ -311,6 +366,30 @@ mod tests {
             .expect_err("invalid")
             .field
             .into_owned()
+    }
+
+    #[test]
+    fn reserve_and_match_are_objects_not_arrays() {
+        for json in [
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":[1,0]}"#,
+            r#"{"kind":"rate","limit":5,"period_ms":1000,"match":["GET","/a"]}"#,
+        ] {
+            let error = serde_json::from_str::<RawRule>(json).expect_err(json);
+            assert!(
+                error.to_string().contains("expected an object or null"),
+                "{error}"
+            );
+        }
+        let rule = parse(r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":null}"#);
+        assert_eq!(rule.reserve, None);
+        let rule = parse(r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"high":1}}"#);
+        assert_eq!(rule.reserve.and_then(|reserve| reserve.high), Some(1));
+        // A field inside is still named by its path.
+        let json = r#"{"kind":"rate","limit":5,"period_ms":1000,"reserve":{"high":"x"}}"#;
+        let mut deserializer = serde_json::Deserializer::from_str(json);
+        let error = serde_path_to_error::deserialize::<_, RawRule>(&mut deserializer)
+            .expect_err("a string for a number");
+        assert_eq!(error.path().to_string(), "reserve.high");
     }
 
     #[test]

@@ -15,9 +15,12 @@ use tollgate::{
 use tollgate_rules::{RawRule, normalize_path};
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, Code, ErrorBody, ErrorDetail};
+use crate::error::{ApiError, Code, ErrorDetail};
 use crate::extract::{Admin, Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
+use crate::openapi::{
+    BadRequest, Key, LimitName, NotFound, PermitText, PriorityName, Unauthorized, Unavailable,
+};
 use crate::state::AppState;
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
@@ -71,8 +74,10 @@ impl From<&tollgate_rules::RejectedRow> for RejectedRow {
 }
 
 #[utoipa::path(get, path = "/v1/limits", tag = "admin",
-    security(("bearer" = [])),
-    responses((status = 200, body = LimitList), (status = 401, body = ErrorBody)))]
+    security(("admin" = [])),
+    responses((status = 200, description = "the limits in force and the rows refused",
+            body = LimitList),
+        (status = 401, response = Unauthorized)))]
 pub(crate) async fn list_limits(_: Admin, State(state): State<AppState>) -> Json<LimitList> {
     let snapshot = state.rules().snapshot();
     Json(LimitList {
@@ -86,10 +91,11 @@ pub(crate) async fn list_limits(_: Admin, State(state): State<AppState>) -> Json
 }
 
 #[utoipa::path(get, path = "/v1/limits/{name}", tag = "admin",
-    security(("bearer" = [])),
-    params(("name" = String, Path, description = "limit name, [a-z0-9][a-z0-9._:-]{0,127}")),
-    responses((status = 200, body = RawRule), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody)))]
+    security(("admin" = [])),
+    params(("name" = LimitName, Path, description = "the limit's name")),
+    responses((status = 200, description = "the limit in force, as stored", body = RawRule),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound)))]
 pub(crate) async fn get_limit(
     _: Admin,
     State(state): State<AppState>,
@@ -104,14 +110,28 @@ pub(crate) async fn get_limit(
 }
 
 #[utoipa::path(put, path = "/v1/limits/{name}", tag = "admin",
-    security(("bearer" = [])),
-    params(("name" = String, Path, description = "limit name, [a-z0-9][a-z0-9._:-]{0,127}")),
-    request_body = RawRule,
-    responses((status = 200, description = "the stored limit", body = RawRule),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 409, description = "the limits come from a file, which only its authors change",
-            body = ErrorBody),
-        (status = 503, body = ErrorBody)))]
+    security(("admin" = [])),
+    params(("name" = LimitName, Path, description = "the limit's name")),
+    request_body = crate::openapi::LimitBody,
+    responses(
+        (status = 200, description = "the limit as stored, with defaults filled in",
+            body = RawRule,
+            links(
+                ("GetLimit" = (operation_id = "get_limit",
+                    parameters(("name" = "$request.path.name")))),
+                ("DeleteLimit" = (operation_id = "delete_limit",
+                    parameters(("name" = "$request.path.name")))),
+                ("Acquire" = (operation_id = "acquire",
+                    request_body = json!({"limits": ["$request.path.name"]}))),
+                ("Pause" = (operation_id = "pause",
+                    request_body = json!({"limit": "$request.path.name"}))),
+                ("Stats" = (operation_id = "stats",
+                    parameters(("limit" = "$request.path.name")))),
+            )),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 409, description = "the limits come from a file, which only its authors \
+            change", body = crate::openapi::ConflictError),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn put_limit(
     _: Admin,
     State(state): State<AppState>,
@@ -132,13 +152,14 @@ pub(crate) struct Deleted {
 }
 
 #[utoipa::path(delete, path = "/v1/limits/{name}", tag = "admin",
-    security(("bearer" = [])),
-    params(("name" = String, Path, description = "limit name")),
-    responses((status = 200, body = Deleted), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 409, description = "the limits come from a file, which only its authors change",
-            body = ErrorBody),
-        (status = 503, body = ErrorBody)))]
+    security(("admin" = [])),
+    params(("name" = LimitName, Path, description = "the limit's name")),
+    responses((status = 200, description = "the limit is gone", body = Deleted),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 409, description = "the limits come from a file, which only its authors \
+            change", body = crate::openapi::ConflictError),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn delete_limit(
     _: Admin,
     State(state): State<AppState>,
@@ -160,17 +181,22 @@ pub(crate) async fn delete_limit(
 /// `POST /v1/acquire`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"limits": ["vendor-x"], "cost": 1, "priority": "normal", "wait_ms": 0}))]
 pub(crate) struct AcquireBody {
-    /// The limits to take from, all or none.
+    /// The limits to take from, all or none, each named once.
+    #[schema(value_type = Vec<LimitName>, min_items = 1, max_items = 8)]
     limits: Vec<String>,
-    /// The key, for limits counted `per` key.
+    /// The key, for limits counted `per` key (required when one is).
     #[serde(default)]
+    #[schema(value_type = Option<Key>)]
     key: Option<String>,
     /// Units to take (default 1).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1_000_000_000)]
     cost: Option<u64>,
     /// `high`, `normal` (default) or `low`.
     #[serde(default)]
+    #[schema(value_type = Option<PriorityName>)]
     priority: Option<String>,
     /// How long to wait for room, in milliseconds (default 0: answer now); capped by the
     /// server's `wait_ms_max`.
@@ -214,35 +240,79 @@ pub(crate) struct Granted {
     limits: Vec<LimitView>,
 }
 
-/// 429: not granted within the wait.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RateLimited {
-    error: ErrorDetail,
-    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
-    retry_after_ms: u64,
-    /// `capacity` (the limit is used up), `paused` (someone paused it, e.g. on a vendor's
-    /// "retry after"), `recovering` (the store lost what it counted, after an unclean stop or
-    /// a Redis that came back empty, and holds the limit until what was granted before can no
-    /// longer count) or `queued` (requests of the same or higher priority wait ahead).
-    reason: &'static str,
-    limits: Vec<LimitView>,
+/// Why a request was not granted.
+#[derive(Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Reason {
+    /// The limit is used up.
+    Capacity,
+    /// Someone paused it, e.g. on a vendor's "retry after".
+    Paused,
+    /// The store lost what it counted (an unclean stop, or a Redis that came back empty) and
+    /// holds the limit until what was granted before can no longer count.
+    Recovering,
+    /// Requests of the same or higher priority wait ahead.
+    Queued,
 }
 
-fn reason_name(reason: DenyReason) -> &'static str {
-    match reason {
-        DenyReason::Capacity => "capacity",
-        DenyReason::Paused => "paused",
-        DenyReason::Recovering => "recovering",
-        DenyReason::Queued => "queued",
-        #[allow(unreachable_patterns)]
-        _ => "other",
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Capacity => "capacity",
+            Reason::Paused => "paused",
+            Reason::Recovering => "recovering",
+            Reason::Queued => "queued",
+        }
     }
 }
 
-fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
+impl From<DenyReason> for Reason {
+    fn from(reason: DenyReason) -> Reason {
+        match reason {
+            DenyReason::Capacity => Reason::Capacity,
+            DenyReason::Paused => Reason::Paused,
+            DenyReason::Recovering => Reason::Recovering,
+            DenyReason::Queued => Reason::Queued,
+        }
+    }
+}
+
+/// 429: not granted within the wait.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RateLimited {
+    #[schema(schema_with = crate::openapi::rate_limited_detail)]
+    error: ErrorDetail,
+    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
+    retry_after_ms: u64,
+    reason: Reason,
+    limits: Vec<LimitView>,
+}
+
+/// 429 from `/v1/check`: a denial, and what was matched.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct CheckDenied {
+    #[schema(schema_with = crate::openapi::rate_limited_detail)]
+    error: ErrorDetail,
+    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
+    retry_after_ms: u64,
+    reason: Reason,
+    limits: Vec<LimitView>,
+    /// Always false.
+    allowed: bool,
+    /// The normalized path that was matched.
+    path: String,
+    /// The limits whose `match` matched, by name.
+    matched: Vec<String>,
+}
+
+fn reason_name(reason: DenyReason) -> &'static str {
+    Reason::from(reason).as_str()
+}
+
+fn denial(denied: &Denied) -> RateLimited {
     let retry_after_ms = ms_ceil(denied.retry_after);
-    let reason = reason_name(denied.reason);
-    let body = RateLimited {
+    let reason = Reason::from(denied.reason);
+    RateLimited {
         error: ErrorDetail {
             code: Code::RateLimited.as_str(),
             message: match denied.reason {
@@ -253,27 +323,46 @@ fn rate_limited(denied: &Denied, extra: Option<serde_json::Value>) -> Response {
                      recover_on_start); retry after {retry_after_ms} ms",
                     crate::human_duration(denied.retry_after)
                 ),
-                _ => format!("not granted: {reason}; retry after {retry_after_ms} ms"),
+                _ => format!(
+                    "not granted: {}; retry after {retry_after_ms} ms",
+                    reason.as_str()
+                ),
             },
             field: None,
         },
         retry_after_ms,
         reason,
         limits: denied.limits.iter().map(LimitView::from).collect(),
-    };
-    let mut body = match serde_json::to_value(&body) {
-        Ok(body) => body,
-        Err(error) => return crate::error::internal(error.to_string()).into_response(),
-    };
-    if let (Some(serde_json::Value::Object(extra)), Some(object)) = (extra, body.as_object_mut()) {
-        object.extend(extra);
     }
+}
+
+/// A 429 with `body`, and `Retry-After` in whole seconds, rounded up.
+fn rate_limited(body: impl Serialize, retry_after_ms: u64) -> Response {
     let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response();
     response.headers_mut().insert(
         header::RETRY_AFTER,
         HeaderValue::from(retry_after_ms.div_ceil(1_000)),
     );
     response
+}
+
+fn check_denied(denied: &Denied, path: String, matched: Vec<String>) -> Response {
+    let RateLimited {
+        error,
+        retry_after_ms,
+        reason,
+        limits,
+    } = denial(denied);
+    let body = CheckDenied {
+        error,
+        retry_after_ms,
+        reason,
+        limits,
+        allowed: false,
+        path,
+        matched,
+    };
+    rate_limited(body, retry_after_ms)
 }
 
 fn priority(text: Option<&str>) -> ApiResult<Priority> {
@@ -367,10 +456,22 @@ fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
 }
 
 #[utoipa::path(post, path = "/v1/acquire", tag = "data",
+    security(("data" = [])),
     request_body = AcquireBody,
-    responses((status = 200, body = Granted), (status = 429, body = RateLimited),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 503, body = ErrorBody)))]
+    responses(
+        (status = 200, description = "granted: commit the permit when done", body = Granted,
+            links(
+                ("Commit" = (operation_id = "commit",
+                    parameters(("permit" = "$response.body#/permit")))),
+                ("Renew" = (operation_id = "renew",
+                    parameters(("permit" = "$response.body#/permit")))),
+            )),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "a limit named is unknown", body = crate::openapi::NotFoundError),
+        (status = 429, description = "not granted within `wait_ms`", body = RateLimited,
+            headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
+                rounded up"))),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn acquire(
     _: Data,
     State(state): State<AppState>,
@@ -422,7 +523,11 @@ pub(crate) async fn acquire(
             })
             .into_response()
         }
-        Outcome::Denied(denied) => rate_limited(&denied, None),
+        Outcome::Denied(denied) => {
+            let body = denial(&denied);
+            let retry_after_ms = body.retry_after_ms;
+            rate_limited(body, retry_after_ms)
+        }
     })
 }
 
@@ -431,7 +536,9 @@ pub(crate) async fn acquire(
 #[serde(deny_unknown_fields)]
 pub(crate) struct CommitBody {
     /// Units used, 0 to the permit's cost; the rest are refunded. Leases are released.
+    /// Required: a commit that forgot it must not refund everything.
     #[serde(default)]
+    #[schema(value_type = u64, required = true)]
     used: Option<u64>,
 }
 
@@ -445,10 +552,21 @@ pub(crate) struct CommitAnswer {
 }
 
 #[utoipa::path(post, path = "/v1/permits/{permit}/commit", tag = "data",
-    params(("permit" = String, Path, description = "the permit id from /v1/acquire")),
+    security(("data" = [])),
+    params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
     request_body = CommitBody,
-    responses((status = 200, body = CommitAnswer), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses(
+        (status = 200, description = "committed: unused units refunded, leases released",
+            body = CommitAnswer,
+            links(("CommitAgain" = (operation_id = "commit",
+                parameters(("permit" = "$request.path.permit")),
+                description = "a second commit of the same permit is a 409")))),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "an unknown (or forged) permit",
+            body = crate::openapi::NotFoundError),
+        (status = 409, description = "the permit was committed already, or its lease expired",
+            body = crate::openapi::ConflictError),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn commit(
     _: Data,
     State(state): State<AppState>,
@@ -479,9 +597,21 @@ pub(crate) struct RenewAnswer {
 }
 
 #[utoipa::path(post, path = "/v1/permits/{permit}/renew", tag = "data",
-    params(("permit" = String, Path, description = "the permit id from /v1/acquire")),
-    responses((status = 200, body = RenewAnswer), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    security(("data" = [])),
+    params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
+    request_body(content = Option<RenewBody>, description = "none, or `{}`"),
+    responses(
+        (status = 200, description = "every lease of the permit extended by its TTL",
+            body = RenewAnswer,
+            links(("Commit" = (operation_id = "commit",
+                parameters(("permit" = "$request.path.permit")))))),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "an unknown (or forged) permit",
+            body = crate::openapi::NotFoundError),
+        (status = 409, description = "the permit holds no lease (a rate permit), was \
+            committed (its leases released), or its lease expired",
+            body = crate::openapi::ConflictError),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn renew(
     _: Data,
     State(state): State<AppState>,
@@ -498,12 +628,16 @@ pub(crate) async fn renew(
 /// `POST /v1/pause`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"limit": "vendor-x", "retry_after_ms": 15000}))]
 pub(crate) struct PauseBody {
+    #[schema(value_type = LimitName)]
     limit: String,
     /// For a limit counted per key: pause that key only (without it, every key).
     #[serde(default)]
+    #[schema(value_type = Option<Key>)]
     key: Option<String>,
-    /// How long to grant nothing, in milliseconds. Pauses only extend.
+    /// How long to grant nothing, in milliseconds (at most a day). Pauses only extend.
+    #[schema(minimum = 1, maximum = 86_400_000)]
     retry_after_ms: u64,
 }
 
@@ -518,9 +652,12 @@ pub(crate) struct PauseAnswer {
 }
 
 #[utoipa::path(post, path = "/v1/pause", tag = "data",
+    security(("data" = [])),
     request_body = PauseBody,
-    responses((status = 200, body = PauseAnswer), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody)))]
+    responses((status = 200, description = "the pause in force", body = PauseAnswer),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "the limit is unknown", body = crate::openapi::NotFoundError),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn pause(
     _: Data,
     State(state): State<AppState>,
@@ -546,16 +683,21 @@ pub(crate) async fn pause(
 /// `POST /v1/check`: may this inbound request proceed?
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"user": "u1", "method": "GET", "path": "/repo/v1/entity/123/bundle"}))]
 pub(crate) struct CheckBody {
     /// Who makes the request: the key for limits counted `per` key.
     #[serde(default)]
+    #[schema(value_type = Option<Key>)]
     user: Option<String>,
+    /// The request's HTTP method: letters only.
+    #[schema(pattern = "^[A-Za-z]+$")]
     method: String,
     /// The request path as received (a query is ignored). It is matched normalized, as the
     /// throttle layer does: percent-decoded once (`%2F` stays within its segment), dot
     /// segments resolved, empty segments dropped, ids (numbers in any spelling such as `+12`
     /// or `012`, UUIDs, runs of 16+ hex digits) as `#`. A path that cannot be
-    /// percent-decoded (a `%` without two hex digits, bytes that are not UTF-8) is a 400.
+    /// percent-decoded (a `%` without two hex digits, bytes that are not UTF-8) is a 400, and
+    /// so is one over 8 KiB.
     path: String,
 }
 
@@ -577,9 +719,20 @@ pub(crate) struct CheckAnswer {
 const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
 
 #[utoipa::path(post, path = "/v1/check", tag = "data",
+    security(("data" = [])),
     request_body = CheckBody,
-    responses((status = 200, body = CheckAnswer), (status = 429, body = RateLimited),
-        (status = 400, body = ErrorBody)))]
+    responses(
+        (status = 200, description = "allowed: commit the permit, if any, when the request \
+            is done", body = CheckAnswer,
+            links(("Commit" = (operation_id = "commit",
+                parameters(("permit" = "$response.body#/permit")))))),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "a limit matched was deleted while it was decided on",
+            body = crate::openapi::NotFoundError),
+        (status = 429, description = "not allowed now", body = CheckDenied,
+            headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
+                rounded up"))),
+        (status = 503, response = Unavailable)))]
 pub(crate) async fn check(
     _: Data,
     State(state): State<AppState>,
@@ -593,6 +746,10 @@ pub(crate) async fn check(
     }
     if body.method.is_empty() || !body.method.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(ApiError::bad_field("method", "must be an HTTP method"));
+    }
+    // Refused whether or not a rule matches, so that the answer does not depend on the rules.
+    if let Some(user) = body.user.as_deref() {
+        tollgate::check_key(user).map_err(|reason| ApiError::bad_field("user", reason))?;
     }
     let path = normalize_path(&body.path)
         .map_err(|error| ApiError::bad_field("path", error))?
@@ -658,10 +815,7 @@ pub(crate) async fn check(
                 })
                 .into_response()
             }
-            Check::Denied(denied) => rate_limited(
-                &denied,
-                Some(serde_json::json!({ "allowed": false, "path": path, "matched": matched })),
-            ),
+            Check::Denied(denied) => check_denied(&denied, path, matched.clone()),
         });
     }
     let outcome = state
@@ -684,10 +838,7 @@ pub(crate) async fn check(
             })
             .into_response()
         }
-        Outcome::Denied(denied) => rate_limited(
-            &denied,
-            Some(serde_json::json!({ "allowed": false, "path": path, "matched": matched })),
-        ),
+        Outcome::Denied(denied) => check_denied(&denied, path, matched.clone()),
     })
 }
 
@@ -705,7 +856,7 @@ pub(crate) struct Health {
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
-    responses((status = 200, body = Health)))]
+    responses((status = 200, description = "the process runs", body = Health)))]
 pub(crate) async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -718,7 +869,9 @@ pub(crate) async fn healthz() -> Json<Health> {
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[utoipa::path(get, path = "/readyz", tag = "operations",
-    responses((status = 200, body = Health), (status = 503, body = Health)))]
+    responses((status = 200, description = "ready: the rules database and the store answer",
+            body = Health),
+        (status = 503, description = "not ready, and why", body = Health)))]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     let rules = match tokio::time::timeout(READY_TIMEOUT, state.rules().source().ping()).await {
         Ok(Ok(())) => "ok".to_owned(),
@@ -756,6 +909,10 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format",
+        content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
     let text = state
         .metrics()

@@ -45,13 +45,14 @@ pub struct ApiError {
     pub field: Option<String>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Serialize)]
 pub(crate) struct ErrorBody {
     pub(crate) error: ErrorDetail,
 }
 
-/// The error object of every error answer.
-#[derive(Serialize, utoipa::ToSchema)]
+/// The error object of every error answer (the OpenAPI document describes it by status, in
+/// `openapi.rs`).
+#[derive(Serialize)]
 pub(crate) struct ErrorDetail {
     /// One of `bad_request`, `unauthorized`, `not_found`, `rate_limited`, `store_unavailable`,
     /// `too_many_keys`, `conflict`, `internal`.

@@ -184,6 +184,15 @@ mod tests {
             Some("inner.low")
         );
         assert_eq!(field(r#"{"list":[1]}"#).as_deref(), Some("list[0]"));
+        // A field with an empty name cannot be named: the object holding it is.
+        assert_eq!(field(r#"{"":1}"#).as_deref(), Some("body"));
+        assert_eq!(field(r#"{"inner":{"":1}}"#).as_deref(), Some("inner"));
+        // A field given twice is named, not the object that holds it.
+        assert_eq!(field(r#"{"cost":1,"cost":2}"#).as_deref(), Some("cost"));
+        assert_eq!(
+            field(r#"{"inner":{"high":1,"high":2}}"#).as_deref(),
+            Some("inner.high")
+        );
         assert_eq!(field(r#"{"cost":1"#).as_deref(), Some("body"));
         assert_eq!(field(r#"{"cost":1} x"#).as_deref(), Some("body"));
         assert_eq!(field("[]").as_deref(), Some("body"));

@@ -159,7 +159,7 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(api::metrics))
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
-        .route("/openapi.json", get(openapi_json))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route("/ui", get(ui::index))
         .route("/ui/{asset}", get(ui::asset))
         .fallback(api::not_found)
@@ -172,13 +172,10 @@ fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(openapi::document())
-}
-
-/// The OpenAPI document, as served at `/openapi.json`.
-pub fn openapi_document() -> String {
-    openapi::document().to_pretty_json().unwrap_or_default()
+/// The OpenAPI document, as a server serves it at `/openapi.json`: `data_token` says whether
+/// that server has a data token (without one, its data plane needs none).
+pub fn openapi_document(data_token: bool) -> String {
+    serde_json::to_string_pretty(&openapi::document(data_token)).unwrap_or_default()
 }
 
 /// Start the server and serve until `shutdown` resolves; then stop taking waits (waiting

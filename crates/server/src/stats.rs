@@ -24,10 +24,13 @@ const HOT_KEYS_SHOWN: usize = 5;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct StatsQuery {
     /// Only this limit.
+    #[param(value_type = Option<crate::openapi::LimitName>)]
     limit: Option<String>,
     /// With `limit`, for a limit counted per key: the key whose usage to show.
+    #[param(value_type = Option<crate::openapi::Key>)]
     key: Option<String>,
 }
 
@@ -147,32 +150,42 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
     }
 }
 
+/// A query string refused, naming the parameter at fault: serde names an unknown or repeated
+/// parameter in back-quotes. One with no name (`?=x`) cannot be named: the query string as a
+/// whole is, as `query`.
+fn query_error(text: &str) -> ApiError {
+    let named = |prefix: &str| {
+        text.split_once(prefix)
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .map(|(name, _)| name)
+            .filter(|name| !name.is_empty())
+    };
+    if let Some(name) = named("unknown field `") {
+        return ApiError::bad_field(name, "unknown parameter; the parameters are limit and key");
+    }
+    if let Some(name) = named("duplicate field `") {
+        return ApiError::bad_field(name, "is given more than once");
+    }
+    ApiError::bad_field(
+        "query",
+        text.trim_start_matches("Failed to deserialize query string: "),
+    )
+}
+
 #[utoipa::path(get, path = "/v1/stats", tag = "data",
+    security(("data" = [])),
     params(StatsQuery),
-    responses((status = 200, body = Stats), (status = 400, body = crate::error::ErrorBody),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody)))]
+    responses((status = 200, description = "the server at a glance", body = Stats),
+        (status = 400, response = crate::openapi::BadRequest),
+        (status = 401, response = crate::openapi::Unauthorized),
+        (status = 404, description = "the limit asked for is unknown",
+            body = crate::openapi::NotFoundError)))]
 pub(crate) async fn stats(
     _: Data,
     State(state): State<AppState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
-    let Query(query) = query.map_err(|rejection| {
-        let text = rejection.body_text();
-        // serde names an unknown parameter in back-quotes.
-        match text
-            .split_once("unknown field `")
-            .and_then(|(_, rest)| rest.split_once('`'))
-        {
-            Some((name, _)) => {
-                ApiError::bad_field(name, "unknown parameter; the parameters are limit and key")
-            }
-            None => ApiError::bad_field(
-                "query",
-                text.trim_start_matches("Failed to deserialize query string: "),
-            ),
-        }
-    })?;
+    let Query(query) = query.map_err(|rejection| query_error(&rejection.body_text()))?;
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
     } else if query.key.is_some() {

@@ -27,11 +27,21 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /ui`: the page.
+#[utoipa::path(get, path = "/ui", tag = "operations",
+    responses((status = 200, description = "the dashboard's page", content_type = "text/html",
+        body = String)))]
 pub(crate) async fn index() -> Response {
     file(INDEX_HTML, "text/html; charset=utf-8")
 }
 
 /// `GET /ui/{asset}`: a file the page loads.
+#[utoipa::path(get, path = "/ui/{asset}", tag = "operations",
+    params(("asset" = crate::openapi::UiAsset, Path,
+        description = "a file of the dashboard; any other name is a 404")),
+    responses(
+        (status = 200, description = "the file", content(
+            (String = "text/javascript"), (String = "text/css"), (String = "image/svg+xml"))),
+        (status = 404, description = "no such file", body = crate::openapi::NotFoundError)))]
 pub(crate) async fn asset(Path(asset): Path<String>) -> Response {
     match asset.as_str() {
         "app.js" => file(APP_JS, "text/javascript; charset=utf-8"),
