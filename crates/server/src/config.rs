@@ -165,3 +165,29 @@ fn redacted_store(store: &StoreChoice) -> String {
         StoreChoice::Redis(url) => tollgate_rules::redact(url),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_are_memory_or_a_redis_url_of_any_deployment() {
+        assert_eq!(StoreChoice::parse("memory"), Ok(StoreChoice::Memory));
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "rediss://cache:6380/",
+            "redis-cluster://10.0.0.1:7000,10.0.0.2:7000",
+            "redis-sentinel://10.0.0.1:26379/mymaster",
+        ] {
+            assert_eq!(StoreChoice::parse(url), Ok(StoreChoice::Redis(url.into())));
+        }
+        let refused = StoreChoice::parse("memcached://h:1").expect_err("not a store");
+        assert!(refused.contains("redis-cluster://"), "{refused}");
+        assert_eq!(
+            redacted_store(&StoreChoice::Redis(
+                "redis-cluster://:secret@h1:7000,h2:7000".into()
+            )),
+            "redis-cluster://:***@h1:7000,h2:7000"
+        );
+    }
+}
