@@ -207,21 +207,32 @@ impl Follower {
         Ok(connection)
     }
 
-    /// Forget the master after an answer that says it is gone or no longer the master.
-    fn forget_on<T>(&self, answer: &RedisResult<T>) {
-        if let Err(error) = answer {
-            let moved = error.is_io_error()
-                || error.is_connection_refusal()
-                || error.is_connection_dropped()
-                || error.is_timeout()
-                || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
-            if moved && let Ok(mut slot) = self.current.lock() {
-                *slot = None;
-            }
+    /// Forget the master after an answer that says it is gone or no longer the master; whether
+    /// it did.
+    fn forget_on<T>(&self, answer: &RedisResult<T>) -> bool {
+        let Err(error) = answer else {
+            return false;
+        };
+        let moved = error.is_io_error()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.is_timeout()
+            || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
+        if moved && let Ok(mut slot) = self.current.lock() {
+            *slot = None;
         }
+        moved
     }
 
+    /// Send `command` to the master, asking the Sentinels once more if the one it went to is
+    /// gone. A command whose answer was lost may so run twice: a decision then counts twice
+    /// (fewer grants, never more), a commit answers that its permit is gone.
     async fn query(&self, command: &Cmd) -> RedisResult<Value> {
+        let mut connection = self.connection().await?;
+        let answer = command.query_async(&mut connection).await;
+        if !self.forget_on(&answer) {
+            return answer;
+        }
         let mut connection = self.connection().await?;
         let answer = command.query_async(&mut connection).await;
         self.forget_on(&answer);

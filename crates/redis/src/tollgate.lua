@@ -177,10 +177,11 @@ function T.load(raw, keys, now, gen, p)
   return T.empty(keys, now, gen.born), gen.born + p.memory
 end
 
+-- Hold a counter until `hold_until`: a pause it already had that ends later stays.
 function T.hold(c, now, hold_until)
   if hold_until > now then
-    c.p = hold_until
-    c.s = hold_until
+    c.p = math.max(c.p, hold_until)
+    c.s = math.max(c.s, hold_until)
   end
   return c
 end
@@ -551,44 +552,28 @@ function T.save(c, p, now)
   redis.call('SET', c.ck, T.encode(c), 'PX', T.ttl_ms(idle, now))
 end
 
--- Which Redis process runs this script: its node id in a cluster (empty otherwise) and its
--- run id, which every start of a Redis process draws anew. Asked once per script engine, which
--- lives as long as the process (or until the library is loaded again).
+-- Which Redis master runs this script: its cluster node id (empty outside a cluster), its run
+-- id, which every start of a Redis process draws anew, and its replication id, which it draws
+-- anew whenever it becomes a master. Asked once per script engine, which is made again when the
+-- library is loaded (a start, a full sync). A master demoted and promoted again without a full
+-- sync keeps its old identity, and rightly: it then holds all its new master held.
 function T.identity()
   if not T.me then
     local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+    local term = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
     local node = redis.pcall('CLUSTER', 'MYID')
     if type(node) ~= 'string' then node = '' end
-    T.node = node
-    T.me = node .. '/' .. run_id
+    T.me = node .. '/' .. run_id .. ':' .. term
   end
   return T.me
 end
 
--- Whether the generation `owner` wrote moved here with its slot (a reshard, which loses
--- nothing) rather than being left by a process that is gone or demoted (a failover or a
--- restart, which may have lost the last writes): its node is another, still a master the
--- cluster does not mark failing.
-function T.moved_here(owner)
-  local node = string.match(owner, '^([^/]*)/')
-  if T.node == '' or node == nil or node == '' or node == T.node then return false end
-  local nodes = redis.call('CLUSTER', 'NODES')
-  for line in string.gmatch(nodes, '[^\n]+') do
-    local id, flags = string.match(line, '^(%S+) %S+ (%S+)')
-    if id == node then
-      return string.find(flags, 'master', 1, true) ~= nil
-        and string.find(flags, 'fail', 1, true) == nil
-    end
-  end
-  return false
-end
-
 -- The generation: born, renew (doubles) then the owner's identity, in one string read with the
 -- call's other keys (`raw`) and written only when it changes: a missing generation (restart
--- without persistence, flush), or one written by another Redis process (failover to a replica,
--- restart from a snapshot) means state may be lost: a new generation starts, born now, and every
--- counter not written since (T.load) waits out whatever it may have counted (G6). A generation
--- that came with its slot from another master keeps its birth.
+-- without persistence, flush), or one written by another Redis master (a failover, a restart,
+-- a slot moved here) means state may be lost: a new generation starts, born now, and every
+-- counter not written since (T.load) waits out whatever it may have counted (G6). A reshard
+-- loses nothing, but nothing the script can see tells it from a failover to a stale copy.
 function T.generation(raw, key, now)
   local born, renew, owner
   if raw and #raw > 16 then
@@ -600,11 +585,7 @@ function T.generation(raw, key, now)
   if born == nil then
     gen.lost = 1
   elseif owner ~= me then
-    if T.moved_here(owner) then
-      renew = 0
-    else
-      gen.lost = 1
-    end
+    gen.lost = 1
   end
   if gen.lost == 1 then
     gen.born = now
