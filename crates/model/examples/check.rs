@@ -5,11 +5,16 @@
 //! cargo run -p tollgate-model --release --example check -- --large
 //! ```
 //!
+//! Names after the bound keep only the models whose name starts with one of them
+//! (`check --large cross-slot failover`).
+//!
 //! Exits non-zero if any model's outcome differs from what the tests expect.
 
 use std::fmt::Display;
 use std::process::ExitCode;
 
+use tollgate_model::cross_slot::{self, CrossSlotModel, OnDenial, Order};
+use tollgate_model::failover::{self, Check, FailoverModel, Hold};
 use tollgate_model::protocol::{self, LossHandling, ProtocolModel, SAFETY_AND_LIVENESS, Setup};
 use tollgate_model::{Bound, Outcome, calls, run, tokens, trace};
 
@@ -42,16 +47,26 @@ where
 
 fn main() -> ExitCode {
     let mut bound = Bound::Small;
+    let mut prefixes: Vec<String> = Vec::new();
     for argument in std::env::args().skip(1) {
         match argument.as_str() {
             "--large" => bound = Bound::Large,
             "--small" => bound = Bound::Small,
-            other => {
-                eprintln!("unknown argument {other:?}; usage: check [--small | --large]");
+            other if other.starts_with("--") => {
+                eprintln!(
+                    "unknown argument {other:?}; usage: check [--small | --large] [NAME-PREFIX...]"
+                );
                 return ExitCode::from(2);
             }
+            other => prefixes.push(other.to_owned()),
         }
     }
+    let wanted = |name: &str| {
+        prefixes.is_empty()
+            || prefixes
+                .iter()
+                .any(|prefix| name.starts_with(prefix.as_str()))
+    };
     println!("bound: {bound:?}");
     let mut all_as_expected = true;
 
@@ -63,13 +78,12 @@ fn main() -> ExitCode {
         (calls::Design::AwaitWithReset, &[][..]),
         (calls::Design::Reservation, &[][..]),
     ] {
+        let name = format!("calls/{design:?}");
+        if !wanted(&name) {
+            continue;
+        }
         let outcome = run(calls::CallsModel::seed(design), failures);
-        all_as_expected &= judge(
-            &format!("calls/{design:?}"),
-            &outcome,
-            &call_properties,
-            failures,
-        );
+        all_as_expected &= judge(&name, &outcome, &call_properties, failures);
     }
 
     let (instances, max_tokens) = if bound.is_large() { (3, 3) } else { (2, 2) };
@@ -80,6 +94,10 @@ fn main() -> ExitCode {
         ),
         (tokens::Design::Lease, &[][..]),
     ] {
+        let name = format!("tokens/{design:?}");
+        if !wanted(&name) {
+            continue;
+        }
         let model = tokens::TokensModel {
             design,
             instances,
@@ -87,7 +105,7 @@ fn main() -> ExitCode {
         };
         let outcome = run(model, failures);
         all_as_expected &= judge(
-            &format!("tokens/{design:?}"),
+            &name,
             &outcome,
             &[tokens::MAX_TOKENS_NOT_EXCEEDED],
             failures,
@@ -116,6 +134,9 @@ fn main() -> ExitCode {
         ),
     ];
     for (name, setup, failures) in protocol_checks {
+        if !wanted(name) {
+            continue;
+        }
         let model = match ProtocolModel::new(setup) {
             Ok(model) => model,
             Err(error) => {
@@ -132,6 +153,118 @@ fn main() -> ExitCode {
             failures
         };
         all_as_expected &= judge(name, &outcome, checked, failures);
+    }
+
+    let cross_slot_checks: [(&str, cross_slot::Setup, &[&'static str]); 4] = [
+        (
+            "cross-slot/contended",
+            cross_slot::Setup::contended(bound),
+            &[],
+        ),
+        (
+            "cross-slot/limit-two",
+            cross_slot::Setup::limit_two(bound),
+            &[],
+        ),
+        (
+            "cross-slot/keep-grants",
+            cross_slot::Setup {
+                on_denial: OnDenial::KeepGrants,
+                ..cross_slot::Setup::contended(bound)
+            },
+            &[
+                cross_slot::ALL_OR_NOTHING,
+                cross_slot::DENIED_ONLY_WHEN_FULL,
+            ],
+        ),
+        (
+            "cross-slot/as-named",
+            cross_slot::Setup {
+                order: Order::AsNamed,
+                ..cross_slot::Setup::contended(bound)
+            },
+            &[cross_slot::NO_LIVELOCK],
+        ),
+    ];
+    for (name, setup, failures) in cross_slot_checks {
+        if !wanted(name) {
+            continue;
+        }
+        let model = match CrossSlotModel::new(setup) {
+            Ok(model) => model,
+            Err(error) => {
+                eprintln!("{name}: invalid policy: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let outcome = run(model, failures);
+        let checked: &[&str] = if failures.is_empty() {
+            &cross_slot::ALL
+        } else {
+            failures
+        };
+        all_as_expected &= judge(name, &outcome, checked, failures);
+    }
+
+    let g6: &[&'static str] = &[failover::G6_LOSS];
+    let mut failover_checks: Vec<(String, failover::Setup, &[&'static str])> = vec![
+        (
+            "failover/failover".into(),
+            failover::Setup::failover(bound),
+            &[],
+        ),
+        (
+            "failover/missing-only".into(),
+            failover::Setup {
+                check: Check::MissingOnly,
+                ..failover::Setup::failover(bound)
+            },
+            g6,
+        ),
+        (
+            "failover/stale-as-is".into(),
+            failover::Setup {
+                hold: Hold::StaleAsIs,
+                ..failover::Setup::failover(bound)
+            },
+            g6,
+        ),
+    ];
+    let findings = [
+        ("failback", failover::Setup::failback(bound)),
+        ("forced", failover::Setup::forced_failover(bound)),
+        ("reshard", failover::Setup::reshard(bound)),
+        (
+            "restart-then-reshard",
+            failover::Setup::restart_then_reshard(bound),
+        ),
+    ];
+    // The real check on each finding and everything at once; the store's former rule, caught
+    // on each finding.
+    let everything = ("everything", failover::Setup::everything(bound));
+    for (name, setup) in findings.iter().cloned().chain([everything]) {
+        failover_checks.push((format!("failover/{name}"), setup, &[]));
+    }
+    for (name, setup) in findings {
+        let former = failover::Setup {
+            check: Check::MovedExemption,
+            ..setup
+        };
+        failover_checks.push((format!("failover/moved-exemption/{name}"), former, g6));
+    }
+    for (name, setup, failures) in failover_checks {
+        if !wanted(&name) {
+            continue;
+        }
+        let model = match FailoverModel::new(setup) {
+            Ok(model) => model,
+            Err(error) => {
+                eprintln!("{name}: invalid policy: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let outcome = run(model, failures);
+        all_as_expected &= judge(&name, &outcome, g6, failures);
     }
 
     if all_as_expected {
