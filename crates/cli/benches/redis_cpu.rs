@@ -1,0 +1,689 @@
+//! Redis CPU per decision, from `INFO commandstats` (`usec_per_call`): Tollgate's decisions
+//! through the library (`RedisStore` under a `Limiter`) and through the server (`tollgate serve
+//! --store redis://...` over HTTP), beside two peers measured in the same run on the same Redis:
+//! redis-cell's `CL.THROTTLE` (when the module is loaded) and a rate-limiter-flexible style
+//! `INCR` + `PEXPIRE` script called by `EVALSHA`.
+//!
+//! Every case spreads its decisions over 10,000 keys, 32 at a time, at 100 per second per key,
+//! which the load never reaches: every decision is a grant. Before each case one decision per
+//! key is made untimed, then `CONFIG RESETSTAT`; after the case's decisions `INFO commandstats`
+//! gives the calls and the microseconds Redis spent in them (the commands a script or module
+//! runs inside are part of its call's time). Cases:
+//!
+//! - GCRA (100 per second, burst 100), `Request::refundable(false)` / `POST /v1/check`;
+//! - fixed window (100 per second), the same;
+//! - sliding window (100 per second) with a refundable permit: acquire, then commit it with
+//!   `used` = cost; both calls count, so a decision is two `FCALL`s.
+//!
+//! `scripts/bench-redis-cpu` builds redis-cell, starts a private Redis with it and runs this
+//! with `BENCH_REDIS_PORT` set. The bench resets that Redis's statistics: never point it at a
+//! Redis other work uses. `BENCH_DECISIONS` (default 50,000) decisions per case;
+//! `BENCH_ROUNDS` (default 1, the script's 3) repeats the whole table, then prints each row at
+//! its lowest over the rounds. Each Tollgate row is also set against its target: a GCRA or
+//! fixed-window decision at most 2x `CL.THROTTLE`'s Redis time, a sliding-window decision with
+//! a refundable permit at most 3x. Without `--bench` (under `cargo test --all-targets`) it does
+//! nothing.
+
+// Shared with the other benches; this one needs only `Process`.
+#[allow(dead_code)]
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use redis::aio::MultiplexedConnection;
+use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tollgate_cli::client::Client;
+use tollgate_redis::{RedisStore, RedisStoreConfig};
+
+use common::Process;
+
+const KEYS: usize = 10_000;
+/// Decisions in flight at once: enough to keep Redis busy.
+const CALLERS: usize = 32;
+const TIMEOUT: Duration = Duration::from_secs(10);
+const ADMIN_TOKEN: &str = "bench";
+/// Every policy: 100 units per second per key.
+const LIMIT: u64 = 100;
+const PERIOD_MS: u64 = 1000;
+/// The peer script: count in a window that starts at the key's first call.
+const INCR_PEXPIRE: &str = "local current = redis.call('INCR', KEYS[1])\n\
+    if current == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end\n\
+    return current";
+
+/// What one case cost Redis.
+#[derive(Clone, Copy, Debug)]
+struct Figures {
+    decisions: u64,
+    calls: u64,
+    usec: u64,
+    elapsed: Duration,
+}
+
+impl Figures {
+    fn usec_per_call(&self) -> f64 {
+        self.usec as f64 / self.calls.max(1) as f64
+    }
+    fn calls_per_decision(&self) -> f64 {
+        self.calls as f64 / self.decisions.max(1) as f64
+    }
+    fn usec_per_decision(&self) -> f64 {
+        self.usec as f64 / self.decisions.max(1) as f64
+    }
+    fn per_second(&self) -> f64 {
+        self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// `calls` and `usec` of every command in `INFO commandstats`, by name (`fcall`, `evalsha`,
+/// `cl.throttle`, ...).
+async fn commandstats(connection: &mut MultiplexedConnection) -> HashMap<String, (u64, u64)> {
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .expect("INFO commandstats");
+    let mut table = HashMap::new();
+    for line in text.lines() {
+        let Some((name, fields)) = line
+            .trim()
+            .strip_prefix("cmdstat_")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |wanted: &str| {
+            fields
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(wanted)?.strip_prefix('='))
+                .and_then(|value| value.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        table.insert(name.to_owned(), (field("calls"), field("usec")));
+    }
+    table
+}
+
+async fn reset_stats(connection: &mut MultiplexedConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(connection)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+/// `decisions` calls of `one`, `CALLERS` at a time, the n-th on key `n % KEYS`.
+async fn drive<F, Fut>(decisions: u64, one: F) -> Duration
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut callers = Vec::with_capacity(CALLERS);
+    for _ in 0..CALLERS {
+        let next = next.clone();
+        let one = one.clone();
+        callers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= decisions {
+                    break;
+                }
+                one((n % KEYS as u64) as usize).await;
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.expect("a caller");
+    }
+    started.elapsed()
+}
+
+/// One decision per key untimed, then `decisions` measured: the calls of `commands` and the
+/// microseconds Redis spent in them.
+async fn measure<F, Fut>(
+    stats: &mut MultiplexedConnection,
+    commands: &[&str],
+    decisions: u64,
+    one: F,
+) -> Figures
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    drive(KEYS as u64, one.clone()).await;
+    reset_stats(stats).await;
+    let elapsed = drive(decisions, one).await;
+    let table = commandstats(stats).await;
+    let (calls, usec) = commands
+        .iter()
+        .filter_map(|command| table.get(*command))
+        .fold((0, 0), |(calls, usec), (c, u)| (calls + c, usec + u));
+    Figures {
+        decisions,
+        calls,
+        usec,
+        elapsed,
+    }
+}
+
+/// The script commands Tollgate's store decides with: `FCALL`, or `EVALSHA` where Redis
+/// refuses `FUNCTION LOAD`.
+const TOLLGATE_COMMANDS: [&str; 3] = ["fcall", "evalsha", "eval"];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Case {
+    Gcra,
+    Fixed,
+    Sliding,
+}
+
+impl Case {
+    const ALL: [Case; 3] = [Case::Gcra, Case::Fixed, Case::Sliding];
+
+    fn limit(self) -> &'static str {
+        match self {
+            Case::Gcra => "bench-gcra",
+            Case::Fixed => "bench-fixed",
+            Case::Sliding => "bench-sliding",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Case::Gcra => "GCRA, refundable(false)",
+            Case::Fixed => "fixed window, refundable(false)",
+            Case::Sliding => "sliding, refundable permit + commit",
+        }
+    }
+
+    /// Tollgate's target, as a multiple of `CL.THROTTLE`'s Redis time per decision.
+    fn target(self) -> f64 {
+        match self {
+            Case::Gcra | Case::Fixed => 2.0,
+            Case::Sliding => 3.0,
+        }
+    }
+
+    fn algorithm(self) -> Algorithm {
+        match self {
+            Case::Gcra => Algorithm::Gcra { burst: LIMIT },
+            Case::Fixed => Algorithm::Fixed,
+            Case::Sliding => Algorithm::Sliding,
+        }
+    }
+
+    fn policy(self) -> Policy {
+        Policy::rate(
+            LIMIT,
+            PERIOD_MS * 1000,
+            0,
+            self.algorithm(),
+            Reserve::default(),
+        )
+        .expect("a valid policy")
+    }
+
+    /// The admin API's body for this case's limit, matched on `GET /bench/<algorithm>`.
+    fn rule(self) -> serde_json::Value {
+        let algorithm = self.algorithm().name();
+        let mut rule = serde_json::json!({"kind":"rate","limit":LIMIT,"period_ms":PERIOD_MS,
+            "algorithm":algorithm,"per":"user",
+            "match":{"method":"GET","path":format!("/bench/{algorithm}")}});
+        if let Algorithm::Gcra { burst } = self.algorithm() {
+            rule["burst"] = burst.into();
+        }
+        rule
+    }
+}
+
+// ---- Library -------------------------------------------------------------------------------
+
+async fn library_case(
+    limiter: &Limiter,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    case: Case,
+    decisions: u64,
+) -> Figures {
+    let limiter = limiter.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let limiter = limiter.clone();
+        let keys = keys.clone();
+        async move {
+            let request = Request::new(case.limit()).key(&keys[k]);
+            let request = match case {
+                Case::Sliding => request,
+                Case::Gcra | Case::Fixed => request.refundable(false),
+            };
+            let permit = limiter
+                .try_acquire(&request)
+                .await
+                .expect("the store answers")
+                .granted()
+                .expect("a grant: the bench's limits never bind");
+            if case == Case::Sliding {
+                permit.commit(1).await.expect("the commit is taken");
+            }
+        }
+    };
+    measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
+}
+
+async fn library_limiter(url: &str) -> Limiter {
+    let namespace = format!("bench-library-{}", std::process::id());
+    let store = RedisStore::connect(RedisStoreConfig {
+        url: url.to_owned(),
+        namespace,
+        fail_open: false,
+        timeout: Duration::from_secs(5),
+    })
+    .await
+    .expect("connect the store to the bench Redis");
+    // A namespace never used: nothing to hold (G6).
+    store
+        .begin_new_namespace()
+        .await
+        .expect("declare the namespace new");
+    match store.function_library() {
+        Some(name) => println!("Tollgate's store decides by FCALL of the library {name}"),
+        None => println!("Tollgate's store decides by EVALSHA (FUNCTION LOAD was refused)"),
+    }
+    let limiter = Limiter::new(
+        Arc::new(store),
+        LimiterConfig {
+            wait_max: Duration::from_secs(1),
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    for case in Case::ALL {
+        limiter.set_limit(Limit::new(case.limit(), case.policy(), Some("user")).expect("a limit"));
+    }
+    limiter
+}
+
+// ---- Server --------------------------------------------------------------------------------
+
+/// `tollgate serve` on the Redis at `url`, with its rules in `directory`: the process and its
+/// base URL.
+fn start_server(directory: &Path, url: &str, namespace: &str) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log", "warn"])
+        .args(["--store", url, "--redis-namespace", namespace])
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        // One replica: any secret will do; set, so that the server does not warn.
+        .env("TOLLGATE_PERMIT_SECRET", "0123456789abcdef0123456789abcdef")
+        .current_dir(directory)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tollgate serve");
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("its listening line");
+    let base = line
+        .trim()
+        .strip_prefix("tollgate: listening on ")
+        .expect("a listening line")
+        .to_owned();
+    (Process(child), base)
+}
+
+async fn server_limits(base: &str) {
+    let admin = Client::new(base, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("a client");
+    for case in Case::ALL {
+        let path = format!("/v1/limits/{}", case.limit());
+        let put = admin
+            .send(Method::PUT, &path, Some(&case.rule()))
+            .await
+            .expect("PUT a limit");
+        assert_eq!(put.status, 200, "{}", put.text());
+    }
+}
+
+async fn server_case(
+    base: &str,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    case: Case,
+    decisions: u64,
+) -> Figures {
+    // One client: its pool keeps a keep-alive connection per caller.
+    let client = Client::new(base, None, TIMEOUT).expect("a client");
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let client = client.clone();
+        let keys = keys.clone();
+        async move {
+            let key = keys[k].as_str();
+            if case != Case::Sliding {
+                let path = format!("/bench/{}", case.algorithm().name());
+                let body = serde_json::json!({"user":key,"method":"GET","path":path});
+                let answer = client
+                    .send(Method::POST, "/v1/check", Some(&body))
+                    .await
+                    .expect("check");
+                assert_eq!(answer.status, 200, "{}", answer.text());
+                let matched = answer.json.as_ref().map(|json| &json["matched"][0]);
+                assert_eq!(
+                    matched.and_then(|name| name.as_str()),
+                    Some(case.limit()),
+                    "{}",
+                    answer.text()
+                );
+                return;
+            }
+            let body = serde_json::json!({"limits":[case.limit()],"key":key});
+            let granted = client
+                .send(Method::POST, "/v1/acquire", Some(&body))
+                .await
+                .expect("acquire");
+            assert_eq!(granted.status, 200, "{}", granted.text());
+            let permit = granted
+                .json
+                .as_ref()
+                .and_then(|json| json["permit"].as_str())
+                .expect("a permit");
+            let path = format!("/v1/permits/{permit}/commit");
+            let committed = client
+                .send(Method::POST, &path, Some(&serde_json::json!({"used":1})))
+                .await
+                .expect("commit");
+            assert_eq!(committed.status, 200, "{}", committed.text());
+        }
+    };
+    measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
+}
+
+// ---- Peers ---------------------------------------------------------------------------------
+
+/// `CL.THROTTLE key 99 100 1 1`: a burst of 100 (redis-cell's `max_burst` + 1), 100 per
+/// second, one unit: Tollgate's GCRA case.
+fn throttle(key: &str) -> redis::Cmd {
+    let mut command = redis::cmd("CL.THROTTLE");
+    command
+        .arg(format!("cell:{key}"))
+        .arg(LIMIT - 1)
+        .arg(LIMIT)
+        .arg(PERIOD_MS / 1000)
+        .arg(1);
+    command
+}
+
+async fn cell_loaded(connection: &mut MultiplexedConnection) -> bool {
+    throttle("probe")
+        .query_async::<Vec<i64>>(connection)
+        .await
+        .is_ok()
+}
+
+async fn cell_case(
+    connection: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+) -> Figures {
+    let connection = connection.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let mut connection = connection.clone();
+        let keys = keys.clone();
+        async move {
+            let answer: Vec<i64> = throttle(&keys[k])
+                .query_async(&mut connection)
+                .await
+                .expect("CL.THROTTLE");
+            assert_eq!(answer.first(), Some(&0), "CL.THROTTLE limited: {answer:?}");
+        }
+    };
+    measure(stats, &["cl.throttle"], decisions, one).await
+}
+
+async fn incr_case(
+    connection: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+) -> Figures {
+    let mut loader = connection.clone();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(INCR_PEXPIRE)
+        .query_async(&mut loader)
+        .await
+        .expect("SCRIPT LOAD");
+    let sha = Arc::new(sha);
+    let connection = connection.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let mut connection = connection.clone();
+        let keys = keys.clone();
+        let sha = sha.clone();
+        async move {
+            let count: u64 = redis::cmd("EVALSHA")
+                .arg(sha.as_str())
+                .arg(1)
+                .arg(format!("incr:{}", keys[k]))
+                .arg(PERIOD_MS)
+                .query_async(&mut connection)
+                .await
+                .expect("EVALSHA");
+            assert!(count <= LIMIT, "INCR+PEXPIRE over its limit: {count}");
+        }
+    };
+    measure(stats, &["evalsha"], decisions, one).await
+}
+
+// ---- Report --------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Cell,
+    Incr,
+}
+
+#[derive(Clone, Copy)]
+struct Row {
+    case: &'static str,
+    path: &'static str,
+    peer: Option<Peer>,
+    figures: Figures,
+    target: Option<f64>,
+}
+
+fn print_table(rows: &[Row]) {
+    let peer = |which: Peer| {
+        rows.iter()
+            .find(|row| row.peer == Some(which))
+            .map(|row| row.figures.usec_per_decision())
+    };
+    let (cell, incr) = (peer(Peer::Cell), peer(Peer::Incr));
+    println!(
+        "{:<36} | {:<7} | {:>6} | {:>13} | {:>14} | {:>14} | {:>13} | {:>13} | {:>11}",
+        "case",
+        "path",
+        "calls",
+        "usec_per_call",
+        "calls/decision",
+        "usec/decision",
+        "x CL.THROTTLE",
+        "x INCR+PEXPIRE",
+        "decisions/s"
+    );
+    println!("{}", "-".repeat(152));
+    let show = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.2}"));
+    for row in rows {
+        let usec = row.figures.usec_per_decision();
+        let to_cell = cell.map(|cell| usec / cell.max(1e-9));
+        let verdict = match (row.target, to_cell) {
+            (Some(target), Some(to_cell)) if to_cell <= target => {
+                format!("  (target {target}x: met)")
+            }
+            (Some(target), Some(_)) => format!("  (target {target}x: NOT met)"),
+            _ => String::new(),
+        };
+        println!(
+            "{:<36} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>14.2} | {:>13} | {:>14} | {:>11.0}{verdict}",
+            row.case,
+            row.path,
+            row.figures.calls,
+            row.figures.usec_per_call(),
+            row.figures.calls_per_decision(),
+            usec,
+            show(to_cell),
+            show(incr.map(|incr| usec / incr.max(1e-9))),
+            row.figures.per_second(),
+        );
+    }
+}
+
+/// Each row at its lowest Redis time per decision over the rounds: the one the rest of the
+/// machine disturbed least (a command's time in `commandstats` includes any time Redis was
+/// not on a core meanwhile).
+fn lowest(rounds: &[Vec<Row>]) -> Vec<Row> {
+    let mut best = rounds.first().cloned().unwrap_or_default();
+    for round in rounds.iter().skip(1) {
+        for (kept, row) in best.iter_mut().zip(round) {
+            if row.figures.usec_per_decision() < kept.figures.usec_per_decision() {
+                *kept = *row;
+            }
+        }
+    }
+    best
+}
+
+/// One round: the peers, then the library's cases, then the server's.
+async fn round(
+    stats: &mut MultiplexedConnection,
+    peers: &MultiplexedConnection,
+    cell: bool,
+    limiter: &Limiter,
+    base: &str,
+    keys: &Arc<Vec<String>>,
+    decisions: u64,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if cell {
+        rows.push(Row {
+            case: "CL.THROTTLE (redis-cell)",
+            path: "peer",
+            peer: Some(Peer::Cell),
+            figures: cell_case(peers, keys, stats, decisions).await,
+            target: None,
+        });
+    }
+    rows.push(Row {
+        case: "INCR+PEXPIRE script (EVALSHA)",
+        path: "peer",
+        peer: Some(Peer::Incr),
+        figures: incr_case(peers, keys, stats, decisions).await,
+        target: None,
+    });
+    for case in Case::ALL {
+        rows.push(Row {
+            case: case.label(),
+            path: "library",
+            peer: None,
+            figures: library_case(limiter, keys, stats, case, decisions).await,
+            target: Some(case.target()),
+        });
+    }
+    for case in Case::ALL {
+        rows.push(Row {
+            case: case.label(),
+            path: "server",
+            peer: None,
+            figures: server_case(base, keys, stats, case, decisions).await,
+            target: Some(case.target()),
+        });
+    }
+    rows
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(text) => text
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {text:?}")),
+        Err(_) => default,
+    }
+}
+
+fn main() {
+    // `cargo test --all-targets` runs bench targets without `--bench`: it builds, no more.
+    if !std::env::args().any(|argument| argument == "--bench") {
+        println!("redis_cpu: run scripts/bench-redis-cpu to measure");
+        return;
+    }
+    let Ok(port) = std::env::var("BENCH_REDIS_PORT") else {
+        println!(
+            "redis_cpu: SKIPPED: BENCH_REDIS_PORT is unset. It resets the Redis's statistics, so \
+             it runs on a private Redis: scripts/bench-redis-cpu starts one"
+        );
+        return;
+    };
+    let port: u16 = port
+        .parse()
+        .unwrap_or_else(|_| panic!("BENCH_REDIS_PORT must be a port, not {port:?}"));
+    let decisions = env_number("BENCH_DECISIONS", 50_000).max(1);
+    let rounds = env_number("BENCH_ROUNDS", 1).max(1);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|k| format!("u{k}")).collect());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let namespace = format!("bench-server-{}", std::process::id());
+    let (server, base) = start_server(directory.path(), &url, &namespace);
+
+    runtime.block_on(async {
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        let mut stats = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the bench Redis");
+        let peers = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the bench Redis");
+        let cell = cell_loaded(&mut peers.clone()).await;
+        if !cell {
+            println!("CL.THROTTLE: SKIPPED (the redis-cell module is not loaded in this Redis)");
+        }
+        let limiter = library_limiter(&url).await;
+        server_limits(&base).await;
+        println!(
+            "{decisions} decisions per case over {KEYS} keys, {CALLERS} at a time, on the Redis at \
+             127.0.0.1:{port}; every limit 100 per second per key (never binds)"
+        );
+        let mut all = Vec::new();
+        for number in 1..=rounds {
+            let rows = round(&mut stats, &peers, cell, &limiter, &base, &keys, decisions).await;
+            println!();
+            println!("round {number} of {rounds}:");
+            print_table(&rows);
+            all.push(rows);
+        }
+        if rounds > 1 {
+            println!();
+            println!(
+                "lowest of {rounds} rounds (each row from the round where it cost Redis least):"
+            );
+            print_table(&lowest(&all));
+        }
+        limiter.shutdown();
+    });
+    drop(server);
+}
