@@ -20,21 +20,10 @@ use std::time::{Duration, Instant};
 
 use tollgate::conformance::Stores;
 use tollgate::store::CounterId;
-use tollgate_redis::{RedisStore, RedisStoreConfig};
+use tollgate_redis::RedisStore;
 
 use fleets::{Fleet, Run, most_in_a_window};
 use nodes::Cluster;
-
-async fn connect(url: &str, namespace: &str) -> RedisStore {
-    RedisStore::connect(RedisStoreConfig {
-        url: url.to_owned(),
-        namespace: namespace.to_owned(),
-        fail_open: false,
-        timeout: Duration::from_secs(5),
-    })
-    .await
-    .expect("connect to the cluster")
-}
 
 /// The slot of a counter's keys, as the cluster computes it.
 fn slot_of(cluster: &Cluster, store: &RedisStore, limit: &str) -> u16 {
@@ -94,12 +83,12 @@ fn the_conformance_suite_passes_on_a_three_master_cluster() {
     let stores = |test: &str| {
         let namespace = common::namespace(test);
         runtime.block_on(async {
-            let first = connect(&url, &namespace).await;
+            let first = common::connect(&url, &namespace).await;
             assert!(first.is_cluster());
             first.begin_new_namespace().await.expect("a new namespace");
             Stores {
                 first: Arc::new(first),
-                second: Arc::new(connect(&url, &namespace).await),
+                second: Arc::new(common::connect(&url, &namespace).await),
             }
         })
     };
@@ -163,7 +152,7 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
         .build()
         .expect("runtime");
     let namespace = common::namespace("cluster-fleet");
-    let store = runtime.block_on(connect(&url, &namespace));
+    let store = runtime.block_on(common::connect(&url, &namespace));
     runtime
         .block_on(store.begin_new_namespace())
         .expect("a new namespace");
