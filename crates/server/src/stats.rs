@@ -147,6 +147,29 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
     }
 }
 
+/// A query that does not read as `StatsQuery`, refused naming the parameter at fault.
+fn refuse_query(rejection: QueryRejection) -> ApiError {
+    let text = rejection.body_text();
+    // serde names an unknown parameter in back-quotes.
+    match text
+        .split_once("unknown field `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+    {
+        Some((name, _)) if !name.is_empty() => {
+            ApiError::bad_field(name, "unknown parameter; the parameters are limit and key")
+        }
+        // `?=x`: nothing to name but the query.
+        Some(_) => ApiError::bad_field(
+            "query",
+            "a parameter has no name; the parameters are limit and key",
+        ),
+        None => ApiError::bad_field(
+            "query",
+            text.trim_start_matches("Failed to deserialize query string: "),
+        ),
+    }
+}
+
 #[utoipa::path(get, path = "/v1/stats", tag = "data",
     params(StatsQuery),
     responses((status = 200, body = Stats), (status = 400, body = crate::error::ErrorBody),
@@ -157,22 +180,7 @@ pub(crate) async fn stats(
     State(state): State<AppState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
-    let Query(query) = query.map_err(|rejection| {
-        let text = rejection.body_text();
-        // serde names an unknown parameter in back-quotes.
-        match text
-            .split_once("unknown field `")
-            .and_then(|(_, rest)| rest.split_once('`'))
-        {
-            Some((name, _)) => {
-                ApiError::bad_field(name, "unknown parameter; the parameters are limit and key")
-            }
-            None => ApiError::bad_field(
-                "query",
-                text.trim_start_matches("Failed to deserialize query string: "),
-            ),
-        }
-    })?;
+    let Query(query) = query.map_err(refuse_query)?;
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
     } else if query.key.is_some() {
@@ -291,4 +299,22 @@ pub(crate) async fn stats(
             keys_tracked_max: memory.map(|_| state.config().keys_tracked_max),
         },
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(query: &str) -> Option<String> {
+        let uri: axum::http::Uri = format!("/v1/stats?{query}").parse().expect("a URI");
+        let rejection = Query::<StatsQuery>::try_from_uri(&uri).expect_err("refused");
+        refuse_query(rejection).field
+    }
+
+    #[test]
+    fn a_refused_query_names_its_parameter() {
+        assert_eq!(field("bogus=1").as_deref(), Some("bogus"));
+        assert_eq!(field("limit=a&limit=b").as_deref(), Some("query"));
+        assert_eq!(field("limit=a&=x").as_deref(), Some("query"));
+    }
 }
