@@ -161,7 +161,7 @@ fn invalid(text: String) -> anyhow::Error {
 }
 
 /// Read and check a workload: every limit valid, every caller naming known limits with one of
-/// `count` or `rate`, every figure in range.
+/// `count` or `rate` and asking what the engine can grant, every figure in range.
 pub fn parse(text: &str) -> anyhow::Result<Workload> {
     let workload: Workload = toml::from_str(text).map_err(|error| invalid(error.to_string()))?;
     if !(workload.duration_s > 0.0 && workload.duration_s <= DURATION_S_MAX) {
@@ -169,9 +169,12 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
             "duration_s: must be above 0 and at most {DURATION_S_MAX} (a week)"
         )));
     }
+    let mut rules = BTreeMap::new();
     for (name, rule) in &workload.limits {
-        rule.validate(name)
+        let rule = rule
+            .validate(name)
             .map_err(|error| invalid(format!("limits.{name}.{}: {}", error.field, error.reason)))?;
+        rules.insert(name.as_str(), rule);
     }
     let mut started = 0.0;
     for (index, caller) in workload.callers.iter().enumerate() {
@@ -190,7 +193,7 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
                 at("limits")
             )));
         }
-        Priority::parse(&caller.priority)
+        let priority = Priority::parse(&caller.priority)
             .ok_or_else(|| invalid(format!("{}: high, normal or low", at("priority"))))?;
         match (caller.count, caller.rate) {
             (Some(count), None) if count >= 1 => started += count as f64,
@@ -207,6 +210,8 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
         if caller.cost == 0 {
             return Err(invalid(format!("{}: must be at least 1", at("cost"))));
         }
+        check_request(caller, priority, &rules)
+            .map_err(|(field, reason)| invalid(format!("{}: {reason}", at(field))))?;
     }
     if started > CALLERS_MAX as f64 {
         return Err(invalid(format!(
@@ -227,6 +232,52 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
         }
     }
     Ok(workload)
+}
+
+/// Why the engine would refuse every request of `caller`, if it would: a closed-loop caller
+/// refused asks again at once, forever, and simulated time would never pass.
+fn check_request(
+    caller: &Caller,
+    priority: Priority,
+    rules: &BTreeMap<&str, tollgate_rules::Rule>,
+) -> Result<(), (&'static str, String)> {
+    if caller.limits.len() > tollgate::COUNTERS_PER_REQUEST_MAX {
+        return Err((
+            "limits",
+            format!(
+                "at most {} limits per request",
+                tollgate::COUNTERS_PER_REQUEST_MAX
+            ),
+        ));
+    }
+    if let Some(key) = &caller.key {
+        tollgate::check_key(key).map_err(|reason| ("key", reason))?;
+    }
+    for (index, name) in caller.limits.iter().enumerate() {
+        if caller.limits[..index].contains(name) {
+            return Err(("limits", format!("limit {name:?} is named twice")));
+        }
+        let Some(limit) = rules.get(name.as_str()).map(|rule| rule.limit()) else {
+            continue;
+        };
+        if let (Some(per), None) = (limit.per(), &caller.key) {
+            return Err((
+                "key",
+                format!("limit {name:?} is counted per {per}: give a key"),
+            ));
+        }
+        let open = limit.policy().capacity_for(priority);
+        if caller.cost > open {
+            return Err((
+                "cost",
+                format!(
+                    "must be at most {open}: limit {name:?} can never grant more at priority {}",
+                    priority.as_str()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Run a workload. With `virtual_time`, on tokio's paused clock (call from a current-thread

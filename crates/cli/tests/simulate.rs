@@ -116,6 +116,29 @@ fn a_bad_workload_is_refused_naming_the_field() {
         ),
         (("duration_s = 4", "duration_s = 0"), "duration_s"),
         (("seed = 7", "seed = 7\nspeed = 2"), "unknown field `speed`"),
+        // Requests the engine would refuse on every try.
+        (
+            ("count = 8", "count = 8\ncost = 17"),
+            "callers[0] (bulk).cost",
+        ),
+        (
+            (
+                "limits = [\"quota\"]\npriority = \"low\"",
+                "limits = [\"quota\", \"quota\"]\npriority = \"low\"",
+            ),
+            "callers[0] (bulk).limits: limit \"quota\" is named twice",
+        ),
+        (
+            (
+                "algorithm = \"sliding\"",
+                "algorithm = \"sliding\"\nper = \"user\"",
+            ),
+            "callers[0] (bulk).key",
+        ),
+        (
+            ("count = 8", "count = 8\nkey = \"a\\u0007\""),
+            "callers[0] (bulk).key",
+        ),
     ] {
         let text = SMALL.replacen(change.0, change.1, 1);
         assert_ne!(text, SMALL, "{change:?} changed nothing");

@@ -39,6 +39,8 @@ pub use memory::{
     COUNTERS_PER_REQUEST_MAX, MemorySnapshot, MemoryStore, MemoryStoreConfig, Restored,
     SavedCounter,
 };
+#[doc(hidden)]
+pub use permit::reencode_permit_id;
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PermitId, PermitSecret};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,

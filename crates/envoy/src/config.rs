@@ -268,20 +268,32 @@ impl Config {
                 )));
             }
             let mut domain = Node::default();
-            load_level(&mut domain, &root.domain, &root.domain, &root.descriptors)
-                .map_err(refuse)?;
+            let root_level = Level {
+                domain: &root.domain,
+                path: &root.domain,
+                place: &root.domain,
+            };
+            load_level(&mut domain, &root_level, &root.descriptors).map_err(refuse)?;
             config.domains.insert(root.domain, domain);
         }
         Ok(config)
     }
 }
 
+/// Where a level of the tree is: its domain, its path in messages, and its place, the path with
+/// each entry's `.` and `\` escaped, which names its counters.
+struct Level<'a> {
+    domain: &'a str,
+    path: &'a str,
+    place: &'a str,
+}
+
 fn load_level(
     node: &mut Node,
-    domain: &str,
-    parent: &str,
+    level: &Level<'_>,
     descriptors: &[YamlDescriptor],
 ) -> Result<(), String> {
+    let parent = level.path;
     for descriptor in descriptors {
         if descriptor.key.is_empty() {
             return Err(format!("{parent}: a descriptor has an empty key"));
@@ -291,6 +303,13 @@ fn load_level(
             _ => descriptor.key.clone(),
         };
         let path = format!("{parent}.{full}");
+        // Escaped, so that the entry `a.b` and the entries `a`, `b` below it are two places (and
+        // two counters); an entry without `.` or `\` is its own escape, so names stay as they were.
+        let place = format!(
+            "{}.{}",
+            level.place,
+            full.replace('\\', "\\\\").replace('.', "\\.")
+        );
         if node.children.contains_key(&full) {
             return Err(format!("{path}: the descriptor is configured twice"));
         }
@@ -302,14 +321,25 @@ fn load_level(
         }
         let limit = match &descriptor.rate_limit {
             None => None,
-            Some(rate) => Some(limit_spec(rate, descriptor.shadow_mode, domain, &path)?),
+            Some(rate) => Some(limit_spec(
+                rate,
+                descriptor.shadow_mode,
+                level.domain,
+                &path,
+                &place,
+            )?),
         };
         let mut child = Node {
             limit,
             share_threshold: descriptor.share_threshold,
             ..Node::default()
         };
-        load_level(&mut child, domain, &path, &descriptor.descriptors)?;
+        let below = Level {
+            domain: level.domain,
+            path: &path,
+            place: &place,
+        };
+        load_level(&mut child, &below, &descriptor.descriptors)?;
         if wildcard {
             let parts = full.split('*').map(str::to_owned).collect();
             node.wildcards.push((full.clone(), parts));
@@ -324,6 +354,7 @@ fn limit_spec(
     shadow_mode: bool,
     domain: &str,
     path: &str,
+    place: &str,
 ) -> Result<LimitSpec, String> {
     let unit = match rate.unit.as_deref() {
         None | Some("") => None,
@@ -374,17 +405,17 @@ fn limit_spec(
         name,
         replaces,
         shadow_mode,
-        counter: counter_name(domain, path),
+        counter: counter_name(domain, place),
         policy,
     })
 }
 
-/// `envoy.` and 16 hex digits of a 64-bit FNV-1a hash of the entry's path in the tree: a limit
+/// `envoy.` and 16 hex digits of a 64-bit FNV-1a hash of the entry's place in the tree: a limit
 /// name the store accepts whatever the domain and keys hold, and the same on every server and
 /// every build (the standard library's hasher promises neither).
-fn counter_name(domain: &str, path: &str) -> String {
+fn counter_name(domain: &str, place: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in domain.bytes().chain([0]).chain(path.bytes()) {
+    for byte in domain.bytes().chain([0]).chain(place.bytes()) {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -451,4 +482,55 @@ struct YamlRateLimit {
 struct YamlReplaces {
     #[serde(default)]
     name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(yaml: &str) -> Vec<String> {
+        let config = Config::parse([("api.yaml", yaml)]).expect("valid configuration");
+        let mut names: Vec<String> = config
+            .counters()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_entry_with_a_dot_and_entries_one_below_another_are_two_counters() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: a.b
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    descriptors:
+      - key: b
+        rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: a
+    value: b.c
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: a_b
+    descriptors:
+      - key: c
+        rate_limit: {unit: day, requests_per_unit: 4}
+";
+        let names = names(yaml);
+        assert_eq!(names.len(), 4);
+        assert!(names.windows(2).all(|pair| pair[0] != pair[1]), "{names:?}");
+    }
+
+    #[test]
+    fn names_without_dots_in_entries_are_as_before() {
+        let yaml = "
+domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+        assert_eq!(names(yaml), ["envoy.748c81f746044ec2"]);
+    }
 }

@@ -36,8 +36,9 @@ use tonic::{Request, Response, Status};
 
 pub use config::{Config, ConfigError, LimitSpec, Unit};
 
-/// Longest counter key a descriptor's entries may make, in bytes: keys are kept in the store.
-pub const DESCRIPTOR_BYTES_MAX: usize = 1024;
+/// Longest counter key a descriptor's entries may make, in bytes: the longest key a store
+/// keeps.
+pub const DESCRIPTOR_BYTES_MAX: usize = tollgate::KEY_BYTES_MAX;
 /// How often the configuration's files are read to see whether they changed.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -193,9 +194,29 @@ fn descriptor_key(entries: &[(&str, &str)], shared: &[Option<&str>]) -> String {
     let mut key = String::new();
     for (index, (name, value)) in entries.iter().enumerate() {
         let value = shared.get(index).copied().flatten().unwrap_or(value);
-        key.push_str(&format!("{}:{name}{}:{value}", name.len(), value.len()));
+        push_text(&mut key, name);
+        push_text(&mut key, value);
     }
     key
+}
+
+/// `text`, length-prefixed. A store key holds no control character, so one (a tab in a header's
+/// value) is written `\u{9}`, and `\` as `\\`, which keeps every text apart; text without
+/// either is written as it is.
+fn push_text(key: &mut String, text: &str) {
+    if !text.contains(|c: char| c.is_control() || c == '\\') {
+        key.push_str(&format!("{}:{text}", text.len()));
+        return;
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            c if c.is_control() => escaped.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => escaped.push(c),
+        }
+    }
+    key.push_str(&format!("{}:{escaped}", escaped.len()));
 }
 
 fn proto_duration(micros: u64) -> ProtoDuration {
@@ -371,9 +392,16 @@ impl EnvoyService {
             .collect();
         // Per enforced counter: granted (and what remains), or not.
         let mut outcomes: Vec<(Code, u64)> = vec![(Code::Ok, 0); takes.len()];
+        // More hits than a counter can ever grant are over its limit, as envoyproxy/ratelimit
+        // answers; the store would refuse them as an invalid request, not decide them.
+        let beyond: Vec<bool> = takes
+            .iter()
+            .map(|take| hits > take.policy.capacity_for(Priority::Normal))
+            .collect();
+        let refused = zero || beyond.contains(&true);
         let mut now = now_us();
-        let mut allowed = !zero;
-        if !takes.is_empty() && !zero {
+        let mut allowed = !refused;
+        if !takes.is_empty() && !refused {
             match self
                 .store
                 .acquire(&takes, hits, Priority::Normal, false)
@@ -405,9 +433,13 @@ impl EnvoyService {
                     outcomes.iter_mut().for_each(|slot| *slot = (code, 0));
                 }
             }
-        } else if zero {
+        } else if refused {
             // Refused whatever the counters hold: what they hold is still shown, uncounted.
-            for (slot, take) in outcomes.iter_mut().zip(&takes) {
+            for ((slot, take), beyond) in outcomes.iter_mut().zip(&takes).zip(&beyond) {
+                if *beyond {
+                    *slot = (Code::OverLimit, 0);
+                    continue;
+                }
                 let remaining = match self.store.usage(*take).await {
                     Ok(usage) => take.policy.capacity().saturating_sub(usage.used),
                     Err(_) => 0,

@@ -339,6 +339,51 @@ async fn bad_requests_are_refused_naming_the_field() {
     assert!(status.message().contains("at most 8"), "{status:?}");
 }
 
+/// What the store would refuse as invalid is decided here, never taken for an unavailable store
+/// (which a server failing open answers `OK`, uncounted): more hits than a limit allows are over
+/// it, a control character in a value is counted like any other, and a key longer than a store
+/// keeps is refused naming its descriptor.
+#[tokio::test]
+async fn what_the_store_would_refuse_is_never_taken_for_an_unavailable_store() {
+    for fail_open in [false, true] {
+        let clock = Arc::new(ManualClock::new(START_US));
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 10_000,
+            },
+            clock,
+        ));
+        let config = Config::parse([("api.yaml", CONFIG)]).expect("valid configuration");
+        let watch = ConfigWatch::fixed(config);
+        let service = EnvoyService::new(store, watch.clone(), fail_open);
+        let ask = |value: &str, hits: u32| {
+            let request = request("api", &[&[("remote_address", value)]], hits);
+            let service = service.clone();
+            async move { service.decide(&request).await }
+        };
+        // remote_address: 3 a minute.
+        let beyond = ask("10.0.0.1", 4).await.expect("answered");
+        assert_eq!(code(&beyond), Code::OverLimit, "fail_open {fail_open}");
+        assert_eq!(status_code(&beyond.statuses[0]), Code::OverLimit);
+        let within = ask("10.0.0.1", 3).await.expect("answered");
+        assert_eq!(code(&within), Code::Ok, "nothing was counted before");
+        for expected in [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit] {
+            let tab = ask("a\tb", 1).await.expect("answered");
+            assert_eq!(code(&tab), expected, "fail_open {fail_open}");
+        }
+        // The escape's own spelling is another value.
+        assert_eq!(code(&ask("a\\u{9}b", 1).await.expect("answered")), Code::Ok);
+        let status = ask(&"x".repeat(300), 1).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().starts_with("descriptors[0]"), "{status:?}");
+        let failures = watch
+            .stats()
+            .store_failures
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(failures, 0, "fail_open {fail_open}");
+    }
+}
+
 /// Every kind of file envoyproxy/ratelimit refuses is refused, naming the file and the fault.
 #[test]
 fn configurations_envoyproxy_refuses_are_refused() {

@@ -145,6 +145,11 @@ pub fn serde_field(path: &str, message: &str, whole: &str) -> String {
         None => path.trim_end_matches('.'),
     };
     match (named, path) {
+        // A key written empty (`"": 1`) has no name to show: its parent is named instead.
+        (Some(""), path) => match path.strip_suffix('.').unwrap_or(path) {
+            "" | "." => whole.to_owned(),
+            parent => parent.to_owned(),
+        },
         (Some(name), "." | "") => name.to_owned(),
         (Some(name), path) if path == name || path.ends_with(&format!(".{name}")) => {
             path.to_owned()
@@ -511,6 +516,23 @@ mod tests {
             .validate("Vendor X")
             .expect_err("bad name");
         assert_eq!(bad_name.field, "name");
+    }
+
+    #[test]
+    fn an_empty_key_is_named_by_its_parent() {
+        let field = |json: &str| {
+            let mut deserializer = serde_json::Deserializer::from_str(json);
+            let error = serde_path_to_error::deserialize::<_, RawRule>(&mut deserializer)
+                .expect_err("refused");
+            serde_field(
+                &error.path().to_string(),
+                &error.inner().to_string(),
+                "body",
+            )
+        };
+        assert_eq!(field(r#"{"": 1}"#), "body");
+        assert_eq!(field(r#"{"kind": "rate", "reserve": {"": 1}}"#), "reserve");
+        assert_eq!(field(r#"{"match": {"method": "GET", "": 1}}"#), "match");
     }
 
     #[test]

@@ -138,6 +138,45 @@ async fn build_store(
     }
 }
 
+/// The limiter every request is decided by, on `store`.
+fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
+    let permit_secret = match config.permit_secret {
+        Some(bytes) => PermitSecret::from_bytes(bytes),
+        None => PermitSecret::random(),
+    };
+    Limiter::new(
+        store,
+        LimiterConfig {
+            wait_max: Duration::from_millis(config.wait_ms_max),
+            permit_secret,
+        },
+    )
+}
+
+/// API v1's router as `run` serves it, on a new memory store with the rules of `source`, but
+/// without a listener, restart bookkeeping or background tasks: the API driven in-process, for
+/// fuzzing.
+#[doc(hidden)]
+pub async fn memory_router(
+    config: ServerConfig,
+    source: RulesSource,
+) -> Result<Router, ServerError> {
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let memory = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: config.keys_tracked_max,
+        },
+        clock,
+    ));
+    let store_seconds = metrics::store_seconds_family();
+    let metered: Arc<dyn Store> =
+        Arc::new(MeteredStore::new(memory.clone(), store_seconds.clone()));
+    let limiter = new_limiter(&config, metered);
+    let rules = Rules::start(source, limiter.clone()).await?;
+    let metrics = Metrics::new(rules.clone(), Some(memory), store_seconds, None);
+    Ok(router(AppState::new(config, limiter, rules, metrics)))
+}
+
 /// The router, with every endpoint of API v1, the body limit and the error counter.
 fn router(state: AppState) -> Router {
     let body_bytes_max = usize::try_from(state.config().body_bytes_max).unwrap_or(usize::MAX);
@@ -224,17 +263,7 @@ pub async fn run(
     let (store, memory) = build_store(&config, &state).await?;
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
-    let permit_secret = match config.permit_secret {
-        Some(bytes) => PermitSecret::from_bytes(bytes),
-        None => PermitSecret::random(),
-    };
-    let limiter = Limiter::new(
-        metered,
-        LimiterConfig {
-            wait_max: Duration::from_millis(config.wait_ms_max),
-            permit_secret,
-        },
-    );
+    let limiter = new_limiter(&config, metered);
     let rules = Rules::start(source, limiter.clone()).await?;
     let memory_run = match &memory {
         Some((memory, clock)) => Some(

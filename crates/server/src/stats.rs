@@ -305,3 +305,21 @@ pub(crate) async fn stats(
         },
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(query: &str) -> Option<String> {
+        let uri: axum::http::Uri = format!("/v1/stats?{query}").parse().expect("a URI");
+        let rejection = Query::<StatsQuery>::try_from_uri(&uri).expect_err("refused");
+        query_error(&rejection.body_text()).field
+    }
+
+    #[test]
+    fn a_refused_query_names_its_parameter() {
+        assert_eq!(field("bogus=1").as_deref(), Some("bogus"));
+        assert_eq!(field("limit=a&limit=b").as_deref(), Some("limit"));
+        assert_eq!(field("limit=a&=x").as_deref(), Some("query"));
+    }
+}
