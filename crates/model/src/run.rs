@@ -76,6 +76,29 @@ impl<State, Action> Outcome<State, Action> {
             self.discoveries.keys().collect::<Vec<_>>()
         )
     }
+
+    /// Print the summary and the counterexample to each of `failures` found, and, at the small
+    /// bound, check that `small_states` states were reached: a changed count means the model
+    /// (or the state it runs over) changed.
+    pub fn report(&self, name: &str, failures: &[&str], small_states: usize)
+    where
+        State: Clone + Display,
+        Action: Clone + Display,
+    {
+        println!("{}", self.summary(name));
+        for failure in failures {
+            if let Some(path) = self.discoveries.get(failure) {
+                println!("{name}: counterexample to {failure:?}:\n{}", trace(path));
+            }
+        }
+        if !Bound::from_env().is_large() {
+            assert_eq!(
+                self.unique_states, small_states,
+                "{name}: the state count changed, so the model (or the state it runs over) \
+                 did; if that was meant, update the count here and in docs/models.md"
+            );
+        }
+    }
 }
 
 /// Explore `model` breadth first.

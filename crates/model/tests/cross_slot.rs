@@ -25,22 +25,6 @@ fn check(setup: Setup, expected_failures: &[&'static str]) -> CrossSlotOutcome {
     run(model, expected_failures)
 }
 
-fn report(name: &str, outcome: &CrossSlotOutcome, failures: &[&str], small_states: usize) {
-    println!("{}", outcome.summary(name));
-    for failure in failures {
-        if let Some(path) = outcome.discoveries.get(failure) {
-            println!("{name}: counterexample to {failure:?}:\n{}", trace(path));
-        }
-    }
-    if !Bound::from_env().is_large() {
-        assert_eq!(
-            outcome.unique_states, small_states,
-            "{name}: the state count changed, so the model (or the core's state) did; if that \
-             was meant, update the count here and in docs/models.md"
-        );
-    }
-}
-
 fn assert_all_hold(name: &str, outcome: &CrossSlotOutcome) {
     assert_breaks_exactly(name, outcome, &[]);
 }
@@ -61,7 +45,7 @@ fn assert_breaks_exactly(name: &str, outcome: &CrossSlotOutcome, broken: &[&str]
 #[test]
 fn cross_slot_requests_are_all_or_nothing_under_contention_and_crashes() {
     let outcome = check(Setup::contended(Bound::from_env()), &[]);
-    report("cross-slot/contended", &outcome, &[], CONTENDED_STATES);
+    outcome.report("cross-slot/contended", &[], CONTENDED_STATES);
     assert_all_hold("cross-slot/contended", &outcome);
     // Not vacuous: a request is granted across slots, a partial grant is rolled back, and a
     // crashed request's grant still counts.
@@ -73,7 +57,7 @@ fn cross_slot_requests_are_all_or_nothing_under_contention_and_crashes() {
 #[test]
 fn cross_slot_requests_hold_with_a_limit_of_two() {
     let outcome = check(Setup::limit_two(Bound::from_env()), &[]);
-    report("cross-slot/limit-two", &outcome, &[], LIMIT_TWO_STATES);
+    outcome.report("cross-slot/limit-two", &[], LIMIT_TWO_STATES);
     assert_all_hold("cross-slot/limit-two", &outcome);
     assert!(outcome.found(cross_slot::SOMETIMES_GRANTED));
     assert!(outcome.found(cross_slot::SOMETIMES_ROLLED_BACK));
@@ -95,7 +79,7 @@ fn denial_without_rollback_is_caught() {
         cross_slot::DENIED_ONLY_WHEN_FULL,
     ];
     let whole = check(setup.clone(), &[]);
-    report("cross-slot/keep-grants", &whole, &[], KEEP_GRANTS_STATES);
+    whole.report("cross-slot/keep-grants", &[], KEEP_GRANTS_STATES);
     assert_breaks_exactly("cross-slot/keep-grants", &whole, &broken);
     for (property, small_states) in [
         (cross_slot::ALL_OR_NOTHING, KEEP_GRANTS_PARTIAL_STATES),
@@ -105,12 +89,7 @@ fn denial_without_rollback_is_caught() {
         ),
     ] {
         let outcome = check(setup.clone(), &[property]);
-        report(
-            "cross-slot/keep-grants",
-            &outcome,
-            &[property],
-            small_states,
-        );
+        outcome.report("cross-slot/keep-grants", &[property], small_states);
         assert!(outcome.found(property));
     }
 }
@@ -124,12 +103,11 @@ fn slots_asked_out_of_order_livelock() {
         ..Setup::contended(Bound::from_env())
     };
     let whole = check(setup.clone(), &[]);
-    report("cross-slot/as-named", &whole, &[], AS_NAMED_STATES);
+    whole.report("cross-slot/as-named", &[], AS_NAMED_STATES);
     assert_breaks_exactly("cross-slot/as-named", &whole, &[cross_slot::NO_LIVELOCK]);
     let outcome = check(setup, &[cross_slot::NO_LIVELOCK]);
-    report(
+    outcome.report(
         "cross-slot/as-named",
-        &outcome,
         &[cross_slot::NO_LIVELOCK],
         AS_NAMED_LIVELOCK_STATES,
     );

@@ -33,22 +33,6 @@ fn check(setup: Setup, expected_failures: &[&'static str]) -> FailoverOutcome {
     run(model, expected_failures)
 }
 
-fn report(name: &str, outcome: &FailoverOutcome, failures: &[&str], small_states: usize) {
-    println!("{}", outcome.summary(name));
-    for failure in failures {
-        if let Some(path) = outcome.discoveries.get(failure) {
-            println!("{name}: counterexample to {failure:?}:\n{}", trace(path));
-        }
-    }
-    if !Bound::from_env().is_large() {
-        assert_eq!(
-            outcome.unique_states, small_states,
-            "{name}: the state count changed, so the model (or the core's state) did; if that \
-             was meant, update the count here and in docs/models.md"
-        );
-    }
-}
-
 /// The counterexample to G6, which must contain an action `wanted` accepts.
 fn caught(outcome: &FailoverOutcome, wanted: impl Fn(&FailoverAction) -> bool) {
     let path = outcome
@@ -61,7 +45,7 @@ fn caught(outcome: &FailoverOutcome, wanted: impl Fn(&FailoverAction) -> bool) {
 /// The real check keeps G6 in `setup`, and a loss is followed by a grant.
 fn holds(name: &str, setup: Setup, small_states: usize) {
     let outcome = check(setup, &[]);
-    report(name, &outcome, &[], small_states);
+    outcome.report(name, &[], small_states);
     if let Some(path) = outcome.discoveries.get(failover::G6_LOSS) {
         panic!("{name}: G6 is broken:\n{}", trace(path));
     }
@@ -76,14 +60,14 @@ fn moved_exemption(name: &str, setup: Setup, small_states: usize) -> FailoverOut
         ..setup
     };
     let outcome = check(setup, &[failover::G6_LOSS]);
-    report(name, &outcome, &[failover::G6_LOSS], small_states);
+    outcome.report(name, &[failover::G6_LOSS], small_states);
     outcome
 }
 
 #[test]
 fn loss_check_keeps_g6_through_a_failover_and_a_restart() {
     let outcome = check(Setup::failover(Bound::from_env()), &[]);
-    report("failover/failover", &outcome, &[], FAILOVER_STATES);
+    outcome.report("failover/failover", &[], FAILOVER_STATES);
     if let Some(path) = outcome.discoveries.get(failover::G6_LOSS) {
         panic!("G6 is broken:\n{}", trace(path));
     }
@@ -101,9 +85,8 @@ fn loss_check_that_misses_a_promoted_replica_is_caught() {
         ..Setup::failover(Bound::from_env())
     };
     let outcome = check(setup, &[failover::G6_LOSS]);
-    report(
+    outcome.report(
         "failover/missing-only",
-        &outcome,
         &[failover::G6_LOSS],
         MISSING_ONLY_STATES,
     );
@@ -121,9 +104,8 @@ fn loss_check_that_uses_a_stale_counter_is_caught() {
         ..Setup::failover(Bound::from_env())
     };
     let outcome = check(setup, &[failover::G6_LOSS]);
-    report(
+    outcome.report(
         "failover/stale-as-is",
-        &outcome,
         &[failover::G6_LOSS],
         STALE_AS_IS_STATES,
     );

@@ -23,22 +23,6 @@ fn check(setup: Setup, expected_failures: &[&'static str]) -> ProtocolOutcome {
     run(model, expected_failures)
 }
 
-fn report(name: &str, outcome: &ProtocolOutcome, failures: &[&str], small_states: usize) {
-    println!("{}", outcome.summary(name));
-    for failure in failures {
-        if let Some(path) = outcome.discoveries.get(failure) {
-            println!("{name}: counterexample to {failure:?}:\n{}", trace(path));
-        }
-    }
-    if !Bound::from_env().is_large() {
-        assert_eq!(
-            outcome.unique_states, small_states,
-            "{name}: the state count changed, so the model (or the core's state) did; if that \
-             was meant, update the count here and in docs/models.md"
-        );
-    }
-}
-
 fn assert_all_hold(name: &str, outcome: &ProtocolOutcome) {
     for property in SAFETY_AND_LIVENESS {
         if let Some(path) = outcome.discoveries.get(property) {
@@ -50,7 +34,7 @@ fn assert_all_hold(name: &str, outcome: &ProtocolOutcome) {
 #[test]
 fn recovering_store_keeps_every_guarantee_under_faults() {
     let outcome = check(Setup::faults(Bound::from_env()), &[]);
-    report("protocol/faults", &outcome, &[], FAULTS_STATES);
+    outcome.report("protocol/faults", &[], FAULTS_STATES);
     assert_all_hold("protocol/faults", &outcome);
     // Not vacuous: the limit is reached, a holder outlives its lease, the store grants again
     // after recovering from a loss.
@@ -62,7 +46,7 @@ fn recovering_store_keeps_every_guarantee_under_faults() {
 #[test]
 fn sliding_window_holds_across_refunds_and_crashes() {
     let outcome = check(Setup::sliding(Bound::from_env()), &[]);
-    report("protocol/sliding", &outcome, &[], SLIDING_STATES);
+    outcome.report("protocol/sliding", &[], SLIDING_STATES);
     assert_all_hold("protocol/sliding", &outcome);
     assert!(outcome.found(protocol::SOMETIMES_LIMIT_REACHED));
     assert!(outcome.found(protocol::SOMETIMES_EXPIRED_HOLDER));
@@ -71,12 +55,7 @@ fn sliding_window_holds_across_refunds_and_crashes() {
 #[test]
 fn shared_leases_never_exceed_the_limit() {
     let outcome = check(Setup::shared_leases(Bound::from_env()), &[]);
-    report(
-        "protocol/shared-leases",
-        &outcome,
-        &[],
-        SHARED_LEASES_STATES,
-    );
+    outcome.report("protocol/shared-leases", &[], SHARED_LEASES_STATES);
     assert_all_hold("protocol/shared-leases", &outcome);
     assert!(outcome.found(protocol::SOMETIMES_EXPIRED_HOLDER));
 }
@@ -90,12 +69,7 @@ fn store_that_forgets_instead_of_recovering_breaks_g6() {
         ..Setup::faults(Bound::from_env())
     };
     let outcome = check(setup, &[protocol::G6_LOSS]);
-    report(
-        "protocol/forgets",
-        &outcome,
-        &[protocol::G6_LOSS],
-        FORGETS_STATES,
-    );
+    outcome.report("protocol/forgets", &[protocol::G6_LOSS], FORGETS_STATES);
     let path = outcome
         .discoveries
         .get(protocol::G6_LOSS)
@@ -118,9 +92,8 @@ fn pause_longer_than_the_period_is_lost_with_the_store() {
         ..Setup::faults(Bound::from_env())
     };
     let outcome = check(setup, &[protocol::G4_PAUSE]);
-    report(
+    outcome.report(
         "protocol/long-pause-and-loss",
-        &outcome,
         &[protocol::G4_PAUSE],
         LONG_PAUSE_STATES,
     );

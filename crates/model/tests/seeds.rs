@@ -3,11 +3,9 @@
 //! must pass. Each test pins its outcome and the number of distinct states explored, and prints
 //! its counterexample (`cargo test -p tollgate-model -- --nocapture` shows them).
 
-use std::fmt::Display;
-
 use tollgate_model::calls::{self, CallsAction, CallsModel, Design};
 use tollgate_model::tokens::{self, TokensAction, TokensModel};
-use tollgate_model::{Bound, Outcome, run, trace};
+use tollgate_model::{Bound, run};
 
 /// Distinct states at the small bound (see docs/models.md for times and the large bound).
 const NAIVE_STATES: usize = 432;
@@ -17,28 +15,6 @@ const AWAIT_WITH_RESET_STATES: usize = 816;
 const RESERVATION_STATES: usize = 2_998;
 const LOCK_WITH_TIMEOUT_STATES: usize = 133;
 const LEASE_STATES: usize = 91;
-
-/// Print the summary and the traces of `failures`, then pin the state count (small bound only:
-/// the large bound is for exploring, and its counts are in `docs/models.md`).
-fn report<S, A>(name: &str, outcome: &Outcome<S, A>, failures: &[&str], small_states: usize)
-where
-    S: Clone + Display,
-    A: Clone + Display,
-{
-    println!("{}", outcome.summary(name));
-    for failure in failures {
-        if let Some(path) = outcome.discoveries.get(failure) {
-            println!("{name}: counterexample to {failure:?}:\n{}", trace(path));
-        }
-    }
-    if !Bound::from_env().is_large() {
-        assert_eq!(
-            outcome.unique_states, small_states,
-            "{name}: the state count changed, so the model did; if that was meant, update the \
-             count here and in docs/models.md"
-        );
-    }
-}
 
 fn tokens_model(design: tokens::Design) -> TokensModel {
     let (instances, max_tokens) = if Bound::from_env().is_large() {
@@ -56,12 +32,7 @@ fn tokens_model(design: tokens::Design) -> TokensModel {
 #[test]
 fn naive_calls_overshoot_the_limit() {
     let outcome = run(CallsModel::seed(Design::Naive), &[calls::NO_OVERSHOOT]);
-    report(
-        "calls/naive",
-        &outcome,
-        &[calls::NO_OVERSHOOT],
-        NAIVE_STATES,
-    );
+    outcome.report("calls/naive", &[calls::NO_OVERSHOOT], NAIVE_STATES);
     let path = outcome
         .discoveries
         .get(calls::NO_OVERSHOOT)
@@ -76,9 +47,8 @@ fn check_then_act_across_workers_races() {
         CallsModel::seed(Design::CheckThenAct),
         &[calls::NO_OVERSHOOT],
     );
-    report(
+    outcome.report(
         "calls/check-then-act",
-        &outcome,
         &[calls::NO_OVERSHOOT],
         CHECK_THEN_ACT_STATES,
     );
@@ -113,9 +83,8 @@ fn await_without_reset_deadlocks() {
         CallsModel::seed(Design::AwaitNoReset),
         &[calls::NO_DEADLOCK],
     );
-    report(
+    outcome.report(
         "calls/await-no-reset",
-        &outcome,
         &[calls::NO_DEADLOCK],
         AWAIT_NO_RESET_STATES,
     );
@@ -131,12 +100,7 @@ fn await_without_reset_deadlocks() {
 #[test]
 fn await_with_reset_passes() {
     let outcome = run(CallsModel::seed(Design::AwaitWithReset), &[]);
-    report(
-        "calls/await-with-reset",
-        &outcome,
-        &[],
-        AWAIT_WITH_RESET_STATES,
-    );
+    outcome.report("calls/await-with-reset", &[], AWAIT_WITH_RESET_STATES);
     assert!(!outcome.found(calls::NO_OVERSHOOT));
     assert!(!outcome.found(calls::NO_DEADLOCK));
     assert!(outcome.found(calls::PRIORITY_ALL_DONE));
@@ -145,7 +109,7 @@ fn await_with_reset_passes() {
 #[test]
 fn reservation_never_overshoots() {
     let outcome = run(CallsModel::seed(Design::Reservation), &[]);
-    report("calls/reservation", &outcome, &[], RESERVATION_STATES);
+    outcome.report("calls/reservation", &[], RESERVATION_STATES);
     assert!(!outcome.found(calls::NO_OVERSHOOT));
     assert!(!outcome.found(calls::NO_DEADLOCK));
     assert!(outcome.found(calls::PRIORITY_ALL_DONE));
@@ -157,9 +121,8 @@ fn lock_with_timeout_overdraws_the_pool() {
         tokens_model(tokens::Design::LockWithTimeout),
         &[tokens::MAX_TOKENS_NOT_EXCEEDED],
     );
-    report(
+    outcome.report(
         "tokens/lock-with-timeout",
-        &outcome,
         &[tokens::MAX_TOKENS_NOT_EXCEEDED],
         LOCK_WITH_TIMEOUT_STATES,
     );
@@ -178,7 +141,7 @@ fn lock_with_timeout_overdraws_the_pool() {
 #[test]
 fn leases_never_overdraw_the_pool() {
     let outcome = run(tokens_model(tokens::Design::Lease), &[]);
-    report("tokens/lease", &outcome, &[], LEASE_STATES);
+    outcome.report("tokens/lease", &[], LEASE_STATES);
     assert!(!outcome.found(tokens::MAX_TOKENS_NOT_EXCEEDED));
     assert!(outcome.found(tokens::POOL_FULLY_USED));
 }
