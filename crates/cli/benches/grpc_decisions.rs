@@ -10,6 +10,7 @@
 //! itself briefly. Load generator and servers share this machine's cores: the figures compare
 //! the two servers under the same handicap, not their capacity on dedicated hardware.
 
+#[allow(dead_code)] // it reads the gRPC address too, so starts its server itself
 mod common;
 
 use std::io::{BufRead, BufReader};

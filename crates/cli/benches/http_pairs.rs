@@ -17,7 +17,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,24 +46,10 @@ fn start_tollgate(directory: &std::path::Path, redis: Option<(&str, &str)>) -> (
     if let Some((url, namespace)) = redis {
         command.args(["--store", url, "--redis-namespace", namespace]);
     }
-    let mut child = command
+    command
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .current_dir(directory)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn tollgate");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("listening line");
-    let url = line
-        .trim()
-        .strip_prefix("tollgate: listening on ")
-        .expect("listening line")
-        .to_owned();
-    (Process(child), url)
+        .current_dir(directory);
+    common::start_serving(command)
 }
 
 /// Run `clients` loops of `one` for `duration`; returns operations per second.

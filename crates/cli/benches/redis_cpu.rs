@@ -29,9 +29,9 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -315,28 +315,15 @@ async fn library_limiter(url: &str) -> Limiter {
 /// `tollgate serve` on the Redis at `url`, with its rules in `directory`: the process and its
 /// base URL.
 fn start_server(directory: &Path, url: &str, namespace: &str) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    command
         .args(["serve", "--listen", "127.0.0.1:0", "--log", "warn"])
         .args(["--store", url, "--redis-namespace", namespace])
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
         // One replica: any secret will do; set, so that the server does not warn.
         .env("TOLLGATE_PERMIT_SECRET", "0123456789abcdef0123456789abcdef")
-        .current_dir(directory)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn tollgate serve");
-    let stdout = child.stdout.take().expect("its stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("its listening line");
-    let base = line
-        .trim()
-        .strip_prefix("tollgate: listening on ")
-        .expect("a listening line")
-        .to_owned();
-    (Process(child), base)
+        .current_dir(directory);
+    common::start_serving(command)
 }
 
 async fn server_limits(base: &str) {

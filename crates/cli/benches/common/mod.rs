@@ -1,7 +1,9 @@
-//! What the benches that start servers share: a child process killed when dropped, a free
-//! loopback port, and where throttlecrab-server is.
+//! What the benches that start servers share: a child process killed when dropped, starting
+//! `tollgate serve` and reading its address, a free loopback port, and where
+//! throttlecrab-server is.
 
-use std::process::{Child, Command};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 
 /// A server process, killed (and reaped) when the bench is done with it.
 pub struct Process(pub Child);
@@ -31,4 +33,25 @@ pub fn throttlecrab_binary() -> Option<String> {
         .ok()?;
     let path = String::from_utf8_lossy(&found.stdout).trim().to_owned();
     (!path.is_empty()).then_some(path)
+}
+
+/// Start `tollgate serve` as `command` says (listening on port 0) and read the address it prints
+/// first: the process and its base URL.
+pub fn start_serving(mut command: Command) -> (Process, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tollgate serve");
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("its listening line");
+    let base = line
+        .trim()
+        .strip_prefix("tollgate: listening on ")
+        .expect("a listening line")
+        .to_owned();
+    (Process(child), base)
 }
