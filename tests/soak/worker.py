@@ -90,6 +90,20 @@ class Worker:
     async def backoff(self, seconds: float) -> None:
         await asyncio.sleep(seconds * (0.5 + self.random.random()))
 
+    async def acquire(
+        self, limits: str | list[str], priority: str, wait: float
+    ) -> AsyncPermit | None:
+        """A permit, or None after counting the denial or error and backing off."""
+        try:
+            return await self.client.acquire(limits, priority=priority, wait=wait)
+        except RateLimited as denied:
+            self.records.count("deny", denied.reason or "unknown")
+            await self.backoff(min(denied.retry_after or 0.05, 0.2))
+        except TollgateError as error:
+            self.error(error)
+            await self.backoff(0.1)
+        return None
+
     # ---- rate -------------------------------------------------------------------------------
 
     async def rate_loop(self) -> None:
@@ -98,15 +112,8 @@ class Worker:
             priority = self.random.choice(PRIORITIES)
             wait = self.random.choice((0.0, 0.0, 0.0, 0.3, 1.0))
             sent = now_us()
-            try:
-                permit = await self.client.acquire(limits, priority=priority, wait=wait)
-            except RateLimited as denied:
-                self.records.count("deny", denied.reason or "unknown")
-                await self.backoff(min(denied.retry_after or 0.05, 0.2))
-                continue
-            except TollgateError as error:
-                self.error(error)
-                await self.backoff(0.1)
+            permit = await self.acquire(limits, priority, wait)
+            if permit is None:
                 continue
             received = now_us()
             self.records.count("grant")
@@ -129,15 +136,8 @@ class Worker:
         while not self.stopping[0]:
             priority = self.random.choice(PRIORITIES)
             sent = now_us()
-            try:
-                permit = await self.client.acquire(limit, priority=priority, wait=1.0)
-            except RateLimited as denied:
-                self.records.count("deny", denied.reason or "unknown")
-                await self.backoff(min(denied.retry_after or 0.05, 0.2))
-                continue
-            except TollgateError as error:
-                self.error(error)
-                await self.backoff(0.1)
+            permit = await self.acquire(limit, priority, 1.0)
+            if permit is None:
                 continue
             received = now_us()
             self.records.count("grant")
