@@ -11,14 +11,16 @@
 //! GCRA limits, sliding limits without a margin, concurrency limits and requests over several
 //! limits are passed through untouched.
 //!
-//! Pauses: a pause through this store drops its blocks at once. A pause set by another process
+//! Pauses: a pause through this store drops its blocks at once, and a block whose fetch was
+//! under way meanwhile is given back rather than handed out from. A pause set by another process
 //! reaches this one's blocks only when they expire, so with leasing a pause may let through, in
 //! each process, what that process's live block still holds, for at most the block's lifetime
 //! (at most the limit's margin). Without leasing a pause holds fleet-wide at once (G4).
 //!
 //! k adapts to local demand: a block used up before it expires doubles the next one (up to
 //! `block_units_max` and a quarter of the limit, so one process cannot hoard a fleet's quota);
-//! a block that expires with units left shrinks the next to what was handed out.
+//! a block that expires with units left shrinks the next to what was handed out. One caller per
+//! counter fetches at a time; the others wait for its block.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -85,6 +87,13 @@ pub struct LeasingStore {
     inner: Arc<dyn Store>,
     config: LeasingConfig,
     pools: Mutex<HashMap<PoolKey, Pool>>,
+    /// One refill at a time per counter: callers that find its block empty while another
+    /// fetches the next wait and take from that one. Fetching a block each, they would replace
+    /// one another's blocks (stranding their units in the store until they expire) and restart
+    /// the block size at one.
+    refills: Mutex<HashMap<PoolKey, RefillGate>>,
+    /// Pauses made through this store: a block fetched across one is not handed out from.
+    pauses: AtomicU64,
     local_seq: AtomicU64,
     stats: Arc<LeasingStats>,
 }
@@ -138,6 +147,8 @@ impl LeasingStore {
             inner,
             config,
             pools: Mutex::new(HashMap::new()),
+            refills: Mutex::new(HashMap::new()),
+            pauses: AtomicU64::new(0),
             local_seq: AtomicU64::new(LOCAL_SEQ),
             stats: Arc::new(LeasingStats::default()),
         });
@@ -165,6 +176,31 @@ impl LeasingStore {
             Ok(pools) => pools,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    fn refills(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, RefillGate>> {
+        match self.refills.lock() {
+            Ok(refills) => refills,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Wait for this counter's turn to refill its block.
+    async fn refill_turn(&self, key: &PoolKey) -> RefillTurn<'_> {
+        let gate = {
+            let mut refills = self.refills();
+            let gate = refills.entry(key.clone()).or_default();
+            gate.callers += 1;
+            gate.lock.clone()
+        };
+        // Made before waiting, so that a caller dropped while it waits is counted out too.
+        let mut turn = RefillTurn {
+            store: self,
+            key: key.clone(),
+            guard: None,
+        };
+        turn.guard = Some(gate.lock_owned().await);
+        turn
     }
 
     /// Hand `cost` units out of the block for this counter, if it has them.
@@ -229,6 +265,12 @@ impl LeasingStore {
             take.counter.limit.to_owned(),
             take.counter.key.map(str::to_owned),
         );
+        let _turn = self.refill_turn(&key).await;
+        // Whoever had the turn before may have just refilled the block.
+        if let Some(decision) = self.take_local(&take, cost, priority) {
+            return Ok(decision);
+        }
+        let pauses = self.pauses.load(Ordering::SeqCst);
         let started = Instant::now();
         let mut next_block = 1;
         if let Some((pool, used)) = self.retire(&key) {
@@ -276,7 +318,22 @@ impl LeasingStore {
             remaining_in_store: grant.remaining,
         };
         let remaining = pool.remaining_in_store + pool.left();
-        self.pools().insert(key, pool);
+        let stale = {
+            let mut pools = self.pools();
+            // Checked under the pools' lock, which a pause takes after counting itself: either
+            // the pause is seen here, or it removes this block after.
+            if self.pauses.load(Ordering::SeqCst) == pauses {
+                pools.insert(key, pool);
+                None
+            } else {
+                Some(pool)
+            }
+        };
+        if let Some(pool) = stale {
+            // Paused while the block was fetched: this caller's grant was decided before the
+            // pause; the rest goes back at once.
+            self.give_back(take, &pool, pool.handed).await;
+        }
         let grant = Grant {
             seq: first_local_seq,
             remaining,
@@ -327,6 +384,33 @@ impl LeasingStore {
             refunded,
             released: 0,
         })
+    }
+}
+
+/// A counter's refill lock, and how many callers hold it or wait for it.
+#[derive(Default)]
+struct RefillGate {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    callers: usize,
+}
+
+/// A counter's turn to refill its block; the gate is forgotten when its last caller is done.
+struct RefillTurn<'a> {
+    store: &'a LeasingStore,
+    key: PoolKey,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for RefillTurn<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut refills = self.store.refills();
+        if let Some(gate) = refills.get_mut(&self.key) {
+            gate.callers -= 1;
+            if gate.callers == 0 {
+                refills.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -401,6 +485,7 @@ impl Store for LeasingStore {
             take.counter.limit.to_owned(),
             take.counter.key.map(str::to_owned),
         );
+        self.pauses.fetch_add(1, Ordering::SeqCst);
         match take.counter.key {
             Some(_) => {
                 self.pools().remove(&key);
@@ -424,5 +509,70 @@ impl Store for LeasingStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         self.inner.ping()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate::{ManualClock, MemoryStore, MemoryStoreConfig};
+
+    fn leasing() -> Arc<LeasingStore> {
+        let memory = MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 1_000,
+            },
+            Arc::new(ManualClock::new(1_000_000)),
+        );
+        LeasingStore::new(
+            Arc::new(memory),
+            LeasingConfig {
+                block_lifetime: Duration::from_secs(30),
+                block_units_max: 16,
+            },
+        )
+    }
+
+    /// A refill gate lives only while a caller holds or awaits it, a caller dropped while it
+    /// waits included: a flood of keys leaves none behind.
+    #[tokio::test]
+    async fn refill_gates_are_forgotten_when_their_callers_are_done() {
+        let store = leasing();
+        let key: PoolKey = ("vendor".into(), Some("k".into()));
+        let held = store.refill_turn(&key).await;
+        let waiting = tokio::time::timeout(Duration::from_millis(10), store.refill_turn(&key));
+        assert!(waiting.await.is_err(), "the turn is held: the second waits");
+        assert_eq!(
+            store.refills()[&key].callers,
+            1,
+            "the dropped waiter counted out"
+        );
+        drop(held);
+        assert!(store.refills().is_empty());
+
+        let policy = Policy::rate(
+            1_000,
+            60_000_000,
+            30_000_000,
+            Algorithm::Sliding,
+            tollgate_core::Reserve::default(),
+        )
+        .expect("valid");
+        for k in 0..100 {
+            let key = format!("k{k}");
+            let take = Take {
+                counter: tollgate::store::CounterId {
+                    limit: "vendor",
+                    key: Some(&key),
+                },
+                policy: &policy,
+            };
+            let decision = store
+                .acquire(&[take], 1, Priority::Normal, true)
+                .await
+                .expect("answers");
+            assert!(decision.is_granted());
+        }
+        assert!(store.refills().is_empty(), "no gate left after 100 keys");
     }
 }

@@ -4,10 +4,16 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tokio::sync::Notify;
+use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take, Usage};
+use tollgate::{
+    Algorithm, Committed, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Priority, Request,
+    Reserve,
+};
 use tollgate_redis::{LeasingConfig, LeasingStore};
 
 /// A leasing store on `namespace` (blocks of at most 16 units living `block_lifetime`) and a
@@ -133,6 +139,32 @@ async fn leased_blocks_never_put_more_than_the_limit_in_a_period() {
     assert!(local > 0, "no grant came from a block");
 }
 
+/// `limit` per minute on a sliding window with a thirty-second margin: a block lives thirty
+/// seconds, far longer than a test's run, even on a slow machine.
+fn sliding_per_minute(limit: u64) -> Policy {
+    Policy::rate(
+        limit,
+        60_000_000,
+        30_000_000,
+        Algorithm::Sliding,
+        Reserve::default(),
+    )
+    .expect("valid")
+}
+
+/// `leasing_vendor` under `sliding_per_minute(limit)`, its blocks living thirty seconds.
+async fn long_lived_blocks(url: &str, namespace: &str, limit: u64) -> (Arc<LeasingStore>, Limiter) {
+    leasing_vendor(
+        url,
+        namespace,
+        sliding_per_minute(limit),
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+        PermitSecret::random(),
+    )
+    .await
+}
+
 /// One caller in a period with room: every block is used up before it ends, so each next one
 /// is twice as large, and twenty grants take five round trips (blocks of 1, 2, 4, 8, 16).
 #[tokio::test]
@@ -143,25 +175,8 @@ async fn blocks_grow_while_they_are_used_up_and_save_round_trips() {
     };
     let namespace = common::namespace("leasing-growth");
     common::declare_fresh(&url, &namespace).await;
-    // A block lives for the policy's margin at most: thirty seconds, which twenty sequential
-    // grants on loopback stay far inside even on a slow machine.
-    let policy = Policy::rate(
-        1_000,
-        60_000_000,
-        30_000_000,
-        Algorithm::Sliding,
-        Reserve::default(),
-    )
-    .expect("valid");
-    let (store, limiter) = leasing_vendor(
-        &url,
-        &namespace,
-        policy,
-        Duration::from_secs(30),
-        Duration::from_secs(1),
-        PermitSecret::random(),
-    )
-    .await;
+    // Twenty sequential grants on loopback stay far inside a block's thirty seconds.
+    let (store, limiter) = long_lived_blocks(&url, &namespace, 1_000).await;
     for call in 0..20 {
         let permit = limiter
             .try_acquire(&Request::new("vendor"))
@@ -173,4 +188,153 @@ async fn blocks_grow_while_they_are_used_up_and_save_round_trips() {
     }
     let (local, acquires, returns) = store.counts();
     assert_eq!((local, acquires, returns), (15, 5, 0));
+}
+
+/// Sixty-four callers at once on one counter: a caller that finds the block empty while another
+/// fetches the next waits for it, so blocks still grow (1, 2, 4, 8, 16, then 16 each) and none
+/// is replaced before it is used up. 1,280 grants take 84 round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_one_block_at_a_time() {
+    let Some(url) = common::redis_url("concurrent_callers_share_one_block_at_a_time") else {
+        return;
+    };
+    let namespace = common::namespace("leasing-concurrent");
+    common::declare_fresh(&url, &namespace).await;
+    let (store, limiter) = long_lived_blocks(&url, &namespace, 1_000_000).await;
+    let mut callers = Vec::new();
+    for _ in 0..64 {
+        let limiter = limiter.clone();
+        callers.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let outcome = limiter
+                    .try_acquire(&Request::new("vendor").refundable(false))
+                    .await
+                    .expect("answers");
+                assert!(outcome.is_granted(), "refused with room left");
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.expect("a caller");
+    }
+    let (local, acquires, returns) = store.counts();
+    assert_eq!(local + acquires, 1_280, "every grant counted once");
+    assert_eq!(
+        (acquires, returns),
+        (84, 0),
+        "one block at a time, each used up: (store acquires, blocks given back)"
+    );
+}
+
+/// The real store, whose next acquire once armed answers only when the test says so: a block
+/// fetch that is still on its way back when a pause is made.
+#[derive(Debug)]
+struct HeldAnswer {
+    inner: Arc<dyn Store>,
+    armed: AtomicBool,
+    decided: Notify,
+    answer: Notify,
+}
+
+impl Store for HeldAnswer {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(async move {
+            let decision = self.inner.acquire(takes, cost, priority, refundable).await;
+            if self.armed.swap(false, Ordering::SeqCst) {
+                self.decided.notify_one();
+                self.answer.notified().await;
+            }
+            decision
+        })
+    }
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        self.inner.commit(take, seq, used)
+    }
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        self.inner.renew(take, fence)
+    }
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        self.inner.pause(take, duration_us)
+    }
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        self.inner.usage(take)
+    }
+}
+
+/// A pause made through the leasing store while a block is being fetched: the caller that
+/// fetched it keeps its grant (decided before the pause), but nothing more is handed out from
+/// that block, and its rest goes back to the shared counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_a_block_fetch_stops_that_block() {
+    let Some(url) = common::redis_url("a_pause_during_a_block_fetch_stops_that_block") else {
+        return;
+    };
+    let namespace = common::namespace("leasing-pause-race");
+    common::declare_fresh(&url, &namespace).await;
+    let policy = sliding_per_minute(1_000);
+    let held = Arc::new(HeldAnswer {
+        inner: Arc::new(common::connect(&url, &namespace).await),
+        armed: AtomicBool::new(false),
+        decided: Notify::new(),
+        answer: Notify::new(),
+    });
+    let store = LeasingStore::new(
+        held.clone(),
+        LeasingConfig {
+            block_lifetime: Duration::from_secs(30),
+            block_units_max: 16,
+        },
+    );
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::ZERO,
+            permit_secret: PermitSecret::random(),
+        },
+    );
+    limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
+
+    // A first grant and its block of one, then a second caller whose block (of two) is held.
+    let first = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers");
+    assert!(first.is_granted());
+    held.armed.store(true, Ordering::SeqCst);
+    let fetching = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .try_acquire(&Request::new("vendor"))
+                .await
+                .expect("answers")
+                .is_granted()
+        })
+    };
+    held.decided.notified().await;
+    limiter
+        .pause("vendor", None, Duration::from_secs(60))
+        .await
+        .expect("paused");
+    held.answer.notify_one();
+    assert!(
+        fetching.await.expect("the fetching caller"),
+        "decided before the pause: granted"
+    );
+    let after = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers");
+    assert!(
+        !after.is_granted(),
+        "a unit of a block fetched across the pause was handed out after it"
+    );
+    let (_, _, returns) = store.counts();
+    assert_eq!(returns, 1, "the block's rest went back");
 }
