@@ -15,12 +15,17 @@ pub fn redis_server(test: &str) -> Option<PathBuf> {
         eprintln!("SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so no Redis test runs");
         None
     })?;
-    for candidate in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] {
-        if Path::new(candidate).exists() {
-            return Some(PathBuf::from(candidate));
-        }
-    }
-    panic!("{test}: TOLLGATE_TEST_REDIS is set but no redis-server was found to start nodes");
+    Some(installed_redis_server().unwrap_or_else(|| {
+        panic!("{test}: TOLLGATE_TEST_REDIS is set but no redis-server was found to start nodes")
+    }))
+}
+
+/// The machine's `redis-server`, if it has one.
+pub fn installed_redis_server() -> Option<PathBuf> {
+    ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|candidate| candidate.exists())
 }
 
 /// A loopback port free now, with its cluster bus port (+10,000) free too.
@@ -91,27 +96,34 @@ impl Node {
 
     /// One command through `redis-cli`, its answer as text.
     pub fn query(&self, args: &[&str]) -> Result<String, String> {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .map_err(|error| error.to_string())?;
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        if !output.status.success()
-            || text.starts_with("ERR")
-            || text.contains("Connection refused")
-        {
-            return Err(text + &String::from_utf8_lossy(&output.stderr));
-        }
-        Ok(text)
+        query(self.port, args)
     }
 
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
-        let text = self.query(&["INFO", section]).ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{field}:")))
-            .map(|value| value.trim().to_owned())
+        info_field(self.port, section, field)
     }
+}
+
+/// One command through `redis-cli` to the Redis on loopback `port`, its answer as text.
+pub fn query(port: u16, args: &[&str]) -> Result<String, String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map_err(|error| error.to_string())?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() || text.starts_with("ERR") || text.contains("Connection refused") {
+        return Err(text + &String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(text)
+}
+
+/// One field of `INFO section` of the Redis on loopback `port`.
+pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let text = query(port, &["INFO", section]).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .map(|value| value.trim().to_owned())
 }
 
 impl Drop for Node {
@@ -166,25 +178,48 @@ impl Cluster {
                 Node::start(binary, args, port)
             })
             .collect();
-        let addresses: Vec<String> = nodes
-            .iter()
-            .map(|node| format!("127.0.0.1:{}", node.port))
-            .collect();
-        let output = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create");
-        assert!(
-            output.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
+        if masters >= 3 {
+            let addresses: Vec<String> = nodes
+                .iter()
+                .map(|node| format!("127.0.0.1:{}", node.port))
+                .collect();
+            let output = Command::new("redis-cli")
+                .arg("--cluster")
+                .arg("create")
+                .args(&addresses)
+                .args(["--cluster-replicas", "1", "--cluster-yes"])
+                .output()
+                .expect("redis-cli --cluster create");
+            assert!(
+                output.status.success(),
+                "cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        } else {
+            // `redis-cli --cluster create` refuses fewer than three masters: assemble by hand.
+            assemble(&nodes, masters);
+        }
         let cluster = Cluster { nodes, _dir: dir };
         cluster.wait_healthy();
         cluster
+    }
+
+    /// The nodes that are masters now, as a running node sees it.
+    pub fn masters(&self) -> Vec<&Node> {
+        self.view()
+            .into_iter()
+            .filter(|(_, _, flags, _)| flags.contains("master") && !flags.contains("fail"))
+            .filter_map(|(_, port, _, _)| self.nodes.iter().find(|node| node.port == port))
+            .collect()
+    }
+
+    /// The nodes that are replicas now.
+    pub fn replicas(&self) -> Vec<&Node> {
+        self.view()
+            .into_iter()
+            .filter(|(_, _, flags, _)| flags.contains("slave") && !flags.contains("fail"))
+            .filter_map(|(_, port, _, _)| self.nodes.iter().find(|node| node.port == port))
+            .collect()
     }
 
     /// Every running node sees the cluster as `ok`, with every replica attached.
@@ -307,6 +342,49 @@ impl Cluster {
             let _ = node.query(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]);
         }
     }
+}
+
+/// `nodes[..masters]` serve the slots in equal ranges, `nodes[masters + i]` replicates
+/// `nodes[i]`.
+fn assemble(nodes: &[Node], masters: usize) {
+    let first = &nodes[0];
+    for node in &nodes[1..] {
+        first
+            .query(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string()])
+            .expect("cluster meet");
+    }
+    for (index, node) in nodes[..masters].iter().enumerate() {
+        let start = index * 16_384 / masters;
+        let end = (index + 1) * 16_384 / masters - 1;
+        node.query(&[
+            "CLUSTER",
+            "ADDSLOTSRANGE",
+            &start.to_string(),
+            &end.to_string(),
+        ])
+        .expect("cluster addslotsrange");
+    }
+    wait_until(Duration::from_secs(30), "the nodes to meet", || {
+        nodes.iter().all(|node| {
+            node.query(&["CLUSTER", "NODES"])
+                .map(|text| text.lines().count() == nodes.len() && !text.contains("handshake"))
+                .unwrap_or(false)
+        })
+    });
+    for (index, replica) in nodes[masters..].iter().enumerate() {
+        let master = nodes[index].query(&["CLUSTER", "MYID"]).expect("myid");
+        replica
+            .query(&["CLUSTER", "REPLICATE", master.trim()])
+            .expect("cluster replicate");
+    }
+    wait_until(Duration::from_secs(30), "the replicas to sync", || {
+        nodes[masters..].iter().all(|replica| {
+            replica
+                .info_field("replication", "master_link_status")
+                .as_deref()
+                == Some("up")
+        })
+    });
 }
 
 /// One master, one replica, and three Sentinels watching them as `master_name`.
