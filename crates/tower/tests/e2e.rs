@@ -347,13 +347,12 @@ async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
     let limiter = Limiter::in_memory();
     let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
     let dave = bearer("dave");
+    // Dave's leases of the concurrency limit in use now, read without taking one.
     let held = |limiter: &Limiter| {
         let limiter = limiter.clone();
         async move {
-            // The concurrency limit alone: is there room for one more of dave's requests?
-            let request = tollgate::Request::new("user-conc").key("dave");
-            let outcome = limiter.try_acquire(&request).await.expect("decides");
-            !outcome.is_granted()
+            let usage = limiter.usage("user-conc", Some("dave")).await;
+            usage.expect("usage").used
         }
     };
     // Two downloads in flight hold both of dave's leases.
@@ -370,16 +369,18 @@ async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
         assert!(String::from_utf8_lossy(&first[..read]).starts_with("HTTP/1.1 200"));
         downloads.push(stream);
     }
-    assert!(
+    assert_eq!(
         held(&limiter).await,
+        2,
         "both leases are held during the downloads"
     );
     let third = send(address, "/health", &[("authorization", dave.as_str())]).await;
     assert_eq!(third.status, 429, "{third:?}");
 
     drop(downloads);
+    // Both: each connection's lease comes back on its own, when its task sees it gone.
     let released = tokio::time::timeout(Duration::from_secs(10), async {
-        while held(&limiter).await {
+        while held(&limiter).await > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
