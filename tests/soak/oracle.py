@@ -37,16 +37,10 @@ from common import (
 Interval = tuple[int, int]
 
 
-def most_in_any_window(intervals: list[Interval], width: int) -> tuple[int, int]:
-    """The most intervals lying wholly inside one half-open window ``[a, a + width)``, and the
-    window's start. An interval ``[lo, hi]`` lies inside it when ``a`` is in
-    ``[hi - width + 1, lo]``; the answer is the deepest overlap of those ranges."""
-    events: list[tuple[int, int]] = []
-    for lo, hi in intervals:
-        first = hi - width + 1
-        if first <= lo:
-            events.append((first, 1))
-            events.append((lo + 1, -1))
+def deepest_overlap(ranges: list[Interval]) -> tuple[int, int]:
+    """The most half-open ranges ``[start, end)`` overlapping at one point, and that point."""
+    events = [(start, 1) for start, end in ranges if end > start]
+    events += [(end, -1) for start, end in ranges if end > start]
     # At one coordinate, ranges ending there (exclusive) go before ranges starting there.
     events.sort()
     depth = most = 0
@@ -56,6 +50,13 @@ def most_in_any_window(intervals: list[Interval], width: int) -> tuple[int, int]
         if depth > most:
             most, where = depth, at
     return most, where
+
+
+def most_in_any_window(intervals: list[Interval], width: int) -> tuple[int, int]:
+    """The most intervals lying wholly inside one half-open window ``[a, a + width)``, and the
+    window's start. An interval ``[lo, hi]`` lies inside it when ``a`` is in
+    ``[hi - width + 1, lo]``; the answer is the deepest overlap of those ranges."""
+    return deepest_overlap([(hi - width + 1, lo + 1) for lo, hi in intervals])
 
 
 def most_in_aligned_window(intervals: list[Interval], width: int) -> tuple[int, int]:
@@ -69,20 +70,6 @@ def most_in_aligned_window(intervals: list[Interval], width: int) -> tuple[int, 
         return 0, 0
     window, most = max(per_window.items(), key=lambda item: item[1])
     return most, window * width
-
-
-def most_in_flight(intervals: list[Interval]) -> tuple[int, int]:
-    """The most half-open intervals ``[start, end)`` overlapping at one time, and when."""
-    events = [(start, 1) for start, end in intervals if end > start]
-    events += [(end, -1) for start, end in intervals if end > start]
-    events.sort()
-    depth = most = 0
-    where = 0
-    for at, step in events:
-        depth += step
-        if depth > most:
-            most, where = depth, at
-    return most, where
 
 
 @dataclass
@@ -358,8 +345,8 @@ def judge_concurrency(limit: ConcurrencyLimit, records: Records, end_us: int) ->
         lease = records.leases.get(ident.rsplit(".", 1)[0])
         if lease is not None and lease.priority != "high":
             below_high.append(interval)
-    most, when = most_in_flight(work)
-    most_below_high, _ = most_in_flight(below_high)
+    most, when = deepest_overlap(work)
+    most_below_high, _ = deepest_overlap(below_high)
     bound_below_high = limit.limit - limit.reserve_high
     return {
         "limit": limit.limit,

@@ -113,22 +113,7 @@ async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 
         let acquire = acquire.clone();
         let commit = commit.clone();
         async move {
-            let granted = client
-                .send(Method::POST, "/v1/acquire", Some(&acquire))
-                .await
-                .expect("acquire");
-            assert_eq!(granted.status, 200, "{}", granted.text());
-            let permit = granted
-                .json
-                .as_ref()
-                .and_then(|j| j["permit"].as_str())
-                .expect("permit");
-            let path = format!("/v1/permits/{permit}/commit");
-            let committed = client
-                .send(Method::POST, &path, Some(&commit))
-                .await
-                .expect("commit");
-            assert_eq!(committed.status, 200, "{}", committed.text());
+            common::acquire_and_commit(&client, &acquire, &commit).await;
             client
         }
     })

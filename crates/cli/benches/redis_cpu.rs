@@ -24,7 +24,7 @@
 //! a refundable permit at most 3x. Without `--bench` (under `cargo test --all-targets`) it does
 //! nothing.
 
-// Shared with the other benches; this one needs only `Process`.
+// Shared with the other benches; this one uses part of it.
 #[allow(dead_code)]
 mod common;
 
@@ -371,22 +371,7 @@ async fn server_case(
                 return;
             }
             let body = serde_json::json!({"limits":[case.limit()],"key":key});
-            let granted = client
-                .send(Method::POST, "/v1/acquire", Some(&body))
-                .await
-                .expect("acquire");
-            assert_eq!(granted.status, 200, "{}", granted.text());
-            let permit = granted
-                .json
-                .as_ref()
-                .and_then(|json| json["permit"].as_str())
-                .expect("a permit");
-            let path = format!("/v1/permits/{permit}/commit");
-            let committed = client
-                .send(Method::POST, &path, Some(&serde_json::json!({"used":1})))
-                .await
-                .expect("commit");
-            assert_eq!(committed.status, 200, "{}", committed.text());
+            common::acquire_and_commit(&client, &body, &serde_json::json!({"used":1})).await;
         }
     };
     measure(stats, &TOLLGATE_COMMANDS, decisions, one).await

@@ -10,9 +10,11 @@
 //!
 //! Exits non-zero if any model's outcome differs from what the tests expect.
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
+use std::hash::Hash;
 use std::process::ExitCode;
 
+use stateright::Model;
 use tollgate_model::cross_slot::{self, CrossSlotModel, OnDenial, Order};
 use tollgate_model::failover::{self, Check, FailoverModel, Hold};
 use tollgate_model::protocol::{self, LossHandling, ProtocolModel, SAFETY_AND_LIVENESS, Setup};
@@ -43,6 +45,37 @@ where
         }
     }
     as_expected
+}
+
+/// Run a model made from a setup, print it and judge it: every one of `properties` when no
+/// failure is expected; else only the expected failures, as the run stops at them and other
+/// properties may or may not have been reached by then. `None` when the setup is invalid.
+fn check<M, E>(
+    name: &str,
+    model: Result<M, E>,
+    properties: &[&str],
+    failures: &[&'static str],
+) -> Option<bool>
+where
+    M: Model + Clone + Send + Sync + 'static,
+    M::State: Clone + Debug + Display + Hash + PartialEq + Send + Sync + 'static,
+    M::Action: Clone + Debug + Display + PartialEq,
+    E: Display,
+{
+    let model = match model {
+        Ok(model) => model,
+        Err(error) => {
+            eprintln!("{name}: invalid policy: {error}");
+            return None;
+        }
+    };
+    let outcome = run(model, failures);
+    let checked = if failures.is_empty() {
+        properties
+    } else {
+        failures
+    };
+    Some(judge(name, &outcome, checked, failures))
 }
 
 fn main() -> ExitCode {
@@ -134,25 +167,13 @@ fn main() -> ExitCode {
         ),
     ];
     for (name, setup, failures) in protocol_checks {
-        if !wanted(name) {
-            continue;
-        }
-        let model = match ProtocolModel::new(setup) {
-            Ok(model) => model,
-            Err(error) => {
-                eprintln!("{name}: invalid policy: {error}");
-                return ExitCode::FAILURE;
+        if wanted(name) {
+            let model = ProtocolModel::new(setup);
+            match check(name, model, &SAFETY_AND_LIVENESS, failures) {
+                Some(as_expected) => all_as_expected &= as_expected,
+                None => return ExitCode::FAILURE,
             }
-        };
-        let outcome = run(model, failures);
-        // The broken variants stop at their expected failure; other properties may or may not
-        // have been reached by then, so only the expected one is judged.
-        let checked: &[&str] = if failures.is_empty() {
-            &SAFETY_AND_LIVENESS
-        } else {
-            failures
-        };
-        all_as_expected &= judge(name, &outcome, checked, failures);
+        }
     }
 
     let cross_slot_checks: [(&str, cross_slot::Setup, &[&'static str]); 4] = [
@@ -187,23 +208,13 @@ fn main() -> ExitCode {
         ),
     ];
     for (name, setup, failures) in cross_slot_checks {
-        if !wanted(name) {
-            continue;
-        }
-        let model = match CrossSlotModel::new(setup) {
-            Ok(model) => model,
-            Err(error) => {
-                eprintln!("{name}: invalid policy: {error}");
-                return ExitCode::FAILURE;
+        if wanted(name) {
+            let model = CrossSlotModel::new(setup);
+            match check(name, model, &cross_slot::ALL, failures) {
+                Some(as_expected) => all_as_expected &= as_expected,
+                None => return ExitCode::FAILURE,
             }
-        };
-        let outcome = run(model, failures);
-        let checked: &[&str] = if failures.is_empty() {
-            &cross_slot::ALL
-        } else {
-            failures
-        };
-        all_as_expected &= judge(name, &outcome, checked, failures);
+        }
     }
 
     let g6: &[&'static str] = &[failover::G6_LOSS];
@@ -253,18 +264,13 @@ fn main() -> ExitCode {
         failover_checks.push((format!("failover/moved-exemption/{name}"), former, g6));
     }
     for (name, setup, failures) in failover_checks {
-        if !wanted(&name) {
-            continue;
-        }
-        let model = match FailoverModel::new(setup) {
-            Ok(model) => model,
-            Err(error) => {
-                eprintln!("{name}: invalid policy: {error}");
-                return ExitCode::FAILURE;
+        if wanted(&name) {
+            let model = FailoverModel::new(setup);
+            match check(&name, model, g6, failures) {
+                Some(as_expected) => all_as_expected &= as_expected,
+                None => return ExitCode::FAILURE,
             }
-        };
-        let outcome = run(model, failures);
-        all_as_expected &= judge(&name, &outcome, g6, failures);
+        }
     }
 
     if all_as_expected {

@@ -55,3 +55,28 @@ pub fn start_serving(mut command: Command) -> (Process, String) {
         .to_owned();
     (Process(child), base)
 }
+
+/// `POST /v1/acquire` with `acquire`, then commit the permit granted with `commit`; both must
+/// answer 200.
+pub async fn acquire_and_commit(
+    client: &tollgate_cli::client::Client,
+    acquire: &serde_json::Value,
+    commit: &serde_json::Value,
+) {
+    let granted = client
+        .send(hyper::Method::POST, "/v1/acquire", Some(acquire))
+        .await
+        .expect("acquire");
+    assert_eq!(granted.status, 200, "{}", granted.text());
+    let permit = granted
+        .json
+        .as_ref()
+        .and_then(|json| json["permit"].as_str())
+        .expect("a permit");
+    let path = format!("/v1/permits/{permit}/commit");
+    let committed = client
+        .send(hyper::Method::POST, &path, Some(commit))
+        .await
+        .expect("commit");
+    assert_eq!(committed.status, 200, "{}", committed.text());
+}
