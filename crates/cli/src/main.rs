@@ -516,26 +516,30 @@ fn init_logging(filter: &str, format: &str) -> Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// Waits for SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: a signal sent as soon as the server says it listens must stop it
+/// gracefully, not kill it by the default action.
+fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
+    {
+        Ok(async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
     }
 }
 
@@ -552,7 +556,7 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
         );
     }
     tracing::info!(?config, "starting");
-    tollgate_server::run(config, shutdown_signal(), |address, grpc| {
+    tollgate_server::run(config, shutdown_signal()?, |address, grpc| {
         // Stable lines on standard output for scripts (and tests) that start on port 0.
         if let Some(grpc) = grpc {
             println!("tollgate: envoy rate limit service (gRPC) on {grpc}");

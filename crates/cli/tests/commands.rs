@@ -565,6 +565,18 @@ fn the_example_configuration_starts_a_server() {
     assert!(server.terminate().success());
 }
 
+/// A SIGTERM sent the moment the server says it listens stops it gracefully: its handler is in
+/// place before that line is printed, so the signal's default action never kills it.
+#[test]
+fn a_signal_right_after_listening_stops_the_server_gracefully() {
+    for _ in 0..5 {
+        let mut server = Server::start();
+        let status = server.terminate();
+        assert!(status.success(), "{status:?}; log:\n{}", server.log());
+        assert!(server.log().contains("stopped"), "{}", server.log());
+    }
+}
+
 /// A kept admin token file that holds no token stops `serve` with the file named, rather than
 /// opening the admin API to an empty token.
 #[test]
