@@ -127,6 +127,7 @@ enum Command {
     /// Exits 75 if no permit was granted within --wait, 69 if the server failed or could not
     /// be reached, 127 if COMMAND could not be started. Leases are renewed while COMMAND runs.
     /// COMMAND is run directly, not through a shell: use `-- sh -c '...'` for pipelines.
+    /// SIGTERM and SIGHUP are passed on to COMMAND; the permit is committed once it has ended.
     Acquire(AcquireArgs),
 }
 
@@ -1030,24 +1031,7 @@ async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
         .command
         .split_first()
         .ok_or_else(|| anyhow!("no command given after --"))?;
-    let status = match tokio::process::Command::new(program)
-        .args(arguments)
-        .spawn()
-    {
-        Ok(mut child) => {
-            // Ctrl-C reaches the command too (same process group); stay alive to commit.
-            loop {
-                tokio::select! {
-                    status = child.wait() => break Some(status),
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-        }
-        Err(error) => {
-            eprintln!("tollgate: cannot run {program:?}: {error}");
-            None
-        }
-    };
+    let status = run_command(program, arguments).await?;
     if let Some(renewer) = renewer {
         renewer.abort();
     }
@@ -1077,6 +1061,78 @@ async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
         }
     };
     Ok(ExitCode::from(code))
+}
+
+/// Runs `acquire`'s command to its end; `None` when it could not start. `tollgate` outlives the
+/// signals that would otherwise stop it first, and commits only once the command has stopped
+/// calling: had it died, an orphaned command would go on calling while its lease ran out and
+/// was granted to another. SIGTERM and SIGHUP, which a supervisor or `kill` sends to this
+/// process alone, are passed on to the command; Ctrl-C's SIGINT has reached it already through
+/// the terminal's process group.
+#[cfg(unix)]
+async fn run_command(
+    program: &str,
+    arguments: &[String],
+) -> Result<Option<std::io::Result<std::process::ExitStatus>>> {
+    use rustix::process::{Pid, Signal, kill_process};
+    use tokio::signal::unix::{SignalKind, signal};
+    // Installed before the command starts, so no signal meets the default action (death).
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+    let mut child = match tokio::process::Command::new(program)
+        .args(arguments)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("tollgate: cannot run {program:?}: {error}");
+            return Ok(None);
+        }
+    };
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(Pid::from_raw);
+    loop {
+        // Biased: a command that has ended is reaped first, so a signal is never passed to its
+        // pid after the system could have given that pid to another process.
+        let pass_on = tokio::select! {
+            biased;
+            status = child.wait() => return Ok(Some(status)),
+            _ = terminate.recv() => Signal::TERM,
+            _ = hangup.recv() => Signal::HUP,
+            _ = interrupt.recv() => continue,
+        };
+        if let Some(pid) = pid {
+            // It may have ended since: then there is nobody left to tell.
+            let _ = kill_process(pid, pass_on);
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn run_command(
+    program: &str,
+    arguments: &[String],
+) -> Result<Option<std::io::Result<std::process::ExitStatus>>> {
+    let mut child = match tokio::process::Command::new(program)
+        .args(arguments)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("tollgate: cannot run {program:?}: {error}");
+            return Ok(None);
+        }
+    };
+    // Ctrl-C reaches the command too; stay alive to commit.
+    loop {
+        tokio::select! {
+            status = child.wait() => return Ok(Some(status)),
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
 }
 
 /// The command's exit code, or 128 + the signal that ended it, as shells report.

@@ -291,6 +291,76 @@ async fn acquire_holds_a_lease_while_the_command_runs_and_releases_it_after() {
     granted(&server.anonymous(), r#"{"limits":["pool"]}"#).await;
 }
 
+/// A stop signal sent to `acquire` alone (by systemd, Kubernetes, `timeout`, `kill`) reaches
+/// the command, and the lease comes back once the command has stopped: `acquire` neither dies
+/// leaving an orphan that goes on calling while its lease runs out, nor keeps the lease after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_to_acquire_stops_the_command_then_gives_the_lease_back() {
+    let server = Server::start();
+    // Only a commit can free the pool within the test: the lease outlives it.
+    put_limit(
+        &server,
+        "pool",
+        r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":600000}"#,
+    )
+    .await;
+    for (signal, code) in [("-TERM", 128 + 15), ("-HUP", 128 + 1)] {
+        let pid_file = server.directory.path().join(format!("command{signal}.pid"));
+        let log = server.directory.path().join(format!("acquire{signal}.log"));
+        let script = format!("echo $$ > '{}'; exec sleep 120", pid_file.display());
+        let mut acquire = command(server.directory.path())
+            .args(["acquire", "pool", "--", "sh", "-c", &script])
+            .env("TOLLGATE_SERVER", &server.url)
+            // A file, not a pipe: an orphaned command would hold a pipe open for minutes.
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn acquire");
+        let read_pid = || {
+            std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|pid| pid.trim().parse::<u32>().ok())
+        };
+        until("the command runs under the permit", async || {
+            read_pid().is_some()
+        })
+        .await;
+        let command_pid = read_pid().expect("pid").to_string();
+        let sent = std::process::Command::new("kill")
+            .args([signal, &acquire.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let mut status = None;
+        until("acquire exits", async || {
+            status = acquire.try_wait().expect("try_wait");
+            status.is_some()
+        })
+        .await;
+        let status = status.expect("exited");
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(
+            status.code(),
+            Some(code),
+            "{signal}: acquire exits as its command did; {status:?} {said}"
+        );
+        let alive = std::process::Command::new("kill")
+            .args(["-0", &command_pid])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("kill -0");
+        assert!(!alive.success(), "{signal}: the command outlived acquire");
+        let again = granted(&server.anonymous(), r#"{"limits":["pool"]}"#).await;
+        let permit = again["permit"].as_str().expect("permit").to_owned();
+        let released = post(
+            &server.anonymous(),
+            &format!("/v1/permits/{permit}/commit"),
+            r#"{"used":0}"#,
+        )
+        .await;
+        assert_eq!(released.status, 200, "{}", released.text());
+    }
+}
+
 #[test]
 fn flags_win_over_the_environment_which_wins_over_the_file() {
     let directory = tempfile::tempdir().expect("tempdir");
