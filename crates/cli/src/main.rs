@@ -1080,15 +1080,8 @@ async fn run_command(
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let mut child = match tokio::process::Command::new(program)
-        .args(arguments)
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(error) => {
-            eprintln!("tollgate: cannot run {program:?}: {error}");
-            return Ok(None);
-        }
+    let Some(mut child) = spawn_command(program, arguments) else {
+        return Ok(None);
     };
     let pid = child
         .id()
@@ -1116,15 +1109,8 @@ async fn run_command(
     program: &str,
     arguments: &[String],
 ) -> Result<Option<std::io::Result<std::process::ExitStatus>>> {
-    let mut child = match tokio::process::Command::new(program)
-        .args(arguments)
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(error) => {
-            eprintln!("tollgate: cannot run {program:?}: {error}");
-            return Ok(None);
-        }
+    let Some(mut child) = spawn_command(program, arguments) else {
+        return Ok(None);
     };
     // Ctrl-C reaches the command too; stay alive to commit.
     loop {
@@ -1133,6 +1119,15 @@ async fn run_command(
             _ = tokio::signal::ctrl_c() => {}
         }
     }
+}
+
+/// Starts `acquire`'s command, or says why it could not.
+fn spawn_command(program: &str, arguments: &[String]) -> Option<tokio::process::Child> {
+    tokio::process::Command::new(program)
+        .args(arguments)
+        .spawn()
+        .inspect_err(|error| eprintln!("tollgate: cannot run {program:?}: {error}"))
+        .ok()
 }
 
 /// The command's exit code, or 128 + the signal that ended it, as shells report.
