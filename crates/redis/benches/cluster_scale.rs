@@ -133,6 +133,18 @@ struct Reading {
     cpu_usec: u64,
 }
 
+impl std::ops::Add for Reading {
+    type Output = Reading;
+    fn add(self, other: Reading) -> Reading {
+        Reading {
+            script_calls: self.script_calls + other.script_calls,
+            script_usec: self.script_usec + other.script_usec,
+            pause_reads: self.pause_reads + other.pause_reads,
+            cpu_usec: self.cpu_usec + other.cpu_usec,
+        }
+    }
+}
+
 impl std::ops::Sub for Reading {
     type Output = Reading;
     fn sub(self, before: Reading) -> Reading {
@@ -240,12 +252,7 @@ impl Figures {
     fn total(&self) -> Reading {
         self.masters
             .iter()
-            .fold(Reading::default(), |sum, (_, reading)| Reading {
-                script_calls: sum.script_calls + reading.script_calls,
-                script_usec: sum.script_usec + reading.script_usec,
-                pause_reads: sum.pause_reads + reading.pause_reads,
-                cpu_usec: sum.cpu_usec + reading.cpu_usec,
-            })
+            .fold(Reading::default(), |sum, (_, reading)| sum + *reading)
     }
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)

@@ -206,18 +206,19 @@ impl Cluster {
 
     /// The nodes that are masters now, as a running node sees it.
     pub fn masters(&self) -> Vec<&Node> {
-        self.view()
-            .into_iter()
-            .filter(|(_, _, flags, _)| flags.contains("master") && !flags.contains("fail"))
-            .filter_map(|(_, port, _, _)| self.nodes.iter().find(|node| node.port == port))
-            .collect()
+        self.in_role("master")
     }
 
     /// The nodes that are replicas now.
     pub fn replicas(&self) -> Vec<&Node> {
+        self.in_role("slave")
+    }
+
+    /// The live nodes whose `CLUSTER NODES` flags hold `role`.
+    fn in_role(&self, role: &str) -> Vec<&Node> {
         self.view()
             .into_iter()
-            .filter(|(_, _, flags, _)| flags.contains("slave") && !flags.contains("fail"))
+            .filter(|(_, _, flags, _)| flags.contains(role) && !flags.contains("fail"))
             .filter_map(|(_, port, _, _)| self.nodes.iter().find(|node| node.port == port))
             .collect()
     }
