@@ -1,8 +1,10 @@
 //! The library half of the `tollgate` binary: a small HTTP/1 client for a running server's API
-//! (used by `limits` and `acquire`, and by the end-to-end tests), the `simulate` command's
+//! (used by `limits` and `acquire`, and by the end-to-end tests), the admin token a local
+//! server keeps and the rules for sending it (`kept_token`), the `simulate` command's
 //! workloads and runs, and the parsing of durations given on the command line. Precise error types here; `anyhow` only in `main.rs`.
 
 pub mod client;
+pub mod kept_token;
 pub mod simulate;
 
 use std::time::Duration;

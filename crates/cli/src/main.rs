@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use hyper::Method;
 use serde::Deserialize;
 use tollgate_cli::client::{Answer, Client};
+use tollgate_cli::kept_token;
 use tollgate_cli::parse_duration;
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
@@ -547,17 +548,26 @@ fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static> {
 async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
     let (mut config, log, log_format) = resolve_server_config(args, file)?;
     init_logging(&log, &log_format)?;
+    let mut kept = None;
     if config.admin_token.is_none()
         && let Some(path) = admin_token_path(config.state_url())
     {
-        config.admin_token = Some(kept_admin_token(&path)?);
+        let token = kept_token::read_or_make(&path)?;
+        config.admin_token = Some(token.token.clone());
         tracing::info!(
             path = %path.display(),
             "admin token kept in this file (mode 0600); tollgate commands on this machine read it"
         );
+        kept = Some((path, token));
     }
     tracing::info!(?config, "starting");
     tollgate_server::run(config, shutdown_signal()?, |address, grpc| {
+        // The commands send the kept token to this address alone.
+        if let Some((path, token)) = &kept
+            && let Err(error) = kept_token::record_listen(path, token, address)
+        {
+            tracing::warn!(%error, "could not record where this server listens beside its admin token");
+        }
         // Stable lines on standard output for scripts (and tests) that start on port 0.
         if let Some(grpc) = grpc {
             println!("tollgate: envoy rate limit service (gRPC) on {grpc}");
@@ -581,40 +591,10 @@ fn admin_token_path(state_url: &str) -> Option<PathBuf> {
     Some(PathBuf::from(format!("{file}.admin-token")))
 }
 
-/// The admin token in `path`, made there (random, readable by this user alone) if there is
-/// none yet.
-fn kept_admin_token(path: &Path) -> Result<String> {
-    if let Some(token) = read_admin_token(path)? {
-        return Ok(token);
-    }
-    let mut bytes = [0u8; 24];
-    getrandom::fill(&mut bytes).map_err(|error| anyhow!("no randomness for a token: {error}"))?;
-    let token: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut written = options
-        .open(path)
-        .with_context(|| format!("admin token file {}", path.display()))?;
-    std::io::Write::write_all(&mut written, format!("{token}\n").as_bytes())
-        .with_context(|| format!("admin token file {}", path.display()))?;
-    Ok(token)
-}
-
-/// The token in `path`, if the file is there.
-fn read_admin_token(path: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) if !text.trim().is_empty() => Ok(Some(text.trim().to_owned())),
-        Ok(_) => bail!("admin token file {} is empty", path.display()),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(error).with_context(|| format!("admin token file {}", path.display())),
-    }
-}
-
-/// The admin token for a command: the environment's, the config file's, or the one a local
-/// server keeps beside its SQLite state file.
-fn admin_token(file: &FileConfig) -> Result<Option<String>> {
+/// The admin token for a command talking to `server_url`: the environment's, the config
+/// file's, or the one a local server keeps beside its SQLite state file, which is sent only to
+/// the server that wrote it.
+fn admin_token(file: &FileConfig, server_url: &str) -> Result<Option<String>> {
     if let Some(token) = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone()) {
         return Ok(Some(token));
     }
@@ -626,10 +606,34 @@ fn admin_token(file: &FileConfig) -> Result<Option<String>> {
         None if rules.starts_with("file://") => DEFAULT_RULES_URL.to_owned(),
         None => rules,
     };
-    match admin_token_path(&state) {
-        Some(path) => read_admin_token(&path),
+    let Some(path) = admin_token_path(&state) else {
+        return Ok(None);
+    };
+    match kept_token::read(&path)? {
+        Some(kept) if kept.belongs_to(server_url) => Ok(Some(kept.token)),
+        Some(kept) => {
+            let written_by = kept.listen.map_or_else(
+                || "a server that has not listened yet".to_owned(),
+                |listen| format!("the server listening on {listen}"),
+            );
+            eprintln!(
+                "tollgate: not sending the admin token kept in {} to {server_url}: it was made \
+                 by {written_by}; give TOLLGATE_ADMIN_TOKEN for another server",
+                path.display()
+            );
+            Ok(None)
+        }
         None => Ok(None),
     }
+}
+
+/// The server a command talks to: `--server`, the config file's, or the local default.
+fn server_url(server: &ServerArgs, file: &FileConfig) -> String {
+    server
+        .server
+        .clone()
+        .or_else(|| file.server.clone())
+        .unwrap_or_else(|| DEFAULT_SERVER_URL.to_owned())
 }
 
 fn client(
@@ -638,11 +642,7 @@ fn client(
     token: Option<String>,
     timeout: Duration,
 ) -> Result<Client> {
-    let url = server
-        .server
-        .or_else(|| file.server.clone())
-        .unwrap_or_else(|| DEFAULT_SERVER_URL.to_owned());
-    Ok(Client::new(&url, token, timeout)?)
+    Ok(Client::new(&server_url(&server, file), token, timeout)?)
 }
 
 /// The successful answer of a client command's request, or the exit code it ends with: 69 for
@@ -714,7 +714,7 @@ async fn limits(
     action: LimitsAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let token = admin_token(&file)?;
+    let token = admin_token(&file, &server_url(&server, &file))?;
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         LimitsAction::Apply {
@@ -1121,9 +1121,21 @@ async fn run_command(
     }
 }
 
-/// Starts `acquire`'s command, or says why it could not.
+/// What `acquire`'s command never inherits: the credentials `tollgate` itself was given.
+const SECRET_VARIABLES: [&str; 3] = [
+    "TOLLGATE_ADMIN_TOKEN",
+    "TOLLGATE_DATA_TOKEN",
+    "TOLLGATE_PERMIT_SECRET",
+];
+
+/// Starts `acquire`'s command, or says why it could not. The command runs under a permit; it
+/// is not trusted with the credentials that grant permits or change limits.
 fn spawn_command(program: &str, arguments: &[String]) -> Option<tokio::process::Child> {
-    tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    for name in SECRET_VARIABLES {
+        command.env_remove(name);
+    }
+    command
         .args(arguments)
         .spawn()
         .inspect_err(|error| eprintln!("tollgate: cannot run {program:?}: {error}"))

@@ -42,7 +42,7 @@ async fn a_local_server_keeps_an_admin_token_the_commands_find() {
     });
     let kept = server.directory.path().join("tollgate.db.admin-token");
     let token = std::fs::read_to_string(&kept).expect("the token file beside the database");
-    let token = token.trim();
+    let token = token.lines().next().expect("the token's line");
     assert_eq!(token.len(), 48, "{token:?}");
     #[cfg(unix)]
     {
@@ -82,7 +82,7 @@ async fn a_local_server_keeps_an_admin_token_the_commands_find() {
         ..Options::default()
     });
     let kept_again = std::fs::read_to_string(&kept).expect("still there");
-    assert_eq!(kept_again.trim(), token);
+    assert_eq!(kept_again.lines().next(), Some(token));
     let list = run(&again, &["limits", "list"], &[]);
     assert!(list.status.success(), "{}", stderr(&list));
     // A token from the environment: nothing is written.
@@ -652,7 +652,11 @@ fn a_signal_right_after_listening_stops_the_server_gracefully() {
 #[test]
 fn an_empty_kept_token_file_is_refused_by_name() {
     let directory = tempfile::tempdir().expect("tempdir");
-    std::fs::write(directory.path().join("tollgate.db.admin-token"), "\n").expect("write");
+    let kept = directory.path().join("tollgate.db.admin-token");
+    std::fs::write(&kept, "\n").expect("write");
+    #[cfg(unix)]
+    std::fs::set_permissions(&kept, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
     let output = command(directory.path())
         .args(["serve", "--listen", "127.0.0.1:0"])
         .output()

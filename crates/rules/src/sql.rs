@@ -161,6 +161,58 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// A SQLite file holds every user key the server has counted and the limits in force: it is
+/// made readable by this user alone (mode 0600) before SQLite opens it, and a looser one,
+/// with its `-wal` and `-shm` companions, is tightened. SQLite gives the companions it makes
+/// the database file's mode.
+fn keep_private(url: &str, path: &std::path::Path) -> Result<(), SourceError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let text = path.to_string_lossy();
+        if text.is_empty() || text == ":memory:" {
+            return Ok(());
+        }
+        let private = |error: std::io::Error| {
+            bad_url(
+                url,
+                format!("making it readable by this user alone (0600): {error}"),
+            )
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // A directory that is not there yet is SQLite's to report, as before.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(private(error)),
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let file = std::path::PathBuf::from(format!("{text}{suffix}"));
+            let Ok(metadata) = std::fs::metadata(&file) else {
+                continue;
+            };
+            let mode = metadata.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                    .map_err(private)?;
+                tracing::warn!(
+                    path = %file.display(),
+                    was = format!("{mode:o}"),
+                    "state file was readable by others; made it 0600"
+                );
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (url, path);
+    Ok(())
+}
+
 impl SqlSource {
     /// Connect by URL (`sqlite://FILE`, `postgres://...`, `mysql://...` or `mariadb://...`),
     /// creating a SQLite file if missing, and bring the table's schema up to date.
@@ -173,7 +225,9 @@ impl SqlSource {
         let pool = match scheme {
             "sqlite" => {
                 let options = SqliteConnectOptions::from_str(url)
-                    .map_err(|error| bad_url(url, error.to_string()))?
+                    .map_err(|error| bad_url(url, error.to_string()))?;
+                keep_private(url, options.get_filename())?;
+                let options = options
                     .create_if_missing(true)
                     // WAL lets an administrator's writes and our reads proceed side by side.
                     .journal_mode(SqliteJournalMode::Wal)

@@ -1,0 +1,307 @@
+//! The admin token a local server makes when none is configured, kept in a file beside its
+//! SQLite state database (`tollgate.db.admin-token`), and the rules for trusting and sending
+//! it.
+//!
+//! The file's first line is the token; the server adds `listen ADDRESS` once it listens, so
+//! that the commands send the token to that server alone and never to whatever `--server`
+//! they are given. A file that others could have written or read (looser than 0600, or owned
+//! by another user) is refused: a planted token would let its author in.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+/// The file's line that records where the server that wrote the token listens.
+const LISTEN_PREFIX: &str = "listen ";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeptTokenError {
+    #[error("admin token file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("admin token file {path} is empty")]
+    Empty { path: PathBuf },
+    #[error(
+        "admin token file {path} has mode {mode:o}: others could read or replace it; \
+         make it readable by its owner alone (chmod 600 {path}) or remove it"
+    )]
+    TooOpen { path: PathBuf, mode: u32 },
+    #[error(
+        "admin token file {path} belongs to user {owner}, not to this user ({user}): it may \
+         have been planted; remove it"
+    )]
+    NotOurs {
+        path: PathBuf,
+        owner: u32,
+        user: u32,
+    },
+    #[error("admin token file {path}: line {line:?} is not `listen ADDRESS`")]
+    BadListen { path: PathBuf, line: String },
+    #[error("no randomness for a token: {0}")]
+    Random(String),
+}
+
+/// A kept token, and where the server that keeps it listens (once it has said).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptToken {
+    pub token: String,
+    pub listen: Option<SocketAddr>,
+}
+
+impl KeptToken {
+    /// Whether a command talking to `url` may send this token: only to the server that wrote
+    /// it, reached at its own port over loopback (or at the exact address it listens on).
+    pub fn belongs_to(&self, url: &str) -> bool {
+        let Some(listen) = self.listen else {
+            return false;
+        };
+        let Some((host, port)) = url_host_port(url) else {
+            return false;
+        };
+        if port != listen.port() {
+            return false;
+        }
+        let localhost = host.eq_ignore_ascii_case("localhost");
+        match host.parse::<IpAddr>() {
+            // The address it is bound to, or any loopback address when it is bound to all.
+            Ok(ip) => ip == listen.ip() || (ip.is_loopback() && listen.ip().is_unspecified()),
+            // Another server may hold 127.0.0.2 or [::1] at the same port: `localhost` is
+            // taken for the server only when it listens on loopback or everywhere.
+            Err(_) => localhost && (listen.ip().is_loopback() || listen.ip().is_unspecified()),
+        }
+    }
+}
+
+/// `http://HOST:PORT/...` as (host, port), the host without IPv6 brackets; the port defaults
+/// to the scheme's.
+fn url_host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    // Credentials in the URL never name the host.
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(port) => port.parse().ok()?,
+            None if after.is_empty() => default_port,
+            None => return None,
+        };
+        (host, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse().ok()?),
+            None => (authority, default_port),
+        }
+    };
+    Some((host.to_owned(), port))
+}
+
+/// The token in `path`, if the file is there; refused when it could have been written or read
+/// by another user.
+pub fn read(path: &Path) -> Result<Option<KeptToken>, KeptTokenError> {
+    let io = |source| KeptTokenError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(io(error)),
+    };
+    check_private(path)?;
+    let mut lines = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    let Some(token) = lines.next() else {
+        return Err(KeptTokenError::Empty {
+            path: path.to_path_buf(),
+        });
+    };
+    let mut listen = None;
+    for line in lines {
+        let address = line
+            .strip_prefix(LISTEN_PREFIX)
+            .and_then(|address| address.trim().parse().ok())
+            .ok_or_else(|| KeptTokenError::BadListen {
+                path: path.to_path_buf(),
+                line: line.to_owned(),
+            })?;
+        listen = Some(address);
+    }
+    Ok(Some(KeptToken {
+        token: token.to_owned(),
+        listen,
+    }))
+}
+
+/// The token in `path`, made there (random, readable by this user alone) if there is none yet.
+pub fn read_or_make(path: &Path) -> Result<KeptToken, KeptTokenError> {
+    if let Some(kept) = read(path)? {
+        return Ok(kept);
+    }
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|error| KeptTokenError::Random(error.to_string()))?;
+    let token: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    write_private(path, &format!("{token}\n"), true)?;
+    Ok(KeptToken {
+        token,
+        listen: None,
+    })
+}
+
+/// Record in `path` that the server keeping `kept` listens on `address`, so that the commands
+/// send the token there alone. Written whole to a new file, then renamed over the old one.
+pub fn record_listen(
+    path: &Path,
+    kept: &KeptToken,
+    address: SocketAddr,
+) -> Result<(), KeptTokenError> {
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".new");
+    let staged = PathBuf::from(staged);
+    // A stale staged file from a crash mid-write is ours to replace.
+    let _ = std::fs::remove_file(&staged);
+    write_private(
+        &staged,
+        &format!("{}\n{LISTEN_PREFIX}{address}\n", kept.token),
+        true,
+    )?;
+    std::fs::rename(&staged, path).map_err(|source| KeptTokenError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write_private(path: &Path, text: &str, create_new: bool) -> Result<(), KeptTokenError> {
+    let io = |source| KeptTokenError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(create_new);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(io)?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)
+}
+
+#[cfg(unix)]
+fn check_private(path: &Path) -> Result<(), KeptTokenError> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).map_err(|source| KeptTokenError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let user = rustix::process::geteuid().as_raw();
+    if metadata.uid() != user {
+        return Err(KeptTokenError::NotOurs {
+            path: path.to_path_buf(),
+            owner: metadata.uid(),
+            user,
+        });
+    }
+    let mode = metadata.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeptTokenError::TooOpen {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_private(_path: &Path) -> Result<(), KeptTokenError> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(listen: &str) -> KeptToken {
+        KeptToken {
+            token: "t".into(),
+            listen: Some(listen.parse().expect("address")),
+        }
+    }
+
+    #[test]
+    fn a_kept_token_goes_only_to_the_server_that_wrote_it() {
+        let local = kept("127.0.0.1:7070");
+        for url in [
+            "http://127.0.0.1:7070",
+            "http://localhost:7070/",
+            "http://LOCALHOST:7070",
+        ] {
+            assert!(local.belongs_to(url), "{url}");
+        }
+        for url in [
+            "http://127.0.0.1:7071",
+            "http://127.0.0.2:7070/v1",
+            "http://[::1]:7070",
+            "http://evil.example:7070",
+            "http://127.0.0.1.evil.example:7070",
+            "http://evil.example@attacker:7070",
+            "http://10.0.0.5:7070",
+            "http://127.0.0.1",
+            "ftp://127.0.0.1:7070",
+            "127.0.0.1:7070",
+        ] {
+            assert!(!local.belongs_to(url), "{url}");
+        }
+        // Credentials before the host do not make it loopback.
+        assert!(!local.belongs_to("http://127.0.0.1:7070@evil.example:7070"));
+        let everywhere = kept("0.0.0.0:7070");
+        assert!(everywhere.belongs_to("http://127.0.0.1:7070"));
+        assert!(!everywhere.belongs_to("http://10.0.0.5:7070"));
+        let one_address = kept("10.0.0.5:7070");
+        assert!(one_address.belongs_to("http://10.0.0.5:7070"));
+        assert!(!one_address.belongs_to("http://127.0.0.1:7070"));
+        let unrecorded = KeptToken {
+            token: "t".into(),
+            listen: None,
+        };
+        assert!(!unrecorded.belongs_to("http://127.0.0.1:7070"));
+    }
+
+    #[test]
+    fn the_listen_line_is_recorded_and_read_back() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("tollgate.db.admin-token");
+        let made = read_or_make(&path).expect("made");
+        assert_eq!(made.listen, None);
+        record_listen(&path, &made, "127.0.0.1:7070".parse().expect("address")).expect("kept");
+        let read_back = read(&path).expect("read").expect("there");
+        assert_eq!(read_back.token, made.token);
+        assert_eq!(read_back.listen, Some("127.0.0.1:7070".parse().expect("a")));
+        std::fs::write(&path, "token\nlisten nowhere\n").expect("write");
+        let refused = read(&path).expect_err("bad line");
+        assert!(refused.to_string().contains("listen nowhere"), "{refused}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_token_file_others_could_read_or_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("tollgate.db.admin-token");
+        std::fs::write(&path, "planted\n").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let refused = read(&path).expect_err("too open");
+        assert!(refused.to_string().contains("mode 666"), "{refused}");
+        assert!(refused.to_string().contains("chmod 600"), "{refused}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(
+            read(&path).expect("private").expect("there").token,
+            "planted"
+        );
+    }
+}
