@@ -1188,3 +1188,69 @@ async fn check_applies_every_matching_rule_and_refuses_a_rule_set_too_wide_for_o
         .expect("json");
     assert_eq!(list["limits"].as_array().map(Vec::len), Some(8), "{list}");
 }
+
+/// The request a check describes, as the application would serve it: HEAD is served by the
+/// GET handler, so a rule on GET applies to HEAD and HEAD spends its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_applies_get_rules_to_head() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "entity-bundle",
+        r#"{"kind":"rate","limit":2,"period_ms":60000,"algorithm":"fixed","per":"user",
+            "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    let check = |method: &'static str| {
+        let client = &client;
+        async move {
+            let body = format!(
+                r#"{{"user":"u1","method":"{method}","path":"/repo/v1/entity/7/bundle"}}"#
+            );
+            post(client, "/v1/check", &body).await
+        }
+    };
+    let head = check("HEAD").await;
+    assert_eq!(head.status, 200, "{}", head.text());
+    assert_eq!(
+        head.json.expect("json")["matched"],
+        serde_json::json!(["entity-bundle"])
+    );
+    assert_eq!(check("GET").await.status, 200);
+    assert_error(&check("GET").await, 429, "rate_limited", None);
+    assert_error(&check("HEAD").await, 429, "rate_limited", None);
+    assert_error(&check("head").await, 429, "rate_limited", None);
+    // A rule on GET is not a rule on other methods.
+    let other = check("POST").await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.json.expect("json")["matched"], serde_json::json!([]));
+}
+
+/// A UUID is an id however the router's parser accepts it: braced, or as a URN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_braced_uuids_as_ids() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "file-read",
+        r#"{"kind":"rate","limit":100,"period_ms":60000,"per":"user",
+            "match":{"method":"GET","path":"/files/#"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    for path in [
+        "/files/0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+        "/files/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}",
+        "/files/%7B0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00%7D",
+        "/files/{0b2f7a4e91c44f579d6a3e1c2b9a8f00}",
+        "/files/urn:uuid:0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+    ] {
+        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+        let answer = post(&client, "/v1/check", &body).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        let answer = answer.json.expect("json");
+        assert_eq!(answer["path"], "/files/#", "{path}");
+        assert_eq!(answer["matched"], serde_json::json!(["file-read"]), "{path}");
+    }
+}

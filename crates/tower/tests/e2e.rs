@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -169,10 +170,20 @@ impl Answer {
     }
 }
 
-/// One HTTP/1.1 request on a fresh connection, read to the end.
+/// One HTTP/1.1 GET on a fresh connection, read to the end.
 async fn send(address: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send_as(address, "GET", path, headers).await
+}
+
+/// One HTTP/1.1 request with `method` on a fresh connection, read to the end.
+async fn send_as(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
     let mut stream = TcpStream::connect(address).await.expect("connect");
-    let mut text = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    let mut text = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
     for (name, value) in headers {
         text.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -417,7 +428,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         limiter.clone(),
         ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
+            identity: Identity::peer(TrustedProxies::none()),
             unidentified: Unidentified::Reject,
             headers_on_allowed: true,
             on_store_error: OnStoreError::FailClosed,
@@ -450,7 +461,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         limiter.clone(),
         ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
             unidentified: Unidentified::Reject,
             headers_on_allowed: true,
             on_store_error: OnStoreError::FailClosed,
@@ -578,7 +589,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
             limiter.clone(),
             ThrottleRules::fixed(rules).expect("no request matches too many rules"),
             ThrottleConfig {
-                identity: Identity::Peer(TrustedProxies::none()),
+                identity: Identity::peer(TrustedProxies::none()),
                 unidentified: Unidentified::Reject,
                 headers_on_allowed,
                 on_store_error: OnStoreError::FailClosed,
@@ -690,4 +701,98 @@ async fn every_spelling_of_a_limited_path_is_limited() {
     // An encoded slash is not a separator: this is another path, which the rule does not name.
     let other = send(address, "/repo/v1/entity%2F123/bundle", &auth).await;
     assert_ne!(other.status, 429, "{other:?}");
+}
+
+/// axum serves HEAD with the GET handler (so do hyper's and most routers): a rule on GET
+/// applies to HEAD too, and HEAD spends what GET spends. Once GET is refused, HEAD is refused
+/// and the handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_rule_applies_to_head() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    let routes = Router::new().route(
+        "/repo/v1/entity/{id}/bundle",
+        get(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { "bundle" }
+        }),
+    );
+    let limiter = Limiter::in_memory();
+    let app = routes
+        .layer(principal_layer(&limiter, seed_002_rules()))
+        .layer(axum::middleware::from_fn(authenticate));
+    let address = serve(app).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    for _ in 0..3 {
+        let answer = send(address, "/repo/v1/entity/5/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    assert_eq!(send(address, "/repo/v1/entity/5/bundle", &auth).await.status, 429);
+    for _ in 0..12 {
+        let answer = send_as(address, "HEAD", "/repo/v1/entity/6/bundle", &auth).await;
+        assert_eq!(answer.status, 429, "HEAD after GET is refused: {answer:?}");
+        assert_eq!(answer.remaining("entity-bundle"), Some(0), "{answer:?}");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 3, "the handler ran for the GETs alone");
+
+    // HEAD spends the GET rule's units: three HEADs leave bob no GET.
+    let bob = bearer("bob");
+    let auth = [("authorization", bob.as_str())];
+    for _ in 0..3 {
+        let answer = send_as(address, "HEAD", "/repo/v1/entity/5/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    assert_eq!(send(address, "/repo/v1/entity/5/bundle", &auth).await.status, 429);
+    assert_eq!(ran.load(Ordering::SeqCst), 6);
+    // A rule on GET does not apply to other methods.
+    let post = send_as(address, "POST", "/repo/v1/entity/5/bundle", &auth).await;
+    assert_eq!(post.remaining("entity-bundle"), None, "{post:?}");
+}
+
+/// Counted by address, an IPv6 client is its /64: the network one subscriber is given, whose
+/// 2^64 addresses it may use in turn. IPv4 clients, and IPv4 addresses seen through an IPv6
+/// socket, are counted by their whole address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_client_is_counted_by_its_64() {
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleConfig {
+            // The loopback peer is the proxy; the client is the address it forwards.
+            identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    let from = async |client: &str| {
+        send(
+            address,
+            "/repo/v1/entity/5/bundle",
+            &[("x-forwarded-for", client)],
+        )
+        .await
+        .status
+    };
+    // Twelve addresses of one /64, each new: the first three are served, the rest refused.
+    for host in 1..=12 {
+        let client = format!("2001:db8:7:7:{host:x}:{:x}::1", host * 977);
+        let expected = if host <= 3 { 200 } else { 429 };
+        assert_eq!(from(&client).await, expected, "{client}");
+    }
+    // The next /64 is another client.
+    assert_eq!(from("2001:db8:7:8::1").await, 200);
+    // IPv4: one address, one client, whichever way it is written.
+    for (client, expected) in [
+        ("198.51.100.7", 200),
+        ("198.51.100.8", 200),
+        ("::ffff:198.51.100.7", 200),
+        ("198.51.100.7", 200),
+        ("::ffff:198.51.100.7", 429),
+    ] {
+        assert_eq!(from(client).await, expected, "{client}");
+    }
 }
