@@ -1205,9 +1205,8 @@ async fn check_applies_get_rules_to_head() {
     let check = |method: &'static str| {
         let client = &client;
         async move {
-            let body = format!(
-                r#"{{"user":"u1","method":"{method}","path":"/repo/v1/entity/7/bundle"}}"#
-            );
+            let body =
+                format!(r#"{{"user":"u1","method":"{method}","path":"/repo/v1/entity/7/bundle"}}"#);
             post(client, "/v1/check", &body).await
         }
     };
@@ -1251,6 +1250,64 @@ async fn check_reads_braced_uuids_as_ids() {
         assert_eq!(answer.status, 200, "{path}: {}", answer.text());
         let answer = answer.json.expect("json");
         assert_eq!(answer["path"], "/files/#", "{path}");
-        assert_eq!(answer["matched"], serde_json::json!(["file-read"]), "{path}");
+        assert_eq!(
+            answer["matched"],
+            serde_json::json!(["file-read"]),
+            "{path}"
+        );
     }
+}
+
+/// Behind a router that ignores case and drops `;` parameters, `path_case = "insensitive"` and
+/// `path_params = "strip"` make `/v1/check` read paths as that router does: every spelling it
+/// routes to the handler meets the handler's rule. Rule paths are read the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_paths_as_the_configured_router_does() {
+    const RULE: &str = r#"{"kind":"rate","limit":100,"period_ms":60000,"per":"user",
+        "match":{"method":"GET","path":"/Repo/Entity/#/Bundle"}}"#;
+    let spellings = [
+        "/Repo/Entity/12/Bundle",
+        "/repo/entity/12/bundle",
+        "/REPO/Entity/12;jsessionid=0A1B/Bundle",
+        "/repo;v=2/entity/12/bundle;x",
+        "/repo/x/..;/entity/12/bundle",
+    ];
+    let matched = async |server: &Server| {
+        let client = server.anonymous();
+        let mut matched = Vec::new();
+        for path in spellings {
+            let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+            let answer = post(&client, "/v1/check", &body).await;
+            assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+            let answer = answer.json.expect("json");
+            matched.push(answer["matched"] == serde_json::json!(["rule"]));
+        }
+        matched
+    };
+    let routed_as_axum = Server::start();
+    put_limit(&routed_as_axum, "rule", RULE).await;
+    assert_eq!(
+        matched(&routed_as_axum).await,
+        [true, false, false, false, false]
+    );
+
+    let routed_as_spring = Server::start_with(Options {
+        args: vec!["--path-case", "insensitive"],
+        env: vec![
+            ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("TOLLGATE_PATH_PARAMS", "strip"),
+        ],
+        ..Options::default()
+    });
+    put_limit(&routed_as_spring, "rule", RULE).await;
+    assert_eq!(matched(&routed_as_spring).await, [true; 5]);
+    let answer = post(
+        &routed_as_spring.anonymous(),
+        "/v1/check",
+        r#"{"user":"u1","method":"HEAD","path":"/REPO/Entity/12;x/Bundle"}"#,
+    )
+    .await;
+    let answer = answer.json.expect("json");
+    assert_eq!(answer["path"], "/repo/entity/#/bundle");
+    assert_eq!(answer["matched"], serde_json::json!(["rule"]));
 }

@@ -576,8 +576,7 @@ mod tests {
                 rules: 9
             }
         );
-        let refusal =
-            check_fanout(&rules, PathMatching::default()).expect_err("9 is over the cap");
+        let refusal = check_fanout(&rules, PathMatching::default()).expect_err("9 is over the cap");
         assert_eq!(refusal.field, "match");
         assert_eq!(
             refusal.reason,
@@ -695,7 +694,9 @@ mod tests {
             .expect_err("a HEAD on /x would match 4");
         assert_eq!(refused.to_string(), "a HEAD request on /x");
         fanout.remove(&rule("head-x", "HEAD", "/x"));
-        fanout.try_add(&rule("get-x-2", "GET", "/x")).expect("fits now");
+        fanout
+            .try_add(&rule("get-x-2", "GET", "/x"))
+            .expect("fits now");
     }
 
     #[test]

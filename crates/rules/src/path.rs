@@ -652,8 +652,14 @@ mod tests {
         for (path, expected) in [
             ("/x/{}", "/x/{}"),
             ("/x/{cafe}", "/x/{cafe}"),
-            ("/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00", "/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00"),
-            ("/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}", "/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}"),
+            (
+                "/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+                "/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+            ),
+            (
+                "/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}",
+                "/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}",
+            ),
             ("/x/urn:uuid:", "/x/urn:uuid:"),
             ("/x/urn:uuid:12", "/x/urn:uuid:12"),
             ("/x/{id}", "/x/{id}"),
@@ -700,15 +706,31 @@ mod tests {
     fn case_and_parameters_are_read_as_the_router_reads_them() {
         let cases = [
             // Case: kept by default, lower-cased when ignored (escapes stay upper case).
-            (PathMatching::default(), "/Repo/V1/Entity/12/Bundle", "/Repo/V1/Entity/#/Bundle"),
-            (INSENSITIVE, "/Repo/V1/Entity/12/Bundle", "/repo/v1/entity/#/bundle"),
+            (
+                PathMatching::default(),
+                "/Repo/V1/Entity/12/Bundle",
+                "/Repo/V1/Entity/#/Bundle",
+            ),
+            (
+                INSENSITIVE,
+                "/Repo/V1/Entity/12/Bundle",
+                "/repo/v1/entity/#/bundle",
+            ),
             (INSENSITIVE, "/%52epo/x", "/repo/x"),
             (INSENSITIVE, "/CAF%C3%89", "/caf%C3%A9"),
             (INSENSITIVE, "/\u{130}", "/i%CC%87"),
-            (INSENSITIVE, "/x/0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00", "/x/#"),
+            (
+                INSENSITIVE,
+                "/x/0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00",
+                "/x/#",
+            ),
             (INSENSITIVE, "/a;B=1", "/a;b=1"),
             // `;`: an ordinary character by default, parameters when stripped.
-            (PathMatching::default(), "/entity/12;jsessionid=X/bundle", "/entity/12;jsessionid=X/bundle"),
+            (
+                PathMatching::default(),
+                "/entity/12;jsessionid=X/bundle",
+                "/entity/12;jsessionid=X/bundle",
+            ),
             (STRIP, "/entity/12;jsessionid=X/bundle", "/entity/#/bundle"),
             (STRIP, "/entity;v=2/12/bundle;x", "/entity/#/bundle"),
             (STRIP, "/a/;x/b", "/a/b"),
@@ -796,7 +818,11 @@ mod tests {
             ("POST", "HEAD", false),
             ("GET", "OPTIONS", false),
         ] {
-            assert_eq!(method_matches(wanted, method), expected, "{wanted} {method}");
+            assert_eq!(
+                method_matches(wanted, method),
+                expected,
+                "{wanted} {method}"
+            );
         }
         let rule = Match::new("GET", "/entity/#").expect("valid");
         assert!(rule.matches("HEAD", "/entity/#"));
@@ -808,7 +834,10 @@ mod tests {
         let rule = Match::new("GET", "/Entity/12;v=1/Bundle").expect("valid");
         assert_eq!(rule.path(), "/Entity/12;v=1/Bundle");
         let key = |matching| rule.path_key(matching).map(Cow::into_owned);
-        assert_eq!(key(PathMatching::default()).as_deref(), Some("/Entity/12;v=1/Bundle"));
+        assert_eq!(
+            key(PathMatching::default()).as_deref(),
+            Some("/Entity/12;v=1/Bundle")
+        );
         assert_eq!(key(INSENSITIVE).as_deref(), Some("/entity/12;v=1/bundle"));
         assert_eq!(key(STRIP).as_deref(), Some("/Entity/#/Bundle"));
         assert_eq!(key(BOTH).as_deref(), Some("/entity/#/bundle"));

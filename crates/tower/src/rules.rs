@@ -582,8 +582,14 @@ mod tests {
             case: PathCase::Insensitive,
             params: PathParams::Keep,
         };
-        let error = ThrottleRules::fixed_with(rules.clone(), insensitive).expect_err("9 on one path");
-        assert!(error.reason.contains("a GET request on /items would match 9"), "{error}");
+        let error =
+            ThrottleRules::fixed_with(rules.clone(), insensitive).expect_err("9 on one path");
+        assert!(
+            error
+                .reason
+                .contains("a GET request on /items would match 9"),
+            "{error}"
+        );
         assert!(ThrottleRules::fixed(rules).is_ok());
     }
 }

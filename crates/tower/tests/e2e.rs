@@ -1,7 +1,8 @@
 //! End-to-end tests of the layer in front of a real axum server on a loopback socket: limits
 //! per user and per endpoint, the answer's fields, the chain's atomicity, leases given back
-//! when a client disconnects mid-response, identity headers a client cannot forge, and
-//! keep-alive connections of one client sharing its counter.
+//! when a client disconnects mid-response, identity headers a client cannot forge,
+//! keep-alive connections of one client sharing its counter, an IPv6 client counted by its
+//! /64, HEAD held to the rules on GET, and paths read as the router behind reads them.
 //!
 //! Limits have periods of an hour, so counts never depend on timing; waits have generous
 //! timeouts and only bound how long a correct result may take to appear.
@@ -728,13 +729,22 @@ async fn a_get_rule_applies_to_head() {
         let answer = send(address, "/repo/v1/entity/5/bundle", &auth).await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
-    assert_eq!(send(address, "/repo/v1/entity/5/bundle", &auth).await.status, 429);
+    assert_eq!(
+        send(address, "/repo/v1/entity/5/bundle", &auth)
+            .await
+            .status,
+        429
+    );
     for _ in 0..12 {
         let answer = send_as(address, "HEAD", "/repo/v1/entity/6/bundle", &auth).await;
         assert_eq!(answer.status, 429, "HEAD after GET is refused: {answer:?}");
         assert_eq!(answer.remaining("entity-bundle"), Some(0), "{answer:?}");
     }
-    assert_eq!(ran.load(Ordering::SeqCst), 3, "the handler ran for the GETs alone");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        3,
+        "the handler ran for the GETs alone"
+    );
 
     // HEAD spends the GET rule's units: three HEADs leave bob no GET.
     let bob = bearer("bob");
@@ -743,7 +753,12 @@ async fn a_get_rule_applies_to_head() {
         let answer = send_as(address, "HEAD", "/repo/v1/entity/5/bundle", &auth).await;
         assert_eq!(answer.status, 200, "{answer:?}");
     }
-    assert_eq!(send(address, "/repo/v1/entity/5/bundle", &auth).await.status, 429);
+    assert_eq!(
+        send(address, "/repo/v1/entity/5/bundle", &auth)
+            .await
+            .status,
+        429
+    );
     assert_eq!(ran.load(Ordering::SeqCst), 6);
     // A rule on GET does not apply to other methods.
     let post = send_as(address, "POST", "/repo/v1/entity/5/bundle", &auth).await;
@@ -794,5 +809,105 @@ async fn an_ipv6_client_is_counted_by_its_64() {
         ("::ffff:198.51.100.7", 429),
     ] {
         assert_eq!(from(client).await, expected, "{client}");
+    }
+}
+
+/// An application whose router ignores case and drops `;` parameters (as Spring's can) is
+/// throttled by a layer told so (`ThrottleRules::fixed_with`): every spelling its router sends
+/// to the handler meets the handler's rule, and once the rule refuses, the handler runs no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_reads_paths_as_its_router_does() {
+    use tollgate_rules::{PathCase, PathMatching, PathParams};
+    let reading = PathMatching {
+        case: PathCase::Insensitive,
+        params: PathParams::Strip,
+    };
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    // The application's own router: lower-cases the path and drops `;` parameters, then
+    // serves /repo/v1/entity/{id}/bundle.
+    let routes = Router::new().fallback(move |request: Request| {
+        let counted = Arc::clone(&counted);
+        async move {
+            let routed: Vec<String> = request
+                .uri()
+                .path()
+                .split('/')
+                .map(|segment| segment.split(';').next().unwrap_or("").to_lowercase())
+                .collect();
+            match routed.as_slice() {
+                [_, repo, v1, entity, id, bundle]
+                    if [repo, v1, entity, bundle] == ["repo", "v1", "entity", "bundle"]
+                        && id.parse::<u64>().is_ok() =>
+                {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    (http::StatusCode::OK, "bundle")
+                }
+                _ => (http::StatusCode::NOT_FOUND, "no route"),
+            }
+        }
+    });
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter,
+        ThrottleRules::fixed_with(seed_002_rules(), reading).expect("fits"),
+        ThrottleConfig {
+            identity: Identity::principal(|extensions| {
+                extensions.get::<User>().map(|user| user.0.as_str())
+            }),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let app = routes
+        .layer(layer)
+        .layer(axum::middleware::from_fn(authenticate));
+    let address = serve(app).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    let spellings = [
+        "/repo/v1/entity/5/bundle",
+        "/Repo/V1/Entity/5/Bundle",
+        "/REPO/v1/entity/5;jsessionid=0A1B/bundle",
+        "/repo/v1;v=2/entity/5/BUNDLE;x",
+    ];
+    for (index, spelling) in spellings.iter().enumerate() {
+        let answer = send(address, spelling, &auth).await;
+        let expected = if index < 3 { 200 } else { 429 };
+        assert_eq!(answer.status, expected, "{spelling}: {answer:?}");
+        assert!(
+            answer.remaining("entity-bundle").is_some(),
+            "{spelling}: {answer:?}"
+        );
+    }
+    for spelling in spellings {
+        let answer = send_as(address, "HEAD", spelling, &auth).await;
+        assert_eq!(answer.status, 429, "{spelling}: {answer:?}");
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        3,
+        "the handler ran for the three allowed"
+    );
+}
+
+/// A `\`, raw or encoded as `%5C`, is a character of its segment, never a separator: hyper
+/// passes it on, and `/entity\5/bundle` is not `/entity/5/bundle`, to axum's router (which
+/// finds no route) as to the layer (whose endpoint rule does not apply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backslash_is_never_a_separator() {
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    for spelling in ["/repo/v1/entity\\5/bundle", "/repo/v1/entity%5C5/bundle"] {
+        let answer = send(address, spelling, &auth).await;
+        assert_eq!(answer.status, 404, "{spelling}: {answer:?}");
+        assert_eq!(
+            answer.remaining("entity-bundle"),
+            None,
+            "{spelling}: {answer:?}"
+        );
     }
 }
