@@ -72,7 +72,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the server: HTTP API v1, admin API, /metrics, /healthz, /readyz.
-    Serve(ServeArgs),
+    // Boxed: the server's settings are several times the size of any other command's.
+    Serve(Box<ServeArgs>),
     /// List, show, create or replace, and delete limits on a running server (admin API).
     ///
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
@@ -364,7 +365,7 @@ fn said_once(error: &anyhow::Error) -> String {
 async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Serve(args) => serve(args, file).await,
+        Command::Serve(args) => serve(*args, file).await,
         Command::Limits {
             server,
             output,
