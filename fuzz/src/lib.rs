@@ -111,6 +111,7 @@ impl Api {
                 store_timeout: std::time::Duration::from_secs(1),
                 grpc_listen: None,
                 envoy_config: None,
+                path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
             };
             tollgate_server::memory_router(config, tollgate_rules::RulesSource::Sql(source))
                 .await

@@ -17,11 +17,12 @@ use serde::Deserialize;
 use tollgate_cli::client::{Answer, Client};
 use tollgate_cli::kept_token;
 use tollgate_cli::parse_duration;
+use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_permit_secret,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 
 const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
@@ -72,7 +73,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the server: HTTP API v1, admin API, /metrics, /healthz, /readyz.
-    Serve(ServeArgs),
+    // Boxed: the server's settings are several times the size of any other command's.
+    Serve(Box<ServeArgs>),
     /// List, show, create or replace, and delete limits on a running server (admin API).
     ///
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
@@ -264,6 +266,15 @@ struct ServeArgs {
     /// of *.yaml files (one domain each); re-read when it changes.
     #[arg(long, env = "TOLLGATE_ENVOY_CONFIG", value_name = "PATH")]
     envoy_config: Option<PathBuf>,
+    /// How /v1/check reads paths, as the application's router does: `sensitive` (/Users is
+    /// not /users) or `insensitive` [default: sensitive].
+    #[arg(long, env = "TOLLGATE_PATH_CASE", value_name = "CASE")]
+    path_case: Option<String>,
+    /// How /v1/check reads `;` in a path segment, as the application's router does: `keep`
+    /// (an ordinary character) or `strip` (it starts parameters, dropped: /a;v=1 is /a)
+    /// [default: keep].
+    #[arg(long, env = "TOLLGATE_PATH_PARAMS", value_name = "PARAMS")]
+    path_params: Option<String>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -295,6 +306,8 @@ struct FileConfig {
     store_timeout_ms: Option<u64>,
     grpc_listen: Option<String>,
     envoy_config: Option<PathBuf>,
+    path_case: Option<String>,
+    path_params: Option<String>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -353,7 +366,7 @@ fn said_once(error: &anyhow::Error) -> String {
 async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Serve(args) => serve(args, file).await,
+        Command::Serve(args) => serve(*args, file).await,
         Command::Limits {
             server,
             output,
@@ -433,6 +446,20 @@ fn resolve_server_config(
         None => None,
     };
     let envoy_config = args.envoy_config.or(file.envoy_config);
+    let path_matching = PathMatching {
+        case: match args.path_case.or(file.path_case) {
+            Some(text) => {
+                PathCase::parse(&text).map_err(|reason| anyhow!("path_case: {reason}"))?
+            }
+            None => DEFAULT_PATH_MATCHING.case,
+        },
+        params: match args.path_params.or(file.path_params) {
+            Some(text) => {
+                PathParams::parse(&text).map_err(|reason| anyhow!("path_params: {reason}"))?
+            }
+            None => DEFAULT_PATH_MATCHING.params,
+        },
+    };
     let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
         Some(text) => {
             Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?)
@@ -482,6 +509,7 @@ fn resolve_server_config(
         ),
         grpc_listen,
         envoy_config,
+        path_matching,
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
     let log_format = args

@@ -429,6 +429,8 @@ fn configuration_mistakes_are_reported_not_ignored() {
         ("--rules", "oracle://x", "rules URL"),
         ("--rules-table", "bad-name", "rules_table"),
         ("--reload-interval-ms", "1", "reload_interval_ms"),
+        ("--path-case", "Insensitive", "path_case"),
+        ("--path-params", "drop", "path_params"),
     ] {
         let output = command(directory.path())
             .args(["serve", flag, value])

@@ -1188,3 +1188,126 @@ async fn check_applies_every_matching_rule_and_refuses_a_rule_set_too_wide_for_o
         .expect("json");
     assert_eq!(list["limits"].as_array().map(Vec::len), Some(8), "{list}");
 }
+
+/// The request a check describes, as the application would serve it: HEAD is served by the
+/// GET handler, so a rule on GET applies to HEAD and HEAD spends its units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_applies_get_rules_to_head() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "entity-bundle",
+        r#"{"kind":"rate","limit":2,"period_ms":60000,"algorithm":"fixed","per":"user",
+            "match":{"method":"GET","path":"/repo/v1/entity/#/bundle"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    let check = |method: &'static str| {
+        let client = &client;
+        async move {
+            let body =
+                format!(r#"{{"user":"u1","method":"{method}","path":"/repo/v1/entity/7/bundle"}}"#);
+            post(client, "/v1/check", &body).await
+        }
+    };
+    let head = check("HEAD").await;
+    assert_eq!(head.status, 200, "{}", head.text());
+    assert_eq!(
+        head.json.expect("json")["matched"],
+        serde_json::json!(["entity-bundle"])
+    );
+    assert_eq!(check("GET").await.status, 200);
+    assert_error(&check("GET").await, 429, "rate_limited", None);
+    assert_error(&check("HEAD").await, 429, "rate_limited", None);
+    assert_error(&check("head").await, 429, "rate_limited", None);
+    // A rule on GET is not a rule on other methods.
+    let other = check("POST").await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.json.expect("json")["matched"], serde_json::json!([]));
+}
+
+/// A UUID is an id however the router's parser accepts it: braced, or as a URN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_braced_uuids_as_ids() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "file-read",
+        r#"{"kind":"rate","limit":100,"period_ms":60000,"per":"user",
+            "match":{"method":"GET","path":"/files/#"}}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    for path in [
+        "/files/0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+        "/files/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}",
+        "/files/%7B0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00%7D",
+        "/files/{0b2f7a4e91c44f579d6a3e1c2b9a8f00}",
+        "/files/urn:uuid:0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+    ] {
+        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+        let answer = post(&client, "/v1/check", &body).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        let answer = answer.json.expect("json");
+        assert_eq!(answer["path"], "/files/#", "{path}");
+        assert_eq!(
+            answer["matched"],
+            serde_json::json!(["file-read"]),
+            "{path}"
+        );
+    }
+}
+
+/// Behind a router that ignores case and drops `;` parameters, `path_case = "insensitive"` and
+/// `path_params = "strip"` make `/v1/check` read paths as that router does: every spelling it
+/// routes to the handler meets the handler's rule. Rule paths are read the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_paths_as_the_configured_router_does() {
+    const RULE: &str = r#"{"kind":"rate","limit":100,"period_ms":60000,"per":"user",
+        "match":{"method":"GET","path":"/Repo/Entity/#/Bundle"}}"#;
+    let spellings = [
+        "/Repo/Entity/12/Bundle",
+        "/repo/entity/12/bundle",
+        "/REPO/Entity/12;jsessionid=0A1B/Bundle",
+        "/repo;v=2/entity/12/bundle;x",
+        "/repo/x/..;/entity/12/bundle",
+    ];
+    let matched = async |server: &Server| {
+        let client = server.anonymous();
+        let mut matched = Vec::new();
+        for path in spellings {
+            let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+            let answer = post(&client, "/v1/check", &body).await;
+            assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+            let answer = answer.json.expect("json");
+            matched.push(answer["matched"] == serde_json::json!(["rule"]));
+        }
+        matched
+    };
+    let routed_as_axum = Server::start();
+    put_limit(&routed_as_axum, "rule", RULE).await;
+    assert_eq!(
+        matched(&routed_as_axum).await,
+        [true, false, false, false, false]
+    );
+
+    let routed_as_spring = Server::start_with(Options {
+        args: vec!["--path-case", "insensitive"],
+        env: vec![
+            ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("TOLLGATE_PATH_PARAMS", "strip"),
+        ],
+        ..Options::default()
+    });
+    put_limit(&routed_as_spring, "rule", RULE).await;
+    assert_eq!(matched(&routed_as_spring).await, [true; 5]);
+    let answer = post(
+        &routed_as_spring.anonymous(),
+        "/v1/check",
+        r#"{"user":"u1","method":"HEAD","path":"/REPO/Entity/12;x/Bundle"}"#,
+    )
+    .await;
+    let answer = answer.json.expect("json");
+    assert_eq!(answer["path"], "/repo/entity/#/bundle");
+    assert_eq!(answer["matched"], serde_json::json!(["rule"]));
+}

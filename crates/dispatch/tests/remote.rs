@@ -71,6 +71,7 @@ impl Server {
             store_timeout: Duration::from_secs(1),
             grpc_listen: None,
             envoy_config: None,
+            path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();

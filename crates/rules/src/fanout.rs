@@ -5,17 +5,21 @@
 //!
 //! Matching is exact (see [`Match::matches`](crate::Match::matches)): a request matches a rule
 //! when its method equals the rule's (ignoring case) or the rule's is `*`, and its normalized
-//! path equals the rule's or the rule's is `*`. A request's count is therefore
+//! path equals the rule's (read with the set's [`PathMatching`]) or the rule's is `*`. A rule
+//! on GET also matches HEAD requests: it is counted under both methods, so a HEAD request
+//! counts the rules on HEAD and those on GET. A request's count is therefore
 //! `any + by_method[m] + by_path[p] + by_pair[(m, p)]`, counting rules on (`*`, `*`), (m, `*`),
 //! (`*`, p) and (m, p), and the widest request is found from those four counts without
 //! enumerating every method and path together. A method or path no rule names counts as zero
 //! in the maps: "any other" is a candidate too.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use tollgate::COUNTERS_PER_REQUEST_MAX;
 
+use crate::path::PathMatching;
 use crate::rule::{Rule, RuleError};
 
 /// A request that matches the most rules (of a set, or of those a rule added to a set
@@ -56,22 +60,41 @@ impl fmt::Display for Widest {
     }
 }
 
-/// A rule's `match` as the counts see it: `None` for `*`, the method upper case.
-fn shape(rule: &Rule) -> Option<(Option<String>, Option<&str>)> {
+/// A rule's `match` as the counts see it: `None` for `*`, the methods of the requests it
+/// matches, upper case (a rule on GET is counted under HEAD too, see `method_matches`), and
+/// its path as `matching` reads it.
+type Shape<'r> = (MethodsOf, Option<Cow<'r, str>>);
+
+/// The methods a rule is counted under: `[None]` for `*`, one method, or GET and HEAD.
+type MethodsOf = Vec<Option<String>>;
+
+fn shape(rule: &Rule, matching: PathMatching) -> Option<Shape<'_>> {
     let matcher = rule.matcher()?;
-    let method = Some(matcher.method())
-        .filter(|&method| method != "*")
-        .map(str::to_ascii_uppercase);
-    let path = Some(matcher.path()).filter(|&path| path != "*");
-    Some((method, path))
+    let mut methods = MethodsOf::with_capacity(2);
+    match matcher.method() {
+        "*" => methods.push(None),
+        method => {
+            let method = method.to_ascii_uppercase();
+            let head = method == "GET";
+            methods.push(Some(method));
+            if head {
+                methods.push(Some("HEAD".to_owned()));
+            }
+        }
+    }
+    Some((methods, matcher.path_key(matching)))
 }
 
-/// The request that matches the most of `rules`, with its count; `None` when no rule has a
-/// `match` (rules without one are never matched by a request). Linear in the number of rules.
-pub(crate) fn widest<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Option<Widest> {
+/// The request that matches the most of `rules` (paths read with `matching`), with its count;
+/// `None` when no rule has a `match` (rules without one are never matched by a request).
+/// Linear in the number of rules.
+pub(crate) fn widest<'a>(
+    rules: impl IntoIterator<Item = &'a Rule>,
+    matching: PathMatching,
+) -> Option<Widest> {
     // With no cap, every rule is added; the widest request is then the one a further rule on
     // every request would meet, less that rule.
-    let mut fanout = Fanout::new(usize::MAX);
+    let mut fanout = Fanout::new(usize::MAX, matching);
     let mut matched = false;
     for rule in rules {
         matched |= rule.matcher().is_some();
@@ -87,9 +110,13 @@ pub(crate) fn widest<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Option<Wi
 }
 
 /// Refuse `rules` if one request could match more than
-/// [`COUNTERS_PER_REQUEST_MAX`](tollgate::COUNTERS_PER_REQUEST_MAX) of them.
-pub fn check_fanout<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Result<(), RuleError> {
-    match widest(rules) {
+/// [`COUNTERS_PER_REQUEST_MAX`](tollgate::COUNTERS_PER_REQUEST_MAX) of them, paths read with
+/// `matching`.
+pub fn check_fanout<'a>(
+    rules: impl IntoIterator<Item = &'a Rule>,
+    matching: PathMatching,
+) -> Result<(), RuleError> {
+    match widest(rules, matching) {
         Some(widest) if widest.rules > COUNTERS_PER_REQUEST_MAX => {
             Err(widest.refusal(COUNTERS_PER_REQUEST_MAX))
         }
@@ -161,6 +188,8 @@ struct PathCounts {
 #[derive(Debug)]
 pub(crate) struct Fanout {
     cap: usize,
+    /// How the set's paths are read: two rule paths that read alike are one path.
+    matching: PathMatching,
     any: usize,
     methods: HashMap<String, MethodCounts>,
     paths: HashMap<String, PathCounts>,
@@ -174,15 +203,16 @@ pub(crate) struct Fanout {
 
 impl Default for Fanout {
     fn default() -> Fanout {
-        Fanout::new(COUNTERS_PER_REQUEST_MAX)
+        Fanout::new(COUNTERS_PER_REQUEST_MAX, PathMatching::default())
     }
 }
 
 impl Fanout {
-    /// An empty set whose requests may match at most `cap` rules.
-    pub fn new(cap: usize) -> Fanout {
+    /// An empty set whose requests may match at most `cap` rules, paths read with `matching`.
+    pub fn new(cap: usize, matching: PathMatching) -> Fanout {
         Fanout {
             cap,
+            matching,
             any: 0,
             methods: HashMap::new(),
             paths: HashMap::new(),
@@ -216,22 +246,32 @@ impl Fanout {
     /// leave the set unchanged and answer the widest such request, counting `rule`. A rule
     /// without a `match` is always added (it counts for no request).
     pub fn try_add(&mut self, rule: &Rule) -> Result<(), Widest> {
-        let Some((method, path)) = shape(rule) else {
+        let Some((methods, path)) = shape(rule, self.matching) else {
             return Ok(());
         };
-        let method = method.as_deref();
-        let widest = self.widest_with(method, path);
-        if widest > self.cap {
+        let path = path.as_deref();
+        // The widest request over every method the rule is counted under; of equals, the
+        // rule's own method (the first) is named.
+        let widest = methods
+            .iter()
+            .rev()
+            .map(|method| (method.as_deref(), self.widest_with(method.as_deref(), path)))
+            .max_by_key(|&(_, widest)| widest);
+        if let Some((method, widest)) = widest.filter(|&(_, widest)| widest > self.cap) {
             return Err(self.example(method, path, widest));
         }
-        self.change(method, path, true);
+        for method in &methods {
+            self.change(method.as_deref(), path, true);
+        }
         Ok(())
     }
 
     /// Remove a rule added before (by `try_add`), making room for others.
     pub fn remove(&mut self, rule: &Rule) {
-        if let Some((method, path)) = shape(rule) {
-            self.change(method.as_deref(), path, false);
+        if let Some((methods, path)) = shape(rule, self.matching) {
+            for method in &methods {
+                self.change(method.as_deref(), path.as_deref(), false);
+            }
         }
     }
 
@@ -472,10 +512,12 @@ mod tests {
     }
 
     fn widest_of(rules: &[Rule]) -> Option<Widest> {
-        widest(rules.iter())
+        widest(rules.iter(), PathMatching::default())
     }
 
     const OTHER_METHOD: &str = "NOBODYSMETHOD";
+    /// Requested whether or not a rule names it: rules on GET match it.
+    const HEAD: &str = "HEAD";
     const OTHER_PATH: &str = "/nobodys/path";
 
     /// How many of `rules` a request matches, by `Match::matches` itself.
@@ -492,7 +534,7 @@ mod tests {
         let matchers = || rules.iter().filter_map(|rule| rule.matcher());
         let methods: Vec<&str> = matchers()
             .map(|m| m.method())
-            .chain([OTHER_METHOD])
+            .chain([OTHER_METHOD, HEAD])
             .collect();
         let paths: Vec<&str> = matchers().map(|m| m.path()).chain([OTHER_PATH]).collect();
         let mut most = 0;
@@ -516,7 +558,10 @@ mod tests {
     fn a_set_without_matches_has_no_widest_request() {
         assert_eq!(widest_of(&[]), None);
         assert_eq!(widest_of(&[unmatched("a"), unmatched("b")]), None);
-        assert_eq!(check_fanout(&[unmatched("a")]), Ok(()));
+        assert_eq!(
+            check_fanout(&[unmatched("a")], PathMatching::default()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -531,13 +576,13 @@ mod tests {
                 rules: 9
             }
         );
-        let refusal = check_fanout(&rules).expect_err("9 is over the cap");
+        let refusal = check_fanout(&rules, PathMatching::default()).expect_err("9 is over the cap");
         assert_eq!(refusal.field, "match");
         assert_eq!(
             refusal.reason,
             "any request would match 9 rules; one request may be decided on at most 8"
         );
-        assert_eq!(check_fanout(&rules[..8]), Ok(()));
+        assert_eq!(check_fanout(&rules[..8], PathMatching::default()), Ok(()));
     }
 
     #[test]
@@ -614,7 +659,7 @@ mod tests {
 
     #[test]
     fn methods_are_compared_ignoring_case() {
-        let mut fanout = Fanout::new(2);
+        let mut fanout = Fanout::new(2, PathMatching::default());
         fanout.try_add(&rule("a", "get", "*")).expect("fits");
         fanout.try_add(&rule("b", "GET", "/x")).expect("fits");
         let refused = fanout
@@ -632,8 +677,57 @@ mod tests {
     }
 
     #[test]
+    fn a_head_request_counts_the_rules_on_get() {
+        let mut fanout = Fanout::new(3, PathMatching::default());
+        fanout.try_add(&rule("get-any", "GET", "*")).expect("fits");
+        fanout.try_add(&rule("head-x", "HEAD", "/x")).expect("fits");
+        fanout.try_add(&rule("get-x", "GET", "/x")).expect("fits");
+        // A GET on /x matches 2, a HEAD on /x 3: a fourth on HEAD is refused, naming HEAD.
+        let refused = fanout
+            .try_add(&rule("head-x-2", "head", "/x"))
+            .expect_err("a HEAD on /x would match 4");
+        assert_eq!(refused.to_string(), "a HEAD request on /x");
+        assert_eq!(refused.rules, 4);
+        fanout.try_add(&rule("post-x", "POST", "/x")).expect("fits");
+        let refused = fanout
+            .try_add(&rule("get-x-2", "GET", "/x"))
+            .expect_err("a HEAD on /x would match 4");
+        assert_eq!(refused.to_string(), "a HEAD request on /x");
+        fanout.remove(&rule("head-x", "HEAD", "/x"));
+        fanout
+            .try_add(&rule("get-x-2", "GET", "/x"))
+            .expect("fits now");
+    }
+
+    #[test]
+    fn paths_that_read_alike_are_one_path() {
+        let matching = PathMatching {
+            case: crate::path::PathCase::Insensitive,
+            params: crate::path::PathParams::Strip,
+        };
+        let rules = [
+            rule("a", "POST", "/Items/1"),
+            rule("b", "POST", "/items/2;v=1"),
+            rule("c", "POST", "/ITEMS/3"),
+        ];
+        assert_eq!(widest_of(&rules).map(|w| w.rules), Some(1));
+        assert_eq!(
+            widest(rules.iter(), matching),
+            Some(Widest {
+                method: Some("POST".into()),
+                path: Some("/items/#".into()),
+                rules: 3
+            })
+        );
+        let mut fanout = Fanout::new(2, matching);
+        fanout.try_add(&rules[0]).expect("fits");
+        fanout.try_add(&rules[1]).expect("fits");
+        assert!(fanout.try_add(&rules[2]).is_err());
+    }
+
+    #[test]
     fn rules_without_a_match_never_count() {
-        let mut fanout = Fanout::new(1);
+        let mut fanout = Fanout::new(1, PathMatching::default());
         fanout.try_add(&rule("a", "*", "*")).expect("fits");
         for n in 0..5 {
             fanout
@@ -688,7 +782,7 @@ mod tests {
 
     #[test]
     fn both_forms_agree_with_every_request_on_random_sets() {
-        let methods = ["*", "*", "GET", "get", "POST", "PUT"];
+        let methods = ["*", "*", "GET", "get", "HEAD", "POST", "PUT"];
         let paths = ["*", "*", "/a", "/b", "/c/1", "/c/#", "/d"];
         let mut random = Xorshift(0x9e37_79b9_7f4a_7c15);
         for round in 0..400 {
@@ -717,7 +811,7 @@ mod tests {
             // Assembled one rule at a time, with some removed on the way: each rule is added
             // exactly when the set with it stays within the cap, and a refusal names a
             // request it matches with the count it would have.
-            let mut fanout = Fanout::new(cap);
+            let mut fanout = Fanout::new(cap, PathMatching::default());
             let mut admitted: Vec<&Rule> = Vec::new();
             for candidate in &candidates {
                 if !admitted.is_empty() && random.below(5) == 0 {

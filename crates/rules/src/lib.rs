@@ -15,7 +15,10 @@ mod sql;
 
 pub use fanout::check_fanout;
 pub use file::{FILE_BYTES_MAX, FileFormat, FileSource, parse_limits, render_limits};
-pub use path::{MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathError, normalize_path};
+pub use path::{
+    MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathCase, PathError, PathMatching,
+    PathParams, method_matches, normalize_path,
+};
 pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesSource, RulesStats};
 pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError, serde_field};
 pub use sql::{

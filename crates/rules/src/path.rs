@@ -1,6 +1,11 @@
 //! Path normalisation and request matching for inbound throttling (seed 002): a path is
 //! brought to the form the application routes, and ids in it become `#`, so that one rule
 //! covers `/entity/123/bundle`, `/entity/456/bundle` and `/entity/%34%35%36/bundle` alike.
+//!
+//! What "the form the application routes" is depends on the router behind: whether letter case
+//! matters and whether `;` starts a segment's parameters are [`PathMatching`], a setting of the
+//! rule set that `/v1/check` and the tower layer both apply. A rule on GET matches HEAD too
+//! ([`method_matches`]): routers serve HEAD with the GET handler.
 
 use std::borrow::Cow;
 
@@ -18,6 +23,111 @@ const HEX_ID_CHARS_MIN: usize = 16;
 /// the id placeholder), and what cannot stand in a path as it is (controls, space). The
 /// encoder also encodes every byte outside ASCII.
 const KEPT_ENCODED: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b'/').add(b'?').add(b'#');
+/// `KEPT_ENCODED` when `;` starts parameters: an encoded `%3B` is a `;` character, which a
+/// second normalization would otherwise take for the start of parameters.
+const KEPT_ENCODED_PARAMS: &AsciiSet = &KEPT_ENCODED.add(b';');
+
+/// Whether letter case tells paths apart, as the router behind reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PathCase {
+    /// `/Users` and `/users` are different paths (axum, actix-web, Express's strict routing,
+    /// most routers).
+    #[default]
+    Sensitive,
+    /// Letters compare without case (ASP.NET, Spring with a case-insensitive matcher): every
+    /// segment is matched lower-cased (Unicode lower case), rule paths alike.
+    Insensitive,
+}
+
+/// What a `;` in a path segment is, as the router behind reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PathParams {
+    /// An ordinary character: `/a;v=1` is the segment `a;v=1` (axum, actix-web, most routers).
+    #[default]
+    Keep,
+    /// It starts the segment's parameters (RFC 3986 §3.3), which are dropped before matching:
+    /// `/entity/12;jsessionid=x/bundle` is `/entity/#/bundle`, and `/a/..;/b` is `/b` (Java
+    /// servlet containers, Spring). An encoded `%3B` stays a `;` character.
+    Strip,
+}
+
+impl PathCase {
+    /// `sensitive` or `insensitive`.
+    pub fn parse(text: &str) -> Result<PathCase, String> {
+        match text {
+            "sensitive" => Ok(PathCase::Sensitive),
+            "insensitive" => Ok(PathCase::Insensitive),
+            other => Err(format!(
+                "must be \"sensitive\" or \"insensitive\", got {other:?}"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathCase::Sensitive => "sensitive",
+            PathCase::Insensitive => "insensitive",
+        }
+    }
+}
+
+impl PathParams {
+    /// `keep` or `strip`.
+    pub fn parse(text: &str) -> Result<PathParams, String> {
+        match text {
+            "keep" => Ok(PathParams::Keep),
+            "strip" => Ok(PathParams::Strip),
+            other => Err(format!("must be \"keep\" or \"strip\", got {other:?}")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathParams::Keep => "keep",
+            PathParams::Strip => "strip",
+        }
+    }
+}
+
+/// How request paths are read before they are matched: the choices of the router behind the
+/// rules. The default (case-sensitive, `;` an ordinary character) is how axum and most routers
+/// read a path. A setting of the rule set: `/v1/check` and the tower layer normalize requests
+/// with the rule set's, and read rule paths the same way, so both match alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PathMatching {
+    pub case: PathCase,
+    pub params: PathParams,
+}
+
+impl PathMatching {
+    /// [`normalize_path`], read as this router reads paths.
+    pub fn normalize(self, path: &str) -> Result<Cow<'_, str>, PathError> {
+        let path = path.split_once('?').map_or(path, |(before, _)| before);
+        if is_normalized(path, self) {
+            return Ok(Cow::Borrowed(path));
+        }
+        rewrite(path, self).map(Cow::Owned)
+    }
+
+    /// A rule's normalized path (`Match::path`) as requests read this way are compared with
+    /// it: lower-cased, or its parameters dropped, as this router would read it.
+    pub fn rule_path(self, normalized: &str) -> Cow<'_, str> {
+        // A rule's path is in normal form, which decodes whatever the options: the fallback
+        // is never taken.
+        self.normalize(normalized)
+            .unwrap_or(Cow::Borrowed(normalized))
+    }
+}
+
+/// Whether a rule on `wanted` (`*`, or a method as the rule names it) applies to a request
+/// with `method`. Methods compare without case, and a rule on GET also applies to HEAD: axum,
+/// hyper's services and most routers answer HEAD with the GET handler, so a HEAD runs what a
+/// GET runs and spends what it spends. A rule on HEAD applies to HEAD alone.
+pub fn method_matches(wanted: &str, method: &str) -> bool {
+    wanted == "*"
+        || wanted.eq_ignore_ascii_case(method)
+        || (wanted.eq_ignore_ascii_case("GET") && method.eq_ignore_ascii_case("HEAD"))
+}
 
 /// Why a path cannot be normalized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -41,8 +151,12 @@ pub enum PathError {
 ///   (`/a//../c` is `/a/c`), and at the root stays at the root.
 /// - Empty segments (doubled or trailing slashes) are dropped; the empty path is `/`.
 /// - A segment that is an id becomes `#`: a number (an optional `+` or `-`, then decimal
-///   digits: `123`, `+123`, `0123` are one id), a UUID, or a run of at least 16 hex digits.
-///   Ids are told on the decoded segment, so `%31%32%33` is an id too.
+///   digits: `123`, `+123`, `0123` are one id), a UUID in any form a UUID parser reads
+///   (`0b2f7a4e-91c4-…`, braced `{0b2f7a4e-91c4-…}`, `urn:uuid:0b2f7a4e-91c4-…`, 32 hex
+///   digits, braced or not), or a run of at least 16 hex digits. Ids are told on the decoded
+///   segment, so `%31%32%33` and `%7B…%7D` are ids too.
+/// - `\` is an ordinary character, never a separator: `/a\b` is one segment, as axum and
+///   RFC 3986 read it.
 /// - A segment written exactly `#` stays `#`, the id placeholder of rule paths
 ///   (`/entity/#/bundle`); an encoded `%23` is a `#` character, not the placeholder.
 /// - In the result, `%`, `/`, `?`, `#`, space, control characters and bytes outside ASCII
@@ -64,35 +178,61 @@ pub enum PathError {
 /// assert_eq!(normal("/v2/users"), "/v2/users");
 /// assert!(normalize_path("/entity/%ZZ").is_err());
 /// ```
+///
+/// This is the default reading ([`PathMatching::default`]): see [`PathMatching::normalize`]
+/// for routers that ignore case or take `;` for parameters.
 pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
-    let path = path.split_once('?').map_or(path, |(before, _)| before);
-    if is_normalized(path) {
-        return Ok(Cow::Borrowed(path));
-    }
-    rewrite(path).map(Cow::Owned)
+    PathMatching::default().normalize(path)
 }
 
-/// Whether `rewrite(path)` would give `path` back unchanged: `/`, or `/`-separated segments
-/// none of which is empty, a dot segment or an id, each exactly `#` or printable ASCII
-/// without `%` or `#`. (A path outside ASCII may be in normal form too; it is rewritten.)
-fn is_normalized(path: &str) -> bool {
+/// Whether `rewrite(path, matching)` would give `path` back unchanged: `/`, or `/`-separated
+/// segments none of which is empty, a dot segment or an id, each exactly `#` or printable
+/// ASCII without `%` or `#` (nor `;` when it starts parameters, nor upper case when case is
+/// ignored). (A path outside ASCII may be in normal form too; it is rewritten.)
+fn is_normalized(path: &str, matching: PathMatching) -> bool {
     if path == "/" {
         return true;
     }
     let Some(segments) = path.strip_prefix('/') else {
         return false;
     };
+    let strip = matching.params == PathParams::Strip;
+    let lower = matching.case == PathCase::Insensitive;
     segments.split('/').all(|segment| {
         let plain = segment == "#"
-            || segment
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'%' && b != b'#');
+            || segment.bytes().all(|b| {
+                b.is_ascii_graphic()
+                    && b != b'%'
+                    && b != b'#'
+                    && !(strip && b == b';')
+                    && !(lower && b.is_ascii_uppercase())
+            });
         plain && !segment.is_empty() && segment != "." && segment != ".." && !is_id(segment)
     })
 }
 
+/// `segment` lower-cased (Unicode lower case), borrowed when it has no upper case.
+fn lower_case(segment: Cow<'_, str>) -> Cow<'_, str> {
+    if segment.is_ascii() {
+        if !segment.bytes().any(|b| b.is_ascii_uppercase()) {
+            return segment;
+        }
+        return Cow::Owned(segment.to_ascii_lowercase());
+    }
+    let lowered = segment.to_lowercase();
+    if lowered == *segment {
+        segment
+    } else {
+        Cow::Owned(lowered)
+    }
+}
+
 /// `normalize_path`'s work, on a path without its query.
-fn rewrite(path: &str) -> Result<String, PathError> {
+fn rewrite(path: &str, matching: PathMatching) -> Result<String, PathError> {
+    let kept = match matching.params {
+        PathParams::Keep => KEPT_ENCODED,
+        PathParams::Strip => KEPT_ENCODED_PARAMS,
+    };
     let mut normalized = String::with_capacity(path.len() + 1);
     // Where each segment kept so far starts in `normalized`, empty ones included (they are
     // written as nothing), so that `..` removes the segment before it, even an empty one, as
@@ -103,12 +243,20 @@ fn rewrite(path: &str) -> Result<String, PathError> {
     for raw in rooted.split('/') {
         let at = offset;
         offset += raw.len() + 1;
+        // Parameters are cut before decoding: an encoded `%3B` is not their start.
+        let raw = match matching.params {
+            PathParams::Keep => raw,
+            PathParams::Strip => raw.split_once(';').map_or(raw, |(segment, _)| segment),
+        };
         if raw == "#" {
             starts.push(normalized.len());
             normalized.push_str("/#");
             continue;
         }
-        let segment = decode(raw, at)?;
+        let mut segment = decode(raw, at)?;
+        if matching.case == PathCase::Insensitive {
+            segment = lower_case(segment);
+        }
         match &*segment {
             "." => {}
             ".." => {
@@ -123,7 +271,7 @@ fn rewrite(path: &str) -> Result<String, PathError> {
                 if is_id(segment) {
                     normalized.push('#');
                 } else {
-                    normalized.extend(utf8_percent_encode(segment, KEPT_ENCODED));
+                    normalized.extend(utf8_percent_encode(segment, kept));
                 }
             }
         }
@@ -151,7 +299,8 @@ fn decode(segment: &str, offset: usize) -> Result<Cow<'_, str>, PathError> {
         .map_err(|_| PathError::NotUtf8 { offset })
 }
 
-/// Whether a decoded segment is an id: a number in any spelling, a UUID, a long hex run.
+/// Whether a decoded segment is an id: a number in any spelling, a UUID in any of its forms,
+/// a long hex run.
 fn is_id(segment: &str) -> bool {
     let bytes = segment.as_bytes();
     let digits = bytes
@@ -160,7 +309,27 @@ fn is_id(segment: &str) -> bool {
         .unwrap_or(bytes);
     (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit))
         || is_uuid(bytes)
-        || (bytes.len() >= HEX_ID_CHARS_MIN && bytes.iter().all(u8::is_ascii_hexdigit))
+        || is_hex_run(bytes)
+        || bytes
+            .strip_prefix(b"{")
+            .and_then(|inner| inner.strip_suffix(b"}"))
+            .is_some_and(|inner| is_uuid(inner) || is_simple_uuid(inner))
+        || bytes
+            .get(..URN_UUID.len())
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(URN_UUID))
+            && is_uuid(&bytes[URN_UUID.len()..])
+}
+
+/// The URN form of a UUID (RFC 9562) starts with this, in any case.
+const URN_UUID: &[u8] = b"urn:uuid:";
+
+fn is_hex_run(bytes: &[u8]) -> bool {
+    bytes.len() >= HEX_ID_CHARS_MIN && bytes.iter().all(u8::is_ascii_hexdigit)
+}
+
+/// 32 hex digits: a UUID without its hyphens.
+fn is_simple_uuid(bytes: &[u8]) -> bool {
+    bytes.len() == 32 && bytes.iter().all(u8::is_ascii_hexdigit)
 }
 
 fn is_uuid(bytes: &[u8]) -> bool {
@@ -242,17 +411,25 @@ impl Match {
         self.path.as_deref().unwrap_or("*")
     }
 
-    /// Whether a request with `method` on `normalized_path` (see [`normalize_path`]) matches.
+    /// Whether a request with `method` on `normalized_path` (see [`normalize_path`]) matches:
+    /// the method as [`method_matches`] compares it, the path equal to the rule's.
     pub fn matches(&self, method: &str, normalized_path: &str) -> bool {
-        let method_ok = self
-            .method
-            .as_deref()
-            .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method));
-        let path_ok = self
-            .path
-            .as_deref()
-            .is_none_or(|wanted| wanted == normalized_path);
-        method_ok && path_ok
+        self.matches_method(method)
+            && self
+                .path
+                .as_deref()
+                .is_none_or(|wanted| wanted == normalized_path)
+    }
+
+    /// Whether a request with `method` matches the rule's method (see [`method_matches`]).
+    pub fn matches_method(&self, method: &str) -> bool {
+        method_matches(self.method(), method)
+    }
+
+    /// The rule's path as requests normalized with `matching` are compared with it; `None`
+    /// for `*`.
+    pub fn path_key(&self, matching: PathMatching) -> Option<Cow<'_, str>> {
+        self.path.as_deref().map(|path| matching.rule_path(path))
     }
 }
 
@@ -436,7 +613,7 @@ mod tests {
             let without_query = path
                 .split_once('?')
                 .map_or(path.as_str(), |(before, _)| before);
-            let rewritten = rewrite(without_query);
+            let rewritten = rewrite(without_query, PathMatching::default());
             match normalize_path(path) {
                 Ok(Cow::Borrowed(borrowed)) => {
                     assert_eq!(borrowed, without_query, "{path:?}");
@@ -452,6 +629,235 @@ mod tests {
                 let spelled = encode_all(path, upper);
                 assert_eq!(normalized(&spelled).as_ref(), Ok(&normal), "{spelled:?}");
             }
+        }
+    }
+
+    #[test]
+    fn uuids_are_ids_in_every_form_a_uuid_parser_reads() {
+        for segment in [
+            "0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+            "{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}",
+            "%7B0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00%7D",
+            "%7b0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00%7d",
+            "{0b2f7a4e91c44f579d6a3e1c2b9a8f00}",
+            "0b2f7a4e91c44f579d6a3e1c2b9a8f00",
+            "urn:uuid:0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+            "URN:UUID:0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00",
+            "urn%3Auuid%3A0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+        ] {
+            let path = format!("/files/{segment}/meta");
+            assert_eq!(normalized(&path).as_deref(), Ok("/files/#/meta"), "{path}");
+        }
+        // Braces or a prefix around something else are not an id.
+        for (path, expected) in [
+            ("/x/{}", "/x/{}"),
+            ("/x/{cafe}", "/x/{cafe}"),
+            (
+                "/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+                "/x/{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
+            ),
+            (
+                "/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}",
+                "/x/{{0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00}}",
+            ),
+            ("/x/urn:uuid:", "/x/urn:uuid:"),
+            ("/x/urn:uuid:12", "/x/urn:uuid:12"),
+            ("/x/{id}", "/x/{id}"),
+        ] {
+            assert_eq!(normalized(path).as_deref(), Ok(expected), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_backslash_is_an_ordinary_character() {
+        for (path, expected) in [
+            ("/a\\b", "/a\\b"),
+            ("/a%5Cb", "/a\\b"),
+            ("/entity\\12/bundle", "/entity\\12/bundle"),
+            ("/a/..\\b", "/a/..\\b"),
+        ] {
+            assert_eq!(normalized(path).as_deref(), Ok(expected), "{path}");
+        }
+    }
+
+    const INSENSITIVE: PathMatching = PathMatching {
+        case: PathCase::Insensitive,
+        params: PathParams::Keep,
+    };
+    const STRIP: PathMatching = PathMatching {
+        case: PathCase::Sensitive,
+        params: PathParams::Strip,
+    };
+    const BOTH: PathMatching = PathMatching {
+        case: PathCase::Insensitive,
+        params: PathParams::Strip,
+    };
+    const EVERY_READING: [PathMatching; 4] = [
+        PathMatching {
+            case: PathCase::Sensitive,
+            params: PathParams::Keep,
+        },
+        INSENSITIVE,
+        STRIP,
+        BOTH,
+    ];
+
+    #[test]
+    fn case_and_parameters_are_read_as_the_router_reads_them() {
+        let cases = [
+            // Case: kept by default, lower-cased when ignored (escapes stay upper case).
+            (
+                PathMatching::default(),
+                "/Repo/V1/Entity/12/Bundle",
+                "/Repo/V1/Entity/#/Bundle",
+            ),
+            (
+                INSENSITIVE,
+                "/Repo/V1/Entity/12/Bundle",
+                "/repo/v1/entity/#/bundle",
+            ),
+            (INSENSITIVE, "/%52epo/x", "/repo/x"),
+            (INSENSITIVE, "/CAF%C3%89", "/caf%C3%A9"),
+            (INSENSITIVE, "/\u{130}", "/i%CC%87"),
+            (
+                INSENSITIVE,
+                "/x/0B2F7A4E-91C4-4F57-9D6A-3E1C2B9A8F00",
+                "/x/#",
+            ),
+            (INSENSITIVE, "/a;B=1", "/a;b=1"),
+            // `;`: an ordinary character by default, parameters when stripped.
+            (
+                PathMatching::default(),
+                "/entity/12;jsessionid=X/bundle",
+                "/entity/12;jsessionid=X/bundle",
+            ),
+            (STRIP, "/entity/12;jsessionid=X/bundle", "/entity/#/bundle"),
+            (STRIP, "/entity;v=2/12/bundle;x", "/entity/#/bundle"),
+            (STRIP, "/a/;x/b", "/a/b"),
+            (STRIP, "/a/..;x/b", "/b"),
+            (STRIP, "/a/%2E%2E;/b", "/b"),
+            (STRIP, "/a/#;x", "/a/#"),
+            (STRIP, "/a%3Bb", "/a%3Bb"),
+            (STRIP, "/a%3bb;c", "/a%3Bb"),
+            (PathMatching::default(), "/a%3Bb", "/a;b"),
+            (BOTH, "/Entity/12;JSESSIONID=X/Bundle", "/entity/#/bundle"),
+        ];
+        for (matching, input, expected) in cases {
+            let normal = matching.normalize(input).map(Cow::into_owned);
+            assert_eq!(normal.as_deref(), Ok(expected), "{matching:?} {input:?}");
+            assert_eq!(
+                matching.normalize(expected).as_deref(),
+                Ok(expected),
+                "{matching:?} {expected:?} is a fixed point"
+            );
+        }
+        assert_eq!(
+            INSENSITIVE.normalize("/x/%ZZ"),
+            Err(PathError::BadEscape { offset: 3 })
+        );
+        assert_eq!(
+            STRIP.normalize("/x/a;%ZZ/%ZZ"),
+            Err(PathError::BadEscape { offset: 9 })
+        );
+    }
+
+    /// Every reading over a small alphabet: the fast path agrees with the rewrite, a normal
+    /// form is a fixed point, and a normal form (by default) read as a rule path is the path's
+    /// own normal form under that reading.
+    #[test]
+    fn every_reading_agrees_with_its_rewrite_and_is_a_fixed_point() {
+        let alphabet = ['/', 'a', 'A', '1', ';', '%', '3', 'B', '.', '#'];
+        let mut paths = vec![String::new()];
+        for _ in 0..5 {
+            let longer: Vec<String> = paths
+                .iter()
+                .filter(|path| path.len() == paths.last().map_or(0, String::len))
+                .flat_map(|path| alphabet.iter().map(move |c| format!("{path}{c}")))
+                .collect();
+            paths.extend(longer);
+        }
+        for matching in EVERY_READING {
+            for path in &paths {
+                let rewritten = rewrite(path, matching);
+                let normal = match matching.normalize(path) {
+                    Ok(Cow::Borrowed(borrowed)) => {
+                        assert_eq!(borrowed, path, "{matching:?} {path:?}");
+                        assert_eq!(rewritten.as_deref(), Ok(borrowed), "{matching:?} {path:?}");
+                        borrowed.to_owned()
+                    }
+                    Ok(Cow::Owned(owned)) => {
+                        assert_eq!(Ok(&owned), rewritten.as_ref(), "{matching:?} {path:?}");
+                        owned
+                    }
+                    Err(error) => {
+                        assert_eq!(Err(error), rewritten, "{matching:?} {path:?}");
+                        continue;
+                    }
+                };
+                assert_eq!(
+                    matching.normalize(&normal).as_deref(),
+                    Ok(normal.as_str()),
+                    "{matching:?} {path:?}"
+                );
+                assert_eq!(matching.rule_path(&normal), normal, "{matching:?} {path:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_get_rule_applies_to_head_and_nothing_else_widens() {
+        for (wanted, method, expected) in [
+            ("*", "DELETE", true),
+            ("GET", "GET", true),
+            ("GET", "get", true),
+            ("get", "HEAD", true),
+            ("GET", "head", true),
+            ("HEAD", "HEAD", true),
+            ("HEAD", "GET", false),
+            ("GET", "POST", false),
+            ("POST", "HEAD", false),
+            ("GET", "OPTIONS", false),
+        ] {
+            assert_eq!(
+                method_matches(wanted, method),
+                expected,
+                "{wanted} {method}"
+            );
+        }
+        let rule = Match::new("GET", "/entity/#").expect("valid");
+        assert!(rule.matches("HEAD", "/entity/#"));
+        assert!(!rule.matches("HEAD", "/entity/x"));
+    }
+
+    #[test]
+    fn rule_paths_are_read_as_requests_are() {
+        let rule = Match::new("GET", "/Entity/12;v=1/Bundle").expect("valid");
+        assert_eq!(rule.path(), "/Entity/12;v=1/Bundle");
+        let key = |matching| rule.path_key(matching).map(Cow::into_owned);
+        assert_eq!(
+            key(PathMatching::default()).as_deref(),
+            Some("/Entity/12;v=1/Bundle")
+        );
+        assert_eq!(key(INSENSITIVE).as_deref(), Some("/entity/12;v=1/bundle"));
+        assert_eq!(key(STRIP).as_deref(), Some("/Entity/#/Bundle"));
+        assert_eq!(key(BOTH).as_deref(), Some("/entity/#/bundle"));
+        assert_eq!(Match::new("*", "*").expect("valid").path_key(BOTH), None);
+    }
+
+    #[test]
+    fn readings_parse_by_name() {
+        assert_eq!(PathCase::parse("insensitive"), Ok(PathCase::Insensitive));
+        assert_eq!(PathCase::parse("sensitive"), Ok(PathCase::Sensitive));
+        assert_eq!(PathParams::parse("strip"), Ok(PathParams::Strip));
+        assert_eq!(PathParams::parse("keep"), Ok(PathParams::Keep));
+        let refused = PathCase::parse("Insensitive").expect_err("names are lower case");
+        assert!(refused.contains("\"insensitive\""), "{refused}");
+        assert!(PathParams::parse("drop").is_err());
+        for case in [PathCase::Sensitive, PathCase::Insensitive] {
+            assert_eq!(PathCase::parse(case.name()), Ok(case));
+        }
+        for params in [PathParams::Keep, PathParams::Strip] {
+            assert_eq!(PathParams::parse(params.name()), Ok(params));
         }
     }
 

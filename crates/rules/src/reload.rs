@@ -21,6 +21,7 @@ use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitTable, Limiter};
 
 use crate::fanout::Fanout;
 use crate::file::FileSource;
+use crate::path::{PathError, PathMatching};
 use crate::rule::{RawRule, Rule, RuleError};
 use crate::sql::{SourceError, SqlSource, TableRow, column_of};
 
@@ -106,6 +107,10 @@ pub struct RuleSet {
     version: u64,
     rules: BTreeMap<String, Arc<Rule>>,
     rejected: Vec<RejectedRow>,
+    path_matching: PathMatching,
+    /// The rules with a `match`, in name order, each with its path as `path_matching` reads
+    /// it (`None` for `*`): what a normalized request path is compared with.
+    matchers: Vec<(Arc<Rule>, Option<Box<str>>)>,
 }
 
 impl RuleSet {
@@ -135,17 +140,55 @@ impl RuleSet {
         &self.rejected
     }
 
-    /// The rules whose `match` matches a request. A linear scan: rule sets are small
-    /// (`RULES_MAX`), and the scan keeps the order of names, which makes answers stable.
+    /// How request paths are read before they are matched (see [`PathMatching`]).
+    pub fn path_matching(&self) -> PathMatching {
+        self.path_matching
+    }
+
+    /// A request path in the form `matching` compares: [`PathMatching::normalize`] with this
+    /// set's reading.
+    pub fn normalize<'p>(&self, path: &'p str) -> Result<std::borrow::Cow<'p, str>, PathError> {
+        self.path_matching.normalize(path)
+    }
+
+    /// The rules whose `match` matches a request with `method` on `normalized_path` (from
+    /// [`RuleSet::normalize`]). A linear scan: rule sets are small (`RULES_MAX`), and the scan
+    /// keeps the order of names, which makes answers stable.
     pub fn matching<'s>(
         &'s self,
         method: &'s str,
         normalized_path: &'s str,
     ) -> impl Iterator<Item = &'s Arc<Rule>> + 's {
-        self.rules.values().filter(move |rule| {
-            rule.matcher()
-                .is_some_and(|matcher| matcher.matches(method, normalized_path))
-        })
+        self.matchers
+            .iter()
+            .filter(move |(rule, path)| {
+                rule.matcher()
+                    .is_some_and(|matcher| matcher.matches_method(method))
+                    && path.as_deref().is_none_or(|path| path == normalized_path)
+            })
+            .map(|(rule, _)| rule)
+    }
+
+    fn new(
+        version: u64,
+        rules: BTreeMap<String, Arc<Rule>>,
+        rejected: Vec<RejectedRow>,
+        path_matching: PathMatching,
+    ) -> RuleSet {
+        let matchers = rules
+            .values()
+            .filter_map(|rule| {
+                let path = rule.matcher()?.path_key(path_matching);
+                Some((rule.clone(), path.map(Box::from)))
+            })
+            .collect();
+        RuleSet {
+            version,
+            rules,
+            rejected,
+            path_matching,
+            matchers,
+        }
     }
 }
 
@@ -186,6 +229,8 @@ struct State {
 struct Inner {
     source: RulesSource,
     limiter: Limiter,
+    /// How request paths, and rule paths, are read before they are matched.
+    path_matching: PathMatching,
     /// Serializes reloads and admin writes, so snapshots are applied in order.
     state: Mutex<State>,
     snapshot: RwLock<Arc<RuleSet>>,
@@ -201,22 +246,39 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// Load the source and put its rules in force on `limiter`. Fails if the source cannot be
-    /// read: a server should not start with no idea of its limits.
+    /// Load the source and put its rules in force on `limiter`, paths read as most routers
+    /// read them ([`PathMatching::default`]). Fails if the source cannot be read: a server
+    /// should not start with no idea of its limits.
     pub async fn start(
         source: impl Into<RulesSource>,
         limiter: Limiter,
+    ) -> Result<Rules, SourceError> {
+        Rules::start_with(source, limiter, PathMatching::default()).await
+    }
+
+    /// [`Rules::start`], request and rule paths read with `path_matching`: the reading of the
+    /// router the rules guard.
+    pub async fn start_with(
+        source: impl Into<RulesSource>,
+        limiter: Limiter,
+        path_matching: PathMatching,
     ) -> Result<Rules, SourceError> {
         let rules = Rules {
             inner: Arc::new(Inner {
                 source: source.into(),
                 limiter,
+                path_matching,
                 state: Mutex::new(State {
                     version: 0,
                     in_force: BTreeMap::new(),
                     rejected: BTreeMap::new(),
                 }),
-                snapshot: RwLock::new(Arc::new(RuleSet::default())),
+                snapshot: RwLock::new(Arc::new(RuleSet::new(
+                    0,
+                    BTreeMap::new(),
+                    Vec::new(),
+                    path_matching,
+                ))),
                 version: AtomicU64::new(0),
                 stats: RulesStats::default(),
             }),
@@ -245,6 +307,11 @@ impl Rules {
 
     pub fn stats(&self) -> &RulesStats {
         &self.inner.stats
+    }
+
+    /// How request paths are read before they are matched.
+    pub fn path_matching(&self) -> PathMatching {
+        self.inner.path_matching
     }
 
     /// The rules in force now.
@@ -287,7 +354,7 @@ impl Rules {
         // decided: it fitted together before, so no row below can displace it. Rows are then
         // decided changed first (each in its previous version's place), new ones after, by
         // name within each.
-        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX);
+        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX, self.inner.path_matching);
         let mut in_force = BTreeMap::new();
         let mut rejected = BTreeMap::new();
         let mut changed_rows = Vec::new();
@@ -389,11 +456,12 @@ impl Rules {
                 "rules applied"
             );
         }
-        let snapshot = Arc::new(RuleSet {
-            version: state.version,
-            rules: in_force.clone(),
-            rejected: rejected.values().cloned().collect(),
-        });
+        let snapshot = Arc::new(RuleSet::new(
+            state.version,
+            in_force.clone(),
+            rejected.values().cloned().collect(),
+            self.inner.path_matching,
+        ));
         state.in_force = in_force;
         state.rejected = rejected;
         match self.inner.snapshot.write() {
@@ -415,7 +483,7 @@ impl Rules {
         // Under the state lock, so no reload changes what is in force between the check and
         // the write.
         let mut state = self.inner.state.lock().await;
-        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX);
+        let mut fanout = Fanout::new(COUNTERS_PER_REQUEST_MAX, self.inner.path_matching);
         for other in state.in_force.values().filter(|other| other.name() != name) {
             // The set in force fits, and so does any part of it.
             let _ = fanout.try_add(other);

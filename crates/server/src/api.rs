@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tollgate::{
     Check, Denied, DenyReason, LimitStatus, Outcome, Priority, Request, check_limit_name,
 };
-use tollgate_rules::{RawRule, normalize_path};
+use tollgate_rules::RawRule;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, Code, ErrorDetail};
@@ -689,13 +689,16 @@ pub(crate) struct CheckBody {
     #[serde(default)]
     #[schema(value_type = Option<Key>)]
     user: Option<String>,
-    /// The request's HTTP method: letters only.
+    /// The request's HTTP method: letters only, compared without case. A rule on GET also
+    /// matches HEAD, which routers serve with the GET handler.
     #[schema(pattern = "^[A-Za-z]+$")]
     method: String,
     /// The request path as received (a query is ignored). It is matched normalized, as the
     /// throttle layer does: percent-decoded once (`%2F` stays within its segment), dot
     /// segments resolved, empty segments dropped, ids (numbers in any spelling such as `+12`
-    /// or `012`, UUIDs, runs of 16+ hex digits) as `#`. A path that cannot be
+    /// or `012`, UUIDs plain, braced or as `urn:uuid:`, runs of 16+ hex digits) as `#`;
+    /// lower-cased, and `;` parameters dropped, when the server's `path_case` and
+    /// `path_params` say the application's router reads paths so. A path that cannot be
     /// percent-decoded (a `%` without two hex digits, bytes that are not UTF-8) is a 400, and
     /// so is one over 8 KiB.
     path: String,
@@ -751,10 +754,12 @@ pub(crate) async fn check(
     if let Some(user) = body.user.as_deref() {
         tollgate::check_key(user).map_err(|reason| ApiError::bad_field("user", reason))?;
     }
-    let path = normalize_path(&body.path)
+    let snapshot = state.rules().snapshot();
+    // Read as the rule set reads paths, as the tower layer does.
+    let path = snapshot
+        .normalize(&body.path)
         .map_err(|error| ApiError::bad_field("path", error))?
         .into_owned();
-    let snapshot = state.rules().snapshot();
     let mut leases = false;
     // Every matching rule: the rules in force never let one request match more than it may
     // be decided on (refused at load), so none is left out.

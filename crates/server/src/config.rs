@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tollgate_rules::{PathCase, PathMatching, PathParams};
+
 /// Loopback only unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 pub const DEFAULT_RULES_URL: &str = "sqlite://tollgate.db";
@@ -17,6 +19,12 @@ pub const DEFAULT_KEYS_TRACKED_MAX: u64 = 1_000_000;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_REDIS_NAMESPACE: &str = "tollgate";
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
+/// Request paths read as axum and most routers read them: `/Users` is not `/users`, and `;`
+/// is an ordinary character (`path_case = "sensitive"`, `path_params = "keep"`).
+pub const DEFAULT_PATH_MATCHING: PathMatching = PathMatching {
+    case: PathCase::Sensitive,
+    params: PathParams::Keep,
+};
 
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +105,9 @@ pub struct ServerConfig {
     pub grpc_listen: Option<SocketAddr>,
     /// envoyproxy/ratelimit's configuration: a YAML file, or a directory of them.
     pub envoy_config: Option<std::path::PathBuf>,
+    /// How `/v1/check` reads request paths, and rule paths, before matching: as the router of
+    /// the application asking reads them (case, `;` parameters).
+    pub path_matching: PathMatching,
 }
 
 impl ServerConfig {
@@ -141,6 +152,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("store_timeout", &self.store_timeout)
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)
+            .field("path_matching", &self.path_matching)
             .finish()
     }
 }

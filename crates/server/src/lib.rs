@@ -34,10 +34,10 @@ use tollgate::{
 use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_permit_secret,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
 
@@ -172,7 +172,7 @@ pub async fn memory_router(
     let metered: Arc<dyn Store> =
         Arc::new(MeteredStore::new(memory.clone(), store_seconds.clone()));
     let limiter = new_limiter(&config, metered);
-    let rules = Rules::start(source, limiter.clone()).await?;
+    let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let metrics = Metrics::new(rules.clone(), Some(memory), store_seconds, None);
     Ok(router(AppState::new(config, limiter, rules, metrics)))
 }
@@ -264,7 +264,7 @@ pub async fn run(
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
     let limiter = new_limiter(&config, metered);
-    let rules = Rules::start(source, limiter.clone()).await?;
+    let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let memory_run = match &memory {
         Some((memory, clock)) => Some(
             runs::MemoryRun::begin(

@@ -106,6 +106,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         store_timeout: Duration::from_millis(500),
         grpc_listen: None,
         envoy_config: None,
+        path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();

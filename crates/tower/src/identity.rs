@@ -4,6 +4,11 @@
 //! configured source (an authenticating proxy in front sets it); `X-Forwarded-For` and
 //! `Forwarded` are read only when the socket peer is a configured trusted proxy, and then
 //! from the right, so a client cannot choose its own identity by sending those headers.
+//!
+//! Counted by address, an IPv6 client is its network prefix (a /64 unless configured): one
+//! subscriber is given a whole /64 and may send each request from another of its 2^64
+//! addresses. An IPv4 client is its address, and so is an IPv4 address seen through an IPv6
+//! socket (`::ffff:a.b.c.d`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -27,12 +32,19 @@ pub enum Identity {
     Principal(PrincipalFn),
     /// The client's IP address: the socket peer from axum's `ConnectInfo<SocketAddr>` (serve
     /// with `into_make_service_with_connect_info::<SocketAddr>()`), or, when the peer is one
-    /// of these trusted proxies, the nearest untrusted address in `Forwarded` /
-    /// `X-Forwarded-For`.
-    Peer(TrustedProxies),
+    /// of the trusted proxies, the nearest untrusted address in `Forwarded` /
+    /// `X-Forwarded-For`; an IPv6 address counted by its network prefix (see
+    /// [`ClientAddress`]).
+    Peer(ClientAddress),
 }
 
 impl Identity {
+    /// The client's address, behind `trusted` proxies, an IPv6 client counted by its /64
+    /// ([`DEFAULT_IPV6_PREFIX_LEN`]).
+    pub fn peer(trusted: TrustedProxies) -> Identity {
+        Identity::Peer(ClientAddress::new(trusted))
+    }
+
     /// The principal an authentication layer stored in the extensions.
     pub fn principal(
         read: impl for<'a> Fn(&'a http::Extensions) -> Option<&'a str> + Send + Sync + 'static,
@@ -56,13 +68,10 @@ impl Identity {
                 let principal = read(extensions)?;
                 (!principal.is_empty()).then_some(Cow::Borrowed(principal))
             }
-            Identity::Peer(trusted) => {
+            Identity::Peer(client) => {
                 let ConnectInfo(peer) = extensions.get::<ConnectInfo<SocketAddr>>()?;
-                Some(Cow::Owned(address_key(client_ip(
-                    peer.ip(),
-                    headers,
-                    trusted,
-                ))))
+                let address = client_ip(peer.ip(), headers, &client.trusted);
+                Some(Cow::Owned(client.key(address)))
             }
         }
     }
@@ -73,7 +82,70 @@ impl fmt::Debug for Identity {
         match self {
             Identity::Header(name) => f.debug_tuple("Header").field(name).finish(),
             Identity::Principal(_) => f.write_str("Principal(..)"),
-            Identity::Peer(trusted) => f.debug_tuple("Peer").field(trusted).finish(),
+            Identity::Peer(client) => f.debug_tuple("Peer").field(client).finish(),
+        }
+    }
+}
+
+/// How long an IPv6 client's network prefix is unless configured, in bits: a /64 is what one
+/// subscriber, one LAN, is given (RFC 6177; SLAAC needs it), so its addresses are one client.
+pub const DEFAULT_IPV6_PREFIX_LEN: u8 = 64;
+/// The widest IPv6 prefix that may stand for one client, in bits: anything shorter would
+/// lump whole providers (/32 and wider) together.
+pub const IPV6_PREFIX_LEN_MIN: u8 = 32;
+/// The narrowest, in bits: one address.
+pub const IPV6_PREFIX_LEN_MAX: u8 = 128;
+
+/// [`Identity::Peer`]'s source: which proxies are believed, and how much of an IPv6 address
+/// names one client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientAddress {
+    trusted: TrustedProxies,
+    ipv6_prefix_len: u8,
+}
+
+impl ClientAddress {
+    /// Clients behind `trusted` proxies; an IPv6 client is its /64.
+    pub fn new(trusted: TrustedProxies) -> ClientAddress {
+        ClientAddress {
+            trusted,
+            ipv6_prefix_len: DEFAULT_IPV6_PREFIX_LEN,
+        }
+    }
+
+    /// Count an IPv6 client by its first `bits` bits: 48 or 56 where subscribers are given
+    /// wider networks, 128 to count every address apart. Refused outside
+    /// [`IPV6_PREFIX_LEN_MIN`]..=[`IPV6_PREFIX_LEN_MAX`], naming the setting.
+    pub fn with_ipv6_prefix_len(mut self, bits: u8) -> Result<ClientAddress, String> {
+        if !(IPV6_PREFIX_LEN_MIN..=IPV6_PREFIX_LEN_MAX).contains(&bits) {
+            return Err(format!(
+                "ipv6_prefix_len: must be from {IPV6_PREFIX_LEN_MIN} to {IPV6_PREFIX_LEN_MAX} \
+                 bits, got {bits}"
+            ));
+        }
+        self.ipv6_prefix_len = bits;
+        Ok(self)
+    }
+
+    pub fn trusted(&self) -> &TrustedProxies {
+        &self.trusted
+    }
+
+    pub fn ipv6_prefix_len(&self) -> u8 {
+        self.ipv6_prefix_len
+    }
+
+    /// The key of a client at `address` (canonical: an IPv4-mapped address is IPv4): an IPv4
+    /// address as written, an IPv6 one as its network, `2001:db8:7:7::/64` (the whole address
+    /// at 128 bits).
+    fn key(&self, address: IpAddr) -> String {
+        match address {
+            IpAddr::V6(v6) if self.ipv6_prefix_len < IPV6_PREFIX_LEN_MAX => {
+                let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix_len));
+                let network = std::net::Ipv6Addr::from(u128::from(v6) & mask);
+                format!("{network}/{}", self.ipv6_prefix_len)
+            }
+            address => address_key(address),
         }
     }
 }
@@ -349,8 +421,8 @@ mod tests {
     #[test]
     fn the_peer_is_read_from_the_socket_address() {
         let forwarded = headers(&[("x-forwarded-for", "198.51.100.7")]);
-        let untrusting = Identity::Peer(TrustedProxies::none());
-        let trusting = Identity::Peer(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
+        let untrusting = Identity::peer(TrustedProxies::none());
+        let trusting = Identity::peer(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
         let user = |identity: &Identity, peer: &str| {
             let mut extensions = http::Extensions::new();
             extensions.insert(ConnectInfo(SocketAddr::new(ip(peer), 40_000)));
@@ -361,7 +433,9 @@ mod tests {
         for (peer, expected) in [
             ("127.0.0.1", "127.0.0.1"),
             ("::ffff:10.1.2.3", "10.1.2.3"),
-            ("2001:db8::7", "2001:db8::7"),
+            ("2001:db8::7", "2001:db8::/64"),
+            ("2001:db8:0:0:ffff:1:2:3", "2001:db8::/64"),
+            ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
             ("10.9.8.7", "10.9.8.7"),
         ] {
             assert_eq!(user(&untrusting, peer).as_deref(), Some(expected), "{peer}");
@@ -372,6 +446,34 @@ mod tests {
             untrusting.user_of(&forwarded, &http::Extensions::new()),
             None
         );
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_prefix_of_the_configured_length() {
+        let key = |bits: u8, address: &str| {
+            ClientAddress::new(TrustedProxies::none())
+                .with_ipv6_prefix_len(bits)
+                .expect("a valid length")
+                .key(canonical(ip(address)))
+        };
+        assert_eq!(key(64, "2001:db8:a:b:c:d:e:f"), "2001:db8:a:b::/64");
+        assert_eq!(key(56, "2001:db8:a:b:c:d:e:f"), "2001:db8:a::/56");
+        assert_eq!(key(48, "2001:db8:a:bb:c:d:e:f"), "2001:db8:a::/48");
+        assert_eq!(key(60, "2001:db8:a:ff:c:d:e:f"), "2001:db8:a:f0::/60");
+        assert_eq!(key(128, "2001:db8:a:b:c:d:e:f"), "2001:db8:a:b:c:d:e:f");
+        // IPv4, and IPv4 through an IPv6 socket: the whole address, whatever the length.
+        assert_eq!(key(48, "192.0.2.7"), "192.0.2.7");
+        assert_eq!(key(64, "::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(
+            ClientAddress::new(TrustedProxies::none()).ipv6_prefix_len(),
+            DEFAULT_IPV6_PREFIX_LEN
+        );
+        for bits in [0, 31, 129, 255] {
+            let refused = ClientAddress::new(TrustedProxies::none())
+                .with_ipv6_prefix_len(bits)
+                .expect_err("out of range");
+            assert!(refused.starts_with("ipv6_prefix_len: "), "{refused}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //!
 //! Counted by client address ([`Identity::Peer`]), a service is served with axum's connection
 //! info: `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
+//! An IPv6 client is counted by its /64 ([`ClientAddress`]), not by each of its addresses.
 
 mod body;
 pub mod headers;
@@ -31,7 +32,10 @@ mod metrics;
 mod rules;
 mod sweep;
 
-pub use identity::{Identity, IpNet, TrustedProxies, Unidentified};
+pub use identity::{
+    ClientAddress, DEFAULT_IPV6_PREFIX_LEN, IPV6_PREFIX_LEN_MAX, IPV6_PREFIX_LEN_MIN, Identity,
+    IpNet, TrustedProxies, Unidentified,
+};
 pub use layer::{OnStoreError, ResponseFuture, Throttle, ThrottleConfig, ThrottleLayer};
 pub use metrics::{RuleMetrics, ThrottleMetrics};
 pub use rules::{FixedRules, ThrottleRules};

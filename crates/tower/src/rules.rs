@@ -1,6 +1,7 @@
 //! Which rules apply to a request. The rules come from the rules crate (a fixed list, or the
-//! SQL table reloaded by [`tollgate_rules::Rules`]); matching is the rules crate's
-//! [`Match::matches`](tollgate_rules::Match::matches) on its normalized path.
+//! SQL table reloaded by [`tollgate_rules::Rules`]); matching is the rules crate's: methods by
+//! [`method_matches`] (a rule on GET applies to HEAD), paths normalized with the rule set's
+//! [`PathMatching`] and compared with rule paths read the same way.
 //!
 //! Each version of the rules is indexed once: for every literal path the rules that can match
 //! it (the path's own merged with those on `*`, in chain order), the rules on `*` for every
@@ -17,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
-use tollgate_rules::{PathError, Rule, RuleError, Rules, check_fanout, normalize_path};
+use tollgate_rules::{
+    PathError, PathMatching, Rule, RuleError, Rules, check_fanout, method_matches,
+};
 
 use crate::headers::policy_item;
 use crate::metrics::RuleCounters;
@@ -36,23 +39,44 @@ pub enum ThrottleRules {
 /// A fixed list of rules in which no request matches more than `COUNTERS_PER_REQUEST_MAX`:
 /// only [`ThrottleRules::fixed`] makes one.
 #[derive(Clone, Debug)]
-pub struct FixedRules(Vec<Arc<Rule>>);
+pub struct FixedRules {
+    rules: Vec<Arc<Rule>>,
+    path_matching: PathMatching,
+}
 
 impl FixedRules {
     /// The rules, in the order given.
     pub fn rules(&self) -> &[Arc<Rule>] {
-        &self.0
+        &self.rules
+    }
+
+    /// How request paths, and rule paths, are read before they are matched.
+    pub fn path_matching(&self) -> PathMatching {
+        self.path_matching
     }
 }
 
 impl ThrottleRules {
-    /// A fixed list of rules. Refused when one request could match more than
+    /// A fixed list of rules, paths read as most routers read them
+    /// ([`PathMatching::default`]). Refused when one request could match more than
     /// `COUNTERS_PER_REQUEST_MAX` of them (one request is decided all or nothing over at most
     /// that many limits); the error names such a request and its count.
     pub fn fixed(rules: impl IntoIterator<Item = Rule>) -> Result<ThrottleRules, RuleError> {
+        ThrottleRules::fixed_with(rules, PathMatching::default())
+    }
+
+    /// [`ThrottleRules::fixed`], request and rule paths read with `path_matching`: the reading
+    /// of the router behind the layer (case-insensitive, or `;` parameters stripped).
+    pub fn fixed_with(
+        rules: impl IntoIterator<Item = Rule>,
+        path_matching: PathMatching,
+    ) -> Result<ThrottleRules, RuleError> {
         let rules: Vec<Arc<Rule>> = rules.into_iter().map(Arc::new).collect();
-        check_fanout(rules.iter().map(|rule| &**rule))?;
-        Ok(ThrottleRules::Fixed(FixedRules(rules)))
+        check_fanout(rules.iter().map(|rule| &**rule), path_matching)?;
+        Ok(ThrottleRules::Fixed(FixedRules {
+            rules,
+            path_matching,
+        }))
     }
 }
 
@@ -97,6 +121,8 @@ pub(crate) struct RuleIndex {
     by_path: HashMap<Box<str>, Vec<u32>>,
     /// The rules a request on any other path can match: those on `*`.
     elsewhere: Vec<u32>,
+    /// How request paths are read; `by_path`'s keys are rule paths read the same way.
+    path_matching: PathMatching,
 }
 
 /// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
@@ -113,6 +139,7 @@ impl RuleIndex {
     fn build<'a>(
         version: u64,
         rules: impl Iterator<Item = &'a Arc<Rule>>,
+        path_matching: PathMatching,
         previous: Option<&RuleIndex>,
         limiter: Option<&Limiter>,
     ) -> RuleIndex {
@@ -133,8 +160,8 @@ impl RuleIndex {
         for (position, rule) in rules.into_iter().enumerate() {
             // At most RULES_MAX (10,000) rules: an index always fits in u32.
             let position = u32::try_from(position).unwrap_or(u32::MAX);
-            match rule.matcher().map(|m| m.path()) {
-                Some("*") | None => any_path.push(position),
+            match rule.matcher().and_then(|m| m.path_key(path_matching)) {
+                None => any_path.push(position),
                 Some(path) => own_paths.entry(path.into()).or_default().push(position),
             }
             entries.push(Entry {
@@ -167,12 +194,13 @@ impl RuleIndex {
             entries,
             by_path,
             elsewhere: any_path,
+            path_matching,
         }
     }
 
     /// The rules that apply to `request`, in chain order (see `matching`). The path is
-    /// normalized only when a rule names one: an error then if it cannot be decoded (which
-    /// rules it meets is unknown).
+    /// normalized (with the rule set's reading) only when a rule names one: an error then if
+    /// it cannot be decoded (which rules it meets is unknown).
     pub(crate) fn matching_request<B>(
         &self,
         request: &http::Request<B>,
@@ -181,7 +209,7 @@ impl RuleIndex {
         let path = if self.by_path.is_empty() {
             Cow::Borrowed(path)
         } else {
-            normalize_path(path)?
+            self.path_matching.normalize(path)?
         };
         Ok(self.matching(request.method().as_str(), &path))
     }
@@ -203,7 +231,7 @@ impl RuleIndex {
             if !entry
                 .method
                 .as_deref()
-                .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method))
+                .is_none_or(|wanted| method_matches(wanted, method))
             {
                 continue;
             }
@@ -228,21 +256,30 @@ impl RuleTracker {
     /// For fixed rules, put them in force on `limiter` (replacing any limit of the same name).
     pub(crate) fn new(source: ThrottleRules, limiter: &Limiter) -> RuleTracker {
         let index = match source {
-            ThrottleRules::Fixed(FixedRules(rules)) => {
+            ThrottleRules::Fixed(FixedRules {
+                rules,
+                path_matching,
+            }) => {
                 for rule in &rules {
                     limiter.set_limit(rule.limit().clone());
                 }
                 Indexed::Fixed(Arc::new(RuleIndex::build(
                     0,
                     rules.iter(),
+                    path_matching,
                     None,
                     Some(limiter),
                 )))
             }
             ThrottleRules::Sql(rules) => {
                 let snapshot = rules.snapshot();
-                let index =
-                    RuleIndex::build(snapshot.version(), snapshot.iter(), None, Some(limiter));
+                let index = RuleIndex::build(
+                    snapshot.version(),
+                    snapshot.iter(),
+                    snapshot.path_matching(),
+                    None,
+                    Some(limiter),
+                );
                 Indexed::Reloaded {
                     rules,
                     index: ArcSwap::from_pointee(index),
@@ -285,6 +322,7 @@ impl RuleTracker {
         index.store(Arc::new(RuleIndex::build(
             snapshot.version(),
             snapshot.iter(),
+            snapshot.path_matching(),
             Some(&current),
             Some(&self.limiter),
         )));
@@ -303,7 +341,7 @@ enum Indexed {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_rules::RawRule;
+    use tollgate_rules::{PathCase, PathParams, RawRule, normalize_path};
 
     use super::*;
 
@@ -364,7 +402,7 @@ mod tests {
             assert!(error.reason.contains("would match 9 rules"), "{error}");
             // Built unchecked, the index still drops none of them: the limiter refuses a
             // request naming too many limits with its own error.
-            let index = RuleIndex::build(0, rules.iter(), None, None);
+            let index = RuleIndex::build(0, rules.iter(), PathMatching::default(), None, None);
             for (method, path) in [("GET", "/items/#"), ("GET", "/")] {
                 assert_eq!(
                     index.matching(method, path).matched.to_vec(),
@@ -413,9 +451,11 @@ mod tests {
                 .collect(),
         ];
         for rules in sets {
-            let index = RuleIndex::build(0, rules.iter(), None, None);
+            let index = RuleIndex::build(0, rules.iter(), PathMatching::default(), None, None);
             let requests = [
                 ("GET", "/items/7"),
+                ("HEAD", "/items/7"),
+                ("head", "/"),
                 ("POST", "/items/7?q=1"),
                 ("GET", "/"),
                 ("post", "/"),
@@ -451,10 +491,10 @@ mod tests {
             .body(())
             .expect("request");
         let everywhere = [rule("a", "*", "*")];
-        let index = RuleIndex::build(0, everywhere.iter(), None, None);
+        let index = RuleIndex::build(0, everywhere.iter(), PathMatching::default(), None, None);
         assert!(index.matching_request(&request).is_ok());
         let endpoint = [rule("a", "*", "*"), rule("item", "GET", "/items/#")];
-        let index = RuleIndex::build(0, endpoint.iter(), None, None);
+        let index = RuleIndex::build(0, endpoint.iter(), PathMatching::default(), None, None);
         assert!(matches!(
             index.matching_request(&request),
             Err(PathError::BadEscape { offset: 7 })
@@ -465,5 +505,91 @@ mod tests {
             .expect("request");
         let matching = index.matching_request(&spelled).expect("decodable");
         assert_eq!(matching.matched.len(), 2);
+    }
+
+    fn names(index: &RuleIndex, method: &str, uri: &str) -> Vec<String> {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())
+            .expect("request");
+        let matching = index.matching_request(&request).expect("decodable");
+        matching
+            .matched
+            .iter()
+            .map(|&p| index.entries[p as usize].rule.name().to_owned())
+            .collect()
+    }
+
+    /// The index reads request paths and rule paths as the rule set says.
+    #[test]
+    fn the_index_reads_paths_as_the_rule_set_does() {
+        let rules = [
+            (*rule("bundle", "GET", "/Repo/Entity/#/Bundle")).clone(),
+            (*rule("any", "*", "*")).clone(),
+        ];
+        let index = |path_matching| {
+            let ThrottleRules::Fixed(fixed) =
+                ThrottleRules::fixed_with(rules.clone(), path_matching).expect("fits")
+            else {
+                unreachable!("fixed rules")
+            };
+            RuleIndex::build(0, fixed.rules.iter(), fixed.path_matching, None, None)
+        };
+        let default = index(PathMatching::default());
+        let lower = index(PathMatching {
+            case: PathCase::Insensitive,
+            params: PathParams::Keep,
+        });
+        let strip = index(PathMatching {
+            case: PathCase::Sensitive,
+            params: PathParams::Strip,
+        });
+        let both = index(PathMatching {
+            case: PathCase::Insensitive,
+            params: PathParams::Strip,
+        });
+        let spellings = [
+            "/Repo/Entity/12/Bundle",
+            "/repo/entity/12/bundle",
+            "/REPO/Entity/12;jsessionid=1/Bundle",
+            "/Repo/Entity/12;v=2/Bundle;x",
+        ];
+        let matched = |index: &RuleIndex| {
+            spellings
+                .iter()
+                .map(|uri| names(index, "HEAD", uri).len() == 2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(matched(&default), [true, false, false, false]);
+        assert_eq!(matched(&lower), [true, true, false, false]);
+        assert_eq!(matched(&strip), [true, false, false, true]);
+        assert_eq!(matched(&both), [true, true, true, true]);
+        assert_eq!(names(&both, "POST", "/repo/entity/1/bundle"), ["any"]);
+    }
+
+    #[test]
+    fn fixed_rules_are_counted_with_their_reading() {
+        // Eight rules that are one path to a case-insensitive router: one more on that path
+        // is refused there, and fits where case tells them apart.
+        let rules: Vec<Rule> = (0..9)
+            .map(|n| {
+                let path = if n % 2 == 0 { "/Items" } else { "/items" };
+                (*rule(&format!("r{n}"), "GET", path)).clone()
+            })
+            .collect();
+        let insensitive = PathMatching {
+            case: PathCase::Insensitive,
+            params: PathParams::Keep,
+        };
+        let error =
+            ThrottleRules::fixed_with(rules.clone(), insensitive).expect_err("9 on one path");
+        assert!(
+            error
+                .reason
+                .contains("a GET request on /items would match 9"),
+            "{error}"
+        );
+        assert!(ThrottleRules::fixed(rules).is_ok());
     }
 }

@@ -1,7 +1,8 @@
 //! End-to-end tests of the layer in front of a real axum server on a loopback socket: limits
 //! per user and per endpoint, the answer's fields, the chain's atomicity, leases given back
-//! when a client disconnects mid-response, identity headers a client cannot forge, and
-//! keep-alive connections of one client sharing its counter.
+//! when a client disconnects mid-response, identity headers a client cannot forge,
+//! keep-alive connections of one client sharing its counter, an IPv6 client counted by its
+//! /64, HEAD held to the rules on GET, and paths read as the router behind reads them.
 //!
 //! Limits have periods of an hour, so counts never depend on timing; waits have generous
 //! timeouts and only bound how long a correct result may take to appear.
@@ -9,6 +10,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -169,10 +171,20 @@ impl Answer {
     }
 }
 
-/// One HTTP/1.1 request on a fresh connection, read to the end.
+/// One HTTP/1.1 GET on a fresh connection, read to the end.
 async fn send(address: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send_as(address, "GET", path, headers).await
+}
+
+/// One HTTP/1.1 request with `method` on a fresh connection, read to the end.
+async fn send_as(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
     let mut stream = TcpStream::connect(address).await.expect("connect");
-    let mut text = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    let mut text = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
     for (name, value) in headers {
         text.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -417,7 +429,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         limiter.clone(),
         ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
+            identity: Identity::peer(TrustedProxies::none()),
             unidentified: Unidentified::Reject,
             headers_on_allowed: true,
             on_store_error: OnStoreError::FailClosed,
@@ -450,7 +462,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
         limiter.clone(),
         ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
             unidentified: Unidentified::Reject,
             headers_on_allowed: true,
             on_store_error: OnStoreError::FailClosed,
@@ -578,7 +590,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
             limiter.clone(),
             ThrottleRules::fixed(rules).expect("no request matches too many rules"),
             ThrottleConfig {
-                identity: Identity::Peer(TrustedProxies::none()),
+                identity: Identity::peer(TrustedProxies::none()),
                 unidentified: Unidentified::Reject,
                 headers_on_allowed,
                 on_store_error: OnStoreError::FailClosed,
@@ -690,4 +702,212 @@ async fn every_spelling_of_a_limited_path_is_limited() {
     // An encoded slash is not a separator: this is another path, which the rule does not name.
     let other = send(address, "/repo/v1/entity%2F123/bundle", &auth).await;
     assert_ne!(other.status, 429, "{other:?}");
+}
+
+/// axum serves HEAD with the GET handler (so do hyper's and most routers): a rule on GET
+/// applies to HEAD too, and HEAD spends what GET spends. Once GET is refused, HEAD is refused
+/// and the handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_rule_applies_to_head() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    let routes = Router::new().route(
+        "/repo/v1/entity/{id}/bundle",
+        get(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { "bundle" }
+        }),
+    );
+    let limiter = Limiter::in_memory();
+    let app = routes
+        .layer(principal_layer(&limiter, seed_002_rules()))
+        .layer(axum::middleware::from_fn(authenticate));
+    let address = serve(app).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    for _ in 0..3 {
+        let answer = send(address, "/repo/v1/entity/5/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    assert_eq!(
+        send(address, "/repo/v1/entity/5/bundle", &auth)
+            .await
+            .status,
+        429
+    );
+    for _ in 0..12 {
+        let answer = send_as(address, "HEAD", "/repo/v1/entity/6/bundle", &auth).await;
+        assert_eq!(answer.status, 429, "HEAD after GET is refused: {answer:?}");
+        assert_eq!(answer.remaining("entity-bundle"), Some(0), "{answer:?}");
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        3,
+        "the handler ran for the GETs alone"
+    );
+
+    // HEAD spends the GET rule's units: three HEADs leave bob no GET.
+    let bob = bearer("bob");
+    let auth = [("authorization", bob.as_str())];
+    for _ in 0..3 {
+        let answer = send_as(address, "HEAD", "/repo/v1/entity/5/bundle", &auth).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    assert_eq!(
+        send(address, "/repo/v1/entity/5/bundle", &auth)
+            .await
+            .status,
+        429
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 6);
+    // A rule on GET does not apply to other methods.
+    let post = send_as(address, "POST", "/repo/v1/entity/5/bundle", &auth).await;
+    assert_eq!(post.remaining("entity-bundle"), None, "{post:?}");
+}
+
+/// Counted by address, an IPv6 client is its /64: the network one subscriber is given, whose
+/// 2^64 addresses it may use in turn. IPv4 clients, and IPv4 addresses seen through an IPv6
+/// socket, are counted by their whole address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_client_is_counted_by_its_64() {
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter.clone(),
+        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleConfig {
+            // The loopback peer is the proxy; the client is the address it forwards.
+            identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let address = serve(app(layer)).await;
+    let from = async |client: &str| {
+        send(
+            address,
+            "/repo/v1/entity/5/bundle",
+            &[("x-forwarded-for", client)],
+        )
+        .await
+        .status
+    };
+    // Twelve addresses of one /64, each new: the first three are served, the rest refused.
+    for host in 1..=12 {
+        let client = format!("2001:db8:7:7:{host:x}:{:x}::1", host * 977);
+        let expected = if host <= 3 { 200 } else { 429 };
+        assert_eq!(from(&client).await, expected, "{client}");
+    }
+    // The next /64 is another client.
+    assert_eq!(from("2001:db8:7:8::1").await, 200);
+    // IPv4: one address, one client, whichever way it is written.
+    for (client, expected) in [
+        ("198.51.100.7", 200),
+        ("198.51.100.8", 200),
+        ("::ffff:198.51.100.7", 200),
+        ("198.51.100.7", 200),
+        ("::ffff:198.51.100.7", 429),
+    ] {
+        assert_eq!(from(client).await, expected, "{client}");
+    }
+}
+
+/// An application whose router ignores case and drops `;` parameters (as Spring's can) is
+/// throttled by a layer told so (`ThrottleRules::fixed_with`): every spelling its router sends
+/// to the handler meets the handler's rule, and once the rule refuses, the handler runs no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_reads_paths_as_its_router_does() {
+    use tollgate_rules::{PathCase, PathMatching, PathParams};
+    let reading = PathMatching {
+        case: PathCase::Insensitive,
+        params: PathParams::Strip,
+    };
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    // The application's own router: lower-cases the path and drops `;` parameters, then
+    // serves /repo/v1/entity/{id}/bundle.
+    let routes = Router::new().fallback(move |request: Request| {
+        let counted = Arc::clone(&counted);
+        async move {
+            let routed: Vec<String> = request
+                .uri()
+                .path()
+                .split('/')
+                .map(|segment| segment.split(';').next().unwrap_or("").to_lowercase())
+                .collect();
+            match routed.as_slice() {
+                [_, repo, v1, entity, id, bundle]
+                    if [repo, v1, entity, bundle] == ["repo", "v1", "entity", "bundle"]
+                        && id.parse::<u64>().is_ok() =>
+                {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    (http::StatusCode::OK, "bundle")
+                }
+                _ => (http::StatusCode::NOT_FOUND, "no route"),
+            }
+        }
+    });
+    let limiter = Limiter::in_memory();
+    let layer = ThrottleLayer::new(
+        limiter,
+        ThrottleRules::fixed_with(seed_002_rules(), reading).expect("fits"),
+        ThrottleConfig {
+            identity: Identity::principal(|extensions| {
+                extensions.get::<User>().map(|user| user.0.as_str())
+            }),
+            unidentified: Unidentified::Reject,
+            headers_on_allowed: true,
+            on_store_error: OnStoreError::FailClosed,
+        },
+    );
+    let app = routes
+        .layer(layer)
+        .layer(axum::middleware::from_fn(authenticate));
+    let address = serve(app).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    let spellings = [
+        "/repo/v1/entity/5/bundle",
+        "/Repo/V1/Entity/5/Bundle",
+        "/REPO/v1/entity/5;jsessionid=0A1B/bundle",
+        "/repo/v1;v=2/entity/5/BUNDLE;x",
+    ];
+    for (index, spelling) in spellings.iter().enumerate() {
+        let answer = send(address, spelling, &auth).await;
+        let expected = if index < 3 { 200 } else { 429 };
+        assert_eq!(answer.status, expected, "{spelling}: {answer:?}");
+        assert!(
+            answer.remaining("entity-bundle").is_some(),
+            "{spelling}: {answer:?}"
+        );
+    }
+    for spelling in spellings {
+        let answer = send_as(address, "HEAD", spelling, &auth).await;
+        assert_eq!(answer.status, 429, "{spelling}: {answer:?}");
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        3,
+        "the handler ran for the three allowed"
+    );
+}
+
+/// A `\`, raw or encoded as `%5C`, is a character of its segment, never a separator: hyper
+/// passes it on, and `/entity\5/bundle` is not `/entity/5/bundle`, to axum's router (which
+/// finds no route) as to the layer (whose endpoint rule does not apply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backslash_is_never_a_separator() {
+    let limiter = Limiter::in_memory();
+    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let alice = bearer("alice");
+    let auth = [("authorization", alice.as_str())];
+    for spelling in ["/repo/v1/entity\\5/bundle", "/repo/v1/entity%5C5/bundle"] {
+        let answer = send(address, spelling, &auth).await;
+        assert_eq!(answer.status, 404, "{spelling}: {answer:?}");
+        assert_eq!(
+            answer.remaining("entity-bundle"),
+            None,
+            "{spelling}: {answer:?}"
+        );
+    }
 }

@@ -213,7 +213,7 @@ async fn a_client_s_connections_count_on_one_counter_through_an_edit_of_its_rule
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let interval = Duration::from_millis(100);
     let _reloader = rules.spawn_reloader(interval, stop);
-    let (_layer, mut service) = throttled(&rules, Identity::Peer(TrustedProxies::none()), false);
+    let (_layer, mut service) = throttled(&rules, Identity::peer(TrustedProxies::none()), false);
     // Two connections of one client, as a server gives them: the socket address of its
     // connection in every request.
     let first: SocketAddr = "192.0.2.7:40000".parse().expect("address");

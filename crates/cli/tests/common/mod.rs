@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 23] = [
+const SERVER_VARIABLES: [&str; 25] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -40,6 +40,8 @@ const SERVER_VARIABLES: [&str; 23] = [
     "TOLLGATE_LOG",
     "TOLLGATE_LOG_FORMAT",
     "TOLLGATE_SERVER",
+    "TOLLGATE_PATH_CASE",
+    "TOLLGATE_PATH_PARAMS",
 ];
 
 pub fn binary() -> &'static str {

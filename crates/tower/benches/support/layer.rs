@@ -68,7 +68,7 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
         limiter,
         ThrottleRules::fixed(rules).expect("no request matches too many rules"),
         ThrottleConfig {
-            identity: Identity::Peer(TrustedProxies::none()),
+            identity: Identity::peer(TrustedProxies::none()),
             unidentified: Unidentified::Reject,
             headers_on_allowed,
             on_store_error: OnStoreError::FailClosed,
