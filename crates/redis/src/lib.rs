@@ -21,7 +21,9 @@
 //! (restart, flush, failover to a replica that may have missed writes) starts a new generation,
 //! and every counter not written since waits out whatever it may have counted. A slot moved by
 //! resharding keeps its generation. Unreachable Redis: `store_unavailable`, unless `fail_open`
-//! is set.
+//! is set. A Redis that answered with a failure (out of memory, a script error, `READONLY`) is
+//! `StoreFailed` and never failed open: a caller who can fill Redis must not gain by it
+//! (`store_error` tells the two apart).
 //!
 //! Waiting across processes: the script publishes a counter's key on the namespace's wake
 //! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
@@ -70,7 +72,8 @@ pub struct RedisStoreConfig {
     pub namespace: String,
     /// Grant when Redis cannot be reached. Off (fail-closed) unless the operator decides that
     /// overdrawing a quota is better than stopping; then every grant made while Redis is down is
-    /// a grant no limit counted.
+    /// a grant no limit counted. Never when Redis answers with a failure (out of memory, a
+    /// script error): that is `StoreFailed`, refused whatever this says.
     pub fail_open: bool,
     /// How long one operation may take, retries and redirections included, before it counts as
     /// unreachable.
@@ -110,9 +113,51 @@ impl Drop for RedisStore {
     }
 }
 
+/// Redis cannot be reached (no connection, no answer in time).
 fn unavailable(error: impl fmt::Display) -> Error {
     Error::StoreUnavailable {
         reason: error.to_string(),
+    }
+}
+
+/// Redis answered, with a failure (a reply the store cannot read, a status it does not know).
+fn failed(error: impl fmt::Display) -> Error {
+    Error::StoreFailed {
+        reason: error.to_string(),
+    }
+}
+
+/// What a Redis error means: unreachable (no connection, the connection dropped, no answer in
+/// time, no master for the slot or the name, a node still loading its data or moving a slot),
+/// or an answer that is a failure (`OOM`, a script error, `READONLY`, `NOPERM`, a reply that
+/// does not parse). Only the first may fail open, so anything not known to be unreachable is
+/// a failure.
+fn store_error(error: RedisError) -> Error {
+    use redis::{ErrorKind, ServerErrorKind};
+    let unreachable = error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || matches!(
+            error.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
+                | ErrorKind::Server(
+                    ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                )
+        );
+    if unreachable {
+        unavailable(error)
+    } else if error.code() == Some("OOM") {
+        failed(format!(
+            "Redis is out of memory (its maxmemory is reached), so it decides nothing: {error}"
+        ))
+    } else {
+        failed(error)
     }
 }
 
@@ -175,26 +220,20 @@ struct Reply {
 
 fn parse_reply(value: Value) -> Result<Reply> {
     let Value::Array(items) = value else {
-        return Err(Error::StoreUnavailable {
-            reason: format!("unexpected script reply {value:?}"),
-        });
+        return Err(failed(format!("unexpected script reply {value:?}")));
     };
     let mut items = items.into_iter();
     let status = match items.next() {
         Some(Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
         Some(Value::SimpleString(text)) => text,
         other => {
-            return Err(Error::StoreUnavailable {
-                reason: format!("unexpected script status {other:?}"),
-            });
+            return Err(failed(format!("unexpected script status {other:?}")));
         }
     };
     let numbers = items
         .map(|item| match item {
             Value::Int(number) => Ok(number),
-            other => Err(Error::StoreUnavailable {
-                reason: format!("unexpected script value {other:?}"),
-            }),
+            other => Err(failed(format!("unexpected script value {other:?}"))),
         })
         .collect::<Result<Vec<i64>>>()?;
     Ok(Reply { status, numbers })
@@ -285,7 +324,7 @@ impl RedisStore {
                         field: "store",
                         reason: format!("not a usable Redis URL: {error}"),
                     },
-                    _ => unavailable(error),
+                    _ => store_error(error),
                 })?;
         let script = Script::new(SCRIPT);
         let name = format!("tollgate_{}", &script.get_hash()[..16]);
@@ -300,7 +339,7 @@ impl RedisStore {
                 backend
                     .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(store_error)?;
                 None
             }
         };
@@ -359,7 +398,7 @@ impl RedisStore {
                     )
                     .await
                     .map_err(|_| unavailable("Redis did not answer in time"))?
-                    .map_err(unavailable)
+                    .map_err(store_error)
                 }
             })
             .buffer_unordered(256)
@@ -422,10 +461,10 @@ impl RedisStore {
         )
         .await
         .map_err(|_| unavailable("Redis did not answer in time"))?
-        .map_err(|error: RedisError| unavailable(error))?;
+        .map_err(store_error)?;
         let reply = parse_reply(value)?;
         if reply.numbers.len() < 3 {
-            return Err(unavailable("script reply without its head"));
+            return Err(failed("script reply without its head"));
         }
         let head = Head {
             now_us: u(reply.numbers[0]),
@@ -467,7 +506,7 @@ impl RedisStore {
         let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(unavailable)?;
+            .map_err(store_error)?;
         Ok(match value {
             Value::BulkString(bytes) => std::str::from_utf8(&bytes)
                 .ok()
@@ -495,8 +534,8 @@ impl RedisStore {
             });
         }
         match self.acquire_slots(takes, cost, priority, record).await {
-            Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
-                tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
+            Err(error) if self.config.fail_open && error.fails_open() => {
+                tracing::warn!(%error, "Redis unreachable; granting without counting (fail_open)");
                 Ok(fail_open_decision(takes.len()))
             }
             answer => answer,
@@ -658,11 +697,11 @@ impl RedisStore {
                     },
                 });
             }
-            other => return Err(unavailable(format!("unexpected script status {other}"))),
+            other => return Err(failed(format!("unexpected script status {other}"))),
         }
         let numbers = &reply.numbers[3..];
         if numbers.len() != group.takes.len() * 5 {
-            return Err(unavailable("script reply of the wrong length"));
+            return Err(failed("script reply of the wrong length"));
         }
         let outcomes = numbers
             .chunks(5)
@@ -810,7 +849,7 @@ impl RedisStore {
         };
         let result = match reply.status.as_str() {
             "ok" => Ok(u(reply.numbers.get(3).copied().unwrap_or(0))),
-            other => Err(unavailable(format!("unexpected script status {other}"))),
+            other => Err(failed(format!("unexpected script status {other}"))),
         };
         (head.now_us, result)
     }
@@ -837,7 +876,7 @@ impl RedisStore {
                     paused_for_us: number(5).saturating_sub(head.now_us),
                 })
             }
-            other => Err(unavailable(format!("unexpected script status {other}"))),
+            other => Err(failed(format!("unexpected script status {other}"))),
         }
     }
 
@@ -863,7 +902,7 @@ impl RedisStore {
         let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(unavailable)?;
+            .map_err(store_error)?;
         let Value::BulkString(bytes) = value else {
             return Ok(None);
         };
@@ -925,7 +964,7 @@ fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
             used,
             cost: u(numbers.get(3).copied().unwrap_or(0)),
         },
-        other => return unavailable(format!("unexpected script status {other}")),
+        other => return failed(format!("unexpected script status {other}")),
     };
     Error::Permit { source }
 }
@@ -1020,7 +1059,7 @@ impl Store for RedisStore {
                 tokio::time::timeout(self.config.timeout, self.backend.query(&redis::cmd("PING")))
                     .await
                     .map_err(|_| unavailable("Redis did not answer in time"))?;
-            answer.map(|_| ()).map_err(unavailable)
+            answer.map(|_| ()).map_err(store_error)
         })
     }
 
