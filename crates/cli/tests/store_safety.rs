@@ -50,7 +50,10 @@ fn exists(redis: &Single, key: &str) -> bool {
 
 /// The keys of the private Redis matching `pattern`.
 fn keys(redis: &Single, pattern: &str) -> Vec<String> {
-    let text = redis.node.query(&["--scan", "--pattern", pattern]).expect("scan");
+    let text = redis
+        .node
+        .query(&["--scan", "--pattern", pattern])
+        .expect("scan");
     text.lines().map(str::to_owned).collect()
 }
 
@@ -166,13 +169,21 @@ async fn an_out_of_memory_redis_is_not_failed_open() {
     for _ in 0..7 {
         // Refused as used up (a denial Redis can answer without writing) or as out of memory.
         let answer = post(&client, "/v1/acquire", daily).await;
-        assert_ne!(answer.status, 200, "a used-up limit granted: {}", answer.text());
+        assert_ne!(
+            answer.status,
+            200,
+            "a used-up limit granted: {}",
+            answer.text()
+        );
         // A counter Redis would have to make: out of memory, said so.
         for body in [r#"{"limits":["fresh"]}"#, r#"{"limits":["daily","fresh"]}"#] {
             let answer = post(&client, "/v1/acquire", body).await;
             assert_error(&answer, 503, "store_unavailable", None);
             let message = answer.error_message().unwrap_or_default().to_owned();
-            assert!(message.contains("out of memory"), "the answer says why: {message}");
+            assert!(
+                message.contains("out of memory"),
+                "the answer says why: {message}"
+            );
         }
     }
 }

@@ -30,6 +30,7 @@
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
 
 mod backend;
+mod eviction;
 mod keys;
 mod leasing;
 pub mod loss;
@@ -39,7 +40,7 @@ pub mod plan;
 mod differential_tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,6 +76,12 @@ pub struct RedisStoreConfig {
     /// a grant no limit counted. Never when Redis answers with a failure (out of memory, a
     /// script error): that is `StoreFailed`, refused whatever this says.
     pub fail_open: bool,
+    /// Start on a Redis whose `maxmemory-policy` may evict Tollgate's keys (any but
+    /// `noeviction`). Off, such a Redis is refused at connect and `ping` reports one that
+    /// changes to it. Either way, once the store sees such a policy every call watches Redis's
+    /// evictions (`INFO stats`, a few microseconds a call), and a counter found missing after
+    /// one is held for a period: an evicted counter is never read as a fresh one.
+    pub allow_eviction: bool,
     /// How long one operation may take, retries and redirections included, before it counts as
     /// unreachable.
     pub timeout: Duration,
@@ -91,6 +98,9 @@ pub struct RedisStore {
     config: RedisStoreConfig,
     /// The generation's birth in the last reply (for tests mirroring the script).
     born_seen: AtomicU64,
+    /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
+    /// by `ping`). Never cleared: the keys evicted meanwhile are held whatever comes next.
+    watch_evictions: AtomicBool,
     wake: Arc<Mutex<Option<WakeFn>>>,
     subscriber: Option<tokio::task::JoinHandle<()>>,
 }
@@ -167,6 +177,8 @@ const COMMIT: u64 = 2;
 const RENEW: u64 = 3;
 const PAUSE: u64 = 4;
 const USAGE: u64 = 5;
+/// Added to the operation code: the call watches Redis's evictions (see `command`).
+const WATCH_EVICTIONS: u64 = 16;
 
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
@@ -326,6 +338,21 @@ impl RedisStore {
                     },
                     _ => store_error(error),
                 })?;
+        let policies = eviction::policies(&backend).await.map_err(store_error)?;
+        let evicting = eviction::evicting(&policies);
+        if !evicting.is_empty() {
+            if !config.allow_eviction {
+                return Err(Error::InvalidRequest {
+                    field: "store",
+                    reason: eviction::refusal(&evicting),
+                });
+            }
+            tracing::warn!(
+                policy = %evicting.join(", "),
+                "Redis may evict Tollgate's keys (allowed by redis_allow_eviction): every call \
+                 watches evictions, and a counter missing after one is held for a period"
+            );
+        }
         let script = Script::new(SCRIPT);
         let name = format!("tollgate_{}", &script.get_hash()[..16]);
         let library = format!(
@@ -360,6 +387,7 @@ impl RedisStore {
             keys,
             config,
             born_seen: AtomicU64::new(0),
+            watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),
         })
@@ -413,8 +441,29 @@ impl RedisStore {
         Ok(created > 0)
     }
 
-    /// The command that runs the script on `keys` (after the generation, which is first).
+    /// The command that runs the script on `keys` (after the generation, which is first). When
+    /// the store watches evictions, the operation carries `WATCH_EVICTIONS` and the slot's
+    /// evictions record is the last key.
     fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        if self.watch_evictions.load(Ordering::Relaxed)
+            && let Some((numbers, rest)) = args.split_first()
+            && let Some(generation) = keys.first()
+        {
+            let mut flagged = numbers.to_vec();
+            if let Some(operation) = flagged.get_mut(..8) {
+                let code = f64::from_be_bytes(operation.try_into().unwrap_or([0; 8]));
+                operation.copy_from_slice(&(code + WATCH_EVICTIONS as f64).to_be_bytes());
+            }
+            let mut keys = keys.to_vec();
+            keys.push(keys::evictions_beside(generation));
+            let mut args: Vec<&[u8]> = vec![&flagged];
+            args.extend_from_slice(rest);
+            return self.script_command(&keys, &args);
+        }
+        self.script_command(keys, args)
+    }
+
+    fn script_command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
         let mut command = match &self.function {
             Some((name, _)) => {
                 let mut command = redis::cmd("FCALL");
@@ -1053,13 +1102,32 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.usage_remote(take))
     }
 
+    /// Redis answers, and its eviction policy is still one the store was started on: a policy
+    /// changed to one that may evict is a failure unless eviction is allowed (and from then on
+    /// every call watches evictions either way).
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::boxed(async move {
-            let answer =
-                tokio::time::timeout(self.config.timeout, self.backend.query(&redis::cmd("PING")))
+            let policies =
+                tokio::time::timeout(self.config.timeout, eviction::policies(&self.backend))
                     .await
-                    .map_err(|_| unavailable("Redis did not answer in time"))?;
-            answer.map(|_| ()).map_err(store_error)
+                    .map_err(|_| unavailable("Redis did not answer in time"))?
+                    .map_err(store_error)?;
+            let evicting = eviction::evicting(&policies);
+            if evicting.is_empty() {
+                return Ok(());
+            }
+            if !self.watch_evictions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    policy = %evicting.join(", "),
+                    "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \
+                     evictions from now on"
+                );
+            }
+            if self.config.allow_eviction {
+                Ok(())
+            } else {
+                Err(failed(eviction::refusal(&evicting)))
+            }
         })
     }
 
