@@ -284,6 +284,7 @@ async fn library_limiter(url: &str) -> Limiter {
         url: url.to_owned(),
         namespace,
         fail_open: false,
+        allow_eviction: false,
         timeout: Duration::from_secs(5),
     })
     .await

@@ -20,8 +20,8 @@ use tollgate_cli::parse_duration;
 use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
-    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
+    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
     RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 
@@ -255,6 +255,11 @@ struct ServeArgs {
     /// store_unavailable [default: false].
     #[arg(long, env = "TOLLGATE_STORE_FAIL_OPEN", value_name = "BOOL")]
     store_fail_open: Option<bool>,
+    /// Redis store: start on a Redis whose maxmemory-policy may evict Tollgate's keys (any
+    /// but noeviction); every call then watches for evictions, and a counter missing after
+    /// one is held for a period [default: false].
+    #[arg(long, env = "TOLLGATE_REDIS_ALLOW_EVICTION", value_name = "BOOL")]
+    redis_allow_eviction: Option<bool>,
     /// Redis store: time one operation may take, ms [default: 1000].
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", value_name = "MS")]
     store_timeout_ms: Option<u64>,
@@ -303,6 +308,7 @@ struct FileConfig {
     shutdown_grace_ms: Option<u64>,
     redis_namespace: Option<String>,
     store_fail_open: Option<bool>,
+    redis_allow_eviction: Option<bool>,
     store_timeout_ms: Option<u64>,
     grpc_listen: Option<String>,
     envoy_config: Option<PathBuf>,
@@ -502,6 +508,10 @@ fn resolve_server_config(
             .store_fail_open
             .or(file.store_fail_open)
             .unwrap_or(false),
+        redis_allow_eviction: args
+            .redis_allow_eviction
+            .or(file.redis_allow_eviction)
+            .unwrap_or(DEFAULT_REDIS_ALLOW_EVICTION),
         store_timeout: Duration::from_millis(
             args.store_timeout_ms
                 .or(file.store_timeout_ms)

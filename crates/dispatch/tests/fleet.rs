@@ -112,6 +112,7 @@ async fn declare_fresh(url: &str, namespace: &str) {
         url: url.to_owned(),
         namespace: namespace.to_owned(),
         fail_open: false,
+        allow_eviction: false,
         timeout: Duration::from_secs(5),
     })
     .await

@@ -68,6 +68,7 @@ impl Server {
             shutdown_grace: Duration::from_secs(2),
             redis_namespace: tollgate_server::DEFAULT_REDIS_NAMESPACE.into(),
             store_fail_open: false,
+            redis_allow_eviction: false,
             store_timeout: Duration::from_secs(1),
             grpc_listen: None,
             envoy_config: None,

@@ -1,5 +1,7 @@
 //! The engine's error type. A denial is not an error (see `Outcome`); these are failures: bad
-//! input, unknown names, a store that cannot answer. Only the server maps them to HTTP codes.
+//! input, unknown names, a store that cannot be reached or that answered with a failure. Only
+//! the server maps them to HTTP codes. `fails_open` is the one place that says which of them a
+//! caller that chose availability over its limits may grant through.
 
 use tollgate_core::{CostError, PermitError, PolicyError};
 
@@ -17,9 +19,15 @@ pub enum Error {
     /// A permit operation that does not apply: unknown, committed already, expired.
     #[error("permit: {source}")]
     Permit { source: PermitError },
-    /// The store cannot be reached or answered with a failure; nothing was granted.
+    /// The store cannot be reached: no connection, no answer in time, the connection dropped,
+    /// no master to ask. Nothing was granted. The only error failing open may grant through.
     #[error("store unavailable: {reason}")]
     StoreUnavailable { reason: String },
+    /// The store answered, with a failure: out of memory, a script error, a reply it cannot
+    /// read, a replica refusing writes. Nothing was granted, and failing open never grants
+    /// through it: a caller able to cause it (filling the store) must not gain by it.
+    #[error("store failed: {reason}")]
+    StoreFailed { reason: String },
     /// Tracking a new key would exceed the configured `keys_tracked_max` (G7).
     #[error("too many keys tracked: the store's keys_tracked_max of {keys_tracked_max} is reached")]
     TooManyKeys { keys_tracked_max: u64 },
@@ -33,8 +41,18 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::StoreUnavailable { .. } | Error::TooManyKeys { .. } | Error::ShuttingDown
+            Error::StoreUnavailable { .. }
+                | Error::StoreFailed { .. }
+                | Error::TooManyKeys { .. }
+                | Error::ShuttingDown
         )
+    }
+
+    /// Whether a caller that fails open may grant through this error: only when the store
+    /// cannot be reached. A store that answered with a failure, a full key cap, bad input or a
+    /// limit being shut down never do, since a caller can bring those about at will.
+    pub fn fails_open(&self) -> bool {
+        matches!(self, Error::StoreUnavailable { .. })
     }
 
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {

@@ -276,7 +276,8 @@ fn now_us() -> u64 {
 }
 
 impl EnvoyService {
-    /// `fail_open`: when the store cannot answer, allow (`OK`) rather than refuse.
+    /// `fail_open`: when the store cannot be reached, allow (`OK`) rather than refuse. Any
+    /// other failure (a full key cap, a store that answered with a failure) refuses.
     pub fn new(store: Arc<dyn Store>, config: Arc<ConfigWatch>, fail_open: bool) -> EnvoyService {
         EnvoyService {
             store,
@@ -423,13 +424,13 @@ impl EnvoyService {
                         .stats
                         .store_failures
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%error, fail_open = self.fail_open, "store unavailable for an envoy request");
-                    allowed = self.fail_open;
-                    let code = if self.fail_open {
-                        Code::Ok
-                    } else {
-                        Code::OverLimit
-                    };
+                    // Only a store that cannot be reached fails open: a full key cap or a
+                    // store that answered with a failure (out of memory) is something a
+                    // caller can bring about, so it refuses.
+                    let open = self.fail_open && error.fails_open();
+                    tracing::warn!(%error, fail_open = open, "the store did not decide an envoy request");
+                    allowed = open;
+                    let code = if open { Code::Ok } else { Code::OverLimit };
                     outcomes.iter_mut().for_each(|slot| *slot = (code, 0));
                 }
             }

@@ -587,6 +587,7 @@ async fn two_services_on_one_redis_share_the_counters() {
             url: url.clone(),
             namespace: namespace.clone(),
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(2),
         })
     };

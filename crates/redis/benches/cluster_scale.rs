@@ -274,6 +274,7 @@ async fn limiter_on(url: &str, case: Case) -> Limiter {
         url: url.to_owned(),
         namespace: format!("scale-{}", std::process::id()),
         fail_open: false,
+        allow_eviction: false,
         timeout: Duration::from_secs(10),
     })
     .await

@@ -170,6 +170,7 @@ fn main() {
             url: url.clone(),
             namespace,
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(5),
         }))
         .expect("connect to Redis");

@@ -265,6 +265,7 @@ fn the_lua_script_decides_exactly_like_the_core() {
                 url,
                 namespace: format!("differential-{}", std::process::id()),
                 fail_open: false,
+                allow_eviction: false,
                 timeout: Duration::from_secs(5),
             }))
             .expect("connect to Redis"),
@@ -314,6 +315,7 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
             url,
             namespace: format!("differential-cap-{}", std::process::id()),
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(5),
         }))
         .expect("connect to Redis");

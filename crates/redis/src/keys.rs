@@ -57,6 +57,13 @@ fn slot_tags() -> &'static [u32] {
     })
 }
 
+/// The evictions record of the slot whose generation is `generation`: the same key with
+/// `evicted` for `gen`, so the same hash tag and slot (`tollgate.lua`, `T.evictions`).
+pub(crate) fn evictions_beside(generation: &str) -> String {
+    let stem = generation.strip_suffix("gen").unwrap_or(generation);
+    format!("{stem}evicted")
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
     namespace: String,
@@ -195,6 +202,18 @@ mod tests {
         let open = key.find('{').expect("tag");
         let close = key[open..].find('}').expect("tag end") + open;
         &key[open + 1..close]
+    }
+
+    #[test]
+    fn a_slots_evictions_record_shares_its_generations_slot() {
+        for per_slot in [false, true] {
+            let keys = Keys::new("ns", per_slot);
+            let generation = keys.generation(1234);
+            let record = evictions_beside(&generation);
+            assert_ne!(record, generation);
+            assert!(record.ends_with(":evicted"), "{record}");
+            assert_eq!(hash_tag(&record), hash_tag(&generation));
+        }
     }
 
     #[test]

@@ -21,13 +21,16 @@
 //! (restart, flush, failover to a replica that may have missed writes) starts a new generation,
 //! and every counter not written since waits out whatever it may have counted. A slot moved by
 //! resharding keeps its generation. Unreachable Redis: `store_unavailable`, unless `fail_open`
-//! is set.
+//! is set. A Redis that answered with a failure (out of memory, a script error, `READONLY`) is
+//! `StoreFailed` and never failed open: a caller who can fill Redis must not gain by it
+//! (`store_error` tells the two apart).
 //!
 //! Waiting across processes: the script publishes a counter's key on the namespace's wake
 //! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
 
 mod backend;
+mod eviction;
 mod keys;
 mod leasing;
 pub mod loss;
@@ -37,7 +40,7 @@ pub mod plan;
 mod differential_tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,8 +73,15 @@ pub struct RedisStoreConfig {
     pub namespace: String,
     /// Grant when Redis cannot be reached. Off (fail-closed) unless the operator decides that
     /// overdrawing a quota is better than stopping; then every grant made while Redis is down is
-    /// a grant no limit counted.
+    /// a grant no limit counted. Never when Redis answers with a failure (out of memory, a
+    /// script error): that is `StoreFailed`, refused whatever this says.
     pub fail_open: bool,
+    /// Start on a Redis whose `maxmemory-policy` may evict Tollgate's keys (any but
+    /// `noeviction`). Off, such a Redis is refused at connect and `ping` reports one that
+    /// changes to it. Either way, once the store sees such a policy every call watches Redis's
+    /// evictions (`INFO stats`, a few microseconds a call), and a counter found missing after
+    /// one is held for a period: an evicted counter is never read as a fresh one.
+    pub allow_eviction: bool,
     /// How long one operation may take, retries and redirections included, before it counts as
     /// unreachable.
     pub timeout: Duration,
@@ -88,6 +98,9 @@ pub struct RedisStore {
     config: RedisStoreConfig,
     /// The generation's birth in the last reply (for tests mirroring the script).
     born_seen: AtomicU64,
+    /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
+    /// by `ping`). Never cleared: the keys evicted meanwhile are held whatever comes next.
+    watch_evictions: AtomicBool,
     wake: Arc<Mutex<Option<WakeFn>>>,
     subscriber: Option<tokio::task::JoinHandle<()>>,
 }
@@ -110,9 +123,51 @@ impl Drop for RedisStore {
     }
 }
 
+/// Redis cannot be reached (no connection, no answer in time).
 fn unavailable(error: impl fmt::Display) -> Error {
     Error::StoreUnavailable {
         reason: error.to_string(),
+    }
+}
+
+/// Redis answered, with a failure (a reply the store cannot read, a status it does not know).
+fn failed(error: impl fmt::Display) -> Error {
+    Error::StoreFailed {
+        reason: error.to_string(),
+    }
+}
+
+/// What a Redis error means: unreachable (no connection, the connection dropped, no answer in
+/// time, no master for the slot or the name, a node still loading its data or moving a slot),
+/// or an answer that is a failure (`OOM`, a script error, `READONLY`, `NOPERM`, a reply that
+/// does not parse). Only the first may fail open, so anything not known to be unreachable is
+/// a failure.
+fn store_error(error: RedisError) -> Error {
+    use redis::{ErrorKind, ServerErrorKind};
+    let unreachable = error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || matches!(
+            error.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
+                | ErrorKind::Server(
+                    ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                )
+        );
+    if unreachable {
+        unavailable(error)
+    } else if error.code() == Some("OOM") {
+        failed(format!(
+            "Redis is out of memory (its maxmemory is reached), so it decides nothing: {error}"
+        ))
+    } else {
+        failed(error)
     }
 }
 
@@ -122,6 +177,8 @@ const COMMIT: u64 = 2;
 const RENEW: u64 = 3;
 const PAUSE: u64 = 4;
 const USAGE: u64 = 5;
+/// Added to the operation code: the call watches Redis's evictions (see `command`).
+const WATCH_EVICTIONS: u64 = 16;
 
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
@@ -175,26 +232,20 @@ struct Reply {
 
 fn parse_reply(value: Value) -> Result<Reply> {
     let Value::Array(items) = value else {
-        return Err(Error::StoreUnavailable {
-            reason: format!("unexpected script reply {value:?}"),
-        });
+        return Err(failed(format!("unexpected script reply {value:?}")));
     };
     let mut items = items.into_iter();
     let status = match items.next() {
         Some(Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
         Some(Value::SimpleString(text)) => text,
         other => {
-            return Err(Error::StoreUnavailable {
-                reason: format!("unexpected script status {other:?}"),
-            });
+            return Err(failed(format!("unexpected script status {other:?}")));
         }
     };
     let numbers = items
         .map(|item| match item {
             Value::Int(number) => Ok(number),
-            other => Err(Error::StoreUnavailable {
-                reason: format!("unexpected script value {other:?}"),
-            }),
+            other => Err(failed(format!("unexpected script value {other:?}"))),
         })
         .collect::<Result<Vec<i64>>>()?;
     Ok(Reply { status, numbers })
@@ -285,8 +336,23 @@ impl RedisStore {
                         field: "store",
                         reason: format!("not a usable Redis URL: {error}"),
                     },
-                    _ => unavailable(error),
+                    _ => store_error(error),
                 })?;
+        let policies = eviction::policies(&backend).await.map_err(store_error)?;
+        let evicting = eviction::evicting(&policies);
+        if !evicting.is_empty() {
+            if !config.allow_eviction {
+                return Err(Error::InvalidRequest {
+                    field: "store",
+                    reason: eviction::refusal(&evicting),
+                });
+            }
+            tracing::warn!(
+                policy = %evicting.join(", "),
+                "Redis may evict Tollgate's keys (allowed by redis_allow_eviction): every call \
+                 watches evictions, and a counter missing after one is held for a period"
+            );
+        }
         let script = Script::new(SCRIPT);
         let name = format!("tollgate_{}", &script.get_hash()[..16]);
         let library = format!(
@@ -300,7 +366,7 @@ impl RedisStore {
                 backend
                     .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(store_error)?;
                 None
             }
         };
@@ -321,6 +387,7 @@ impl RedisStore {
             keys,
             config,
             born_seen: AtomicU64::new(0),
+            watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),
         })
@@ -359,7 +426,7 @@ impl RedisStore {
                     )
                     .await
                     .map_err(|_| unavailable("Redis did not answer in time"))?
-                    .map_err(unavailable)
+                    .map_err(store_error)
                 }
             })
             .buffer_unordered(256)
@@ -374,8 +441,29 @@ impl RedisStore {
         Ok(created > 0)
     }
 
-    /// The command that runs the script on `keys` (after the generation, which is first).
+    /// The command that runs the script on `keys` (after the generation, which is first). When
+    /// the store watches evictions, the operation carries `WATCH_EVICTIONS` and the slot's
+    /// evictions record is the last key.
     fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        if self.watch_evictions.load(Ordering::Relaxed)
+            && let Some((numbers, rest)) = args.split_first()
+            && let Some(generation) = keys.first()
+        {
+            let mut flagged = numbers.to_vec();
+            if let Some(operation) = flagged.get_mut(..8) {
+                let code = f64::from_be_bytes(operation.try_into().unwrap_or([0; 8]));
+                operation.copy_from_slice(&(code + WATCH_EVICTIONS as f64).to_be_bytes());
+            }
+            let mut keys = keys.to_vec();
+            keys.push(keys::evictions_beside(generation));
+            let mut args: Vec<&[u8]> = vec![&flagged];
+            args.extend_from_slice(rest);
+            return self.script_command(&keys, &args);
+        }
+        self.script_command(keys, args)
+    }
+
+    fn script_command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
         let mut command = match &self.function {
             Some((name, _)) => {
                 let mut command = redis::cmd("FCALL");
@@ -422,10 +510,10 @@ impl RedisStore {
         )
         .await
         .map_err(|_| unavailable("Redis did not answer in time"))?
-        .map_err(|error: RedisError| unavailable(error))?;
+        .map_err(store_error)?;
         let reply = parse_reply(value)?;
         if reply.numbers.len() < 3 {
-            return Err(unavailable("script reply without its head"));
+            return Err(failed("script reply without its head"));
         }
         let head = Head {
             now_us: u(reply.numbers[0]),
@@ -467,7 +555,7 @@ impl RedisStore {
         let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(unavailable)?;
+            .map_err(store_error)?;
         Ok(match value {
             Value::BulkString(bytes) => std::str::from_utf8(&bytes)
                 .ok()
@@ -495,8 +583,8 @@ impl RedisStore {
             });
         }
         match self.acquire_slots(takes, cost, priority, record).await {
-            Err(Error::StoreUnavailable { reason }) if self.config.fail_open => {
-                tracing::warn!(%reason, "Redis unreachable; granting without counting (fail_open)");
+            Err(error) if self.config.fail_open && error.fails_open() => {
+                tracing::warn!(%error, "Redis unreachable; granting without counting (fail_open)");
                 Ok(fail_open_decision(takes.len()))
             }
             answer => answer,
@@ -658,11 +746,11 @@ impl RedisStore {
                     },
                 });
             }
-            other => return Err(unavailable(format!("unexpected script status {other}"))),
+            other => return Err(failed(format!("unexpected script status {other}"))),
         }
         let numbers = &reply.numbers[3..];
         if numbers.len() != group.takes.len() * 5 {
-            return Err(unavailable("script reply of the wrong length"));
+            return Err(failed("script reply of the wrong length"));
         }
         let outcomes = numbers
             .chunks(5)
@@ -810,7 +898,7 @@ impl RedisStore {
         };
         let result = match reply.status.as_str() {
             "ok" => Ok(u(reply.numbers.get(3).copied().unwrap_or(0))),
-            other => Err(unavailable(format!("unexpected script status {other}"))),
+            other => Err(failed(format!("unexpected script status {other}"))),
         };
         (head.now_us, result)
     }
@@ -837,7 +925,7 @@ impl RedisStore {
                     paused_for_us: number(5).saturating_sub(head.now_us),
                 })
             }
-            other => Err(unavailable(format!("unexpected script status {other}"))),
+            other => Err(failed(format!("unexpected script status {other}"))),
         }
     }
 
@@ -863,7 +951,7 @@ impl RedisStore {
         let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(unavailable)?;
+            .map_err(store_error)?;
         let Value::BulkString(bytes) = value else {
             return Ok(None);
         };
@@ -925,7 +1013,7 @@ fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
             used,
             cost: u(numbers.get(3).copied().unwrap_or(0)),
         },
-        other => return unavailable(format!("unexpected script status {other}")),
+        other => return failed(format!("unexpected script status {other}")),
     };
     Error::Permit { source }
 }
@@ -1014,13 +1102,32 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.usage_remote(take))
     }
 
+    /// Redis answers, and its eviction policy is still one the store was started on: a policy
+    /// changed to one that may evict is a failure unless eviction is allowed (and from then on
+    /// every call watches evictions either way).
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::boxed(async move {
-            let answer =
-                tokio::time::timeout(self.config.timeout, self.backend.query(&redis::cmd("PING")))
+            let policies =
+                tokio::time::timeout(self.config.timeout, eviction::policies(&self.backend))
                     .await
-                    .map_err(|_| unavailable("Redis did not answer in time"))?;
-            answer.map(|_| ()).map_err(unavailable)
+                    .map_err(|_| unavailable("Redis did not answer in time"))?
+                    .map_err(store_error)?;
+            let evicting = eviction::evicting(&policies);
+            if evicting.is_empty() {
+                return Ok(());
+            }
+            if !self.watch_evictions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    policy = %evicting.join(", "),
+                    "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \
+                     evictions from now on"
+                );
+            }
+            if self.config.allow_eviction {
+                Ok(())
+            } else {
+                Err(failed(eviction::refusal(&evicting)))
+            }
         })
     }
 

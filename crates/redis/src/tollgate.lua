@@ -13,10 +13,12 @@
 -- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause if in this slot
 -- pause of a whole limit: KEYS[2]  the limit's pause
 -- begin a new namespace: KEYS[1] only
+-- KEYS[#KEYS]       when the call watches evictions (its operation code has 16 added): the
+--                   slot's evictions record (T.evictions), after every other key
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace), then per
---                   operation (see each branch below)
+--                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace; plus 16 when
+--                   the call watches evictions), then per operation (see each branch below)
 -- ARGV[2]           commit only: the wake-up channel
 -- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
 -- birth, and 1 when this call found the state lost), then the rest per operation (see each
@@ -162,7 +164,8 @@ end
 -- The counter in `raw` (a GET's answer), or a new one, and until when it must be held. A new
 -- counter, one this script cannot read, or one written before the generation began (kept by a
 -- replica that may have missed its last writes) counts as lost state: it grants nothing until
--- whatever it may have counted is over.
+-- whatever it may have counted is over. A counter missing after an eviction was seen
+-- (gen.seen, T.evictions) may be an evicted one: it is held the same way, from then.
 function T.load(raw, keys, now, gen, p)
   if raw then
     local c = T.decode(raw, keys, now)
@@ -174,7 +177,7 @@ function T.load(raw, keys, now, gen, p)
     end
     return T.empty(keys, now, gen.born), now + p.memory
   end
-  return T.empty(keys, now, gen.born), gen.born + p.memory
+  return T.empty(keys, now, gen.born), math.max(gen.born, gen.seen) + p.memory
 end
 
 -- Hold a counter until `hold_until`: a pause it already had that ends later stays.
@@ -581,7 +584,7 @@ function T.generation(raw, key, now)
     owner = string.sub(raw, 17)
   end
   local me = T.identity()
-  local gen = { born = born, lost = 0 }
+  local gen = { born = born, lost = 0, seen = 0 }
   if born == nil then
     gen.lost = 1
   elseif owner ~= me then
@@ -598,6 +601,33 @@ function T.generation(raw, key, now)
   return gen
 end
 
+-- Evictions, for a call that watches them (Redis may evict: its policy is not noeviction).
+-- Nothing tells an evicted counter from one that expired idle, so Redis's own count of evicted
+-- keys (INFO stats, the node's) is kept per slot, in `key`, with when it was last seen to move
+-- (`seen`): a counter found missing is held until `seen` plus what it may have counted
+-- (T.load), every counter evicted since having moved the count. Eviction runs before a command,
+-- never inside this script, so a count read here covers every key missing here. A record
+-- that is missing (never watched here, or itself evicted) is taken as an eviction seen now,
+-- unless the node never evicted anything. Kept with one write a day, as the generation is.
+-- A few microseconds a call (INFO's text), paid only by a store that watches.
+function T.evictions(gen, raw, key, now)
+  local count = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')) or -1
+  local seen_count, seen, renew
+  if raw and #raw == 24 then seen_count, seen, renew = struct.unpack('>ddd', raw) end
+  if seen_count == nil then
+    seen = now
+    if count == 0 then seen = 0 end
+    renew = 0
+  elseif seen_count ~= count then
+    seen = now
+    renew = 0
+  end
+  if renew <= now then
+    redis.call('SET', key, struct.pack('>ddd', count, seen, now + 86400000000), 'PX', 2592000000)
+  end
+  gen.seen = seen
+end
+
 function T.head(status, now, gen)
   return { status, now, gen.born, gen.lost }
 end
@@ -610,12 +640,20 @@ end
 function T.decide(KEYS, ARGV)
   local a = { struct.unpack('>' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
   local op = a[1]
+  local watch = op >= 16
+  if watch then op = op - 16 end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
   if op == 6 then
     -- begin a new namespace: a generation born at time zero, owned here, unless one exists.
     local set = redis.call('SET', KEYS[1], struct.pack('>dd', 0, now + 86400000000) .. T.identity(),
       'NX', 'PX', 2592000000)
+    if set and watch then
+      -- Nothing of a new namespace was evicted: its evictions record starts at the count now.
+      local count = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')) or -1
+      redis.call('SET', KEYS[#KEYS], struct.pack('>ddd', count, 0, now + 86400000000), 'PX',
+        2592000000)
+    end
     if set then return 1 end
     return 0
   end
@@ -649,8 +687,10 @@ function T.decide(KEYS, ARGV)
         pauses[i] = #names
       end
     end
+    if watch then names[#names + 1] = KEYS[#KEYS] end
     local values = redis.call('MGET', unpack(names))
     local gen = T.generation(values[1], KEYS[1], now)
+    if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
     local counters, outcomes = {}, {}
     local all_allowed = true
     for i = 1, n do
@@ -665,7 +705,7 @@ function T.decide(KEYS, ARGV)
       counters[i] = c
       -- Held after a loss (T.load) rather than paused by someone: reason 2, recovering.
       if denial and denial[3] == 1 and c.p >= limit_paused_until
-          and c.p == gen.born + p.memory then
+          and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
         denial[3] = 2
       end
       if denial then
@@ -694,13 +734,12 @@ function T.decide(KEYS, ARGV)
   local counter_keys = { KEYS[2], KEYS[3], KEYS[4] }
   -- The generation and the one key every other operation reads first (a counter's state, or a
   -- limit's pause), with the limit's pause for usage when it is kept here, in one read.
-  local values
-  if op == 5 and a[11] >= 1 then
-    values = redis.call('MGET', KEYS[1], KEYS[2], KEYS[a[11]])
-  else
-    values = redis.call('MGET', KEYS[1], KEYS[2])
-  end
+  local names = { KEYS[1], KEYS[2] }
+  if op == 5 and a[11] >= 1 then names[3] = KEYS[a[11]] end
+  if watch then names[#names + 1] = KEYS[#KEYS] end
+  local values = redis.call('MGET', unpack(names))
   local gen = T.generation(values[1], KEYS[1], now)
+  if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
 
   if op == 2 then
     -- commit: [2..10] policy, [11] seq, [12] used. Reply: ok now born lost refunded released

@@ -37,6 +37,7 @@ pub async fn connect(url: &str, namespace: &str) -> RedisStore {
         url: url.to_owned(),
         namespace: namespace.to_owned(),
         fail_open: false,
+        allow_eviction: false,
         timeout: Duration::from_secs(5),
     })
     .await

@@ -34,6 +34,7 @@ fn a_fleet_follows_a_sentinel_failover_without_overshoot() {
             url: url.clone(),
             namespace: namespace.clone(),
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(5),
         }))
         .expect("connect through the Sentinels");

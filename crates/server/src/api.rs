@@ -889,7 +889,9 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     } else {
         match tokio::time::timeout(READY_TIMEOUT, state.limiter().store().ping()).await {
             Ok(Ok(())) => "ok".to_owned(),
-            Ok(Err(error)) => format!("unreachable: {error}"),
+            Ok(Err(error)) if error.fails_open() => format!("unreachable: {error}"),
+            // It answered, but cannot be relied on (e.g. a Redis that may now evict).
+            Ok(Err(error)) => format!("failing: {error}"),
             Err(_) => "unreachable: no answer within 2 s".to_owned(),
         }
     };

@@ -26,6 +26,9 @@ pub const DEFAULT_PATH_MATCHING: PathMatching = PathMatching {
     params: PathParams::Keep,
 };
 
+/// Off: a Redis whose `maxmemory-policy` may evict Tollgate's keys is refused at start.
+pub const DEFAULT_REDIS_ALLOW_EVICTION: bool = false;
+
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -99,6 +102,11 @@ pub struct ServerConfig {
     /// Redis store: grant when Redis cannot be reached. Off: an unreachable store answers
     /// `store_unavailable` (G6); on, grants made meanwhile are counted by no limit.
     pub store_fail_open: bool,
+    /// Redis store: start on a Redis whose `maxmemory-policy` may evict Tollgate's keys (any
+    /// but `noeviction`). Off, such a Redis is refused at start and `/readyz` reports one that
+    /// changes to it; on, every call watches Redis's evictions, and a counter missing after
+    /// one is held as lost for a period (`docs/deployment.md`).
+    pub redis_allow_eviction: bool,
     /// Redis store: how long one operation may take before Redis counts as unreachable.
     pub store_timeout: Duration,
     /// Where to serve Envoy's rate limit service (gRPC); off when unset.
@@ -149,6 +157,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("redis_namespace", &self.redis_namespace)
             .field("store_fail_open", &self.store_fail_open)
+            .field("redis_allow_eviction", &self.redis_allow_eviction)
             .field("store_timeout", &self.store_timeout)
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)

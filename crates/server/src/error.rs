@@ -133,7 +133,8 @@ impl From<Error> for ApiError {
                 #[allow(unreachable_patterns)]
                 _ => ApiError::new(StatusCode::CONFLICT, Code::Conflict, message),
             },
-            Error::StoreUnavailable { .. } => ApiError::new(
+            // Unreachable or answering with a failure: one wire code, the message says which.
+            Error::StoreUnavailable { .. } | Error::StoreFailed { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 Code::StoreUnavailable,
                 message,

@@ -35,8 +35,8 @@ use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
-    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
+    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
     RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
@@ -103,6 +103,7 @@ async fn build_store(
                 url: url.clone(),
                 namespace: config.redis_namespace.clone(),
                 fail_open: config.store_fail_open,
+                allow_eviction: config.redis_allow_eviction,
                 timeout: config.store_timeout,
             })
             .await

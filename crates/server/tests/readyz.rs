@@ -103,6 +103,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         shutdown_grace: Duration::from_secs(1),
         redis_namespace: "readyz-test".into(),
         store_fail_open: false,
+        redis_allow_eviction: false,
         store_timeout: Duration::from_millis(500),
         grpc_listen: None,
         envoy_config: None,

@@ -39,11 +39,12 @@ use crate::identity::{Identity, Unidentified};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
 use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
 
-/// What to do when the store cannot decide (unreachable, failing). An explicit choice: there
-/// is no default.
+/// What to do when the store cannot be reached. An explicit choice: there is no default. A
+/// store that answered with a failure, and every other error, is answered 503 either way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnStoreError {
-    /// Let the request through unthrottled (availability over the limit).
+    /// Let the request through unthrottled while the store cannot be reached (availability
+    /// over the limit).
     FailOpen,
     /// Answer `503 Service Unavailable` (the limit over availability).
     FailClosed,
@@ -449,8 +450,10 @@ impl Shared {
                 bump(&self.counters.store_errors);
                 tracing::warn!(error = %other, "throttle could not decide");
                 match self.config.on_store_error {
-                    OnStoreError::FailOpen => Settled::Call(Extra::default()),
-                    OnStoreError::FailClosed => Settled::Answer(error_response(
+                    // Only a store that cannot be reached: a caller may cause any other
+                    // failure (filling the store), and must not get through by it.
+                    OnStoreError::FailOpen if other.fails_open() => Settled::Call(Extra::default()),
+                    _ => Settled::Answer(error_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "store_unavailable",
                         "the throttle cannot decide now; retry shortly",

@@ -64,6 +64,7 @@ async fn run() {
             url: store_url,
             namespace,
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(5),
         })
         .await

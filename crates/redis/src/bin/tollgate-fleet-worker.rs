@@ -65,6 +65,7 @@ async fn run() {
             url: url.clone(),
             namespace: namespace.clone(),
             fail_open: false,
+            allow_eviction: false,
             timeout: Duration::from_secs(2),
         })
         .await

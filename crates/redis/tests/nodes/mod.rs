@@ -140,6 +140,40 @@ pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// One Redis on its own, started with `extra` arguments (`--maxmemory 2mb`, an eviction
+/// policy...), in a temporary directory; killed when dropped.
+pub struct Single {
+    pub node: Node,
+    _dir: tempfile::TempDir,
+}
+
+impl Single {
+    pub fn start(binary: &Path, extra: &[&str]) -> Single {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = free_port();
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &dir.path().display().to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        Single {
+            node: Node::start(binary, args, port),
+            _dir: dir,
+        }
+    }
+}
+
 /// A Redis Cluster of `masters` masters with one replica each.
 pub struct Cluster {
     pub nodes: Vec<Node>,
