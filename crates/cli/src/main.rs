@@ -563,14 +563,31 @@ fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-        let mut terminate =
-            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        // Every ordinary stop is a clean one: a closed terminal (SIGHUP) or Ctrl-\ (SIGQUIT)
+        // saves the counters like SIGTERM, rather than dying and leaving the next start to
+        // hold every limit as after a crash. Rules reload by themselves, so SIGHUP has no
+        // reload to ask for.
+        let mut stops = Vec::new();
+        for (kind, name) in [
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::hangup(), "SIGHUP"),
+            (SignalKind::quit(), "SIGQUIT"),
+        ] {
+            let stream = signal(kind).with_context(|| format!("installing {name} handler"))?;
+            stops.push((stream, name));
+        }
         Ok(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
+            let received = std::future::poll_fn(|context| {
+                for (stream, name) in &mut stops {
+                    if stream.poll_recv(context).is_ready() {
+                        return std::task::Poll::Ready(*name);
+                    }
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+            tracing::info!(signal = received, "stop signal received");
         })
     }
     #[cfg(not(unix))]

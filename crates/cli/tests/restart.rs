@@ -111,6 +111,50 @@ async fn a_clean_restart_resumes_the_counters_exactly() {
     assert_eq!(reason(&answer), "capacity", "{}", answer.text());
 }
 
+/// Closing the terminal (SIGHUP), Ctrl-C (SIGINT) and Ctrl-\\ (SIGQUIT) are stops like
+/// SIGTERM: the counters are saved, and the next start resumes them rather than holding every
+/// limit as after a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ordinary_signal_is_a_clean_stop() {
+    for signal in ["HUP", "INT", "QUIT"] {
+        let mut server = fresh_server();
+        put_limit(
+            &server,
+            "hourly",
+            r#"{"kind":"rate","limit":2,"period_ms":3600000}"#,
+        )
+        .await;
+        assert_eq!(acquire(&server, "hourly").await.status, 200);
+        let status = server.stop_with(signal);
+        assert!(
+            status.success(),
+            "SIG{signal}: {status:?}\n{}",
+            server.log()
+        );
+        let restarted = restart(&mut server);
+        assert!(
+            restarted
+                .log()
+                .contains("counters of the previous run restored"),
+            "SIG{signal}: {}",
+            restarted.log()
+        );
+        // One unit was used before the stop: one is left, and nothing is held.
+        assert_eq!(
+            acquire(&restarted, "hourly").await.status,
+            200,
+            "SIG{signal}"
+        );
+        let answer = acquire(&restarted, "hourly").await;
+        assert_eq!(
+            reason(&answer),
+            "capacity",
+            "SIG{signal}: {}",
+            answer.text()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_holds_the_old_limits_from_the_last_heartbeat_and_no_others() {
     let mut server = fresh_server();

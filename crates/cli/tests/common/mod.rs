@@ -169,8 +169,13 @@ impl Server {
 
     /// Send SIGTERM and wait for the process to exit.
     pub fn terminate(&mut self) -> ExitStatus {
+        self.stop_with("TERM")
+    }
+
+    /// Send the signal named (`TERM`, `HUP`, ...) and wait for the process to exit.
+    pub fn stop_with(&mut self, signal: &str) -> ExitStatus {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
             .status()
             .expect("kill");
         assert!(status.success());
