@@ -9,6 +9,7 @@ mod api;
 mod config;
 mod error;
 mod extract;
+mod guard;
 mod hot;
 mod metrics;
 mod openapi;
@@ -34,12 +35,15 @@ use tollgate::{
 use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
     DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_permit_secret,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice,
+    parse_permit_secret,
 };
 pub use error::{ApiError, Code};
+pub use guard::{parse_host, parse_origin};
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;
@@ -71,6 +75,12 @@ pub enum ServerError {
     EnvoyConfigMissing,
     #[error("grpc: {0}")]
     Grpc(String),
+    /// A setting the server refuses to start with, and why.
+    #[error("{setting}: {reason}")]
+    Setting {
+        setting: &'static str,
+        reason: String,
+    },
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
@@ -181,6 +191,12 @@ pub async fn memory_router(
 fn router(state: AppState) -> Router {
     let body_bytes_max = usize::try_from(state.config().body_bytes_max).unwrap_or(usize::MAX);
     let errors = state.metrics().errors.clone();
+    let config = state.config();
+    let guard = guard::Guard::new(
+        is_loopback(config.listen),
+        &config.allowed_origins,
+        &config.allowed_hosts,
+    );
     Router::new()
         .route("/v1/limits", get(api::list_limits))
         .route(
@@ -204,6 +220,7 @@ fn router(state: AppState) -> Router {
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_bytes_max))
+        .layer(middleware::from_fn_with_state(guard, guard::guard))
         .layer(middleware::map_response_with_state(
             errors,
             metrics::count_errors,
@@ -226,6 +243,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_listening: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServerError> {
+    config.check()?;
+    if let Some(address) = config.grpc_listen
+        && !is_loopback(address)
+    {
+        tracing::warn!(
+            %address,
+            "the gRPC listener (Envoy's rate limit service) is beyond loopback and has no \
+             credentials: whoever reaches it can spend any descriptor's limit; keep it on a \
+             network only Envoy reaches"
+        );
+    }
     if config.admin_token.is_none() {
         tracing::warn!(
             "no admin token is configured: the admin API (/v1/limits) answers 401 to every \
@@ -372,6 +400,11 @@ pub async fn run(
     }
     tracing::info!("stopped");
     served
+}
+
+/// Whether `address` can be reached from this host alone.
+fn is_loopback(address: SocketAddr) -> bool {
+    address.ip().to_canonical().is_loopback()
 }
 
 /// Envoy's counters as limits of the memory store, so that a restart restores or holds them as

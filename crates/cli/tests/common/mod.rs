@@ -68,6 +68,8 @@ pub struct Server {
 
 /// How a test server starts.
 pub struct Options<'a> {
+    /// `--listen`: loopback on a free port unless a test says otherwise.
+    pub listen: &'a str,
     pub args: Vec<&'a str>,
     pub env: Vec<(&'a str, &'a str)>,
     /// Start without `--recover-on-start false`, to see the default.
@@ -78,6 +80,7 @@ pub struct Options<'a> {
 impl Default for Options<'_> {
     fn default() -> Self {
         Options {
+            listen: "127.0.0.1:0",
             args: Vec::new(),
             env: vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
             default_recovery: false,
@@ -98,7 +101,7 @@ impl Server {
             .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
         let log = directory.path().join("server.log");
         let mut command = command(directory.path());
-        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        command.arg("serve").args(["--listen", options.listen]);
         if !options.default_recovery {
             command.args(["--recover-on-start", "false"]);
         }
@@ -255,6 +258,68 @@ pub fn assert_error(answer: &Answer, status: u16, code: &str, field: Option<&str
             "the message names the field: {}",
             answer.text()
         );
+    }
+}
+
+/// An answer read off the wire: status, headers (names lowercased) and body.
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Send `head` (the request line and headers, each ended by CRLF, without the blank line;
+/// `Connection: close` and the body's length are added) and `body` to the server of `url` over
+/// a fresh connection, byte for byte as given: for the headers a client library would not let
+/// a test choose (Host, Origin, a missing Content-Type).
+pub async fn raw(url: &str, head: &str, body: &str) -> RawAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("http://");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let request = format!(
+            "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read");
+        answer
+    };
+    let answer = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .expect("the server answers");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    RawAnswer {
+        status,
+        headers,
+        body: body.to_owned(),
     }
 }
 
