@@ -319,3 +319,198 @@ fn a_server_beyond_loopback_needs_a_data_token_and_no_token_may_be_empty() {
     );
     assert!(server.terminate().success());
 }
+
+/// Sockets that send half a request and hold, more of them than the server has file
+/// descriptors: the server must still answer `/healthz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_more_half_sent_requests_hold_than_the_server_has_descriptors() {
+    use tokio::io::AsyncWriteExt;
+    let mut server = Server::start_with(Options {
+        files_max: Some(256),
+        ..Options::default()
+    });
+    let address = host_of(&server);
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        // The kernel completes a connection the server has not accepted yet, and a refused
+        // one is as good as a held one here: what counts is what the server does.
+        if let Ok(Ok(mut stream)) = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect(&address),
+        )
+        .await
+        {
+            let _ = stream
+                .write_all(b"POST /v1/acquire HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+                .await;
+            held.push(stream);
+        }
+    }
+    assert!(held.len() > 256, "only {} sockets opened", held.len());
+    let health = raw(
+        &server.url,
+        &format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\n"),
+        "",
+    )
+    .await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    drop(held);
+    assert!(server.terminate().success(), "{}", server.log());
+}
+
+/// Read from `stream` until the server closes it (or fail after `DEADLINE`).
+async fn closed_by_server(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = [0u8; 4096];
+    let closed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the server kept the connection open");
+}
+
+/// A half-sent head, a half-sent body, and an idle keep-alive connection are each closed once
+/// their timeout passes, while a request waiting for room is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_and_idle_connections_are_closed_after_their_timeouts() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start_with(Options {
+        args: vec![
+            "--header-read-timeout-ms",
+            "300",
+            "--idle-timeout-ms",
+            "300",
+        ],
+        ..Options::default()
+    });
+    put_limit(
+        &server,
+        "pool",
+        r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":60000}"#,
+    )
+    .await;
+    let lease = granted(&server.anonymous(), r#"{"limits":["pool"]}"#).await;
+    let address = host_of(&server);
+    let connect = || tokio::net::TcpStream::connect(address.clone());
+    // A waiter outlives every timeout, and is granted when the lease comes back.
+    let waiter = {
+        let client = server.anonymous();
+        tokio::spawn(async move {
+            post(
+                &client,
+                "/v1/acquire",
+                r#"{"limits":["pool"],"wait_ms":20000}"#,
+            )
+            .await
+        })
+    };
+    let mut head = connect().await.expect("connect");
+    head.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .expect("write");
+    let mut body = connect().await.expect("connect");
+    body.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"method\":",
+    )
+    .await
+    .expect("write");
+    let mut idle = connect().await.expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("write");
+    closed_by_server(&mut head).await;
+    closed_by_server(&mut body).await;
+    closed_by_server(&mut idle).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!waiter.is_finished(), "the waiter was cut off");
+    let commit = post(
+        &server.anonymous(),
+        &format!("/v1/permits/{}/commit", permit_of(&lease)),
+        r#"{"used":1}"#,
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.text());
+    let waited = waiter.await.expect("the waiter");
+    assert_eq!(waited.status, 200, "{}", waited.text());
+}
+
+async fn waiting_on(server: &Server, limit: &str) -> u64 {
+    let stats = call(
+        &server.anonymous(),
+        hyper::Method::GET,
+        &format!("/v1/stats?limit={limit}"),
+        "",
+    )
+    .await;
+    stats.json.expect("json")["limits"][0]["waiting"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// A flood of waiting acquires on one limit fills that limit's line, not the server: the
+/// overflow is answered at once with a 429 naming the cap, and another limit's waiter still
+/// queues and is granted when room comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_waiting_line_on_one_limit_answers_at_once_and_others_still_queue() {
+    const POOL: &str = r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":60000}"#;
+    let server = Server::start_with(Options {
+        args: vec!["--waiters-per-limit-max", "2"],
+        ..Options::default()
+    });
+    put_limit(&server, "flooded", POOL).await;
+    put_limit(&server, "other", POOL).await;
+    let flooded = granted(&server.anonymous(), r#"{"limits":["flooded"]}"#).await;
+    let other = granted(&server.anonymous(), r#"{"limits":["other"]}"#).await;
+    let wait = |limit: &str| {
+        let client = server.anonymous();
+        let body = format!(r#"{{"limits":["{limit}"],"wait_ms":25000}}"#);
+        tokio::spawn(async move { post(&client, "/v1/acquire", &body).await })
+    };
+    let waiters = [wait("flooded"), wait("flooded")];
+    until("two waiters on flooded", async || {
+        waiting_on(&server, "flooded").await == 2
+    })
+    .await;
+    let started = Instant::now();
+    let overflow = post(
+        &server.anonymous(),
+        "/v1/acquire",
+        r#"{"limits":["flooded"],"wait_ms":25000}"#,
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the overflow waited instead of being answered at once"
+    );
+    assert_error(&overflow, 429, "rate_limited", None);
+    let message = overflow.error_message().unwrap_or_default();
+    assert!(
+        message.contains("waiters_per_limit_max") && message.contains("flooded"),
+        "{message}"
+    );
+    assert!(overflow.headers.contains_key("retry-after"));
+    let queued = wait("other");
+    until("a waiter on other", async || {
+        waiting_on(&server, "other").await == 1
+    })
+    .await;
+    let commit = post(
+        &server.anonymous(),
+        &format!("/v1/permits/{}/commit", permit_of(&other)),
+        r#"{"used":1}"#,
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.text());
+    let answer = queued.await.expect("the other waiter");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    for waiter in waiters {
+        waiter.abort();
+    }
+    let _ = flooded;
+}

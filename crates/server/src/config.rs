@@ -28,13 +28,13 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 /// Open HTTP connections at most. The server lowers it to what its open-file limit
 /// (RLIMIT_NOFILE) leaves after a reserve for stores, databases and the gRPC listener.
 pub const DEFAULT_CONNECTIONS_MAX: usize = 4_096;
-/// Acquires waiting for room at once, over every limit. The server lowers it to half the
-/// connections it may hold, so a flood of waiters never takes the connections that answer
-/// everything else.
-pub const DEFAULT_WAITERS_MAX: usize = 1_024;
-/// Acquires waiting for room at once on any one limit (all its keys together), so a flood on
-/// one limit leaves room for the waiters of the others.
-pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = 256;
+/// Acquires waiting for room at once, over every limit (the engine's default). The server
+/// lowers it to half the connections it may hold, so a flood of waiters never takes the
+/// connections that answer everything else.
+pub const DEFAULT_WAITERS_MAX: usize = tollgate::DEFAULT_WAITERS_MAX;
+/// Acquires waiting for room at once on any one limit, all its keys together (the engine's
+/// default), so a flood on one limit leaves room for the waiters of the others.
+pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = tollgate::DEFAULT_WAITERS_PER_LIMIT_MAX;
 
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@ mod error;
 mod extract;
 mod guard;
 mod hot;
+mod listener;
 mod metrics;
 mod openapi;
 mod runs;
@@ -154,11 +155,16 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
         Some(bytes) => PermitSecret::from_bytes(bytes),
         None => PermitSecret::random(),
     };
+    // Each waiting acquire holds a connection: at most half of them may wait, so the other
+    // half always answers (`/healthz` included).
+    let (connections_max, _) = listener::connections_max(config.connections_max);
     Limiter::new(
         store,
         LimiterConfig {
             wait_max: Duration::from_millis(config.wait_ms_max),
             permit_secret,
+            waiters_max: config.waiters_max.min(connections_max / 2),
+            waiters_per_limit_max: config.waiters_per_limit_max,
         },
     )
 }
@@ -345,6 +351,28 @@ pub async fn run(
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
+    let (connections_max, open_files_max) = listener::connections_max(config.connections_max);
+    if let Some(files) = open_files_max {
+        tracing::warn!(
+            connections_max,
+            configured = config.connections_max,
+            open_files_max = files,
+            "connections_max lowered to what the open-file limit (RLIMIT_NOFILE) leaves after a \
+             reserve for stores and databases; raise the limit (ulimit -n, LimitNOFILE=) to \
+             hold more"
+        );
+    }
+    tracing::info!(
+        connections_max,
+        waiters_max = limiter.config().waiters_max,
+        waiters_per_limit_max = limiter.config().waiters_per_limit_max,
+        "bounds in force"
+    );
+    let bounds = listener::Bounds {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        connections_max,
+    };
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
     let state = AppState::new(config, limiter, rules, metrics);
     let listener = tokio::net::TcpListener::bind(listen)
@@ -370,7 +398,7 @@ pub async fn run(
         signal_state.begin_shutdown();
         let _ = draining_sender.send(true);
     };
-    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(graceful);
+    let serve = listener::serve(listener, router(state), bounds, graceful);
     let served = tokio::select! {
         served = serve => served.map_err(ServerError::Serve),
         () = async {

@@ -48,7 +48,21 @@ pub fn binary() -> &'static str {
 
 /// A `tollgate` command with a clean environment, in `directory`.
 pub fn command(directory: &std::path::Path) -> Command {
-    let mut command = Command::new(binary());
+    clean(Command::new(binary()), directory)
+}
+
+/// `tollgate` run with at most `files` open file descriptors (`ulimit -n`), as `command`.
+pub fn command_with_files_max(directory: &std::path::Path, files: u32) -> Command {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
+        binary(),
+    ]);
+    clean(command, directory)
+}
+
+fn clean(mut command: Command, directory: &std::path::Path) -> Command {
     command.current_dir(directory);
     for variable in SERVER_VARIABLES {
         command.env_remove(variable);
@@ -75,6 +89,8 @@ pub struct Options<'a> {
     /// Start without `--recover-on-start false`, to see the default.
     pub default_recovery: bool,
     pub directory: Option<tempfile::TempDir>,
+    /// Run the server with at most this many open file descriptors.
+    pub files_max: Option<u32>,
 }
 
 impl Default for Options<'_> {
@@ -85,6 +101,7 @@ impl Default for Options<'_> {
             env: vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
             default_recovery: false,
             directory: None,
+            files_max: None,
         }
     }
 }
@@ -100,7 +117,10 @@ impl Server {
             .directory
             .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
         let log = directory.path().join("server.log");
-        let mut command = command(directory.path());
+        let mut command = match options.files_max {
+            Some(files) => command_with_files_max(directory.path(), files),
+            None => command(directory.path()),
+        };
         command.arg("serve").args(["--listen", options.listen]);
         if !options.default_recovery {
             command.args(["--recover-on-start", "false"]);
