@@ -38,6 +38,7 @@ fn gate() -> &'static Gate {
             LimiterConfig {
                 wait_max: Duration::from_secs(1),
                 permit_secret: PermitSecret::random(),
+                ..LimiterConfig::default()
             },
         );
         let policy = tollgate::Policy::rate(

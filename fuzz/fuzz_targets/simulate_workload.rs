@@ -58,6 +58,7 @@ fuzz_target!(|data: &[u8]| {
         LimiterConfig {
             wait_max: Duration::ZERO,
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     for (name, rule) in &workload.limits {

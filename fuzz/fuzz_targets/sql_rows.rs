@@ -105,6 +105,7 @@ fn db() -> &'static Db {
                 LimiterConfig {
                     wait_max: std::time::Duration::ZERO,
                     permit_secret: PermitSecret::random(),
+                    ..LimiterConfig::default()
                 },
             );
             let rules = Rules::start(source, limiter).await.expect("rules");

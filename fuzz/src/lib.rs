@@ -112,6 +112,13 @@ impl Api {
                 grpc_listen: None,
                 envoy_config: None,
                 path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
+                allowed_origins: Vec::new(),
+                allowed_hosts: Vec::new(),
+                header_read_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS),
+                idle_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_IDLE_TIMEOUT_MS),
+                connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
+                waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
+                waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,
             };
             tollgate_server::memory_router(config, tollgate_rules::RulesSource::Sql(source))
                 .await

@@ -19,10 +19,12 @@ use tollgate_cli::kept_token;
 use tollgate_cli::parse_duration;
 use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
     DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
     DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
+    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
+    StoreChoice, parse_host, parse_origin, parse_permit_secret,
 };
 
 const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
@@ -280,6 +282,41 @@ struct ServeArgs {
     /// [default: keep].
     #[arg(long, env = "TOLLGATE_PATH_PARAMS", value_name = "PARAMS")]
     path_params: Option<String>,
+    /// Origins whose pages may call the API from a browser (CORS), comma-separated, e.g.
+    /// https://app.example [default: none; the server's own dashboard always may].
+    #[arg(
+        long,
+        env = "TOLLGATE_ALLOWED_ORIGINS",
+        value_name = "ORIGINS",
+        value_delimiter = ','
+    )]
+    allowed_origins: Option<Vec<String>>,
+    /// Host names the server answers to besides localhost, 127.0.0.1 and [::1], comma-separated
+    /// (`name` or `name:port`); against DNS rebinding [default: none].
+    #[arg(
+        long,
+        env = "TOLLGATE_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Option<Vec<String>>,
+    /// Time a client gets to send a request's head, and then its body, ms [default: 10000].
+    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT_MS", value_name = "MS")]
+    header_read_timeout_ms: Option<u64>,
+    /// An idle keep-alive connection is closed after this, ms [default: 120000].
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT_MS", value_name = "MS")]
+    idle_timeout_ms: Option<u64>,
+    /// Open HTTP connections at most; lowered to what the open-file limit leaves
+    /// [default: 4096].
+    #[arg(long, env = "TOLLGATE_CONNECTIONS_MAX", value_name = "N")]
+    connections_max: Option<usize>,
+    /// Acquires waiting for room at once, over every limit; lowered to half the connections
+    /// [default: 1024].
+    #[arg(long, env = "TOLLGATE_WAITERS_MAX", value_name = "N")]
+    waiters_max: Option<usize>,
+    /// Acquires waiting for room at once on one limit [default: 256].
+    #[arg(long, env = "TOLLGATE_WAITERS_PER_LIMIT_MAX", value_name = "N")]
+    waiters_per_limit_max: Option<usize>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -314,6 +351,13 @@ struct FileConfig {
     envoy_config: Option<PathBuf>,
     path_case: Option<String>,
     path_params: Option<String>,
+    allowed_origins: Option<Vec<String>>,
+    allowed_hosts: Option<Vec<String>>,
+    header_read_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    connections_max: Option<usize>,
+    waiters_max: Option<usize>,
+    waiters_per_limit_max: Option<usize>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -327,6 +371,38 @@ fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+/// A token setting of `serve`: the environment's, else the config file's. One given empty is
+/// refused rather than read as "none": an empty data token used to mean an open data plane.
+fn token_setting(variable: &str, key: &str, from_file: Option<String>) -> Result<Option<String>> {
+    match std::env::var(variable) {
+        Ok(token) if token.trim().is_empty() => {
+            bail!("{variable} is set but empty; give a token, or unset the variable")
+        }
+        Ok(token) => Ok(Some(token)),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{variable} is not UTF-8"),
+        Err(std::env::VarError::NotPresent) => match from_file {
+            Some(token) if token.trim().is_empty() => {
+                bail!("{key} in the config file is empty; give a token, or leave the key out")
+            }
+            token => Ok(token),
+        },
+    }
+}
+
+/// Each entry of a list setting as `parse` reads it, or an error naming the setting.
+fn list_setting(
+    key: &str,
+    entries: Option<Vec<String>>,
+    parse: fn(&str) -> std::result::Result<String, String>,
+) -> Result<Vec<String>> {
+    entries
+        .unwrap_or_default()
+        .iter()
+        .filter(|entry| !entry.trim().is_empty())
+        .map(|entry| parse(entry).map_err(|reason| anyhow!("{key}: {reason}")))
+        .collect()
 }
 
 /// An environment variable that is set and not empty.
@@ -479,8 +555,44 @@ fn resolve_server_config(
         state_url: args.state.or(file.state),
         rules_table,
         reload_interval: Duration::from_millis(reload_interval_ms),
-        admin_token: env_text("TOLLGATE_ADMIN_TOKEN").or(file.admin_token),
-        data_token: env_text("TOLLGATE_DATA_TOKEN").or(file.data_token),
+        admin_token: token_setting("TOLLGATE_ADMIN_TOKEN", "admin_token", file.admin_token)?,
+        data_token: token_setting("TOLLGATE_DATA_TOKEN", "data_token", file.data_token)?,
+        allowed_origins: list_setting(
+            "allowed_origins",
+            args.allowed_origins.or(file.allowed_origins),
+            parse_origin,
+        )?,
+        allowed_hosts: list_setting(
+            "allowed_hosts",
+            args.allowed_hosts.or(file.allowed_hosts),
+            parse_host,
+        )?,
+        header_read_timeout: Duration::from_millis(positive(
+            "header_read_timeout_ms",
+            args.header_read_timeout_ms
+                .or(file.header_read_timeout_ms)
+                .unwrap_or(DEFAULT_HEADER_READ_TIMEOUT_MS),
+        )?),
+        idle_timeout: Duration::from_millis(positive(
+            "idle_timeout_ms",
+            args.idle_timeout_ms
+                .or(file.idle_timeout_ms)
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT_MS),
+        )?),
+        connections_max: positive(
+            "connections_max",
+            args.connections_max
+                .or(file.connections_max)
+                .unwrap_or(DEFAULT_CONNECTIONS_MAX),
+        )?,
+        waiters_max: args
+            .waiters_max
+            .or(file.waiters_max)
+            .unwrap_or(DEFAULT_WAITERS_MAX),
+        waiters_per_limit_max: args
+            .waiters_per_limit_max
+            .or(file.waiters_per_limit_max)
+            .unwrap_or(DEFAULT_WAITERS_PER_LIMIT_MAX),
         body_bytes_max,
         wait_ms_max: args
             .wait_ms_max
@@ -527,6 +639,15 @@ fn resolve_server_config(
         .or(file.log_format)
         .unwrap_or_else(|| "text".to_owned());
     Ok((config, log, log_format))
+}
+
+/// `value` of `key`, refused when zero (a timeout of zero, or room for no connection, would
+/// stop the server from answering anything).
+fn positive<T: PartialEq + Default>(key: &str, value: T) -> Result<T> {
+    if value == T::default() {
+        bail!("{key} must be above 0");
+    }
+    Ok(value)
 }
 
 fn init_logging(filter: &str, format: &str) -> Result<()> {

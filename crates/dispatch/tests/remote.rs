@@ -73,6 +73,15 @@ impl Server {
             grpc_listen: None,
             envoy_config: None,
             path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            header_read_timeout: Duration::from_millis(
+                tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            ),
+            idle_timeout: Duration::from_millis(tollgate_server::DEFAULT_IDLE_TIMEOUT_MS),
+            connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
+            waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
+            waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();

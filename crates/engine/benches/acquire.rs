@@ -69,6 +69,7 @@ fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter 
     let config = LimiterConfig {
         wait_max: Duration::from_secs(60),
         permit_secret: PermitSecret::random(),
+        ..LimiterConfig::default()
     };
     let limiter = Limiter::new(Arc::new(store), config);
     let limit = match algorithm {

@@ -130,6 +130,7 @@ fn main() {
     let config = LimiterConfig {
         wait_max: Duration::from_secs(60),
         permit_secret: PermitSecret::random(),
+        ..LimiterConfig::default()
     };
     let limiter = Limiter::new(Arc::new(store), config);
     // GCRA at one a second with a burst of a million: never denying in a run, and every grant

@@ -37,6 +37,7 @@ fn limiter(store: &Arc<dyn Store>, secret: PermitSecret) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: secret,
+            ..LimiterConfig::default()
         },
     )
 }

@@ -21,10 +21,16 @@ use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
 use crate::store::{CounterId, CounterOutcome, Decision, Store, Take, Usage};
 
 use crate::sync::Ordering;
-use crate::waiters::WaitQueue;
+use crate::waiters::{Caps, WaitQueue};
 
 /// Longest pause accepted, in milliseconds: one day.
 pub const PAUSE_MS_MAX: u64 = 24 * 3600 * 1000;
+
+/// Requests that may wait at once in one limiter, over every limit, by default.
+pub const DEFAULT_WAITERS_MAX: usize = 1_024;
+/// Requests that may wait at once on one limit (all its keys together), by default: a flood
+/// on one limit leaves room for the waiters of others.
+pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = 256;
 
 /// How a limiter behaves; every field is the caller's decision.
 #[derive(Clone, Debug)]
@@ -33,6 +39,55 @@ pub struct LimiterConfig {
     pub wait_max: Duration,
     /// Key for permit ids; share it between processes that accept each other's ids.
     pub permit_secret: PermitSecret,
+    /// Requests waiting at once, over every limit. A request that would wait beyond it is
+    /// answered at once instead ([`Denied::not_queued`]).
+    pub waiters_max: usize,
+    /// Requests waiting at once on any one limit (a request on several counts on each).
+    pub waiters_per_limit_max: usize,
+}
+
+impl Default for LimiterConfig {
+    /// Waits of up to a minute, a random permit secret, the default waiter caps.
+    fn default() -> LimiterConfig {
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: PermitSecret::random(),
+            waiters_max: DEFAULT_WAITERS_MAX,
+            waiters_per_limit_max: DEFAULT_WAITERS_PER_LIMIT_MAX,
+        }
+    }
+}
+
+/// Why a request that would have waited was answered at once: a cap on waiting requests was
+/// full.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueFull {
+    /// `waiters_max` requests wait in this limiter already.
+    Overall { waiters_max: usize },
+    /// `waiters_per_limit_max` requests wait on `limit` already.
+    Limit {
+        limit: String,
+        waiters_per_limit_max: usize,
+    },
+}
+
+impl std::fmt::Display for QueueFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueFull::Overall { waiters_max } => write!(
+                f,
+                "{waiters_max} requests already wait, the most that may (waiters_max)"
+            ),
+            QueueFull::Limit {
+                limit,
+                waiters_per_limit_max,
+            } => write!(
+                f,
+                "{waiters_per_limit_max} requests already wait on limit {limit:?}, the most \
+                 that may (waiters_per_limit_max)"
+            ),
+        }
+    }
 }
 
 /// A request for units of one or more limits, granted on all of them or none.
@@ -105,6 +160,9 @@ pub struct Denied {
     pub retry_after: Duration,
     pub reason: DenyReason,
     pub limits: Vec<LimitStatus>,
+    /// Set when the request asked to wait but a cap on waiting requests was full, so it was
+    /// decided at once instead.
+    pub not_queued: Option<QueueFull>,
 }
 
 /// The answer to an acquire.
@@ -459,13 +517,7 @@ impl Limiter {
             },
             Arc::new(MonotonicClock::new()),
         );
-        Limiter::new(
-            Arc::new(store),
-            LimiterConfig {
-                wait_max: Duration::from_secs(60),
-                permit_secret: PermitSecret::random(),
-            },
-        )
+        Limiter::new(Arc::new(store), LimiterConfig::default())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -712,8 +764,34 @@ impl Limiter {
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
             }
-            // Queue behind everyone of the same or higher priority on these counters.
-            self.shared.waiters.register(&counters, request.priority)
+            // Queue behind everyone of the same or higher priority on these counters, if the
+            // caps on waiting requests leave room; else the answer is the one found now.
+            let caps = Caps {
+                waiters_max: self.shared.config.waiters_max,
+                waiters_per_limit_max: self.shared.config.waiters_per_limit_max,
+            };
+            match self
+                .shared
+                .waiters
+                .register(&counters, request.priority, caps)
+            {
+                Ok(waiter) => waiter,
+                Err(full) => {
+                    let mut denied = match last_denial {
+                        Some((denied, _)) => denied,
+                        None => {
+                            let retry_at_us = self
+                                .shared
+                                .waiters
+                                .blocked(counters.iter().copied(), request.priority)
+                                .unwrap_or(0);
+                            self.queued_denial(&resolved, retry_at_us)
+                        }
+                    };
+                    denied.not_queued = Some(full);
+                    return Ok(Outcome::Denied(denied));
+                }
+            }
         };
         loop {
             if self.shared.shutting_down.load(Ordering::Acquire) {
@@ -785,6 +863,7 @@ impl Limiter {
                     lease_expires_in: None,
                 })
                 .collect(),
+            not_queued: None,
         }
     }
 
@@ -864,6 +943,7 @@ impl Limiter {
             retry_after: Duration::from_micros(decision.retry_after_us()),
             reason,
             limits,
+            not_queued: None,
         }
     }
 

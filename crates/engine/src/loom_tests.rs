@@ -15,7 +15,13 @@ use crate::clock::ManualClock;
 use crate::error::Error;
 use crate::memory::{MemoryStore, MemoryStoreConfig};
 use crate::store::{CounterId, Take};
-use crate::waiters::WaitQueue;
+use crate::waiters::{Caps, WaitQueue};
+
+/// No cap on waiting requests: the models are about wake-ups, not caps.
+const UNCAPPED: Caps = Caps {
+    waiters_max: usize::MAX,
+    waiters_per_limit_max: usize::MAX,
+};
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
     MemoryStore::new(
@@ -239,7 +245,9 @@ fn loom_a_notify_before_the_wait_is_not_lost() {
             limit: "vendor",
             key: None,
         }];
-        let waiter = queue.register(&counters, Priority::Normal);
+        let waiter = queue
+            .register(&counters, Priority::Normal, UNCAPPED)
+            .expect("uncapped");
         let signal = waiter.signal.clone();
         let notifier = {
             let queue = queue.clone();
@@ -265,8 +273,12 @@ fn loom_a_leaving_head_wakes_the_next_waiter() {
             limit: "vendor",
             key: None,
         }];
-        let head = queue.register(&counters, Priority::High);
-        let next = queue.register(&counters, Priority::Normal);
+        let head = queue
+            .register(&counters, Priority::High, UNCAPPED)
+            .expect("uncapped");
+        let next = queue
+            .register(&counters, Priority::Normal, UNCAPPED)
+            .expect("uncapped");
         assert!(queue.is_head(&head));
         assert!(!queue.is_head(&next));
         let signal = next.signal.clone();

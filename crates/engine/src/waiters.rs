@@ -19,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 
 use tollgate_core::Priority;
 
+use crate::limiter::QueueFull;
 use crate::store::CounterId;
 use std::sync::Arc;
 
@@ -106,6 +107,15 @@ struct CounterQueue {
 struct Queues {
     next_ticket: u64,
     by_counter: HashMap<QueueKey, CounterQueue>,
+    /// Waiters per limit name, all keys together (only limits someone waits on).
+    by_limit: HashMap<Box<str>, usize>,
+}
+
+/// The caps on waiting requests (`LimiterConfig`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Caps {
+    pub(crate) waiters_max: usize,
+    pub(crate) waiters_per_limit_max: usize,
 }
 
 #[derive(Debug, Default)]
@@ -121,6 +131,8 @@ pub(crate) struct Waiter<'q> {
     queue: &'q WaitQueue,
     order: Order,
     keys: Vec<QueueKey>,
+    /// The limits it counts on, each once.
+    limits: Vec<Box<str>>,
     pub(crate) signal: Arc<Signal>,
 }
 
@@ -164,8 +176,38 @@ impl WaitQueue {
         blocked_until
     }
 
-    pub(crate) fn register(&self, counters: &[CounterId<'_>], priority: Priority) -> Waiter<'_> {
+    /// Queue a request on `counters`, unless `caps` are full: then it is not queued, and the
+    /// answer says which cap.
+    pub(crate) fn register(
+        &self,
+        counters: &[CounterId<'_>],
+        priority: Priority,
+        caps: Caps,
+    ) -> Result<Waiter<'_>, QueueFull> {
         let mut queues = lock(&self.queues);
+        // Changed under this lock only, so it is exact here.
+        if self.waiting.load(Ordering::Acquire) >= caps.waiters_max {
+            return Err(QueueFull::Overall {
+                waiters_max: caps.waiters_max,
+            });
+        }
+        let mut limits: Vec<Box<str>> = Vec::with_capacity(counters.len());
+        for counter in counters {
+            if limits.iter().any(|limit| **limit == *counter.limit) {
+                continue;
+            }
+            let waiting = queues.by_limit.get(counter.limit).copied().unwrap_or(0);
+            if waiting >= caps.waiters_per_limit_max {
+                return Err(QueueFull::Limit {
+                    limit: counter.limit.to_owned(),
+                    waiters_per_limit_max: caps.waiters_per_limit_max,
+                });
+            }
+            limits.push(counter.limit.into());
+        }
+        for limit in &limits {
+            *queues.by_limit.entry(limit.clone()).or_default() += 1;
+        }
         let order = Order {
             rank: rank(priority),
             ticket: queues.next_ticket,
@@ -182,12 +224,13 @@ impl WaitQueue {
                 .insert(order, signal.clone());
         }
         self.waiting.fetch_add(1, Ordering::Release);
-        Waiter {
+        Ok(Waiter {
             queue: self,
             order,
             keys,
+            limits,
             signal,
-        }
+        })
     }
 
     /// Whether `waiter` heads the queue of every counter it needs.
@@ -263,6 +306,14 @@ impl WaitQueue {
                         }
                         Some((_, next)) if was_head => heads.push(next.clone()),
                         Some(_) => {}
+                    }
+                }
+            }
+            for limit in &waiter.limits {
+                if let Some(waiting) = queues.by_limit.get_mut(limit) {
+                    *waiting -= 1;
+                    if *waiting == 0 {
+                        queues.by_limit.remove(limit);
                     }
                 }
             }

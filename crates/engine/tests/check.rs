@@ -37,6 +37,7 @@ fn limiter_over(store: Arc<MemoryStore>) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     )
 }

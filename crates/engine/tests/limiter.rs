@@ -26,6 +26,7 @@ fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     (store, limiter)
@@ -758,6 +759,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let hourly =
@@ -1017,5 +1019,103 @@ async fn a_request_at_the_key_cap_never_loses_its_own_counters() {
             ),
             "two counters cannot fit under a cap of one: {answer:?}"
         );
+    }
+}
+
+/// Waiting is bounded per limit and overall: a request that finds a cap full is decided at
+/// once, its denial says which cap, and the other limits' waiters still queue.
+#[tokio::test(start_paused = true)]
+async fn full_waiting_lines_answer_at_once_naming_the_cap() {
+    let limiter = Limiter::new(
+        Arc::new(MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 1_000,
+            },
+            Arc::new(MonotonicClock::new()),
+        )),
+        LimiterConfig {
+            waiters_max: 3,
+            waiters_per_limit_max: 2,
+            ..LimiterConfig::default()
+        },
+    );
+    for name in ["flooded", "other", "third"] {
+        add(
+            &limiter,
+            name,
+            rate(1, 3600 * SECOND_US, Algorithm::Sliding),
+            Some("user"),
+        );
+        // Used up for every key asked below.
+        for user in ["u0", "u1", "u2", "u3"] {
+            assert!(granted(&limiter, &Request::new(name).key(user)).await);
+        }
+    }
+    let wait = |name: &'static str, user: &'static str| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .acquire(&Request::new(name).key(user).wait(Duration::from_secs(30)))
+                .await
+        })
+    };
+    // Two users of one limit fill its line: keys count together.
+    let first = wait("flooded", "u0");
+    let second = wait("flooded", "u1");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let started = tokio::time::Instant::now();
+    let overflow = denied(
+        limiter
+            .acquire(
+                &Request::new("flooded")
+                    .key("u2")
+                    .wait(Duration::from_secs(30)),
+            )
+            .await
+            .expect("an answer"),
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO, "decided at once");
+    assert_eq!(overflow.reason, DenyReason::Capacity);
+    assert_eq!(
+        overflow.not_queued,
+        Some(tollgate::QueueFull::Limit {
+            limit: "flooded".into(),
+            waiters_per_limit_max: 2,
+        })
+    );
+    assert!(
+        overflow
+            .not_queued
+            .expect("full")
+            .to_string()
+            .contains("waiters_per_limit_max")
+    );
+    // Another limit still queues, until the overall cap is full too.
+    let third = wait("other", "u0");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!third.is_finished(), "the other limit's waiter queues");
+    let overall = denied(
+        limiter
+            .acquire(
+                &Request::new("third")
+                    .key("u0")
+                    .wait(Duration::from_secs(30)),
+            )
+            .await
+            .expect("an answer"),
+    );
+    assert_eq!(
+        overall.not_queued,
+        Some(tollgate::QueueFull::Overall { waiters_max: 3 })
+    );
+    // A waiter leaving makes room again.
+    first.abort();
+    let _ = first.await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let fourth = wait("third", "u1");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!fourth.is_finished(), "queued once there was room");
+    for task in [second, third, fourth] {
+        task.abort();
     }
 }

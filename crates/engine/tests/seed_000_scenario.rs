@@ -105,6 +105,7 @@ async fn run(seed: u64, limit: u64, algorithm: Algorithm) {
         tollgate::LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: tollgate::PermitSecret::random(),
+            ..tollgate::LimiterConfig::default()
         },
     );
     let policy = Policy::rate(

@@ -300,6 +300,7 @@ async fn limiter_on(url: &str, case: Case) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     limiter.set_limit(Limit::new(case.limit(), case.policy(), Some("user")).expect("a limit"));

@@ -141,6 +141,7 @@ fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(10),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     limiter.set_limit(Limit::new("bench", policy, None).expect("valid"));

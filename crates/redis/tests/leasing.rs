@@ -38,6 +38,7 @@ async fn leasing_vendor(
         LimiterConfig {
             wait_max,
             permit_secret,
+            ..LimiterConfig::default()
         },
     );
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));
@@ -296,6 +297,7 @@ async fn a_pause_during_a_block_fetch_stops_that_block() {
         LimiterConfig {
             wait_max: Duration::ZERO,
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     limiter.set_limit(Limit::new("vendor", policy, None).expect("valid"));

@@ -312,22 +312,29 @@ fn reason_name(reason: DenyReason) -> &'static str {
 fn denial(denied: &Denied) -> RateLimited {
     let retry_after_ms = ms_ceil(denied.retry_after);
     let reason = Reason::from(denied.reason);
+    // A request that asked to wait but found a cap on waiters full was decided at once.
+    let not_queued = denied
+        .not_queued
+        .as_ref()
+        .map(|full| format!("not queued to wait: {full}; "))
+        .unwrap_or_default();
     RateLimited {
         error: ErrorDetail {
             code: Code::RateLimited.as_str(),
-            message: match denied.reason {
-                DenyReason::Recovering => format!(
-                    "not granted: recovering; the store lost what it counted (an unclean stop, \
+            message: not_queued
+                + &match denied.reason {
+                    DenyReason::Recovering => format!(
+                        "not granted: recovering; the store lost what it counted (an unclean stop, \
                      or a Redis that came back empty), so the limit grants nothing until what \
                      was granted before can no longer count: {} from now (setting \
                      recover_on_start); retry after {retry_after_ms} ms",
-                    crate::human_duration(denied.retry_after)
-                ),
-                _ => format!(
-                    "not granted: {}; retry after {retry_after_ms} ms",
-                    reason.as_str()
-                ),
-            },
+                        crate::human_duration(denied.retry_after)
+                    ),
+                    _ => format!(
+                        "not granted: {}; retry after {retry_after_ms} ms",
+                        reason.as_str()
+                    ),
+                },
             field: None,
         },
         retry_after_ms,

@@ -28,6 +28,24 @@ pub const DEFAULT_PATH_MATCHING: PathMatching = PathMatching {
 
 /// Off: a Redis whose `maxmemory-policy` may evict Tollgate's keys is refused at start.
 pub const DEFAULT_REDIS_ALLOW_EVICTION: bool = false;
+/// Time a client gets to send a request's head once it connects or starts one, and again its
+/// body: enough for any client on a private network, short enough that a socket which sends
+/// half a request and holds is closed.
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// An idle keep-alive connection is closed after this. Longer than the pool idle time of
+/// every bundled client (the CLI 30 s, reqwest 90 s, httpx 5 s), so that none of them sends on
+/// a connection the server is closing.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
+/// Open HTTP connections at most. The server lowers it to what its open-file limit
+/// (RLIMIT_NOFILE) leaves after a reserve for stores, databases and the gRPC listener.
+pub const DEFAULT_CONNECTIONS_MAX: usize = 4_096;
+/// Acquires waiting for room at once, over every limit (the engine's default). The server
+/// lowers it to half the connections it may hold, so a flood of waiters never takes the
+/// connections that answer everything else.
+pub const DEFAULT_WAITERS_MAX: usize = tollgate::DEFAULT_WAITERS_MAX;
+/// Acquires waiting for room at once on any one limit, all its keys together (the engine's
+/// default), so a flood on one limit leaves room for the waiters of the others.
+pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = tollgate::DEFAULT_WAITERS_PER_LIMIT_MAX;
 
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,8 +99,25 @@ pub struct ServerConfig {
     pub reload_interval: Duration,
     /// Bearer token for `/v1/limits`; with none, the admin API answers 401.
     pub admin_token: Option<String>,
-    /// Bearer token for the data plane; with none, the data plane is open.
+    /// Bearer token for the data plane; with none, the data plane is open. Required when
+    /// `listen` is beyond loopback.
     pub data_token: Option<String>,
+    /// Origins (`scheme://host[:port]`) whose pages may call the API from a browser, answered
+    /// with CORS headers. Besides them, only the server's own origin (its dashboard) may.
+    pub allowed_origins: Vec<String>,
+    /// Host names (`name` or `name:port`) the server answers to besides the loopback names,
+    /// against DNS rebinding. Checked on a loopback listener always, on another when set.
+    pub allowed_hosts: Vec<String>,
+    /// Time a client gets to send a request's head, and then its body.
+    pub header_read_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub idle_timeout: Duration,
+    /// Open HTTP connections at most (lowered to what RLIMIT_NOFILE leaves).
+    pub connections_max: usize,
+    /// Acquires waiting at once, over every limit.
+    pub waiters_max: usize,
+    /// Acquires waiting at once on one limit.
+    pub waiters_per_limit_max: usize,
     pub body_bytes_max: u32,
     /// Longest `wait_ms` honoured; longer waits are cut to it.
     pub wait_ms_max: u64,
@@ -124,6 +159,45 @@ impl ServerConfig {
         self.rules_url.starts_with("file://")
     }
 
+    /// Refuse what the server must not start with: a token that is empty (read one way it
+    /// means "open", another "closed"), a data plane open beyond loopback, and origins or
+    /// hosts that are not what a browser sends.
+    pub fn check(&self) -> Result<(), crate::ServerError> {
+        let refuse = |setting, reason: String| crate::ServerError::Setting { setting, reason };
+        for (setting, token) in [
+            ("admin_token (TOLLGATE_ADMIN_TOKEN)", &self.admin_token),
+            ("data_token (TOLLGATE_DATA_TOKEN)", &self.data_token),
+        ] {
+            if token
+                .as_deref()
+                .is_some_and(|token| token.trim().is_empty())
+            {
+                return Err(refuse(
+                    setting,
+                    "is empty; give a token, or leave the setting out entirely".into(),
+                ));
+            }
+        }
+        if self.data_token.is_none() && !self.listen.ip().to_canonical().is_loopback() {
+            return Err(refuse(
+                "data_token (TOLLGATE_DATA_TOKEN)",
+                format!(
+                    "is required to listen on {} (beyond loopback): without it anyone who \
+                     reaches the port can drain or pause any limit; set one (e.g. `openssl \
+                     rand -hex 24`) and give it to the clients, or listen on 127.0.0.1",
+                    self.listen
+                ),
+            ));
+        }
+        for origin in &self.allowed_origins {
+            crate::parse_origin(origin).map_err(|reason| refuse("allowed_origins", reason))?;
+        }
+        for host in &self.allowed_hosts {
+            crate::parse_host(host).map_err(|reason| refuse("allowed_hosts", reason))?;
+        }
+        Ok(())
+    }
+
     /// The database the server keeps its state in: `state_url`, or its default.
     pub fn state_url(&self) -> &str {
         match &self.state_url {
@@ -149,6 +223,13 @@ impl std::fmt::Debug for ServerConfig {
             .field("reload_interval", &self.reload_interval)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("data_token", &self.data_token.as_ref().map(|_| "<set>"))
+            .field("allowed_origins", &self.allowed_origins)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("connections_max", &self.connections_max)
+            .field("waiters_max", &self.waiters_max)
+            .field("waiters_per_limit_max", &self.waiters_per_limit_max)
             .field("body_bytes_max", &self.body_bytes_max)
             .field("wait_ms_max", &self.wait_ms_max)
             .field("keys_tracked_max", &self.keys_tracked_max)

@@ -84,6 +84,13 @@ impl ApiError {
         }
     }
 
+    /// The same refusal under another status: a bad request the HTTP layer refuses as
+    /// `403` (a Host or Origin not allowed) or `415` (a body that is not JSON).
+    pub(crate) fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.status = status;
+        self
+    }
+
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthorized, message)
     }

@@ -9,7 +9,9 @@ mod api;
 mod config;
 mod error;
 mod extract;
+mod guard;
 mod hot;
+mod listener;
 mod metrics;
 mod openapi;
 mod runs;
@@ -34,12 +36,15 @@ use tollgate::{
 use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
     DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
     DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
+    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
+    StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
+pub use guard::{parse_host, parse_origin};
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;
@@ -71,6 +76,12 @@ pub enum ServerError {
     EnvoyConfigMissing,
     #[error("grpc: {0}")]
     Grpc(String),
+    /// A setting the server refuses to start with, and why.
+    #[error("{setting}: {reason}")]
+    Setting {
+        setting: &'static str,
+        reason: String,
+    },
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
@@ -145,11 +156,16 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
         Some(bytes) => PermitSecret::from_bytes(bytes),
         None => PermitSecret::random(),
     };
+    // Each waiting acquire holds a connection: at most half of them may wait, so the other
+    // half always answers (`/healthz` included).
+    let (connections_max, _) = listener::connections_max(config.connections_max);
     Limiter::new(
         store,
         LimiterConfig {
             wait_max: Duration::from_millis(config.wait_ms_max),
             permit_secret,
+            waiters_max: config.waiters_max.min(connections_max / 2),
+            waiters_per_limit_max: config.waiters_per_limit_max,
         },
     )
 }
@@ -182,6 +198,12 @@ pub async fn memory_router(
 fn router(state: AppState) -> Router {
     let body_bytes_max = usize::try_from(state.config().body_bytes_max).unwrap_or(usize::MAX);
     let errors = state.metrics().errors.clone();
+    let config = state.config();
+    let guard = guard::Guard::new(
+        is_loopback(config.listen),
+        &config.allowed_origins,
+        &config.allowed_hosts,
+    );
     Router::new()
         .route("/v1/limits", get(api::list_limits))
         .route(
@@ -205,6 +227,7 @@ fn router(state: AppState) -> Router {
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_bytes_max))
+        .layer(middleware::from_fn_with_state(guard, guard::guard))
         .layer(middleware::map_response_with_state(
             errors,
             metrics::count_errors,
@@ -227,6 +250,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_listening: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServerError> {
+    config.check()?;
+    if let Some(address) = config.grpc_listen
+        && !is_loopback(address)
+    {
+        tracing::warn!(
+            %address,
+            "the gRPC listener (Envoy's rate limit service) is beyond loopback and has no \
+             credentials: whoever reaches it can spend any descriptor's limit; keep it on a \
+             network only Envoy reaches"
+        );
+    }
     if config.admin_token.is_none() {
         tracing::warn!(
             "no admin token is configured: the admin API (/v1/limits) answers 401 to every \
@@ -318,6 +352,28 @@ pub async fn run(
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
+    let (connections_max, open_files_max) = listener::connections_max(config.connections_max);
+    if let Some(files) = open_files_max {
+        tracing::warn!(
+            connections_max,
+            configured = config.connections_max,
+            open_files_max = files,
+            "connections_max lowered to what the open-file limit (RLIMIT_NOFILE) leaves after a \
+             reserve for stores and databases; raise the limit (ulimit -n, LimitNOFILE=) to \
+             hold more"
+        );
+    }
+    tracing::info!(
+        connections_max,
+        waiters_max = limiter.config().waiters_max,
+        waiters_per_limit_max = limiter.config().waiters_per_limit_max,
+        "bounds in force"
+    );
+    let bounds = listener::Bounds {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        connections_max,
+    };
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
     let state = AppState::new(config, limiter, rules, metrics);
     let listener = tokio::net::TcpListener::bind(listen)
@@ -343,7 +399,7 @@ pub async fn run(
         signal_state.begin_shutdown();
         let _ = draining_sender.send(true);
     };
-    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(graceful);
+    let serve = listener::serve(listener, router(state), bounds, graceful);
     let served = tokio::select! {
         served = serve => served.map_err(ServerError::Serve),
         () = async {
@@ -373,6 +429,11 @@ pub async fn run(
     }
     tracing::info!("stopped");
     served
+}
+
+/// Whether `address` can be reached from this host alone.
+fn is_loopback(address: SocketAddr) -> bool {
+    address.ip().to_canonical().is_loopback()
 }
 
 /// Envoy's counters as limits of the memory store, so that a restart restores or holds them as

@@ -85,7 +85,8 @@ impl Modify for Security {
             ConcurrencyLimitBody, ReserveBody, MatchBody, tollgate_rules::RawRule,
             tollgate_rules::RawReserve, tollgate_rules::RawMatch,
         ),
-        responses(BadRequest, Unauthorized, NotFound, Unavailable),
+        responses(BadRequest, Unauthorized, NotFound, Unavailable, Forbidden,
+            UnsupportedMediaType),
     ),
     modifiers(&Security),
 )]
@@ -148,10 +149,22 @@ fn close_objects(schema: &mut Value) {
 
 fn finish_operation(operation: &mut Value, data_token: bool) {
     optional_body_is_absent_not_null(operation);
+    let has_body = operation.get("requestBody").is_some();
     if let Some(responses) = operation
         .get_mut("responses")
         .and_then(Value::as_object_mut)
     {
+        // The HTTP layer's refusals (`guard.rs`) apply to every operation alike.
+        responses.insert(
+            "403".into(),
+            json!({"$ref": "#/components/responses/Forbidden"}),
+        );
+        if has_body {
+            responses.insert(
+                "415".into(),
+                json!({"$ref": "#/components/responses/UnsupportedMediaType"}),
+            );
+        }
         for response in responses.values_mut() {
             require_headers(response);
             spell_links(response);
@@ -406,6 +419,19 @@ error_response!(
     NotFound,
     "NotFoundError",
     "The limit or permit named is unknown."
+);
+error_response!(
+    Forbidden,
+    "BadRequestError",
+    "Refused before any handler: `error.field` is `Host` (a name this server does not answer \
+     to, e.g. a DNS name rebound to loopback; add it to allowed_hosts) or `Origin` (a browser \
+     page from an origin that is neither this server's own nor in allowed_origins)."
+);
+error_response!(
+    UnsupportedMediaType,
+    "BadRequestError",
+    "A request with a body must say `Content-Type: application/json` (parameters such as \
+     charset allowed); `error.field` is `Content-Type`."
 );
 error_response!(
     Unavailable,

@@ -61,6 +61,7 @@ fn main() {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let layer = ThrottleLayer::new(

@@ -83,6 +83,7 @@ fn throttled(store: Arc<dyn Store>) -> Throttle<Handler> {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let layer = ThrottleLayer::new(

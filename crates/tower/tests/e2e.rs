@@ -495,6 +495,7 @@ async fn unmatched_paths_pass_through_untouched() {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let endpoint_only: Vec<Rule> = seed_002_rules()

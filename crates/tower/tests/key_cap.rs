@@ -48,6 +48,7 @@ fn throttled(
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let layer = ThrottleLayer::new(

@@ -51,7 +51,21 @@ pub fn binary() -> &'static str {
 
 /// A `tollgate` command with a clean environment, in `directory`.
 pub fn command(directory: &std::path::Path) -> Command {
-    let mut command = Command::new(binary());
+    clean(Command::new(binary()), directory)
+}
+
+/// `tollgate` run with at most `files` open file descriptors (`ulimit -n`), as `command`.
+pub fn command_with_files_max(directory: &std::path::Path, files: u32) -> Command {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
+        binary(),
+    ]);
+    clean(command, directory)
+}
+
+fn clean(mut command: Command, directory: &std::path::Path) -> Command {
     command.current_dir(directory);
     for variable in SERVER_VARIABLES {
         command.env_remove(variable);
@@ -71,20 +85,26 @@ pub struct Server {
 
 /// How a test server starts.
 pub struct Options<'a> {
+    /// `--listen`: loopback on a free port unless a test says otherwise.
+    pub listen: &'a str,
     pub args: Vec<&'a str>,
     pub env: Vec<(&'a str, &'a str)>,
     /// Start without `--recover-on-start false`, to see the default.
     pub default_recovery: bool,
     pub directory: Option<tempfile::TempDir>,
+    /// Run the server with at most this many open file descriptors.
+    pub files_max: Option<u32>,
 }
 
 impl Default for Options<'_> {
     fn default() -> Self {
         Options {
+            listen: "127.0.0.1:0",
             args: Vec::new(),
             env: vec![("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
             default_recovery: false,
             directory: None,
+            files_max: None,
         }
     }
 }
@@ -100,8 +120,11 @@ impl Server {
             .directory
             .unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
         let log = directory.path().join("server.log");
-        let mut command = command(directory.path());
-        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        let mut command = match options.files_max {
+            Some(files) => command_with_files_max(directory.path(), files),
+            None => command(directory.path()),
+        };
+        command.arg("serve").args(["--listen", options.listen]);
         if !options.default_recovery {
             command.args(["--recover-on-start", "false"]);
         }
@@ -263,6 +286,68 @@ pub fn assert_error(answer: &Answer, status: u16, code: &str, field: Option<&str
             "the message names the field: {}",
             answer.text()
         );
+    }
+}
+
+/// An answer read off the wire: status, headers (names lowercased) and body.
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Send `head` (the request line and headers, each ended by CRLF, without the blank line;
+/// `Connection: close` and the body's length are added) and `body` to the server of `url` over
+/// a fresh connection, byte for byte as given: for the headers a client library would not let
+/// a test choose (Host, Origin, a missing Content-Type).
+pub async fn raw(url: &str, head: &str, body: &str) -> RawAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("http://");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let request = format!(
+            "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read");
+        answer
+    };
+    let answer = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .expect("the server answers");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    RawAnswer {
+        status,
+        headers,
+        body: body.to_owned(),
     }
 }
 

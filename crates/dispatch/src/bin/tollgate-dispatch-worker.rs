@@ -76,6 +76,7 @@ async fn run() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let rate_policy = Policy::rate(

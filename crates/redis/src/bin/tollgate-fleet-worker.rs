@@ -82,6 +82,7 @@ async fn run() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     let policy = match Policy::rate(limit, period_ms * 1_000, 0, algorithm, Reserve::default()) {

@@ -25,9 +25,11 @@ import schemathesis
 CODES = {
     400: {"bad_request"},
     401: {"unauthorized"},
+    403: {"bad_request"},
     404: {"not_found"},
     405: {"bad_request"},
     409: {"conflict"},
+    415: {"bad_request"},
     429: {"rate_limited"},
 }
 
@@ -83,7 +85,8 @@ def properties(schema: Any) -> set[str]:
 
 def request_names(case: schemathesis.Case) -> set[str]:
     """Everything a refusal of this request may name as its field."""
-    names = {"body"}
+    # The HTTP layer's refusals (403, 415) name the header at fault.
+    names = {"body", "Host", "Origin", "Content-Type"}
     operation = operation_of(case)
     for parameter in map(resolve, operation.get("parameters", [])):
         names.add(parameter.get("name"))

@@ -62,6 +62,7 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            ..LimiterConfig::default()
         },
     );
     ThrottleLayer::new(
