@@ -291,6 +291,7 @@ pub async fn run(
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         clock.clone(),
     ));
@@ -299,6 +300,7 @@ pub async fn run(
         LimiterConfig {
             wait_max: Duration::from_secs(86_400),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         },
     );
     for (name, rule) in &workload.limits {

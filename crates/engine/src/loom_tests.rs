@@ -19,7 +19,10 @@ use crate::waiters::WaitQueue;
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
     MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            keys_per_limit_max: keys_tracked_max,
+        },
         Arc::new(ManualClock::new(1_000_000)),
     )
 }
@@ -118,6 +121,7 @@ fn loom_a_held_key_word_keeps_its_counter_through_a_racing_sweep() {
         let store = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 100,
+                keys_per_limit_max: 100,
             },
             clock.clone(),
         ));

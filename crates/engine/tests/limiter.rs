@@ -18,7 +18,10 @@ fn limiter_with(keys_tracked_max: u64) -> Limiter {
 /// A limiter on a memory store, and the store, for tests that look into it.
 fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
     let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            keys_per_limit_max: keys_tracked_max,
+        },
         Arc::new(MonotonicClock::new()),
     ));
     let limiter = Limiter::new(
@@ -26,6 +29,7 @@ fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         },
     );
     (store, limiter)
@@ -750,6 +754,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1000,
+            keys_per_limit_max: 1000,
         },
         clock.clone(),
     ));
@@ -758,6 +763,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         },
     );
     let hourly =

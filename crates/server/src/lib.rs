@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tokio::sync::watch;
 use tollgate::store::Store;
 use tollgate::{
@@ -34,10 +34,10 @@ use tollgate::{
 use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_permit_secret,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PAUSE_MS_MAX,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    KEYS_PER_LIMIT_SHARE, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
 
@@ -87,6 +87,7 @@ async fn build_store(
             let store = Arc::new(MemoryStore::new(
                 MemoryStoreConfig {
                     keys_tracked_max: config.keys_tracked_max,
+                    keys_per_limit_max: config.keys_per_limit_max(),
                 },
                 clock.clone(),
             ));
@@ -149,6 +150,7 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_millis(config.wait_ms_max),
             permit_secret,
+            pause_max: Duration::from_millis(config.pause_ms_max),
         },
     )
 }
@@ -165,6 +167,7 @@ pub async fn memory_router(
     let memory = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: config.keys_tracked_max,
+            keys_per_limit_max: config.keys_per_limit_max(),
         },
         clock,
     ));
@@ -189,6 +192,7 @@ fn router(state: AppState) -> Router {
                 .put(api::put_limit)
                 .delete(api::delete_limit),
         )
+        .route("/v1/limits/{name}/pause", delete(api::resume))
         .route("/v1/acquire", post(api::acquire))
         .route("/v1/permits/{permit}/commit", post(api::commit))
         .route("/v1/permits/{permit}/renew", post(api::renew))
