@@ -19,8 +19,8 @@ use tollgate_cli::parse_duration;
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PAUSE_MS_MAX,
     DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
-    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, RELOAD_INTERVAL_MS_MIN,
-    ServerConfig, StoreChoice, parse_permit_secret,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 
 const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
@@ -71,7 +71,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the server: HTTP API v1, admin API, /metrics, /healthz, /readyz.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// List, show, create or replace, and delete limits on a running server (admin API).
     ///
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
@@ -370,7 +370,7 @@ fn said_once(error: &anyhow::Error) -> String {
 async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Serve(args) => serve(args, file).await,
+        Command::Serve(args) => serve(*args, file).await,
         Command::Limits {
             server,
             output,

@@ -69,7 +69,10 @@ async fn a_flooded_limit_takes_no_room_from_another() {
     put_limit(&server, "a", PER_USER).await;
     put_limit(&server, "b", PER_USER).await;
     put_limit(&server, "c", UNKEYED).await;
-    assert_granted(&acquire(&server, "b", Some("known")).await, "b's first user");
+    assert_granted(
+        &acquire(&server, "b", Some("known")).await,
+        "b's first user",
+    );
     let refused = flood(&server, "a", 150).await;
     assert_granted(&acquire(&server, "b", Some("new")).await, "a new user of b");
     assert_granted(&acquire(&server, "c", None).await, "c's first use");
@@ -111,7 +114,10 @@ async fn only_the_store_cap_stops_a_limit_with_a_large_budget_and_never_an_unkey
         "{}",
         refused.text()
     );
-    assert_granted(&acquire(&server, "c", None).await, "an unkeyed limit at the cap");
+    assert_granted(
+        &acquire(&server, "c", None).await,
+        "an unkeyed limit at the cap",
+    );
     let refused = call(
         &server.admin(),
         Method::PUT,
@@ -142,7 +148,10 @@ async fn a_keys_pause_counts_against_its_limits_budget() {
             other => panic!("pause: {other} {}", answer.text()),
         }
     }
-    assert_eq!(refused, 10, "a's budget of 10 keys holds its paused keys too");
+    assert_eq!(
+        refused, 10,
+        "a's budget of 10 keys holds its paused keys too"
+    );
     assert_granted(&acquire(&server, "b", Some("new")).await, "a new user of b");
 }
 
@@ -185,7 +194,10 @@ async fn an_administrator_lifts_a_pause_and_a_pause_is_cut_to_pause_ms_max() {
     assert_granted(&acquire(&server, "per", Some("u2")).await, "u2");
     let lifted = resume(&server.admin(), "/v1/limits/per/pause?key=u1").await;
     assert_eq!(lifted.json.expect("json")["resumed"], true);
-    assert_granted(&acquire(&server, "per", Some("u1")).await, "u1 after resume");
+    assert_granted(
+        &acquire(&server, "per", Some("u1")).await,
+        "u1 after resume",
+    );
 
     // Refusals name what is wrong.
     let unknown = resume(&server.admin(), "/v1/limits/nothing/pause").await;
@@ -224,7 +236,10 @@ async fn deleting_or_changing_a_limit_clears_its_pauses() {
     put_limit(&server, "solo", UNKEYED).await;
     put_limit(&server, "per", PER_USER).await;
     assert_granted(&acquire(&server, "solo", None).await, "solo made again");
-    assert_granted(&acquire(&server, "per", Some("u1")).await, "u1 of per made again");
+    assert_granted(
+        &acquire(&server, "per", Some("u1")).await,
+        "u1 of per made again",
+    );
 
     // A change of kind: a new limit under the old name.
     assert_eq!(pause(&server, "solo", None, 600_000).await.status, 200);
@@ -243,7 +258,10 @@ async fn deleting_or_changing_a_limit_clears_its_pauses() {
         r#"{"kind":"rate","limit":9,"period_ms":60000,"per":"user"}"#,
     )
     .await;
-    assert_paused(&acquire(&server, "per", Some("u1")).await, "u1 of per, reshaped");
+    assert_paused(
+        &acquire(&server, "per", Some("u1")).await,
+        "u1 of per, reshaped",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,7 +361,11 @@ async fn through_envoy_a_flooded_descriptor_takes_no_room_from_another() {
         }
     }
     assert_eq!(ask("account", "new").await, Code::Ok, "a new account");
-    assert_eq!(ask("route", "search").await, Code::Ok, "a fixed descriptor's first use");
+    assert_eq!(
+        ask("route", "search").await,
+        Code::Ok,
+        "a fixed descriptor's first use"
+    );
     assert_eq!(refused, 140, "the user limit keeps its budget of 10 keys");
     assert_eq!(ask("user", "flood-0").await, Code::Ok, "a known user");
 }

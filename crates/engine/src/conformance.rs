@@ -357,8 +357,14 @@ pub async fn pauses_are_lifted_cut_and_not_inherited(stores: Stores) {
         .expect("pause");
     assert!(!granted(&limiter, &acme).await);
     assert!(other.resume("vendor", None).await.expect("resume"));
-    assert!(granted(&limiter, &acme).await, "lifted through another handle");
-    assert!(!other.resume("vendor", None).await.expect("resume"), "none on");
+    assert!(
+        granted(&limiter, &acme).await,
+        "lifted through another handle"
+    );
+    assert!(
+        !other.resume("vendor", None).await.expect("resume"),
+        "none on"
+    );
 
     other
         .pause("vendor", Some("acme"), Duration::from_secs(600))
@@ -366,10 +372,25 @@ pub async fn pauses_are_lifted_cut_and_not_inherited(stores: Stores) {
         .expect("pause");
     assert!(!granted(&limiter, &acme).await);
     assert!(granted(&limiter, &globex).await, "one key alone");
-    assert!(limiter.resume("vendor", Some("acme")).await.expect("resume"));
+    assert!(
+        limiter
+            .resume("vendor", Some("acme"))
+            .await
+            .expect("resume")
+    );
     assert!(granted(&limiter, &acme).await);
-    assert!(!limiter.resume("vendor", Some("acme")).await.expect("resume"));
-    assert!(!limiter.resume("vendor", Some("nobody")).await.expect("resume"));
+    assert!(
+        !limiter
+            .resume("vendor", Some("acme"))
+            .await
+            .expect("resume")
+    );
+    assert!(
+        !limiter
+            .resume("vendor", Some("nobody"))
+            .await
+            .expect("resume")
+    );
 
     // Cut to the limiter's longest pause.
     let short = Limiter::new(

@@ -945,14 +945,14 @@ impl Limiter {
         key: Option<&'k str>,
     ) -> Result<(Arc<Limit>, Option<&'k str>)> {
         // Without a key, a limit counted per key stands for every key.
-        let target = self
-            .shared
-            .table()
-            .get(limit)
-            .cloned()
-            .ok_or_else(|| Error::UnknownLimit {
-                name: limit.to_owned(),
-            })?;
+        let target =
+            self.shared
+                .table()
+                .get(limit)
+                .cloned()
+                .ok_or_else(|| Error::UnknownLimit {
+                    name: limit.to_owned(),
+                })?;
         if let Some(key) = key {
             if target.per().is_none() {
                 return Err(Error::invalid(

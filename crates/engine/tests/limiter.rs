@@ -1074,14 +1074,22 @@ async fn every_keyed_limit_has_its_own_budget_of_keys() {
     let full = limiter
         .pause("b", Some("p3"), Duration::from_secs(600))
         .await;
-    assert!(matches!(full, Err(Error::TooManyKeysForLimit { .. })), "{full:?}");
+    assert!(
+        matches!(full, Err(Error::TooManyKeysForLimit { .. })),
+        "{full:?}"
+    );
     // Its own budget lets `big` reach the store's cap, and only then does the cap refuse.
     for user in ["u0", "u1", "u2", "u3"] {
         assert!(granted(&limiter, &Request::new("big").key(user)).await);
     }
     let capped = limiter.try_acquire(&Request::new("big").key("u4")).await;
     assert!(
-        matches!(capped, Err(Error::TooManyKeys { keys_tracked_max: 12 })),
+        matches!(
+            capped,
+            Err(Error::TooManyKeys {
+                keys_tracked_max: 12
+            })
+        ),
         "{capped:?}"
     );
     // An unkeyed limit's one counter is made even at the cap.

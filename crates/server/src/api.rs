@@ -216,10 +216,7 @@ pub(crate) async fn resume(
     let name = limit_name(name)?;
     let Query(query) =
         query.map_err(|rejection| crate::stats::query_error(&rejection.body_text(), "key"))?;
-    let resumed = state
-        .limiter()
-        .resume(&name, query.key.as_deref())
-        .await?;
+    let resumed = state.limiter().resume(&name, query.key.as_deref()).await?;
     tracing::info!(limit = %name, key = ?query.key, resumed, "pause lifted by an administrator");
     Ok(Json(Resumed {
         limit: name,
