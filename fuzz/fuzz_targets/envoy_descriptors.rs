@@ -143,6 +143,7 @@ fuzz_target!(|input: Input| {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 10_000,
+            keys_per_limit_max: 10_000,
         },
         clock.clone(),
     ));

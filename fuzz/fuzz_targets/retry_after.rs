@@ -30,6 +30,7 @@ fn gate() -> &'static Gate {
         let store = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 16,
+                keys_per_limit_max: 16,
             },
             Arc::new(MonotonicClock::new()),
         ));
@@ -38,6 +39,7 @@ fn gate() -> &'static Gate {
             LimiterConfig {
                 wait_max: Duration::from_secs(1),
                 permit_secret: PermitSecret::random(),
+                pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
                 ..LimiterConfig::default()
             },
         );

@@ -52,12 +52,14 @@ fuzz_target!(|data: &[u8]| {
         Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 1_000,
+                keys_per_limit_max: 1_000,
             },
             Arc::new(ManualClock::new(0)),
         )),
         LimiterConfig {
             wait_max: Duration::ZERO,
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

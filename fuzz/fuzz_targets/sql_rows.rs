@@ -99,12 +99,14 @@ fn db() -> &'static Db {
                 std::sync::Arc::new(MemoryStore::new(
                     MemoryStoreConfig {
                         keys_tracked_max: 1_000,
+                        keys_per_limit_max: 1_000,
                     },
                     std::sync::Arc::new(MonotonicClock::new()),
                 )),
                 LimiterConfig {
                     wait_max: std::time::Duration::ZERO,
                     permit_secret: PermitSecret::random(),
+                    pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
                     ..LimiterConfig::default()
                 },
             );

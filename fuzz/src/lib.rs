@@ -103,6 +103,8 @@ impl Api {
                 // Waits are decided, but never long.
                 wait_ms_max: 1,
                 keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,
+                keys_per_limit_max: None,
+                pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
                 recover_on_start: false,
                 permit_secret: Some([7; 16]),
                 shutdown_grace: std::time::Duration::from_secs(1),

@@ -21,10 +21,11 @@ use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
     DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_host, parse_origin, parse_permit_secret,
+    DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host,
+    parse_origin, parse_permit_secret,
 };
 
 const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:7070";
@@ -159,8 +160,16 @@ enum LimitsAction {
     /// '{"kind":"rate","limit":10,"period_ms":1000}' or
     /// '{"kind":"concurrency","limit":5,"lease_ttl_ms":30000}'.
     Put { name: String, rule: String },
-    /// Delete a limit.
+    /// Delete a limit (and lift its pauses: a limit made again under the name starts unpaused).
     Delete { name: String },
+    /// Lift a pause: the limit-wide one, or with --key that key's own. Grants resume at once,
+    /// in every replica sharing the store.
+    Resume {
+        name: String,
+        /// For a limit counted per key: the key whose pause to lift.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Make the server's limits those of a limits file (TOML or YAML, as `export` writes).
     ///
     /// Every limit in the file is validated first: one bad limit and nothing is written.
@@ -237,9 +246,17 @@ struct ServeArgs {
     /// Largest request body, bytes [default: 65536].
     #[arg(long, env = "TOLLGATE_BODY_BYTES_MAX", value_name = "BYTES")]
     body_bytes_max: Option<u32>,
-    /// Memory store: counters tracked at most [default: 1000000].
+    /// Memory store: counters tracked at most, over every limit [default: 1000000].
     #[arg(long, env = "TOLLGATE_KEYS_TRACKED_MAX", value_name = "N")]
     keys_tracked_max: Option<u64>,
+    /// Memory store: keys one limit counted per key may track at once, unless its rule sets
+    /// keys_max [default: a tenth of keys_tracked_max].
+    #[arg(long, env = "TOLLGATE_KEYS_PER_LIMIT_MAX", value_name = "N")]
+    keys_per_limit_max: Option<u64>,
+    /// Longest pause, ms; longer ones are cut to it (at most 86400000, a day)
+    /// [default: 3600000].
+    #[arg(long, env = "TOLLGATE_PAUSE_MS_MAX", value_name = "MS")]
+    pause_ms_max: Option<u64>,
     /// Memory store: after an unclean stop, hold each limit until one period after the previous
     /// run last granted, since what it granted may still count
     /// [default: true].
@@ -340,6 +357,8 @@ struct FileConfig {
     body_bytes_max: Option<u32>,
     wait_ms_max: Option<u64>,
     keys_tracked_max: Option<u64>,
+    keys_per_limit_max: Option<u64>,
+    pause_ms_max: Option<u64>,
     recover_on_start: Option<bool>,
     permit_secret: Option<String>,
     shutdown_grace_ms: Option<u64>,
@@ -542,6 +561,20 @@ fn resolve_server_config(
             None => DEFAULT_PATH_MATCHING.params,
         },
     };
+    let keys_per_limit_max = args.keys_per_limit_max.or(file.keys_per_limit_max);
+    if keys_per_limit_max == Some(0) {
+        bail!("keys_per_limit_max must be at least 1");
+    }
+    let pause_ms_max = args
+        .pause_ms_max
+        .or(file.pause_ms_max)
+        .unwrap_or(DEFAULT_PAUSE_MS_MAX);
+    if !(1..=tollgate::PAUSE_MS_MAX).contains(&pause_ms_max) {
+        bail!(
+            "pause_ms_max must be between 1 and {} (a day)",
+            tollgate::PAUSE_MS_MAX
+        );
+    }
     let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
         Some(text) => {
             Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?)
@@ -602,6 +635,8 @@ fn resolve_server_config(
             .keys_tracked_max
             .or(file.keys_tracked_max)
             .unwrap_or(DEFAULT_KEYS_TRACKED_MAX),
+        keys_per_limit_max,
+        pause_ms_max,
         recover_on_start: args
             .recover_on_start
             .or(file.recover_on_start)
@@ -924,6 +959,13 @@ async fn limits(
                     None,
                 )
                 .await
+        }
+        LimitsAction::Resume { name, key } => {
+            let mut path = format!("/v1/limits/{}/pause", segment(name));
+            if let Some(key) = key {
+                path.push_str(&format!("?key={}", segment(key)));
+            }
+            client.send(Method::DELETE, &path, None).await
         }
     };
     let answer = match succeeded(sent) {

@@ -291,6 +291,7 @@ pub async fn run(
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         clock.clone(),
     ));
@@ -303,6 +304,7 @@ pub async fn run(
             // server's waiting bounded under a flood are not what a simulation measures.
             waiters_max: usize::MAX,
             waiters_per_limit_max: usize::MAX,
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         },
     );
     for (name, rule) in &workload.limits {

@@ -776,7 +776,7 @@ async fn check_matches_every_spelling_of_a_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_keys_is_a_clear_error() {
     let server = Server::start_with(Options {
-        args: vec!["--keys-tracked-max", "2"],
+        args: vec!["--keys-tracked-max", "2", "--keys-per-limit-max", "2"],
         ..Options::default()
     });
     put_limit(

@@ -349,6 +349,15 @@ impl Counter {
         self.paused_until = self.paused_until.max(until);
     }
 
+    /// Lift a pause: from now on nothing but `hold_until` (a store's hold after a loss of state,
+    /// which is not a pause anyone may lift; 0 for none) keeps the counter from granting.
+    /// Returns whether a pause past `now` was lifted.
+    pub fn resume(&mut self, now: u64, hold_until: u64) -> bool {
+        let lifted = self.paused_until > now.max(hold_until);
+        self.paused_until = self.paused_until.min(hold_until);
+        lifted
+    }
+
     /// The instant from which this counter is indistinguishable from `Counter::new`: nothing
     /// counts, nothing is paused, no permit can still be committed, and the clock has passed
     /// every number it handed out. A store may forget the counter from then on.

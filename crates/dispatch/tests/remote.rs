@@ -62,6 +62,8 @@ impl Server {
             body_bytes_max: tollgate_server::DEFAULT_BODY_BYTES_MAX,
             wait_ms_max: tollgate_server::DEFAULT_WAIT_MS_MAX,
             keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,
+            keys_per_limit_max: None,
+            pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
             // A fresh server: nothing granted before it started can still count.
             recover_on_start: false,
             permit_secret: None,

@@ -63,12 +63,14 @@ fn limiter_with(name: &str, algorithm: Algorithm, per: Option<&str>) -> Limiter 
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         Arc::new(TscClock::new()),
     );
     let config = LimiterConfig {
         wait_max: Duration::from_secs(60),
         permit_secret: PermitSecret::random(),
+        pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         ..LimiterConfig::default()
     };
     let limiter = Limiter::new(Arc::new(store), config);

@@ -122,6 +122,7 @@ fn main() {
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         // Not `TscClock`: it calibrates at start for as long as the wall clock says, a number
         // of instructions that changes from run to run and would not cancel out.
@@ -130,6 +131,7 @@ fn main() {
     let config = LimiterConfig {
         wait_max: Duration::from_secs(60),
         permit_secret: PermitSecret::random(),
+        pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
         ..LimiterConfig::default()
     };
     let limiter = Limiter::new(Arc::new(store), config);

@@ -37,6 +37,7 @@ fn limiter(store: &Arc<dyn Store>, secret: PermitSecret) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: secret,
+            pause_max: std::time::Duration::from_millis(crate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     )
@@ -331,6 +332,125 @@ pub async fn pauses_stop_grants_and_only_extend(stores: Stores) {
             .expect("answers")
             .is_granted()
     );
+}
+
+/// An administrator lifts a pause (the limit-wide one, or one key's) through any handle; a
+/// pause is cut to the limiter's `pause_max`; a limit removed, or changed to another kind, and
+/// made again under its old name starts unpaused.
+pub async fn pauses_are_lifted_cut_and_not_inherited(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let policy = rate(100, 60_000, Algorithm::Sliding);
+    add(&[&limiter, &other], "vendor", policy, Some("account"));
+    add(&[&limiter, &other], "solo", policy, None);
+    let acme = Request::new("vendor").key("acme");
+    let globex = Request::new("vendor").key("globex");
+    let granted = async |limiter: &Limiter, request: &Request<'_>| {
+        limiter
+            .try_acquire(request)
+            .await
+            .expect("answers")
+            .is_granted()
+    };
+
+    limiter
+        .pause("vendor", None, Duration::from_secs(600))
+        .await
+        .expect("pause");
+    assert!(!granted(&limiter, &acme).await);
+    assert!(other.resume("vendor", None).await.expect("resume"));
+    assert!(
+        granted(&limiter, &acme).await,
+        "lifted through another handle"
+    );
+    assert!(
+        !other.resume("vendor", None).await.expect("resume"),
+        "none on"
+    );
+
+    other
+        .pause("vendor", Some("acme"), Duration::from_secs(600))
+        .await
+        .expect("pause");
+    assert!(!granted(&limiter, &acme).await);
+    assert!(granted(&limiter, &globex).await, "one key alone");
+    assert!(
+        limiter
+            .resume("vendor", Some("acme"))
+            .await
+            .expect("resume")
+    );
+    assert!(granted(&limiter, &acme).await);
+    assert!(
+        !limiter
+            .resume("vendor", Some("acme"))
+            .await
+            .expect("resume")
+    );
+    assert!(
+        !limiter
+            .resume("vendor", Some("nobody"))
+            .await
+            .expect("resume")
+    );
+
+    // Cut to the limiter's longest pause.
+    let short = Limiter::new(
+        stores.first.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(1),
+            permit_secret: PermitSecret::random(),
+            pause_max: Duration::from_secs(5),
+            ..LimiterConfig::default()
+        },
+    );
+    add(&[&short], "solo", policy, None);
+    let left = short
+        .pause("solo", None, Duration::from_secs(3_600))
+        .await
+        .expect("pause");
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_secs(5),
+        "not cut to pause_max: {left:?}"
+    );
+    assert!(!granted(&short, &Request::new("solo")).await);
+    assert!(short.resume("solo", None).await.expect("resume"));
+
+    // Gone and made again, or made another kind: no pause inherited (a shared store is told
+    // by the limiter that saw the change, and may lift it a moment later).
+    let solo = Request::new("solo");
+    limiter
+        .pause("solo", None, Duration::from_secs(600))
+        .await
+        .expect("pause");
+    assert!(limiter.remove_limit("solo"));
+    add(&[&limiter], "solo", policy, None);
+    eventually_granted(&limiter, &solo, "a limit removed and made again").await;
+    limiter
+        .pause("solo", None, Duration::from_secs(600))
+        .await
+        .expect("pause");
+    let leases = Policy::concurrency(5, 60_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter], "solo", leases, None);
+    let lease = Request::new("solo");
+    eventually_granted(&limiter, &lease, "a limit that changed kind").await;
+}
+
+/// Ask until granted; fail after a few seconds.
+async fn eventually_granted(limiter: &Limiter, request: &Request<'_>, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.try_acquire(request).await.expect("answers") {
+            Outcome::Granted(permit) => {
+                permit.release().await.expect("release");
+                return;
+            }
+            Outcome::Denied(denied) => assert!(
+                Instant::now() < deadline,
+                "{what}: still denied, {denied:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A waiter is woken when another handle gives capacity back, not when its hint runs out.
@@ -952,6 +1072,7 @@ macro_rules! conformance_tests {
             commit_refunds_unused_units_once,
             leases_fence_renew_and_release_once,
             pauses_stop_grants_and_only_extend,
+            pauses_are_lifted_cut_and_not_inherited,
             waiters_wake_when_another_handle_releases,
             waiters_are_served_by_priority_then_arrival,
             random_traffic_never_exceeds_the_limit,

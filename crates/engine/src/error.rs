@@ -31,6 +31,14 @@ pub enum Error {
     /// Tracking a new key would exceed the configured `keys_tracked_max` (G7).
     #[error("too many keys tracked: the store's keys_tracked_max of {keys_tracked_max} is reached")]
     TooManyKeys { keys_tracked_max: u64 },
+    /// Tracking a new key of `limit` would exceed that limit's own budget of keys (its
+    /// `keys_max`, or the store's `keys_per_limit_max`): one flooded limit never takes room
+    /// from another.
+    #[error(
+        "too many keys tracked for limit {limit:?}: its budget of {keys_max} keys (keys_max) is \
+         reached; other limits are not affected"
+    )]
+    TooManyKeysForLimit { limit: String, keys_max: u64 },
     /// The limiter is shutting down and takes no new waits.
     #[error("the limiter is shutting down")]
     ShuttingDown,
@@ -44,6 +52,7 @@ impl Error {
             Error::StoreUnavailable { .. }
                 | Error::StoreFailed { .. }
                 | Error::TooManyKeys { .. }
+                | Error::TooManyKeysForLimit { .. }
                 | Error::ShuttingDown
         )
     }

@@ -23,8 +23,12 @@ use crate::store::{CounterId, CounterOutcome, Decision, Store, Take, Usage};
 use crate::sync::Ordering;
 use crate::waiters::{Caps, WaitQueue};
 
-/// Longest pause accepted, in milliseconds: one day.
+/// Longest pause a limiter can be configured to accept (`LimiterConfig::pause_max`), in
+/// milliseconds: one day.
 pub const PAUSE_MS_MAX: u64 = 24 * 3600 * 1000;
+/// The longest pause by default (`LimiterConfig::pause_max`): an hour covers what vendors ask
+/// in `Retry-After`, and is the most a caller allowed to pause can stop a limit by itself.
+pub const DEFAULT_PAUSE_MS_MAX: u64 = 3_600_000;
 
 /// Requests that may wait at once in one limiter, over every limit, by default.
 pub const DEFAULT_WAITERS_MAX: usize = 1_024;
@@ -39,6 +43,10 @@ pub struct LimiterConfig {
     pub wait_max: Duration,
     /// Key for permit ids; share it between processes that accept each other's ids.
     pub permit_secret: PermitSecret,
+    /// Longest pause; longer ones are cut to this (and this to `PAUSE_MS_MAX`). Whoever may
+    /// pause can stop a limit for this long, so it is the most a caller's mistake (or malice)
+    /// costs before an administrator lifts it.
+    pub pause_max: Duration,
     /// Requests waiting at once, over every limit. A request that would wait beyond it is
     /// answered at once instead ([`Denied::not_queued`]).
     pub waiters_max: usize,
@@ -47,13 +55,15 @@ pub struct LimiterConfig {
 }
 
 impl Default for LimiterConfig {
-    /// Waits of up to a minute, a random permit secret, the default waiter caps.
+    /// Waits of up to a minute, a random permit secret, the default waiter caps, pauses of
+    /// up to an hour.
     fn default() -> LimiterConfig {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
             waiters_max: DEFAULT_WAITERS_MAX,
             waiters_per_limit_max: DEFAULT_WAITERS_PER_LIMIT_MAX,
+            pause_max: Duration::from_millis(DEFAULT_PAUSE_MS_MAX),
         }
     }
 }
@@ -508,12 +518,14 @@ impl Limiter {
         Limiter { shared }
     }
 
-    /// A limiter on a fresh in-memory store: at most a million counters, waits up to a minute,
-    /// a random permit secret, decisions on this process's monotonic clock.
+    /// A limiter on a fresh in-memory store: at most a million counters (a hundred thousand keys
+    /// per limit), waits up to a minute, pauses up to an hour, a random permit secret,
+    /// decisions on this process's monotonic clock.
     pub fn in_memory() -> Limiter {
         let store = MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 1_000_000,
+                keys_per_limit_max: 100_000,
             },
             Arc::new(MonotonicClock::new()),
         );
@@ -542,6 +554,8 @@ impl Limiter {
             };
             match change(&self.shared.limits.load()) {
                 Some(next) => {
+                    // Told under the writer lock, so the store sees the tables in order.
+                    self.shared.store.set_limits(&next);
                     self.shared.limits.store(Arc::new(next));
                     self.shared.generation.fetch_add(1, Ordering::Release);
                     true
@@ -960,44 +974,19 @@ impl Limiter {
     }
 
     /// Grant nothing on `limit` (and `key`, for a limit counted per key; without a key, on every
-    /// key) for `duration`, in every process sharing the store. Pauses only extend. Returns the
-    /// time until the pause ends.
+    /// key) for `duration`, cut to `LimiterConfig::pause_max`, in every process sharing the
+    /// store. Pauses only extend. Returns the time until the pause ends.
     pub async fn pause(
         &self,
         limit: &str,
         key: Option<&str>,
         duration: Duration,
     ) -> Result<Duration> {
-        let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-        if duration.is_zero() || duration_ms > PAUSE_MS_MAX {
-            return Err(Error::invalid(
-                "retry_after_ms",
-                format!("must be between 1 and {PAUSE_MS_MAX}"),
-            ));
+        if duration.is_zero() {
+            return Err(Error::invalid("retry_after_ms", "must be at least 1"));
         }
-        let table = self.shared.table();
-        let resolved = resolve(&table, &[limit], None).or_else(|error| match error {
-            // A pause without a key on a per-key limit pauses every key.
-            Error::InvalidRequest { field: "key", .. } => {
-                let limit = table.get(limit).ok_or_else(|| Error::UnknownLimit {
-                    name: limit.to_owned(),
-                })?;
-                Ok(Resolved {
-                    limits: std::iter::once(&**limit).collect(),
-                })
-            }
-            other => Err(other),
-        })?;
-        let target = resolved.limits[0];
-        if let Some(key) = key {
-            if target.per().is_none() {
-                return Err(Error::invalid(
-                    "key",
-                    format!("limit {limit:?} is not counted per key"),
-                ));
-            }
-            check_key(key).map_err(|reason| Error::invalid("key", reason))?;
-        }
+        let duration = duration.min(self.pause_max());
+        let (target, key) = self.pause_target(limit, key)?;
         let take = Take {
             counter: CounterId {
                 limit: target.name(),
@@ -1007,6 +996,57 @@ impl Limiter {
         };
         let remaining_us = self.shared.store.pause(take, micros(duration)).await?;
         Ok(Duration::from_micros(remaining_us))
+    }
+
+    /// The longest pause this limiter grants: its configured `pause_max`, at most a day.
+    pub fn pause_max(&self) -> Duration {
+        self.shared
+            .config
+            .pause_max
+            .min(Duration::from_millis(PAUSE_MS_MAX))
+    }
+
+    /// Lift the pause on `limit` (with `key`, that key's own pause; without, the limit-wide
+    /// pause), in every process sharing the store: an administrator's undo of `pause`. A hold
+    /// after a loss of state is not a pause and stays. Returns whether a pause was on.
+    pub async fn resume(&self, limit: &str, key: Option<&str>) -> Result<bool> {
+        let (target, key) = self.pause_target(limit, key)?;
+        let take = Take {
+            counter: CounterId {
+                limit: target.name(),
+                key,
+            },
+            policy: target.policy(),
+        };
+        self.shared.store.resume(take).await
+    }
+
+    /// The limit a pause or resume is about, and its key, checked: a key only for a limit
+    /// counted per key, and a valid one; none stands for the whole limit.
+    fn pause_target<'k>(
+        &self,
+        limit: &str,
+        key: Option<&'k str>,
+    ) -> Result<(Arc<Limit>, Option<&'k str>)> {
+        // Without a key, a limit counted per key stands for every key.
+        let target =
+            self.shared
+                .table()
+                .get(limit)
+                .cloned()
+                .ok_or_else(|| Error::UnknownLimit {
+                    name: limit.to_owned(),
+                })?;
+        if let Some(key) = key {
+            if target.per().is_none() {
+                return Err(Error::invalid(
+                    "key",
+                    format!("limit {limit:?} is not counted per key"),
+                ));
+            }
+            check_key(key).map_err(|reason| Error::invalid("key", reason))?;
+        }
+        Ok((target, key))
     }
 
     /// What `limit`'s counter (the key's, for a limit counted per key) holds now, for people

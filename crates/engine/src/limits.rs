@@ -55,6 +55,9 @@ pub struct Limit {
     name: Arc<str>,
     policy: Policy,
     per: Option<Arc<str>>,
+    /// Keys this limit may have counted at once (`with_keys_max`); `None`: the store's own
+    /// per-limit budget.
+    keys_max: Option<u64>,
 }
 
 impl Limit {
@@ -69,7 +72,19 @@ impl Limit {
             name: name.into(),
             policy,
             per: per.map(Into::into),
+            keys_max: None,
         })
+    }
+
+    /// At most `keys_max` keys of this limit counted at once, in place of the store's
+    /// per-limit budget (a store that bounds keys per limit reads it through
+    /// `Store::set_limits`). Meaningful for a limit counted per key; at least 1.
+    pub fn with_keys_max(mut self, keys_max: Option<u64>) -> Result<Limit> {
+        if keys_max == Some(0) {
+            return Err(Error::invalid("keys_max", "must be at least 1"));
+        }
+        self.keys_max = keys_max;
+        Ok(self)
     }
 
     pub fn name(&self) -> &str {
@@ -82,6 +97,10 @@ impl Limit {
 
     pub fn per(&self) -> Option<&str> {
         self.per.as_deref()
+    }
+
+    pub fn keys_max(&self) -> Option<u64> {
+        self.keys_max
     }
 }
 

@@ -25,7 +25,11 @@ const UNCAPPED: Caps = Caps {
 
 fn store(keys_tracked_max: u64) -> MemoryStore {
     MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            // The store-wide cap alone: these cases are about it.
+            keys_per_limit_max: u64::MAX,
+        },
         Arc::new(ManualClock::new(1_000_000)),
     )
 }
@@ -124,6 +128,7 @@ fn loom_a_held_key_word_keeps_its_counter_through_a_racing_sweep() {
         let store = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 100,
+                keys_per_limit_max: 100,
             },
             clock.clone(),
         ));

@@ -7,9 +7,13 @@
 //! over the traffic that grows the map, never a stop-the-world sweep (a decision on a counter
 //! already tracked examines none); `sweep` does the same in bounded steps for a background
 //! task, for shards that stop taking in new counters; a shard's map shrinks as it empties, so
-//! the memory of a burst of keys comes back once they are idle. A configured cap on tracked
-//! counters turns unbounded growth into a clear `TooManyKeys` error. Each shard sits on its
-//! own cache lines, so threads deciding in different shards do not take lines from each other.
+//! the memory of a burst of keys comes back once they are idle. Each limit counted per key
+//! has its own budget of keys (`keys_per_limit_max`, or the limit's `keys_max`), so a caller
+//! flooding one limit with keys is refused there (`TooManyKeysForLimit`) and takes no room
+//! from any other; a store-wide cap on tracked counters (`TooManyKeys`) bounds memory when many
+//! limits are flooded together. A limit's one counter (not counted per key) is never refused
+//! for either. Each shard sits on its own cache lines, so threads deciding in different shards
+//! do not take lines from each other.
 //!
 //! A request over several counters locks every shard it touches, in ascending shard order
 //! (so two requests never wait on each other in a cycle), checks all, then grants all or none.
@@ -31,7 +35,7 @@ use crate::store::{
 use std::sync::Arc;
 
 use crate::hot::HotCounter;
-use crate::limits::{Limit, check_key};
+use crate::limits::{Limit, LimitTable, check_key};
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, OwnLine, lock};
 
 /// Shards per store. A power of two well above the core count keeps lock collisions rare.
@@ -117,6 +121,43 @@ struct Entry {
     /// (`hot`): then it, not `counter`, holds the backlog's end. Every lookup under the lock
     /// seizes it first (`entry_index`, `with_existing`).
     hot: Option<Arc<HotCounter>>,
+    /// The budget of the counter's limit, for a counter of a key: its place is given back there
+    /// when the counter is dropped.
+    tally: Option<Arc<KeyTally>>,
+}
+
+/// The keys one limit has tracked now, and how many it may (its budget).
+#[derive(Debug)]
+struct KeyTally {
+    tracked: AtomicU64,
+    keys_max: AtomicU64,
+}
+
+impl KeyTally {
+    /// Take a place in the budget; `false` when it is full.
+    fn claim(&self) -> bool {
+        let before = self.tracked.fetch_add(1, Ordering::AcqRel);
+        if before >= self.keys_max.load(Ordering::Acquire) {
+            self.tracked.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn release(&self) {
+        self.tracked.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Each limit's budget of keys, and the limits in force as last told (`Store::set_limits`).
+#[derive(Debug, Default)]
+struct Budgets {
+    /// Every limit's tally, kept for the store's life (limit names are bounded by what is
+    /// configured), so that every counter of a limit always shares one.
+    tallies: std::collections::HashMap<Box<str>, Arc<KeyTally>>,
+    /// The limits in force: their own `keys_max`, and whether they count leases (a limit that
+    /// changes kind loses its pauses).
+    limits: std::collections::HashMap<Box<str>, (Option<u64>, bool)>,
 }
 
 impl Entry {
@@ -306,7 +347,11 @@ impl Shard {
                 .is_some_and(|(_, entry)| entry.idle(now));
             if idle {
                 // The last counter moves into the cursor's place and is examined next.
-                self.counters.swap_remove_index(self.cursor);
+                if let Some((_, entry)) = self.counters.swap_remove_index(self.cursor)
+                    && let Some(tally) = entry.tally
+                {
+                    tally.release();
+                }
                 dropped += 1;
             } else {
                 self.cursor += 1;
@@ -333,8 +378,14 @@ impl Shard {
 /// Builder-free configuration: every field is a decision the caller makes.
 #[derive(Debug, Clone)]
 pub struct MemoryStoreConfig {
-    /// Counters tracked at most; past it new keys get `TooManyKeys` (G7).
+    /// Counters tracked at most, over every limit; past it new keys get `TooManyKeys` (G7). A
+    /// bound on memory: each limit's own budget refuses first, so only many flooded limits
+    /// together reach it. A limit's one counter (not counted per key) is never refused.
     pub keys_tracked_max: u64,
+    /// Keys one limit counted per key may have tracked at once, unless the limit says
+    /// otherwise (`Limit::keys_max`); past it, that limit's new keys get
+    /// `TooManyKeysForLimit` and no other limit is affected.
+    pub keys_per_limit_max: u64,
 }
 
 /// Limits held back after a loss of state (`MemoryStore::hold`): when each hold ends.
@@ -380,7 +431,10 @@ pub struct MemoryStore {
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
     keys_tracked_max: u64,
+    keys_per_limit_max: u64,
     tracked: AtomicUsize,
+    /// Locked after a shard's lock, never before.
+    budgets: Mutex<Budgets>,
     /// Limit-wide pauses (`pause` with no key), by limit name; consulted for every counter of
     /// the limit.
     pauses: Mutex<Vec<(Box<str>, u64)>>,
@@ -420,7 +474,9 @@ impl MemoryStore {
             hasher,
             clock,
             keys_tracked_max: config.keys_tracked_max,
+            keys_per_limit_max: config.keys_per_limit_max,
             tracked: AtomicUsize::new(0),
+            budgets: Mutex::new(Budgets::default()),
             pauses: Mutex::new(Vec::new()),
             limit_pauses_end: Arc::new(OwnLine(AtomicU64::new(0))),
             hold: Mutex::new(Hold::new()),
@@ -592,20 +648,29 @@ impl MemoryStore {
             };
             let located = self.locate(id);
             let mut shard = lock(&self.shards[located.shard]);
-            let entry = Entry {
-                counter,
-                idle_at,
-                hot: None,
-            };
             match shard.find(id, located.hash) {
-                Some(index) => shard.counters[index] = entry,
-                None if self.claim_place() => {
-                    shard.counters.insert(OwnedCounterId::new(id), entry);
+                Some(index) => {
+                    let entry = &mut shard.counters[index];
+                    entry.counter = counter;
+                    entry.idle_at = idle_at;
                 }
-                None => {
-                    held.insert(saved.limit.clone(), policy);
-                    continue;
-                }
+                // The same budgets as a counter made by a decision: a key past its limit's
+                // budget (or the store's cap) holds its limit instead.
+                None => match self.claim_places(id) {
+                    Ok(tally) => {
+                        let entry = Entry {
+                            counter,
+                            idle_at,
+                            hot: None,
+                            tally,
+                        };
+                        shard.counters.insert(OwnedCounterId::new(id), entry);
+                    }
+                    Err(_) => {
+                        held.insert(saved.limit.clone(), policy);
+                        continue;
+                    }
+                },
             }
             restored.counters += 1;
         }
@@ -677,16 +742,14 @@ impl MemoryStore {
         }
         // Claim a place before inserting, so that two shards inserting at once cannot both
         // take the last one.
-        if !self.claim_place() {
-            if room == Room::Sweep {
+        let tally = match self.claim_places(counter) {
+            Ok(tally) => tally,
+            Err(_) if room == Room::Sweep => {
                 self.sweep_shard(shard, now, SWEEP_BEFORE_REFUSING / SHARDS);
+                self.claim_places(counter)?
             }
-            if !self.claim_place() {
-                return Err(Error::TooManyKeys {
-                    keys_tracked_max: self.keys_tracked_max,
-                });
-            }
-        }
+            Err(refused) => return Err(refused),
+        };
         let counter_state = self.fresh_counter(counter, now);
         let owned = OwnedCounterId::new(counter);
         shard.sweep_owed += SWEEP_PER_INSERT;
@@ -696,18 +759,115 @@ impl MemoryStore {
                 idle_at: now,
                 counter: counter_state,
                 hot: None,
+                tally,
             },
         );
         Ok(index)
     }
 
-    fn claim_place(&self) -> bool {
+    /// The places a new counter takes: for a key, one in its limit's budget (returned, to be
+    /// given back when the counter is dropped) and one under the store-wide cap; a limit's
+    /// one counter is never refused (there is one per limit configured).
+    fn claim_places(&self, counter: CounterId<'_>) -> Result<Option<Arc<KeyTally>>> {
+        if counter.key.is_none() {
+            self.tracked.fetch_add(1, Ordering::AcqRel);
+            return Ok(None);
+        }
+        let tally = self.tally(counter.limit);
+        if !tally.claim() {
+            return Err(Error::TooManyKeysForLimit {
+                limit: counter.limit.to_owned(),
+                keys_max: tally.keys_max.load(Ordering::Acquire),
+            });
+        }
         let before = self.tracked.fetch_add(1, Ordering::AcqRel);
         if before as u64 >= self.keys_tracked_max {
             self.tracked.fetch_sub(1, Ordering::AcqRel);
-            return false;
+            tally.release();
+            return Err(Error::TooManyKeys {
+                keys_tracked_max: self.keys_tracked_max,
+            });
         }
-        true
+        Ok(Some(tally))
+    }
+
+    /// `limit`'s budget of keys, made on its first key.
+    fn tally(&self, limit: &str) -> Arc<KeyTally> {
+        let mut budgets = lock(&self.budgets);
+        if let Some(tally) = budgets.tallies.get(limit) {
+            return Arc::clone(tally);
+        }
+        let keys_max = self.keys_max_of(&budgets, limit);
+        let tally = Arc::new(KeyTally {
+            tracked: AtomicU64::new(0),
+            keys_max: AtomicU64::new(keys_max),
+        });
+        budgets.tallies.insert(limit.into(), Arc::clone(&tally));
+        tally
+    }
+
+    /// The budget of `limit`: its own, or the store's.
+    fn keys_max_of(&self, budgets: &Budgets, limit: &str) -> u64 {
+        budgets
+            .limits
+            .get(limit)
+            .and_then(|(keys_max, _)| *keys_max)
+            .unwrap_or(self.keys_per_limit_max)
+    }
+
+    /// Keys of `limit` tracked now (for tests and operators).
+    pub fn keys_of(&self, limit: &str) -> u64 {
+        lock(&self.budgets)
+            .tallies
+            .get(limit)
+            .map_or(0, |tally| tally.tracked.load(Ordering::Acquire))
+    }
+
+    /// Lift every pause of `limit`: the limit-wide one and each key's. For a limit that is gone
+    /// or changed kind; examines every counter, so it is for such rare changes only.
+    fn lift_all_pauses(&self, limit: &str) {
+        self.lift_limit_pause(limit);
+        let now = self.clock.now_us();
+        let hold_until = self.hold_end(limit, now).unwrap_or(0);
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            for (id, entry) in shard.counters.iter_mut() {
+                if id.parts().0 == limit.as_bytes() {
+                    entry.seize();
+                    // Its `idle_at` stays: later than need be at worst, until a decision on it.
+                    entry.counter.resume(now, hold_until);
+                }
+            }
+        }
+    }
+
+    /// Lift `limit`'s limit-wide pause; returns whether one was on.
+    fn lift_limit_pause(&self, limit: &str) -> bool {
+        let now = self.clock.now_us();
+        let mut pauses = lock(&self.pauses);
+        let lifted = pauses
+            .iter()
+            .any(|(name, until)| &**name == limit && *until > now);
+        pauses.retain(|(name, until)| &**name != limit && *until > now);
+        // Every writer of the end holds this lock: lowering it to the latest pause still on
+        // lets hot words decide again.
+        let end = pauses.iter().map(|(_, until)| *until).max().unwrap_or(0);
+        self.limit_pauses_end.store(end, Ordering::Release);
+        lifted
+    }
+
+    fn resume_now(&self, take: Take<'_>) -> Result<bool> {
+        match take.counter.key {
+            None => Ok(self.lift_limit_pause(take.counter.limit)),
+            Some(_) => self.with_existing(
+                take,
+                || Ok(false),
+                |counter, now| {
+                    let hold_until = self.hold_end(take.counter.limit, now).unwrap_or(0);
+                    Ok(counter.resume(now, hold_until))
+                },
+            ),
+        }
     }
 
     /// The end of the limit-wide pause of `limit`, or 0. Looked up only while some pause of
@@ -784,7 +944,7 @@ impl MemoryStore {
         refundable: bool,
     ) -> Result<Decision> {
         match self.acquire_locked(takes, cost, priority, refundable) {
-            Err(Error::TooManyKeys { .. }) => {
+            Err(Error::TooManyKeys { .. } | Error::TooManyKeysForLimit { .. }) => {
                 // The key's own shard had no idle counter to give up; look in all of them, with
                 // no lock held (taking more locks while holding some could deadlock), once.
                 self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
@@ -1130,8 +1290,44 @@ impl Store for MemoryStore {
         StoreFuture::ready(self.pause_now(take, duration_us))
     }
 
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::ready(self.resume_now(take))
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         StoreFuture::ready(self.usage_now(take))
+    }
+
+    fn set_limits(&self, limits: &LimitTable) {
+        let gone: Vec<Box<str>> = {
+            let mut budgets = lock(&self.budgets);
+            let gone = budgets
+                .limits
+                .iter()
+                .filter(|(name, (_, leases))| {
+                    limits
+                        .get(name)
+                        .is_none_or(|limit| limit.policy().is_concurrency() != *leases)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            budgets.limits = limits
+                .iter()
+                .map(|limit| {
+                    let known = (limit.keys_max(), limit.policy().is_concurrency());
+                    (Box::from(limit.name()), known)
+                })
+                .collect();
+            for (name, tally) in &budgets.tallies {
+                let keys_max = self.keys_max_of(&budgets, name);
+                tally.keys_max.store(keys_max, Ordering::Release);
+            }
+            gone
+        };
+        // With no lock held: lifting a key's pause takes its shard's lock.
+        for limit in &gone {
+            self.lift_all_pauses(limit);
+        }
     }
 
     fn on_wake(&self, wake: WakeFn) {

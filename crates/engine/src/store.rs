@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
 
 use crate::error::Result;
+use crate::limits::LimitTable;
 
 /// One counter: a limit, and the key for limits counted `per` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,8 +213,22 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     /// until the pause ends.
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64>;
 
+    /// Lift the pause on this counter; with no key, the limit-wide pause (a limit counted per
+    /// key keeps its keys' own pauses: lift each by its key). A hold after a loss of state is
+    /// not a pause and stays. Returns whether a pause was on.
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool>;
+
     /// What the counter holds now, changing nothing it counts.
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage>;
+
+    /// The limits in force, told by the limiter after every change. A store that bounds keys
+    /// per limit reads each limit's budget here (`Limit::keys_max`), and a limit that is gone
+    /// or changed kind loses its pauses, so that a limit made again under an old name starts
+    /// unpaused. Limits decided on the store outside a limiter (Envoy's counters) are never
+    /// named, and get the store's own budget.
+    fn set_limits(&self, limits: &LimitTable) {
+        let _ = limits;
+    }
 
     /// Register the limiter's wake-up: a store shared between processes calls it when another
     /// process gave capacity back on a counter (a refund, a release), so that waiters here ask

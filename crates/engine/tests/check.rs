@@ -26,7 +26,11 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
 
 fn memory_store(clock: Arc<ManualClock>, keys_tracked_max: u64) -> Arc<MemoryStore> {
     Arc::new(MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            // The store-wide cap alone: these cases are about it.
+            keys_per_limit_max: u64::MAX,
+        },
         clock,
     ))
 }
@@ -37,6 +41,7 @@ fn limiter_over(store: Arc<MemoryStore>) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     )

@@ -10,6 +10,7 @@ async fn memory_stores(_test: &'static str) -> Option<Stores> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 10_000,
+            keys_per_limit_max: 10_000,
         },
         Arc::new(MonotonicClock::new()),
     ));

@@ -25,8 +25,8 @@ use tollgate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use tollgate::{
-    COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, MonotonicClock, PermitError,
-    Priority, Result, check_key,
+    COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, LimitTable, MonotonicClock,
+    PermitError, Priority, Result, check_key,
 };
 
 /// A counter's id, owned: its limit and, for a limit counted per key, its key.
@@ -51,6 +51,9 @@ struct State {
     limit_pauses: HashMap<String, u64>,
     /// The length at which the next insertion sweeps the map.
     sweep_at_len: usize,
+    /// The limits in force as last told, and whether each counts leases: one that is gone or
+    /// changed kind loses its pauses.
+    limits: HashMap<String, bool>,
 }
 
 impl State {
@@ -278,6 +281,25 @@ impl ExternalStore {
         }
     }
 
+    fn resume_now(&self, take: Take<'_>) -> bool {
+        let mut state = lock(&self.state);
+        let now = self.clock.now_us();
+        match take.counter.key {
+            None => state
+                .limit_pauses
+                .remove(take.counter.limit)
+                .is_some_and(|until| until > now),
+            Some(key) => {
+                let id: Id = (take.counter.limit.to_owned(), Some(key.to_owned()));
+                // This store holds nothing back after a loss of state: no hold to keep.
+                state
+                    .counters
+                    .get_mut(&id)
+                    .is_some_and(|entry| entry.counter.resume(now, 0))
+            }
+        }
+    }
+
     fn usage_now(&self, take: Take<'_>) -> Usage {
         let mut state = lock(&self.state);
         let now = self.clock.now_us();
@@ -326,6 +348,36 @@ impl Store for ExternalStore {
 
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         StoreFuture::ready(self.pause_now(take, duration_us))
+    }
+
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::ready(Ok(self.resume_now(take)))
+    }
+
+    fn set_limits(&self, limits: &LimitTable) {
+        let mut state = lock(&self.state);
+        let now = self.clock.now_us();
+        let next: HashMap<String, bool> = limits
+            .iter()
+            .map(|limit| (limit.name().to_owned(), limit.policy().is_concurrency()))
+            .collect();
+        let State {
+            limits: known,
+            limit_pauses,
+            counters,
+            ..
+        } = &mut *state;
+        for (name, leases) in known.iter() {
+            if next.get(name) != Some(leases) {
+                limit_pauses.remove(name);
+                for ((limit, _), entry) in counters.iter_mut() {
+                    if limit == name {
+                        entry.counter.resume(now, 0);
+                    }
+                }
+            }
+        }
+        *known = next;
     }
 
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {

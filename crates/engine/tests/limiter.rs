@@ -18,7 +18,11 @@ fn limiter_with(keys_tracked_max: u64) -> Limiter {
 /// A limiter on a memory store, and the store, for tests that look into it.
 fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
     let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            // The store-wide cap alone: these cases are about it.
+            keys_per_limit_max: u64::MAX,
+        },
         Arc::new(MonotonicClock::new()),
     ));
     let limiter = Limiter::new(
@@ -26,6 +30,7 @@ fn store_and_limiter(keys_tracked_max: u64) -> (Arc<MemoryStore>, Limiter) {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );
@@ -751,6 +756,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1000,
+            keys_per_limit_max: 1000,
         },
         clock.clone(),
     ));
@@ -759,6 +765,7 @@ async fn a_hold_after_a_crash_covers_the_old_limits_from_their_last_grant() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );
@@ -1030,6 +1037,7 @@ async fn full_waiting_lines_answer_at_once_naming_the_cap() {
         Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 1_000,
+                keys_per_limit_max: 1_000,
             },
             Arc::new(MonotonicClock::new()),
         )),
@@ -1118,4 +1126,85 @@ async fn full_waiting_lines_answer_at_once_naming_the_cap() {
     for task in [second, third, fourth] {
         task.abort();
     }
+}
+
+/// Each limit counted per key has its own budget of keys (the store's, or its own
+/// `keys_max`): a flood of one takes no room from another, an unkeyed limit is never refused
+/// for any cap, and idle keys give their places back to their limit.
+#[tokio::test(start_paused = true)]
+async fn every_keyed_limit_has_its_own_budget_of_keys() {
+    let store = Arc::new(MemoryStore::new(
+        MemoryStoreConfig {
+            keys_tracked_max: 12,
+            keys_per_limit_max: 4,
+        },
+        Arc::new(MonotonicClock::new()),
+    ));
+    let limiter = Limiter::new(
+        store.clone(),
+        LimiterConfig {
+            wait_max: Duration::from_secs(60),
+            permit_secret: PermitSecret::random(),
+            pause_max: Duration::from_secs(60),
+            ..LimiterConfig::default()
+        },
+    );
+    let policy = rate(5, SECOND_US, Algorithm::Sliding);
+    add(&limiter, "a", policy, Some("user"));
+    add(&limiter, "b", policy, Some("user"));
+    let big = Limit::new("big", policy, Some("user"))
+        .and_then(|limit| limit.with_keys_max(Some(100)))
+        .expect("valid");
+    limiter.set_limit(big);
+    for user in ["u0", "u1", "u2", "u3"] {
+        assert!(granted(&limiter, &Request::new("a").key(user)).await);
+    }
+    let full = limiter.try_acquire(&Request::new("a").key("u4")).await;
+    match full {
+        Err(Error::TooManyKeysForLimit { limit, keys_max: 4 }) => assert_eq!(limit, "a"),
+        other => panic!("a's budget: {other:?}"),
+    }
+    assert_eq!(store.keys_of("a"), 4);
+    assert!(granted(&limiter, &Request::new("b").key("u4")).await);
+    // A pause of a new key takes a place like any other key.
+    for user in ["p0", "p1", "p2"] {
+        limiter
+            .pause("b", Some(user), Duration::from_secs(600))
+            .await
+            .expect("paused");
+    }
+    let full = limiter
+        .pause("b", Some("p3"), Duration::from_secs(600))
+        .await;
+    assert!(
+        matches!(full, Err(Error::TooManyKeysForLimit { .. })),
+        "{full:?}"
+    );
+    // Its own budget lets `big` reach the store's cap, and only then does the cap refuse.
+    for user in ["u0", "u1", "u2", "u3"] {
+        assert!(granted(&limiter, &Request::new("big").key(user)).await);
+    }
+    let capped = limiter.try_acquire(&Request::new("big").key("u4")).await;
+    assert!(
+        matches!(
+            capped,
+            Err(Error::TooManyKeys {
+                keys_tracked_max: 12
+            })
+        ),
+        "{capped:?}"
+    );
+    // An unkeyed limit's one counter is made even at the cap.
+    add(&limiter, "solo", policy, None);
+    assert!(granted(&limiter, &Request::new("solo")).await);
+    // Idle keys give their places back to their own limit (the paused ones are not idle: a
+    // pause was cut to a minute).
+    tokio::time::advance(Duration::from_secs(2)).await;
+    store.sweep(1_000);
+    assert_eq!(store.keys_of("a"), 0);
+    assert_eq!(store.keys_of("b"), 3);
+    assert!(granted(&limiter, &Request::new("a").key("u4")).await);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    store.sweep(1_000);
+    assert_eq!(store.keys_of("b"), 0);
 }

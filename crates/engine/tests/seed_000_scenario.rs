@@ -97,6 +97,7 @@ async fn run(seed: u64, limit: u64, algorithm: Algorithm) {
     let store = tollgate::MemoryStore::new(
         tollgate::MemoryStoreConfig {
             keys_tracked_max: 1_000,
+            keys_per_limit_max: 1_000,
         },
         clock.clone(),
     );
@@ -105,6 +106,7 @@ async fn run(seed: u64, limit: u64, algorithm: Algorithm) {
         tollgate::LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: tollgate::PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..tollgate::LimiterConfig::default()
         },
     );

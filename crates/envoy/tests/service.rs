@@ -89,6 +89,7 @@ fn harness(yaml: &str) -> Harness {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 10_000,
+            keys_per_limit_max: 10_000,
         },
         clock.clone(),
     ));
@@ -350,6 +351,7 @@ async fn what_the_store_would_refuse_is_never_taken_for_an_unavailable_store() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 10_000,
+                keys_per_limit_max: 10_000,
             },
             clock,
         ));

@@ -141,6 +141,7 @@ fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_secs(10),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

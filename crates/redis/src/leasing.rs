@@ -497,6 +497,16 @@ impl Store for LeasingStore {
         self.inner.pause(take, duration_us)
     }
 
+    /// A lifted pause lets this process's blocks be fetched again, as they would be after the
+    /// pause ran out.
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.resume(take)
+    }
+
+    fn set_limits(&self, limits: &tollgate::LimitTable) {
+        self.inner.set_limits(limits);
+    }
+
     /// The shared counter's usage: units leased to blocks here and not yet handed out count as
     /// used, as they do for every other process.
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
@@ -521,6 +531,7 @@ mod tests {
         let memory = MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 1_000,
+                keys_per_limit_max: 1_000,
             },
             Arc::new(ManualClock::new(1_000_000)),
         );

@@ -103,6 +103,8 @@ pub struct RedisStore {
     watch_evictions: AtomicBool,
     wake: Arc<Mutex<Option<WakeFn>>>,
     subscriber: Option<tokio::task::JoinHandle<()>>,
+    /// The limits in force as last told (`Store::set_limits`), and whether each counts leases.
+    kinds: Mutex<std::collections::HashMap<String, bool>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -179,6 +181,7 @@ const PAUSE: u64 = 4;
 const USAGE: u64 = 5;
 /// Added to the operation code: the call watches Redis's evictions (see `command`).
 const WATCH_EVICTIONS: u64 = 16;
+const RESUME: u64 = 7;
 
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
@@ -390,6 +393,7 @@ impl RedisStore {
             watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),
+            kinds: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -883,15 +887,7 @@ impl RedisStore {
     pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
         let keyed = take.counter.key.is_some();
         let numbers = Self::counter_numbers(PAUSE, take.policy, &[duration_us, u64::from(keyed)]);
-        let keys = if keyed {
-            self.counter_call_keys(take.counter)
-        } else {
-            let slot = self.keys.pause_slot(take.counter.limit);
-            vec![
-                self.keys.generation(slot),
-                self.keys.limit_pause(take.counter.limit),
-            ]
-        };
+        let keys = self.pause_call_keys(take);
         let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
@@ -901,6 +897,28 @@ impl RedisStore {
             other => Err(failed(format!("unexpected script status {other}"))),
         };
         (head.now_us, result)
+    }
+
+    /// The keys of a call on `take`'s own pause: its counter's for a key, else the limit's pause.
+    fn pause_call_keys(&self, take: Take<'_>) -> Vec<String> {
+        if take.counter.key.is_some() {
+            return self.counter_call_keys(take.counter);
+        }
+        let slot = self.keys.pause_slot(take.counter.limit);
+        vec![
+            self.keys.generation(slot),
+            self.keys.limit_pause(take.counter.limit),
+        ]
+    }
+
+    async fn resume_remote(&self, take: Take<'_>) -> Result<bool> {
+        let keyed = take.counter.key.is_some();
+        let numbers = Self::counter_numbers(RESUME, take.policy, &[u64::from(keyed)]);
+        let (_, reply) = self.run(&self.pause_call_keys(take), &[&numbers.0]).await?;
+        match reply.status.as_str() {
+            "ok" => Ok(reply.numbers.get(3).copied().unwrap_or(0) >= 1),
+            other => Err(unavailable(format!("unexpected script status {other}"))),
+        }
     }
 
     async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
@@ -1098,8 +1116,55 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.pause_remote(take, duration_us))
     }
 
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::boxed(self.resume_remote(take))
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         StoreFuture::boxed(self.usage_remote(take))
+    }
+
+    /// A limit gone or changed kind loses its limit-wide pause, deleted in the background (this
+    /// is called under the limiter's lock, and must not wait on Redis). Its keys' own pauses
+    /// cannot be found without scanning the namespace: they end within the longest pause
+    /// (`LimiterConfig::pause_max`).
+    fn set_limits(&self, limits: &tollgate::LimitTable) {
+        let gone: Vec<String> = {
+            let Ok(mut known) = self.kinds.lock() else {
+                return;
+            };
+            let gone = known
+                .iter()
+                .filter(|(name, leases)| {
+                    limits
+                        .get(name)
+                        .is_none_or(|limit| limit.policy().is_concurrency() != **leases)
+                })
+                .map(|(name, _)| self.keys.limit_pause(name))
+                .collect();
+            *known = limits
+                .iter()
+                .map(|limit| (limit.name().to_owned(), limit.policy().is_concurrency()))
+                .collect();
+            gone
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for key in gone {
+            let backend = Arc::clone(&self.backend);
+            let timeout = self.config.timeout;
+            runtime.spawn(async move {
+                let command = redis::cmd("DEL").arg(&key).clone();
+                match tokio::time::timeout(timeout, backend.query(&command)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, key, "the pause of a limit gone could not be lifted")
+                    }
+                    Err(_) => tracing::warn!(key, "the pause of a limit gone could not be lifted"),
+                }
+            });
+        }
     }
 
     /// Redis answers, and its eviction policy is still one the store was started on: a policy

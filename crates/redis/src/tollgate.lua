@@ -9,16 +9,17 @@
 -- KEYS[1]           the generation (born, renew, owner): detects lost state (G6)
 -- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
 --                   after the counters, the limits' pauses kept in this slot
--- commit, renew, pause of a key: KEYS[2], [3], [4]  the counter's three keys
+-- commit, renew, pause or resume of a key: KEYS[2], [3], [4]  the counter's three keys
 -- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause if in this slot
--- pause of a whole limit: KEYS[2]  the limit's pause
+-- pause or resume of a whole limit: KEYS[2]  the limit's pause
 -- begin a new namespace: KEYS[1] only
 -- KEYS[#KEYS]       when the call watches evictions (its operation code has 16 added): the
 --                   slot's evictions record (T.evictions), after every other key
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace; plus 16 when
---                   the call watches evictions), then per operation (see each branch below)
+--                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace, 7 resume;
+--                   plus 16 when the call watches evictions), then per operation (see each
+--                   branch below)
 -- ARGV[2]           commit only: the wake-up channel
 -- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
 -- birth, and 1 when this call found the state lost), then the rest per operation (see each
@@ -929,6 +930,31 @@ function T.decide(KEYS, ARGV)
     redis.call('SET', KEYS[2], until_us, 'PX', T.ttl_ms(until_us, now))
     local reply = T.head('ok', now, gen)
     reply[5] = until_us
+    return reply
+  end
+
+  if op == 7 then
+    -- resume: [2..10] policy, [11] keyed (as for pause). Reply: ok now born lost lifted (1 when
+    -- a pause was on). A hold after a loss of state (until the generation's birth plus the
+    -- policy's memory) is not a pause and stays; a counter not kept is not made.
+    local p = T.read_policy(a, 2)
+    local reply = T.head('ok', now, gen)
+    reply[5] = 0
+    if a[11] == 1 then
+      if not values[2] then return reply end
+      local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
+      if hold_until then T.hold(c, now, hold_until) end
+      local keep = gen.born + p.memory
+      if c.p > math.max(now, keep) then reply[5] = 1 end
+      if c.p > keep then
+        c.p = keep
+        c.dirty = true
+      end
+      T.save(c, p, now)
+      return reply
+    end
+    if (tonumber(values[2]) or 0) > now then reply[5] = 1 end
+    redis.call('DEL', KEYS[2])
     return reply
   end
 

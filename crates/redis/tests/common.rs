@@ -62,6 +62,7 @@ pub fn limiter_on(store: std::sync::Arc<RedisStore>) -> tollgate::Limiter {
         tollgate::LimiterConfig {
             wait_max: Duration::from_secs(10),
             permit_secret: tollgate::PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..tollgate::LimiterConfig::default()
         },
     )

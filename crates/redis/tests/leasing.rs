@@ -38,6 +38,7 @@ async fn leasing_vendor(
         LimiterConfig {
             wait_max,
             permit_secret,
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );
@@ -263,6 +264,9 @@ impl Store for HeldAnswer {
     fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
         self.inner.pause(take, duration_us)
     }
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.resume(take)
+    }
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         self.inner.usage(take)
     }
@@ -297,6 +301,7 @@ async fn a_pause_during_a_block_fetch_stops_that_block() {
         LimiterConfig {
             wait_max: Duration::ZERO,
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

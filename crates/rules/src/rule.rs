@@ -49,6 +49,11 @@ pub struct RawRule {
     /// A label (`user`, `account`): each key given at acquire gets its own counter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
+    /// Limits counted `per` key: keys tracked at once at most, past which a new key is refused
+    /// (`too_many_keys`) without touching any other limit. Default: the server's
+    /// `keys_per_limit_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_max: Option<i64>,
     /// Inbound throttling: which requests the rule applies to.
     #[serde(
         default,
@@ -317,6 +322,17 @@ impl RawRule {
         if let Some(per) = &self.per {
             check_key(per).map_err(|reason| refuse("per", reason))?;
         }
+        let keys_max = match self.keys_max {
+            Some(_) if self.per.is_none() => {
+                return Err(refuse(
+                    "keys_max",
+                    "applies only to limits counted per key (give `per`)",
+                ));
+            }
+            Some(keys_max) => Some(positive("keys_max", keys_max)?),
+            None => None,
+        };
+        canonical.keys_max = self.keys_max;
         let matcher = match &self.matcher {
             None => None,
             Some(raw) => {
@@ -338,6 +354,7 @@ impl RawRule {
             }
         };
         let limit = Limit::new(name, policy, self.per.as_deref())
+            .and_then(|limit| limit.with_keys_max(keys_max))
             .map_err(|error| refuse("name", error.to_string()))?;
         Ok(Rule {
             limit,
@@ -496,6 +513,14 @@ mod tests {
                 "match.path",
             ),
             (r#"{"kind":"concurrency","limit":2}"#, "lease_ttl_ms"),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"keys_max":10}"#,
+                "keys_max",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"per":"user","keys_max":0}"#,
+                "keys_max",
+            ),
             (
                 r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":0}"#,
                 "lease_ttl_ms",

@@ -29,7 +29,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The table's columns, in the order every query uses.
-pub const COLUMNS: [&str; 13] = [
+pub const COLUMNS: [&str; 14] = [
     "name",
     "kind",
     "limit_units",
@@ -43,6 +43,7 @@ pub const COLUMNS: [&str; 13] = [
     "per",
     "match_method",
     "match_path",
+    "keys_max",
 ];
 
 /// The column that holds a rule field, for reporting a row's error in the table's terms.
@@ -376,7 +377,14 @@ impl SqlSource {
                  ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_notify()"
             ));
         }
-        vec![(1, first), (2, self.runs_migration())]
+        let keys_max = match self.pool {
+            Pool::Sqlite(_) => format!("ALTER TABLE {table} ADD COLUMN keys_max INTEGER"),
+            Pool::Postgres(_) => {
+                format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS keys_max BIGINT")
+            }
+            Pool::MySql(_) => format!("ALTER TABLE {table} ADD COLUMN keys_max BIGINT"),
+        };
+        vec![(1, first), (2, self.runs_migration()), (3, vec![keys_max])]
     }
 
     fn channel(&self) -> String {
@@ -435,7 +443,12 @@ impl SqlSource {
                         continue;
                     }
                     for statement in statements {
-                        sqlx::query(&statement).execute(pool).await?;
+                        match sqlx::query(&statement).execute(pool).await {
+                            // A column another start added meanwhile (SQLite and MySQL cannot
+                            // say ADD COLUMN IF NOT EXISTS).
+                            Err(error) if added_already(&error) => {}
+                            other => { other?; }
+                        }
                     }
                     sqlx::query(&record).bind(version).execute(pool).await?;
                     tracing::info!(table = %table, version, "rules table migrated");
@@ -479,6 +492,7 @@ impl SqlSource {
                 .bind(raw.per.clone())
                 .bind(matcher.method)
                 .bind(matcher.path)
+                .bind(raw.keys_max)
                 .execute(pool)
                 .await?;
         });
@@ -510,6 +524,13 @@ impl SqlSource {
         listener.listen(&self.channel()).await?;
         Ok(Some(ChangeFeed { listener }))
     }
+}
+
+/// Whether a migration's ADD COLUMN failed only because the column is there.
+fn added_already(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.message().to_lowercase().contains("duplicate column"))
 }
 
 /// PostgreSQL's notifications for the rules table.
@@ -587,6 +608,7 @@ where
                 normal: reserve_normal,
             }),
             per: text("per")?,
+            keys_max: number("keys_max")?,
             matcher: (match_method.is_some() || match_path.is_some()).then_some(RawMatch {
                 method: match_method,
                 path: match_path,

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use tollgate::{
     Check, Denied, DenyReason, LimitStatus, Outcome, Priority, Request, check_limit_name,
 };
 use tollgate_rules::RawRule;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Code, ErrorDetail};
 use crate::extract::{Admin, Body, Data};
@@ -173,6 +173,55 @@ pub(crate) async fn delete_limit(
     Ok(Json(Deleted {
         name,
         deleted: true,
+    }))
+}
+
+/// `DELETE /v1/limits/{name}/pause`: which pause to lift.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ResumeQuery {
+    /// For a limit counted per key: lift this key's own pause (without it, the limit-wide
+    /// pause).
+    #[param(value_type = Option<Key>)]
+    key: Option<String>,
+}
+
+/// A pause lifted, or none to lift.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Resumed {
+    limit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    /// Whether a pause was on (false: there was none to lift).
+    resumed: bool,
+}
+
+#[utoipa::path(delete, path = "/v1/limits/{name}/pause", tag = "admin",
+    security(("admin" = [])),
+    params(("name" = LimitName, Path, description = "the limit's name"), ResumeQuery),
+    responses(
+        (status = 200, description = "the pause is lifted (in every replica sharing the \
+            store): grants resume at once, unless the store holds the limit after a loss of \
+            state (`recovering`), which is not a pause", body = Resumed),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable)))]
+pub(crate) async fn resume(
+    _: Admin,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<ResumeQuery>, QueryRejection>,
+) -> ApiResult<Json<Resumed>> {
+    let name = limit_name(name)?;
+    let Query(query) =
+        query.map_err(|rejection| crate::stats::query_error(&rejection.body_text(), "key"))?;
+    let resumed = state.limiter().resume(&name, query.key.as_deref()).await?;
+    tracing::info!(limit = %name, key = ?query.key, resumed, "pause lifted by an administrator");
+    Ok(Json(Resumed {
+        limit: name,
+        key: query.key,
+        resumed,
     }))
 }
 
@@ -643,8 +692,10 @@ pub(crate) struct PauseBody {
     #[serde(default)]
     #[schema(value_type = Option<Key>)]
     key: Option<String>,
-    /// How long to grant nothing, in milliseconds (at most a day). Pauses only extend.
-    #[schema(minimum = 1, maximum = 86_400_000)]
+    /// How long to grant nothing, in milliseconds; longer than the server's `pause_ms_max`
+    /// (an hour by default) is cut to it. Pauses only extend; an administrator lifts one with
+    /// `DELETE /v1/limits/{name}/pause`.
+    #[schema(minimum = 1)]
     retry_after_ms: u64,
 }
 
@@ -654,7 +705,8 @@ pub(crate) struct PauseAnswer {
     limit: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<String>,
-    /// Milliseconds until the pause ends (longer than asked if an earlier pause runs longer).
+    /// Milliseconds until the pause ends (longer than asked if an earlier pause runs longer,
+    /// shorter if the ask was cut to the server's `pause_ms_max`).
     paused_ms: u64,
 }
 

@@ -16,6 +16,15 @@ pub const RELOAD_INTERVAL_MS_MIN: u64 = 50;
 pub const DEFAULT_BODY_BYTES_MAX: u32 = 64 * 1024;
 pub const DEFAULT_WAIT_MS_MAX: u64 = 60_000;
 pub const DEFAULT_KEYS_TRACKED_MAX: u64 = 1_000_000;
+/// Unless set, each limit may track this share of `keys_tracked_max` (a tenth: 100,000 keys
+/// with the default cap), so that one flooded limit never fills the store, and only ten
+/// flooded together reach its cap.
+pub const KEYS_PER_LIMIT_SHARE: u64 = 10;
+/// An hour: long enough for what vendors ask in `Retry-After` (seconds to minutes, an hourly
+/// quota at most; a longer one is asked again when the pause ends, at the cost of one call), and
+/// the most a data caller's pause, by mistake or malice, stops a limit before it ends by itself
+/// (an administrator lifts it sooner: `DELETE /v1/limits/{name}/pause`).
+pub const DEFAULT_PAUSE_MS_MAX: u64 = tollgate::DEFAULT_PAUSE_MS_MAX;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_REDIS_NAMESPACE: &str = "tollgate";
 pub const DEFAULT_STORE_TIMEOUT_MS: u64 = 1_000;
@@ -121,8 +130,13 @@ pub struct ServerConfig {
     pub body_bytes_max: u32,
     /// Longest `wait_ms` honoured; longer waits are cut to it.
     pub wait_ms_max: u64,
-    /// Memory store: counters tracked at most (G7).
+    /// Memory store: counters tracked at most (G7), over every limit: a bound on memory.
     pub keys_tracked_max: u64,
+    /// Memory store: keys one limit counted per key may track at once, unless its rule says
+    /// (`keys_max`). Unset: `keys_tracked_max / KEYS_PER_LIMIT_SHARE`.
+    pub keys_per_limit_max: Option<u64>,
+    /// Longest pause, in milliseconds (at most a day); longer asks are cut to it.
+    pub pause_ms_max: u64,
     /// Memory store: after a start that finds the previous run did not stop cleanly, hold each
     /// limit it had until one period after that run was last known to grant (its heartbeat in
     /// the rules database), since units it granted may still count. A clean stop saves the
@@ -198,6 +212,13 @@ impl ServerConfig {
         Ok(())
     }
 
+    /// Keys one limit may track at once in the memory store, unless its rule says otherwise.
+    pub fn keys_per_limit_max(&self) -> u64 {
+        self.keys_per_limit_max
+            .unwrap_or(self.keys_tracked_max / KEYS_PER_LIMIT_SHARE)
+            .max(1)
+    }
+
     /// The database the server keeps its state in: `state_url`, or its default.
     pub fn state_url(&self) -> &str {
         match &self.state_url {
@@ -233,6 +254,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("body_bytes_max", &self.body_bytes_max)
             .field("wait_ms_max", &self.wait_ms_max)
             .field("keys_tracked_max", &self.keys_tracked_max)
+            .field("keys_per_limit_max", &self.keys_per_limit_max())
+            .field("pause_ms_max", &self.pause_ms_max)
             .field("recover_on_start", &self.recover_on_start)
             .field("permit_secret", &self.permit_secret.map(|_| "<set>"))
             .field("shutdown_grace", &self.shutdown_grace)

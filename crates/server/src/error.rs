@@ -146,7 +146,7 @@ impl From<Error> for ApiError {
                 Code::StoreUnavailable,
                 message,
             ),
-            Error::TooManyKeys { .. } => {
+            Error::TooManyKeys { .. } | Error::TooManyKeysForLimit { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Code::TooManyKeys, message)
             }
             // Transient, like an unreachable store: a replica that is not stopping will answer.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tokio::sync::watch;
 use tollgate::store::Store;
 use tollgate::{
@@ -38,9 +38,10 @@ use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 pub use config::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
     DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig,
+    DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, KEYS_PER_LIMIT_SHARE, RELOAD_INTERVAL_MS_MIN, ServerConfig,
     StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
@@ -98,6 +99,7 @@ async fn build_store(
             let store = Arc::new(MemoryStore::new(
                 MemoryStoreConfig {
                     keys_tracked_max: config.keys_tracked_max,
+                    keys_per_limit_max: config.keys_per_limit_max(),
                 },
                 clock.clone(),
             ));
@@ -164,6 +166,7 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
         LimiterConfig {
             wait_max: Duration::from_millis(config.wait_ms_max),
             permit_secret,
+            pause_max: Duration::from_millis(config.pause_ms_max),
             waiters_max: config.waiters_max.min(connections_max / 2),
             waiters_per_limit_max: config.waiters_per_limit_max,
         },
@@ -182,6 +185,7 @@ pub async fn memory_router(
     let memory = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: config.keys_tracked_max,
+            keys_per_limit_max: config.keys_per_limit_max(),
         },
         clock,
     ));
@@ -212,6 +216,7 @@ fn router(state: AppState) -> Router {
                 .put(api::put_limit)
                 .delete(api::delete_limit),
         )
+        .route("/v1/limits/{name}/pause", delete(api::resume))
         .route("/v1/acquire", post(api::acquire))
         .route("/v1/permits/{permit}/commit", post(api::commit))
         .route("/v1/permits/{permit}/renew", post(api::renew))

@@ -335,6 +335,15 @@ impl Store for MeteredStore {
         self.timed("pause", started, self.inner.pause(take, duration_us))
     }
 
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        let started = Instant::now();
+        self.timed("resume", started, self.inner.resume(take))
+    }
+
+    fn set_limits(&self, limits: &tollgate::LimitTable) {
+        self.inner.set_limits(limits);
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
         let started = Instant::now();
         self.timed("usage", started, self.inner.usage(take))

@@ -73,7 +73,7 @@ impl Modify for Security {
             an endpoint does not serve is answered 405 with an `Allow` header, and an unknown \
             path 404."),
     paths(
-        api::list_limits, api::get_limit, api::put_limit, api::delete_limit,
+        api::list_limits, api::get_limit, api::put_limit, api::delete_limit, api::resume,
         api::acquire, api::commit, api::renew, api::pause, api::check, crate::stats::stats,
         api::healthz, api::readyz, api::metrics, openapi_json, crate::ui::index,
         crate::ui::asset,
@@ -523,6 +523,10 @@ fn common_rule_fields() -> Value {
         "reserve": {"oneOf": [{"$ref": "#/components/schemas/ReserveBody"}, {"type": "null"}]},
         "per": {"oneOf": [{"$ref": "#/components/schemas/Key"}, {"type": "null"}],
             "description": "A label (`user`): each key given at acquire gets its own counter."},
+        "keys_max": {"type": ["integer", "null"], "minimum": 1,
+            "description": "With `per`: keys tracked at once at most; past it a new key is \
+                refused (503 `too_many_keys`) and no other limit is affected (default: the \
+                server's `keys_per_limit_max`)."},
         "match": {"oneOf": [{"$ref": "#/components/schemas/MatchBody"}, {"type": "null"}]},
     })
 }

@@ -153,7 +153,8 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
 /// A query string refused, naming the parameter at fault: serde names an unknown or repeated
 /// parameter in back-quotes. One with no name (`?=x`) cannot be named: the query string as a
 /// whole is, as `query`.
-fn query_error(text: &str) -> ApiError {
+/// A query string refused, naming the parameter at fault; `parameters` lists the known ones.
+pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
     let named = |prefix: &str| {
         text.split_once(prefix)
             .and_then(|(_, rest)| rest.split_once('`'))
@@ -161,7 +162,10 @@ fn query_error(text: &str) -> ApiError {
             .filter(|name| !name.is_empty())
     };
     if let Some(name) = named("unknown field `") {
-        return ApiError::bad_field(name, "unknown parameter; the parameters are limit and key");
+        return ApiError::bad_field(
+            name,
+            format!("unknown parameter; the parameters are {parameters}"),
+        );
     }
     if let Some(name) = named("duplicate field `") {
         return ApiError::bad_field(name, "is given more than once");
@@ -185,7 +189,8 @@ pub(crate) async fn stats(
     State(state): State<AppState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
-    let Query(query) = query.map_err(|rejection| query_error(&rejection.body_text()))?;
+    let Query(query) =
+        query.map_err(|rejection| query_error(&rejection.body_text(), "limit and key"))?;
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
     } else if query.key.is_some() {
@@ -313,7 +318,7 @@ mod tests {
     fn field(query: &str) -> Option<String> {
         let uri: axum::http::Uri = format!("/v1/stats?{query}").parse().expect("a URI");
         let rejection = Query::<StatsQuery>::try_from_uri(&uri).expect_err("refused");
-        query_error(&rejection.body_text()).field
+        query_error(&rejection.body_text(), "limit and key").field
     }
 
     #[test]

@@ -98,6 +98,8 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         body_bytes_max: tollgate_server::DEFAULT_BODY_BYTES_MAX,
         wait_ms_max: tollgate_server::DEFAULT_WAIT_MS_MAX,
         keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,
+        keys_per_limit_max: None,
+        pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
         recover_on_start: false,
         permit_secret: None,
         shutdown_grace: Duration::from_secs(1),

@@ -53,6 +53,7 @@ fn main() {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: (users * ENDPOINTS + 1_000) as u64,
+            keys_per_limit_max: (users * ENDPOINTS + 1_000) as u64,
         },
         clock.clone(),
     ));
@@ -61,6 +62,7 @@ fn main() {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

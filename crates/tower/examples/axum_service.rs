@@ -81,6 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         Arc::new(MonotonicClock::new()),
     ));
@@ -89,6 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

@@ -417,25 +417,33 @@ impl Shared {
         response
     }
 
+    /// Not the client's fault, and not a limit of theirs: a 503, so clients and monitors
+    /// treat it as the server's capacity problem it is.
+    fn too_many_keys(&self, message: String) -> Settled {
+        bump(&self.counters.too_many_keys);
+        let mut response = error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_keys",
+            &message,
+            None,
+        );
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            retry_after_value(TOO_MANY_KEYS_RETRY_AFTER),
+        );
+        Settled::Answer(response)
+    }
+
     fn failed(&self, error: &tollgate::Error) -> Settled {
         match error {
-            tollgate::Error::TooManyKeys { keys_tracked_max } => {
-                bump(&self.counters.too_many_keys);
-                // Not the client's fault, and not a limit of theirs: a 503, so clients and
-                // monitors treat it as the server's capacity problem it is.
-                let mut response = error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too_many_keys",
-                    &format!(
-                        "the throttle tracks its maximum of {keys_tracked_max} keys; retry shortly"
-                    ),
-                    None,
-                );
-                response.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    retry_after_value(TOO_MANY_KEYS_RETRY_AFTER),
-                );
-                Settled::Answer(response)
+            tollgate::Error::TooManyKeys { keys_tracked_max } => self.too_many_keys(format!(
+                "the throttle tracks its maximum of {keys_tracked_max} keys; retry shortly"
+            )),
+            tollgate::Error::TooManyKeysForLimit { limit, keys_max } => {
+                self.too_many_keys(format!(
+                    "the throttle tracks its maximum of {keys_max} keys for limit {limit:?}; \
+                     retry shortly"
+                ))
             }
             tollgate::Error::InvalidRequest {
                 field: "key",

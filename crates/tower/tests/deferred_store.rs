@@ -59,6 +59,10 @@ impl Store for Deferred {
         self.inner.pause(take, duration_us)
     }
 
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.resume(take)
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
         self.inner.usage(take)
     }
@@ -83,6 +87,7 @@ fn throttled(store: Arc<dyn Store>) -> Throttle<Handler> {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );
@@ -116,6 +121,7 @@ fn memory_store() -> MemoryStore {
     MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000,
+            keys_per_limit_max: 1_000,
         },
         Arc::new(ManualClock::new(1_000_000)),
     )

@@ -487,6 +487,7 @@ async fn unmatched_paths_pass_through_untouched() {
     let store = Arc::new(MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000,
+            keys_per_limit_max: 1_000,
         },
         Arc::new(MonotonicClock::new()),
     ));
@@ -495,6 +496,7 @@ async fn unmatched_paths_pass_through_untouched() {
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

@@ -40,7 +40,11 @@ fn throttled(
 ) {
     let clock = Arc::new(ManualClock::new(1_000_000));
     let store = Arc::new(MemoryStore::new(
-        MemoryStoreConfig { keys_tracked_max },
+        MemoryStoreConfig {
+            keys_tracked_max,
+            // The store-wide cap alone: these cases are about it.
+            keys_per_limit_max: u64::MAX,
+        },
         clock.clone(),
     ));
     let limiter = Limiter::new(
@@ -48,6 +52,7 @@ fn throttled(
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

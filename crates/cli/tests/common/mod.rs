@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 26] = [
+const SERVER_VARIABLES: [&str; 28] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -35,6 +35,8 @@ const SERVER_VARIABLES: [&str; 26] = [
     "TOLLGATE_BODY_BYTES_MAX",
     "TOLLGATE_WAIT_MS_MAX",
     "TOLLGATE_KEYS_TRACKED_MAX",
+    "TOLLGATE_KEYS_PER_LIMIT_MAX",
+    "TOLLGATE_PAUSE_MS_MAX",
     "TOLLGATE_RECOVER_ON_START",
     "TOLLGATE_PERMIT_SECRET",
     "TOLLGATE_SHUTDOWN_GRACE_MS",

@@ -76,6 +76,7 @@ async fn run() {
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );

@@ -1,8 +1,8 @@
 // The Tollgate dashboard. It polls GET /v1/stats every second and GET /readyz every other
 // second, keeps the last minutes of each limit in memory to draw charts and per-second rates
 // (the server reports cumulative counters and the usage now, not history), and, once an
-// operator has entered the admin token, edits limits (PUT /v1/limits/{name}) and pauses them
-// (POST /v1/pause).
+// operator has entered the admin token, edits limits (PUT /v1/limits/{name}), pauses them
+// (POST /v1/pause) and lifts pauses (DELETE /v1/limits/{name}/pause).
 //
 // Safety: every name, key and message from the server reaches the page as text
 // (textContent, text nodes) or as a number in an SVG attribute; nothing is parsed as HTML.
@@ -912,6 +912,25 @@ async function pause(event) {
   }
 }
 
+// The admin API's call: an administrator lifts the limit-wide pause, or one key's own.
+async function resume() {
+  const limit = selectedLimit();
+  if (!limit) return;
+  const message = $("pause-message");
+  const key = limit.rule.per ? $("pause-key").value : "";
+  const query = key === "" ? "" : `?key=${encodeURIComponent(key)}`;
+  try {
+    const path = `v1/limits/${encodeURIComponent(limit.name)}/pause${query}`;
+    const answer = await request("DELETE", path, { token: state.adminToken });
+    const what = key === "" ? "" : ` for key “${key}”`;
+    showMessage(message, answer.resumed ? `Resumed${what}.` : `No pause was on${what}.`, true);
+    await pollStats();
+  } catch (error) {
+    if (checkTokenRefused(error)) return;
+    showMessage(message, error.message);
+  }
+}
+
 function showKey(event) {
   event.preventDefault();
   const limit = selectedLimit();
@@ -979,6 +998,7 @@ function start() {
   field("kind").addEventListener("change", updateEditorFields);
   field("algorithm").addEventListener("change", updateEditorFields);
   $("pause-form").addEventListener("submit", pause);
+  $("resume").addEventListener("click", resume);
 
   renderAdmin();
   const token = readStored(STORAGE.admin);

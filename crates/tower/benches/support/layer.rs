@@ -54,6 +54,7 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
     let store = MemoryStore::new(
         MemoryStoreConfig {
             keys_tracked_max: 1_000_000,
+            keys_per_limit_max: 1_000_000,
         },
         Arc::new(TscClock::new()),
     );
@@ -62,6 +63,7 @@ pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) ->
         LimiterConfig {
             wait_max: Duration::from_secs(60),
             permit_secret: PermitSecret::random(),
+            pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             ..LimiterConfig::default()
         },
     );
