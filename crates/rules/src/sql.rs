@@ -2,7 +2,9 @@
 //! default, a file created on first start), PostgreSQL or MySQL/MariaDB. This module owns the
 //! schema and its migrations, reading rows into `RawRule`s (a cell of the wrong type refuses
 //! that row, naming its column), writing the admin API's changes, and PostgreSQL's change feed
-//! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll).
+//! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll). Beside
+//! the rules table it keeps the server's state: its runs (`runs.rs`) and its scoped data
+//! tokens (`tokens.rs`).
 //!
 //! The table name is configurable so that several deployments (or tests) share one database;
 //! it is spliced into SQL text, so it is validated to a plain identifier first.
@@ -106,8 +108,10 @@ macro_rules! on_pool {
 }
 
 mod runs;
+mod tokens;
 
 pub use runs::PreviousRun;
+pub use tokens::TokenRow;
 
 /// A connected rules database.
 #[derive(Clone, Debug)]
@@ -322,7 +326,11 @@ impl SqlSource {
                  ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {table}_notify()"
             ));
         }
-        vec![(1, first), (2, self.runs_migration())]
+        vec![
+            (1, first),
+            (2, self.runs_migration()),
+            (3, self.tokens_migration()),
+        ]
     }
 
     fn channel(&self) -> String {
