@@ -87,6 +87,21 @@ enum Command {
         #[command(subcommand)]
         action: LimitsAction,
     },
+    /// Make, list and revoke scoped data tokens on a running server (admin API): data-plane
+    /// tokens limited to some limits, a highest priority, and whether they may pause.
+    ///
+    /// Exits 1 if the server refused the request, 69 if the server failed or could not be
+    /// reached.
+    Tokens {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// How `list` is printed: the server's JSON, or a table for people (`create` always
+        /// prints JSON: it holds the secret).
+        #[arg(long, value_enum, default_value_t = Output::Json)]
+        output: Output,
+        #[command(subcommand)]
+        action: TokensAction,
+    },
     /// A running server at a glance: each limit's usage now, pauses, waiters, grants and
     /// denials; the rules' reload state; the store.
     ///
@@ -179,6 +194,30 @@ enum LimitsAction {
         #[arg(long, default_value = "toml", value_parser = tollgate_rules::FileFormat::parse)]
         format: tollgate_rules::FileFormat,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokensAction {
+    /// Make a token; prints it with its secret, which is shown this once (the server keeps
+    /// only its hash).
+    Create {
+        /// The token's name, to list and revoke it by.
+        name: String,
+        /// A limit it may use: a name, a prefix ending in `*` (`vendor-*`), or `*` for all;
+        /// repeat for more.
+        #[arg(long = "limit", required = true, value_name = "LIMIT")]
+        limits: Vec<String>,
+        /// The highest priority it may ask for: high, normal or low [default: normal].
+        #[arg(long, value_name = "PRIORITY")]
+        priority_max: Option<String>,
+        /// Let it pause its limits.
+        #[arg(long)]
+        may_pause: bool,
+    },
+    /// The tokens in force, without their secrets.
+    List,
+    /// Revoke a token: at once on this server, on other replicas within their reload interval.
+    Delete { name: String },
 }
 
 #[derive(Args, Debug)]
@@ -372,6 +411,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action,
         } => limits(server, output, action, file).await,
         Command::Acquire(args) => acquire(args, file).await,
+        Command::Tokens {
+            server,
+            output,
+            action,
+        } => tokens(server, output, action, file).await,
         Command::Status {
             server,
             limit,
@@ -798,6 +842,85 @@ async fn limits(
         _ => print_json(&answer)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tokens`: the admin API's `/v1/tokens`, with the admin token `limits` uses.
+async fn tokens(
+    server: ServerArgs,
+    output: Output,
+    action: TokensAction,
+    file: FileConfig,
+) -> Result<ExitCode> {
+    let token = admin_token(&file)?;
+    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let sent = match &action {
+        TokensAction::Create {
+            name,
+            limits,
+            priority_max,
+            may_pause,
+        } => {
+            let mut body = serde_json::json!({
+                "name": name,
+                "limits": limits,
+                "may_pause": may_pause,
+            });
+            if let (Some(priority_max), Some(object)) = (priority_max, body.as_object_mut()) {
+                object.insert("priority_max".into(), priority_max.clone().into());
+            }
+            client.send(Method::POST, "/v1/tokens", Some(&body)).await
+        }
+        TokensAction::List => client.send(Method::GET, "/v1/tokens", None).await,
+        TokensAction::Delete { name } => {
+            client
+                .send(
+                    Method::DELETE,
+                    &format!("/v1/tokens/{}", segment(name)),
+                    None,
+                )
+                .await
+        }
+    };
+    let answer = match succeeded(sent) {
+        Ok(answer) => answer,
+        Err(code) => return Ok(code),
+    };
+    match (&action, output, &answer.json) {
+        (TokensAction::List, Output::Table, Some(json)) => print!("{}", tokens_table(json)),
+        _ => print_json(&answer)?,
+    }
+    if let TokensAction::Create { .. } = action {
+        eprintln!(
+            "tollgate: the secret is shown once: the server keeps only its hash; give it to the \
+             caller as its data token"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tokens as a table, one a line.
+fn tokens_table(json: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let mut rows = vec![["NAME", "LIMITS", "PRIORITY_MAX", "MAY_PAUSE"].map(str::to_owned)];
+    let tokens = json.get("tokens").and_then(Value::as_array);
+    for token in tokens.into_iter().flatten() {
+        let text = |field: &str| token.get(field).and_then(Value::as_str).unwrap_or("-");
+        let limits: Vec<&str> = token
+            .get("limits")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let may_pause = token.get("may_pause").and_then(Value::as_bool) == Some(true);
+        rows.push([
+            text("name").to_owned(),
+            limits.join(","),
+            text("priority_max").to_owned(),
+            if may_pause { "yes" } else { "no" }.to_owned(),
+        ]);
+    }
+    status::columns(&rows)
 }
 
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the

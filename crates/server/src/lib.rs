@@ -15,6 +15,7 @@ mod openapi;
 mod runs;
 mod state;
 mod stats;
+mod tokens;
 mod ui;
 
 use std::future::Future;
@@ -25,7 +26,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tokio::sync::watch;
 use tollgate::store::Store;
 use tollgate::{
@@ -172,9 +173,18 @@ pub async fn memory_router(
     let metered: Arc<dyn Store> =
         Arc::new(MeteredStore::new(memory.clone(), store_seconds.clone()));
     let limiter = new_limiter(&config, metered);
+    let tokens = Arc::new(
+        tokens::Tokens::start(match &source {
+            RulesSource::Sql(sql) => Some(sql.clone()),
+            RulesSource::File(_) => None,
+        })
+        .await?,
+    );
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let metrics = Metrics::new(rules.clone(), Some(memory), store_seconds, None);
-    Ok(router(AppState::new(config, limiter, rules, metrics)))
+    Ok(router(AppState::new(
+        config, limiter, rules, metrics, tokens,
+    )))
 }
 
 /// The router, with every endpoint of API v1, the body limit and the error counter.
@@ -194,6 +204,11 @@ fn router(state: AppState) -> Router {
         .route("/v1/permits/{permit}/renew", post(api::renew))
         .route("/v1/pause", post(api::pause))
         .route("/v1/check", post(api::check))
+        .route(
+            "/v1/tokens",
+            get(tokens::list_tokens).post(tokens::create_token),
+        )
+        .route("/v1/tokens/{name}", delete(tokens::delete_token))
         .route("/v1/stats", get(stats::stats))
         .route("/metrics", get(api::metrics))
         .route("/healthz", get(api::healthz))
@@ -242,6 +257,8 @@ pub async fn run(
     // The state database is the rules database unless the rules come from a file or it is
     // configured apart.
     let state = SqlSource::connect(config.state_url(), &config.rules_table).await?;
+    // Scoped data tokens live in the state database, beside the runs.
+    let tokens = Arc::new(tokens::Tokens::start(Some(state.clone())).await?);
     let source = if config.rules_from_file() {
         let file = FileSource::open(&config.rules_url)?;
         tracing::info!(
@@ -314,11 +331,12 @@ pub async fn run(
         envoy.as_ref().map(|(watch, ..)| watch.clone()),
     );
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
+    let tokens_reloader = tokens.spawn_reloader(config.reload_interval, stop.clone());
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
-    let state = AppState::new(config, limiter, rules, metrics);
+    let state = AppState::new(config, limiter, rules, metrics, tokens);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServerError::Listen {
@@ -355,6 +373,7 @@ pub async fn run(
     };
     let _ = stop_sender.send(true);
     let _ = reloader.await;
+    let _ = tokens_reloader.await;
     if let Some((_, watcher, grpc, _)) = envoy {
         let _ = watcher.await;
         match grpc.await {

@@ -178,16 +178,18 @@ fn query_error(text: &str) -> ApiError {
     responses((status = 200, description = "the server at a glance", body = Stats),
         (status = 400, response = crate::openapi::BadRequest),
         (status = 401, response = crate::openapi::Unauthorized),
+        (status = 403, response = crate::openapi::Forbidden),
         (status = 404, description = "the limit asked for is unknown",
             body = crate::openapi::NotFoundError)))]
 pub(crate) async fn stats(
-    _: Data,
+    Data(grant): Data,
     State(state): State<AppState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
     let Query(query) = query.map_err(|rejection| query_error(&rejection.body_text()))?;
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+        grant.limit(limit)?;
     } else if query.key.is_some() {
         return Err(ApiError::bad_field(
             "key",
@@ -202,7 +204,12 @@ pub(crate) async fn stats(
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(format!("unknown limit {name:?}")))?,
         ],
-        None => snapshot.iter().cloned().collect(),
+        // A scoped token sees its own limits only.
+        None => snapshot
+            .iter()
+            .filter(|rule| grant.covers(rule.name()))
+            .cloned()
+            .collect(),
     };
     let metrics = state.metrics();
     state
@@ -296,7 +303,12 @@ pub(crate) async fn stats(
             last_reload_ok: rules_stats.last_reload_ok.load(Relaxed),
             reloads_ok: rules_stats.reloads_ok.load(Relaxed),
             reloads_failed: rules_stats.reloads_failed.load(Relaxed),
-            rejected: snapshot.rejected().iter().map(RejectedRow::from).collect(),
+            rejected: snapshot
+                .rejected()
+                .iter()
+                .filter(|row| grant.covers(&row.name))
+                .map(RejectedRow::from)
+                .collect(),
         },
         store: StoreView {
             kind: if memory.is_some() { "memory" } else { "redis" },

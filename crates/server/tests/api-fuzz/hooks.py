@@ -25,6 +25,7 @@ import schemathesis
 CODES = {
     400: {"bad_request"},
     401: {"unauthorized"},
+    403: {"unauthorized"},
     404: {"not_found"},
     405: {"bad_request"},
     409: {"conflict"},
