@@ -112,6 +112,8 @@ impl Api {
                 grpc_listen: None,
                 envoy_config: None,
                 path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
+                tls_cert: None,
+                tls_key: None,
             };
             tollgate_server::memory_router(config, tollgate_rules::RulesSource::Sql(source))
                 .await

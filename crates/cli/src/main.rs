@@ -313,6 +313,13 @@ struct ServeArgs {
     /// [default: keep].
     #[arg(long, env = "TOLLGATE_PATH_PARAMS", value_name = "PARAMS")]
     path_params: Option<String>,
+    /// TLS on the HTTP and gRPC listeners: the certificate chain, a PEM file; give --tls-key
+    /// too. Reloaded when the files change [default: off].
+    #[arg(long, env = "TOLLGATE_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, a PEM file.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -346,6 +353,8 @@ struct FileConfig {
     envoy_config: Option<PathBuf>,
     path_case: Option<String>,
     path_params: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -553,6 +562,8 @@ fn resolve_server_config(
         grpc_listen,
         envoy_config,
         path_matching,
+        tls_cert: args.tls_cert.or(file.tls_cert),
+        tls_key: args.tls_key.or(file.tls_key),
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
     let log_format = args
@@ -629,12 +640,17 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
         );
     }
     tracing::info!(?config, "starting");
-    tollgate_server::run(config, shutdown_signal()?, |address, grpc| {
+    let scheme = if config.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tollgate_server::run(config, shutdown_signal()?, move |address, grpc| {
         // Stable lines on standard output for scripts (and tests) that start on port 0.
         if let Some(grpc) = grpc {
             println!("tollgate: envoy rate limit service (gRPC) on {grpc}");
         }
-        println!("tollgate: listening on http://{address}");
+        println!("tollgate: listening on {scheme}://{address}");
     })
     .await?;
     Ok(ExitCode::SUCCESS)

@@ -72,6 +72,8 @@ impl Server {
             grpc_listen: None,
             envoy_config: None,
             path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
+            tls_cert: None,
+            tls_key: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();

@@ -15,6 +15,7 @@ mod openapi;
 mod runs;
 mod state;
 mod stats;
+mod tls;
 mod tokens;
 mod ui;
 
@@ -41,6 +42,10 @@ pub use config::{
     RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::{ApiError, Code};
+pub use tls::{
+    TLS_FILE_BYTES_MAX, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_RELOAD_CHECK_INTERVAL,
+    TlsAcceptor, TlsError, TlsFiles,
+};
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;
@@ -72,6 +77,8 @@ pub enum ServerError {
     EnvoyConfigMissing,
     #[error("grpc: {0}")]
     Grpc(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
@@ -247,6 +254,9 @@ pub async fn run(
              request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
         );
     }
+    // TLS files are read and checked before anything else: a pair that cannot serve stops the
+    // start.
+    let tls = TlsFiles::open(config.tls_cert.as_deref(), config.tls_key.as_deref())?;
     // Envoy's configuration is checked first: a file envoyproxy/ratelimit would refuse stops
     // the start before anything listens.
     let envoy = match (&config.grpc_listen, &config.envoy_config) {
@@ -316,10 +326,19 @@ pub async fn run(
             );
             let watcher = watch.spawn_watcher(stop.clone());
             let mut grpc_stop = stop.clone();
-            let grpc = tokio::spawn(tollgate_envoy::serve(listener, service, async move {
+            let grpc_stopped = async move {
                 let _ = grpc_stop.wait_for(|stop| *stop).await;
-            }));
-            tracing::info!(address = %bound, domains = watch.current().domains().count(), "envoy rate limit service listening (gRPC)");
+            };
+            let grpc = match &tls {
+                // gRPC is HTTP/2: the only protocol offered.
+                Some(files) => tokio::spawn(tollgate_envoy::serve_connections(
+                    tls::spawn_accepting(listener, files.acceptor(&[b"h2"])?, stop.clone()),
+                    service,
+                    grpc_stopped,
+                )),
+                None => tokio::spawn(tollgate_envoy::serve(listener, service, grpc_stopped)),
+            };
+            tracing::info!(address = %bound, domains = watch.current().domains().count(), tls = tls.is_some(), "envoy rate limit service listening (gRPC)");
             Some((watch, watcher, grpc, bound))
         }
         None => None,
@@ -333,6 +352,7 @@ pub async fn run(
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
     let tokens_reloader = tokens.spawn_reloader(config.reload_interval, stop.clone());
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
+    let tls_watcher = tls.as_ref().map(|files| files.spawn_watcher(stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
@@ -349,7 +369,7 @@ pub async fn run(
             address: listen,
             source,
         })?;
-    tracing::info!(%address, "listening");
+    tracing::info!(%address, tls = tls.is_some(), "listening");
     on_listening(address, grpc_address);
 
     let (draining_sender, mut draining) = watch::channel(false);
@@ -360,9 +380,36 @@ pub async fn run(
         signal_state.begin_shutdown();
         let _ = draining_sender.send(true);
     };
-    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(graceful);
+    let app = router(state);
+    let http_tls = match &tls {
+        // The API is served over HTTP/1.1 only.
+        Some(files) => Some(files.acceptor(&[b"http/1.1"])?),
+        None => None,
+    };
+    let tls_stop = stop.clone();
+    let serve = async move {
+        match http_tls {
+            Some(acceptor) => {
+                let listener =
+                    tls::TlsListener::new(listener, acceptor, tls_stop).map_err(|source| {
+                        ServerError::Listen {
+                            address: listen,
+                            source,
+                        }
+                    })?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(graceful)
+                    .await
+                    .map_err(ServerError::Serve)
+            }
+            None => axum::serve(listener, app)
+                .with_graceful_shutdown(graceful)
+                .await
+                .map_err(ServerError::Serve),
+        }
+    };
     let served = tokio::select! {
-        served = serve => served.map_err(ServerError::Serve),
+        served = serve => served,
         () = async {
             let _ = draining.wait_for(|draining| *draining).await;
             tokio::time::sleep(shutdown_grace).await;
@@ -384,6 +431,9 @@ pub async fn run(
     }
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
+    }
+    if let Some(tls_watcher) = tls_watcher {
+        let _ = tls_watcher.await;
     }
     // Nothing decides any more: what the memory store counts is final.
     if let Some(memory_run) = memory_run {
