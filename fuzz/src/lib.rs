@@ -121,6 +121,8 @@ impl Api {
                 connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
                 waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
                 waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,
+                tls_cert: None,
+                tls_key: None,
             };
             tollgate_server::memory_router(config, tollgate_rules::RulesSource::Sql(source))
                 .await

@@ -1,7 +1,6 @@
 //! A minimal HTTP/1 client for the Tollgate API, on hyper: plain `http://` with keep-alive.
-//! The API is meant for loopback or a private network; for TLS, put the server behind a
-//! terminating proxy and run this client next to it. (A TLS stack would multiply this
-//! binary's build cost for a case the deployment docs steer away from.)
+//! It does not speak TLS: against a server that serves it (`tls_cert`), docs/server.md says to
+//! use curl, or run the commands next to a TLS-terminating proxy.
 
 use std::time::Duration;
 

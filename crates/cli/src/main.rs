@@ -91,6 +91,21 @@ enum Command {
         #[command(subcommand)]
         action: LimitsAction,
     },
+    /// Make, list and revoke scoped data tokens on a running server (admin API): data-plane
+    /// tokens limited to some limits, a highest priority, and whether they may pause.
+    ///
+    /// Exits 1 if the server refused the request, 69 if the server failed or could not be
+    /// reached.
+    Tokens {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// How `list` is printed: the server's JSON, or a table for people (`create` always
+        /// prints JSON: it holds the secret).
+        #[arg(long, value_enum, default_value_t = Output::Json)]
+        output: Output,
+        #[command(subcommand)]
+        action: TokensAction,
+    },
     /// A running server at a glance: each limit's usage now, pauses, waiters, grants and
     /// denials; the rules' reload state; the store.
     ///
@@ -191,6 +206,30 @@ enum LimitsAction {
         #[arg(long, default_value = "toml", value_parser = tollgate_rules::FileFormat::parse)]
         format: tollgate_rules::FileFormat,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokensAction {
+    /// Make a token; prints it with its secret, which is shown this once (the server keeps
+    /// only its hash).
+    Create {
+        /// The token's name, to list and revoke it by.
+        name: String,
+        /// A limit it may use: a name, a prefix ending in `*` (`vendor-*`), or `*` for all;
+        /// repeat for more.
+        #[arg(long = "limit", required = true, value_name = "LIMIT")]
+        limits: Vec<String>,
+        /// The highest priority it may ask for: high, normal or low [default: normal].
+        #[arg(long, value_name = "PRIORITY")]
+        priority_max: Option<String>,
+        /// Let it pause its limits.
+        #[arg(long)]
+        may_pause: bool,
+    },
+    /// The tokens in force, without their secrets.
+    List,
+    /// Revoke a token: at once on this server, on other replicas within their reload interval.
+    Delete { name: String },
 }
 
 #[derive(Args, Debug)]
@@ -334,6 +373,13 @@ struct ServeArgs {
     /// Acquires waiting for room at once on one limit [default: 256].
     #[arg(long, env = "TOLLGATE_WAITERS_PER_LIMIT_MAX", value_name = "N")]
     waiters_per_limit_max: Option<usize>,
+    /// TLS on the HTTP and gRPC listeners: the certificate chain, a PEM file; give --tls-key
+    /// too. Reloaded when the files change [default: off].
+    #[arg(long, env = "TOLLGATE_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, a PEM file.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
     /// Log filter, e.g. `info` or `warn,tollgate_server=debug` [default: info].
     #[arg(long, env = "TOLLGATE_LOG", value_name = "FILTER")]
     log: Option<String>,
@@ -377,6 +423,8 @@ struct FileConfig {
     connections_max: Option<usize>,
     waiters_max: Option<usize>,
     waiters_per_limit_max: Option<usize>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     log: Option<String>,
     log_format: Option<String>,
     /// For client commands: the server's URL.
@@ -474,6 +522,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action,
         } => limits(server, output, action, file).await,
         Command::Acquire(args) => acquire(args, file).await,
+        Command::Tokens {
+            server,
+            output,
+            action,
+        } => tokens(server, output, action, file).await,
         Command::Status {
             server,
             limit,
@@ -667,6 +720,8 @@ fn resolve_server_config(
         grpc_listen,
         envoy_config,
         path_matching,
+        tls_cert: args.tls_cert.or(file.tls_cert),
+        tls_key: args.tls_key.or(file.tls_key),
     };
     let log = args.log.or(file.log).unwrap_or_else(|| "info".to_owned());
     let log_format = args
@@ -772,7 +827,12 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
         kept = Some((path, token));
     }
     tracing::info!(?config, "starting");
-    tollgate_server::run(config, shutdown_signal()?, |address, grpc| {
+    let scheme = if config.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tollgate_server::run(config, shutdown_signal()?, move |address, grpc| {
         // The commands send the kept token to this address alone.
         if let Some((path, token)) = &kept
             && let Err(error) = kept_token::record_listen(path, token, address)
@@ -783,7 +843,7 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
         if let Some(grpc) = grpc {
             println!("tollgate: envoy rate limit service (gRPC) on {grpc}");
         }
-        println!("tollgate: listening on http://{address}");
+        println!("tollgate: listening on {scheme}://{address}");
     })
     .await?;
     Ok(ExitCode::SUCCESS)
@@ -988,6 +1048,85 @@ async fn limits(
         _ => print_json(&answer)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tokens`: the admin API's `/v1/tokens`, with the admin token `limits` uses.
+async fn tokens(
+    server: ServerArgs,
+    output: Output,
+    action: TokensAction,
+    file: FileConfig,
+) -> Result<ExitCode> {
+    let token = admin_token(&file)?;
+    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let sent = match &action {
+        TokensAction::Create {
+            name,
+            limits,
+            priority_max,
+            may_pause,
+        } => {
+            let mut body = serde_json::json!({
+                "name": name,
+                "limits": limits,
+                "may_pause": may_pause,
+            });
+            if let (Some(priority_max), Some(object)) = (priority_max, body.as_object_mut()) {
+                object.insert("priority_max".into(), priority_max.clone().into());
+            }
+            client.send(Method::POST, "/v1/tokens", Some(&body)).await
+        }
+        TokensAction::List => client.send(Method::GET, "/v1/tokens", None).await,
+        TokensAction::Delete { name } => {
+            client
+                .send(
+                    Method::DELETE,
+                    &format!("/v1/tokens/{}", segment(name)),
+                    None,
+                )
+                .await
+        }
+    };
+    let answer = match succeeded(sent) {
+        Ok(answer) => answer,
+        Err(code) => return Ok(code),
+    };
+    match (&action, output, &answer.json) {
+        (TokensAction::List, Output::Table, Some(json)) => print!("{}", tokens_table(json)),
+        _ => print_json(&answer)?,
+    }
+    if let TokensAction::Create { .. } = action {
+        eprintln!(
+            "tollgate: the secret is shown once: the server keeps only its hash; give it to the \
+             caller as its data token"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tokens as a table, one a line.
+fn tokens_table(json: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let mut rows = vec![["NAME", "LIMITS", "PRIORITY_MAX", "MAY_PAUSE"].map(str::to_owned)];
+    let tokens = json.get("tokens").and_then(Value::as_array);
+    for token in tokens.into_iter().flatten() {
+        let text = |field: &str| token.get(field).and_then(Value::as_str).unwrap_or("-");
+        let limits: Vec<&str> = token
+            .get("limits")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let may_pause = token.get("may_pause").and_then(Value::as_bool) == Some(true);
+        rows.push([
+            text("name").to_owned(),
+            limits.join(","),
+            text("priority_max").to_owned(),
+            if may_pause { "yes" } else { "no" }.to_owned(),
+        ]);
+    }
+    status::columns(&rows)
 }
 
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the

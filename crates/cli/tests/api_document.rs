@@ -96,6 +96,8 @@ async fn every_endpoint_is_documented() {
         ("/v1/pause", &["post"]),
         ("/v1/check", &["post"]),
         ("/v1/stats", &["get"]),
+        ("/v1/tokens", &["get", "post"]),
+        ("/v1/tokens/{name}", &["delete"]),
         ("/healthz", &["get"]),
         ("/readyz", &["get"]),
         ("/metrics", &["get"]),
@@ -227,4 +229,79 @@ async fn check_refuses_an_invalid_user_whether_or_not_a_rule_matches() {
     )
     .await;
     assert_eq!(answer.status, 200, "{}", answer.text());
+}
+
+/// A scoped token beyond its scope is a 403 on the data plane's decisions and views, as the
+/// document says, with the challenge it documents; commit and renew take any valid token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_for_a_scoped_token_is_documented_as_sent() {
+    let server = Server::start();
+    let document = document(&server).await;
+    for (path, method) in [
+        ("/v1/acquire", "post"),
+        ("/v1/pause", "post"),
+        ("/v1/check", "post"),
+        ("/v1/stats", "get"),
+    ] {
+        assert_eq!(
+            document["paths"][path][method]["responses"]["403"]["$ref"],
+            "#/components/responses/Forbidden",
+            "{path}"
+        );
+    }
+    for path in ["/v1/permits/{permit}/commit", "/v1/permits/{permit}/renew"] {
+        assert!(
+            document["paths"][path]["post"]["responses"]
+                .get("403")
+                .is_none(),
+            "{path}"
+        );
+    }
+    let created = post(
+        &server.admin(),
+        "/v1/tokens",
+        r#"{"name":"low","limits":["*"],"priority_max":"low"}"#,
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    let created = created.json.expect("json");
+    let new_token = &document["components"]["schemas"]["NewToken"];
+    let mut documented: Vec<&str> = new_token["properties"]
+        .as_object()
+        .expect("properties")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut sent: Vec<&str> = created
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    documented.sort_unstable();
+    sent.sort_unstable();
+    assert_eq!(documented, sent);
+    put_limit(
+        &server,
+        "vendor-x",
+        r#"{"kind":"rate","limit":2,"period_ms":1000}"#,
+    )
+    .await;
+    let secret = created["secret"].as_str().expect("secret");
+    let answer = post(
+        &server.with_token(secret),
+        "/v1/acquire",
+        r#"{"limits":["vendor-x"],"priority":"high"}"#,
+    )
+    .await;
+    assert_error(&answer, 403, "unauthorized", None);
+    let forbidden = &document["components"]["responses"]["Forbidden"];
+    assert_eq!(
+        forbidden["headers"]["WWW-Authenticate"]["required"], true,
+        "{forbidden}"
+    );
+    assert_eq!(
+        forbidden["headers"]["WWW-Authenticate"]["schema"]["enum"][0],
+        answer.headers["www-authenticate"].to_str().expect("text")
+    );
 }

@@ -84,6 +84,8 @@ impl Server {
             connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
             waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
             waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,
+            tls_cert: None,
+            tls_key: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel::<SocketAddr>();

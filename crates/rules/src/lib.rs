@@ -23,5 +23,5 @@ pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesSource
 pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError, serde_field};
 pub use sql::{
     COLUMNS, ChangeFeed, DEFAULT_TABLE, PreviousRun, SourceError, SqlSource, TABLE_NAME_BYTES_MAX,
-    TableRow, check_table_name, column_of, redact,
+    TableRow, TokenRow, check_table_name, column_of, redact,
 };

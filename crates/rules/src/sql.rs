@@ -2,7 +2,9 @@
 //! default, a file created on first start), PostgreSQL or MySQL/MariaDB. This module owns the
 //! schema and its migrations, reading rows into `RawRule`s (a cell of the wrong type refuses
 //! that row, naming its column), writing the admin API's changes, and PostgreSQL's change feed
-//! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll).
+//! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll). Beside
+//! the rules table it keeps the server's state: its runs (`runs.rs`) and its scoped data
+//! tokens (`tokens.rs`).
 //!
 //! The table name is configurable so that several deployments (or tests) share one database;
 //! it is spliced into SQL text, so it is validated to a plain identifier first.
@@ -107,8 +109,10 @@ macro_rules! on_pool {
 }
 
 mod runs;
+mod tokens;
 
 pub use runs::PreviousRun;
+pub use tokens::TokenRow;
 
 /// A connected rules database.
 #[derive(Clone, Debug)]
@@ -384,7 +388,12 @@ impl SqlSource {
             }
             Pool::MySql(_) => format!("ALTER TABLE {table} ADD COLUMN keys_max BIGINT"),
         };
-        vec![(1, first), (2, self.runs_migration()), (3, vec![keys_max])]
+        vec![
+            (1, first),
+            (2, self.runs_migration()),
+            (3, vec![keys_max]),
+            (4, self.tokens_migration()),
+        ]
     }
 
     fn channel(&self) -> String {

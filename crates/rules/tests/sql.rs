@@ -73,6 +73,7 @@ impl Admin {
             format!("DROP TABLE IF EXISTS {table}_migrations"),
             format!("DROP TABLE IF EXISTS {table}_runs"),
             format!("DROP TABLE IF EXISTS {table}_saved"),
+            format!("DROP TABLE IF EXISTS {table}_tokens"),
         ] {
             let _ = match self {
                 Admin::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
@@ -685,6 +686,55 @@ async fn runs_and_saved_counters_round_trip() {
             source.saved("memory").await.expect("read"),
             MemorySnapshot::default(),
             "{url}: a crash of this run must not bring the old counters back"
+        );
+        admin.drop_table(&table).await;
+    }
+}
+
+/// Scoped data tokens on every backend: stored as given (the hash, never a secret), listed in
+/// name order, a second token of a name refused and the first left as it was, and deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_rows_round_trip() {
+    use tollgate_rules::TokenRow;
+
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let table = unique_table("tokens");
+        let source = SqlSource::connect(&url, &table).await.expect("connect");
+        let admin = Admin::connect(&url).await;
+        assert_eq!(source.tokens().await.expect("read"), Vec::new(), "{url}");
+        let row = |name: &str, hash: char| TokenRow {
+            name: name.to_owned(),
+            secret_sha256: hash.to_string().repeat(64),
+            limits: r#"["vendor-*","billing"]"#.to_owned(),
+            priority_max: "normal".to_owned(),
+            may_pause: name == "b",
+            created_ms: 1_700_000_000_000,
+        };
+        assert!(source.insert_token(&row("b", 'b')).await.expect("insert"));
+        assert!(source.insert_token(&row("a", 'a')).await.expect("insert"));
+        // A name taken: refused, not replaced, and no error.
+        let mut again = row("a", 'c');
+        again.priority_max = "high".to_owned();
+        assert!(!source.insert_token(&again).await.expect("insert"), "{url}");
+        assert_eq!(
+            source.tokens().await.expect("read"),
+            vec![row("a", 'a'), row("b", 'b')],
+            "{url}"
+        );
+        assert!(source.delete_token("a").await.expect("delete"));
+        assert!(!source.delete_token("a").await.expect("delete"), "{url}");
+        assert_eq!(
+            source.tokens().await.expect("read"),
+            vec![row("b", 'b')],
+            "{url}"
+        );
+        assert_eq!(
+            admin
+                .count(&format!("SELECT COUNT(*) FROM {table}_tokens"))
+                .await,
+            1,
+            "{url}"
         );
         admin.drop_table(&table).await;
     }

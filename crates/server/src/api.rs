@@ -19,7 +19,8 @@ use crate::error::{ApiError, Code, ErrorDetail};
 use crate::extract::{Admin, Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::openapi::{
-    BadRequest, Key, LimitName, NotFound, PermitText, PriorityName, Unauthorized, Unavailable,
+    BadRequest, Forbidden, Key, LimitName, NotFound, PermitText, PriorityName, Unauthorized,
+    Unavailable,
 };
 use crate::state::AppState;
 
@@ -34,7 +35,8 @@ fn path_name(path: Result<Path<String>, PathRejection>, field: &str) -> ApiResul
         .map_err(|rejection| ApiError::bad_field(field, rejection.body_text()))
 }
 
-fn limit_name(path: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+/// A name in the path (a limit's, or a token's, which follow the same rule), as `name`.
+pub(crate) fn limit_name(path: Result<Path<String>, PathRejection>) -> ApiResult<String> {
     let name = path_name(path, "name")?;
     check_limit_name(&name).map_err(|reason| ApiError::bad_field("name", reason))?;
     Ok(name)
@@ -151,6 +153,15 @@ pub(crate) struct Deleted {
     deleted: bool,
 }
 
+impl Deleted {
+    pub(crate) fn new(name: String) -> Deleted {
+        Deleted {
+            name,
+            deleted: true,
+        }
+    }
+}
+
 #[utoipa::path(delete, path = "/v1/limits/{name}", tag = "admin",
     security(("admin" = [])),
     params(("name" = LimitName, Path, description = "the limit's name")),
@@ -170,10 +181,7 @@ pub(crate) async fn delete_limit(
         return Err(ApiError::not_found(format!("unknown limit {name:?}")));
     }
     tracing::info!(limit = %name, "limit deleted");
-    Ok(Json(Deleted {
-        name,
-        deleted: true,
-    }))
+    Ok(Json(Deleted::new(name)))
 }
 
 /// `DELETE /v1/limits/{name}/pause`: which pause to lift.
@@ -421,16 +429,17 @@ fn check_denied(denied: &Denied, path: String, matched: Vec<String>) -> Response
     rate_limited(body, retry_after_ms)
 }
 
-fn priority(text: Option<&str>) -> ApiResult<Priority> {
-    match text {
-        None => Ok(Priority::Normal),
-        Some(text) => Priority::parse(text).ok_or_else(|| {
+/// The priority asked for, if any.
+fn priority(text: Option<&str>) -> ApiResult<Option<Priority>> {
+    text.map(|text| {
+        Priority::parse(text).ok_or_else(|| {
             ApiError::bad_field(
                 "priority",
                 format!("must be high, normal or low, got {text:?}"),
             )
-        }),
-    }
+        })
+    })
+    .transpose()
 }
 
 /// Decrements the waiters gauge however the request ends (answered, or dropped because the
@@ -523,13 +532,14 @@ fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
                     parameters(("permit" = "$response.body#/permit")))),
             )),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
         (status = 404, description = "a limit named is unknown", body = crate::openapi::NotFoundError),
         (status = 429, description = "not granted within `wait_ms`", body = RateLimited,
             headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
                 rounded up"))),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn acquire(
-    _: Data,
+    Data(grant): Data,
     State(state): State<AppState>,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Response> {
@@ -537,11 +547,15 @@ pub(crate) async fn acquire(
         check_limit_name(name)
             .map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
     }
+    let asked_priority = grant.priority(priority(body.priority.as_deref())?)?;
+    for name in &body.limits {
+        grant.limit(name)?;
+    }
     let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
     let wait_ms = body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max);
     let mut request = Request::all(&names)
         .cost(body.cost.unwrap_or(1))
-        .priority(priority(body.priority.as_deref())?)
+        .priority(asked_priority)
         .wait(Duration::from_millis(wait_ms));
     if let Some(key) = body.key.as_deref() {
         request = request.key(key);
@@ -554,7 +568,6 @@ pub(crate) async fn acquire(
         let table = state.limiter().limits();
         let known = names.iter().all(|name| table.get(name).is_some());
         let started = Instant::now();
-        let asked_priority = priority(body.priority.as_deref())?;
         let _waiting = known.then(|| Waiting::begin(&state, body.limits.clone(), asked_priority));
         let outcome = state.limiter().acquire(&request).await?;
         for name in &names {
@@ -715,14 +728,16 @@ pub(crate) struct PauseAnswer {
     request_body = PauseBody,
     responses((status = 200, description = "the pause in force", body = PauseAnswer),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
         (status = 404, description = "the limit is unknown", body = crate::openapi::NotFoundError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn pause(
-    _: Data,
+    Data(grant): Data,
     State(state): State<AppState>,
     Body(body): Body<PauseBody>,
 ) -> ApiResult<Json<PauseAnswer>> {
     check_limit_name(&body.limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+    grant.pause(&body.limit)?;
     let remaining = state
         .limiter()
         .pause(
@@ -789,6 +804,7 @@ const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
             links(("Commit" = (operation_id = "commit",
                 parameters(("permit" = "$response.body#/permit")))))),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
         (status = 404, description = "a limit matched was deleted while it was decided on",
             body = crate::openapi::NotFoundError),
         (status = 429, description = "not allowed now", body = CheckDenied,
@@ -796,7 +812,7 @@ const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
                 rounded up"))),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn check(
-    _: Data,
+    Data(grant): Data,
     State(state): State<AppState>,
     Body(body): Body<CheckBody>,
 ) -> ApiResult<Response> {
@@ -839,8 +855,12 @@ pub(crate) async fn check(
         })
         .into_response());
     }
+    for name in &matched {
+        grant.limit(name)?;
+    }
     let names: Vec<&str> = matched.iter().map(String::as_str).collect();
-    let mut request = Request::all(&names);
+    // No priority is asked for: normal, or a scoped token's highest if lower.
+    let mut request = Request::all(&names).priority(grant.priority(None)?);
     if let Some(user) = body.user.as_deref() {
         request = request.key(user);
         observe_key(&state, &names, user);

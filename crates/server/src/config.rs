@@ -165,6 +165,11 @@ pub struct ServerConfig {
     /// How `/v1/check` reads request paths, and rule paths, before matching: as the router of
     /// the application asking reads them (case, `;` parameters).
     pub path_matching: PathMatching,
+    /// TLS on the HTTP and gRPC listeners: the certificate chain, PEM; with `tls_key`, or
+    /// neither. Reloaded when it changes on disk.
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key, PEM.
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -266,6 +271,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)
             .field("path_matching", &self.path_matching)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }

@@ -95,6 +95,12 @@ impl ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthorized, message)
     }
 
+    /// A caller whose token is valid but may not do this (a scoped data token outside its
+    /// scope): 403, with the code of every refusal for a token.
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, Code::Unauthorized, message)
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, Code::NotFound, message)
     }
@@ -116,9 +122,16 @@ impl IntoResponse for ApiError {
         // For the error-counting middleware.
         response.extensions_mut().insert(self.code);
         if self.code == Code::Unauthorized {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            // RFC 6750: a token that is valid but not enough is `insufficient_scope`.
+            let challenge = if self.status == StatusCode::FORBIDDEN {
+                r#"Bearer error="insufficient_scope""#
+            } else {
+                "Bearer"
+            };
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         response
     }

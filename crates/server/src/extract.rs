@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::tokens::Grant;
 
 /// Equal if `given` equals `expected`, in time that depends only on the lengths, so that a
 /// caller cannot learn the token a byte at a time from response times.
@@ -61,9 +62,10 @@ where
     }
 }
 
-/// Proof that a data-plane request carries the data token, when one is configured.
+/// Proof that a data-plane request carries the data token, when one is configured, or a
+/// scoped token; with what it may do.
 #[derive(Debug)]
-pub(crate) struct Data;
+pub(crate) struct Data(pub(crate) Grant);
 
 impl<S: Send + Sync> FromRequestParts<S> for Data
 where
@@ -73,9 +75,19 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Data, ApiError> {
         let state = AppState::from_ref(state);
-        match state.config().data_token.as_deref() {
-            None => Ok(Data),
-            Some(expected) => check(&parts.headers, expected, "the data plane").map(|()| Data),
+        let expected = state.config().data_token.as_deref();
+        // A scoped token is held to its scope wherever it is shown, open data plane or not.
+        if let Some(given) = bearer(&parts.headers)
+            && !expected.is_some_and(|expected| constant_time_eq(given, expected.as_bytes()))
+            && let Some(scope) = state.tokens().find(given)
+        {
+            return Ok(Data(Grant::Scoped(scope)));
+        }
+        match expected {
+            None => Ok(Data(Grant::Full)),
+            Some(expected) => {
+                check(&parts.headers, expected, "the data plane").map(|()| Data(Grant::Full))
+            }
         }
     }
 }

@@ -17,6 +17,8 @@ mod openapi;
 mod runs;
 mod state;
 mod stats;
+mod tls;
+mod tokens;
 mod ui;
 
 use std::future::Future;
@@ -46,6 +48,10 @@ pub use config::{
 };
 pub use error::{ApiError, Code};
 pub use guard::{parse_host, parse_origin};
+pub use tls::{
+    TLS_FILE_BYTES_MAX, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_RELOAD_CHECK_INTERVAL,
+    TlsAcceptor, TlsError, TlsFiles,
+};
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;
@@ -83,6 +89,8 @@ pub enum ServerError {
         setting: &'static str,
         reason: String,
     },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
@@ -193,9 +201,18 @@ pub async fn memory_router(
     let metered: Arc<dyn Store> =
         Arc::new(MeteredStore::new(memory.clone(), store_seconds.clone()));
     let limiter = new_limiter(&config, metered);
+    let tokens = Arc::new(
+        tokens::Tokens::start(match &source {
+            RulesSource::Sql(sql) => Some(sql.clone()),
+            RulesSource::File(_) => None,
+        })
+        .await?,
+    );
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let metrics = Metrics::new(rules.clone(), Some(memory), store_seconds, None);
-    Ok(router(AppState::new(config, limiter, rules, metrics)))
+    Ok(router(AppState::new(
+        config, limiter, rules, metrics, tokens,
+    )))
 }
 
 /// The router, with every endpoint of API v1, the body limit and the error counter.
@@ -222,6 +239,11 @@ fn router(state: AppState) -> Router {
         .route("/v1/permits/{permit}/renew", post(api::renew))
         .route("/v1/pause", post(api::pause))
         .route("/v1/check", post(api::check))
+        .route(
+            "/v1/tokens",
+            get(tokens::list_tokens).post(tokens::create_token),
+        )
+        .route("/v1/tokens/{name}", delete(tokens::delete_token))
         .route("/v1/stats", get(stats::stats))
         .route("/metrics", get(api::metrics))
         .route("/healthz", get(api::healthz))
@@ -272,6 +294,9 @@ pub async fn run(
              request; set TOLLGATE_ADMIN_TOKEN or admin_token in the config file"
         );
     }
+    // TLS files are read and checked before anything else: a pair that cannot serve stops the
+    // start.
+    let tls = TlsFiles::open(config.tls_cert.as_deref(), config.tls_key.as_deref())?;
     // Envoy's configuration is checked first: a file envoyproxy/ratelimit would refuse stops
     // the start before anything listens.
     let envoy = match (&config.grpc_listen, &config.envoy_config) {
@@ -282,6 +307,8 @@ pub async fn run(
     // The state database is the rules database unless the rules come from a file or it is
     // configured apart.
     let state = SqlSource::connect(config.state_url(), &config.rules_table).await?;
+    // Scoped data tokens live in the state database, beside the runs.
+    let tokens = Arc::new(tokens::Tokens::start(Some(state.clone())).await?);
     let source = if config.rules_from_file() {
         let file = FileSource::open(&config.rules_url)?;
         tracing::info!(
@@ -339,10 +366,19 @@ pub async fn run(
             );
             let watcher = watch.spawn_watcher(stop.clone());
             let mut grpc_stop = stop.clone();
-            let grpc = tokio::spawn(tollgate_envoy::serve(listener, service, async move {
+            let grpc_stopped = async move {
                 let _ = grpc_stop.wait_for(|stop| *stop).await;
-            }));
-            tracing::info!(address = %bound, domains = watch.current().domains().count(), "envoy rate limit service listening (gRPC)");
+            };
+            let grpc = match &tls {
+                // gRPC is HTTP/2: the only protocol offered.
+                Some(files) => tokio::spawn(tollgate_envoy::serve_connections(
+                    tls::spawn_accepting(listener, files.acceptor(&[b"h2"])?, stop.clone()),
+                    service,
+                    grpc_stopped,
+                )),
+                None => tokio::spawn(tollgate_envoy::serve(listener, service, grpc_stopped)),
+            };
+            tracing::info!(address = %bound, domains = watch.current().domains().count(), tls = tls.is_some(), "envoy rate limit service listening (gRPC)");
             Some((watch, watcher, grpc, bound))
         }
         None => None,
@@ -354,7 +390,9 @@ pub async fn run(
         envoy.as_ref().map(|(watch, ..)| watch.clone()),
     );
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
+    let tokens_reloader = tokens.spawn_reloader(config.reload_interval, stop.clone());
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
+    let tls_watcher = tls.as_ref().map(|files| files.spawn_watcher(stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
     let (connections_max, open_files_max) = listener::connections_max(config.connections_max);
@@ -380,7 +418,7 @@ pub async fn run(
         connections_max,
     };
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
-    let state = AppState::new(config, limiter, rules, metrics);
+    let state = AppState::new(config, limiter, rules, metrics, tokens);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServerError::Listen {
@@ -393,7 +431,7 @@ pub async fn run(
             address: listen,
             source,
         })?;
-    tracing::info!(%address, "listening");
+    tracing::info!(%address, tls = tls.is_some(), "listening");
     on_listening(address, grpc_address);
 
     let (draining_sender, mut draining) = watch::channel(false);
@@ -404,9 +442,18 @@ pub async fn run(
         signal_state.begin_shutdown();
         let _ = draining_sender.send(true);
     };
-    let serve = listener::serve(listener, router(state), bounds, graceful);
+    // The API is served over HTTP/1.1 only.
+    let http_tls = match &tls {
+        Some(files) => Some(files.acceptor(&[b"http/1.1"])?),
+        None => None,
+    };
+    let serve = async move {
+        listener::serve(listener, router(state), bounds, http_tls, graceful)
+            .await
+            .map_err(ServerError::Serve)
+    };
     let served = tokio::select! {
-        served = serve => served.map_err(ServerError::Serve),
+        served = serve => served,
         () = async {
             let _ = draining.wait_for(|draining| *draining).await;
             tokio::time::sleep(shutdown_grace).await;
@@ -417,6 +464,7 @@ pub async fn run(
     };
     let _ = stop_sender.send(true);
     let _ = reloader.await;
+    let _ = tokens_reloader.await;
     if let Some((_, watcher, grpc, _)) = envoy {
         let _ = watcher.await;
         match grpc.await {
@@ -427,6 +475,9 @@ pub async fn run(
     }
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
+    }
+    if let Some(tls_watcher) = tls_watcher {
+        let _ = tls_watcher.await;
     }
     // Nothing decides any more: what the memory store counts is final.
     if let Some(memory_run) = memory_run {

@@ -25,6 +25,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
+
+use crate::tls::TlsAcceptor;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -226,6 +228,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     bounds: Bounds,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let registry = Arc::new(Registry::new());
@@ -271,6 +274,7 @@ pub(crate) async fn serve(
         registry.insert(next_id, connection.clone());
         tokio::spawn(run_connection(
             stream,
+            tls.clone(),
             router.clone(),
             Remove {
                 registry: registry.clone(),
@@ -302,11 +306,36 @@ impl Drop for Remove {
 
 async fn run_connection(
     stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    remove: Remove,
+    connection: Arc<Connection>,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(tls) = tls else {
+        return serve_connection(stream, router, remove, connection, stop).await;
+    };
+    // The handshake is part of the head's phase: a client that stalls in it is closed like one
+    // that stalls in its head, and at the cap it is among the first to make room.
+    let handshake = tokio::select! {
+        handshake = tls.accept(stream) => handshake,
+        () = connection.close.notified() => return,
+    };
+    match handshake {
+        Ok(stream) => serve_connection(stream, router, remove, connection, stop).await,
+        Err(error) => tracing::debug!(%error, "TLS handshake failed"),
+    }
+}
+
+async fn serve_connection<S>(
+    stream: S,
     router: Router,
     _remove: Remove,
     connection: Arc<Connection>,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(Tracked {
         stream,
         connection: connection.clone(),
@@ -396,13 +425,13 @@ impl Refusals {
     }
 }
 
-/// A connection's socket, telling its phase when bytes arrive.
-struct Tracked {
-    stream: TcpStream,
+/// A connection's socket (plain or TLS), telling its phase when bytes arrive.
+struct Tracked<S> {
+    stream: S,
     connection: Arc<Connection>,
 }
 
-impl AsyncRead for Tracked {
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -417,7 +446,7 @@ impl AsyncRead for Tracked {
     }
 }
 
-impl AsyncWrite for Tracked {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -54,8 +54,10 @@ impl Modify for Security {
                     HttpBuilder::new()
                         .scheme(HttpAuthScheme::Bearer)
                         .description(Some(
-                            "The data token (data_token). A server with none configured serves \
-                             this document without it: its data plane is open.",
+                            "The data token (data_token), or a scoped data token made through \
+                             POST /v1/tokens, which is held to its limits, its priority_max and \
+                             its may_pause (403 beyond them). A server with no data token \
+                             configured serves this document without it: its data plane is open.",
                         ))
                         .build(),
                 ),
@@ -76,16 +78,18 @@ impl Modify for Security {
         api::list_limits, api::get_limit, api::put_limit, api::delete_limit, api::resume,
         api::acquire, api::commit, api::renew, api::pause, api::check, crate::stats::stats,
         api::healthz, api::readyz, api::metrics, openapi_json, crate::ui::index,
-        crate::ui::asset,
+        crate::ui::asset, crate::tokens::create_token, crate::tokens::list_tokens,
+        crate::tokens::delete_token,
     ),
     components(
         schemas(
-            BadRequestError, UnauthorizedError, NotFoundError, ConflictError, UnavailableError,
+            BadRequestError, UnauthorizedError, ForbiddenError, NotFoundError, ConflictError,
+            UnavailableError,
             LimitName, Key, PermitText, PriorityName, UiAsset, LimitBody, RateLimitBody,
             ConcurrencyLimitBody, ReserveBody, MatchBody, tollgate_rules::RawRule,
             tollgate_rules::RawReserve, tollgate_rules::RawMatch,
         ),
-        responses(BadRequest, Unauthorized, NotFound, Unavailable, Forbidden,
+        responses(BadRequest, Unauthorized, Forbidden, NotFound, Unavailable,
             UnsupportedMediaType),
     ),
     modifiers(&Security),
@@ -344,6 +348,13 @@ error_schema!(
     false
 );
 error_schema!(
+    ForbiddenError,
+    "A scoped data token used beyond its scope: a limit outside its limits, a priority above \
+     its priority_max, or a pause it may not make. The message names which.",
+    [Code::Unauthorized],
+    false
+);
+error_schema!(
     NotFoundError,
     "An unknown limit, permit or file.",
     [Code::NotFound],
@@ -412,6 +423,22 @@ error_response!(
                     .enum_values(Some(["Bearer"]))
             )
             .description(Some("Always `Bearer`."))
+            .build(),
+    )
+);
+error_response!(
+    Forbidden,
+    "ForbiddenError",
+    "The token is valid but its scope does not allow this.",
+    |response| response.header(
+        "WWW-Authenticate",
+        HeaderBuilder::new()
+            .schema(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([r#"Bearer error="insufficient_scope""#]))
+            )
+            .description(Some("Always `Bearer error=\"insufficient_scope\"`."))
             .build(),
     )
 );

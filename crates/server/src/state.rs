@@ -9,6 +9,7 @@ use tollgate_rules::Rules;
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
+use crate::tokens::Tokens;
 
 #[derive(Clone, Debug)]
 pub(crate) struct AppState {
@@ -21,6 +22,7 @@ struct Inner {
     limiter: Limiter,
     rules: Rules,
     metrics: Metrics,
+    tokens: Arc<Tokens>,
     hot_keys: crate::hot::HotKeys,
     shutting_down: AtomicBool,
 }
@@ -31,6 +33,7 @@ impl AppState {
         limiter: Limiter,
         rules: Rules,
         metrics: Metrics,
+        tokens: Arc<Tokens>,
     ) -> AppState {
         AppState {
             inner: Arc::new(Inner {
@@ -38,6 +41,7 @@ impl AppState {
                 limiter,
                 rules,
                 metrics,
+                tokens,
                 hot_keys: crate::hot::HotKeys::default(),
                 shutting_down: AtomicBool::new(false),
             }),
@@ -58,6 +62,11 @@ impl AppState {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The scoped data tokens in force.
+    pub(crate) fn tokens(&self) -> &Tokens {
+        &self.inner.tokens
     }
 
     pub(crate) fn hot_keys(&self) -> &crate::hot::HotKeys {

@@ -182,10 +182,11 @@ pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
     responses((status = 200, description = "the server at a glance", body = Stats),
         (status = 400, response = crate::openapi::BadRequest),
         (status = 401, response = crate::openapi::Unauthorized),
+        (status = 403, response = crate::openapi::Forbidden),
         (status = 404, description = "the limit asked for is unknown",
             body = crate::openapi::NotFoundError)))]
 pub(crate) async fn stats(
-    _: Data,
+    Data(grant): Data,
     State(state): State<AppState>,
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
@@ -193,6 +194,7 @@ pub(crate) async fn stats(
         query.map_err(|rejection| query_error(&rejection.body_text(), "limit and key"))?;
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+        grant.limit(limit)?;
     } else if query.key.is_some() {
         return Err(ApiError::bad_field(
             "key",
@@ -207,7 +209,12 @@ pub(crate) async fn stats(
                 .cloned()
                 .ok_or_else(|| ApiError::not_found(format!("unknown limit {name:?}")))?,
         ],
-        None => snapshot.iter().cloned().collect(),
+        // A scoped token sees its own limits only.
+        None => snapshot
+            .iter()
+            .filter(|rule| grant.covers(rule.name()))
+            .cloned()
+            .collect(),
     };
     let metrics = state.metrics();
     state
@@ -301,7 +308,12 @@ pub(crate) async fn stats(
             last_reload_ok: rules_stats.last_reload_ok.load(Relaxed),
             reloads_ok: rules_stats.reloads_ok.load(Relaxed),
             reloads_failed: rules_stats.reloads_failed.load(Relaxed),
-            rejected: snapshot.rejected().iter().map(RejectedRow::from).collect(),
+            rejected: snapshot
+                .rejected()
+                .iter()
+                .filter(|row| grant.covers(&row.name))
+                .map(RejectedRow::from)
+                .collect(),
         },
         store: StoreView {
             kind: if memory.is_some() { "memory" } else { "redis" },

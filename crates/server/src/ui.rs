@@ -6,8 +6,9 @@
 //! The page itself (`ui/index.html`, `ui/app.js`, `ui/style.css`) is plain HTML, JavaScript
 //! and CSS with no build step. It reads only the documented endpoints: `GET /v1/stats` for the
 //! limits, their usage and the rules and store state, `GET /readyz` for health, and, with the
-//! admin token an operator types in, `GET`/`PUT /v1/limits` and `POST /v1/pause`. This module
-//! owns no API of its own.
+//! admin token an operator types in, `GET`/`PUT /v1/limits`, `POST /v1/pause`, and
+//! `GET /v1/tokens` and `DELETE /v1/tokens/{name}` for the scoped data tokens (listed without
+//! their secrets, which the server does not keep). This module owns no API of its own.
 
 use axum::extract::Path;
 use axum::http::{HeaderName, HeaderValue, header};

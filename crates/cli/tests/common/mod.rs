@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 28] = [
+const SERVER_VARIABLES: [&str; 30] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -45,6 +45,8 @@ const SERVER_VARIABLES: [&str; 28] = [
     "TOLLGATE_SERVER",
     "TOLLGATE_PATH_CASE",
     "TOLLGATE_PATH_PARAMS",
+    "TOLLGATE_TLS_CERT",
+    "TOLLGATE_TLS_KEY",
 ];
 
 pub fn binary() -> &'static str {

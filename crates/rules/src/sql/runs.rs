@@ -54,7 +54,7 @@ impl SqlSource {
     }
 
     /// `?` or `$n`, as the backend writes a parameter.
-    fn param(&self, index: usize) -> String {
+    pub(super) fn param(&self, index: usize) -> String {
         match self.pool {
             Pool::Postgres(_) => format!("${index}"),
             Pool::Sqlite(_) | Pool::MySql(_) => "?".to_owned(),

@@ -2,7 +2,8 @@
 // second, keeps the last minutes of each limit in memory to draw charts and per-second rates
 // (the server reports cumulative counters and the usage now, not history), and, once an
 // operator has entered the admin token, edits limits (PUT /v1/limits/{name}), pauses them
-// (POST /v1/pause) and lifts pauses (DELETE /v1/limits/{name}/pause).
+// (POST /v1/pause), lifts pauses (DELETE /v1/limits/{name}/pause), and lists and revokes
+// scoped data tokens (GET /v1/tokens every few seconds, DELETE /v1/tokens/{name}).
 //
 // Safety: every name, key and message from the server reaches the page as text
 // (textContent, text nodes) or as a number in an SVG attribute; nothing is parsed as HTML.
@@ -12,6 +13,7 @@
 
 const POLL_MS = 1000;
 const READY_EVERY_POLLS = 2;
+const TOKENS_EVERY_POLLS = 5;
 const HISTORY_MS = 5 * 60 * 1000;
 // Rates are measured over a few seconds, so that one slow poll does not make them jump.
 const RATE_WINDOW_MS = 5000;
@@ -32,6 +34,7 @@ const state = {
   // The counter of one key of a per-key limit, polled beside the stats.
   keyView: null, // {limit, key, limitStats, samples, error}
   editing: null, // null, {name} when editing, or {name: null} for a new limit
+  tokens: null, // the scoped data tokens, as GET /v1/tokens lists them, once read
 };
 
 // ---- Small helpers ------------------------------------------------------------------------
@@ -234,6 +237,7 @@ async function poll() {
   const polls = state.polls++;
   const work = [pollStats(), pollKey()];
   if (polls % READY_EVERY_POLLS === 0) work.push(pollReady());
+  if (polls % TOKENS_EVERY_POLLS === 0) work.push(pollTokens());
   try {
     await Promise.all(work);
   } finally {
@@ -374,6 +378,68 @@ function renderTraffic(limits) {
   $("total-denials").className = denials > 0 ? "warn" : "";
   setText($("total-waiting"), fmtInt(waiting));
   setText($("total-paused"), fmtInt(paused));
+}
+
+// ---- Scoped data tokens (admin) -----------------------------------------------------------
+
+async function pollTokens() {
+  const token = state.adminToken;
+  if (!token) return;
+  try {
+    const answer = await request("GET", "v1/tokens", { token });
+    if (state.adminToken !== token) return; // locked meanwhile
+    state.tokens = answer.tokens;
+    show($("tokens-message"), false);
+  } catch (error) {
+    if (checkTokenRefused(error)) return;
+    showMessage($("tokens-message"), `Cannot list the tokens: ${error.message}`);
+  }
+  renderTokens();
+}
+
+function renderTokens() {
+  const admin = Boolean(state.adminToken);
+  show($("tokens"), admin && state.tokens !== null);
+  if (!admin || state.tokens === null) return;
+  const tokens = state.tokens;
+  setText($("token-count"), String(tokens.length));
+  show($("no-tokens"), tokens.length === 0);
+  const body = $("token-rows");
+  // Few rows, rarely changing: rebuilt whole, from text.
+  const signature = JSON.stringify(tokens);
+  if (body.dataset.signature === signature) return;
+  body.dataset.signature = signature;
+  body.replaceChildren(
+    ...tokens.map((token) => {
+      const revoke = el("button", "quiet", "Revoke");
+      revoke.type = "button";
+      revoke.addEventListener("click", () => revokeToken(token.name));
+      return el(
+        "tr",
+        null,
+        el("td", "name", token.name),
+        el("td", "mono", token.limits.join(", ")),
+        el("td", null, token.priority_max),
+        el("td", null, token.may_pause ? "yes" : "no"),
+        el("td", null, new Date(token.created_ms).toLocaleString()),
+        el("td", null, revoke),
+      );
+    }),
+  );
+}
+
+async function revokeToken(name) {
+  if (!window.confirm(`Revoke the token “${name}”? Callers using it are refused from now on.`)) {
+    return;
+  }
+  try {
+    await request("DELETE", `v1/tokens/${encodeURIComponent(name)}`, { token: state.adminToken });
+    showMessage($("tokens-message"), `Revoked ${name}.`, true);
+  } catch (error) {
+    if (checkTokenRefused(error)) return;
+    showMessage($("tokens-message"), error.message);
+  }
+  await pollTokens();
 }
 
 function renderRejected(rejected) {
@@ -725,6 +791,7 @@ function renderAdmin() {
     );
   }
   if (!admin || fromFile) closeEditor();
+  renderTokens();
 }
 
 function showMessage(node, text, ok) {
@@ -741,6 +808,7 @@ async function unlock(token) {
     state.adminToken = token;
     store(STORAGE.admin, token);
     show(message, false);
+    pollTokens();
   } catch (error) {
     state.adminToken = "";
     store(STORAGE.admin, "");
@@ -752,6 +820,7 @@ async function unlock(token) {
 
 function lock() {
   state.adminToken = "";
+  state.tokens = null;
   store(STORAGE.admin, "");
   $("admin-token").value = "";
   if (state.stats) render();

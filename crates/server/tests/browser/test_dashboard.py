@@ -297,6 +297,33 @@ def test_a_server_with_a_data_token_asks_for_it(driver: WebDriver) -> None:
         server.stop()
 
 
+def test_admin_sees_scoped_tokens_without_secrets_and_revokes_one(
+    page: WebDriver, server: harness.Server
+) -> None:
+    status, made = server.admin("POST", "/v1/tokens", {
+        "name": "team-a", "limits": ["vendor-*", MARKUP], "priority_max": "low"})
+    # A pattern with markup is refused, naming it; the page never sees it.
+    assert status == 400 and made["error"]["field"] == "limits[1]", made
+    status, made = server.admin("POST", "/v1/tokens", {
+        "name": "team-a", "limits": ["vendor-*"], "priority_max": "low"})
+    assert status == 201, made
+    secret = made["secret"]
+    assert not shown(page, "tokens"), "read-only: no tokens panel"
+    unlock(page)
+    wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#token-rows tr"), "the tokens")
+    row = page.find_element(By.CSS_SELECTOR, "#token-rows tr")
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[:4] == ["team-a", "vendor-*", "low", "no"], cells
+    assert secret not in page.page_source
+    row.find_element(By.TAG_NAME, "button").click()
+    page.switch_to.alert.accept()
+    wait_for(page, lambda d: shown(d, "no-tokens"), "the token gone")
+    assert text(page, "#tokens-message") == "Revoked team-a."
+    status, listed = server.admin("GET", "/v1/tokens")
+    assert status == 200 and listed["tokens"] == [], listed
+    assert harness.console_errors(page) == []
+
+
 def test_screenshot_at_1280x800(page: WebDriver, server: harness.Server) -> None:
     open_limit(page, "vendor-x")
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart .line-used"), "the chart")
