@@ -61,7 +61,7 @@ async fn readyz(address: SocketAddr) -> (u16, String) {
         .await
         .expect("the server accepts connections");
     stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: tollgate\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .expect("request written");
     let mut answer = String::new();
