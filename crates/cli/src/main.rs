@@ -1057,7 +1057,7 @@ async fn tokens(
     action: TokensAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let token = admin_token(&file)?;
+    let token = admin_token(&file, &server_url(&server, &file))?;
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         TokensAction::Create {

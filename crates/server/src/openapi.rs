@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use serde_json::{Value, json};
 use utoipa::openapi::header::HeaderBuilder;
-use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
@@ -429,30 +429,39 @@ error_response!(
 error_response!(
     Forbidden,
     "ForbiddenError",
-    "The token is valid but its scope does not allow this.",
-    |response| response.header(
-        "WWW-Authenticate",
-        HeaderBuilder::new()
-            .schema(
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .enum_values(Some([r#"Bearer error="insufficient_scope""#]))
-            )
-            .description(Some("Always `Bearer error=\"insufficient_scope\"`."))
-            .build(),
-    )
+    "Refused before any handler (`bad_request`, `error.field` `Host`: a name this server does \
+     not answer to, e.g. a DNS name rebound to loopback, see allowed_hosts; or `Origin`: a \
+     browser page from an origin that is neither this server's own nor in allowed_origins), or \
+     a valid token whose scope does not allow this (`unauthorized`, with `WWW-Authenticate`).",
+    |response| response
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(
+                    OneOfBuilder::new()
+                        .item(Ref::from_schema_name("BadRequestError"))
+                        .item(Ref::from_schema_name("ForbiddenError")),
+                ))
+                .build(),
+        )
+        .header(
+            "WWW-Authenticate",
+            HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some([r#"Bearer error="insufficient_scope""#]))
+                )
+                .description(Some(
+                    "With a scope refusal: `Bearer error=\"insufficient_scope\"`.",
+                ))
+                .build(),
+        )
 );
 error_response!(
     NotFound,
     "NotFoundError",
     "The limit or permit named is unknown."
-);
-error_response!(
-    Forbidden,
-    "BadRequestError",
-    "Refused before any handler: `error.field` is `Host` (a name this server does not answer \
-     to, e.g. a DNS name rebound to loopback; add it to allowed_hosts) or `Origin` (a browser \
-     page from an origin that is neither this server's own nor in allowed_origins)."
 );
 error_response!(
     UnsupportedMediaType,
