@@ -176,6 +176,12 @@ enum LimitsAction {
         #[arg(long)]
         prune: bool,
     },
+    /// Check a limits file as `serve --rules file://FILE` would at start, without serving:
+    /// every rejected entry as FILE:LINE: NAME: FIELD: REASON, and a non-zero exit.
+    Check {
+        /// The limits file: `.toml`, `.yaml` or `.yml`.
+        file: PathBuf,
+    },
     /// Print the limits in force as a limits file, for `apply` or `serve --rules file://`.
     Export {
         /// `toml` or `yaml`.
@@ -449,6 +455,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
         Command::Serve(args) => serve(*args, file).await,
+        // Checking a file asks no server, so needs neither its address nor a token.
+        Command::Limits {
+            action: LimitsAction::Check { file: path },
+            ..
+        } => check_limits(&path).await,
         Command::Limits {
             server,
             output,
@@ -901,6 +912,8 @@ async fn limits(
         LimitsAction::List | LimitsAction::Export { .. } => {
             client.send(Method::GET, "/v1/limits", None).await
         }
+        // Dispatched before a server is looked for (`run`).
+        LimitsAction::Check { file } => return check_limits(file).await,
         LimitsAction::Get { name } => {
             client
                 .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
@@ -945,6 +958,12 @@ async fn limits(
         (Output::Table, Some(json)) => print!("{}", limits_table(json)),
         _ => print_json(&answer)?,
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `limits check`: a summary and success, or every rejected entry (the error) and failure.
+async fn check_limits(path: &Path) -> Result<ExitCode> {
+    print!("{}", limits_file::check(path).await?);
     Ok(ExitCode::SUCCESS)
 }
 
