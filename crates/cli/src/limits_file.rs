@@ -1,5 +1,6 @@
-//! `tollgate limits apply` and `tollgate limits export`: limits as code against a server whose
-//! rules live in SQL. `apply` makes the server's limits what a file says (all of the file is
+//! `tollgate limits apply`, `export` and `check`: limits as code. `check` reads a file as
+//! `serve --rules file://` would; `apply` and `export` work against a server whose rules live
+//! in SQL. `apply` makes the server's limits what a file says (all of the file is
 //! validated before anything is written, and `--dry-run` only shows the difference); `export`
 //! writes the limits in force as such a file.
 
@@ -9,7 +10,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use tollgate_cli::client::{Answer, Client};
-use tollgate_rules::{FileFormat, FileSource, RawRule, render_limits};
+use tollgate_rules::{FileFormat, FileSource, RawRule, Rules, render_limits};
 
 /// What applying a file changes, by limit name.
 #[derive(Debug, Default, PartialEq)]
@@ -51,6 +52,20 @@ pub async fn read_limits_file(path: &Path) -> Result<BTreeMap<String, Value>> {
         );
     }
     Ok(limits)
+}
+
+/// `limits check`: the file read and put in force as `serve --rules file://` does at start (on
+/// a limiter of its own, so one fact decides both): a summary, or the error naming every
+/// rejected entry at its line.
+pub async fn check(path: &Path) -> Result<String> {
+    let source = FileSource::new(path.to_owned())?;
+    let rules = Rules::start(source, tollgate::Limiter::in_memory()).await?;
+    let count = rules.snapshot().len();
+    let limits = if count == 1 { "limit" } else { "limits" };
+    Ok(format!(
+        "{}: {count} {limits}, every entry valid; `serve` would put them in force\n",
+        path.display()
+    ))
 }
 
 /// The server's limits in force, by name, from `GET /v1/limits`.

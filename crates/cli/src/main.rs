@@ -200,6 +200,12 @@ enum LimitsAction {
         #[arg(long)]
         prune: bool,
     },
+    /// Check a limits file as `serve --rules file://FILE` would at start, without serving:
+    /// every rejected entry as FILE:LINE: NAME: FIELD: REASON, and a non-zero exit.
+    Check {
+        /// The limits file: `.toml`, `.yaml` or `.yml`.
+        file: PathBuf,
+    },
     /// Print the limits in force as a limits file, for `apply` or `serve --rules file://`.
     Export {
         /// `toml` or `yaml`.
@@ -516,6 +522,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
     match cli.command {
         Command::Serve(args) => serve(*args, file).await,
+        // Checking a file asks no server, so needs neither its address nor a token.
+        Command::Limits {
+            action: LimitsAction::Check { file: path },
+            ..
+        } => check_limits(&path).await,
         Command::Limits {
             server,
             output,
@@ -996,6 +1007,8 @@ async fn limits(
         LimitsAction::List | LimitsAction::Export { .. } => {
             client.send(Method::GET, "/v1/limits", None).await
         }
+        // Dispatched before a server is looked for (`run`).
+        LimitsAction::Check { file } => return check_limits(file).await,
         LimitsAction::Get { name } => {
             client
                 .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
@@ -1127,6 +1140,12 @@ fn tokens_table(json: &serde_json::Value) -> String {
         ]);
     }
     status::columns(&rows)
+}
+
+/// `limits check`: a summary and success, or every rejected entry (the error) and failure.
+async fn check_limits(path: &Path) -> Result<ExitCode> {
+    print!("{}", limits_file::check(path).await?);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the

@@ -347,3 +347,188 @@ fn serve_checks_the_envoy_configuration_before_it_listens() {
     );
     assert!(server.terminate().success());
 }
+
+/// A limits file with a typo in one entry, as a new user writes it: `1m` is not a number of
+/// milliseconds, on line 6 of the YAML and line 9 of the TOML.
+const TYPO_YAML: &str = "limits:\n  search: {kind: rate, limit: 100, period_ms: 60000}\n  login-per-user:\n    kind: rate\n    limit: 5\n    period_ms: 1m\n";
+const TYPO_TOML: &str = "[limits.search]\nkind = \"rate\"\nlimit = 100\nperiod_ms = 60000\n\n[limits.login-per-user]\nkind = \"rate\"\nlimit = 5\nperiod_ms = \"1m\"\n";
+
+/// A file with any rejected entry stops `serve` before it listens, naming the file, the line,
+/// the entry and the field; YAML and TOML alike.
+#[test]
+fn serve_refuses_a_limits_file_with_a_rejected_entry_naming_file_line_and_field() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(directory.path().join("limits.yaml"), TYPO_YAML).expect("write");
+    std::fs::write(directory.path().join("limits.toml"), TYPO_TOML).expect("write");
+    for (rules, says) in [
+        (
+            "file://limits.yaml",
+            "limits.yaml:6: login-per-user: period_ms: ",
+        ),
+        (
+            "file://limits.toml",
+            "limits.toml:9: login-per-user: period_ms: ",
+        ),
+    ] {
+        let mut child = command(directory.path())
+            .args(["serve", "--listen", "127.0.0.1:0", "--rules", rules])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("runs");
+        // A server that serves the file anyway never exits: give it generous time, then stop it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().expect("waits").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let output = child.wait_with_output().expect("exits");
+        assert!(!output.status.success(), "{rules}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains(says),
+            "{rules}: {}",
+            stderr(&output)
+        );
+        assert!(
+            !stderr(&output).contains("listening"),
+            "{rules}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+/// `limits check` says what `serve` would, without serving: every rejected entry, non-zero;
+/// a good file, zero and a summary.
+#[test]
+fn limits_check_names_every_rejected_entry_and_passes_a_good_file() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let two_typos =
+        format!("{TYPO_YAML}  zero:\n    kind: rate\n    limit: 0\n    period_ms: 1000\n");
+    std::fs::write(directory.path().join("limits.yaml"), &two_typos).expect("write");
+    std::fs::write(directory.path().join("limits.toml"), TYPO_TOML).expect("write");
+    std::fs::write(directory.path().join("good.toml"), VENDOR_X).expect("write");
+    let check = |file: &str| {
+        command(directory.path())
+            .args(["limits", "check", file])
+            .output()
+            .expect("runs")
+    };
+    let output = check("limits.yaml");
+    assert!(!output.status.success(), "{}", stdout(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("limits.yaml:6: login-per-user: period_ms: "),
+        "{said}"
+    );
+    assert!(said.contains("limits.yaml:9: zero: limit: "), "{said}");
+    let output = check("limits.toml");
+    assert!(!output.status.success(), "{}", stdout(&output));
+    assert!(
+        stderr(&output).contains("limits.toml:9: login-per-user: period_ms: "),
+        "{}",
+        stderr(&output)
+    );
+    let output = check("good.toml");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("1 limit"), "{}", stdout(&output));
+}
+
+/// A bad edit while serving keeps the previous version in force, and shows on `/readyz` (which
+/// stays ready: the last good rules are enforced) and in `/v1/stats` until it is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_edit_while_serving_keeps_the_limit_and_shows_until_fixed() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let file = directory.path().join("limits.yaml");
+    let good = "limits:\n  login:\n    kind: rate\n    limit: 2\n    period_ms: 3600000\n";
+    std::fs::write(&file, good).expect("write");
+    let server = Server::start_with(Options {
+        args: vec![
+            "--rules",
+            "file://limits.yaml",
+            "--reload-interval-ms",
+            "100",
+        ],
+        directory: Some(directory),
+        ..Options::default()
+    });
+    let data = server.anonymous();
+    let acquire = r#"{"limits":["login"]}"#;
+    granted(&data, acquire).await;
+
+    save(&file, &good.replace("3600000", "1h"));
+    until("the bad edit is reported", async || {
+        let stats = call(&server.anonymous(), Method::GET, "/v1/stats", "").await;
+        stats.json.is_some_and(|stats| {
+            stats["rules"]["rejected"]
+                .as_array()
+                .is_some_and(|rejected| !rejected.is_empty())
+        })
+    })
+    .await;
+    // The previous version is enforced: one more grant, then a denial.
+    granted(&data, acquire).await;
+    let denied = post(&data, "/v1/acquire", acquire).await;
+    assert_eq!(denied.status.as_u16(), 429, "{}", denied.text());
+    let stats = call(&server.anonymous(), Method::GET, "/v1/stats", "").await;
+    let rejected = &stats.json.expect("json")["rules"]["rejected"][0];
+    assert_eq!(rejected["name"], "login", "{rejected}");
+    assert_eq!(rejected["column"], "period_ms", "{rejected}");
+    assert_eq!(rejected["line"], 5, "{rejected}");
+    assert_eq!(rejected["previous_in_force"], true, "{rejected}");
+    let ready = call(&server.anonymous(), Method::GET, "/readyz", "").await;
+    assert_eq!(ready.status.as_u16(), 200, "{}", ready.text());
+    let problems = ready.json.expect("json")["rules_problems"].clone();
+    assert!(
+        problems[0]
+            .as_str()
+            .is_some_and(|problem| problem.starts_with("limits.yaml:5: login: period_ms: ")),
+        "{problems}"
+    );
+
+    // A file that no longer parses shows too.
+    save(&file, "limits:\n  login: {kind: rate\n");
+    until("the broken file is reported", async || {
+        let ready = call(&server.anonymous(), Method::GET, "/readyz", "").await;
+        ready.status.as_u16() == 200
+            && ready.json.is_some_and(|ready| {
+                ready["rules_problems"].as_array().is_some_and(|problems| {
+                    problems.iter().any(|problem| {
+                        problem.as_str().is_some_and(|problem| {
+                            problem.starts_with("limits file limits.yaml: ")
+                                && problem.contains("the rules in force stay")
+                        })
+                    })
+                })
+            })
+    })
+    .await;
+    let stats = call(&server.anonymous(), Method::GET, "/v1/stats", "").await;
+    let rules = &stats.json.expect("json")["rules"];
+    assert_eq!(rules["last_reload_ok"], false, "{rules}");
+    assert!(
+        rules["last_reload_error"]
+            .as_str()
+            .is_some_and(|error| error.contains("limits.yaml")),
+        "{rules}"
+    );
+    let denied = post(&data, "/v1/acquire", acquire).await;
+    assert_eq!(denied.status.as_u16(), 429, "{}", denied.text());
+
+    // Fixed: the problem is gone from both.
+    save(&file, good);
+    until("the fix clears the problem", async || {
+        let ready = call(&server.anonymous(), Method::GET, "/readyz", "").await;
+        ready
+            .json
+            .is_some_and(|ready| ready.get("rules_problems").is_none())
+    })
+    .await;
+    let stats = call(&server.anonymous(), Method::GET, "/v1/stats", "").await;
+    assert_eq!(
+        stats.json.expect("json")["rules"]["rejected"],
+        serde_json::json!([])
+    );
+}

@@ -105,22 +105,146 @@ impl<T: Serialize> Serialize for Entries<T> {
 
 /// Read a limits file's text into one row per limit, in name order. An error here is the whole
 /// file's (bad syntax, no `limits` table, a name given twice) and says where; an entry that is
-/// not a rule comes back as that row's error, naming its field.
+/// not a rule comes back as that row's error, naming its field. Every row says its lines.
 pub fn parse_limits(text: &str, format: FileFormat) -> Result<Vec<TableRow>, String> {
     // Entries are kept as untyped values first, so one bad entry does not refuse the others.
-    let file: LimitsFile<serde_json::Value> = match format {
-        FileFormat::Toml => toml::from_str(text).map_err(|error| error.to_string())?,
-        FileFormat::Yaml => yaml_serde::from_str(text).map_err(|error| error.to_string())?,
+    // TOML gives each entry's span; YAML's parser gives none, so its entries are found by key.
+    let entries: Vec<(String, serde_json::Value, std::ops::Range<usize>)> = match format {
+        FileFormat::Toml => {
+            let file: LimitsFile<toml::Spanned<serde_json::Value>> =
+                toml::from_str(text).map_err(|error| error.to_string())?;
+            file.limits
+                .0
+                .into_iter()
+                .map(|(name, entry)| {
+                    // A `[limits.NAME]` table's span is its header: its fields follow, up to
+                    // the next header.
+                    let span = entry.span();
+                    let end = text
+                        .get(span.end..)
+                        .and_then(|rest| rest.find("\n["))
+                        .map_or(text.len(), |header| span.end + header + 1);
+                    (name, entry.into_inner(), span.start..end)
+                })
+                .collect()
+        }
+        FileFormat::Yaml => {
+            let file: LimitsFile<serde_json::Value> =
+                yaml_serde::from_str(text).map_err(|error| error.to_string())?;
+            file.limits
+                .0
+                .into_iter()
+                .map(|(name, entry)| {
+                    let span = yaml_entry_span(text, &name);
+                    (name, entry, span)
+                })
+                .collect()
+        }
     };
-    Ok(file
-        .limits
-        .0
+    Ok(entries
         .into_iter()
-        .map(|(name, entry)| TableRow {
-            rule: entry_rule(entry),
-            name,
+        .map(|(name, entry, span)| {
+            let separator = match format {
+                FileFormat::Toml => '=',
+                FileFormat::Yaml => ':',
+            };
+            let fields = entry.as_object().map_or_else(Vec::new, |fields| {
+                fields
+                    .keys()
+                    .filter_map(|field| {
+                        let at = find_key(text, span.clone(), field, separator)?;
+                        Some((field.clone(), line_at(text, at)))
+                    })
+                    .collect()
+            });
+            TableRow {
+                lines: Some(EntryLines {
+                    entry: line_at(text, span.start),
+                    fields,
+                }),
+                rule: entry_rule(entry),
+                name,
+            }
         })
         .collect())
+}
+
+/// Where a file writes an entry, so a fault is reported at its line: the entry's first line,
+/// and the line of each of its top-level fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EntryLines {
+    pub entry: u32,
+    pub fields: Vec<(String, u32)>,
+}
+
+impl EntryLines {
+    /// The line of `field` (a nested `reserve.high` is reported at its `reserve`), else the
+    /// entry's.
+    pub fn of(&self, field: &str) -> u32 {
+        let top = field.split(['.', '[']).next().unwrap_or(field);
+        self.fields
+            .iter()
+            .find(|(name, _)| name == top)
+            .map_or(self.entry, |(_, line)| *line)
+    }
+}
+
+/// The 1-based line holding byte `at` of `text`.
+fn line_at(text: &str, at: usize) -> u32 {
+    let before = text.get(..at).unwrap_or(text);
+    u32::try_from(before.matches('\n').count() + 1).unwrap_or(u32::MAX)
+}
+
+/// Where `key` is written as a key within `range` of `text`: plain or quoted, first on its
+/// line or after `{` or `,`, and followed by `separator`. The first such place, if any.
+fn find_key(
+    text: &str,
+    range: std::ops::Range<usize>,
+    key: &str,
+    separator: char,
+) -> Option<usize> {
+    let within = text.get(range.clone())?;
+    [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
+        .iter()
+        .flat_map(|spelling| {
+            within
+                .match_indices(spelling.as_str())
+                .filter_map(move |(at, _)| {
+                    let before = within[..at].trim_end_matches([' ', '\t']);
+                    let after = within[at + spelling.len()..].trim_start_matches([' ', '\t']);
+                    let starts = before.is_empty() || before.ends_with(['\n', '{', ',']);
+                    (starts && after.starts_with(separator)).then_some(range.start + at)
+                })
+        })
+        .min()
+}
+
+/// The bytes of a YAML file that hold the entry `name` of its `limits` mapping: from its key
+/// to the next line indented no deeper than the key (a flow entry is its own line).
+fn yaml_entry_span(text: &str, name: &str) -> std::ops::Range<usize> {
+    let limits = find_key(text, 0..text.len(), "limits", ':').unwrap_or(0);
+    let Some(start) = find_key(text, limits..text.len(), name, ':') else {
+        return limits..text.len();
+    };
+    let line_start = text[..start].rfind('\n').map_or(0, |newline| newline + 1);
+    let column = start - line_start;
+    let mut end = text.len();
+    let mut offset = text[start..]
+        .find('\n')
+        .map_or(text.len(), |newline| start + newline + 1);
+    while offset < text.len() {
+        let line = text[offset..].split('\n').next().unwrap_or("");
+        let content = line.trim_start_matches(' ');
+        if !content.trim().is_empty()
+            && !content.starts_with('#')
+            && line.len() - content.len() <= column
+        {
+            end = offset;
+            break;
+        }
+        offset += line.len() + 1;
+    }
+    start..end
 }
 
 fn entry_rule(entry: serde_json::Value) -> Result<RawRule, RuleError> {
@@ -334,6 +458,38 @@ limits:
         assert_eq!(error("wrong-type").field, "limit");
         assert!(error("wrong-type").reason.contains("invalid type"));
         assert_eq!(error("nested").field, "reserve.hihg");
+    }
+
+    /// Each entry's lines, in both formats and in the block, flow and inline spellings.
+    #[test]
+    fn rows_say_the_lines_of_their_entries_and_fields() {
+        let lines = |text: &str, format| -> Vec<(String, u32, u32)> {
+            parse_limits(text, format)
+                .expect("parses")
+                .into_iter()
+                .map(|row| {
+                    let lines = row.lines.expect("lines");
+                    (row.name, lines.entry, lines.of("period_ms"))
+                })
+                .collect()
+        };
+        let toml = "[limits.a]\nkind = \"rate\"\nperiod_ms = 1\n\n[limits.b]\nlimit = 1\n\n[limits.c]\n\
+                    period_ms = 2\n[other-limits]\n";
+        assert!(
+            parse_limits(toml, FileFormat::Toml).is_err(),
+            "unknown table"
+        );
+        let toml = &toml[..toml.len() - "[other-limits]\n".len()];
+        assert_eq!(
+            lines(toml, FileFormat::Toml),
+            [("a".into(), 1, 3), ("b".into(), 5, 5), ("c".into(), 8, 9)]
+        );
+        let yaml = "limits:\n  ab: {kind: rate, period_ms: 1}\n  a:\n    kind: rate\n\n    \
+                    period_ms: 2\n  'c':\n    limit: 1\n";
+        assert_eq!(
+            lines(yaml, FileFormat::Yaml),
+            [("a".into(), 3, 6), ("ab".into(), 2, 2), ("c".into(), 7, 7)]
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod rule;
 mod sql;
 
 pub use fanout::check_fanout;
-pub use file::{FILE_BYTES_MAX, FileFormat, FileSource, parse_limits, render_limits};
+pub use file::{EntryLines, FILE_BYTES_MAX, FileFormat, FileSource, parse_limits, render_limits};
 pub use path::{
     MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathCase, PathError, PathMatching,
     PathParams, method_matches, normalize_path,

@@ -73,6 +73,27 @@ impl RulesSource {
         }
     }
 
+    /// A rejected row as people read it: `FILE:LINE: NAME: FIELD: REASON` for a file (as
+    /// compilers say where a fault is), `table T: row NAME: COLUMN: REASON` for a table.
+    pub fn fault(&self, row: &RejectedRow) -> String {
+        match (self, row.line) {
+            (RulesSource::File(file), Some(line)) => format!(
+                "{}:{line}: {}: {}: {}",
+                file.path().display(),
+                row.name,
+                row.column,
+                row.reason
+            ),
+            _ => format!(
+                "{}: row {}: {}: {}",
+                self.describe(),
+                row.name,
+                row.column,
+                row.reason
+            ),
+        }
+    }
+
     /// Whether the source can be read now, for readiness checks.
     pub async fn ping(&self) -> Result<(), SourceError> {
         match self {
@@ -99,6 +120,9 @@ pub struct RejectedRow {
     pub reason: String,
     /// Whether an earlier valid version of this limit is still in force.
     pub previous_in_force: bool,
+    /// The file's line where the fault is written (the field's, else the entry's); none for
+    /// a table.
+    pub line: Option<u32>,
 }
 
 /// One version of the rules in force.
@@ -201,6 +225,27 @@ pub struct RulesStats {
     pub rows_rejected: AtomicU64,
     /// Whether the last reload reached the database.
     pub last_reload_ok: AtomicBool,
+    /// Why the last reload failed, while it has not succeeded since.
+    pub last_reload_error: std::sync::Mutex<Option<String>>,
+}
+
+impl RulesStats {
+    fn set_last_error(&self, error: Option<String>) {
+        self.last_reload_ok
+            .store(error.is_none(), Ordering::Relaxed);
+        match self.last_reload_error.lock() {
+            Ok(mut slot) => *slot = error,
+            Err(poisoned) => *poisoned.into_inner() = error,
+        }
+    }
+
+    /// Why the last reload failed, if it did.
+    pub fn last_error(&self) -> Option<String> {
+        match self.last_reload_error.lock() {
+            Ok(slot) => slot.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
 }
 
 /// A rule refused by the admin API, or a database that could not store it.
@@ -283,8 +328,44 @@ impl Rules {
                 stats: RulesStats::default(),
             }),
         };
-        rules.reload().await?;
+        let snapshot = rules.reload().await?;
+        // A limits file is reviewed before it is served: a server that started without one of
+        // its entries would enforce less than its authors wrote, and say so only in a log line.
+        if let RulesSource::File(file) = &rules.inner.source
+            && !snapshot.rejected().is_empty()
+        {
+            return Err(SourceError::Rejected {
+                path: file.path().display().to_string(),
+                entries: snapshot
+                    .rejected()
+                    .iter()
+                    .map(|row| rules.inner.source.fault(row))
+                    .collect(),
+            });
+        }
         Ok(rules)
+    }
+
+    /// What is wrong with the rules now, one line each: every rejected row or entry (a file's
+    /// as `FILE:LINE: NAME: FIELD: REASON`) and a failed last reload. Empty when all is well.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems: Vec<String> = self
+            .snapshot()
+            .rejected()
+            .iter()
+            .map(|row| {
+                let kept = if row.previous_in_force {
+                    "its previous version stays in force"
+                } else {
+                    "not in force"
+                };
+                format!("{} ({kept})", self.inner.source.fault(row))
+            })
+            .collect();
+        if let Some(error) = self.inner.stats.last_error() {
+            problems.push(format!("{error}; the rules in force stay as they were"));
+        }
+        problems
     }
 
     pub fn source(&self) -> &RulesSource {
@@ -343,10 +424,7 @@ impl Rules {
                     .stats
                     .reloads_failed
                     .fetch_add(1, Ordering::Relaxed);
-                self.inner
-                    .stats
-                    .last_reload_ok
-                    .store(false, Ordering::Relaxed);
+                self.inner.stats.set_last_error(Some(error.to_string()));
                 return Err(error);
             }
         };
@@ -370,12 +448,12 @@ impl Rules {
                 // Unchanged: in force already, the same `Arc` (equality checks stay cheap).
                 Ok(rule) if in_force.get(&row.name).is_some_and(|kept| **kept == rule) => {}
                 validated if in_force.contains_key(&row.name) => {
-                    changed_rows.push((row.name, validated))
+                    changed_rows.push((row.name, validated, row.lines))
                 }
-                validated => new_rows.push((row.name, validated)),
+                validated => new_rows.push((row.name, validated, row.lines)),
             }
         }
-        for (name, validated) in changed_rows.into_iter().chain(new_rows) {
+        for (name, validated, lines) in changed_rows.into_iter().chain(new_rows) {
             let previous = in_force.get(&name).cloned();
             let validated = validated.and_then(|rule| {
                 if previous.is_none() && in_force.len() >= RULES_MAX {
@@ -404,6 +482,7 @@ impl Rules {
                 }
                 Err(error) => {
                     let rejection = RejectedRow {
+                        line: lines.as_ref().map(|lines| lines.of(&error.field)),
                         name: name.clone(),
                         column: self.inner.source.locate(&error.field),
                         reason: error.reason,
@@ -414,6 +493,7 @@ impl Rules {
                             source = %self.inner.source.describe(),
                             row = %rejection.name,
                             column = %rejection.column,
+                            line = rejection.line,
                             reason = %rejection.reason,
                             previous_version_kept = rejection.previous_in_force,
                             "rules row rejected"
@@ -429,10 +509,7 @@ impl Rules {
             }
         }
         self.inner.stats.reloads_ok.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .stats
-            .last_reload_ok
-            .store(true, Ordering::Relaxed);
+        self.inner.stats.set_last_error(None);
         self.inner
             .stats
             .rows_rejected

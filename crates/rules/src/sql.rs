@@ -73,6 +73,16 @@ pub enum SourceError {
     Database(#[from] sqlx::Error),
     #[error("limits file {path}: {reason}")]
     File { path: String, reason: String },
+    /// A limits file with entries that are not rules: it is not served until every one is.
+    #[error("limits file {path} is not served: {} rejected:\n  {}", plural(entries.len()), entries.join("\n  "))]
+    Rejected { path: String, entries: Vec<String> },
+}
+
+fn plural(entries: usize) -> String {
+    match entries {
+        1 => "1 entry is".to_owned(),
+        n => format!("{n} entries are"),
+    }
 }
 
 impl SourceError {
@@ -88,6 +98,8 @@ pub struct TableRow {
     pub name: String,
     /// The row as a rule, or the first cell that could not be read.
     pub rule: Result<RawRule, RuleError>,
+    /// Where a limits file writes the entry, to report a fault at its line; none for a table.
+    pub lines: Option<crate::file::EntryLines>,
 }
 
 #[derive(Clone, Debug)]
@@ -595,6 +607,7 @@ where
             return TableRow {
                 name: format!("<row {index}>"),
                 rule: Err(error),
+                lines: None,
             };
         }
     };
@@ -624,7 +637,11 @@ where
             }),
         })
     })();
-    TableRow { name, rule }
+    TableRow {
+        name,
+        rule,
+        lines: None,
+    }
 }
 
 #[cfg(test)]

@@ -62,6 +62,9 @@ pub(crate) struct RejectedRow {
     reason: String,
     /// Whether an earlier valid version of this limit is still in force.
     previous_in_force: bool,
+    /// The limits file's line where the fault is written; absent for a table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<u32>,
 }
 
 impl From<&tollgate_rules::RejectedRow> for RejectedRow {
@@ -71,6 +74,7 @@ impl From<&tollgate_rules::RejectedRow> for RejectedRow {
             column: row.column.clone(),
             reason: row.reason.clone(),
             previous_in_force: row.previous_in_force,
+            line: row.line,
         }
     }
 }
@@ -937,6 +941,11 @@ pub(crate) struct Health {
     rules: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<String>,
+    /// What is wrong with the rules, one line each (a limits file's as `FILE:LINE: NAME:
+    /// FIELD: REASON`): rejected rows and a failed reload. Readiness holds meanwhile, since the
+    /// last good rules are enforced; absent when all is well.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rules_problems: Option<Vec<String>>,
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
@@ -946,6 +955,7 @@ pub(crate) async fn healthz() -> Json<Health> {
         status: "ok".into(),
         rules: None,
         store: None,
+        rules_problems: None,
     })
 }
 
@@ -990,6 +1000,7 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
             },
             rules: Some(rules),
             store: Some(store),
+            rules_problems: Some(state.rules().problems()).filter(|problems| !problems.is_empty()),
         }),
     )
         .into_response()

@@ -122,6 +122,9 @@ pub(crate) struct RulesView {
     writable: bool,
     /// Whether the last reload read the source.
     last_reload_ok: bool,
+    /// Why the last reload failed (the rules in force stay as they were); absent when it read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_reload_error: Option<String>,
     reloads_ok: u64,
     reloads_failed: u64,
     /// Rows (or file entries) not in force as written.
@@ -306,6 +309,7 @@ pub(crate) async fn stats(
             source: state.rules().source().describe(),
             writable: matches!(state.rules().source(), tollgate_rules::RulesSource::Sql(_)),
             last_reload_ok: rules_stats.last_reload_ok.load(Relaxed),
+            last_reload_error: rules_stats.last_error(),
             reloads_ok: rules_stats.reloads_ok.load(Relaxed),
             reloads_failed: rules_stats.reloads_failed.load(Relaxed),
             rejected: snapshot

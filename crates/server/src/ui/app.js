@@ -334,7 +334,12 @@ function render() {
 function renderRules(rules) {
   setText($("rules-source"), rules.source);
   setText($("rules-version"), String(rules.version));
-  setText($("rules-reload"), rules.last_reload_ok ? "ok" : "failed: the rules in force stay");
+  setText(
+    $("rules-reload"),
+    rules.last_reload_ok
+      ? "ok"
+      : `failed: ${rules.last_reload_error || "unknown"}; the rules in force stay`,
+  );
   $("rules-reload").className = rules.last_reload_ok ? "good" : "bad";
   const reloads = `${fmtInt(rules.reloads_ok)} ok, ${fmtInt(rules.reloads_failed)} failed`;
   setText($("rules-reloads"), reloads);
@@ -456,7 +461,7 @@ function renderRejected(rejected) {
         "tr",
         null,
         el("td", "name", row.name),
-        el("td", "mono", row.column),
+        el("td", "mono", row.line ? `line ${row.line}: ${row.column}` : row.column),
         el("td", "reason", row.reason),
         el("td", null, row.previous_in_force ? "its previous version" : "nothing"),
       ),
