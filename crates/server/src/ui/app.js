@@ -35,6 +35,7 @@ const state = {
   keyView: null, // {limit, key, limitStats, samples, error}
   editing: null, // null, {name} when editing, or {name: null} for a new limit
   tokens: null, // the scoped data tokens, as GET /v1/tokens lists them, once read
+  tokensUnlisted: false, // the last listing failed, and said so in #tokens-message
 };
 
 // ---- Small helpers ------------------------------------------------------------------------
@@ -394,9 +395,12 @@ async function pollTokens() {
     const answer = await request("GET", "v1/tokens", { token });
     if (state.adminToken !== token) return; // locked meanwhile
     state.tokens = answer.tokens;
-    show($("tokens-message"), false);
+    // Clears a failure to list, not what a revocation just said.
+    if (state.tokensUnlisted) show($("tokens-message"), false);
+    state.tokensUnlisted = false;
   } catch (error) {
     if (checkTokenRefused(error)) return;
+    state.tokensUnlisted = true;
     showMessage($("tokens-message"), `Cannot list the tokens: ${error.message}`);
   }
   renderTokens();
