@@ -316,26 +316,14 @@ async fn through_envoy_a_flooded_descriptor_takes_no_room_from_another() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
     let directory = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        directory.path().join("api.yaml"),
+    let server = Server::start_envoy(
+        directory,
         "domain: api\ndescriptors:\n  \
-           - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
-           - key: account\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
-           - key: route\n    value: search\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-    )
-    .expect("write");
-    let server = Server::start_with(Options {
-        args: vec![
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--envoy-config",
-            "api.yaml",
-            "--keys-tracked-max",
-            "100",
-        ],
-        directory: Some(directory),
-        ..Options::default()
-    });
+       - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+       - key: account\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+       - key: route\n    value: search\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        &["--keys-tracked-max", "100"],
+    );
     let url = server.grpc.clone().expect("the gRPC address");
     let mut client = RateLimitServiceClient::connect(url).await.expect("connect");
     let mut ask = async |key: &str, value: &str| {

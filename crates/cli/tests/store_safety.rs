@@ -63,25 +63,11 @@ fn keys(redis: &Single, pattern: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_key_cap_is_never_failed_open_through_envoy() {
     let directory = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        directory.path().join("api.yaml"),
+    let server = Server::start_envoy(
+        directory,
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
-    )
-    .expect("write");
-    let server = Server::start_with(Options {
-        args: vec![
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--envoy-config",
-            "api.yaml",
-            "--store-fail-open",
-            "true",
-            "--keys-tracked-max",
-            "100",
-        ],
-        directory: Some(directory),
-        ..Options::default()
-    });
+        &["--store-fail-open", "true", "--keys-tracked-max", "100"],
+    );
     let url = server.grpc.clone().expect("the gRPC address");
     let mut client = RateLimitServiceClient::connect(url).await.expect("connect");
     let mut ask = async |user: &str| {

@@ -223,25 +223,16 @@ fn https_serves_the_certificate_and_the_one_that_replaces_it() {
 fn the_grpc_listener_serves_the_same_certificate() {
     let directory = tempfile::tempdir().expect("tempdir");
     let (one_cert, one_key) = certificate(directory.path(), "one");
-    std::fs::write(
-        directory.path().join("api.yaml"),
+    let server = Server::start_envoy(
+        directory,
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
-    )
-    .expect("write");
-    let server = Server::start_with(Options {
-        args: vec![
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--envoy-config",
-            "api.yaml",
+        &[
             "--tls-cert",
             one_cert.to_str().expect("utf-8"),
             "--tls-key",
             one_key.to_str().expect("utf-8"),
         ],
-        directory: Some(directory),
-        ..Options::default()
-    });
+    );
     let grpc = server.grpc.clone().expect("the gRPC address");
     let address = grpc.trim_start_matches("http://");
     // grpc.health.v1.Health/Check with an empty request: a gRPC frame of length 0.

@@ -174,6 +174,19 @@ impl Server {
         }
     }
 
+    /// A server in `directory` with Envoy's rate limit service on a free port, configured by
+    /// `yaml` (written to `api.yaml` there), and `args` besides.
+    pub fn start_envoy(directory: tempfile::TempDir, yaml: &str, args: &[&str]) -> Server {
+        std::fs::write(directory.path().join("api.yaml"), yaml).expect("write api.yaml");
+        let mut all = vec!["--grpc-listen", "127.0.0.1:0", "--envoy-config", "api.yaml"];
+        all.extend_from_slice(args);
+        Server::start_with(Options {
+            args: all,
+            directory: Some(directory),
+            ..Options::default()
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
