@@ -599,16 +599,7 @@ mod tests {
         // Every path over a small alphabet up to 6 characters: the fast path and the rewrite
         // give the same answer, a normal form is a fixed point, and the path spelled with
         // every character encoded normalizes alike.
-        let alphabet = ['/', 'a', '1', '?', '#', 'f', '%', '2', 'F', '.', '+'];
-        let mut paths = vec![String::new()];
-        for _ in 0..6 {
-            let longer: Vec<String> = paths
-                .iter()
-                .filter(|path| path.len() == paths.last().map_or(0, String::len))
-                .flat_map(|path| alphabet.iter().map(move |c| format!("{path}{c}")))
-                .collect();
-            paths.extend(longer);
-        }
+        let paths = every_path(&['/', 'a', '1', '?', '#', 'f', '%', '2', 'F', '.', '+'], 6);
         for path in &paths {
             let without_query = path
                 .split_once('?')
@@ -761,21 +752,26 @@ mod tests {
         );
     }
 
+    /// Every string over `alphabet` of at most `length_max` characters, the empty one first.
+    fn every_path(alphabet: &[char], length_max: usize) -> Vec<String> {
+        let mut paths = vec![String::new()];
+        let mut last = paths.clone();
+        for _ in 0..length_max {
+            last = last
+                .iter()
+                .flat_map(|path| alphabet.iter().map(move |c| format!("{path}{c}")))
+                .collect();
+            paths.extend(last.iter().cloned());
+        }
+        paths
+    }
+
     /// Every reading over a small alphabet: the fast path agrees with the rewrite, a normal
     /// form is a fixed point, and a normal form (by default) read as a rule path is the path's
     /// own normal form under that reading.
     #[test]
     fn every_reading_agrees_with_its_rewrite_and_is_a_fixed_point() {
-        let alphabet = ['/', 'a', 'A', '1', ';', '%', '3', 'B', '.', '#'];
-        let mut paths = vec![String::new()];
-        for _ in 0..5 {
-            let longer: Vec<String> = paths
-                .iter()
-                .filter(|path| path.len() == paths.last().map_or(0, String::len))
-                .flat_map(|path| alphabet.iter().map(move |c| format!("{path}{c}")))
-                .collect();
-            paths.extend(longer);
-        }
+        let paths = every_path(&['/', 'a', 'A', '1', ';', '%', '3', 'B', '.', '#'], 5);
         for matching in EVERY_READING {
             for path in &paths {
                 let rewritten = rewrite(path, matching);
