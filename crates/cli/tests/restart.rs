@@ -7,6 +7,8 @@ mod common;
 use std::process::Command;
 use std::time::Instant;
 
+use hyper::Method;
+
 use common::*;
 
 /// Restart in the same directory (and so on the same rules database).
@@ -295,4 +297,68 @@ async fn envoy_counters_survive_a_clean_stop_and_are_held_after_a_crash() {
     let directory = std::mem::replace(&mut server.directory, tempfile::tempdir().expect("tempdir"));
     let server = start(directory);
     assert_eq!(ask(&server).await, Code::OverLimit, "{}", server.log());
+}
+
+/// The last valid version of a rule is kept in the state database: a row broken while the
+/// server was down is served as it last was, and reported; a row that was never valid is absent
+/// and reported; a row deleted while the server was down is not brought back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_broken_while_the_server_was_down_keeps_its_last_valid_version() {
+    let mut server = fresh_server();
+    rate_limit(&server, "login", 3_600_000).await;
+    rate_limit(&server, "gone", 3_600_000).await;
+    assert!(server.terminate().success(), "{}", server.log());
+    let url = format!(
+        "sqlite://{}",
+        server.directory.path().join("tollgate.db").display()
+    );
+    {
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("tollgate.db");
+        for sql in [
+            "UPDATE tollgate_limits SET period_ms = '1m' WHERE name = 'login'",
+            "DELETE FROM tollgate_limits WHERE name = 'gone'",
+            "INSERT INTO tollgate_limits (name, kind, limit_units, period_ms) VALUES ('typo', 'rate', 5, -1)",
+        ] {
+            sqlx::query(sql)
+                .execute(&pool)
+                .await
+                .unwrap_or_else(|error| panic!("{sql}: {error}"));
+        }
+        pool.close().await;
+    }
+    let restarted = restart(&mut server);
+    // The kept version is enforced: 5 per hour, the sixth refused.
+    for attempt in 0..5 {
+        let answer = acquire(&restarted, "login").await;
+        assert_eq!(answer.status, 200, "grant {attempt}: {}", answer.text());
+    }
+    let answer = acquire(&restarted, "login").await;
+    assert_eq!(answer.status, 429, "{}", answer.text());
+    assert_eq!(reason(&answer), "capacity", "{}", answer.text());
+    let limits = call(&restarted.admin(), Method::GET, "/v1/limits", "").await;
+    let json = limits.json.clone().expect("json");
+    let rejected = json["rejected"].as_array().expect("rejected rows");
+    let row = |name: &str| {
+        rejected
+            .iter()
+            .find(|row| row["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not reported: {}", limits.text()))
+            .clone()
+    };
+    assert_eq!(row("login")["column"], "period_ms", "{}", limits.text());
+    assert_eq!(row("login")["previous_in_force"], true, "{}", limits.text());
+    assert_eq!(row("typo")["previous_in_force"], false, "{}", limits.text());
+    let names: Vec<&str> = json["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .filter_map(|limit| limit["name"].as_str())
+        .collect();
+    assert_eq!(names, ["login"], "{}", limits.text());
+    let ready = call(&restarted.anonymous(), Method::GET, "/readyz", "").await;
+    assert!(
+        ready.text().contains("its previous version stays in force"),
+        "{}",
+        ready.text()
+    );
 }

@@ -4,7 +4,10 @@
 //!
 //! A row that fails validation is reported and skipped, but if an earlier version of the same
 //! limit was valid, that version stays in force: an administrator's typo never silently lifts
-//! a limit. Counters live in the store by limit name, so a reload never refills them.
+//! a limit. For SQL rules that earlier version outlives the process: each limit's last valid
+//! version is kept in `<table>_valid` (written when it changes) and read at start, so a row
+//! broken while the server was down is served as it last was. Counters live in the store by
+//! limit name, so a reload never refills them.
 //!
 //! One request is decided all or nothing over at most `COUNTERS_PER_REQUEST_MAX` limits, so a
 //! set in force never lets one request match more rules than that (see `fanout`): a row that
@@ -268,6 +271,9 @@ struct State {
     /// What was last applied: the valid rules and the rejected rows with their reasons.
     in_force: BTreeMap<String, Arc<Rule>>,
     rejected: BTreeMap<String, RejectedRow>,
+    /// What `<table>_valid` holds, as far as this server wrote or read it: compared with what
+    /// is in force after each reload, so only the names that changed are written.
+    kept: BTreeMap<String, Arc<Rule>>,
 }
 
 #[derive(Debug)]
@@ -317,6 +323,7 @@ impl Rules {
                     version: 0,
                     in_force: BTreeMap::new(),
                     rejected: BTreeMap::new(),
+                    kept: BTreeMap::new(),
                 }),
                 snapshot: RwLock::new(Arc::new(RuleSet::new(
                     0,
@@ -328,6 +335,7 @@ impl Rules {
                 stats: RulesStats::default(),
             }),
         };
+        rules.read_kept_versions().await?;
         let snapshot = rules.reload().await?;
         // A limits file is reviewed before it is served: a server that started without one of
         // its entries would enforce less than its authors wrote, and say so only in a log line.
@@ -344,6 +352,66 @@ impl Rules {
             });
         }
         Ok(rules)
+    }
+
+    /// Take the last valid versions kept in the state database as the versions in force before
+    /// the first reload: a row that is invalid now keeps its kept version, as a row broken
+    /// while running keeps the one in memory. Only rows still in the table are served, so a
+    /// kept version never brings a deleted row back. A limits file keeps none: a file with a
+    /// rejected entry is not served at all.
+    async fn read_kept_versions(&self) -> Result<(), SourceError> {
+        let RulesSource::Sql(table) = &self.inner.source else {
+            return Ok(());
+        };
+        let mut kept = BTreeMap::new();
+        for (name, version) in table.kept_versions().await? {
+            match version {
+                Ok(rule) => {
+                    kept.insert(name, Arc::new(rule));
+                }
+                // Written by a build that accepted more: not a version this one can serve.
+                Err(error) => tracing::warn!(
+                    row = %name,
+                    field = %error.field,
+                    reason = %error.reason,
+                    "kept rule version not valid; not used"
+                ),
+            }
+        }
+        let mut state = self.inner.state.lock().await;
+        state.in_force = kept.clone();
+        state.kept = kept;
+        Ok(())
+    }
+
+    /// Write to `<table>_valid` the versions in force that it does not hold yet, and drop the
+    /// names no longer in force (their rows are gone). A failure leaves `state.kept` as it was,
+    /// so the next reload tries again; the rules in force do not depend on it.
+    async fn keep_versions(&self, state: &mut State, in_force: &BTreeMap<String, Arc<Rule>>) {
+        let RulesSource::Sql(table) = &self.inner.source else {
+            return;
+        };
+        if *in_force == state.kept {
+            return;
+        }
+        let changed: Vec<Arc<Rule>> = in_force
+            .iter()
+            .filter(|(name, rule)| state.kept.get(*name) != Some(*rule))
+            .map(|(_, rule)| rule.clone())
+            .collect();
+        let dropped: Vec<String> = state
+            .kept
+            .keys()
+            .filter(|name| !in_force.contains_key(*name))
+            .cloned()
+            .collect();
+        match table.keep_versions(&changed, &dropped).await {
+            Ok(()) => state.kept = in_force.clone(),
+            Err(error) => tracing::warn!(
+                %error,
+                "last valid rule versions not written; retried at the next reload"
+            ),
+        }
     }
 
     /// What is wrong with the rules now, one line each: every rejected row or entry (a file's
@@ -514,6 +582,7 @@ impl Rules {
             .stats
             .rows_rejected
             .store(rejected.len() as u64, Ordering::Relaxed);
+        self.keep_versions(state, &in_force).await;
         let changed =
             state.version == 0 || in_force != state.in_force || rejected != state.rejected;
         if !changed {

@@ -3,8 +3,8 @@
 //! schema and its migrations, reading rows into `RawRule`s (a cell of the wrong type refuses
 //! that row, naming its column), writing the admin API's changes, and PostgreSQL's change feed
 //! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll). Beside
-//! the rules table it keeps the server's state: its runs (`runs.rs`) and its scoped data
-//! tokens (`tokens.rs`).
+//! the rules table it keeps the server's state: its runs (`runs.rs`), its scoped data tokens
+//! (`tokens.rs`) and the last valid version of each rule (`valid.rs`).
 //!
 //! The table name is configurable so that several deployments (or tests) share one database;
 //! it is spliced into SQL text, so it is validated to a plain identifier first.
@@ -122,6 +122,7 @@ macro_rules! on_pool {
 
 mod runs;
 mod tokens;
+mod valid;
 
 pub use runs::PreviousRun;
 pub use tokens::TokenRow;
@@ -405,6 +406,7 @@ impl SqlSource {
             (2, self.runs_migration()),
             (3, vec![keys_max]),
             (4, self.tokens_migration()),
+            (5, self.valid_migration()),
         ]
     }
 

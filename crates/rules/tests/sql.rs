@@ -74,6 +74,7 @@ impl Admin {
             format!("DROP TABLE IF EXISTS {table}_runs"),
             format!("DROP TABLE IF EXISTS {table}_saved"),
             format!("DROP TABLE IF EXISTS {table}_tokens"),
+            format!("DROP TABLE IF EXISTS {table}_valid"),
         ] {
             let _ = match self {
                 Admin::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(|_| ()),
@@ -259,6 +260,70 @@ async fn an_invalid_row_keeps_the_last_valid_version_and_spares_the_others() {
             setup.in_force("a") == Some(2)
         })
         .await;
+        setup.finish().await;
+    }
+}
+
+/// The last valid version outlives the process: a row broken while no server ran keeps it at
+/// the next start, a row that was never valid is absent and reported, and a row deleted
+/// meanwhile is not brought back (its kept version is dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_valid_version_survives_a_restart() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    for url in urls(&directory) {
+        let setup = setup(&url, "kept", Duration::from_secs(3600)).await;
+        let table = setup.table.clone();
+        setup.admin.exec(&rate_row(&table, "a", 3)).await;
+        setup.admin.exec(&rate_row(&table, "b", 4)).await;
+        setup.rules.reload().await.expect("reload");
+        setup
+            .admin
+            .exec(&format!(
+                "UPDATE {table} SET limit_units = 5 WHERE name = 'a'"
+            ))
+            .await;
+        setup.rules.reload().await.expect("reload");
+        assert_eq!(setup.in_force("a"), Some(5), "{url}");
+        let _ = setup.stop.send(true);
+        // While no server runs: `a` is broken, `b` deleted, `c` written broken.
+        for sql in [
+            format!("UPDATE {table} SET limit_units = -1 WHERE name = 'a'"),
+            format!("DELETE FROM {table} WHERE name = 'b'"),
+            format!(
+                "INSERT INTO {table} (name, kind, limit_units, period_ms) VALUES ('c', 'rate', 1, -5)"
+            ),
+        ] {
+            setup.admin.exec(&sql).await;
+        }
+        let limiter = Limiter::in_memory();
+        let source = SqlSource::connect(&url, &table).await.expect("connects");
+        let restarted = Rules::start(source, limiter.clone()).await.expect("loads");
+        let capacity = |name: &str| {
+            limiter
+                .limits()
+                .get(name)
+                .map(|limit| limit.policy().capacity())
+        };
+        assert_eq!(
+            capacity("a"),
+            Some(5),
+            "{url}: a keeps its last valid version"
+        );
+        assert_eq!(capacity("b"), None, "{url}: b was deleted");
+        assert_eq!(capacity("c"), None, "{url}: c was never valid");
+        assert_eq!(
+            rejections(&restarted.snapshot()),
+            vec![("a", "limit_units", true), ("c", "period_ms", false)],
+            "{url}"
+        );
+        assert_eq!(
+            setup
+                .admin
+                .count(&format!("SELECT COUNT(*) FROM {table}_valid"))
+                .await,
+            1,
+            "{url}: only a's version is kept"
+        );
         setup.finish().await;
     }
 }
