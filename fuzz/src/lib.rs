@@ -110,6 +110,7 @@ impl Api {
                 shutdown_grace: std::time::Duration::from_secs(1),
                 redis_namespace: tollgate_server::DEFAULT_REDIS_NAMESPACE.to_owned(),
                 store_fail_open: false,
+                redis_allow_eviction: false,
                 store_timeout: std::time::Duration::from_secs(1),
                 grpc_listen: None,
                 envoy_config: None,
