@@ -506,18 +506,40 @@ fn envoy_limits(watch: &tollgate_envoy::ConfigWatch) -> Vec<tollgate::Limit> {
 /// Reclaim idle counters when traffic is too low to do it in passing.
 fn spawn_sweeper(
     memory: Arc<MemoryStore>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_every(SWEEP_INTERVAL, stop, move || {
+        memory.sweep(SWEEP_PER_SHARD);
+        std::future::ready(())
+    })
+}
+
+/// Run `tick` every `interval`, the first time one interval from now, until `stop` turns true:
+/// the server's background chores (sweeping idle counters, reloading tokens, watching the TLS
+/// files). A tick that runs late delays the next rather than bunching them.
+pub(crate) fn spawn_every<Tick, Ticked>(
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+    mut tick: Tick,
+) -> tokio::task::JoinHandle<()>
+where
+    Tick: FnMut() -> Ticked + Send + 'static,
+    Ticked: Future<Output = ()> + Send,
+{
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // An interval's first tick is at once.
+        ticker.tick().await;
         loop {
             tokio::select! {
-                _ = ticker.tick() => { memory.sweep(SWEEP_PER_SHARD); }
                 _ = stop.changed() => {}
+                _ = ticker.tick() => {}
             }
             if *stop.borrow() {
                 break;
             }
+            tick().await;
         }
     })
 }

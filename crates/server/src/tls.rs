@@ -199,21 +199,12 @@ impl TlsFiles {
     }
 
     /// Look at the files every `TLS_RELOAD_CHECK_INTERVAL` until `stop` turns true.
-    pub fn spawn_watcher(self: &Arc<Self>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    pub fn spawn_watcher(self: &Arc<Self>, stop: watch::Receiver<bool>) -> JoinHandle<()> {
         let files = self.clone();
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(TLS_RELOAD_CHECK_INTERVAL);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.changed() => {}
-                    _ = ticker.tick() => {}
-                }
-                if *stop.borrow() {
-                    break;
-                }
-                // Reading two small files: off the runtime's threads all the same.
-                let checking = files.clone();
+        crate::spawn_every(TLS_RELOAD_CHECK_INTERVAL, stop, move || {
+            // Reading two small files: off the runtime's threads all the same.
+            let checking = files.clone();
+            async move {
                 let _ = tokio::task::spawn_blocking(move || checking.check()).await;
             }
         })

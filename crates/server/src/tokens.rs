@@ -372,21 +372,12 @@ impl Tokens {
     pub(crate) fn spawn_reloader(
         self: &Arc<Self>,
         interval: Duration,
-        mut stop: watch::Receiver<bool>,
+        stop: watch::Receiver<bool>,
     ) -> JoinHandle<()> {
         let tokens = self.clone();
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticker.tick().await;
-            loop {
-                tokio::select! {
-                    _ = stop.changed() => {}
-                    _ = ticker.tick() => {}
-                }
-                if *stop.borrow() {
-                    break;
-                }
+        crate::spawn_every(interval, stop, move || {
+            let tokens = tokens.clone();
+            async move {
                 if let Err(error) = tokens.reload().await {
                     tracing::warn!(%error, "tokens reload failed; the tokens in force stay");
                 }
