@@ -741,16 +741,7 @@ async fn check_matches_every_spelling_of_a_path() {
         "/repo/v1/entity/./12/bundle?x=%ZZ",
         "/repo/v1/%65ntity/%2b12/bundle",
     ] {
-        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
-        let answer = post(&client, "/v1/check", &body).await;
-        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
-        let answer = answer.json.expect("json");
-        assert_eq!(answer["path"], "/repo/v1/entity/#/bundle", "{path}");
-        assert_eq!(
-            answer["matched"],
-            serde_json::json!(["entity-bundle"]),
-            "{path}"
-        );
+        check_matches(&client, path, "/repo/v1/entity/#/bundle", "entity-bundle").await;
     }
     let encoded_slash = post(
         &client,
@@ -1245,16 +1236,7 @@ async fn check_reads_braced_uuids_as_ids() {
         "/files/{0b2f7a4e91c44f579d6a3e1c2b9a8f00}",
         "/files/urn:uuid:0b2f7a4e-91c4-4f57-9d6a-3e1c2b9a8f00",
     ] {
-        let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
-        let answer = post(&client, "/v1/check", &body).await;
-        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
-        let answer = answer.json.expect("json");
-        assert_eq!(answer["path"], "/files/#", "{path}");
-        assert_eq!(
-            answer["matched"],
-            serde_json::json!(["file-read"]),
-            "{path}"
-        );
+        check_matches(&client, path, "/files/#", "file-read").await;
     }
 }
 
@@ -1310,4 +1292,20 @@ async fn check_reads_paths_as_the_configured_router_does() {
     let answer = answer.json.expect("json");
     assert_eq!(answer["path"], "/repo/entity/#/bundle");
     assert_eq!(answer["matched"], serde_json::json!(["rule"]));
+}
+
+/// `/v1/check` of `GET path` for one user is allowed, reads the path as `normal`, and matches
+/// the rule `rule` alone.
+async fn check_matches(
+    client: &tollgate_cli::client::Client,
+    path: &str,
+    normal: &str,
+    rule: &str,
+) {
+    let body = format!(r#"{{"user":"u1","method":"GET","path":"{path}"}}"#);
+    let answer = post(client, "/v1/check", &body).await;
+    assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+    let answer = answer.json.expect("json");
+    assert_eq!(answer["path"], normal, "{path}");
+    assert_eq!(answer["matched"], serde_json::json!([rule]), "{path}");
 }
