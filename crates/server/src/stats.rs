@@ -153,24 +153,28 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
     }
 }
 
-/// A query string refused, naming the parameter at fault: serde names an unknown or repeated
-/// parameter in back-quotes. One with no name (`?=x`) cannot be named: the query string as a
-/// whole is, as `query`.
 /// A query string refused, naming the parameter at fault; `parameters` lists the known ones.
+/// serde names an unknown or repeated parameter in back-quotes, and the name may hold
+/// back-quotes itself: it ends where serde's own words begin. One with no name (`?=x`) cannot
+/// be named: the query string as a whole is, as `query`.
 pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
-    let named = |prefix: &str| {
-        text.split_once(prefix)
-            .and_then(|(_, rest)| rest.split_once('`'))
-            .map(|(name, _)| name)
-            .filter(|name| !name.is_empty())
-    };
-    if let Some(name) = named("unknown field `") {
+    let after = |prefix: &str| text.split_once(prefix).map(|(_, rest)| rest);
+    let unknown = after("unknown field `").and_then(|rest| {
+        let end = rest
+            .rfind("`, expected")
+            .or_else(|| rest.rfind("`, there are no fields"))?;
+        Some(&rest[..end]).filter(|name| !name.is_empty())
+    });
+    if let Some(name) = unknown {
         return ApiError::bad_field(
             name,
             format!("unknown parameter; the parameters are {parameters}"),
         );
     }
-    if let Some(name) = named("duplicate field `") {
+    let repeated = after("duplicate field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+        .filter(|name| !name.is_empty());
+    if let Some(name) = repeated {
         return ApiError::bad_field(name, "is given more than once");
     }
     ApiError::bad_field(
@@ -342,5 +346,8 @@ mod tests {
         assert_eq!(field("bogus=1").as_deref(), Some("bogus"));
         assert_eq!(field("limit=a&limit=b").as_deref(), Some("limit"));
         assert_eq!(field("limit=a&=x").as_deref(), Some("query"));
+        // A name holding back-quotes is named whole (a fuzzed case: `%C3%AF%C3%B6%60`).
+        assert_eq!(field("%C3%AF%C3%B6%60=1").as_deref(), Some("ïö`"));
+        assert_eq!(field("a%60%2C%20b=1").as_deref(), Some("a`, b"));
     }
 }
