@@ -987,13 +987,7 @@ impl Limiter {
         }
         let duration = duration.min(self.pause_max());
         let (target, key) = self.pause_target(limit, key)?;
-        let take = Take {
-            counter: CounterId {
-                limit: target.name(),
-                key,
-            },
-            policy: target.policy(),
-        };
+        let take = target.take(key);
         let remaining_us = self.shared.store.pause(take, micros(duration)).await?;
         Ok(Duration::from_micros(remaining_us))
     }
@@ -1011,13 +1005,7 @@ impl Limiter {
     /// after a loss of state is not a pause and stays. Returns whether a pause was on.
     pub async fn resume(&self, limit: &str, key: Option<&str>) -> Result<bool> {
         let (target, key) = self.pause_target(limit, key)?;
-        let take = Take {
-            counter: CounterId {
-                limit: target.name(),
-                key,
-            },
-            policy: target.policy(),
-        };
+        let take = target.take(key);
         self.shared.store.resume(take).await
     }
 
@@ -1055,13 +1043,7 @@ impl Limiter {
         let table = self.shared.table();
         let resolved = resolve(&table, &[limit], key)?;
         let target = resolved.limits[0];
-        let take = Take {
-            counter: CounterId {
-                limit: target.name(),
-                key: key.filter(|_| target.per().is_some()),
-            },
-            policy: target.policy(),
-        };
+        let take = target.take(key.filter(|_| target.per().is_some()));
         self.shared.store.usage(take).await
     }
 

@@ -61,6 +61,18 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// This limit's counter for `key` (none for a limit not counted per key), as a store takes
+    /// it.
+    pub(crate) fn take<'a>(&'a self, key: Option<&'a str>) -> crate::store::Take<'a> {
+        crate::store::Take {
+            counter: crate::store::CounterId {
+                limit: self.name(),
+                key,
+            },
+            policy: self.policy(),
+        }
+    }
+
     /// `per` names what the key identifies (`"user"`, `"account"`); with it, every key gets its
     /// own counter under this policy.
     pub fn new(name: &str, policy: Policy, per: Option<&str>) -> Result<Limit> {
