@@ -1,7 +1,9 @@
 //! The Lua script against the decision core: random operation sequences run through Redis,
 //! and every answer is compared with what `tollgate_core::Counter` says at the same instant (the
 //! script reports the `TIME` it decided at; the core is asked at exactly that time). Any
-//! difference between the two implementations of the arithmetic fails here.
+//! difference between the two implementations of the arithmetic fails here, and so does a call
+//! the script did not answer (a store or script error, a malformed reply, a timeout): the core
+//! always answers, so only a refusal the core makes too (a cost above the capacity) is passed.
 //!
 //! Needs `TOLLGATE_TEST_REDIS`; skipped (loudly) without it.
 
@@ -192,22 +194,21 @@ async fn compare(
                 };
                 let used = used % (cost + 2);
                 let (now, redis) = store.commit_at(take, seq, used).await;
-                let expected = match core.as_mut() {
-                    Some(counter) if now > 0 => counter.commit(&policy, now, seq, used),
-                    _ => continue,
-                };
+                let now = answered(now, &redis).map_err(context)?;
+                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                let expected = counter.commit(&policy, now, seq, used);
                 compare_permit_results(expected, redis).map_err(context)?;
             }
             Op::Renew { pick } => {
-                if permits.is_empty() || !policy.is_concurrency() {
+                if permits.is_empty() {
                     continue;
                 }
+                // A rate permit too: both must refuse it alike.
                 let (fence, _) = permits[pick % permits.len()];
                 let (now, redis) = store.renew_at(take, fence).await;
-                let expected = match core.as_mut() {
-                    Some(counter) if now > 0 => counter.renew(&policy, now, fence),
-                    _ => continue,
-                };
+                let now = answered(now, &redis).map_err(context)?;
+                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                let expected = counter.renew(&policy, now, fence);
                 compare_permit_results(expected, redis).map_err(context)?;
             }
             Op::Pause { duration_ms } => {
@@ -234,6 +235,17 @@ fn fresh(policy: &Policy, now: u64, born: u64) -> Counter {
         Counter::recovering(now, until)
     } else {
         Counter::new(now)
+    }
+}
+
+/// The store's clock at a decision, if the script decided: a call it never answered (a store
+/// or script error, a reply without its head, a timeout) is a difference, as the core always
+/// answers.
+fn answered<T: std::fmt::Debug>(now: u64, redis: &Result<T, Error>) -> Result<u64, String> {
+    match redis {
+        _ if now > 0 => Ok(now),
+        Err(error) => Err(format!("the store gave no decision: {error}")),
+        Ok(answer) => Err(format!("an answer without the store's clock: {answer:?}")),
     }
 }
 

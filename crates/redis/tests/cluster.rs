@@ -21,8 +21,11 @@ use std::time::{Duration, Instant};
 use tollgate::conformance::Stores;
 use tollgate::store::CounterId;
 use tollgate_redis::RedisStore;
+use tollgate_redis::loss::Generation;
 
-use fleets::{Fleet, Run, most_in_a_window};
+use fleets::{
+    Fleet, Run, assert_held_for_a_period, assert_new_generation, most_in_a_window, wall_clock_us,
+};
 use nodes::Cluster;
 
 /// The slot of a counter's keys, as the cluster computes it.
@@ -54,16 +57,15 @@ fn limits_on_every_master(cluster: &Cluster, store: &RedisStore) -> Vec<(String,
     found
 }
 
-fn generation_born(
+/// The generation that guards `limit`'s slot, read from its master now.
+fn generation_of(
     runtime: &tokio::runtime::Runtime,
     store: &RedisStore,
     limit: &str,
-) -> Option<u64> {
-    let generation = runtime.block_on(store.generation(CounterId { limit, key: None }));
-    generation
-        .ok()
-        .flatten()
-        .map(|generation| generation.born_us)
+) -> Option<Generation> {
+    runtime
+        .block_on(store.generation(CounterId { limit, key: None }))
+        .expect("the generation can be read")
 }
 
 #[test]
@@ -180,14 +182,16 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     assert_no_overshoot(&run, &grants);
 
     // 2. Reshard under load: the first limit's slot moves to the master of the second.
-    let (moved, slot, _) = limits[0].clone();
-    let born_before = generation_born(&runtime, &store, &moved).expect("a generation");
+    let (moved, slot, moved_from) = limits[0].clone();
+    let before = generation_of(&runtime, &store, &moved).expect("a generation");
+    assert_eq!(before.owner.node, cluster.id(moved_from), "{before:?}");
     let run = Run {
         duration_ms: 5_000,
         ..run
     };
     let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
     std::thread::sleep(Duration::from_millis(1_500));
+    let moving_at_us = wall_clock_us();
     cluster.migrate_slot(slot, limits[1].2);
     let (grants, errors) = fleet.collect_by_limit();
     assert_no_overshoot(&run, &grants);
@@ -195,20 +199,15 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     assert_eq!(cluster.master_of(slot), limits[1].2, "the slot moved");
     // Its new master owns the slot's generation now: started again, so the moved limit's
     // counters waited one period (a reshard is not told apart from a failover to a stale copy).
-    let born_after = generation_born(&runtime, &store, &moved).expect("a generation");
-    assert!(
-        born_after > born_before,
-        "the moved slot's generation started again"
-    );
-    assert!(
-        !grants[&moved]
-            .iter()
-            .any(|&at| at >= born_after && at < born_after + run.period_ms * 1_000),
-        "a grant inside the moved slot's hold"
-    );
+    let after = generation_of(&runtime, &store, &moved).expect("a generation");
+    assert_new_generation(&before, &after, moving_at_us);
+    assert_eq!(after.owner.node, cluster.id(limits[1].2), "{after:?}");
+    assert_held_for_a_period(&grants[&moved], moving_at_us, after.born_us, run.period_ms);
 
     // 3. kill -9 of the master serving the third limit, mid-run.
     let (hot, hot_slot, hot_master) = limits[2].clone();
+    let before = generation_of(&runtime, &store, &hot).expect("a generation");
+    assert_eq!(before.owner.node, cluster.id(hot_master), "{before:?}");
     let run = Run {
         duration_ms: 9_000,
         ..run
@@ -216,6 +215,7 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     let fleet = Fleet::start(&url, &namespace, &run, &[None; 4]);
     std::thread::sleep(Duration::from_millis(1_500));
     let killed_at = Instant::now();
+    let killed_at_us = wall_clock_us();
     cluster.nodes[hot_master].kill();
     let (grants, errors) = fleet.collect_by_limit();
     eprintln!(
@@ -225,22 +225,13 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
     assert_no_overshoot(&run, &grants);
     let promoted = cluster.master_of(hot_slot);
     assert_ne!(promoted, hot_master, "a replica was promoted");
-    // The promoted replica started a new generation (its owner differs): the hot limit waited
-    // out one period before granting again, and the other masters never stopped.
-    let born_after = generation_born(&runtime, &store, &hot).expect("a generation");
-    assert!(born_after > 0, "a new generation after the failover");
-    let hot_grants = &grants[&hot];
-    let last = *hot_grants.last().expect("the hot limit was served");
-    assert!(
-        last >= born_after + run.period_ms * 1_000,
-        "the hot limit resumed after its quarantine"
-    );
-    assert!(
-        !hot_grants
-            .iter()
-            .any(|&at| at >= born_after && at < born_after + run.period_ms * 1_000),
-        "a grant inside the quarantine"
-    );
+    // The promoted replica started a generation of its own, born after the kill: the hot limit
+    // waited out one period of it before granting again, and the other masters never stopped.
+    let after = generation_of(&runtime, &store, &hot).expect("a generation");
+    assert_new_generation(&before, &after, killed_at_us);
+    assert_eq!(after.owner.node, cluster.id(promoted), "{after:?}");
+    let born_after = after.born_us;
+    assert_held_for_a_period(&grants[&hot], killed_at_us, born_after, run.period_ms);
     for (name, _, _) in &limits[..2] {
         let times = &grants[name];
         // Served during the outage: a grant within one second of the new generation's birth.

@@ -1,17 +1,20 @@
 //! Fleets of OS processes sharing one limit through Redis. Each process prints the decision
 //! time of every grant it received (Redis `TIME`); this test gathers those lines and counts every
-//! window itself. The store's own counters are never read.
+//! window itself. The store's own counters are never read. Where the workers' clocks are skewed,
+//! their printed times are not trusted either: the test times each grant itself.
 //!
 //! - four processes x 50 acquirers over 200 periods: zero overshoot, and the utilisation;
 //! - Redis flushed, then killed and restarted (a private server on its own port), mid-run: G6;
-//! - processes whose clocks are off by seconds (libfaketime): G1 still holds, as decisions use
-//!   Redis's clock;
+//! - processes whose clocks are off by seconds (libfaketime), stepped by this test and every
+//!   grant timed on this test's own clock: G1 holds, as decisions use Redis's clock (G5);
 //! - afterwards, no Tollgate key without a TTL.
 
 mod common;
 mod fleets;
 
-use fleets::{Fleet, Run, faketime_library, most_in_a_window};
+use fleets::{
+    Bracket, Fleet, Run, SteppedFleet, faketime_library, most_certainly_within, most_in_a_window,
+};
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -74,43 +77,111 @@ fn four_processes_of_fifty_acquirers_never_overshoot() {
     assert_no_key_without_ttl(&url, &namespace);
 }
 
-#[test]
-fn processes_with_skewed_clocks_keep_the_limit() {
-    let Some(url) = common::redis_url("processes_with_skewed_clocks_keep_the_limit") else {
+/// Worker clocks for the skew tests, slowest first: libfaketime offsets, `None` the true time.
+const SKEWS: [Option<&str>; 4] = [Some("-5s"), None, Some("+3s"), Some("+7s")];
+
+/// Processes whose clocks are seconds apart, judged by this test's own clock (G1, G5). Each
+/// round asks every worker for the whole limit: first in turn (the slowest clock first in the
+/// first round, then rotated, so each worker leads once), then all at once. Every grant is
+/// bracketed by this process's monotonic clock (`SteppedFleet`), and a round starts a period
+/// after the last one ended, so each round finds the limit empty. Decided on Redis's clock,
+/// the leading worker gets the whole limit and nobody else a unit; decided on each worker's
+/// clock, a slower worker's grants look a period old to every faster one, and each worker of
+/// the first round would get the whole limit again.
+///
+/// `per_span_max`: the most units one interval shorter than a period may hold by the
+/// algorithm's bound.
+fn skewed_fleet_in_rounds(test: &str, algorithm: &'static str, per_span_max: fn(u64) -> u64) {
+    let Some(url) = common::redis_url(test) else {
         return;
     };
     if faketime_library().is_none() {
-        eprintln!(
-            "SKIPPED processes_with_skewed_clocks_keep_the_limit: libfaketime is not installed"
-        );
+        eprintln!("SKIPPED {test}: libfaketime is not installed");
         return;
     }
-    let namespace = common::namespace("skew");
+    let namespace = common::namespace(test);
     declare_fresh_blocking(&url, &namespace);
-    let run = Run {
-        name: "vendor".into(),
-        limit: 10,
-        period_ms: 100,
-        acquirers: 20,
-        duration_ms: 5_000,
-        algorithm: "fixed",
-    };
-    let fleet = Fleet::start(
+    let (limit, period_ms) = (5, 1_000);
+    let period_us = period_ms * 1_000;
+    // Redis reads the realtime clock, this test the monotonic one; their rates differ by at most
+    // NTP's slew (500 ppm): a period measured here is taken a thousandth shorter, or longer.
+    let slew_us = period_us / 1_000;
+    let judged_us = period_us - slew_us;
+    let mut fleet = SteppedFleet::start(
         &url,
         &namespace,
-        &run,
-        &[Some("+7s"), Some("-5s"), None, Some("+3s")],
+        "vendor",
+        (limit, period_ms),
+        algorithm,
+        &SKEWS,
     );
-    let (grants, errors) = fleet.collect();
-    assert_eq!(errors, 0);
-    assert!(grants.len() > 100, "only {} grants", grants.len());
-    let most = most_in_a_window(&grants, run.period_ms * 1_000, run.algorithm);
+    let mut all = Vec::new();
+    let mut served = [0u64; SKEWS.len()];
+    let rounds = SKEWS.len() + 2;
+    for round in 0..rounds {
+        if let Some(last) = all.last().map(|b: &Bracket| b.before_us) {
+            // Every earlier grant was decided by `last`: a period after it, none counts.
+            let wait_us = (last + period_us + slew_us).saturating_sub(fleet.now_us());
+            std::thread::sleep(Duration::from_micros(wait_us));
+        }
+        let started_us = fleet.now_us();
+        let grants = if round < SKEWS.len() {
+            let mut order: Vec<usize> = (0..SKEWS.len()).collect();
+            order.rotate_left(round);
+            let grants = fleet.in_turn(&order, limit);
+            let first = grants.iter().filter(|b| b.worker == order[0]).count() as u64;
+            assert_eq!(
+                first, limit,
+                "round {round}: the worker with clock {:?} found the limit empty but got {first}",
+                SKEWS[order[0]]
+            );
+            grants
+        } else {
+            fleet.together(limit)
+        };
+        let took_us = fleet.now_us() - started_us;
+        // A round as long as a period could span two windows legitimately; it never comes near.
+        assert!(
+            took_us < judged_us,
+            "round {round} took {took_us} us: too slow to be judged against a {period_ms} ms period"
+        );
+        let units = grants.len() as u64;
+        eprintln!("{test}: round {round}, {units} grants in {took_us} us");
+        assert!(
+            units >= limit && units <= per_span_max(limit),
+            "round {round}: {units} units granted in {took_us} us, on an empty limit of {limit} \
+             per {period_ms} ms ({algorithm})"
+        );
+        for bracket in &grants {
+            served[bracket.worker] += 1;
+        }
+        all.extend(grants);
+    }
+    let most = most_certainly_within(&all, judged_us) as u64;
     assert!(
-        most <= run.limit,
-        "{most} grants in one window > {}",
-        run.limit
+        most <= per_span_max(limit),
+        "{most} grants certainly decided within one period (limit {limit}, {algorithm})"
     );
+    for (worker, units) in served.iter().enumerate() {
+        assert!(*units > 0, "the worker with clock {:?} was never served", SKEWS[worker]);
+    }
     assert_no_key_without_ttl(&url, &namespace);
+}
+
+#[test]
+fn skewed_worker_clocks_never_put_more_than_the_limit_in_a_sliding_window_on_the_test_clock() {
+    // Sliding: any interval of a period holds at most the limit.
+    skewed_fleet_in_rounds(
+        "skewed_worker_clocks_sliding",
+        "sliding",
+        |limit| limit,
+    );
+}
+
+#[test]
+fn skewed_worker_clocks_never_put_more_than_two_fixed_windows_in_a_period_on_the_test_clock() {
+    // Fixed: an interval shorter than a period meets at most two of the store's windows.
+    skewed_fleet_in_rounds("skewed_worker_clocks_fixed", "fixed", |limit| 2 * limit);
 }
 
 /// A Redis server of this test's own, so it can be flushed and killed without disturbing

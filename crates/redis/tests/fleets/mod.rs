@@ -1,12 +1,17 @@
 //! Fleets of worker processes (`tollgate-fleet-worker`) and the outside count of their grants,
-//! shared by the fleet, cluster and Sentinel tests.
+//! shared by the fleet, cluster and Sentinel tests: free-running fleets, whose grants are counted
+//! at the decision times the workers print, and stepped fleets, whose every grant is bracketed by
+//! this process's own clock.
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use tollgate_redis::loss::Generation;
 
 fn worker_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tollgate-fleet-worker"))
@@ -25,36 +30,46 @@ pub struct Run {
     pub algorithm: &'static str,
 }
 
+/// A worker process with its clock moved by `skew` (libfaketime's `FAKETIME`, e.g. `"+7s"`),
+/// if any.
+fn worker_command(args: &[&str], skew: Option<&str>) -> Command {
+    let mut command = Command::new(worker_binary());
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(offset) = skew {
+        command
+            .env(
+                "LD_PRELOAD",
+                faketime_library().expect("checked by the caller"),
+            )
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_RESET", "1");
+    }
+    command
+}
+
 impl Fleet {
     pub fn start(url: &str, namespace: &str, run: &Run, skews: &[Option<&str>]) -> Fleet {
-        let binary = worker_binary();
+        let (limit, period_ms) = (run.limit.to_string(), run.period_ms.to_string());
+        let (acquirers, duration_ms) = (run.acquirers.to_string(), run.duration_ms.to_string());
+        let args = [
+            url,
+            namespace,
+            &run.name,
+            &limit,
+            &period_ms,
+            &acquirers,
+            &duration_ms,
+            run.algorithm,
+        ];
         let children = skews
             .iter()
             .map(|skew| {
-                let mut command = Command::new(&binary);
-                command
-                    .args([
-                        url,
-                        namespace,
-                        &run.name,
-                        &run.limit.to_string(),
-                        &run.period_ms.to_string(),
-                        &run.acquirers.to_string(),
-                        &run.duration_ms.to_string(),
-                        run.algorithm,
-                    ])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit());
-                if let Some(offset) = skew {
-                    command
-                        .env(
-                            "LD_PRELOAD",
-                            faketime_library().expect("checked by the caller"),
-                        )
-                        .env("FAKETIME", offset)
-                        .env("FAKETIME_DONT_RESET", "1");
-                }
-                command.spawn().expect("start a fleet worker")
+                worker_command(&args, *skew)
+                    .spawn()
+                    .expect("start a fleet worker")
             })
             .collect();
         Fleet { children }
@@ -105,6 +120,179 @@ impl Drop for Fleet {
     }
 }
 
+/// A grant as this process saw it: decided at some instant of `[after_us, before_us]` on this
+/// process's monotonic clock (microseconds since the fleet started), by worker `worker`. No
+/// number the worker or the store printed goes into it.
+#[derive(Clone, Copy, Debug)]
+pub struct Bracket {
+    pub after_us: u64,
+    pub before_us: u64,
+    pub worker: usize,
+}
+
+/// One `tollgate-fleet-worker --steps` process.
+struct Stepper {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    skew: Option<String>,
+}
+
+impl Stepper {
+    /// The next line the worker printed.
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        let read = self.output.read_line(&mut line).expect("worker output");
+        assert!(read > 0, "worker (clock {:?}) ended early", self.skew);
+        line.trim_end().to_owned()
+    }
+
+    fn ask(&mut self, count: u64) {
+        writeln!(self.input, "take {count}").expect("write to a worker");
+        self.input.flush().expect("write to a worker");
+    }
+
+    /// The grants of the step asked last, once the worker says it is over. Redis is up for
+    /// every stepped test: an error fails it.
+    fn grants(&mut self) -> u64 {
+        let mut grants = 0;
+        loop {
+            let line = self.line();
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("grant") => grants += 1,
+                Some("taken") => {
+                    let said: u64 = words.next().and_then(|w| w.parse().ok()).expect("count");
+                    assert_eq!(said, grants, "worker printed {grants} grant lines, said {said}");
+                    return grants;
+                }
+                _ => panic!("worker (clock {:?}) failed: {line}", self.skew),
+            }
+        }
+    }
+}
+
+/// Workers driven one step at a time (`tollgate-fleet-worker --steps`). Each step is bracketed
+/// by two readings of this process's monotonic clock, before it asks and after the last answer
+/// is read, so every grant is known to have been decided within its step's bracket, whatever
+/// clock the workers or the store read.
+pub struct SteppedFleet {
+    workers: Vec<Stepper>,
+    started: Instant,
+}
+
+impl SteppedFleet {
+    /// One worker per entry of `skews`, each on limit `name` (`limit` per `period_ms`), every
+    /// one connected before this returns.
+    pub fn start(
+        url: &str,
+        namespace: &str,
+        name: &str,
+        (limit, period_ms): (u64, u64),
+        algorithm: &str,
+        skews: &[Option<&str>],
+    ) -> SteppedFleet {
+        let (limit, period_ms) = (limit.to_string(), period_ms.to_string());
+        let args = [
+            "--steps", url, namespace, name, &limit, &period_ms, algorithm,
+        ];
+        let mut workers: Vec<Stepper> = skews
+            .iter()
+            .map(|skew| {
+                let mut child = worker_command(&args, *skew)
+                    .stdin(Stdio::piped())
+                    .spawn()
+                    .expect("start a fleet worker");
+                Stepper {
+                    input: child.stdin.take().expect("piped"),
+                    output: BufReader::new(child.stdout.take().expect("piped")),
+                    child,
+                    skew: skew.map(str::to_owned),
+                }
+            })
+            .collect();
+        for worker in &mut workers {
+            let line = worker.line();
+            assert_eq!(line, "ready", "worker (clock {:?})", worker.skew);
+        }
+        SteppedFleet {
+            workers,
+            started: Instant::now(),
+        }
+    }
+
+    /// This process's clock, in microseconds since the fleet started.
+    pub fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
+    /// Workers `order`, one after another, each asking `count` times: every grant bracketed by
+    /// its own worker's step.
+    pub fn in_turn(&mut self, order: &[usize], count: u64) -> Vec<Bracket> {
+        let mut brackets = Vec::new();
+        for &worker in order {
+            let after_us = self.now_us();
+            self.workers[worker].ask(count);
+            let grants = self.workers[worker].grants();
+            let before_us = self.now_us();
+            brackets.extend((0..grants).map(|_| Bracket {
+                after_us,
+                before_us,
+                worker,
+            }));
+        }
+        brackets
+    }
+
+    /// Every worker at once, each asking `count` times: every grant bracketed by the whole step.
+    pub fn together(&mut self, count: u64) -> Vec<Bracket> {
+        let after_us = self.now_us();
+        for worker in &mut self.workers {
+            worker.ask(count);
+        }
+        let grants: Vec<u64> = self.workers.iter_mut().map(Stepper::grants).collect();
+        let before_us = self.now_us();
+        grants
+            .into_iter()
+            .enumerate()
+            .flat_map(|(worker, grants)| {
+                (0..grants).map(move |_| Bracket {
+                    after_us,
+                    before_us,
+                    worker,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for SteppedFleet {
+    fn drop(&mut self) {
+        for worker in &mut self.workers {
+            let _ = worker.child.kill();
+            let _ = worker.child.wait();
+        }
+    }
+}
+
+/// The most grants that are certainly decided within one half-open interval of `span_us`: all
+/// of whose brackets fit inside it. Sound whatever the brackets' widths (a wide bracket only
+/// makes the count smaller), so a count above a limit proves an overshoot.
+pub fn most_certainly_within(brackets: &[Bracket], span_us: u64) -> usize {
+    brackets
+        .iter()
+        .map(|first| {
+            brackets
+                .iter()
+                .filter(|other| {
+                    other.after_us >= first.after_us && other.before_us < first.after_us + span_us
+                })
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 pub fn faketime_library() -> Option<&'static str> {
     [
         "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
@@ -134,4 +322,51 @@ pub fn most_in_a_window(grants: &[u64], period_us: u64, algorithm: &str) -> u64 
         most = most.max((end - start + 1) as u64);
     }
     most
+}
+
+/// The wall clock, in microseconds: the clock Redis reads for `TIME` when it runs on this
+/// machine, as the private nodes of the cluster and Sentinel tests do.
+pub fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64
+}
+
+/// `after` is a generation started after the fault at `fault_at_us` (wall clock) by another
+/// owner than `before`, the one read before the fault: the generation the hold is judged from.
+pub fn assert_new_generation(before: &Generation, after: &Generation, fault_at_us: u64) {
+    assert!(
+        after.born_us > fault_at_us && after.born_us > before.born_us,
+        "no generation born after the fault at {fault_at_us}: before {before:?}, after {after:?}"
+    );
+    assert_ne!(
+        after.owner, before.owner,
+        "the generation's owner did not change"
+    );
+}
+
+/// A limit's grants (decision times) across a fault at `fault_at_us` that started the
+/// generation born at `born_us`: served before the fault, nothing inside `[born, born +
+/// period)`, served again after it. The grants on both sides show the fleet asked throughout,
+/// so an empty hold is the store's doing, not a lull.
+pub fn assert_held_for_a_period(times: &[u64], fault_at_us: u64, born_us: u64, period_ms: u64) {
+    let held_until_us = born_us + period_ms * 1_000;
+    assert!(
+        times.iter().any(|&at| at < fault_at_us),
+        "no grant before the fault: the hold was never put to the test"
+    );
+    let inside: Vec<u64> = times
+        .iter()
+        .copied()
+        .filter(|&at| at >= born_us && at < held_until_us)
+        .collect();
+    assert!(
+        inside.is_empty(),
+        "grants inside the hold [{born_us}, {held_until_us}): {inside:?}"
+    );
+    assert!(
+        times.iter().any(|&at| at >= held_until_us),
+        "the limit was not served again after its hold"
+    );
 }
