@@ -7,7 +7,8 @@
 //! so it asserts safety exactly and timing only with generous room: never more than a limit,
 //! never a double release; a wait ends "well before" a deadline that would only be reached if a
 //! wake-up were lost. Counting is done from the grants' own decision times (`decided_at_us`, the
-//! deciding clock of G1), by the test, never from the store's numbers.
+//! deciding clock of G1), by the test, never from the store's numbers: a committed grant counts
+//! the units its caller said it used, not the cost less what the store says it refunded.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
