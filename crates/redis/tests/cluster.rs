@@ -10,6 +10,10 @@
 //!   granted twice;
 //! - the hot limit's slot moved to another master under load: no overshoot, no request failed;
 //!   the slot's new master holds its counters for one period, as after a failover.
+//!
+//! Each hold is judged against the slot's generation read before the fault and the one read
+//! after it, which must be born after the fault and owned by the new master: a store that missed
+//! the loss would keep the old generation, and a hold measured from it would pass unseen.
 
 mod common;
 mod fleets;

@@ -175,11 +175,7 @@ fn skewed_fleet_in_rounds(test: &str, algorithm: &'static str, per_span_max: fn(
 #[test]
 fn skewed_worker_clocks_never_put_more_than_the_limit_in_a_sliding_window_on_the_test_clock() {
     // Sliding: any interval of a period holds at most the limit.
-    skewed_fleet_in_rounds(
-        "skewed_worker_clocks_sliding",
-        "sliding",
-        |limit| limit,
-    );
+    skewed_fleet_in_rounds("skewed_worker_clocks_sliding", "sliding", |limit| limit);
 }
 
 #[test]

@@ -163,7 +163,10 @@ impl Stepper {
                 Some("grant") => grants += 1,
                 Some("taken") => {
                     let said: u64 = words.next().and_then(|w| w.parse().ok()).expect("count");
-                    assert_eq!(said, grants, "worker printed {grants} grant lines, said {said}");
+                    assert_eq!(
+                        said, grants,
+                        "worker printed {grants} grant lines, said {said}"
+                    );
                     return grants;
                 }
                 _ => panic!("worker (clock {:?}) failed: {line}", self.skew),
