@@ -67,6 +67,7 @@ async fn run() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(2),
+            keys_per_limit_max: 100_000,
         })
         .await
         {
