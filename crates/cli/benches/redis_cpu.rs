@@ -286,6 +286,7 @@ async fn library_limiter(url: &str) -> Limiter {
         fail_open: false,
         allow_eviction: false,
         timeout: Duration::from_secs(5),
+        keys_per_limit_max: 100_000,
     })
     .await
     .expect("connect the store to the bench Redis");

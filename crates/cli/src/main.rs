@@ -294,8 +294,8 @@ struct ServeArgs {
     /// Memory store: counters tracked at most, over every limit [default: 1000000].
     #[arg(long, env = "TOLLGATE_KEYS_TRACKED_MAX", value_name = "N")]
     keys_tracked_max: Option<u64>,
-    /// Memory store: keys one limit counted per key may track at once, unless its rule sets
-    /// keys_max [default: a tenth of keys_tracked_max].
+    /// Keys one limit counted per key may have counters of at once (memory store and Redis),
+    /// unless its rule sets keys_max [default: a tenth of keys_tracked_max].
     #[arg(long, env = "TOLLGATE_KEYS_PER_LIMIT_MAX", value_name = "N")]
     keys_per_limit_max: Option<u64>,
     /// Longest pause, ms; longer ones are cut to it (at most 86400000, a day)

@@ -1,8 +1,10 @@
-//! Hostile callers of one limit, against the real `tollgate serve` on the memory store: a flood
-//! of keys on one limit takes no room from any other (each limit counted per key has its own
-//! budget, an unkeyed limit is never refused for a cap), and a pause has an owner and an end
-//! (an administrator lifts it, deleting or changing the limit clears it, `pause_ms_max` cuts
-//! it, and a key's pause counts against its limit's budget).
+//! Hostile callers of one limit, against the real `tollgate serve` on the memory store (and on
+//! Redis, where `TOLLGATE_TEST_REDIS` names one): a flood of keys on one limit takes no room
+//! from any other (each limit counted per key has its own budget, an unkeyed limit is never
+//! refused for a cap; on Redis, what Redis holds for the flooded limit stays within its
+//! budget), and a pause has an owner and an end (an administrator lifts it, deleting or
+//! changing the limit clears it, `pause_ms_max` cuts it, and a key's pause counts against its
+//! limit's budget).
 
 mod common;
 
@@ -59,25 +61,89 @@ async fn resume(client: &tollgate_cli::client::Client, path: &str) -> Answer {
     call(client, Method::DELETE, path, "").await
 }
 
+/// The test Redis and a namespace of the test's own, or `None` (said loudly) without one.
+fn test_redis(test: &str) -> Option<(String, String)> {
+    let Ok(url) = std::env::var("TOLLGATE_TEST_REDIS") else {
+        eprintln!("SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis");
+        return None;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    Some((url, format!("keys-{}-{nanos}", std::process::id())))
+}
+
+/// The `c:` keys (counter states) Redis holds for `limit`'s keys in `namespace`, walked with
+/// `SCAN`: what the server's answers do not say.
+async fn redis_states_of(url: &str, namespace: &str, limit: &str) -> usize {
+    let client = redis::Client::open(url).expect("url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let pattern = format!("tg:{{*}}:{namespace}:c:{}:{limit}:*", limit.len());
+    let (mut cursor, mut found) = (0u64, 0);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+            .expect("scan");
+        found += keys.len();
+        if next == 0 {
+            return found;
+        }
+        cursor = next;
+    }
+}
+
+/// A budget of a tenth of the store's cap per limit: 10 keys each.
+fn keyed_server(store: &[&str]) -> Server {
+    let mut args = vec!["--keys-tracked-max", "100"];
+    args.extend_from_slice(store);
+    Server::start_with(Options {
+        args,
+        ..Options::default()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooded_limit_takes_no_room_from_another() {
-    // A budget of a tenth of the store's cap per limit: 10 keys each.
-    let server = Server::start_with(Options {
-        args: vec!["--keys-tracked-max", "100"],
-        ..Options::default()
-    });
-    put_limit(&server, "a", PER_USER).await;
-    put_limit(&server, "b", PER_USER).await;
-    put_limit(&server, "c", UNKEYED).await;
-    assert_granted(
-        &acquire(&server, "b", Some("known")).await,
-        "b's first user",
+    flooded_limit_takes_no_room_from_another(&keyed_server(&[])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_flooded_limit_takes_no_room_from_another_and_redis_holds_its_budget() {
+    let test = "on_redis_a_flooded_limit_takes_no_room_from_another_and_redis_holds_its_budget";
+    let Some((url, namespace)) = test_redis(test) else {
+        return;
+    };
+    let server = keyed_server(&["--store", &url, "--redis-namespace", &namespace]);
+    flooded_limit_takes_no_room_from_another(&server).await;
+    assert_eq!(redis_states_of(&url, &namespace, "a").await, 10);
+    // A key's pause makes a counter: refused for the full limit, as a request's key is.
+    let refused = pause(&server, "a", Some("paused"), 60_000).await;
+    assert_error(&refused, 503, "too_many_keys", None);
+    assert_eq!(
+        pause(&server, "b", Some("paused"), 60_000).await.status,
+        200
     );
-    let refused = flood(&server, "a", 150).await;
-    assert_granted(&acquire(&server, "b", Some("new")).await, "a new user of b");
-    assert_granted(&acquire(&server, "c", None).await, "c's first use");
+}
+
+async fn flooded_limit_takes_no_room_from_another(server: &Server) {
+    put_limit(server, "a", PER_USER).await;
+    put_limit(server, "b", PER_USER).await;
+    put_limit(server, "c", UNKEYED).await;
+    assert_granted(&acquire(server, "b", Some("known")).await, "b's first user");
+    let refused = flood(server, "a", 150).await;
+    assert_granted(&acquire(server, "b", Some("new")).await, "a new user of b");
+    assert_granted(&acquire(server, "c", None).await, "c's first use");
     assert_eq!(refused, 140, "a keeps 10 keys and refuses the rest");
-    let refused = acquire(&server, "a", Some("one-more")).await;
+    let refused = acquire(server, "a", Some("one-more")).await;
     assert_error(&refused, 503, "too_many_keys", None);
     let message = refused.error_message().unwrap_or_default();
     assert!(
@@ -85,7 +151,7 @@ async fn a_flooded_limit_takes_no_room_from_another() {
         "names the limit and its budget: {message}"
     );
     // A known key of the flooded limit still counts as before.
-    assert_granted(&acquire(&server, "a", Some("flood-0")).await, "a known key");
+    assert_granted(&acquire(server, "a", Some("flood-0")).await, "a known key");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,6 +375,26 @@ async fn a_clean_restart_restores_each_limit_within_its_budget() {
 /// another descriptor, or a descriptor with a fixed value first seen, is decided as ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_envoy_a_flooded_descriptor_takes_no_room_from_another() {
+    envoy_flooded_descriptor_takes_no_room_from_another(&[]).await;
+}
+
+/// The same on Redis: Envoy's limits have their budgets there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_through_envoy_a_flooded_descriptor_takes_no_room_from_another() {
+    let test = "on_redis_through_envoy_a_flooded_descriptor_takes_no_room_from_another";
+    let Some((url, namespace)) = test_redis(test) else {
+        return;
+    };
+    envoy_flooded_descriptor_takes_no_room_from_another(&[
+        "--store",
+        &url,
+        "--redis-namespace",
+        &namespace,
+    ])
+    .await;
+}
+
+async fn envoy_flooded_descriptor_takes_no_room_from_another(store: &[&str]) {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -322,7 +408,7 @@ async fn through_envoy_a_flooded_descriptor_takes_no_room_from_another() {
        - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
        - key: account\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
        - key: route\n    value: search\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-        &["--keys-tracked-max", "100"],
+        &[&["--keys-tracked-max", "100"], store].concat(),
     );
     let url = server.grpc.clone().expect("the gRPC address");
     let mut client = RateLimitServiceClient::connect(url).await.expect("connect");

@@ -114,6 +114,7 @@ async fn declare_fresh(url: &str, namespace: &str) {
         fail_open: false,
         allow_eviction: false,
         timeout: Duration::from_secs(5),
+        keys_per_limit_max: 100_000,
     })
     .await
     .expect("connect to Redis")

@@ -591,6 +591,7 @@ async fn two_services_on_one_redis_share_the_counters() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(2),
+            keys_per_limit_max: 100_000,
         })
     };
     let first = connect().await.expect("redis");

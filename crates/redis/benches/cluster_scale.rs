@@ -276,6 +276,7 @@ async fn limiter_on(url: &str, case: Case) -> Limiter {
         fail_open: false,
         allow_eviction: false,
         timeout: Duration::from_secs(10),
+        keys_per_limit_max: 100_000,
     })
     .await
     .expect("connect the store");

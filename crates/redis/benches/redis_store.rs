@@ -1,7 +1,9 @@
 //! Decisions per second and latency through the Redis store, next to the physical ceiling of
 //! the same Redis: `redis-benchmark` running a trivial `EVALSHA` (a script returning 1) with the
 //! same number of connections, in the same run. Also: Redis commands per decision (from
-//! `INFO commandstats`), and what quota leasing saves.
+//! `INFO commandstats`), what quota leasing saves, and what a limit counted per key costs: a
+//! decision on a key that has a counter, and a new key's first decision (which has the key
+//! admitted to its limit's budget).
 //!
 //! `cargo bench -p tollgate-redis --bench redis_store` (Redis from TOLLGATE_TEST_REDIS, else
 //! 127.0.0.1:6379; `redis-benchmark` on the PATH). A wall-clock benchmark: run it on a quiet
@@ -27,16 +29,34 @@ struct Figures {
 
 /// `refundable`: false for `Request::refundable(false)`, whose grants record no reservation.
 async fn measure(limiter: &Limiter, callers: usize, refundable: bool) -> Figures {
+    measure_keys(limiter, "bench", callers, refundable, |_| None).await
+}
+
+/// As `measure`, on `limit`, the `n`th request of each caller keyed by `key(n)`.
+async fn measure_keys(
+    limiter: &Limiter,
+    limit: &'static str,
+    callers: usize,
+    refundable: bool,
+    key: fn(u64) -> Option<String>,
+) -> Figures {
     let end = Instant::now() + RUN;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..callers {
         let limiter = limiter.clone();
+        let caller = tasks.len() as u64;
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::with_capacity(100_000);
+            let mut n = caller << 32;
             while Instant::now() < end {
+                let key = key(n);
+                n += 1;
                 let asked = Instant::now();
-                let request = Request::new("bench").refundable(refundable);
+                let mut request = Request::new(limit).refundable(refundable);
+                if let Some(key) = key.as_deref() {
+                    request = request.key(key);
+                }
                 let outcome = limiter.try_acquire(&request).await;
                 latencies.push(asked.elapsed().as_micros() as u64);
                 assert!(
@@ -146,7 +166,34 @@ fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
         },
     );
     limiter.set_limit(Limit::new("bench", policy, None).expect("valid"));
+    // Counted per key, with a budget no run fills: a new key's first decision is admitted. A
+    // window of a minute, so that no key's cover runs out within a run (a key in steady use
+    // moves its cover about once a window; see `tally.rs`).
+    let per_key = Policy::rate(
+        1_000_000_000,
+        60_000_000,
+        0,
+        Algorithm::Sliding,
+        Reserve::default(),
+    )
+    .expect("valid");
+    for name in ["bench-known", "bench-new"] {
+        let limit = Limit::new(name, per_key, Some("user"))
+            .and_then(|limit| limit.with_keys_max(Some(100_000_000)))
+            .expect("valid");
+        limiter.set_limit(limit);
+    }
     limiter
+}
+
+/// One of 1,000 keys, each used before the run.
+fn known_key(n: u64) -> Option<String> {
+    Some(format!("user-{:04}", n % 1_000))
+}
+
+/// A key no decision used before.
+fn new_key(n: u64) -> Option<String> {
+    Some(format!("new-{}-{n}", std::process::id()))
 }
 
 fn main() {
@@ -174,6 +221,7 @@ fn main() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(5),
+            keys_per_limit_max: 100_000,
         }))
         .expect("connect to Redis");
     // A fresh namespace, not a lost one: skip the recovery period (see the store's docs, G6).
@@ -221,6 +269,43 @@ fn main() {
                 usec_per_call(before, after),
                 trivial,
                 calls as f64 / figures.decisions as f64,
+                commands as f64 / figures.decisions as f64
+            );
+        }
+    }
+
+    println!("a limit counted per key (refundable requests):");
+    println!(
+        "keys | callers | tollgate decisions/s | p50 us | p99 us | Redis us per decision | Redis commands per decision"
+    );
+    runtime.block_on(async {
+        for n in 0..1_000 {
+            let key = known_key(n).expect("a key");
+            let request = Request::new("bench-known").key(&key);
+            let outcome = limiter.try_acquire(&request).await;
+            assert!(outcome.expect("store answers").is_granted());
+        }
+    });
+    for (keys, limit, key) in [
+        (
+            "known",
+            "bench-known",
+            known_key as fn(u64) -> Option<String>,
+        ),
+        ("new", "bench-new", new_key),
+    ] {
+        for callers in [1, 8] {
+            let before = evalsha_stats(host, port);
+            let commands_before = commands_processed(host, port);
+            let figures = runtime.block_on(measure_keys(&limiter, limit, callers, true, key));
+            let after = evalsha_stats(host, port);
+            let commands = commands_processed(host, port) - commands_before - 2;
+            println!(
+                "{keys:>5} | {callers:>7} | {:>20.0} | {:>6} | {:>6} | {:>5.2} | {:.3}",
+                figures.per_second,
+                figures.p50_us,
+                figures.p99_us,
+                usec_per_call(before, after),
                 commands as f64 / figures.decisions as f64
             );
         }

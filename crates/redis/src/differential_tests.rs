@@ -18,7 +18,7 @@ use tollgate_core::{
     Algorithm, Committed, Counter, DenyReason, PermitError, Policy, Priority, Reserve, Verdict,
 };
 
-use crate::{RedisStore, RedisStoreConfig};
+use crate::{Carried, RedisStore, RedisStoreConfig};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -279,6 +279,7 @@ fn the_lua_script_decides_exactly_like_the_core() {
                 fail_open: false,
                 allow_eviction: false,
                 timeout: Duration::from_secs(5),
+                keys_per_limit_max: 100_000,
             }))
             .expect("connect to Redis"),
     );
@@ -329,6 +330,7 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(5),
+            keys_per_limit_max: 100_000,
         }))
         .expect("connect to Redis");
     let policy = Policy::rate(
@@ -378,4 +380,214 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
         .query(&mut connection)
         .expect("strlen");
     assert!(reservations > 0, "no open reservation was recorded");
+}
+
+/// One step against a limit's key budget.
+#[derive(Clone, Debug)]
+enum Admit {
+    /// A new key (no cover) that must live until `tenths` tenths of a span past the last `now`;
+    /// `request`: a request's admission (a pause's ignores a hold).
+    New {
+        tenths: u64,
+        request: bool,
+    },
+    /// A key covered by the cover `pick` (modulo how many were given) moves.
+    Move {
+        pick: usize,
+        tenths: u64,
+    },
+    Sleep {
+        ms: u64,
+    },
+    /// The budget's key is deleted behind the script's back (an eviction, or a loss of its
+    /// slot alone).
+    Drop,
+    /// The generation is deleted: the next call starts a new one, and the budget it finds was
+    /// written in the old one (a failover to a copy that kept it).
+    NewGeneration,
+}
+
+fn admit_step() -> impl Strategy<Value = Admit> {
+    prop_oneof![
+        5 => (0u64..40, proptest::bool::weighted(0.8))
+            .prop_map(|(tenths, request)| Admit::New { tenths, request }),
+        3 => (any::<usize>(), 0u64..40).prop_map(|(pick, tenths)| Admit::Move { pick, tenths }),
+        3 => (0u64..80).prop_map(|ms| Admit::Sleep { ms }),
+        1 => Just(Admit::Drop),
+        1 => Just(Admit::NewGeneration),
+    ]
+}
+
+/// One sequence: every answer of the script's budget equals `tally::Tally::admit`'s at the
+/// script's own instant and generation, and what the script keeps equals the reference's state.
+async fn compare_admissions(
+    store: &RedisStore,
+    limit: &str,
+    policy: &Policy,
+    budget: u64,
+    apart: bool,
+    steps: &[Admit],
+) -> Result<(), String> {
+    use crate::tally::{Admission, Ask, Slot, Tally};
+    let take = Take {
+        counter: CounterId {
+            limit,
+            key: Some("k"),
+        },
+        policy,
+    };
+    let span = crate::tally::span_us(policy);
+    let tally_key = store.keys.limit_tally(limit);
+    let generation_key = store.keys.generation(store.keys.pause_slot(limit));
+    let client = redis::Client::open(store.config.url.as_str()).map_err(|e| e.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reference = Tally::default();
+    let mut covers: Vec<u64> = Vec::new();
+    let mut last_now = 0u64;
+    for (index, step) in steps.iter().enumerate() {
+        let context = |what: String| format!("step {index} {step:?}: {what}");
+        let (cover, tenths, request) = match *step {
+            Admit::Sleep { ms } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                continue;
+            }
+            Admit::Drop => {
+                let _: () = redis::cmd("DEL")
+                    .arg(&tally_key)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                reference = Tally::default();
+                continue;
+            }
+            Admit::NewGeneration => {
+                let _: () = redis::cmd("DEL")
+                    .arg(&generation_key)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                continue;
+            }
+            Admit::New { tenths, request } => (0, tenths, request),
+            Admit::Move { pick, tenths } => match covers.len() {
+                0 => continue,
+                count => (covers[pick % count], tenths, true),
+            },
+        };
+        let need = last_now + tenths * span / 10;
+        let (now, answer) = store.admit_at(take, cover, need, request, apart).await;
+        if now == 0 {
+            return Err(context(format!("Redis did not answer: {answer:?}")));
+        }
+        last_now = now;
+        let slot = Slot {
+            born_us: store.last_born_us(),
+            seen_us: 0,
+            apart,
+        };
+        let ask = Ask {
+            old_us: cover,
+            need_us: need,
+            budget,
+            span_us: span,
+            honour_hold: request,
+        };
+        let expected = reference.admit(now, &ask, &slot);
+        let same = match (expected, &answer) {
+            (Admission::Covered(end), Ok(Carried::Cover(redis))) => {
+                covers.push(end);
+                end == *redis
+            }
+            (Admission::Held(until), Ok(Carried::Held(redis))) => until == *redis,
+            (Admission::Full, Err(Error::TooManyKeysForLimit { keys_max, .. })) => {
+                *keys_max == budget
+            }
+            _ => false,
+        };
+        if !same {
+            return Err(context(format!(
+                "reference {expected:?} != redis {answer:?} at {now}, born {}",
+                slot.born_us
+            )));
+        }
+        // What Redis keeps is the reference's state (ends still alive).
+        let kept: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&tally_key)
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let (Admission::Covered(_), Some(bytes)) = (expected, kept) {
+            let number = |at: usize| {
+                bytes
+                    .get(at..at + 8)
+                    .and_then(|word| word.try_into().ok())
+                    .map_or(f64::NAN, f64::from_be_bytes) as u64
+            };
+            let ends: Vec<(u64, u64)> = (17..bytes.len())
+                .step_by(16)
+                .map(|at| (number(at), number(at + 8)))
+                .collect();
+            let kept = (bytes.first(), number(1), number(9), ends);
+            let expected = (
+                Some(&b'K'),
+                reference.written_in_us.unwrap_or(0),
+                reference.held_until_us,
+                reference.ends.clone(),
+            );
+            if kept != expected {
+                return Err(context(format!(
+                    "Redis keeps {kept:?}, the reference {expected:?}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_lua_key_budget_admits_exactly_like_its_reference() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = runtime
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url,
+            namespace: format!("differential-tally-{}", std::process::id()),
+            fail_open: false,
+            allow_eviction: false,
+            timeout: Duration::from_secs(5),
+            keys_per_limit_max: 3,
+        }))
+        .expect("connect to Redis");
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let result = runner.run(
+        &(
+            policy(),
+            any::<bool>(),
+            proptest::collection::vec(admit_step(), 1..60),
+        ),
+        |(policy, apart, steps)| {
+            let name = format!(
+                "t{}",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let outcome =
+                runtime.block_on(compare_admissions(&store, &name, &policy, 3, apart, &steps));
+            prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+            Ok(())
+        },
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
 }

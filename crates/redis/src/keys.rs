@@ -161,6 +161,15 @@ impl Keys {
         key
     }
 
+    /// `tg:{<tag>}:<ns>:k:<len>:<limit>`: the limit's key budget (`tally.rs`), in `limit`'s own
+    /// slot, beside its pause.
+    pub(crate) fn limit_tally(&self, limit: &str) -> String {
+        let mut key = self.prefix(self.pause_slot(limit), 16 + limit.len());
+        key.push_str("k:");
+        push_field(&mut key, limit);
+        key
+    }
+
     /// The counter a key names, if it is one of this namespace's counter keys.
     pub(crate) fn parse_counter(&self, key: &str) -> Option<(String, Option<String>)> {
         let rest = key.strip_prefix("tg:{")?;
@@ -274,14 +283,17 @@ mod tests {
         assert_eq!(keys.parse_counter(&unkeyed), Some(("abc".to_owned(), None)));
         assert_eq!(keys.parse_counter("tg:{1}:prod:c:9:abc"), None);
         assert_eq!(keys.parse_counter("tg:{1}:other:c:3:abc"), None);
-        // A limit's pause shares the slot of its counter without a key.
-        assert_eq!(
-            slot_of(hash_tag(&keys.limit_pause("abc")).as_bytes()),
-            keys.counter_slot(CounterId {
-                limit: "abc",
-                key: None
-            })
-        );
+        // A limit's pause and its key budget share the slot of its counter without a key.
+        for key in [keys.limit_pause("abc"), keys.limit_tally("abc")] {
+            assert_eq!(
+                slot_of(hash_tag(&key).as_bytes()),
+                keys.counter_slot(CounterId {
+                    limit: "abc",
+                    key: None
+                })
+            );
+            assert_eq!(keys.parse_counter(&key), None);
+        }
     }
 
     #[test]

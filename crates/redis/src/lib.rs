@@ -25,6 +25,15 @@
 //! `StoreFailed` and never failed open: a caller who can fill Redis must not gain by it
 //! (`store_error` tells the two apart).
 //!
+//! Keys (G7, G10): each limit counted per key has a budget of keys (`keys_per_limit_max`, or the
+//! limit's `keys_max`), kept by a tally in the limit's own slot (`tally.rs`). A counter of a key
+//! carries its cover, until when the tally counts it, and the script never writes it to live
+//! longer: a new key, or one whose cover runs out, is admitted first, by the script itself when
+//! the tally is in the call's slot (always on one Redis), else by one call in the tally's slot
+//! and the counter's call again. A full budget refuses that limit's new keys
+//! (`TooManyKeysForLimit`), nothing else; a limit's one counter (not counted per key) is never
+//! refused.
+//!
 //! Waiting across processes: the script publishes a counter's key on the namespace's wake
 //! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
@@ -35,6 +44,7 @@ mod keys;
 mod leasing;
 pub mod loss;
 pub mod plan;
+pub mod tally;
 
 #[cfg(test)]
 mod differential_tests;
@@ -85,6 +95,10 @@ pub struct RedisStoreConfig {
     /// How long one operation may take, retries and redirections included, before it counts as
     /// unreachable.
     pub timeout: Duration,
+    /// Keys one limit counted per key may have counters of at once, unless the limit says
+    /// otherwise (`Limit::keys_max`); past it, that limit's new keys get `TooManyKeysForLimit`
+    /// and no other limit is affected (`tally.rs`). Bounds what one limit can make Redis hold.
+    pub keys_per_limit_max: u64,
 }
 
 /// Counters in Redis, shared by every process on the same namespace.
@@ -103,8 +117,9 @@ pub struct RedisStore {
     watch_evictions: AtomicBool,
     wake: Arc<Mutex<Option<WakeFn>>>,
     subscriber: Option<tokio::task::JoinHandle<()>>,
-    /// The limits in force as last told (`Store::set_limits`), and whether each counts leases.
-    kinds: Mutex<std::collections::HashMap<String, bool>>,
+    /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
+    /// its own budget of keys.
+    limits: Mutex<std::collections::HashMap<String, (bool, Option<u64>)>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -182,6 +197,11 @@ const USAGE: u64 = 5;
 /// Added to the operation code: the call watches Redis's evictions (see `command`).
 const WATCH_EVICTIONS: u64 = 16;
 const RESUME: u64 = 7;
+const ADMIT: u64 = 8;
+/// Calls of one operation on one slot, each after an admission the previous asked for, before
+/// it fails: a cover is given two spans ahead, so the second call finds it enough unless the
+/// two nodes' clocks are a span apart.
+const ADMISSION_ATTEMPTS_MAX: usize = 3;
 
 /// The nine numbers the script reads for a policy.
 fn policy_args(policy: &Policy) -> [u64; 9] {
@@ -283,6 +303,42 @@ impl PauseRef {
     }
 }
 
+/// Where a counter's limit keeps its budget of keys, for the script (`T.read_admission`).
+#[derive(Clone, Copy, Debug)]
+enum TallyRef {
+    /// A counter without a key: never admitted.
+    Unkeyed,
+    /// At `KEYS[index]`, in the call's slot: the script admits the key itself.
+    Key(usize),
+    /// In another slot: the script answers `admit`, and the caller asks there (`admit_key`).
+    Elsewhere,
+}
+
+/// What a caller brings to the script from a budget in another slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Carried {
+    Nothing,
+    /// The key is counted until then.
+    Cover(u64),
+    /// The budget admits no new key until then (held after a loss).
+    Held(u64),
+}
+
+/// A counter's admission, as the script reads it after its policy.
+#[derive(Clone, Copy, Debug)]
+struct Admission {
+    tally: TallyRef,
+    budget: u64,
+    carried: Carried,
+}
+
+fn too_many_keys(limit: &str, keys_max: u64) -> Error {
+    Error::TooManyKeysForLimit {
+        limit: limit.to_owned(),
+        keys_max,
+    }
+}
+
 /// The numbers of a call, packed as one argument of big-endian doubles: one Lua string to make
 /// instead of one per number. Every number the script reads is an integer below 2^53, exact as
 /// a double (a pause read elsewhere travels negated).
@@ -310,6 +366,24 @@ impl Numbers {
             self.push(number);
         }
         self
+    }
+
+    /// A counter's admission: its four numbers (`apart`: on a cluster).
+    fn admission(&mut self, admission: &Admission, apart: bool) -> &mut Numbers {
+        let tally = match admission.tally {
+            TallyRef::Unkeyed => 0.0,
+            TallyRef::Key(index) => index as f64,
+            TallyRef::Elsewhere => -1.0,
+        };
+        let carried = match admission.carried {
+            Carried::Nothing => 0.0,
+            Carried::Cover(end) => end as f64,
+            Carried::Held(until) => -(until as f64),
+        };
+        self.push_f64(tally)
+            .push(admission.budget)
+            .push_f64(carried)
+            .push(u64::from(apart))
     }
 }
 
@@ -393,7 +467,7 @@ impl RedisStore {
             watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),
-            kinds: Mutex::new(std::collections::HashMap::new()),
+            limits: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -536,20 +610,131 @@ impl RedisStore {
         Ok((head, reply))
     }
 
-    /// The generation and three keys of `counter`: what a call on that counter alone names.
-    fn counter_call_keys(&self, counter: CounterId<'_>) -> Vec<String> {
-        let slot = self.keys.counter_slot(counter);
-        let mut keys = Vec::with_capacity(5);
+    /// The generation and three keys of `take`'s counter, and its budget's key when in that
+    /// slot: what a call on that counter alone names; and the counter's admission.
+    fn counter_call(&self, take: Take<'_>) -> (Vec<String>, Admission) {
+        let slot = self.keys.counter_slot(take.counter);
+        let mut keys = Vec::with_capacity(6);
         keys.push(self.keys.generation(slot));
-        keys.extend(self.keys.counter_keys(slot, counter));
-        keys
+        keys.extend(self.keys.counter_keys(slot, take.counter));
+        let admission = self.admission(take, slot, &mut keys);
+        (keys, admission)
     }
 
-    /// The numbers of an operation on one counter: its code, the policy, then `extra`.
-    fn counter_numbers(operation: u64, policy: &Policy, extra: &[u64]) -> Numbers {
-        let mut numbers = Numbers::new(operation);
-        numbers.extend(&policy_args(policy)).extend(extra);
-        numbers
+    /// The budget of keys of `limit`: its own, or the store's.
+    fn budget(&self, limit: &str) -> u64 {
+        self.limits
+            .lock()
+            .ok()
+            .and_then(|limits| limits.get(limit).and_then(|&(_, keys_max)| keys_max))
+            .unwrap_or(self.config.keys_per_limit_max)
+    }
+
+    /// The admission of `take`'s counter in a call on `slot`; the budget's key joins `keys`
+    /// when it is in that slot (on one Redis, always).
+    fn admission(&self, take: Take<'_>, slot: u16, keys: &mut Vec<String>) -> Admission {
+        let limit = take.counter.limit;
+        let tally = if take.counter.key.is_none() {
+            TallyRef::Unkeyed
+        } else if !self.is_cluster() || self.keys.pause_slot(limit) == slot {
+            keys.push(self.keys.limit_tally(limit));
+            TallyRef::Key(keys.len())
+        } else {
+            TallyRef::Elsewhere
+        };
+        Admission {
+            tally,
+            budget: if take.counter.key.is_some() {
+                self.budget(limit)
+            } else {
+                0
+            },
+            carried: Carried::Nothing,
+        }
+    }
+
+    /// Ask `take`'s limit's budget, in its own slot, to count its key (whose counter is covered
+    /// until `cover`) until at least `need` (`tally.rs`); `request`: for a request, which a
+    /// budget held after a loss does not admit.
+    async fn admit_key(
+        &self,
+        take: Take<'_>,
+        cover: u64,
+        need: u64,
+        request: bool,
+    ) -> Result<Carried> {
+        let apart = self.is_cluster();
+        self.admit_at(take, cover, need, request, apart).await.1
+    }
+
+    /// `admit_key`, and the store's clock at the decision (0 when Redis did not answer);
+    /// `apart`: the budget may be lost apart from its counters (to test that rule on one Redis).
+    async fn admit_at(
+        &self,
+        take: Take<'_>,
+        cover: u64,
+        need: u64,
+        request: bool,
+        apart: bool,
+    ) -> (u64, Result<Carried>) {
+        let limit = take.counter.limit;
+        let slot = self.keys.pause_slot(limit);
+        let keys = [self.keys.generation(slot), self.keys.limit_tally(limit)];
+        let mut numbers = Numbers::new(ADMIT);
+        numbers.extend(&policy_args(take.policy)).extend(&[
+            self.budget(limit),
+            cover,
+            need,
+            u64::from(request),
+            u64::from(apart),
+        ]);
+        let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let value = u(reply.numbers.get(3).copied().unwrap_or(0));
+        let answer = match reply.status.as_str() {
+            "ok" => Ok(Carried::Cover(value)),
+            "held" => Ok(Carried::Held(value)),
+            "keys" => Err(too_many_keys(limit, value)),
+            other => Err(failed(format!("unexpected script status {other}"))),
+        };
+        (head.now_us, answer)
+    }
+
+    /// Run an operation on `take`'s counter: the policy, its `admission` and then `own` numbers,
+    /// with `rest` arguments after them. When the script asks for the key to be admitted in
+    /// its budget's slot, that is one call there and this one again.
+    async fn run_counter(
+        &self,
+        take: Take<'_>,
+        operation: u64,
+        keys: &[String],
+        mut admission: Admission,
+        own: &[f64],
+        rest: &[&[u8]],
+    ) -> Result<(Head, Reply)> {
+        for _ in 0..ADMISSION_ATTEMPTS_MAX {
+            let mut numbers = Numbers::new(operation);
+            numbers
+                .extend(&policy_args(take.policy))
+                .admission(&admission, self.is_cluster());
+            for &number in own {
+                numbers.push_f64(number);
+            }
+            let mut args: Vec<&[u8]> = vec![&numbers.0];
+            args.extend_from_slice(rest);
+            let (head, reply) = self.run(keys, &args).await?;
+            let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
+            match reply.status.as_str() {
+                "admit" => {
+                    admission.carried = self.admit_key(take, number(4), number(5), false).await?
+                }
+                "keys" => return Err(too_many_keys(take.counter.limit, number(4))),
+                _ => return Ok((head, reply)),
+            }
+        }
+        Err(not_admitted(take.counter.limit))
     }
 
     /// The end of `limit`'s pause, read from its own slot (0 for none): for a counter in
@@ -693,7 +878,9 @@ impl RedisStore {
         ))
     }
 
-    /// One slot's call: its counters decided all or nothing.
+    /// One slot's call: its counters decided all or nothing. A new key, or a key whose cover
+    /// runs out, whose limit's budget is in another slot is admitted there first (the script
+    /// asks before it writes anything), and the call made again with the answers.
     async fn acquire_slot(
         &self,
         takes: &[Take<'_>],
@@ -702,7 +889,7 @@ impl RedisStore {
         priority: Priority,
         record: bool,
     ) -> Result<SlotAnswer> {
-        let mut keys = Vec::with_capacity(1 + group.takes.len() * 4);
+        let mut keys = Vec::with_capacity(1 + group.takes.len() * 5);
         keys.push(self.keys.generation(group.slot));
         for &index in &group.takes {
             // The counter's own slot: on one Redis, every counter is in the one group.
@@ -712,16 +899,10 @@ impl RedisStore {
                     .counter_keys(self.keys.counter_slot(counter), counter),
             );
         }
-        let mut numbers = Numbers::new(ACQUIRE);
-        numbers.extend(&[
-            cost,
-            priority_arg(priority),
-            u64::from(record),
-            group.takes.len() as u64,
-        ]);
+        let mut pauses = Vec::with_capacity(group.takes.len());
+        let mut admissions = Vec::with_capacity(group.takes.len());
         for &index in &group.takes {
-            let take = &takes[index];
-            numbers.extend(&policy_args(take.policy));
+            let take = takes[index];
             let pause =
                 if !self.is_cluster() || self.keys.pause_slot(take.counter.limit) == group.slot {
                     keys.push(self.keys.limit_pause(take.counter.limit));
@@ -729,60 +910,80 @@ impl RedisStore {
                 } else {
                     PauseRef::Read(self.read_pause(take.counter.limit).await?)
                 };
-            numbers.push_f64(pause.arg());
+            pauses.push(pause);
+            admissions.push(self.admission(take, group.slot, &mut keys));
         }
-        let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
-        match reply.status.as_str() {
-            "ok" => {}
-            "cost" => {
-                let index = usize::try_from(reply.numbers.get(3).copied().unwrap_or(1))
+        for _ in 0..ADMISSION_ATTEMPTS_MAX {
+            let mut numbers = Numbers::new(ACQUIRE);
+            numbers.extend(&[
+                cost,
+                priority_arg(priority),
+                u64::from(record),
+                group.takes.len() as u64,
+            ]);
+            for (position, &index) in group.takes.iter().enumerate() {
+                numbers
+                    .extend(&policy_args(takes[index].policy))
+                    .push_f64(pauses[position].arg())
+                    .admission(&admissions[position], self.is_cluster());
+            }
+            let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
+            // The counter a reply names (1-based, in the group), as its place in the request.
+            let take_at = |number: Option<&i64>| {
+                let position = usize::try_from(number.copied().unwrap_or(1))
                     .unwrap_or(1)
                     .saturating_sub(1);
-                let limit = group
+                group
                     .takes
-                    .get(index)
-                    .map_or("", |&take| takes[take].counter.limit);
-                return Err(Error::Cost {
-                    limit: limit.to_owned(),
-                    source: tollgate_core::CostError {
-                        cost,
-                        capacity: u(reply.numbers.get(4).copied().unwrap_or(0)),
-                    },
-                });
+                    .get(position)
+                    .map(|&index| (position, takes[index]))
+            };
+            match reply.status.as_str() {
+                "ok" => return slot_answer(head, &reply, group),
+                "cost" => {
+                    let limit =
+                        take_at(reply.numbers.get(3)).map_or("", |(_, take)| take.counter.limit);
+                    return Err(Error::Cost {
+                        limit: limit.to_owned(),
+                        source: tollgate_core::CostError {
+                            cost,
+                            capacity: u(reply.numbers.get(4).copied().unwrap_or(0)),
+                        },
+                    });
+                }
+                "keys" => {
+                    let limit =
+                        take_at(reply.numbers.get(3)).map_or("", |(_, take)| take.counter.limit);
+                    return Err(too_many_keys(
+                        limit,
+                        u(reply.numbers.get(4).copied().unwrap_or(0)),
+                    ));
+                }
+                "admit" => {
+                    let asks: Vec<(usize, Take<'_>, u64, u64)> = reply.numbers[3..]
+                        .chunks(3)
+                        .filter_map(|ask| {
+                            let (position, take) = take_at(ask.first())?;
+                            Some((position, take, u(*ask.get(1)?), u(*ask.get(2)?)))
+                        })
+                        .collect();
+                    let answers = futures_util::future::join_all(
+                        asks.iter()
+                            .map(|&(_, take, cover, need)| self.admit_key(take, cover, need, true)),
+                    )
+                    .await;
+                    for (&(position, ..), answer) in asks.iter().zip(answers) {
+                        admissions[position].carried = answer?;
+                    }
+                }
+                other => return Err(failed(format!("unexpected script status {other}"))),
             }
-            other => return Err(failed(format!("unexpected script status {other}"))),
         }
-        let numbers = &reply.numbers[3..];
-        if numbers.len() != group.takes.len() * 5 {
-            return Err(failed("script reply of the wrong length"));
-        }
-        let outcomes = numbers
-            .chunks(5)
-            .map(|outcome| match outcome[0] {
-                0 => CounterOutcome::Granted(Grant {
-                    seq: u(outcome[1]),
-                    remaining: u(outcome[2]),
-                    reset_after_us: u(outcome[3]),
-                    lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
-                }),
-                1 => CounterOutcome::Allowed {
-                    remaining: u(outcome[2]),
-                },
-                _ => CounterOutcome::Denied(Denial {
-                    retry_after_us: u(outcome[1]),
-                    remaining: u(outcome[2]),
-                    reason: match outcome[3] {
-                        1 => DenyReason::Paused,
-                        2 => DenyReason::Recovering,
-                        _ => DenyReason::Capacity,
-                    },
-                }),
-            })
-            .collect();
-        Ok(SlotAnswer {
-            now_us: head.now_us,
-            outcomes,
-        })
+        let limit = group
+            .takes
+            .first()
+            .map_or("", |&index| takes[index].counter.limit);
+        Err(not_admitted(limit))
     }
 
     /// What `take`'s counter has left at `priority`, read without taking anything (0 when Redis
@@ -839,10 +1040,13 @@ impl RedisStore {
         seq: u64,
         used: u64,
     ) -> (u64, Result<Committed>) {
-        let numbers = Self::counter_numbers(COMMIT, take.policy, &[seq, used]);
-        let keys = self.counter_call_keys(take.counter);
+        let (keys, admission) = self.counter_call(take);
         let channel = self.keys.wake_channel().as_bytes();
-        let (head, reply) = match self.run(&keys, &[&numbers.0, channel]).await {
+        let own = [seq as f64, used as f64];
+        let answer = self
+            .run_counter(take, COMMIT, &keys, admission, &own, &[channel])
+            .await;
+        let (head, reply) = match answer {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
@@ -865,9 +1069,11 @@ impl RedisStore {
 
     /// Renew, and the store's clock at the decision; the result is the absolute expiry.
     pub(crate) async fn renew_at(&self, take: Take<'_>, fence: u64) -> (u64, Result<u64>) {
-        let numbers = Self::counter_numbers(RENEW, take.policy, &[fence]);
-        let keys = self.counter_call_keys(take.counter);
-        let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
+        let (keys, admission) = self.counter_call(take);
+        let answer = self
+            .run_counter(take, RENEW, &keys, admission, &[fence as f64], &[])
+            .await;
+        let (head, reply) = match answer {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
@@ -886,9 +1092,12 @@ impl RedisStore {
     /// Pause, and the store's clock at the decision; the result is the absolute end.
     pub(crate) async fn pause_at(&self, take: Take<'_>, duration_us: u64) -> (u64, Result<u64>) {
         let keyed = take.counter.key.is_some();
-        let numbers = Self::counter_numbers(PAUSE, take.policy, &[duration_us, u64::from(keyed)]);
-        let keys = self.pause_call_keys(take);
-        let (head, reply) = match self.run(&keys, &[&numbers.0]).await {
+        let (keys, admission) = self.pause_call(take);
+        let own = [duration_us as f64, f64::from(u8::from(keyed))];
+        let answer = self
+            .run_counter(take, PAUSE, &keys, admission, &own, &[])
+            .await;
+        let (head, reply) = match answer {
             Ok(answer) => answer,
             Err(error) => return (0, Err(error)),
         };
@@ -899,22 +1108,28 @@ impl RedisStore {
         (head.now_us, result)
     }
 
-    /// The keys of a call on `take`'s own pause: its counter's for a key, else the limit's pause.
-    fn pause_call_keys(&self, take: Take<'_>) -> Vec<String> {
+    /// The keys and admission of a call on `take`'s own pause: its counter's for a key, else
+    /// the limit's pause.
+    fn pause_call(&self, take: Take<'_>) -> (Vec<String>, Admission) {
         if take.counter.key.is_some() {
-            return self.counter_call_keys(take.counter);
+            return self.counter_call(take);
         }
         let slot = self.keys.pause_slot(take.counter.limit);
-        vec![
+        let mut keys = vec![
             self.keys.generation(slot),
             self.keys.limit_pause(take.counter.limit),
-        ]
+        ];
+        let admission = self.admission(take, slot, &mut keys);
+        (keys, admission)
     }
 
     async fn resume_remote(&self, take: Take<'_>) -> Result<bool> {
         let keyed = take.counter.key.is_some();
-        let numbers = Self::counter_numbers(RESUME, take.policy, &[u64::from(keyed)]);
-        let (_, reply) = self.run(&self.pause_call_keys(take), &[&numbers.0]).await?;
+        let (keys, admission) = self.pause_call(take);
+        let own = [f64::from(u8::from(keyed))];
+        let (_, reply) = self
+            .run_counter(take, RESUME, &keys, admission, &own, &[])
+            .await?;
         match reply.status.as_str() {
             "ok" => Ok(reply.numbers.get(3).copied().unwrap_or(0) >= 1),
             other => Err(unavailable(format!("unexpected script status {other}"))),
@@ -922,7 +1137,7 @@ impl RedisStore {
     }
 
     async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
-        let mut keys = self.counter_call_keys(take.counter);
+        let (mut keys, admission) = self.counter_call(take);
         let pause = if !self.is_cluster()
             || self.keys.pause_slot(take.counter.limit) == self.keys.counter_slot(take.counter)
         {
@@ -931,9 +1146,9 @@ impl RedisStore {
         } else {
             PauseRef::Read(self.read_pause(take.counter.limit).await?)
         };
-        let mut numbers = Self::counter_numbers(USAGE, take.policy, &[]);
-        numbers.push_f64(pause.arg());
-        let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
+        let (head, reply) = self
+            .run_counter(take, USAGE, &keys, admission, &[pause.arg()], &[])
+            .await?;
         match reply.status.as_str() {
             "ok" => {
                 let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
@@ -987,6 +1202,41 @@ impl RedisStore {
     }
 }
 
+/// A slot's `ok` reply: one outcome for each counter of `group`.
+fn slot_answer(head: Head, reply: &Reply, group: &plan::Group) -> Result<SlotAnswer> {
+    let numbers = &reply.numbers[3..];
+    if numbers.len() != group.takes.len() * 5 {
+        return Err(failed("script reply of the wrong length"));
+    }
+    let outcomes = numbers
+        .chunks(5)
+        .map(|outcome| match outcome[0] {
+            0 => CounterOutcome::Granted(Grant {
+                seq: u(outcome[1]),
+                remaining: u(outcome[2]),
+                reset_after_us: u(outcome[3]),
+                lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
+            }),
+            1 => CounterOutcome::Allowed {
+                remaining: u(outcome[2]),
+            },
+            _ => CounterOutcome::Denied(Denial {
+                retry_after_us: u(outcome[1]),
+                remaining: u(outcome[2]),
+                reason: match outcome[3] {
+                    1 => DenyReason::Paused,
+                    2 => DenyReason::Recovering,
+                    _ => DenyReason::Capacity,
+                },
+            }),
+        })
+        .collect();
+    Ok(SlotAnswer {
+        now_us: head.now_us,
+        outcomes,
+    })
+}
+
 /// `outcome`, decided at `now_us` on its slot's clock, with its lease expiry moved to the
 /// request's base clock (the first slot's): each node has its own clock, and a lease is as
 /// long as its node says.
@@ -1034,6 +1284,14 @@ fn permit_error(status: &str, numbers: &[i64], used: u64) -> Error {
         other => return failed(format!("unexpected script status {other}")),
     };
     Error::Permit { source }
+}
+
+/// The script asked for a key to be admitted more times than a cover can run out in.
+fn not_admitted(limit: &str) -> Error {
+    failed(format!(
+        "a key of limit {limit:?} was not admitted to its budget in {ADMISSION_ATTEMPTS_MAX} \
+         calls (are the Redis nodes' clocks far apart?)"
+    ))
 }
 
 /// A grant on every counter that counts nothing: what fail-open answers while Redis is down.
@@ -1124,27 +1382,31 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.usage_remote(take))
     }
 
-    /// A limit gone or changed kind loses its limit-wide pause, deleted in the background (this
-    /// is called under the limiter's lock, and must not wait on Redis). Its keys' own pauses
-    /// cannot be found without scanning the namespace: they end within the longest pause
-    /// (`LimiterConfig::pause_max`).
+    /// Each limit's own budget of keys is read here (`Limit::keys_max`), for the admissions
+    /// that follow. A limit gone or changed kind loses its limit-wide pause, deleted in the
+    /// background (this is called under the limiter's lock, and must not wait on Redis). Its
+    /// keys' own pauses cannot be found without scanning the namespace: they end within the
+    /// longest pause (`LimiterConfig::pause_max`).
     fn set_limits(&self, limits: &tollgate::LimitTable) {
         let gone: Vec<String> = {
-            let Ok(mut known) = self.kinds.lock() else {
+            let Ok(mut known) = self.limits.lock() else {
                 return;
             };
             let gone = known
                 .iter()
-                .filter(|(name, leases)| {
+                .filter(|(name, (leases, _))| {
                     limits
                         .get(name)
-                        .is_none_or(|limit| limit.policy().is_concurrency() != **leases)
+                        .is_none_or(|limit| limit.policy().is_concurrency() != *leases)
                 })
                 .map(|(name, _)| self.keys.limit_pause(name))
                 .collect();
             *known = limits
                 .iter()
-                .map(|limit| (limit.name().to_owned(), limit.policy().is_concurrency()))
+                .map(|limit| {
+                    let known = (limit.policy().is_concurrency(), limit.keys_max());
+                    (limit.name().to_owned(), known)
+                })
                 .collect();
             gone
         };

@@ -8,18 +8,21 @@
 --
 -- KEYS[1]           the generation (born, renew, owner): detects lost state (G6)
 -- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
---                   after the counters, the limits' pauses kept in this slot
--- commit, renew, pause or resume of a key: KEYS[2], [3], [4]  the counter's three keys
--- usage: KEYS[2], [3], [4] the counter's three keys, KEYS[5] its limit's pause if in this slot
+--                   after the counters, the limits' pauses and key budgets kept in this slot
+-- commit, renew, pause or resume of a key: KEYS[2], [3], [4]  the counter's three keys, then
+--                   its limit's key budget if in this slot
+-- usage: KEYS[2], [3], [4] the counter's three keys, then its limit's key budget and its
+--                   limit's pause if in this slot
 -- pause or resume of a whole limit: KEYS[2]  the limit's pause
+-- admit a key: KEYS[2]  the limit's key budget (its tally)
 -- begin a new namespace: KEYS[1] only
 -- KEYS[#KEYS]       when the call watches evictions (its operation code has 16 added): the
 --                   slot's evictions record (T.evictions), after every other key
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace, 7 resume;
---                   plus 16 when the call watches evictions), then per operation (see each
---                   branch below)
+--                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace, 7 resume,
+--                   8 admit a key; plus 16 when the call watches evictions), then per
+--                   operation (see each branch below)
 -- ARGV[2]           commit only: the wake-up channel
 -- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
 -- birth, and 1 when this call found the state lost), then the rest per operation (see each
@@ -27,6 +30,11 @@
 -- A policy is 9 numbers:
 --   kind (1 rate, 2 concurrency), limit, period_us, margin_us,
 --   algorithm (1 sliding, 2 fixed, 3 gcra), burst, lease_ttl_us, reserve_high, reserve_normal
+-- An admission is 4 numbers, after a counter's policy (T.cover): where its limit's key budget
+--   is (0 a counter without a key, never admitted; x >= 1 at KEYS[x], this slot; -1 in another
+--   slot, asked by the caller), the budget, what the caller brings from it (a cover end; -x:
+--   held until x; 0 nothing), and 1 when the budget can be lost apart from its counters (a
+--   cluster)
 --
 -- Cost model (measured in Redis 7.0 with a loop timed by TIME inside a script): every string that
 -- enters Lua (a reply, a string.sub, a concatenation, an argument) costs about 2 ns a byte (a
@@ -48,12 +56,13 @@
 --   16          a log's expiry is pushed window / 16 past what it needs, so that a grant does
 --               not PEXPIRE it every time; a log outlives its counter by at most that
 --
--- The counter's value: 'W', the common header '>ddddddddd' (73 bytes with the 'W'), then the
+-- The counter's value: 'X', the common header '>dddddddddd' (81 bytes with the 'X'), then the
 -- body's header by kind, then for leases their records.
 --   common: g the birth of the generation it was written in, p paused_until, s next_seq, k body
 --     kind (0 empty, 1 sliding, 2 fixed, 3 gcra,
 --     4 leases); the reservations log: ro, re its live bytes [ro, re), ra the oldest live one's
---     `at` (-1: not read yet), rl the newest one's `at`, rx the log key's expiry (us)
+--     `at` (-1: not read yet), rl the newest one's `at`, rx the log key's expiry (us); a the
+--     counter's cover (until when its limit's key budget counts it, T.cover; 0 none)
 --   sliding '>dddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
 --     ls stamp, lu units (0: no bucket at all); older (closed) buckets in the bucket log: qo, qe
 --     its live bytes, fs, fu the oldest closed one's stamp and units (fs -1: not read yet), qx
@@ -63,6 +72,13 @@
 --     l last_seq. leases '>d': nb, then nb records.
 -- Every record a log holds stops counting before its key's expiry (rx, qx only grow while
 -- records are appended), so a log whose expiry has passed holds nothing live.
+--
+-- A limit's key budget (src/tally.rs, the reference this follows): 'K', then '>dd' g the birth
+-- of the generation it was written in and h until when it admits no new key of a request, then
+-- '>dd' records (end, count) ascending by end: how many counters of its keys it counts until
+-- each cover end. A counter of a key is never written to live past its cover (a); a write that
+-- would first has the key admitted (T.cover), so a limit never keeps more counters of keys than
+-- its budget.
 local T = {}
 
 function T.div_ceil(a, b)
@@ -105,18 +121,18 @@ end
 -- written back.
 function T.empty(keys, now, born)
   return { ck = keys[1], rk = keys[2], qk = keys[3], g = born,
-    p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0,
+    p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0, a = 0,
     qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0, qw = 0,
     w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, b = {}, dirty = true }
 end
 
 -- nil when `raw` is not a counter this script wrote (another format, or damaged).
 function T.decode(raw, keys, now)
-  if string.sub(raw, 1, 1) ~= 'W' or #raw < 73 then return nil end
+  if string.sub(raw, 1, 1) ~= 'X' or #raw < 81 then return nil end
   local c = T.empty(keys, now, 0)
   c.dirty = false
   local k, at
-  c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, at = struct.unpack('>ddddddddd', raw, 2)
+  c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, c.a, at = struct.unpack('>dddddddddd', raw, 2)
   c.k = k
   if k == 1 then
     c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw, at =
@@ -146,20 +162,20 @@ end
 
 function T.encode(c)
   local k = c.k
-  local common = struct.pack('>ddddddddd', c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx)
+  local common = struct.pack('>dddddddddd', c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, c.a)
   if k == 1 then
-    return 'W' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
+    return 'X' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
       c.fu, c.qx, c.qw)
   elseif k == 2 then
-    return 'W' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
+    return 'X' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
   elseif k == 3 then
-    return 'W' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
+    return 'X' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
   elseif k == 4 then
-    local parts = { 'W', common, struct.pack('>d', #c.b / 3) }
+    local parts = { 'X', common, struct.pack('>d', #c.b / 3) }
     for i = 1, #c.b, 3 do parts[#parts + 1] = struct.pack('>ddd', c.b[i], c.b[i + 1], c.b[i + 2]) end
     return table.concat(parts)
   end
-  return 'W' .. common
+  return 'X' .. common
 end
 
 -- The counter in `raw` (a GET's answer), or a new one, and until when it must be held. A new
@@ -430,7 +446,7 @@ function T.counted_until(c, p)
 end
 
 function T.idle_at(c, p)
-  local idle = math.max(c.p, c.s)
+  local idle = math.max(c.p, c.s, c.keep or 0)
   if p.kind == 1 and c.re > c.ro then idle = math.max(idle, c.rl + p.window) end
   return math.max(idle, T.counted_until(c, p))
 end
@@ -556,6 +572,123 @@ function T.save(c, p, now)
   redis.call('SET', c.ck, T.encode(c), 'PX', T.ttl_ms(idle, now))
 end
 
+-- The longest one write can make a counter of `p` live, its logs included (tally.rs span_us).
+function T.span(p)
+  return math.max(p.window, p.memory) + math.floor(p.window / 16) + 2000
+end
+
+-- Until when counter `c` may live once written: its idle time, its logs' slack and the rounding
+-- of an expiry to milliseconds; `from_now`: the operation may also make it count from now (a
+-- grant, a renewal, or normalising it into another kind after its limit changed).
+function T.need(c, p, now, from_now)
+  local need = T.idle_at(c, p) + math.floor(p.window / 16) + 2000
+  if from_now then need = math.max(need, now + T.span(p)) end
+  return need
+end
+
+-- The cover given at `now` to a counter that must live until `need` (tally.rs cover_end).
+function T.cover_end(now, need, span)
+  local target = math.max(need, now + 2 * span)
+  local grid = T.div_ceil(span, 2)
+  while target - now > 8 * grid do grid = grid * 2 end
+  return T.div_ceil(target, grid) * grid
+end
+
+-- Ask a limit's key budget, `raw` as read from `key` (tally.rs Tally::admit), for a counter
+-- whose cover is `old` (alive past now: the key moves, never refused) to live until `need`.
+-- Returns 'ok' and the cover's end; 'keys' and the budget (a new key, the budget full); or
+-- 'held' and its end (a new key of a request, `honour_hold` 1, while the budget may have lost
+-- counts of counters alive: found missing or written in an older generation, when it can be
+-- lost apart from them (`apart` 1, a cluster) or after an eviction). A refusal writes nothing.
+function T.admit(key, raw, now, gen, p, old, need, budget, apart, honour_hold)
+  local span = T.span(p)
+  local g, h
+  local ends, counts, counted = {}, {}, 0
+  if raw and string.sub(raw, 1, 1) == 'K' and #raw >= 17 and (#raw - 17) % 16 == 0 then
+    g, h = struct.unpack('>dd', raw, 2)
+    for at = 18, #raw, 16 do
+      local e, n = struct.unpack('>dd', raw, at)
+      if e > now then
+        ends[#ends + 1] = e
+        counts[#counts + 1] = n
+        counted = counted + n
+      end
+    end
+  end
+  local lost_at = 0
+  if apart == 1 then lost_at = gen.born end
+  if g == nil then
+    h = math.max(lost_at, gen.seen) + 3 * span
+  elseif g ~= gen.born then
+    h = math.max(h, lost_at + 3 * span)
+  end
+  if old > now then
+    for i = 1, #ends do
+      if ends[i] == old then
+        counts[i] = counts[i] - 1
+        break
+      end
+    end
+  else
+    if honour_hold == 1 and h > now then return 'held', h end
+    if counted >= budget then return 'keys', budget end
+  end
+  local e = T.cover_end(now, need, span)
+  local parts, placed = { 'K', struct.pack('>dd', gen.born, h) }, false
+  for i = 1, #ends do
+    if not placed and e <= ends[i] then
+      placed = true
+      if e == ends[i] then
+        counts[i] = counts[i] + 1
+      else
+        parts[#parts + 1] = struct.pack('>dd', e, 1)
+      end
+    end
+    if counts[i] > 0 then parts[#parts + 1] = struct.pack('>dd', ends[i], counts[i]) end
+  end
+  if not placed then parts[#parts + 1] = struct.pack('>dd', e, 1) end
+  redis.call('SET', key, table.concat(parts), 'PX',
+    T.ttl_ms(math.max(h, e, ends[#ends] or 0), now))
+  return 'ok', e
+end
+
+function T.read_admission(a, at)
+  return { tally = a[at], budget = a[at + 1], carried = a[at + 2], apart = a[at + 3] }
+end
+
+-- Counter `c`, of a key, about to be written by an operation (`from_now` as for T.need):
+-- if it would live past its cover, its key is admitted first, with the cover end the caller
+-- brings or by asking its limit's budget here (`adm`, T.read_admission). Called before the
+-- operation writes anything. Returns nil to go on (`c` now covered, and kept a span, so that a
+-- retry finds it admitted), or {'admit', cover, need} (the budget is in another slot: the caller
+-- asks it, then calls again), {'keys', budget} or {'held', until}.
+function T.cover(c, p, now, from_now, adm, gen, KEYS, honour_hold)
+  if adm.tally == 0 then return nil end
+  local need = T.need(c, p, now, from_now)
+  if need <= c.a then return nil end
+  local status, value = 'ok', adm.carried
+  if adm.carried < 0 then
+    status, value = 'held', -adm.carried
+  elseif adm.carried < need then
+    if adm.tally < 0 then return { 'admit', c.a, need } end
+    local key = KEYS[adm.tally]
+    status, value = T.admit(key, redis.call('GET', key), now, gen, p, c.a, need, adm.budget,
+      adm.apart, honour_hold)
+  end
+  if status ~= 'ok' then return { status, value } end
+  c.a = value
+  c.keep = math.min(now + T.span(p), value - 2000)
+  c.dirty = true
+  return nil
+end
+
+-- The reply to a one-counter operation that T.cover stopped: its answer, for counter 1.
+function T.uncovered(answer, now, gen)
+  local reply = T.head(answer[1], now, gen)
+  reply[5], reply[6], reply[7] = 1, answer[2], answer[3]
+  return reply
+end
+
 -- Which Redis master runs this script: its cluster node id (empty outside a cluster), its run
 -- id, which every start of a Redis process draws anew, and its replication id, which it draws
 -- anew whenever it becomes a master. Asked once per script engine, which is made again when the
@@ -661,12 +794,18 @@ function T.decide(KEYS, ARGV)
 
   if op == 1 then
     -- acquire: [2] cost, [3] priority (0 low, 1 normal, 2 high), [4] record reservations (1)
-    -- or grant final (0), [5] n, then per counter its policy and where its limit's pause is: at
-    -- KEYS[x] for x >= 1, or -x its end as read by the caller (its key is in another slot)
+    -- or grant final (0), [5] n, then per counter 14 numbers: its policy, where its limit's
+    -- pause is (at KEYS[x] for x >= 1, or -x its end as read by the caller: its key is in
+    -- another slot), and its admission. Reply: ok now born lost, then per counter 5 numbers
+    -- (outcome 0 granted: seq remaining reset_after lease_expires_at; 1 allowed: _ remaining;
+    -- 2 denied: retry_after remaining reason); or cost now born lost i open; or admit now born
+    -- lost, then (i cover need) for each counter whose key the caller must have admitted in
+    -- its budget's slot, before anything is written; or keys now born lost i budget.
     local cost, priority, record, n = a[2], a[3], a[4], a[5]
-    local policies, pauses = {}, {}
+    local policies, pauses, admissions = {}, {}, {}
     for i = 1, n do
-      local p = T.read_policy(a, 6 + (i - 1) * 10)
+      local at = 6 + (i - 1) * 14
+      local p = T.read_policy(a, at)
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
         local gen = T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
@@ -675,7 +814,8 @@ function T.decide(KEYS, ARGV)
         return reply
       end
       policies[i] = p
-      pauses[i] = a[15 + (i - 1) * 10]
+      pauses[i] = a[at + 9]
+      admissions[i] = T.read_admission(a, at + 10)
     end
     -- The generation, every counter's header and the pauses kept here in one read.
     local names = { KEYS[1] }
@@ -692,18 +832,47 @@ function T.decide(KEYS, ARGV)
     local values = redis.call('MGET', unpack(names))
     local gen = T.generation(values[1], KEYS[1], now)
     if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
-    local counters, outcomes = {}, {}
+    local counters, outcomes, held = {}, {}, {}
+    for i = 1, n do
+      local c, hold_until = T.load(values[i + 1], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
+        now, gen, policies[i])
+      if hold_until then T.hold(c, now, hold_until) end
+      counters[i] = c
+    end
+    -- Keys to admit in another slot's budget: asked of the caller before anything is written.
+    local ask = T.head('admit', now, gen)
+    for i = 1, n do
+      local adm, c = admissions[i], counters[i]
+      if adm.tally < 0 and adm.carried >= 0 then
+        local need = T.need(c, policies[i], now, true)
+        if need > c.a and adm.carried < need then
+          ask[#ask + 1], ask[#ask + 2], ask[#ask + 3] = i, c.a, need
+        end
+      end
+    end
+    if #ask > 4 then return ask end
+    for i = 1, n do
+      local answer = T.cover(counters[i], policies[i], now, true, admissions[i], gen, KEYS, 1)
+      if answer and answer[1] == 'keys' then
+        local reply = T.head('keys', now, gen)
+        reply[5], reply[6] = i, answer[2]
+        return reply
+      end
+      -- Held after a loss of its budget: recovering, and not written past its cover.
+      if answer then held[i] = answer[2] end
+    end
     local all_allowed = true
     for i = 1, n do
-      local p = policies[i]
+      local p, c = policies[i], counters[i]
       local open = T.capacity_for(p, priority)
-      local c, hold_until = T.load(values[i + 1], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
-        now, gen, p)
-      if hold_until then T.hold(c, now, hold_until) end
       local limit_paused_until = -pauses[i]
       if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
-      local denial = T.check(c, p, now, cost, priority, limit_paused_until)
-      counters[i] = c
+      local denial
+      if held[i] then
+        denial = { T.sub0(held[i], now), 0, 2 }
+      else
+        denial = T.check(c, p, now, cost, priority, limit_paused_until)
+      end
       -- Held after a loss (T.load) rather than paused by someone: reason 2, recovering.
       if denial and denial[3] == 1 and c.p >= limit_paused_until
           and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
@@ -723,7 +892,9 @@ function T.decide(KEYS, ARGV)
       end
     end
     -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
-    for i = 1, n do T.save(counters[i], policies[i], now) end
+    for i = 1, n do
+      if not held[i] then T.save(counters[i], policies[i], now) end
+    end
     local reply = T.head('ok', now, gen)
     for i = 1, n do
       local o = outcomes[i]
@@ -736,16 +907,31 @@ function T.decide(KEYS, ARGV)
   -- The generation and the one key every other operation reads first (a counter's state, or a
   -- limit's pause), with the limit's pause for usage when it is kept here, in one read.
   local names = { KEYS[1], KEYS[2] }
-  if op == 5 and a[11] >= 1 then names[3] = KEYS[a[11]] end
+  if op == 5 and a[15] >= 1 then names[3] = KEYS[a[15]] end
   if watch then names[#names + 1] = KEYS[#KEYS] end
   local values = redis.call('MGET', unpack(names))
   local gen = T.generation(values[1], KEYS[1], now)
   if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
+  if op == 8 then
+    -- admit a key: [2..10] policy, [11] budget, [12] the counter's cover, [13] until when it
+    -- must live, [14] honour a hold, [15] apart (as in an admission). Reply: ok now born lost
+    -- cover_end, keys now born lost budget, or held now born lost until
+    local p = T.read_policy(a, 2)
+    local status, value = T.admit(KEYS[2], values[2], now, gen, p, a[12], a[13], a[11], a[15],
+      a[14])
+    local reply = T.head(status, now, gen)
+    reply[5] = value
+    return reply
+  end
+
+  -- Every other operation is on one counter: [2..10] its policy, [11..14] its admission, then
+  -- its own numbers from [15]. Each may answer admit or keys for counter 1, as acquire does.
+  local adm = T.read_admission(a, 11)
 
   if op == 2 then
-    -- commit: [2..10] policy, [11] seq, [12] used. Reply: ok now born lost refunded released
+    -- commit: [15] seq, [16] used. Reply: ok now born lost refunded released
     local p = T.read_policy(a, 2)
-    local seq, used_units, channel = a[11], a[12], ARGV[2]
+    local seq, used_units, channel = a[15], a[16], ARGV[2]
     local raw = values[2]
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then
@@ -759,6 +945,8 @@ function T.decide(KEYS, ARGV)
       return T.head('gone', now, gen)
     end
     if seq >= c.s then return T.head('unknown', now, gen) end
+    local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0)
+    if uncovered then return T.uncovered(uncovered, now, gen) end
     T.normalise(c, p, now)
     if c.k == 4 then
       local released = 0
@@ -884,14 +1072,16 @@ function T.decide(KEYS, ARGV)
   end
 
   if op == 3 then
-    -- renew: [2..10] policy, [11] fence. Reply: ok now born lost expires_at
+    -- renew: [15] fence. Reply: ok now born lost expires_at
     local p = T.read_policy(a, 2)
-    local fence = a[11]
+    local fence = a[15]
     if p.kind ~= 2 then return T.head('wrong_kind', now, gen) end
     local raw = values[2]
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then return T.head('lease_expired', now, gen) end
     if fence >= c.s then return T.head('unknown', now, gen) end
+    local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0)
+    if uncovered then return T.uncovered(uncovered, now, gen) end
     T.normalise(c, p, now)
     local b = c.b
     for i = 1, #b, 3 do
@@ -909,17 +1099,20 @@ function T.decide(KEYS, ARGV)
   end
 
   if op == 4 then
-    -- pause: [2..10] policy, [11] duration_us, [12] keyed (1: KEYS[2..4] are a counter's; 0:
-    -- KEYS[2] is a limit's pause). Reply: ok now born lost paused_until
+    -- pause: [15] duration_us, [16] keyed (1: KEYS[2..4] are a counter's; 0: KEYS[2] is a
+    -- limit's pause). Reply: ok now born lost paused_until. A key's pause makes or keeps its
+    -- counter, so it counts in its limit's budget like a request's.
     local p = T.read_policy(a, 2)
-    local until_us = now + a[11]
-    if a[12] == 1 then
+    local until_us = now + a[15]
+    if a[16] == 1 then
       local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       if until_us > c.p then
         c.p = until_us
         c.dirty = true
       end
+      local uncovered = T.cover(c, p, now, false, adm, gen, KEYS, 0)
+      if uncovered then return T.uncovered(uncovered, now, gen) end
       T.save(c, p, now)
       local reply = T.head('ok', now, gen)
       reply[5] = c.p
@@ -934,13 +1127,13 @@ function T.decide(KEYS, ARGV)
   end
 
   if op == 7 then
-    -- resume: [2..10] policy, [11] keyed (as for pause). Reply: ok now born lost lifted (1 when
-    -- a pause was on). A hold after a loss of state (until the generation's birth plus the
-    -- policy's memory) is not a pause and stays; a counter not kept is not made.
+    -- resume: [15] keyed (as for pause). Reply: ok now born lost lifted (1 when a pause was
+    -- on). A hold after a loss of state (until the generation's birth plus the policy's
+    -- memory) is not a pause and stays; a counter not kept is not made.
     local p = T.read_policy(a, 2)
     local reply = T.head('ok', now, gen)
     reply[5] = 0
-    if a[11] == 1 then
+    if a[15] == 1 then
       if not values[2] then return reply end
       local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
@@ -950,6 +1143,8 @@ function T.decide(KEYS, ARGV)
         c.p = keep
         c.dirty = true
       end
+      local uncovered = T.cover(c, p, now, false, adm, gen, KEYS, 0)
+      if uncovered then return T.uncovered(uncovered, now, gen) end
       T.save(c, p, now)
       return reply
     end
@@ -959,14 +1154,18 @@ function T.decide(KEYS, ARGV)
   end
 
   if op == 5 then
-    -- usage, counting nothing: [2..10] policy, [11] where the limit's pause is (as for
-    -- acquire). Reply: ok now born lost used reset_after paused_until. A counter is held as
-    -- acquire would hold it; one not kept is not made.
+    -- usage, counting nothing: [15] where the limit's pause is (as for acquire). Reply: ok now
+    -- born lost used reset_after paused_until. A counter is held as acquire would hold it; one
+    -- not kept is not made.
     local p = T.read_policy(a, 2)
-    local raw, limit_paused_until = values[2], -a[11]
-    if a[11] >= 1 then limit_paused_until = tonumber(values[3]) or 0 end
+    local raw, limit_paused_until = values[2], -a[15]
+    if a[15] >= 1 then limit_paused_until = tonumber(values[3]) or 0 end
     local c, hold_until = T.load(raw, counter_keys, now, gen, p)
     if hold_until then T.hold(c, now, hold_until) end
+    if raw then
+      local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0)
+      if uncovered then return T.uncovered(uncovered, now, gen) end
+    end
     T.normalise(c, p, now)
     local reply = T.head('ok', now, gen)
     reply[5] = T.used(c, p, now)

@@ -9,7 +9,10 @@
 //!   masters' limits keep being served, the hot limit waits out its quarantine, and nothing is
 //!   granted twice;
 //! - the hot limit's slot moved to another master under load: no overshoot, no request failed;
-//!   the slot's new master holds its counters for one period, as after a failover.
+//!   the slot's new master holds its counters for one period, as after a failover;
+//! - each limit's budget of keys, kept in the limit's own slot while its keys' counters spread
+//!   over every master: a flood refused at the budget, the counters held counted by `SCAN` on
+//!   each master, and a budget whose slot lost its state admitting no new key for a while.
 //!
 //! Each hold is judged against the slot's generation read before the fault and the one read
 //! after it, which must be born after the fault and owned by the new master: a store that missed
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use tollgate::conformance::Stores;
 use tollgate::store::CounterId;
+use tollgate::{DenyReason, Error, Outcome};
 use tollgate_redis::RedisStore;
 use tollgate_redis::loss::Generation;
 
@@ -246,4 +250,93 @@ fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
             "{name} was not served while the hot master failed over"
         );
     }
+}
+
+/// The `c:` keys (counter states) of `limit`'s keys in `namespace`, over every master.
+fn states_held(cluster: &Cluster, namespace: &str, limit: &str) -> usize {
+    let pattern = format!("tg:{{*}}:{namespace}:c:{}:{limit}:*", limit.len());
+    cluster
+        .masters()
+        .iter()
+        .map(|node| {
+            let text = node
+                .query(&["--scan", "--pattern", &pattern])
+                .expect("scan");
+            text.lines().filter(|line| !line.is_empty()).count()
+        })
+        .sum()
+}
+
+#[test]
+fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
+    let Some(binary) = nodes::redis_server("each_limit_keeps_its_budget_of_keys_across_the_slots")
+    else {
+        return;
+    };
+    let cluster = Cluster::start(&binary, 3);
+    let url = cluster.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let namespace = common::namespace("cluster-keys");
+    let store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("a new namespace");
+    let limiter = common::limiter_on(store.clone());
+    limiter.set_limit(common::per_user("a", 5, 60_000, Some(10)));
+    limiter.set_limit(common::per_user("b", 5, 60_000, None));
+    limiter.set_limit(common::per_user("d", 5, 60_000, None));
+    limiter.set_limit(common::unkeyed("c"));
+    let take =
+        |limit: &str, key: Option<&str>| runtime.block_on(common::take_one(&limiter, limit, key));
+    let granted = |answer: tollgate::Result<Outcome>| matches!(answer, Ok(Outcome::Granted(_)));
+
+    let mut admitted = 0;
+    for index in 0..15 {
+        match take("a", Some(&format!("flood-{index}"))) {
+            Ok(Outcome::Granted(_)) => admitted += 1,
+            Err(Error::TooManyKeysForLimit { limit, keys_max }) => {
+                assert_eq!((limit.as_str(), keys_max), ("a", 10));
+            }
+            other => panic!("flood-{index}: {other:?}"),
+        }
+    }
+    assert_eq!(admitted, 10, "a keeps its budget of 10 keys over the slots");
+    assert!(granted(take("b", Some("new"))), "a new key of b");
+    assert!(granted(take("c", None)), "the unkeyed c");
+    assert!(granted(take("a", Some("flood-0"))), "a known key of a");
+    let pause = runtime.block_on(limiter.pause("a", Some("paused"), Duration::from_secs(30)));
+    assert!(
+        matches!(pause, Err(Error::TooManyKeysForLimit { keys_max: 10, .. })),
+        "{pause:?}"
+    );
+    assert_eq!(states_held(&cluster, &namespace, "a"), 10);
+
+    // d's budget loses its state with its slot (its generation gone: a restart or failover of
+    // that master), while d's keys' counters, on other slots, live on.
+    assert!(granted(take("d", Some("known"))), "d's first key");
+    let generation = store.generation_key(CounterId {
+        limit: "d",
+        key: None,
+    });
+    let slot = slot_of(&cluster, &store, "d");
+    cluster.nodes[cluster.master_of(slot)]
+        .query(&["DEL", &generation])
+        .expect("delete the generation");
+    match take("d", Some("new")) {
+        Ok(Outcome::Denied(denied)) => {
+            assert_eq!(denied.reason, DenyReason::Recovering);
+            // Held three spans of d's window, from the new generation's birth.
+            assert!(
+                denied.retry_after > Duration::from_secs(120),
+                "{:?}",
+                denied.retry_after
+            );
+        }
+        other => panic!("a new key of d after its budget was lost: {other:?}"),
+    }
+    assert!(granted(take("d", Some("known"))), "a known key of d");
+    assert!(granted(take("b", Some("another"))), "a new key of b");
 }

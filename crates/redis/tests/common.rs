@@ -39,6 +39,7 @@ pub async fn connect(url: &str, namespace: &str) -> RedisStore {
         fail_open: false,
         allow_eviction: false,
         timeout: Duration::from_secs(5),
+        keys_per_limit_max: 100_000,
     })
     .await
     .expect("connect to Redis")
@@ -75,4 +76,47 @@ pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("connect")
+}
+
+/// A sliding rate limit counted per user: `limit` units per `period_ms`, with its own budget
+/// of keys (`None`: the store's).
+pub fn per_user(name: &str, limit: u64, period_ms: u64, keys_max: Option<u64>) -> tollgate::Limit {
+    let policy = tollgate_core::Policy::rate(
+        limit,
+        period_ms * 1_000,
+        0,
+        tollgate_core::Algorithm::Sliding,
+        tollgate_core::Reserve::default(),
+    )
+    .expect("valid policy");
+    tollgate::Limit::new(name, policy, Some("user"))
+        .and_then(|limit| limit.with_keys_max(keys_max))
+        .expect("valid limit")
+}
+
+/// A fixed rate limit of one counter, not counted per key: 5 a minute.
+pub fn unkeyed(name: &str) -> tollgate::Limit {
+    let policy = tollgate_core::Policy::rate(
+        5,
+        60_000_000,
+        0,
+        tollgate_core::Algorithm::Fixed,
+        tollgate_core::Reserve::default(),
+    )
+    .expect("valid policy");
+    tollgate::Limit::new(name, policy, None).expect("valid limit")
+}
+
+/// One refundable unit of `limit` (for `key`), not waiting. A permit granted is dropped, so
+/// its unit stays counted.
+pub async fn take_one(
+    limiter: &tollgate::Limiter,
+    limit: &str,
+    key: Option<&str>,
+) -> tollgate::Result<tollgate::Outcome> {
+    let mut request = tollgate::Request::new(limit);
+    if let Some(key) = key {
+        request = request.key(key);
+    }
+    limiter.try_acquire(&request).await
 }

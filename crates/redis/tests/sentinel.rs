@@ -40,6 +40,7 @@ fn a_fleet_follows_a_sentinel_failover_without_overshoot() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(5),
+            keys_per_limit_max: 100_000,
         }))
         .expect("connect through the Sentinels");
     runtime

@@ -132,8 +132,9 @@ pub struct ServerConfig {
     pub wait_ms_max: u64,
     /// Memory store: counters tracked at most (G7), over every limit: a bound on memory.
     pub keys_tracked_max: u64,
-    /// Memory store: keys one limit counted per key may track at once, unless its rule says
-    /// (`keys_max`). Unset: `keys_tracked_max / KEYS_PER_LIMIT_SHARE`.
+    /// Keys one limit counted per key may have counters of at once, unless its rule says
+    /// (`keys_max`), on the memory store and on Redis. Unset: `keys_tracked_max /
+    /// KEYS_PER_LIMIT_SHARE`.
     pub keys_per_limit_max: Option<u64>,
     /// Longest pause, in milliseconds (at most a day); longer asks are cut to it.
     pub pause_ms_max: u64,
@@ -217,7 +218,8 @@ impl ServerConfig {
         Ok(())
     }
 
-    /// Keys one limit may track at once in the memory store, unless its rule says otherwise.
+    /// Keys one limit may have counters of at once (either store), unless its rule says
+    /// otherwise.
     pub fn keys_per_limit_max(&self) -> u64 {
         self.keys_per_limit_max
             .unwrap_or(self.keys_tracked_max / KEYS_PER_LIMIT_SHARE)

@@ -126,6 +126,7 @@ async fn build_store(
                 fail_open: config.store_fail_open,
                 allow_eviction: config.redis_allow_eviction,
                 timeout: config.store_timeout,
+                keys_per_limit_max: config.keys_per_limit_max(),
             })
             .await
             .map_err(|error| ServerError::Store {

@@ -66,6 +66,7 @@ async fn run() {
             fail_open: false,
             allow_eviction: false,
             timeout: Duration::from_secs(5),
+            keys_per_limit_max: 100_000,
         })
         .await
         .unwrap_or_else(|error| fail("redis", error));

@@ -84,6 +84,7 @@ impl Shared {
                 fail_open: false,
                 allow_eviction: false,
                 timeout: Duration::from_secs(2),
+                keys_per_limit_max: 100_000,
             })
             .await
             {
