@@ -149,10 +149,10 @@ fn assert_no_overshoot(run: &Run, grants: &std::collections::BTreeMap<String, Ve
 }
 
 #[test]
-fn a_fleet_over_every_master_survives_a_failover_and_a_reshard() {
-    let Some(binary) =
-        nodes::redis_server("a_fleet_over_every_master_survives_a_failover_and_a_reshard")
-    else {
+fn a_fleet_over_every_master_waits_out_the_new_generation_of_a_reshard_and_a_failover() {
+    let Some(binary) = nodes::redis_server(
+        "a_fleet_over_every_master_waits_out_the_new_generation_of_a_reshard_and_a_failover",
+    ) else {
         return;
     };
     let mut cluster = Cluster::start(&binary, 3);

@@ -21,9 +21,10 @@ use fleets::{
 use nodes::Sentinels;
 
 #[test]
-fn a_fleet_follows_a_sentinel_failover_without_overshoot() {
-    let Some(binary) = nodes::redis_server("a_fleet_follows_a_sentinel_failover_without_overshoot")
-    else {
+fn a_fleet_waits_out_the_new_generation_of_a_sentinel_failover_without_overshoot() {
+    let Some(binary) = nodes::redis_server(
+        "a_fleet_waits_out_the_new_generation_of_a_sentinel_failover_without_overshoot",
+    ) else {
         return;
     };
     let mut set = Sentinels::start(&binary, "tollgate-test");
