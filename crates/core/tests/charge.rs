@@ -76,7 +76,9 @@ enum Step {
     /// The state database takes the counter as it stands: the budget starts again.
     Record,
     /// The process dies; the next one starts `gap` later from the last record.
-    Crash { gap: u64 },
+    Crash {
+        gap: u64,
+    },
 }
 
 /// One grant as the test saw it.
@@ -336,8 +338,7 @@ fn a_crash_after_ten_of_a_hundred_leaves_seventy_seven() {
         Algorithm::Fixed,
         Algorithm::Gcra { burst: 100 },
     ] {
-        let policy =
-            Policy::rate(100, HOUR_US, 0, algorithm, Reserve::default()).expect("policy");
+        let policy = Policy::rate(100, HOUR_US, 0, algorithm, Reserve::default()).expect("policy");
         let start = 5 * HOUR_US;
         let mut counter = Counter::new(start);
         let mut record = Vec::new();
