@@ -409,6 +409,15 @@ impl Ahead {
         }
     }
 
+    /// The failure every request that needs a record gets at once: no batch will be written
+    /// any more (`close`).
+    pub(crate) fn closed(&self) -> Option<Error> {
+        if !self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure()
+    }
+
     /// The failure of the last batch, if it failed.
     pub(crate) fn failure(&self) -> Option<Error> {
         lock(&self.failing)

@@ -1545,9 +1545,12 @@ impl Store for MemoryStore {
         // Counted before the attempt, so a batch that lands after it is not missed.
         let seen = ahead.batches();
         match self.attempt(takes, cost, priority, refundable) {
-            Ok(None) => StoreFuture::boxed(
-                self.acquire_after_record(takes, cost, priority, refundable, seen),
-            ),
+            Ok(None) => match ahead.closed() {
+                Some(error) => StoreFuture::ready(Err(error)),
+                None => StoreFuture::boxed(
+                    self.acquire_after_record(takes, cost, priority, refundable, seen),
+                ),
+            },
             attempt => StoreFuture::ready(decided(attempt)),
         }
     }

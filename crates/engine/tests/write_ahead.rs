@@ -218,6 +218,16 @@ async fn a_failed_batch_fails_only_the_requests_that_need_it() {
         Poll::Ready(Ok(Outcome::Granted(_)))
     ));
     assert!(store.ping().await.is_ok());
+    // Once no batch will be written any more, a request that needs a record fails at once.
+    store.ahead_close("another server took over");
+    let third = Request::new("per-user").key("third");
+    let mut closed = pin!(limiter.try_acquire(&third));
+    match poll_once(closed.as_mut()) {
+        Poll::Ready(Err(Error::StoreFailed { reason })) => {
+            assert!(reason.contains("took over"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// A crash after random traffic on every algorithm, with the records of whatever batches
