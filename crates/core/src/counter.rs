@@ -715,6 +715,33 @@ impl Counter {
         alone.then_some(*tat)
     }
 
+    /// Count up to `units` more as granted at `now`, as far as the counter has room at the
+    /// highest priority, whatever pause is on; returns the units counted. For a store that
+    /// restores a counter from a record and knows only that at most `units` were granted on it
+    /// after the record, at unknown times no later than `now` (a process that crashed): counted
+    /// at `now`, they count at least as much and as long as those grants could. A sliding grant
+    /// counts until its time plus the window, so a later one counts longer; a GCRA grant adds
+    /// to `max(tat, time)`, so a later one ends the backlog later; a fixed window counts only
+    /// the grants in `now`'s window, which hold no more. The room is enough: the lost grants
+    /// fitted beside the record's units when they were made, and those units only expire
+    /// since. Leases are not counted (a renewal moves a lease without a grant): 0.
+    pub fn charge(&mut self, policy: &Policy, now: u64, units: u64) -> u64 {
+        if policy.is_concurrency() || units == 0 {
+            return 0;
+        }
+        self.normalise(policy, now);
+        let room = policy.capacity().saturating_sub(self.used(policy, now));
+        let units = units.min(room);
+        if units == 0 {
+            return 0;
+        }
+        // `grant` refuses to grant through a pause; the pause stays as it was.
+        let paused_until = std::mem::take(&mut self.paused_until);
+        let _ = self.grant(policy, now, units, Priority::High, false);
+        self.paused_until = paused_until;
+        units
+    }
+
     /// Put back the backlog's end that `gcra_admit` moved, on a counter `gcra_alone` allowed
     /// (any other body is left as it is: it has no such number).
     pub fn set_gcra_tat(&mut self, backlog_end: u64) {

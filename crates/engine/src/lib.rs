@@ -11,6 +11,7 @@
 //!
 //! The arithmetic lives in [`tollgate_core`], re-exported here.
 
+mod ahead;
 mod clock;
 pub mod conformance;
 mod error;
@@ -26,6 +27,7 @@ mod waiters;
 #[cfg(all(test, tollgate_loom))]
 mod loom_tests;
 
+pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
 pub use limiter::{

@@ -34,6 +34,7 @@ use crate::store::{
 };
 use std::sync::Arc;
 
+use crate::ahead::{AHEAD_WAIT_MAX, Ahead, AheadBatch, Flight, List, ShardAhead};
 use crate::hot::HotCounter;
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, OwnLine, lock};
@@ -64,8 +65,8 @@ const ID_BYTES_INLINE: usize = 32;
 
 /// A counter's id as one run of bytes, the limit's name then the key: one length and one
 /// buffer for both keeps the map's entries small, and so more of them in cache.
-#[derive(Debug, PartialEq, Eq)]
-struct OwnedCounterId {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OwnedCounterId {
     bytes: SmallVec<[u8; ID_BYTES_INLINE]>,
     /// Bytes of the name (names are short: `LIMIT_NAME_BYTES_MAX`).
     limit_len: u32,
@@ -93,6 +94,13 @@ impl OwnedCounterId {
             .split_at_checked(self.limit_len as usize)
             .unwrap_or((&self.bytes, &[]));
         (limit, self.keyed.then_some(key))
+    }
+
+    /// The name and the key as text (they were text when the id was made).
+    pub(crate) fn texts(&self) -> (String, Option<String>) {
+        let (limit, key) = self.parts();
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (text(limit), key.map(text))
     }
 }
 
@@ -319,6 +327,9 @@ struct Shard {
     /// counter already tracked examines none (the examination's cache misses are most of a
     /// sweep's cost, and most decisions find their counter).
     sweep_owed: usize,
+    /// With write-ahead on: each counter's spending since its record, and the counters due
+    /// for one (`ahead.rs`).
+    ahead: Option<ShardAhead>,
 }
 
 impl Shard {
@@ -341,16 +352,24 @@ impl Shard {
             if self.cursor >= self.counters.len() {
                 self.cursor = 0;
             }
+            // A counter a request waits to grant on stays, idle or not: its record is due.
             let idle = self
                 .counters
                 .get_index_mut(self.cursor)
-                .is_some_and(|(_, entry)| entry.idle(now));
+                .is_some_and(|(_, entry)| entry.idle(now))
+                && !self
+                    .ahead
+                    .as_ref()
+                    .is_some_and(|ahead| ahead.waited_on(self.cursor));
             if idle {
                 // The last counter moves into the cursor's place and is examined next.
-                if let Some((_, entry)) = self.counters.swap_remove_index(self.cursor)
-                    && let Some(tally) = entry.tally
-                {
-                    tally.release();
+                if let Some((id, entry)) = self.counters.swap_remove_index(self.cursor) {
+                    if let Some(tally) = entry.tally {
+                        tally.release();
+                    }
+                    if let Some(ahead) = &mut self.ahead {
+                        ahead.removed(self.cursor, id);
+                    }
                 }
                 dropped += 1;
             } else {
@@ -391,13 +410,18 @@ pub struct MemoryStoreConfig {
 /// Limits held back after a loss of state (`MemoryStore::hold`): when each hold ends.
 type Hold = std::collections::HashMap<Box<str>, u64>;
 
-/// One counter as `MemoryStore::snapshot` saw it: its limit, its key, and its state in the
-/// core's words (`Counter::to_words`), times on the store's clock.
+/// One counter as `MemoryStore::snapshot` saw it, or a record of write-ahead
+/// (`AheadBatch`): its limit, its key, and its state in the core's words
+/// (`Counter::to_words`), times on the store's clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedCounter {
     pub limit: String,
     pub key: Option<String>,
     pub state: Vec<u64>,
+    /// Units the store may have granted on the counter past `state`: its write-ahead budget
+    /// (`ahead.rs`); 0 in a snapshot, taken once nothing decides any more. `restore` charges
+    /// them (`Counter::charge`).
+    pub budget: u64,
 }
 
 /// Everything a memory store counts, to be put back by `MemoryStore::restore` in a later
@@ -447,6 +471,8 @@ pub struct MemoryStore {
     hold_ends: AtomicU64,
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
+    /// The write-ahead of budgets to a state database, when on (`with_write_ahead`).
+    ahead: Option<Ahead>,
 }
 
 #[derive(Default)]
@@ -460,6 +486,19 @@ impl std::fmt::Debug for WakeHandlers {
 
 impl MemoryStore {
     pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore::with_ahead(config, clock, false)
+    }
+
+    /// A store that grants on a rate counter only within a budget recorded ahead in a state
+    /// database (`ahead.rs`): whoever keeps that database drains `ahead_batch`, writes each
+    /// batch, and reports `ahead_landed` or `ahead_failed`. A request that needs a record
+    /// waits for one (its answer is pending until then); the lock-free paths of `LimitHandle`
+    /// step aside. After a crash, `restore` of the last records charges each its budget.
+    pub fn with_write_ahead(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore::with_ahead(config, clock, true)
+    }
+
+    fn with_ahead(config: MemoryStoreConfig, clock: Arc<dyn Clock>, ahead: bool) -> MemoryStore {
         let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
             shards: (0..SHARDS)
@@ -468,6 +507,7 @@ impl MemoryStore {
                         counters: IndexMap::with_hasher(hasher.clone()),
                         cursor: 0,
                         sweep_owed: 0,
+                        ahead: ahead.then(ShardAhead::default),
                     }))
                 })
                 .collect(),
@@ -482,6 +522,7 @@ impl MemoryStore {
             hold: Mutex::new(Hold::new()),
             hold_ends: AtomicU64::new(0),
             wake: WakeHandlers::default(),
+            ahead: ahead.then(Ahead::new),
         }
     }
 
@@ -597,14 +638,11 @@ impl MemoryStore {
                     limit: text(limit),
                     key: key.map(text),
                     state: entry.counter.to_words(),
+                    budget: 0,
                 });
             }
         }
-        let pauses = lock(&self.pauses)
-            .iter()
-            .filter(|(_, until)| *until > now)
-            .map(|(name, until)| (name.to_string(), *until))
-            .collect();
+        let pauses = self.limit_pauses(now);
         MemorySnapshot {
             counters,
             pauses,
@@ -613,10 +651,13 @@ impl MemoryStore {
     }
 
     /// Put back what `snapshot` saw, for the limits `policy_of` knows (others are gone, and
-    /// their counters with them). Meant for a store that has decided nothing yet. A counter
-    /// that cannot be put back (its state cannot be read, or the key cap is reached) gets its
-    /// limit held from the snapshot's time instead, so nothing it counted is granted again;
-    /// `Restored::held` names those limits.
+    /// their counters with them). Meant for a store that has decided nothing yet. Each
+    /// counter is charged its `budget` now (`Counter::charge`): what a crashed process may
+    /// have granted past its last record. A counter that cannot be put back (its state cannot
+    /// be read, or the key cap is reached) gets its limit held from the snapshot's time
+    /// instead, so nothing it counted is granted again; `Restored::held` names those limits.
+    /// With write-ahead on, every counter put back is due for a record of its own, and may
+    /// spend only what its record's budget leaves past the charge.
     pub fn restore(
         &self,
         snapshot: &MemorySnapshot,
@@ -630,13 +671,14 @@ impl MemoryStore {
                 restored.dropped += 1;
                 continue;
             };
-            let counter = match Counter::from_words(&saved.state) {
+            let mut counter = match Counter::from_words(&saved.state) {
                 Ok(counter) => counter,
                 Err(_) => {
                     held.insert(saved.limit.clone(), policy);
                     continue;
                 }
             };
+            let charged = counter.charge(&policy, now, saved.budget);
             let idle_at = counter.idle_at(&policy);
             if idle_at <= now {
                 restored.dropped += 1;
@@ -648,11 +690,12 @@ impl MemoryStore {
             };
             let located = self.locate(id);
             let mut shard = lock(&self.shards[located.shard]);
-            match shard.find(id, located.hash) {
+            let index = match shard.find(id, located.hash) {
                 Some(index) => {
                     let entry = &mut shard.counters[index];
                     entry.counter = counter;
                     entry.idle_at = idle_at;
+                    index
                 }
                 // The same budgets as a counter made by a decision: a key past its limit's
                 // budget (or the store's cap) holds its limit instead.
@@ -664,13 +707,26 @@ impl MemoryStore {
                             hot: None,
                             tally,
                         };
-                        shard.counters.insert(OwnedCounterId::new(id), entry);
+                        let (index, _) = shard.counters.insert_full(OwnedCounterId::new(id), entry);
+                        if let Some(ahead) = &mut shard.ahead {
+                            ahead.pushed();
+                        }
+                        index
                     }
                     Err(_) => {
                         held.insert(saved.limit.clone(), policy);
                         continue;
                     }
                 },
+            };
+            if let Some(ahead) = &mut shard.ahead {
+                ahead.restored(
+                    index,
+                    OwnedCounterId::new(id),
+                    &policy,
+                    charged,
+                    saved.budget,
+                );
             }
             restored.counters += 1;
         }
@@ -762,6 +818,9 @@ impl MemoryStore {
                 tally,
             },
         );
+        if let Some(ahead) = &mut shard.ahead {
+            ahead.pushed();
+        }
         Ok(index)
     }
 
@@ -853,6 +912,10 @@ impl MemoryStore {
         // lets hot words decide again.
         let end = pauses.iter().map(|(_, until)| *until).max().unwrap_or(0);
         self.limit_pauses_end.store(end, Ordering::Release);
+        drop(pauses);
+        if lifted && let Some(ahead) = &self.ahead {
+            ahead.pauses_changed();
+        }
         lifted
     }
 
@@ -943,6 +1006,18 @@ impl MemoryStore {
         priority: Priority,
         refundable: bool,
     ) -> Result<Decision> {
+        decided(self.attempt(takes, cost, priority, refundable))
+    }
+
+    /// `acquire_now`, or `None` (only with write-ahead on): the request fits, but a counter
+    /// needs a record of its budget first; nothing was granted, and the record is asked for.
+    fn attempt(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+    ) -> Result<Option<Decision>> {
         match self.acquire_locked(takes, cost, priority, refundable) {
             Err(Error::TooManyKeys { .. } | Error::TooManyKeysForLimit { .. }) => {
                 // The key's own shard had no idle counter to give up; look in all of them, with
@@ -960,7 +1035,7 @@ impl MemoryStore {
         cost: u64,
         priority: Priority,
         refundable: bool,
-    ) -> Result<Decision> {
+    ) -> Result<Option<Decision>> {
         if takes.len() > COUNTERS_PER_REQUEST_MAX {
             return Err(Error::invalid(
                 "limits",
@@ -1018,19 +1093,50 @@ impl MemoryStore {
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
+        if all_allowed && self.ahead.is_some() {
+            // Every counter short of budget asks for its record, so that one batch serves them.
+            let mut short = false;
+            for (position, take) in takes.iter().enumerate() {
+                let shard = &mut guards[guard_of_take[position]];
+                if let Some(ahead) = &mut shard.ahead
+                    && !take.policy.is_concurrency()
+                {
+                    let id = || OwnedCounterId::new(take.counter);
+                    short |= !ahead.allows(index_of_take[position], id, take.policy, cost);
+                }
+            }
+            if short {
+                self.wake_writer();
+                for guard in guards.iter_mut() {
+                    self.sweep_after(guard, now);
+                }
+                return Ok(None);
+            }
+        }
         if all_allowed {
+            let mut due = false;
             for (position, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
                 let shard = &mut guards[guard_of_take[position]];
                 // The index the check found still holds its counter: under `Room::Keep`
                 // nothing is swept or moved while the locks are held.
-                let entry = &mut shard.counters[index_of_take[position]];
+                let index = index_of_take[position];
+                let entry = &mut shard.counters[index];
                 *outcome = grant_entry(entry, *take, asked, refundable);
+                if let Some(ahead) = &mut shard.ahead
+                    && !take.policy.is_concurrency()
+                {
+                    let id = || OwnedCounterId::new(take.counter);
+                    due |= ahead.spent(index, id, take.policy, cost);
+                }
+            }
+            if due {
+                self.wake_writer();
             }
         }
         for guard in guards.iter_mut() {
             self.sweep_after(guard, now);
         }
-        Ok(Decision::from_outcomes(now, outcomes))
+        Ok(Some(Decision::from_outcomes(now, outcomes)))
     }
 
     /// `acquire_locked` for one counter: one shard, nothing to order. A decision on a counter
@@ -1041,9 +1147,10 @@ impl MemoryStore {
         cost: u64,
         priority: Priority,
         refundable: bool,
-    ) -> Result<Decision> {
+    ) -> Result<Option<Decision>> {
         let located = self.locate(take.counter);
-        let mut shard = lock(&self.shards[located.shard]);
+        let mut guard = lock(&self.shards[located.shard]);
+        let shard = &mut *guard;
         let now = self.clock.now_us();
         let asked = Asked {
             now,
@@ -1051,11 +1158,12 @@ impl MemoryStore {
             priority,
         };
         let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
-        let index = self.entry_index(&mut shard, take.counter, located.hash, now, Room::Sweep)?;
+        let index = self.entry_index(shard, take.counter, located.hash, now, Room::Sweep)?;
         let entry = &mut shard.counters[index];
         // A grant nobody will refund on a counter that needs nothing but its GCRA backlog is
-        // decided as its hot word would decide it.
-        let admitted = (!refundable && limit_pause_until <= now)
+        // decided as its hot word would decide it (with write-ahead on, the general way spends
+        // the budget).
+        let admitted = (!refundable && limit_pause_until <= now && shard.ahead.is_none())
             .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
             .flatten();
         let outcome = match admitted {
@@ -1071,16 +1179,176 @@ impl MemoryStore {
             None => {
                 let checked = check_entry(entry, take, asked, limit_pause_until, true)?;
                 match self.labelled(take, &entry.counter, now, checked) {
-                    CounterOutcome::Allowed { .. } => grant_entry(entry, take, asked, refundable),
+                    CounterOutcome::Allowed { .. } => match &mut shard.ahead {
+                        Some(ahead) if !take.policy.is_concurrency() => {
+                            let id = || OwnedCounterId::new(take.counter);
+                            if !ahead.allows(index, id, take.policy, cost) {
+                                self.wake_writer();
+                                self.sweep_after(shard, now);
+                                return Ok(None);
+                            }
+                            let granted = grant_entry(entry, take, asked, refundable);
+                            if ahead.spent(index, id, take.policy, cost) {
+                                self.wake_writer();
+                            }
+                            granted
+                        }
+                        _ => grant_entry(entry, take, asked, refundable),
+                    },
                     refused => refused,
                 }
             }
         };
         entry.publish(take.policy, now, limit_pause_until);
-        self.sweep_after(&mut shard, now);
+        self.sweep_after(shard, now);
         let mut outcomes = SmallVec::new();
         outcomes.push(outcome);
-        Ok(Decision::from_outcomes(now, outcomes))
+        Ok(Some(Decision::from_outcomes(now, outcomes)))
+    }
+
+    /// The decision on a request that needs a record first: tried again after each batch
+    /// settles, until it is decided, the state database fails, or `AHEAD_WAIT_MAX` passes.
+    async fn acquire_after_record(
+        &self,
+        takes: &[Take<'_>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+        mut seen: u64,
+    ) -> Result<Decision> {
+        let Some(ahead) = &self.ahead else {
+            return self.acquire_now(takes, cost, priority, refundable);
+        };
+        let deadline = tokio::time::Instant::now() + AHEAD_WAIT_MAX;
+        loop {
+            ahead.wait_after(seen, deadline).await?;
+            seen = ahead.batches();
+            if let Some(decision) = self.attempt(takes, cost, priority, refundable)? {
+                return Ok(decision);
+            }
+            if let Some(error) = ahead.failure() {
+                return Err(error);
+            }
+        }
+    }
+
+    fn wake_writer(&self) {
+        if let Some(ahead) = &self.ahead {
+            ahead.wake_writer();
+        }
+    }
+
+    /// Wait until some counter is due for a record (with write-ahead on; never otherwise).
+    pub async fn ahead_due(&self) {
+        match &self.ahead {
+            Some(ahead) => ahead.work().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The next records to write ahead, at most `rows_max` counters (those a request waits
+    /// on first), or `None` when nothing is due, write-ahead is off, or a batch is still out:
+    /// one batch at a time, each settled by `ahead_landed` or `ahead_failed` before the next.
+    pub fn ahead_batch(&self, rows_max: usize) -> Option<AheadBatch> {
+        let ahead = self.ahead.as_ref()?;
+        if !ahead.begin_batch() {
+            return None;
+        }
+        let mut batch = AheadBatch::default();
+        for list in [List::Urgent, List::Due] {
+            for (shard_index, shard) in self.shards.iter().enumerate() {
+                let room = rows_max.saturating_sub(batch.counters.len());
+                if room == 0 && list == List::Due {
+                    break;
+                }
+                let mut guard = lock(shard);
+                let Shard {
+                    counters,
+                    ahead: Some(shard_ahead),
+                    ..
+                } = &mut *guard
+                else {
+                    continue;
+                };
+                // With write-ahead on, no handle holds a counter's word: the counter is the
+                // truth.
+                shard_ahead.take(list, room, shard_index, &mut batch, |id| {
+                    let index = counters.get_index_of(id)?;
+                    let (limit, key) = id.texts();
+                    let state = counters[index].counter.to_words();
+                    Some((
+                        index,
+                        SavedCounter {
+                            limit,
+                            key,
+                            state,
+                            budget: 0,
+                        },
+                    ))
+                });
+            }
+        }
+        if ahead.take_pauses_changed() {
+            let now = self.clock.now_us();
+            batch.pauses = Some(self.limit_pauses(now));
+        }
+        if batch.is_empty() {
+            ahead.abandon_batch();
+            return None;
+        }
+        Some(batch)
+    }
+
+    /// The state database committed `batch`: its budgets may be spent.
+    pub fn ahead_landed(&self, batch: AheadBatch) {
+        self.settle_ahead(batch, None);
+    }
+
+    /// The state database did not take `batch` (`reason`): its counters are due again, and
+    /// requests that wait for one of them fail with `StoreFailed` naming the reason.
+    pub fn ahead_failed(&self, batch: AheadBatch, reason: &str) {
+        self.settle_ahead(batch, Some(reason));
+    }
+
+    fn settle_ahead(&self, batch: AheadBatch, failure: Option<&str>) {
+        let Some(ahead) = &self.ahead else {
+            return;
+        };
+        for Flight { shard, id } in batch.flights {
+            let mut guard = lock(&self.shards[shard]);
+            let Shard {
+                counters,
+                ahead: Some(shard_ahead),
+                ..
+            } = &mut *guard
+            else {
+                continue;
+            };
+            if let Some(index) = counters.get_index_of(&id) {
+                shard_ahead.settled(index, id, failure.is_none());
+            }
+        }
+        if failure.is_some() && batch.pauses.is_some() {
+            ahead.pauses_changed();
+        }
+        ahead.settle(failure);
+    }
+
+    /// No batch will be written any more (`reason`): requests waiting for a record fail, and
+    /// so does every later request that needs one. Counters within their budget still grant.
+    pub fn ahead_close(&self, reason: &str) {
+        if let Some(ahead) = &self.ahead {
+            ahead.close(reason);
+        }
+    }
+
+    /// The limit-wide pauses still on at `now`.
+    fn limit_pauses(&self, now: u64) -> Vec<(String, u64)> {
+        lock(&self.pauses)
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .map(|(name, until)| (name.to_string(), *until))
+            .collect()
     }
 
     /// A keyed `LimitHandle`'s grant nobody will refund on a counter this store tracks, when
@@ -1093,6 +1361,10 @@ impl MemoryStore {
         cost: u64,
         priority: Priority,
     ) -> Option<GcraStep> {
+        // With write-ahead on, every grant spends a budget: the general way.
+        if self.ahead.is_some() {
+            return None;
+        }
         let located = self.locate(take.counter);
         let mut shard = lock(&self.shards[located.shard]);
         let now = self.clock.now_us();
@@ -1111,7 +1383,8 @@ impl MemoryStore {
     /// lock (`HotCounter`), for a GCRA limit; the counter is made if it is not tracked yet, and
     /// kept for as long as a handle holds its word. `None`: the handle asks the store.
     pub(crate) fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
-        if !take.policy.is_gcra() {
+        // A word decides without the store, so without spending a budget: not with write-ahead.
+        if !take.policy.is_gcra() || self.ahead.is_some() {
             return None;
         }
         let located = self.locate(take.counter);
@@ -1220,17 +1493,41 @@ impl MemoryStore {
                 // Hot words read this end before each decision: from here on none grants.
                 self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
                 drop(pauses);
+                if let Some(ahead) = &self.ahead {
+                    ahead.pauses_changed();
+                }
                 Ok(until - now)
             }
             Some(_) => {
                 let located = self.locate(take.counter);
-                let mut shard = lock(&self.shards[located.shard]);
-                let entry = self.entry(&mut shard, take.counter, located.hash, now)?;
+                let mut guard = lock(&self.shards[located.shard]);
+                let shard = &mut *guard;
+                let index =
+                    self.entry_index(shard, take.counter, located.hash, now, Room::Sweep)?;
+                let entry = &mut shard.counters[index];
                 entry.counter.pause(until);
                 entry.idle_at = entry.counter.idle_at(take.policy);
-                Ok(entry.counter.paused_until().saturating_sub(now))
+                let paused_for_us = entry.counter.paused_until().saturating_sub(now);
+                // The pause is kept with the counter's next record.
+                if let Some(ahead) = &mut shard.ahead
+                    && ahead.touch(index, || OwnedCounterId::new(take.counter))
+                {
+                    self.wake_writer();
+                }
+                Ok(paused_for_us)
             }
         }
+    }
+}
+
+/// A decision, from an attempt that needs no record first.
+fn decided(attempt: Result<Option<Decision>>) -> Result<Decision> {
+    match attempt {
+        Ok(Some(decision)) => Ok(decision),
+        Ok(None) => Err(Error::StoreFailed {
+            reason: "a record of the budget is needed first".into(),
+        }),
+        Err(error) => Err(error),
     }
 }
 
@@ -1242,7 +1539,20 @@ impl Store for MemoryStore {
         priority: Priority,
         refundable: bool,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable))
+        let Some(ahead) = &self.ahead else {
+            return StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable));
+        };
+        // Counted before the attempt, so a batch that lands after it is not missed.
+        let seen = ahead.batches();
+        match self.attempt(takes, cost, priority, refundable) {
+            Ok(None) => match ahead.closed() {
+                Some(error) => StoreFuture::ready(Err(error)),
+                None => StoreFuture::boxed(
+                    self.acquire_after_record(takes, cost, priority, refundable, seen),
+                ),
+            },
+            attempt => StoreFuture::ready(decided(attempt)),
+        }
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -1332,5 +1642,14 @@ impl Store for MemoryStore {
 
     fn on_wake(&self, wake: WakeFn) {
         lock(&self.wake.0).push(wake);
+    }
+
+    /// With write-ahead on, a store whose last batch of records failed is failing: requests
+    /// that need a record are refused until one lands.
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(match self.ahead.as_ref().and_then(Ahead::failure) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        })
     }
 }

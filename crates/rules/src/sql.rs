@@ -3,8 +3,9 @@
 //! schema and its migrations, reading rows into `RawRule`s (a cell of the wrong type refuses
 //! that row, naming its column), writing the admin API's changes, and PostgreSQL's change feed
 //! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll). Beside
-//! the rules table it keeps the server's state: its runs (`runs.rs`), its scoped data tokens
-//! (`tokens.rs`) and the last valid version of each rule (`valid.rs`).
+//! the rules table it keeps the server's state: its runs (`runs.rs`), the memory store's
+//! write-ahead records (`ahead.rs`), its scoped data tokens (`tokens.rs`) and the last valid
+//! version of each rule (`valid.rs`).
 //!
 //! The table name is configurable so that several deployments (or tests) share one database;
 //! it is spliced into SQL text, so it is validated to a plain identifier first.
@@ -73,6 +74,10 @@ pub enum SourceError {
     Database(#[from] sqlx::Error),
     #[error("limits file {path}: {reason}")]
     File { path: String, reason: String },
+    /// Another server took over this store's run in the state database: this one may write
+    /// nothing more for it (`take_over`).
+    #[error("the state database's run of store {store:?} was taken over by another server")]
+    Fenced { store: String },
     /// A limits file with entries that are not rules: it is not served until every one is.
     #[error("limits file {path} is not served: {} rejected:\n  {}", plural(entries.len()), entries.join("\n  "))]
     Rejected { path: String, entries: Vec<String> },
@@ -120,6 +125,7 @@ macro_rules! on_pool {
     };
 }
 
+mod ahead;
 mod runs;
 mod tokens;
 mod valid;
@@ -407,6 +413,7 @@ impl SqlSource {
             (3, vec![keys_max]),
             (4, self.tokens_migration()),
             (5, self.valid_migration()),
+            (6, self.ahead_migration()),
         ]
     }
 

@@ -73,6 +73,7 @@ impl Admin {
             format!("DROP TABLE IF EXISTS {table}_migrations"),
             format!("DROP TABLE IF EXISTS {table}_runs"),
             format!("DROP TABLE IF EXISTS {table}_saved"),
+            format!("DROP TABLE IF EXISTS {table}_ahead"),
             format!("DROP TABLE IF EXISTS {table}_tokens"),
             format!("DROP TABLE IF EXISTS {table}_valid"),
         ] {
@@ -675,82 +676,227 @@ fn rejections(snapshot: &tollgate_rules::RuleSet) -> Vec<(&str, &str, bool)> {
         .collect()
 }
 
-/// What the rules database remembers of a store's runs, on every backend: nothing before the
-/// first, a run while it goes on, everything a clean stop saved (in batches past the size of
-/// one statement), and nothing of it once the next run has begun.
+/// What the state database remembers of the memory store's runs, on every backend: nothing
+/// before the first; a run taken over, with its boot; batches of write-ahead records (in
+/// several statements, keys that differ only in case or trailing spaces kept apart) and
+/// pauses, replaced and forgotten as the batches say; a second server's take-over fencing the
+/// first off, whose writes then change nothing; a clean stop replacing every record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runs_and_saved_counters_round_trip() {
-    use tollgate::{MemorySnapshot, SavedCounter};
-    use tollgate_rules::PreviousRun;
+async fn runs_and_write_ahead_records_round_trip() {
+    use tollgate::{AheadBatch, MemorySnapshot, SavedCounter};
+    use tollgate_rules::{PreviousRun, SourceError};
+
+    fn sorted(mut snapshot: MemorySnapshot) -> MemorySnapshot {
+        snapshot
+            .counters
+            .sort_by(|a, b| (&a.limit, &a.key).cmp(&(&b.limit, &b.key)));
+        snapshot.pauses.sort();
+        snapshot
+    }
 
     let directory = tempfile::tempdir().expect("tempdir");
     for url in urls(&directory) {
         let table = unique_table("runs");
         let source = SqlSource::connect(&url, &table).await.expect("connect");
+        let writer = source.for_write_ahead().await.expect("writer");
         let admin = Admin::connect(&url).await;
         assert_eq!(source.previous_run("memory").await.expect("read"), None);
-        source.begin_run("memory", 100).await.expect("begin");
-        let running = Some(PreviousRun {
+        let first = source
+            .take_over("memory", "owner-a", Some("boot-1"), 100)
+            .await
+            .expect("take over");
+        assert_eq!(first, None, "{url}");
+        let running = PreviousRun {
             granting_until_us: 100,
             clean: false,
-        });
-        assert_eq!(source.previous_run("memory").await.expect("read"), running);
-        source.heartbeat("memory", 200).await.expect("heartbeat");
+            ahead: true,
+            boot: Some("boot-1".into()),
+            held_since_us: 0,
+        };
         assert_eq!(
             source.previous_run("memory").await.expect("read"),
-            Some(PreviousRun {
-                granting_until_us: 200,
-                clean: false,
-            })
+            Some(running.clone())
         );
-        // Another store's row is its own.
-        assert_eq!(
-            source.previous_run("redis:other").await.expect("read"),
-            None
-        );
-        let counters: Vec<SavedCounter> = (0..2_500u64)
+        source
+            .heartbeat_of("memory", "owner-a", 200)
+            .await
+            .expect("heartbeat");
+        let keys = ["user", "User", "user ", "ü"];
+        let mut counters: Vec<SavedCounter> = (0..2_500u64)
             .map(|n| SavedCounter {
                 limit: format!("limit-{}", n % 7),
-                key: (n % 2 == 0).then(|| format!("user-{n}")),
+                // Each limit's one counter once; keys for the rest.
+                key: (n >= 7).then(|| format!("{}-{n}", keys[(n % 4) as usize])),
                 state: vec![n, n + 1, 0, 3, u64::MAX - n],
+                budget: n % 13,
             })
             .collect();
-        let snapshot = MemorySnapshot {
+        for key in keys {
+            counters.push(SavedCounter {
+                limit: "case".into(),
+                key: Some(key.into()),
+                state: vec![1, 2, 0, 0],
+                budget: 3,
+            });
+        }
+        let mut batch = AheadBatch::default();
+        batch.counters = counters.clone();
+        batch.pauses = Some(vec![("vendor".into(), 900), ("other".into(), 950)]);
+        writer
+            .write_ahead("memory", "owner-a", &batch)
+            .await
+            .unwrap_or_else(|error| panic!("{url}: {error}"));
+        let mut expected = MemorySnapshot {
             counters,
             pauses: vec![("vendor".into(), 900), ("other".into(), 950)],
-            taken_at_us: 300,
+            taken_at_us: 0,
         };
-        source.end_run("memory", &snapshot).await.expect("end");
+        assert_eq!(
+            sorted(source.ahead_records("memory").await.expect("read")),
+            sorted(expected.clone()),
+            "{url}"
+        );
+        // A later batch replaces one record, forgets another, and leaves the pauses.
+        let mut batch = AheadBatch::default();
+        batch.counters = vec![SavedCounter {
+            limit: "case".into(),
+            key: Some("User".into()),
+            state: vec![7, 8, 0, 0],
+            budget: 5,
+        }];
+        batch.forgotten = vec![("case".into(), Some("user ".into()))];
+        writer
+            .write_ahead("memory", "owner-a", &batch)
+            .await
+            .expect("second batch");
+        expected.counters.retain(|saved| {
+            saved.limit != "case" || !matches!(saved.key.as_deref(), Some("User" | "user "))
+        });
+        expected.counters.extend(batch.counters.clone());
+        assert_eq!(
+            sorted(source.ahead_records("memory").await.expect("read")),
+            sorted(expected.clone()),
+            "{url}"
+        );
+        // A second server takes the run over: the first is fenced off.
+        let previous = source
+            .take_over("memory", "owner-b", None, 300)
+            .await
+            .expect("take over");
+        assert_eq!(
+            previous,
+            Some(PreviousRun {
+                granting_until_us: 200,
+                ..running
+            }),
+            "{url}"
+        );
+        let fenced = writer.write_ahead("memory", "owner-a", &batch).await;
+        assert!(
+            matches!(fenced, Err(SourceError::Fenced { .. })),
+            "{url}: {fenced:?}"
+        );
+        let fenced = source.heartbeat_of("memory", "owner-a", 400).await;
+        assert!(
+            matches!(fenced, Err(SourceError::Fenced { .. })),
+            "{url}: {fenced:?}"
+        );
+        assert_eq!(
+            sorted(source.ahead_records("memory").await.expect("read")),
+            sorted(expected.clone()),
+            "{url}: a fenced writer changes nothing"
+        );
+        // The second's clean stop: every record replaced, the run clean.
+        let last = MemorySnapshot {
+            counters: vec![SavedCounter {
+                limit: "limit-1".into(),
+                key: None,
+                state: vec![3, 4, 0, 0],
+                budget: 0,
+            }],
+            pauses: vec![("vendor".into(), 990)],
+            taken_at_us: 0,
+        };
+        let stale = MemorySnapshot::default();
+        let fenced = source
+            .replace_records("memory", "owner-a", &stale, Some(500))
+            .await;
+        assert!(
+            matches!(fenced, Err(SourceError::Fenced { .. })),
+            "{url}: {fenced:?}"
+        );
+        source
+            .replace_records("memory", "owner-b", &last, Some(600))
+            .await
+            .expect("clean stop");
         assert_eq!(
             source.previous_run("memory").await.expect("read"),
             Some(PreviousRun {
-                granting_until_us: 300,
+                granting_until_us: 600,
                 clean: true,
+                ahead: true,
+                boot: None,
+                held_since_us: 0,
             }),
             "{url}"
         );
         assert_eq!(
-            source.saved("memory").await.expect("read"),
-            snapshot,
+            source.ahead_records("memory").await.expect("read"),
+            last,
             "{url}"
         );
-        // A row edited into something no counter wrote comes back with no state, which the
+        // A record edited into something no counter wrote comes back with no state, which the
         // store refuses (and holds the limit for): nothing is silently read as zero.
         admin
             .exec(&format!(
-                "UPDATE {table}_saved SET state = 'x 1' WHERE seq = 3"
+                "UPDATE {table}_ahead SET state = 'x 1' WHERE kind = 'counter'"
             ))
             .await;
-        let edited = source.saved("memory").await.expect("read");
-        assert!(
-            edited.counters.iter().any(|saved| saved.state.is_empty()),
-            "{url}"
-        );
-        source.begin_run("memory", 400).await.expect("begin again");
+        let edited = source.ahead_records("memory").await.expect("read");
+        assert!(edited.counters[0].state.is_empty(), "{url}");
+        // An older server's clean stop, in `<table>_saved`: read, and gone with the next
+        // replacement of the records.
+        admin
+            .exec(&format!(
+                "INSERT INTO {table}_saved (store, seq, kind, limit_name, counter_key, state) \
+                 VALUES ('memory', 0, 'counter', 'legacy', NULL, '1 2 0 0')"
+            ))
+            .await;
+        let saved = source.saved("memory").await.expect("read");
+        assert_eq!(saved.counters.len(), 1, "{url}");
+        assert_eq!(saved.counters[0].state, [1, 2, 0, 0], "{url}");
+        source
+            .replace_records("memory", "owner-b", &last, None)
+            .await
+            .expect("records");
         assert_eq!(
             source.saved("memory").await.expect("read"),
             MemorySnapshot::default(),
-            "{url}: a crash of this run must not bring the old counters back"
+            "{url}"
+        );
+        // Records that cannot be trusted go, and the hold is kept with the run.
+        source
+            .forget_records("memory", "owner-b", 700)
+            .await
+            .expect("forget");
+        assert_eq!(
+            source.ahead_records("memory").await.expect("read"),
+            MemorySnapshot::default(),
+            "{url}"
+        );
+        let previous = source.previous_run("memory").await.expect("read");
+        assert_eq!(previous.map(|run| run.held_since_us), Some(700), "{url}");
+        // A Redis namespace's row is its own, and no write-ahead's.
+        source.begin_run("redis:ns", 0).await.expect("begin");
+        assert_eq!(
+            source.previous_run("redis:ns").await.expect("read"),
+            Some(PreviousRun {
+                granting_until_us: 0,
+                clean: false,
+                ahead: false,
+                boot: None,
+                held_since_us: 0,
+            })
         );
         admin.drop_table(&table).await;
     }

@@ -94,7 +94,8 @@ pub enum ServerError {
 }
 
 /// The memory store and the clock it decides on, which reads wall time, so that what a run
-/// saves or records means the same to the next one.
+/// saves or records means the same to the next one. It writes its budgets ahead to the state
+/// database (`runs.rs`).
 type Memory = (Arc<MemoryStore>, Arc<dyn Clock>);
 
 async fn build_store(
@@ -104,7 +105,7 @@ async fn build_store(
     match &config.store {
         StoreChoice::Memory => {
             let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
-            let store = Arc::new(MemoryStore::new(
+            let store = Arc::new(MemoryStore::with_write_ahead(
                 MemoryStoreConfig {
                     keys_tracked_max: config.keys_tracked_max,
                     keys_per_limit_max: config.keys_per_limit_max(),
@@ -210,10 +211,43 @@ pub async fn memory_router(
         .await?,
     );
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
-    let metrics = Metrics::new(rules.clone(), Some(memory), store_seconds, None);
+    let metrics = Metrics::new(rules.clone(), Some(memory), None, store_seconds, None);
     Ok(router(AppState::new(
         config, limiter, rules, metrics, tokens,
     )))
+}
+
+/// The memory store's run on a state database as `run` begins and ends it (restore or hold,
+/// heartbeat, write-ahead writer), without a server around it: for the write-ahead bench.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct BenchMemoryRun(runs::MemoryRun);
+
+impl BenchMemoryRun {
+    /// Begin a run of `memory` (made `with_write_ahead`) on the state database at
+    /// `state_url`, with `limiter`'s limits in force.
+    pub async fn begin(
+        state_url: &str,
+        memory: Arc<MemoryStore>,
+        clock: Arc<dyn Clock>,
+        limiter: &Limiter,
+    ) -> Result<BenchMemoryRun, ServerError> {
+        let state = SqlSource::connect(state_url, tollgate_rules::DEFAULT_TABLE).await?;
+        let run = runs::MemoryRun::begin(state, memory, clock, limiter, Vec::new(), true).await?;
+        Ok(BenchMemoryRun(run))
+    }
+
+    /// Transactions and counter records committed so far.
+    pub fn written(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = self.0.stats();
+        (stats.batches.load(Relaxed), stats.records.load(Relaxed))
+    }
+
+    /// The clean stop.
+    pub async fn end(self) {
+        self.0.end().await;
+    }
 }
 
 /// The router, with every endpoint of API v1, the body limit and the error counter.
@@ -387,6 +421,7 @@ pub async fn run(
     let metrics = Metrics::new(
         rules.clone(),
         counted,
+        memory_run.as_ref().map(runs::MemoryRun::stats),
         store_seconds,
         envoy.as_ref().map(|(watch, ..)| watch.clone()),
     );

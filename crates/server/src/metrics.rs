@@ -74,10 +74,12 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// The registry, with the rules and store read at scrape time.
+    /// The registry, with the rules and store read at scrape time (and the memory store's
+    /// write-ahead, when it writes ahead).
     pub(crate) fn new(
         rules: Rules,
         memory: Option<Arc<MemoryStore>>,
+        ahead: Option<Arc<crate::runs::AheadStats>>,
         store_seconds: HistogramFamily<OperationLabels>,
         envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
     ) -> Metrics {
@@ -113,6 +115,7 @@ impl Metrics {
         registry.register_collector(Box::new(ScrapeTime {
             rules,
             memory: memory.clone(),
+            ahead,
             envoy,
         }));
         Metrics {
@@ -170,6 +173,8 @@ struct ScrapeTime {
     rules: Rules,
     /// The memory store, whose counters are counted; a shared store's are its own business.
     memory: Option<Arc<MemoryStore>>,
+    /// The memory store's write-ahead to the state database.
+    ahead: Option<Arc<crate::runs::AheadStats>>,
     /// Envoy's rate limit service, when it is on.
     envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
 }
@@ -254,6 +259,24 @@ impl prometheus_client::collector::Collector for ScrapeTime {
                 "keys_tracked",
                 "Counters the store tracks now (bounded by keys_tracked_max)",
                 &ConstGauge::new(i64::try_from(memory.len()).unwrap_or(i64::MAX)),
+            )?;
+        }
+        if let Some(ahead) = &self.ahead {
+            let committed = ConstCounter::new(ahead.batches.load(Relaxed));
+            let failed = ConstCounter::new(ahead.failures.load(Relaxed));
+            let mut family = encoder.encode_descriptor(
+                "state_writes",
+                "Transactions of write-ahead records to the state database, by outcome (committed, failed)",
+                None,
+                committed.metric_type(),
+            )?;
+            committed.encode(family.encode_family(&[("outcome", "committed")])?)?;
+            failed.encode(family.encode_family(&[("outcome", "failed")])?)?;
+            encode_one(
+                &mut encoder,
+                "state_records_written",
+                "Counter records committed to the state database ahead of the grants they allow",
+                &ConstCounter::new(ahead.records.load(Relaxed)),
             )?;
         }
         Ok(())

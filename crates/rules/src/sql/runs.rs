@@ -1,25 +1,41 @@
 //! What the rules database remembers of the stores it serves, so a restart neither forgets
 //! what was granted nor holds back what never was: `<table>_runs`, one row per store (the
-//! memory store of a server, or a Redis namespace) with its last heartbeat and whether it
-//! stopped cleanly, and `<table>_saved`, the memory store's counters and pauses as a clean
-//! stop left them.
+//! memory store of a server, or a Redis namespace) with its last heartbeat, whether it
+//! stopped cleanly and, for the memory store, the server that owns the run and whether it
+//! writes its budgets ahead (`ahead.rs`, which keeps its records); and `<table>_saved`, the
+//! counters and pauses an older server's clean stop left (read once, then replaced by
+//! records).
 
 use sqlx::Row;
 use tollgate::{MemorySnapshot, SavedCounter};
 
 use super::{Pool, SourceError, SqlSource};
 
-/// Rows inserted per statement when saving: well under every backend's limit on parameters.
-const SAVE_BATCH_ROWS: usize = 1000;
-
 /// What the database knows of a store's previous run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PreviousRun {
     /// Up to when, on the store's clock (microseconds), the run was known to be granting: its
     /// last heartbeat, which covers the interval until the next one was due.
     pub granting_until_us: u64,
-    /// Whether it stopped cleanly, leaving its counters in `<table>_saved`.
+    /// Whether it stopped cleanly, leaving its counters in `<table>_ahead` (or, for an older
+    /// server's run, `<table>_saved`).
     pub clean: bool,
+    /// Whether it granted only budgets written ahead to `<table>_ahead`.
+    pub ahead: bool,
+    /// The boot of the host it ran on, where known.
+    pub boot: Option<String>,
+    /// When a run whose records could not be trusted was last known to grant, if a run since
+    /// held every limit from then (`forget_records`): later runs hold it too, until it ends.
+    /// 0 for none.
+    pub held_since_us: u64,
+}
+
+/// A state as stored: the core's words, in decimal, separated by spaces.
+pub(super) fn words(state: &str) -> Option<Vec<u64>> {
+    state
+        .split_ascii_whitespace()
+        .map(|word| word.parse().ok())
+        .collect()
 }
 
 impl SqlSource {
@@ -64,37 +80,25 @@ impl SqlSource {
     /// The previous run of `store`, if one was ever recorded.
     pub async fn previous_run(&self, store: &str) -> Result<Option<PreviousRun>, SourceError> {
         let query = format!(
-            "SELECT granting_until_us, clean FROM {}_runs WHERE store = {}",
+            "SELECT granting_until_us, clean, ahead, boot, held_since_us FROM {}_runs WHERE store = {}",
             self.table,
             self.param(1)
         );
-        let row: Option<(i64, i64)> = on_pool!(&self.pool, pool => {
+        let row = on_pool!(&self.pool, pool => {
             sqlx::query(&query)
                 .bind(store)
                 .fetch_optional(pool)
                 .await?
-                .map(|row| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?)))
+                .map(|row| Ok::<_, sqlx::Error>(PreviousRun {
+                    granting_until_us: u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0),
+                    clean: row.try_get::<i64, _>(1)? != 0,
+                    ahead: row.try_get::<i64, _>(2)? != 0,
+                    boot: row.try_get(3)?,
+                    held_since_us: u64::try_from(row.try_get::<i64, _>(4)?).unwrap_or(0),
+                }))
                 .transpose()?
         });
-        Ok(row.map(|(until, clean)| PreviousRun {
-            granting_until_us: u64::try_from(until).unwrap_or(0),
-            clean: clean != 0,
-        }))
-    }
-
-    /// Record that `store` runs and may grant until `granting_until_us`: from now on a restart
-    /// that finds no clean stop holds back what this run may have granted.
-    pub async fn heartbeat(&self, store: &str, granting_until_us: u64) -> Result<(), SourceError> {
-        let until = i64::try_from(granting_until_us).unwrap_or(i64::MAX);
-        on_pool!(&self.pool, pool => {
-            sqlx::query(&self.run_upsert())
-                .bind(store)
-                .bind(until)
-                .bind(0_i64)
-                .execute(pool)
-                .await?;
-        });
-        Ok(())
+        Ok(row)
     }
 
     /// Insert or update a store's run: store, granting until, clean.
@@ -117,8 +121,10 @@ impl SqlSource {
         }
     }
 
-    /// What a clean stop of `store` left. A row that cannot be read comes back with an empty
-    /// state, which the memory store refuses and holds its limit for instead.
+    /// What an older server's clean stop of `store` left, before its records moved to
+    /// `<table>_ahead` (the next write of records deletes it). A row that cannot be read comes
+    /// back with an empty state, which the memory store refuses and holds its limit for
+    /// instead.
     pub async fn saved(&self, store: &str) -> Result<MemorySnapshot, SourceError> {
         let query = format!(
             "SELECT kind, limit_name, counter_key, state FROM {}_saved WHERE store = {} ORDER BY seq",
@@ -141,11 +147,7 @@ impl SqlSource {
         });
         let mut snapshot = MemorySnapshot::default();
         for (kind, limit, key, state) in rows {
-            let words: Option<Vec<u64>> = state
-                .split_ascii_whitespace()
-                .map(|word| word.parse().ok())
-                .collect();
-            match (kind.as_str(), words) {
+            match (kind.as_str(), words(&state)) {
                 ("pause", Some(words)) if words.len() == 1 => {
                     snapshot.pauses.push((limit, words[0]));
                 }
@@ -154,85 +156,24 @@ impl SqlSource {
                     limit,
                     key,
                     state: words.unwrap_or_default(),
+                    budget: 0,
                 }),
             }
         }
         Ok(snapshot)
     }
 
-    /// Start a run of `store`: forget what an earlier clean stop saved (it has been read, and a
-    /// crash of this run must not bring it back), and record the run as granting. One
-    /// transaction: a crash in between must not leave a clean stop with nothing saved.
+    /// Record that `store` runs and may grant until `granting_until_us` (for a Redis
+    /// namespace: that it is in use, so that finding it empty later is a loss).
     pub async fn begin_run(&self, store: &str, granting_until_us: u64) -> Result<(), SourceError> {
-        let delete = format!(
-            "DELETE FROM {}_saved WHERE store = {}",
-            self.table,
-            self.param(1)
-        );
         let until = i64::try_from(granting_until_us).unwrap_or(i64::MAX);
         on_pool!(&self.pool, pool => {
-            let mut transaction = pool.begin().await?;
-            sqlx::query(&delete).bind(store).execute(&mut *transaction).await?;
             sqlx::query(&self.run_upsert())
                 .bind(store)
                 .bind(until)
                 .bind(0_i64)
-                .execute(&mut *transaction)
+                .execute(pool)
                 .await?;
-            transaction.commit().await?;
-        });
-        Ok(())
-    }
-
-    /// A clean stop of `store`: save `snapshot` and record the stop, in one transaction, so a
-    /// later start finds either all of it or a run that did not stop cleanly.
-    pub async fn end_run(&self, store: &str, snapshot: &MemorySnapshot) -> Result<(), SourceError> {
-        let table = &self.table;
-        let delete = format!("DELETE FROM {table}_saved WHERE store = {}", self.param(1));
-        let taken = snapshot.taken_at_us.to_string();
-        let rows = std::iter::once(("taken", "", None, taken))
-            .chain(
-                snapshot
-                    .pauses
-                    .iter()
-                    .map(|(limit, until)| ("pause", limit.as_str(), None, until.to_string())),
-            )
-            .chain(snapshot.counters.iter().map(|saved| {
-                let words: Vec<String> = saved.state.iter().map(u64::to_string).collect();
-                (
-                    "counter",
-                    saved.limit.as_str(),
-                    saved.key.as_deref(),
-                    words.join(" "),
-                )
-            }))
-            .collect::<Vec<_>>();
-        let until = i64::try_from(snapshot.taken_at_us).unwrap_or(i64::MAX);
-        on_pool!(&self.pool, pool => {
-            let mut transaction = pool.begin().await?;
-            sqlx::query(&delete).bind(store).execute(&mut *transaction).await?;
-            for (batch_index, batch) in rows.chunks(SAVE_BATCH_ROWS).enumerate() {
-                let mut insert = sqlx::QueryBuilder::new(format!(
-                    "INSERT INTO {table}_saved (store, seq, kind, limit_name, counter_key, state) "
-                ));
-                insert.push_values(batch.iter().enumerate(), |mut row, (index, saved)| {
-                    let seq = i64::try_from(batch_index * SAVE_BATCH_ROWS + index).unwrap_or(i64::MAX);
-                    row.push_bind(store)
-                        .push_bind(seq)
-                        .push_bind(saved.0)
-                        .push_bind(saved.1)
-                        .push_bind(saved.2)
-                        .push_bind(saved.3.as_str());
-                });
-                insert.build().execute(&mut *transaction).await?;
-            }
-            sqlx::query(&self.run_upsert())
-                .bind(store)
-                .bind(until)
-                .bind(1_i64)
-                .execute(&mut *transaction)
-                .await?;
-            transaction.commit().await?;
         });
         Ok(())
     }
