@@ -1,10 +1,11 @@
 //! Data-driven traces: hand-worked sequences of `(t, cost, priority) -> verdict`, commits,
-//! renewals and pauses for each algorithm, every expected number worked out in the comments,
-//! and a few focused checks of what a policy or a permit refuses.
+//! renewals and pauses for each algorithm, every expected number worked out in the comments;
+//! what a policy change, a resume and a refund do to a counter; and focused checks of what a
+//! policy or a permit refuses and how each names itself.
 
 use tollgate_core::{
-    Algorithm, Committed, CostError, Counter, DenyReason, PermitError, Policy, Priority, Reserve,
-    SPAN_US_MAX, UNITS_MAX, Verdict,
+    Algorithm, Committed, CostError, Counter, DenyReason, Kind, PermitError, Policy, Priority,
+    Reserve, SPAN_US_MAX, UNITS_MAX, Verdict,
 };
 
 use Priority::{High, Low, Normal};
@@ -484,4 +485,335 @@ fn gcra_burst_must_drain_within_two_spans() {
         Reserve::default(),
     );
     assert!(policy.is_ok());
+}
+
+#[test]
+fn sliding_above_64_units_merges_close_grants_and_counts_them_until_the_latest() {
+    // 128 units per 128000 us: a bucket spans 128000 / 64 = 2000 us. The grant at 1000 joins
+    // the bucket opened at 0, which then counts all 128 units until 1000 + 128000.
+    run(
+        rate(128, 128_000, 0, Algorithm::Sliding),
+        Counter::new(0),
+        &[
+            acquire(0, 127, Normal, granted(1, 128_000)),
+            acquire(1_000, 1, Normal, granted(0, 128_000)),
+            // Exact counting would free the 127 units at 128000; the merged bucket holds them
+            // (never shorter than needed) until 129000.
+            acquire(128_500, 1, Normal, denied(500, 0)),
+            acquire(129_000, 1, Normal, granted(127, 128_000)),
+        ],
+    );
+}
+
+#[test]
+fn a_sliding_log_stays_within_its_bucket_cap_however_many_grants() {
+    // 1000 units per 64 s: buckets span a second. A grant every 10 ms for 10 s makes about
+    // ten buckets; one bucket per grant would be a thousand, which no counter may hold (its
+    // words would not read back).
+    let policy = rate(1_000, 64_000_000, 0, Algorithm::Sliding);
+    let mut counter = Counter::new(0);
+    for step in 0..1_000 {
+        let verdict = counter.decide(&policy, step * 10_000, 1, Normal, false);
+        assert!(matches!(verdict, Ok(Verdict::Granted(_))), "grant {step}");
+    }
+    let words = counter.to_words();
+    assert_eq!(
+        Counter::from_words(&words),
+        Ok(counter),
+        "{} words",
+        words.len()
+    );
+    assert!(words.len() < 3 + 2 + 3 * 66, "{} words", words.len());
+}
+
+#[test]
+fn a_full_refund_leaves_nothing_counted() {
+    let policy = rate(3, 1_000, 0, Algorithm::Sliding);
+    let mut counter = Counter::new(0);
+    let Ok(Verdict::Granted(grant)) = counter.decide(&policy, 0, 1, Normal, true) else {
+        panic!("an empty counter grants one unit");
+    };
+    assert_eq!(counter.commit(&policy, 10, grant.seq, 0), refunded(1));
+    // Nothing counts, so nothing is left to reset.
+    assert_eq!(counter.usage(&policy, 20), (0, 0));
+    assert_eq!(counter.status(&policy, 20, Normal), (3, 0));
+}
+
+#[test]
+fn usage_and_status_count_what_is_used_and_what_is_open() {
+    let policy = Policy::rate(
+        5,
+        1_000,
+        0,
+        Algorithm::Sliding,
+        Reserve { high: 1, normal: 0 },
+    )
+    .expect("valid");
+    let mut counter = Counter::new(0);
+    assert!(matches!(
+        counter.decide(&policy, 0, 2, High, true),
+        Ok(Verdict::Granted(_))
+    ));
+    // Two units used, counting until 1000; normal may use 5 - 1 - 2, high 5 - 2.
+    assert_eq!(counter.usage(&policy, 100), (2, 900));
+    assert_eq!(counter.status(&policy, 100, Normal), (2, 900));
+    assert_eq!(counter.status(&policy, 100, High), (3, 900));
+}
+
+#[test]
+fn resume_lifts_a_pause_but_never_a_hold() {
+    let policy = rate(1, 1_000, 0, Algorithm::Sliding);
+    let check = |counter: &mut Counter, now| {
+        counter
+            .check(&policy, now, 1, Normal)
+            .expect("one unit fits the limit")
+            .map(|denial| (denial.reason, denial.retry_after_us))
+    };
+    // A pause past now is lifted: the counter grants at once.
+    let mut counter = Counter::new(0);
+    counter.pause(1_000);
+    assert!(counter.resume(500, 0));
+    assert_eq!(check(&mut counter, 500), None);
+    // Nothing paused, or a pause that ended at now: nothing lifted.
+    assert!(!Counter::new(0).resume(500, 0));
+    let mut counter = Counter::new(0);
+    counter.pause(1_000);
+    assert!(!counter.resume(1_000, 0));
+    // A pause beyond the store's hold is cut to the hold, which stays.
+    let mut counter = Counter::new(0);
+    counter.pause(3_000);
+    assert!(counter.resume(500, 2_000));
+    assert_eq!(check(&mut counter, 500), Some((DenyReason::Paused, 1_500)));
+    // A pause within the hold lifts nothing the hold does not keep anyway.
+    let mut counter = Counter::new(0);
+    counter.pause(1_500);
+    assert!(!counter.resume(500, 2_000));
+    assert_eq!(check(&mut counter, 500), Some((DenyReason::Paused, 1_000)));
+}
+
+#[test]
+fn a_fixed_window_that_changes_length_keeps_its_units_until_the_new_window_ends() {
+    let shorter = rate(3, 1_000, 0, Algorithm::Fixed);
+    let longer = rate(3, 2_000, 0, Algorithm::Fixed);
+    let mut counter = Counter::new(0);
+    assert!(matches!(
+        counter.decide(&shorter, 500, 3, Normal, false),
+        Ok(Verdict::Granted(_))
+    ));
+    // Under the longer window [0, 2000) the three units still count, until 2000: the counter
+    // may not be forgotten before then.
+    assert_eq!(counter.usage(&longer, 1_500), (3, 500));
+    assert!(
+        counter.idle_at(&longer) >= 2_000,
+        "{}",
+        counter.idle_at(&longer)
+    );
+    let denial = counter
+        .check(&longer, 1_500, 1, Normal)
+        .expect("fits the limit");
+    assert_eq!(denial.map(|denial| denial.retry_after_us), Some(500));
+}
+
+#[test]
+fn a_gcra_rate_change_carries_the_backlog_in_units() {
+    // 10 a second (T = 100 ms), then 100 a second (T = 10 ms), bursts of 10 both.
+    let slow = rate(10, 1_000_000, 0, Algorithm::Gcra { burst: 10 });
+    let fast = rate(100, 1_000_000, 0, Algorithm::Gcra { burst: 10 });
+    let mut counter = Counter::new(0);
+    assert!(matches!(
+        counter.decide(&slow, 0, 10, Normal, false),
+        Ok(Verdict::Granted(_))
+    ));
+    // Decided on its backlog alone under its own policy; not under another interval, whose
+    // units the backlog does not count.
+    assert_eq!(counter.gcra_alone(&slow, 0), Some(1_000_000));
+    assert_eq!(counter.gcra_alone(&fast, 0), None);
+    // The 10 units carry over as 10 units of the new interval: the next fits after one T.
+    let denial = counter.check(&fast, 0, 1, Normal).expect("fits the limit");
+    assert_eq!(denial.map(|denial| denial.retry_after_us), Some(10_000));
+    assert!(matches!(
+        counter.decide(&fast, 10_000, 1, Normal, false),
+        Ok(Verdict::Granted(_))
+    ));
+}
+
+#[test]
+fn a_fixed_window_turned_sliding_keeps_counting_its_units() {
+    let fixed = rate(3, 1_000, 0, Algorithm::Fixed);
+    let sliding = rate(3, 1_000, 0, Algorithm::Sliding);
+    let mut counter = Counter::new(0);
+    assert!(matches!(
+        counter.decide(&fixed, 100, 3, Normal, false),
+        Ok(Verdict::Granted(_))
+    ));
+    // The three units count as granted at the change, for a whole window.
+    let denial = counter
+        .check(&sliding, 200, 1, Normal)
+        .expect("fits the limit");
+    assert_eq!(
+        denial.map(|denial| (denial.retry_after_us, denial.remaining)),
+        Some((1_000, 0))
+    );
+}
+
+#[test]
+fn a_refund_never_comes_out_of_a_bucket_that_closed_before_the_reservation() {
+    // The clock steps back across two policy changes: the sliding log is rebuilt at 4000 with
+    // the unit granted at 5000 in it. No bucket holds the reservation (none was open at 5000),
+    // so the refund gives nothing back: refunds are conservative.
+    let sliding = rate(3, 1_000, 0, Algorithm::Sliding);
+    let fixed = rate(3, 1_000, 0, Algorithm::Fixed);
+    let mut counter = Counter::new(0);
+    let Ok(Verdict::Granted(grant)) = counter.decide(&sliding, 5_000, 1, Normal, true) else {
+        panic!("an empty counter grants one unit");
+    };
+    assert_eq!(counter.check(&fixed, 5_000, 1, Normal), Ok(None));
+    assert_eq!(counter.check(&sliding, 4_000, 1, Normal), Ok(None));
+    assert_eq!(counter.commit(&sliding, 4_000, grant.seq, 0), refunded(0));
+    assert_eq!(counter.usage(&sliding, 4_000), (1, 1_000));
+}
+
+#[test]
+fn a_rate_permit_from_before_the_limit_held_leases_is_gone() {
+    let sliding = rate(2, 1_000, 0, Algorithm::Sliding);
+    let leases = Policy::concurrency(2, 1_000, Reserve::default()).expect("valid");
+    let mut counter = Counter::new(0);
+    let Ok(Verdict::Granted(grant)) = counter.decide(&sliding, 0, 1, Normal, true) else {
+        panic!("an empty counter grants one unit");
+    };
+    assert_eq!(counter.check(&leases, 10, 1, Normal), Ok(None));
+    assert_eq!(counter.check(&sliding, 20, 1, Normal), Ok(None));
+    assert_eq!(
+        counter.commit(&sliding, 30, grant.seq, 0),
+        Err(PermitError::Gone)
+    );
+}
+
+#[test]
+fn policies_are_refused_at_their_bounds_naming_the_field() {
+    let field = |policy: Result<Policy, tollgate_core::PolicyError>| policy.map_err(|e| e.field);
+    let sliding = |period_us| rate_result(1, period_us, 0, Algorithm::Sliding, Reserve::default());
+    // Periods from one millisecond to 366 days (31,622,400 s).
+    assert_eq!(SPAN_US_MAX, 31_622_400_000_000);
+    assert_eq!(field(sliding(999)), Err("period_ms"));
+    assert!(sliding(1_000).is_ok());
+    assert!(sliding(31_622_400_000_000).is_ok());
+    assert_eq!(field(sliding(31_622_400_000_001)), Err("period_ms"));
+    let lease_ttl = |ttl_us| Policy::concurrency(1, ttl_us, Reserve::default());
+    assert_eq!(field(lease_ttl(999)), Err("lease_ttl_ms"));
+    assert_eq!(field(lease_ttl(31_622_400_000_001)), Err("lease_ttl_ms"));
+    // Reserves must leave every priority a unit.
+    let reserved =
+        |high, normal| rate_result(3, 1_000, 0, Algorithm::Sliding, Reserve { high, normal });
+    assert!(reserved(2, 0).is_ok());
+    assert_eq!(field(reserved(3, 0)), Err("reserve"));
+    assert_eq!(field(reserved(2, 1)), Err("reserve"));
+    // GCRA: one unit per microsecond of the window at most.
+    let gcra = |limit| {
+        rate_result(
+            limit,
+            1_000,
+            0,
+            Algorithm::Gcra { burst: 1 },
+            Reserve::default(),
+        )
+    };
+    assert!(gcra(1_000).is_ok());
+    assert_eq!(field(gcra(1_001)), Err("limit"));
+    // Leases: at most LEASES_MAX.
+    assert!(Policy::concurrency(100_000, 1_000, Reserve::default()).is_ok());
+    assert_eq!(
+        field(Policy::concurrency(100_001, 1_000, Reserve::default())),
+        Err("limit")
+    );
+}
+
+fn rate_result(
+    limit: u64,
+    period_us: u64,
+    margin_us: u64,
+    algorithm: Algorithm,
+    reserve: Reserve,
+) -> Result<Policy, tollgate_core::PolicyError> {
+    Policy::rate(limit, period_us, margin_us, algorithm, reserve)
+}
+
+#[test]
+fn a_policy_reads_back_what_it_was_made_of() {
+    let reserve = Reserve { high: 2, normal: 1 };
+    let policy = Policy::rate(7, 2_000, 500, Algorithm::Gcra { burst: 4 }, reserve).expect("valid");
+    let Kind::Rate(rate) = policy.kind() else {
+        panic!("a rate policy");
+    };
+    assert_eq!(
+        (rate.limit(), rate.period_us(), rate.margin_us()),
+        (7, 2_000, 500)
+    );
+    assert_eq!(policy.reserve(), reserve);
+    assert!(policy.is_gcra() && !policy.is_concurrency());
+    assert!(!rate_result(7, 2_000, 0, Algorithm::Fixed, reserve).is_ok_and(|p| p.is_gcra()));
+    let leases = Policy::concurrency(9, 1_000, Reserve::default()).expect("valid");
+    let Kind::Concurrency(concurrency) = leases.kind() else {
+        panic!("a concurrency policy");
+    };
+    assert_eq!(
+        (concurrency.limit(), concurrency.lease_ttl_us()),
+        (9, 1_000)
+    );
+    assert!(leases.is_concurrency() && !leases.is_gcra());
+}
+
+#[test]
+fn names_read_back_and_errors_say_what_is_wrong() {
+    for priority in Priority::ALL {
+        assert_eq!(Priority::parse(priority.as_str()), Some(priority));
+        assert_eq!(priority.to_string(), priority.as_str());
+    }
+    assert_eq!(
+        Priority::ALL.map(Priority::as_str),
+        ["low", "normal", "high"]
+    );
+    assert_eq!(Priority::parse("urgent"), None);
+    assert_eq!(
+        [
+            Algorithm::Sliding,
+            Algorithm::Fixed,
+            Algorithm::Gcra { burst: 1 }
+        ]
+        .map(Algorithm::name),
+        ["sliding", "fixed", "gcra"]
+    );
+    let refusal =
+        rate_result(0, 1_000, 0, Algorithm::Sliding, Reserve::default()).expect_err("a zero limit");
+    assert_eq!(refusal.to_string(), "limit: must be at least 1");
+    assert_eq!(
+        CostError {
+            cost: 0,
+            capacity: 3
+        }
+        .to_string(),
+        "cost must be at least 1"
+    );
+    assert_eq!(
+        CostError {
+            cost: 4,
+            capacity: 3
+        }
+        .to_string(),
+        "cost 4 exceeds the 3 units this limit can ever grant at this priority"
+    );
+    assert_eq!(
+        PermitError::UsedAboveCost { used: 4, cost: 3 }.to_string(),
+        "used 4 is above the permit's cost 3"
+    );
+    for error in [
+        PermitError::Unknown,
+        PermitError::Gone,
+        PermitError::LeaseExpired,
+        PermitError::WrongKind,
+    ] {
+        assert!(!error.to_string().is_empty(), "{error:?}");
+    }
+    let unreadable = Counter::from_words(&[0]).expect_err("too short");
+    assert_eq!(unreadable.to_string(), "counter state: too short");
 }

@@ -11,15 +11,16 @@
 //! the units its caller said it used, not the cost less what the store says it refunded.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
-use crate::store::Store;
+use crate::store::{Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn};
 use crate::{
-    Check, DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError, PermitSecret,
-    Request,
+    Check, Committed, DenyReason, Error, Limit, LimitTable, Limiter, LimiterConfig, Outcome,
+    PermitError, PermitSecret, Request,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,
@@ -457,9 +458,114 @@ async fn eventually_granted(limiter: &Limiter, request: &Request<'_>, what: &str
     }
 }
 
+/// A store that counts the denials it answered while a request was queued on `limit` in the
+/// limiter watching it: such a denial is the last thing a waiter hears before it sleeps until
+/// woken (or until its hint runs out), so after one, only a wake-up grants it soon.
+#[derive(Debug)]
+struct Watched {
+    inner: Arc<dyn Store>,
+    limit: &'static str,
+    /// Set once the limiter over this store exists; taken at the end (the two hold each other).
+    limiter: Mutex<Option<Limiter>>,
+    denied_while_queued: AtomicU64,
+}
+
+impl Watched {
+    fn queued(&self) -> usize {
+        self.limiter
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map_or(0, |limiter| limiter.waiting(self.limit))
+    }
+}
+
+impl Store for Watched {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(async move {
+            let queued = self.queued();
+            let decision = self
+                .inner
+                .acquire(takes, cost, priority, refundable)
+                .await?;
+            if queued > 0 && !decision.is_granted() {
+                self.denied_while_queued
+                    .fetch_add(1, AtomicOrdering::SeqCst);
+            }
+            Ok(decision)
+        })
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        self.inner.commit(take, seq, used)
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        self.inner.renew(take, fence)
+    }
+
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        self.inner.pause(take, duration_us)
+    }
+
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.resume(take)
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        self.inner.usage(take)
+    }
+
+    fn set_limits(&self, limits: &LimitTable) {
+        self.inner.set_limits(limits);
+    }
+
+    fn on_wake(&self, wake: WakeFn) {
+        self.inner.on_wake(wake);
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        self.inner.ping()
+    }
+}
+
+/// Wait until `done`, polling the state it reads; fail after a deadline only a lost request
+/// would reach.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 30 s: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Wait until `count` requests are queued on `limit` in `limiter` (its waiters gauge).
+async fn until_waiting(limiter: &Limiter, limit: &str, count: usize) {
+    until(&format!("{count} requests queued on {limit:?}"), || {
+        limiter.waiting(limit) >= count
+    })
+    .await;
+    assert_eq!(limiter.waiting(limit), count, "queued on {limit:?}");
+}
+
 /// A waiter is woken when another handle gives capacity back, not when its hint runs out.
 pub async fn waiters_wake_when_another_handle_releases(stores: Stores) {
-    let (limiter, other) = pair(&stores);
+    let watched = Arc::new(Watched {
+        inner: stores.first.clone(),
+        limit: "pool",
+        limiter: Mutex::new(None),
+        denied_while_queued: AtomicU64::new(0),
+    });
+    let secret = PermitSecret::random();
+    let limiter = limiter(&(watched.clone() as Arc<dyn Store>), secret);
+    let other = self::limiter(&stores.second, secret);
+    *watched.limiter.lock().expect("lock") = Some(limiter.clone());
     // The lease would expire only after a minute: a waiter granted sooner was woken.
     let policy = Policy::concurrency(1, 60_000 * MS, Reserve::default()).expect("valid");
     add(&[&limiter, &other], "pool", policy, None);
@@ -479,7 +585,12 @@ pub async fn waiters_wake_when_another_handle_releases(stores: Stores) {
                 .map(|outcome| outcome.is_granted())
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Queued and told no: from here it sleeps until a wake-up or its one-minute hint.
+    until("the waiter is queued and denied", || {
+        watched.denied_while_queued.load(AtomicOrdering::SeqCst) > 0
+    })
+    .await;
+    assert_eq!(limiter.waiting("pool"), 1, "one request waits");
     let started = Instant::now();
     held.release().await.expect("release");
     assert!(waiter.await.expect("task").expect("answers"));
@@ -487,44 +598,55 @@ pub async fn waiters_wake_when_another_handle_releases(stores: Stores) {
         started.elapsed() < Duration::from_secs(30),
         "the waiter slept out its hint instead of being woken"
     );
+    assert_eq!(
+        limiter.waiting("pool"),
+        0,
+        "the granted waiter left the queue"
+    );
+    watched.limiter.lock().expect("lock").take();
 }
 
-/// Waiters are served highest priority first, then in arrival order.
+/// Waiters are served highest priority first, then in arrival order. The one lease is held
+/// until all four are queued (the waiters gauge says so), and each waiter, once granted, notes
+/// its turn and releases, so the order depends on nothing but the queue.
 pub async fn waiters_are_served_by_priority_then_arrival(stores: Stores) {
     let (limiter, _) = pair(&stores);
-    // Sliding: the unit taken now comes back one second from now, whatever the clock's epoch,
-    // which leaves every waiter time to queue first.
-    add(
-        &[&limiter],
-        "vendor",
-        rate(1, 1_000, Algorithm::Sliding),
-        None,
-    );
-    let _taken = limiter
-        .try_acquire(&Request::new("vendor"))
+    let policy = Policy::concurrency(1, 60_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter], "pool", policy, None);
+    let held = limiter
+        .try_acquire(&Request::new("pool"))
         .await
-        .expect("answers");
+        .expect("answers")
+        .granted()
+        .expect("free");
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for (name, priority) in [
+    for (queued, (name, priority)) in [
         ("low", Priority::Low),
         ("normal-1", Priority::Normal),
         ("high", Priority::High),
         ("normal-2", Priority::Normal),
-    ] {
-        let limiter = limiter.clone();
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let limiter_for_task = limiter.clone();
         let order = order.clone();
         tasks.push(tokio::spawn(async move {
-            let request = Request::new("vendor")
+            let request = Request::new("pool")
                 .priority(priority)
-                .wait(Duration::from_secs(30));
-            let outcome = limiter.acquire(&request).await.expect("answers");
-            assert!(outcome.is_granted(), "{name} waited in vain");
+                .wait(Duration::from_secs(50));
+            let outcome = limiter_for_task.acquire(&request).await.expect("answers");
+            let permit = outcome
+                .granted()
+                .unwrap_or_else(|| panic!("{name} waited in vain"));
             order.lock().expect("lock").push(name);
+            permit.release().await.expect("release");
         }));
-        // Let it reach the queue before the next arrives.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // It has its place in the queue before the next one arrives.
+        until_waiting(&limiter, "pool", queued + 1).await;
     }
+    held.release().await.expect("release");
     for task in tasks {
         task.await.expect("task");
     }

@@ -540,6 +540,12 @@ impl Limiter {
         &self.shared.config
     }
 
+    /// Requests waiting in this limiter's queue on `limit` now (every key together): those
+    /// that `acquire` queued after a denial, until they are granted or give up.
+    pub fn waiting(&self, limit: &str) -> usize {
+        self.shared.waiters.waiting_on(limit)
+    }
+
     /// The limits in force.
     pub fn limits(&self) -> Arc<LimitTable> {
         self.shared.table()

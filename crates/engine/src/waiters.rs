@@ -233,6 +233,14 @@ impl WaitQueue {
         })
     }
 
+    /// Requests queued on `limit` now, every key together.
+    pub(crate) fn waiting_on(&self, limit: &str) -> usize {
+        if !self.anyone_waiting() {
+            return 0;
+        }
+        lock(&self.queues).by_limit.get(limit).copied().unwrap_or(0)
+    }
+
     /// Whether `waiter` heads the queue of every counter it needs.
     pub(crate) fn is_head(&self, waiter: &Waiter<'_>) -> bool {
         let queues = lock(&self.queues);
