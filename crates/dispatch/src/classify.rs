@@ -267,40 +267,8 @@ mod tests {
         classifier.classify(&answer, SystemTime::UNIX_EPOCH)
     }
 
-    #[test]
-    fn defaults_for_http() {
-        let classifier = Classifier::new();
-        let seconds = |s| Verdict::RateLimited {
-            retry_after: Some(Duration::from_secs(s)),
-        };
-        assert_eq!(http_verdict(&classifier, 429, Some("15")), seconds(15));
-        assert_eq!(
-            http_verdict(&classifier, 429, None),
-            Verdict::RateLimited { retry_after: None },
-            "no Retry-After: rate-limited, with no invented wait"
-        );
-        assert_eq!(
-            http_verdict(&classifier, 429, Some("garbage")),
-            Verdict::RateLimited { retry_after: None }
-        );
-        assert_eq!(http_verdict(&classifier, 503, Some("2")), seconds(2));
-        assert_eq!(
-            http_verdict(&classifier, 503, Some("later")),
-            Verdict::RateLimited { retry_after: None },
-            "a 503 that says Retry-After at all is load shedding"
-        );
-        assert_eq!(http_verdict(&classifier, 503, None), Verdict::Retry);
-        for status in [500, 502, 504, 408] {
-            assert_eq!(http_verdict(&classifier, status, None), Verdict::Retry);
-        }
-        for status in [200, 201, 204, 301, 400, 401, 403, 404, 409, 422, 501] {
-            assert_eq!(
-                http_verdict(&classifier, status, Some("5")),
-                Verdict::Done,
-                "{status}"
-            );
-        }
-    }
+    // The default rules for HTTP answers: `tests/vectors.rs`, on the vectors every
+    // implementation shares.
 
     #[test]
     fn grpc_resource_exhausted_only_when_asked() {

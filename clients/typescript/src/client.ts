@@ -1,0 +1,476 @@
+/**
+ * The client of HTTP API v1: {@link Client}, its {@link Permit} and its admin API
+ * ({@link LimitsAdmin}).
+ */
+
+import { errorFromAnswer, RateLimited, ServerError, ServerUnreachable } from "./errors.js";
+import {
+  type Committed,
+  type Fields,
+  isObject,
+  type Limits,
+  limitNames,
+  type LimitStatus,
+  limitStatuses,
+  milliseconds,
+  type Priority,
+  secondsOf,
+} from "./models.js";
+import type * as Wire from "./wire.js";
+
+/** Where `tollgate serve` listens by default. */
+export const DEFAULT_URL = "http://127.0.0.1:7070";
+/** Seconds one call may take; a waiting acquire gets its wait on top. */
+export const DEFAULT_TIMEOUT = 10;
+
+/** How a {@link Client} reaches its server. */
+export interface ClientOptions {
+  /** The server's URL (default `http://127.0.0.1:7070`). */
+  url?: string;
+  /** The data plane's bearer token and, unless `adminToken` is given, the admin API's. */
+  token?: string;
+  /** The admin API's bearer token. */
+  adminToken?: string;
+  /** Seconds one call may take (default 10); a waiting acquire gets its wait on top. */
+  timeout?: number;
+  /** The `fetch` to send with (default the global one): for tests, or a custom agent. */
+  fetch?: typeof fetch;
+}
+
+/** How an acquire asks. */
+export interface AcquireOptions {
+  /** Units to take of every limit named (default 1). */
+  cost?: number;
+  /** `high`, `normal` (default) or `low`. */
+  priority?: Priority;
+  /** Seconds to wait for room at the server (default 0: answer at once). */
+  wait?: number;
+  /** The counter of limits counted `per` key. */
+  key?: string;
+}
+
+/** How a pause is asked for. */
+export interface PauseOptions {
+  /** How long nothing is granted, in seconds. */
+  seconds: number;
+  /** For a limit counted per key: pause this key's counter only. */
+  key?: string;
+}
+
+/** An inbound request to decide on (`/v1/check`). */
+export interface CheckRequest {
+  /** Who makes the request: the key for limits counted `per` key. */
+  user?: string;
+  method: string;
+  /** The path as received; the server normalizes it before matching. */
+  path: string;
+}
+
+/**
+ * The answer to "may this inbound request proceed?".
+ *
+ * `path` is the normalized path that was matched and `matched` the names of the limits that
+ * applied. When denied, `retryAfter` says when to try again (seconds) and `reason` why; when
+ * allowed and a concurrency limit applied, `permit` holds the lease to commit once the request
+ * is done.
+ */
+export interface CheckResult {
+  readonly allowed: boolean;
+  readonly path: string;
+  readonly matched: string[];
+  readonly limits: LimitStatus[];
+  readonly retryAfter?: number;
+  readonly reason?: Wire.RateLimitedBody["reason"] | null;
+  readonly permit?: Permit;
+}
+
+/** The limits in force, with the version of the rules and the rows that failed validation. */
+export interface LimitList {
+  readonly version: number;
+  readonly limits: Wire.StoredLimit[];
+  readonly rejected: Wire.RejectedRow[];
+}
+
+/** An answer read whole: its status, headers and body text. */
+interface Answer {
+  status: number;
+  headers: Headers;
+  text: string;
+}
+
+function permitPath(id: string, action: "commit" | "renew"): string {
+  return `/v1/permits/${encodeURIComponent(id)}/${action}`;
+}
+
+function limitPath(name: string): string {
+  return `/v1/limits/${encodeURIComponent(name)}`;
+}
+
+/** The JSON object of a success, or the error an error answer stands for. */
+function decode(answer: Answer): Record<string, unknown> {
+  if (answer.status >= 400) {
+    throw errorFromAnswer(answer.status, answer.headers, answer.text);
+  }
+  let body: unknown;
+  try {
+    body = JSON.parse(answer.text);
+  } catch {
+    throw new ServerError(`HTTP ${answer.status} with a body that is not JSON`, { status: answer.status });
+  }
+  if (!isObject(body)) {
+    throw new ServerError(`HTTP ${answer.status} with a body that is not a JSON object`, {
+      status: answer.status,
+    });
+  }
+  return body;
+}
+
+function count(value: unknown): number {
+  return typeof value === "number" ? value : 0;
+}
+
+/**
+ * What an acquire granted: rate units, and a lease for each concurrency limit.
+ *
+ * With `await using permit = await client.acquire(...)`, leaving the block commits `used`
+ * units (all of `cost` unless `used` was set in the block) and releases any lease. JavaScript
+ * does not tell a disposer whether the block threw, so set `used` last in the block: a block
+ * that throws before setting it commits all of `cost`, which refunds nothing (the call may
+ * have happened) and releases any lease. For "nothing on a throw" whatever was set, run the
+ * work through {@link Client.limited}. After an explicit {@link commit} or {@link release},
+ * leaving the block does nothing more.
+ */
+export class Permit implements AsyncDisposable {
+  /** The opaque permit id. */
+  readonly id: string;
+  /** Each limit's state at the grant. */
+  readonly limits: LimitStatus[];
+  /** Units granted. */
+  readonly cost: number;
+  /** Units to commit when the permit is disposed; `undefined` means all of `cost`. */
+  used: number | undefined = undefined;
+  readonly #client: Client;
+  #settled = false;
+
+  /** @internal Made by {@link Client}. */
+  constructor(client: Client, id: string, limits: LimitStatus[], cost: number) {
+    this.#client = client;
+    this.id = id;
+    this.limits = limits;
+    this.cost = cost;
+  }
+
+  /** The fencing number of the permit's lease, or `undefined` if it holds no lease. */
+  get fence(): number | undefined {
+    return this.limits.find((status) => status.fence !== undefined)?.fence;
+  }
+
+  /** Whether the permit was committed or released (or that was attempted). */
+  get settled(): boolean {
+    return this.#settled;
+  }
+
+  /**
+   * Say `used` units were used (default: `this.used`, else all of `cost`). The rest of the
+   * rate units are refunded and leases released. Once per permit: a second commit throws
+   * {@link Conflict}.
+   */
+  async commit(used?: number): Promise<Committed> {
+    const units = used ?? this.used ?? this.cost;
+    this.#settled = true;
+    const body: Wire.CommitBody = { used: units };
+    const answer: Fields<Wire.CommitAnswer> = await this.#client.request("POST", permitPath(this.id, "commit"), body);
+    return { refunded: count(answer.refunded), released: count(answer.released) };
+  }
+
+  /** End the permit's leases; its rate units stay used. */
+  async release(): Promise<Committed> {
+    return this.commit(this.cost);
+  }
+
+  /**
+   * Extend every lease of the permit by its TTL; resolves to the seconds until the earliest
+   * expires. Throws {@link Conflict} for a rate-only permit or a lease already gone.
+   */
+  async renew(): Promise<number> {
+    const answer: Fields<Wire.RenewAnswer> = await this.#client.request("POST", permitPath(this.id, "renew"), {});
+    return secondsOf(answer.expires_ms);
+  }
+
+  /** Settle as a finished block does: commit `used` (all of `cost` unless set). */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (!this.#settled) {
+      await this.commit();
+    }
+  }
+
+  /** @internal Settle after work that threw: nothing committed, any lease released. */
+  async abandon(): Promise<void> {
+    if (this.#settled) {
+      return;
+    }
+    this.#settled = true;
+    if (this.fence === undefined) {
+      return;
+    }
+    try {
+      await this.commit(this.cost);
+    } catch {
+      // The work's own error matters more; the lease runs to its TTL.
+    }
+  }
+
+  toString(): string {
+    return `Permit(${this.id}, cost ${this.cost})`;
+  }
+}
+
+/**
+ * The admin API (`client.limits`): put, get, list and delete limits. Fields use the server's
+ * names (`kind`, `limit`, `period_ms`, `algorithm`, `burst`, `margin_ms`, `lease_ttl_ms`,
+ * `reserve`, `per`, `keys_max`, `match`). Calls use `adminToken` (or else `token`).
+ */
+export class LimitsAdmin {
+  readonly #client: Client;
+
+  /** @internal Made by {@link Client}. */
+  constructor(client: Client) {
+    this.#client = client;
+  }
+
+  /** Create or replace limit `name`; resolves to it as stored, defaults filled in. */
+  async put(name: string, rule: Wire.LimitRule): Promise<Wire.StoredLimit> {
+    return (await this.#client.request("PUT", limitPath(name), rule, { admin: true })) as unknown as Wire.StoredLimit;
+  }
+
+  /** Limit `name` as stored; {@link NotFound} if there is none. */
+  async get(name: string): Promise<Wire.StoredLimit> {
+    return (await this.#client.request("GET", limitPath(name), null, { admin: true })) as unknown as Wire.StoredLimit;
+  }
+
+  /** Every limit in force, the rules' version, and the rows that failed validation. */
+  async list(): Promise<LimitList> {
+    const body: Fields<Wire.LimitList> = await this.#client.request("GET", "/v1/limits", null, { admin: true });
+    return {
+      version: count(body.version),
+      limits: Array.isArray(body.limits) ? (body.limits as Wire.StoredLimit[]) : [],
+      rejected: Array.isArray(body.rejected) ? (body.rejected as Wire.RejectedRow[]) : [],
+    };
+  }
+
+  /** Remove limit `name`; {@link NotFound} if there is none. */
+  async delete(name: string): Promise<void> {
+    await this.#client.request("DELETE", limitPath(name), null, { admin: true });
+  }
+}
+
+/**
+ * A client of a Tollgate server. One per process is enough: calls share `fetch`'s
+ * connection pool and may run concurrently.
+ */
+export class Client {
+  /** The server's URL, without a trailing slash. */
+  readonly url: string;
+  /** The admin API. */
+  readonly limits: LimitsAdmin;
+  readonly #token: string | undefined;
+  readonly #adminToken: string | undefined;
+  readonly #timeout: number;
+  readonly #fetch: typeof fetch;
+
+  constructor(options: ClientOptions = {}) {
+    this.url = (options.url ?? DEFAULT_URL).replace(/\/+$/, "");
+    this.#token = options.token;
+    this.#adminToken = options.adminToken;
+    const timeout = options.timeout ?? DEFAULT_TIMEOUT;
+    if (!(timeout > 0) || !Number.isFinite(timeout)) {
+      throw new RangeError(`timeout: seconds above 0, got ${timeout}`);
+    }
+    this.#timeout = timeout;
+    this.#fetch = options.fetch ?? globalThis.fetch;
+    this.limits = new LimitsAdmin(this);
+  }
+
+  // ---- requests ---------------------------------------------------------------------------
+
+  /** Send one request and read its answer whole; no answer at all is {@link ServerUnreachable}. */
+  async #send(method: string, path: string, body: object | null, admin: boolean, wait: number): Promise<Answer> {
+    const headers: Record<string, string> = {};
+    const token = admin ? (this.#adminToken ?? this.#token) : this.#token;
+    if (token) {
+      headers["authorization"] = `Bearer ${token}`;
+    }
+    if (body !== null) {
+      headers["content-type"] = "application/json";
+    }
+    try {
+      const response = await this.#fetch(this.url + path, {
+        method,
+        headers,
+        body: body === null ? null : JSON.stringify(body),
+        signal: AbortSignal.timeout(Math.ceil((this.#timeout + wait) * 1000)),
+      });
+      return { status: response.status, headers: response.headers, text: await response.text() };
+    } catch (error) {
+      const detail =
+        error instanceof Error && error.name === "TimeoutError"
+          ? `no answer within ${this.#timeout + wait} s`
+          : describe(error);
+      throw new ServerUnreachable(`no answer from the Tollgate server at ${this.url}: ${detail}`, { cause: error });
+    }
+  }
+
+  /** @internal A call whose success is a JSON object. */
+  async request(
+    method: string,
+    path: string,
+    body: object | null,
+    { admin = false, wait = 0 }: { admin?: boolean; wait?: number } = {},
+  ): Promise<Record<string, unknown>> {
+    return decode(await this.#send(method, path, body, admin, wait));
+  }
+
+  // ---- data plane -------------------------------------------------------------------------
+
+  /**
+   * Take `cost` units of every limit named (all or none), waiting up to `wait` seconds for
+   * room (default: answer at once). `key` picks the counter of limits counted per key.
+   * Rejects with {@link RateLimited} when nothing was granted in time.
+   */
+  async acquire(limits: Limits, options: AcquireOptions = {}): Promise<Permit> {
+    const cost = options.cost ?? 1;
+    const waitMs = milliseconds(options.wait ?? 0, "wait");
+    // Values only the server can judge (an unknown priority, a zero cost) are sent as given,
+    // so that its bad_request names the field.
+    const body: Wire.AcquireBody = {
+      limits: limitNames(limits),
+      cost,
+      priority: options.priority ?? "normal",
+      wait_ms: waitMs,
+      ...(options.key === undefined ? {} : { key: options.key }),
+    };
+    const answer: Fields<Wire.Granted> = await this.request("POST", "/v1/acquire", body, { wait: waitMs / 1000 });
+    if (typeof answer.permit !== "string") {
+      throw new ServerError("the grant carries no permit id");
+    }
+    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost);
+  }
+
+  /** Like {@link acquire}, but `null` instead of rejecting with {@link RateLimited}. */
+  async tryAcquire(limits: Limits, options: AcquireOptions = {}): Promise<Permit | null> {
+    try {
+      return await this.acquire(limits, options);
+    } catch (error) {
+      if (error instanceof RateLimited) {
+        return null;
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * Grant nothing on `limit` (or only its counter for `key`) for `seconds`, fleet-wide.
+   * Pauses only extend: resolves to the seconds until the pause in force ends.
+   */
+  async pause(limit: string, options: PauseOptions): Promise<number> {
+    const body: Wire.PauseBody = {
+      limit,
+      retry_after_ms: milliseconds(options.seconds, "seconds"),
+      ...(options.key === undefined ? {} : { key: options.key }),
+    };
+    const answer: Fields<Wire.PauseAnswer> = await this.request("POST", "/v1/pause", body);
+    return secondsOf(answer.paused_ms);
+  }
+
+  /**
+   * May `user` make the inbound request `method path` now? Applies every limit whose `match`
+   * fits, all or none. A denial is `allowed: false` (with `retryAfter`), not a rejection. When
+   * a concurrency limit applied, the result's `permit` holds the lease: commit it when the
+   * request is done.
+   */
+  async check(request: CheckRequest): Promise<CheckResult> {
+    const body: Wire.CheckBody = {
+      method: request.method,
+      path: request.path,
+      ...(request.user === undefined ? {} : { user: request.user }),
+    };
+    const answer = await this.#send("POST", "/v1/check", body, false, 0);
+    if (answer.status === 429) {
+      const error = errorFromAnswer(answer.status, answer.headers, answer.text);
+      let body: unknown = null;
+      try {
+        body = JSON.parse(answer.text);
+      } catch {
+        throw error;
+      }
+      if (!(error instanceof RateLimited) || !isObject(body)) {
+        throw error;
+      }
+      const denied: Fields<Wire.CheckDenied> = body;
+      return {
+        allowed: false,
+        path: String(denied.path ?? ""),
+        matched: names(denied.matched),
+        limits: error.limits,
+        retryAfter: error.retryAfter,
+        reason: error.reason,
+      };
+    }
+    const allowed: Fields<Wire.CheckAnswer> = decode(answer);
+    const limits = limitStatuses(allowed.limits);
+    const permit = allowed.permit;
+    return {
+      allowed: allowed.allowed === true,
+      path: String(allowed.path ?? ""),
+      matched: names(allowed.matched),
+      limits,
+      ...(typeof permit === "string" ? { permit: new Permit(this, permit, limits, 1) } : {}),
+    };
+  }
+
+  /**
+   * Wrap `work` to run under a permit: each call acquires first (rejecting with
+   * {@link RateLimited} before `work` runs when nothing comes in time), passes the permit
+   * first and the call's arguments after it, and settles it when `work` settles: a result commits `permit.used`
+   * (all of `cost` unless set); a throw commits nothing (the rate units stay spent, the call
+   * may have happened) and releases any lease.
+   */
+  limited<Args extends unknown[], Result>(
+    limits: Limits,
+    options: AcquireOptions,
+    work: (permit: Permit, ...args: Args) => Promise<Result> | Result,
+  ): (...args: Args) => Promise<Result> {
+    limitNames(limits);
+    milliseconds(options.wait ?? 0, "wait");
+    return async (...args: Args): Promise<Result> => {
+      const permit = await this.acquire(limits, options);
+      let result: Result;
+      try {
+        result = await work(permit, ...args);
+      } catch (error) {
+        await permit.abandon();
+        throw error;
+      }
+      if (!permit.settled) {
+        await permit.commit();
+      }
+      return result;
+    };
+  }
+}
+
+function names(raw: unknown): string[] {
+  return Array.isArray(raw) ? raw.map(String) : [];
+}
+
+/** A failure of `fetch` in a sentence: Node's "fetch failed" says less than its cause. */
+function describe(error: unknown): string {
+  if (!(error instanceof Error)) {
+    return String(error);
+  }
+  const cause = error.cause;
+  if (cause instanceof Error && cause.message) {
+    return `${error.message}: ${cause.message}`;
+  }
+  return error.message || error.name;
+}

@@ -1,0 +1,230 @@
+/**
+ * {@link tollgateFetch}: a `fetch` for calling vendors that takes each mapped host's quota
+ * from a Tollgate server before every request, and turns the vendor's rate-limit answers into
+ * a pause for the whole fleet.
+ *
+ * For a request to a mapped host it:
+ *
+ * 1. waits out any pause of the host's limits this process knows of, plus a random jitter so
+ *    that a fleet does not resume in one burst;
+ * 2. takes one unit of every limit mapped to the host (all or none), waiting up to `waitMax`;
+ * 3. sends the request, and classifies the answer (see `dispatch.ts`): on 429, or 503 with
+ *    `Retry-After`, it pauses the host's first limit on the server for the vendor's wait (cut
+ *    to `retryAfterMax`, plus jitter, never less than asked), so that every process of the
+ *    fleet holds its requests until the vendor's cessation ends, and retries; on a transient
+ *    failure it retries an idempotent request after a jittered, doubling backoff;
+ * 4. commits the unit (the call happened) and releases the lease of a concurrency limit,
+ *    after recording a pause, so that with a concurrency limit of 1 no other request leaves
+ *    before the pause is in force.
+ *
+ * Retries (for rate limiting and transient failures together) stop after `retriesMax`; the
+ * last answer then goes back to the caller as the vendor gave it. A body given as a
+ * `ReadableStream` cannot be replayed: it is sent once (its rate-limit answer still pauses the
+ * host). Requests to hosts not in the mapping pass through untouched.
+ *
+ * When no quota comes within `waitMax`, the request rejects with {@link RateLimited} (nothing
+ * was sent); failures of the Tollgate server reject with the other {@link TollgateError}
+ * classes. Set one request's priority with `init.tollgate.priority`.
+ */
+
+import type { Client, Permit } from "./client.js";
+import {
+  type Host,
+  idempotent,
+  monotonic,
+  Policy,
+  type PolicyOptions,
+  timedOutMessage,
+  transient,
+  Verdict,
+} from "./dispatch.js";
+import { RateLimited, TollgateError } from "./errors.js";
+import type { Priority } from "./models.js";
+
+/** The shortest sleep between two asks when the server answers before the deadline, seconds. */
+const ASK_INTERVAL_MIN = 0.01;
+
+/** How {@link tollgateFetch} is configured; times in seconds. */
+export interface TollgateFetchOptions extends PolicyOptions {
+  /** The Tollgate server that holds the hosts' quotas. */
+  client: Client;
+  /** The `fetch` that sends (default the global one). */
+  fetch?: typeof fetch;
+  /** Told what could not be done and did not fail the request (a pause the server refused). */
+  onWarning?: (message: string, error: unknown) => void;
+}
+
+/** `fetch`'s options, and this request's priority. */
+export interface TollgateRequestInit extends RequestInit {
+  tollgate?: { priority?: Priority };
+}
+
+/** A `fetch` that takes each mapped host's quota first. */
+export type TollgateFetch = (input: string | URL | Request, init?: TollgateRequestInit) => Promise<Response>;
+
+/** Sleep `seconds`; rejects with the signal's reason if it aborts first. */
+function sleep(seconds: number, signal: AbortSignal | null | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, Math.max(0, seconds * 1000));
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+function isStream(body: unknown): boolean {
+  return typeof ReadableStream !== "undefined" && body instanceof ReadableStream;
+}
+
+function timedOut(host: Host, policy: Policy, paused: boolean, last: RateLimited | null, retryAfter: number): RateLimited {
+  return new RateLimited(timedOutMessage(host, policy.waitMax, paused), {
+    retryAfter,
+    reason: paused ? "paused" : (last?.reason ?? null),
+    limits: last?.limits ?? [],
+    status: last?.status ?? null,
+  });
+}
+
+/** Make a {@link TollgateFetch} (see the module documentation). */
+export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
+  const { client } = options;
+  const inner = options.fetch ?? globalThis.fetch;
+  const policy = new Policy(options);
+  const warn =
+    options.onWarning ??
+    ((message: string, error: unknown): void => {
+      process.emitWarning(`${message}: ${error instanceof Error ? error.message : String(error)}`, "TollgateWarning");
+    });
+
+  /** Wait for leave to send one attempt: no pause known, one unit of the host's limits. */
+  async function admit(host: Host, priority: Priority, signal: AbortSignal | null): Promise<Permit> {
+    const deadline = monotonic() + policy.waitMax;
+    let last: RateLimited | null = null;
+    for (;;) {
+      const left = policy.pausedFor(host);
+      if (left > 0) {
+        const resumeAt = monotonic() + left + policy.jitter();
+        if (resumeAt >= deadline) {
+          throw timedOut(host, policy, true, last, resumeAt - monotonic());
+        }
+        await sleep(resumeAt - monotonic(), signal);
+      }
+      const remaining = deadline - monotonic();
+      if (remaining <= 0) {
+        throw timedOut(host, policy, false, last, 0);
+      }
+      let permit: Permit;
+      try {
+        permit = await client.acquire(host.names, { priority, wait: remaining });
+      } catch (error) {
+        if (!(error instanceof RateLimited)) {
+          throw error;
+        }
+        last = error;
+        if (error.reason === "paused") {
+          policy.notePause(host.pauseTarget, monotonic() + error.retryAfter);
+        }
+        const left = deadline - monotonic();
+        if (left <= 0.001) {
+          throw timedOut(host, policy, false, last, error.retryAfter);
+        }
+        await sleep(Math.min(Math.max(error.retryAfter, ASK_INTERVAL_MIN), left), signal);
+        continue;
+      }
+      if (policy.pausedFor(host) > 0) {
+        // Granted, but a pause began since: give the unit back, wait with the others.
+        await permit.commit(0).catch(() => undefined);
+        continue;
+      }
+      return permit;
+    }
+  }
+
+  /** Pause the host here at once, then fleet-wide through the server. */
+  async function pauseHost(host: Host, retryAfter: number | null): Promise<void> {
+    const pause = policy.pauseFor(retryAfter);
+    if (pause === null) {
+      return;
+    }
+    policy.notePause(host.pauseTarget, monotonic() + pause);
+    try {
+      const left = await client.pause(host.pauseTarget, { seconds: pause });
+      policy.notePause(host.pauseTarget, monotonic() + left);
+    } catch (error) {
+      if (!(error instanceof TollgateError)) {
+        throw error;
+      }
+      warn(
+        `could not pause ${host.pauseTarget} on the Tollgate server; other processes will learn of the vendor's limit from the vendor`,
+        error,
+      );
+    }
+  }
+
+  /** The call happened (or may have): its unit stays used; a lease is released. */
+  async function settle(permit: Permit): Promise<void> {
+    try {
+      await permit.commit();
+    } catch (error) {
+      if (!(error instanceof TollgateError)) {
+        throw error;
+      }
+      // The lease runs to its TTL.
+    }
+  }
+
+  return async function fetchWithQuota(input, init) {
+    const url = new URL(input instanceof Request ? input.url : String(input));
+    const host = policy.hostFor(url);
+    if (host === undefined) {
+      return inner(input, init);
+    }
+    const priority = init?.tollgate?.priority ?? policy.priority;
+    const request = new Request(input, init);
+    // A body given as a stream is read as it is sent: there is no second copy to send.
+    const mayReplay = !isStream(init?.body);
+    const retryTransient = mayReplay && idempotent(request.method);
+    let attempt = 0;
+    for (;;) {
+      const permit = await admit(host, priority, request.signal);
+      let response: Response;
+      try {
+        response = await inner(mayReplay ? request.clone() : request);
+      } catch (error) {
+        await settle(permit);
+        if (retryTransient && transient(error) && attempt < policy.retriesMax) {
+          await sleep(policy.backoff(attempt), request.signal);
+          attempt += 1;
+          continue;
+        }
+        throw error;
+      }
+      let verdict = policy.classify(response);
+      if (verdict.kind === "retry" && !retryTransient) {
+        verdict = Verdict.done();
+      }
+      if (verdict.kind === "rate_limited") {
+        await pauseHost(host, verdict.retryAfter);
+      }
+      await settle(permit);
+      if (verdict.kind === "done" || attempt >= policy.retriesMax || !mayReplay) {
+        return response;
+      }
+      // Not awaited: the body of a cloned (teed) response is cancelled only once every copy is.
+      void response.body?.cancel().catch(() => undefined);
+      if (verdict.kind === "retry") {
+        await sleep(policy.backoff(attempt), request.signal);
+      }
+      attempt += 1;
+    }
+  };
+}

@@ -1,0 +1,109 @@
+/**
+ * Values the server answers with, in the client's units (seconds as numbers, camelCase), and
+ * the conversions to and from the wire's milliseconds. Free of I/O.
+ */
+
+import type { LimitView } from "./wire.js";
+
+/** A request's priority: a lower level never delays a higher one. */
+export type Priority = "high" | "normal" | "low";
+
+/** One limit name, or several taken together (all or none). */
+export type Limits = string | readonly string[];
+
+/**
+ * One limit's state after a decision.
+ *
+ * `remaining` is the units still open to the request's priority; `resetAfter` the seconds until
+ * everything counted now stops counting. Leases also carry `fence` (a number that only grows
+ * with each grant) and `expiresAfter` (seconds until the lease expires unless renewed).
+ */
+export interface LimitStatus {
+  readonly name: string;
+  readonly remaining: number;
+  readonly resetAfter: number;
+  readonly fence?: number;
+  readonly expiresAfter?: number;
+}
+
+/** What a commit gave back: rate units refunded and leases released. */
+export interface Committed {
+  readonly refunded: number;
+  readonly released: number;
+}
+
+/**
+ * An answer's fields as the wire type `T` names them, each still to be checked: a field the
+ * client reads is spelled as `wire.ts` (held to the server's document) spells it.
+ */
+export type Fields<T> = { readonly [K in keyof T]?: unknown };
+
+/** Whether `value` is a plain JSON object. */
+export function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** Seconds from a number of milliseconds in an answer (0 when absent). */
+export function secondsOf(milliseconds: unknown): number {
+  return typeof milliseconds === "number" ? milliseconds / 1000 : 0;
+}
+
+/** One `limits` item of an answer (`reset_ms` and `expires_ms` become seconds). */
+export function limitStatus(view: LimitView): LimitStatus {
+  return {
+    name: view.name,
+    remaining: view.remaining,
+    resetAfter: view.reset_ms / 1000,
+    ...(typeof view.fence === "number" ? { fence: view.fence } : {}),
+    ...(typeof view.expires_ms === "number" ? { expiresAfter: view.expires_ms / 1000 } : {}),
+  };
+}
+
+/** The `limits` array of an answer read defensively: what is not a limit's state is skipped. */
+export function limitStatuses(raw: unknown): LimitStatus[] {
+  if (!Array.isArray(raw)) {
+    return [];
+  }
+  return raw.filter(isObject).map((item: Fields<LimitView>) => {
+    const { fence, expires_ms } = item;
+    return limitStatus({
+      name: String(item.name ?? ""),
+      remaining: typeof item.remaining === "number" ? item.remaining : 0,
+      reset_ms: typeof item.reset_ms === "number" ? item.reset_ms : 0,
+      ...(typeof fence === "number" ? { fence } : {}),
+      ...(typeof expires_ms === "number" ? { expires_ms } : {}),
+    });
+  });
+}
+
+/** `"a"` or `["a", "b"]` as a list of names. */
+export function limitNames(limits: Limits): string[] {
+  if (typeof limits === "string") {
+    return [limits];
+  }
+  const names = [...limits];
+  for (const name of names) {
+    if (typeof name !== "string") {
+      throw new TypeError(`limits: names are strings, got ${JSON.stringify(name)}`);
+    }
+  }
+  if (names.length === 0) {
+    throw new RangeError("limits: name at least one limit");
+  }
+  return names;
+}
+
+/** Seconds as whole milliseconds, rounded up: a wait or a pause is never shortened. */
+export function milliseconds(value: number, what: string): number {
+  if (typeof value !== "number") {
+    throw new TypeError(`${what}: seconds as a number, got ${JSON.stringify(value)}`);
+  }
+  if (Number.isNaN(value) || value < 0) {
+    throw new RangeError(`${what}: must be at least 0 seconds, got ${value}`);
+  }
+  if (!Number.isFinite(value)) {
+    throw new RangeError(`${what}: must be finite`);
+  }
+  // 1.1 s is 1100.0000000000002 ms in binary; that noise must not add a millisecond.
+  return Math.ceil(Number((value * 1000).toPrecision(12)));
+}

@@ -1,0 +1,39 @@
+// One process of the fleet tests: `concurrency` tasks sharing one Client, each making `calls`
+// calls to the vendor. Prints {"statuses": [...], "errors": [...]} as its last line.
+//
+//   node fleet-worker.js acquire TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY CALLS
+//     each call takes a permit on LIMITS (comma-separated, waiting up to a minute), then calls
+//     the vendor while holding it;
+//   node fleet-worker.js fetch TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY CALLS
+//     each call goes through tollgateFetch, the vendor's host mapped to LIMITS.
+
+import { Client, tollgateFetch } from "../src/index.js";
+
+const [mode, tollgateUrl, limits, vendorUrl, concurrency, calls] = process.argv.slice(2);
+const names = limits!.split(",");
+const client = new Client({ url: tollgateUrl!, timeout: 30 });
+const host = new URL(vendorUrl!).host;
+const call =
+  mode === "fetch"
+    ? tollgateFetch({ client, hosts: { [host]: names }, waitMax: 60, retriesMax: 5 })
+    : async (url: string): Promise<Response> => {
+        await using _permit = await client.acquire(names, { wait: 60 });
+        return fetch(url);
+      };
+
+const statuses: number[] = [];
+const errors: string[] = [];
+await Promise.all(
+  Array.from({ length: Number(concurrency) }, async () => {
+    for (let index = 0; index < Number(calls); index += 1) {
+      try {
+        const response = await call(vendorUrl!);
+        await response.arrayBuffer();
+        statuses.push(response.status);
+      } catch (error) {
+        errors.push(String(error));
+      }
+    }
+  }),
+);
+console.log(JSON.stringify({ statuses, errors }));
