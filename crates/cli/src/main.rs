@@ -302,8 +302,9 @@ struct ServeArgs {
     /// [default: 3600000].
     #[arg(long, env = "TOLLGATE_PAUSE_MS_MAX", value_name = "MS")]
     pause_ms_max: Option<u64>,
-    /// Memory store: after an unclean stop, hold each limit until one period after the previous
-    /// run last granted, since what it granted may still count
+    /// Memory store: after an unclean stop, put back each counter's last record with its
+    /// budget held back, and hold concurrency limits until one lease TTL after the previous run
+    /// last granted, since what it granted may still count
     /// [default: true].
     #[arg(long, env = "TOLLGATE_RECOVER_ON_START", value_name = "BOOL")]
     recover_on_start: Option<bool>,

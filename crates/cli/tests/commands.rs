@@ -379,7 +379,7 @@ fn flags_win_over_the_environment_which_wins_over_the_file() {
         runtime.block_on(async {
             let url = format!("sqlite://{}", directory.path().join("tollgate.db").display());
             let pool = sqlx::SqlitePool::connect(&url).await.expect("db");
-            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'from_%' AND name NOT LIKE '%_migrations' AND name NOT LIKE '%_runs' AND name NOT LIKE '%_saved' AND name NOT LIKE '%_tokens' AND name NOT LIKE '%_valid' ORDER BY name")
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'from_%' AND name NOT LIKE '%_migrations' AND name NOT LIKE '%_runs' AND name NOT LIKE '%_saved' AND name NOT LIKE '%_ahead' AND name NOT LIKE '%_tokens' AND name NOT LIKE '%_valid' ORDER BY name")
                 .fetch_all(&pool)
                 .await
                 .expect("tables")

@@ -261,6 +261,10 @@ impl ShardAhead {
             if spend.allows(spend.wanted) {
                 spend.wanted = 0;
             }
+        } else {
+            // A write that failed may still have committed (a timeout after the commit): the
+            // counter stays within both records' budgets, whichever is durable.
+            spend.budget = spend.budget.min(budget.saturating_add(mark));
         }
         if spend.wanted > 0 && !spend.allows(spend.wanted) {
             if spend.urgent {
@@ -432,5 +436,57 @@ impl Ahead {
                  {reason}"
             ),
         }
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+    use crate::store::CounterId;
+    use tollgate_core::{Algorithm, Reserve};
+
+    fn id() -> OwnedCounterId {
+        OwnedCounterId::new(CounterId {
+            limit: "api",
+            key: None,
+        })
+    }
+
+    /// A record whose write failed may have committed all the same (a timeout after the
+    /// commit): the counter then spends within its budget counted from that record too, so a
+    /// restore from either record bounds what it granted.
+    #[test]
+    fn a_failed_record_still_bounds_what_is_spent() {
+        let policy = Policy::rate(64, 1_000_000, 0, Algorithm::Sliding, Reserve::default())
+            .expect("valid policy");
+        let mut shard = ShardAhead::default();
+        shard.pushed();
+        // A record with room for one large request landed earlier, and 5 were spent past it;
+        // the next record asks for the policy's budget, 8.
+        shard.spends[0] = Spend {
+            spent: 5,
+            budget: 20,
+            next_budget: budget_of(&policy),
+            due: true,
+            ..Spend::default()
+        };
+        shard.due.push(id());
+        let mut batch = AheadBatch::default();
+        shard.take(List::Due, 10, 0, &mut batch, |_| {
+            Some((
+                0,
+                SavedCounter {
+                    limit: "api".into(),
+                    key: None,
+                    state: Vec::new(),
+                    budget: 0,
+                },
+            ))
+        });
+        assert_eq!(batch.counters[0].budget, 8);
+        let _ = shard.settled(0, id(), false);
+        // Past the failed record's state (5 units), at most its budget of 8: 13 in all.
+        assert!(shard.spends[0].allows(8));
+        assert!(!shard.spends[0].allows(9));
     }
 }

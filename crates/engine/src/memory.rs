@@ -74,7 +74,7 @@ pub(crate) struct OwnedCounterId {
 }
 
 impl OwnedCounterId {
-    fn new(counter: CounterId<'_>) -> OwnedCounterId {
+    pub(crate) fn new(counter: CounterId<'_>) -> OwnedCounterId {
         let limit = counter.limit.as_bytes();
         let key = counter.key.map_or(&[][..], str::as_bytes);
         let mut bytes = SmallVec::with_capacity(limit.len() + key.len());

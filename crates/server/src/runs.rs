@@ -165,6 +165,8 @@ impl MemoryRun {
                     "the previous run did not stop cleanly, and recover_on_start is off: what \
                      it granted is not held back"
                 );
+                // Its records would be put back after a later crash: gone, with any hold.
+                source.forget_records(MEMORY_STORE, &owner, 0).await?;
                 Recovery::Nothing
             }
             Some(previous) if trusted(&source, &previous, boot.as_deref()) => {
