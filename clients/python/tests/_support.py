@@ -86,13 +86,18 @@ class ServerFactory:
         self._root = root
         self._servers: list[Server] = []
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> Server:
+    def start(self, *args: str, env: dict[str, str | None] | None = None) -> Server:
+        """A server; ``env`` adds settings, and a ``None`` value takes one away."""
         directory = self._root / uuid.uuid4().hex[:8]
         directory.mkdir(parents=True)
         # Nothing of the caller's Tollgate settings leaks in.
         environment = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
         environment["TOLLGATE_ADMIN_TOKEN"] = ADMIN_TOKEN
-        environment.update(env or {})
+        for name, value in (env or {}).items():
+            if value is None:
+                environment.pop(name, None)
+            else:
+                environment[name] = value
         command = [
             self._binary,
             "serve",

@@ -3,6 +3,7 @@ the session, clients bound to it, and a factory for servers with settings of the
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,21 @@ import pytest
 
 from _support import ADMIN_TOKEN, Server, ServerFactory, find_binary
 from tollgate_client import AsyncClient, Client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_kept_admin_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The clients find a local server's admin token in the environment or the user's state
+    directory: neither is the developer's during the tests."""
+    saved = {name: os.environ.get(name) for name in ("TOLLGATE_ADMIN_TOKEN", "XDG_STATE_HOME")}
+    os.environ.pop("TOLLGATE_ADMIN_TOKEN", None)
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

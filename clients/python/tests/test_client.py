@@ -111,6 +111,21 @@ def test_admin_api_without_or_with_a_wrong_token_is_unauthorized(server: Server)
         wrong.limits.get("anything")
 
 
+def test_the_admin_token_a_local_server_keeps_is_found_for_that_server(
+    servers: ServerFactory, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = str(tmp_path)
+    kept = servers.start(env={"TOLLGATE_ADMIN_TOKEN": None, "XDG_STATE_HOME": state})
+    monkeypatch.setenv("XDG_STATE_HOME", state)
+    with Client(kept.url) as tollgate:
+        tollgate.limits.put("kept-token", kind="rate", limit=1, period_ms=1000)
+        assert tollgate.limits.get("kept-token")["limit"] == 1
+    # Another user's state directory holds no token for it.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "elsewhere"))
+    with Client(kept.url) as tollgate, pytest.raises(Unauthorized):
+        tollgate.limits.list()
+
+
 # ---- acquire and permits --------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@
  */
 
 import { errorFromAnswer, RateLimited, ServerError, ServerUnreachable } from "./errors.js";
+import { keptAdminToken } from "./kept.js";
 import {
   type Committed,
   type Fields,
@@ -296,7 +297,9 @@ export class Client {
   /** Send one request and read its answer whole; no answer at all is {@link ServerUnreachable}. */
   async #send(method: string, path: string, body: object | null, admin: boolean, wait: number): Promise<Answer> {
     const headers: Record<string, string> = {};
-    const token = admin ? (this.#adminToken ?? this.#token) : this.#token;
+    // For the admin API: the admin token given, else the data token given, else the one a
+    // local server keeps for this user.
+    const token = admin ? (this.#adminToken ?? this.#token ?? keptAdminToken(this.url)) : this.#token;
     if (token) {
       headers["authorization"] = `Bearer ${token}`;
     }

@@ -2,7 +2,10 @@
 // how they settle, pauses, inbound checks, and each error class as the server provokes it.
 
 import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import {
@@ -23,6 +26,12 @@ const MINUTE_MS = 60_000;
 
 let server: Server;
 let client: Client;
+
+// A client with no token looks for a local server's in the environment and the user's state
+// directory: neither is the developer's here.
+delete process.env["TOLLGATE_ADMIN_TOKEN"];
+const isolatedState = mkdtempSync(join(tmpdir(), "tollgate-ts-state-"));
+process.env["XDG_STATE_HOME"] = isolatedState;
 
 before(async () => {
   server = await Server.start();
@@ -87,6 +96,23 @@ test("the admin API without or with a wrong token is unauthorized", async () => 
 });
 
 // ---- permits --------------------------------------------------------------------------------
+
+test("the admin token a local server keeps is found for that server alone", async () => {
+  const state = mkdtempSync(join(tmpdir(), "tollgate-ts-state-"));
+  const kept = await Server.start([], { TOLLGATE_ADMIN_TOKEN: undefined, XDG_STATE_HOME: state });
+  try {
+    process.env["XDG_STATE_HOME"] = state;
+    const tollgate = new Client({ url: kept.url });
+    await tollgate.limits.put("kept-token", { kind: "rate", limit: 1, period_ms: 1000 });
+    assert.equal((await tollgate.limits.get("kept-token")).limit, 1);
+    // Another user's state directory holds no token for it.
+    process.env["XDG_STATE_HOME"] = join(state, "elsewhere");
+    await assert.rejects(new Client({ url: kept.url }).limits.list(), Unauthorized);
+  } finally {
+    process.env["XDG_STATE_HOME"] = isolatedState;
+    await kept.stop();
+  }
+});
 
 test("acquire grants a permit with the limits' state, and commit refunds what was not used", async () => {
   const name = await rate(5);

@@ -72,8 +72,11 @@ export class Server {
     this.#process = child;
   }
 
-  /** Start one with `args` besides the listener and rules, and `env` besides the admin token. */
-  static async start(args: string[] = [], env: Record<string, string> = {}): Promise<Server> {
+  /**
+   * Start one with `args` besides the listener and rules, and `env` besides the admin token
+   * (an `undefined` value takes a variable away).
+   */
+  static async start(args: string[] = [], env: Record<string, string | undefined> = {}): Promise<Server> {
     const directory = mkdtempSync(join(tmpdir(), "tollgate-ts-"));
     // Nothing of the caller's Tollgate settings leaks in.
     const environment = Object.fromEntries(
@@ -84,7 +87,11 @@ export class Server {
       ["serve", "--listen", "127.0.0.1:0", "--rules", `sqlite://${join(directory, "rules.db")}`, ...args],
       {
         cwd: directory,
-        env: { ...environment, TOLLGATE_ADMIN_TOKEN: ADMIN_TOKEN, ...env },
+        env: Object.fromEntries(
+          Object.entries({ ...environment, TOLLGATE_ADMIN_TOKEN: ADMIN_TOKEN, ...env }).filter(
+            ([, value]) => value !== undefined,
+          ),
+        ),
         stdio: ["ignore", "pipe", "pipe"],
       },
     );

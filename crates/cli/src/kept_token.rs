@@ -74,6 +74,11 @@ impl KeptToken {
     }
 }
 
+/// The port a `http://HOST:PORT/...` URL names (the scheme's when it names none).
+pub fn url_port(url: &str) -> Option<u16> {
+    url_host_port(url).map(|(_, port)| port)
+}
+
 /// `http://HOST:PORT/...` as (host, port), the host without IPv6 brackets; the port defaults
 /// to the scheme's.
 fn url_host_port(url: &str) -> Option<(String, u16)> {
@@ -177,6 +182,53 @@ pub fn record_listen(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Where this user's commands find the token of the server listening on `port` from any
+/// directory: `$XDG_STATE_HOME/tollgate/servers/PORT.admin-token`, by default under
+/// `~/.local/state`. `None` without a home.
+pub fn user_copy_path(port: u16) -> Option<PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|path| path.is_absolute())
+                .map(|home| home.join(".local").join("state"))
+        })?;
+    Some(
+        state
+            .join("tollgate")
+            .join("servers")
+            .join(format!("{port}.admin-token")),
+    )
+}
+
+/// Keep a copy of `kept` for the server listening on `address` where this user's commands
+/// look from any directory (`user_copy_path`), in a directory only this user can enter.
+/// Returns where.
+pub fn record_user_copy(kept: &KeptToken, address: SocketAddr) -> Result<PathBuf, KeptTokenError> {
+    let Some(path) = user_copy_path(address.port()) else {
+        return Err(KeptTokenError::Io {
+            path: PathBuf::from("$HOME/.local/state/tollgate"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no home directory"),
+        });
+    };
+    if let Some(directory) = path.parent() {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+            .create(directory)
+            .map_err(|source| KeptTokenError::Io {
+                path: directory.to_path_buf(),
+                source,
+            })?;
+    }
+    record_listen(&path, kept, address)?;
+    Ok(path)
 }
 
 fn write_private(path: &Path, text: &str, create_new: bool) -> Result<(), KeptTokenError> {

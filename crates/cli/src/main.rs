@@ -5,6 +5,7 @@
 //! environment (`TOLLGATE_*`) and flags, merged with flags winning over the environment and the
 //! environment over the file; then resolved and validated into the server's `ServerConfig`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,8 +68,28 @@ const EXIT_COMMAND_NOT_STARTED: u8 = 127;
 )]
 struct Cli {
     /// TOML config file (see docs/server.md for its keys).
-    #[arg(long, global = true, env = "TOLLGATE_CONFIG", value_name = "FILE")]
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "TOLLGATE_CONFIG",
+        value_name = "FILE"
+    )]
     config: Option<PathBuf>,
+    /// The server the client commands talk to (or the config file's `server`)
+    /// [default: http://127.0.0.1:7070].
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "TOLLGATE_SERVER",
+        value_name = "URL"
+    )]
+    server: Option<String>,
+    /// How the client commands print records: `table` for people, `json` for programs
+    /// [default: table on a terminal, json when piped or redirected].
+    #[arg(short, long, global = true, value_enum, value_name = "FORMAT")]
+    output: Option<Output>,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,11 +104,6 @@ enum Command {
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
     /// reached.
     Limits {
-        #[command(flatten)]
-        server: ServerArgs,
-        /// How answers are printed: the server's JSON, or a table for people.
-        #[arg(long, value_enum, default_value_t = Output::Json)]
-        output: Output,
         #[command(subcommand)]
         action: LimitsAction,
     },
@@ -96,13 +112,8 @@ enum Command {
     ///
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
     /// reached.
+    /// `create` always prints JSON: it holds the secret.
     Tokens {
-        #[command(flatten)]
-        server: ServerArgs,
-        /// How `list` is printed: the server's JSON, or a table for people (`create` always
-        /// prints JSON: it holds the secret).
-        #[arg(long, value_enum, default_value_t = Output::Json)]
-        output: Output,
         #[command(subcommand)]
         action: TokensAction,
     },
@@ -112,16 +123,11 @@ enum Command {
     /// Exits 1 if the server refused the request, 69 if the server failed or could not be
     /// reached.
     Status {
-        #[command(flatten)]
-        server: ServerArgs,
         /// Only this limit.
         limit: Option<String>,
         /// For a limit counted per key: the key whose usage to show.
-        #[arg(long, requires = "limit")]
+        #[arg(short, long, requires = "limit")]
         key: Option<String>,
-        /// How the answer is printed: a table for people, or the server's JSON.
-        #[arg(long, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// Run a workload (limits and callers, TOML) through the real engine on a virtual clock, and
     /// report per caller offered, granted, timed out and waits, and per limit the most units in
@@ -131,7 +137,8 @@ enum Command {
     Simulate {
         /// The workload file (see examples/workloads/).
         workload: PathBuf,
-        /// Print the report as JSON.
+        /// Print the report as JSON (as `--output json` does; the report is for people
+        /// otherwise, piped or not).
         #[arg(long)]
         json: bool,
         /// Also write an SVG chart: grants per window by priority against the limit, and waits.
@@ -152,10 +159,9 @@ enum Command {
     Acquire(AcquireArgs),
 }
 
-#[derive(Args, Debug)]
+/// The server a client command talks to, as `--server` (or `TOLLGATE_SERVER`) gave it.
+#[derive(Debug)]
 struct ServerArgs {
-    /// Server to talk to (or the config file's `server`) [default: http://127.0.0.1:7070].
-    #[arg(long, env = "TOLLGATE_SERVER", value_name = "URL")]
     server: Option<String>,
 }
 
@@ -240,22 +246,20 @@ enum TokensAction {
 
 #[derive(Args, Debug)]
 struct AcquireArgs {
-    #[command(flatten)]
-    server: ServerArgs,
     /// The limits to take from (all or none).
     #[arg(required = true, value_name = "LIMIT")]
     limits: Vec<String>,
     /// Key, for limits counted per key (e.g. a user or account id).
-    #[arg(long)]
+    #[arg(short, long)]
     key: Option<String>,
     /// high, normal or low.
-    #[arg(long, default_value = "normal")]
+    #[arg(short, long, default_value = "normal")]
     priority: String,
     /// Units to take.
     #[arg(long, default_value_t = 1)]
     cost: u64,
     /// How long to wait for a permit: 0, 500ms, 2s, 1m (capped by the server's wait_ms_max).
-    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    #[arg(short, long, default_value = "0", value_parser = parse_duration)]
     wait: Duration,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -485,7 +489,16 @@ fn env_text(name: &str) -> Option<String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let server_from_flag = matches
+        .subcommand()
+        .and_then(|(_, sub)| sub.value_source("server"))
+        .or_else(|| matches.value_source("server"))
+        == Some(clap::parser::ValueSource::CommandLine);
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -496,7 +509,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_SERVER_FAILED);
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, server_from_flag)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("tollgate: {}", said_once(&error));
@@ -519,39 +532,41 @@ fn said_once(error: &anyhow::Error) -> String {
     text
 }
 
-async fn run(cli: Cli) -> Result<ExitCode> {
+async fn run(cli: Cli, server_from_flag: bool) -> Result<ExitCode> {
     let file = read_file_config(cli.config.as_deref())?;
+    let server = ServerArgs { server: cli.server };
+    let output = cli.output.unwrap_or_else(|| {
+        // Records for people on a terminal; for programs everywhere else.
+        if std::io::stdout().is_terminal() {
+            Output::Table
+        } else {
+            Output::Json
+        }
+    });
     match cli.command {
+        Command::Serve(_) if server_from_flag => Err(anyhow!(
+            "--server names the server the client commands talk to; serve listens on --listen"
+        )),
         Command::Serve(args) => serve(*args, file).await,
         // Checking a file asks no server, so needs neither its address nor a token.
         Command::Limits {
             action: LimitsAction::Check { file: path },
             ..
         } => check_limits(&path).await,
-        Command::Limits {
-            server,
-            output,
-            action,
-        } => limits(server, output, action, file).await,
-        Command::Acquire(args) => acquire(args, file).await,
-        Command::Tokens {
-            server,
-            output,
-            action,
-        } => tokens(server, output, action, file).await,
-        Command::Status {
-            server,
-            limit,
-            key,
-            output,
-        } => status(server, limit, key, output, file).await,
+        Command::Limits { action } => limits(server, output, action, file).await,
+        Command::Acquire(args) => acquire(args, server, file).await,
+        Command::Tokens { action } => tokens(server, output, action, file).await,
+        Command::Status { limit, key } => status(server, limit, key, output, file).await,
         Command::Simulate {
             workload,
             json,
             chart,
-        } => tokio::task::spawn_blocking(move || simulate(&workload, json, chart.as_deref()))
-            .await
-            .context("the simulation stopped")?,
+        } => {
+            let json = json || cli.output == Some(Output::Json);
+            tokio::task::spawn_blocking(move || simulate(&workload, json, chart.as_deref()))
+                .await
+                .context("the simulation stopped")?
+        }
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut command, "tollgate", &mut std::io::stdout());
@@ -846,10 +861,18 @@ async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode> {
     };
     tollgate_server::run(config, shutdown_signal()?, move |address, grpc| {
         // The commands send the kept token to this address alone.
-        if let Some((path, token)) = &kept
-            && let Err(error) = kept_token::record_listen(path, token, address)
-        {
-            tracing::warn!(%error, "could not record where this server listens beside its admin token");
+        if let Some((path, token)) = &kept {
+            if let Err(error) = kept_token::record_listen(path, token, address) {
+                tracing::warn!(%error, "could not record where this server listens beside its admin token");
+            }
+            // And where this user's commands look from any directory.
+            match kept_token::record_user_copy(token, address) {
+                Ok(copy) => tracing::info!(
+                    path = %copy.display(),
+                    "admin token kept for this user's commands in any directory (mode 0600)"
+                ),
+                Err(error) => tracing::warn!(%error, "could not keep a copy of the admin token for this user's commands"),
+            }
         }
         // Stable lines on standard output for scripts (and tests) that start on port 0.
         if let Some(grpc) = grpc {
@@ -875,11 +898,15 @@ fn admin_token_path(state_url: &str) -> Option<PathBuf> {
 }
 
 /// The admin token for a command talking to `server_url`: the environment's, the config
-/// file's, or the one a local server keeps beside its SQLite state file, which is sent only to
-/// the server that wrote it.
-fn admin_token(file: &FileConfig, server_url: &str) -> Result<Option<String>> {
+/// file's, or one a local server keeps (beside its SQLite state file, else in this user's copy
+/// for its port), which is sent only to the server that wrote it. Also where it looked, for a
+/// 401's hint.
+fn admin_token(file: &FileConfig, server_url: &str) -> Result<(Option<String>, String)> {
     if let Some(token) = env_text("TOLLGATE_ADMIN_TOKEN").or_else(|| file.admin_token.clone()) {
-        return Ok(Some(token));
+        return Ok((
+            Some(token),
+            "TOLLGATE_ADMIN_TOKEN or the config file's admin_token".into(),
+        ));
     }
     let rules = env_text("TOLLGATE_RULES")
         .or_else(|| file.rules.clone())
@@ -889,25 +916,47 @@ fn admin_token(file: &FileConfig, server_url: &str) -> Result<Option<String>> {
         None if rules.starts_with("file://") => DEFAULT_RULES_URL.to_owned(),
         None => rules,
     };
-    let Some(path) = admin_token_path(&state) else {
-        return Ok(None);
-    };
-    match kept_token::read(&path)? {
-        Some(kept) if kept.belongs_to(server_url) => Ok(Some(kept.token)),
-        Some(kept) => {
-            let written_by = kept.listen.map_or_else(
-                || "a server that has not listened yet".to_owned(),
-                |listen| format!("the server listening on {listen}"),
-            );
-            eprintln!(
-                "tollgate: not sending the admin token kept in {} to {server_url}: it was made \
-                 by {written_by}; give TOLLGATE_ADMIN_TOKEN for another server",
-                path.display()
-            );
-            Ok(None)
+    let port = kept_token::url_port(server_url);
+    let places: Vec<PathBuf> = admin_token_path(&state)
+        .into_iter()
+        .chain(port.and_then(kept_token::user_copy_path))
+        .collect();
+    let looked = std::iter::once("TOLLGATE_ADMIN_TOKEN, the config file's admin_token".to_owned())
+        .chain(places.iter().map(|path| path.display().to_string()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut foreign = None;
+    for path in &places {
+        match kept_token::read(path)? {
+            Some(kept) if kept.belongs_to(server_url) => {
+                return Ok((Some(kept.token), path.display().to_string()));
+            }
+            Some(kept) => foreign = foreign.or(Some((path, kept))),
+            None => {}
         }
-        None => Ok(None),
     }
+    if let Some((path, kept)) = foreign {
+        let written_by = kept.listen.map_or_else(
+            || "a server that has not listened yet".to_owned(),
+            |listen| format!("the server listening on {listen}"),
+        );
+        eprintln!(
+            "tollgate: not sending the admin token kept in {} to {server_url}: it was made \
+             by {written_by}; give TOLLGATE_ADMIN_TOKEN for another server",
+            path.display()
+        );
+    }
+    Ok((None, looked))
+}
+
+/// After a 401 from an admin command: where the token sent (or none) came from.
+fn hint_unauthorized(code: ExitCode, sent: bool, looked: &str) -> ExitCode {
+    if sent {
+        eprintln!("tollgate: the admin token sent came from {looked}; it is not this server's");
+    } else {
+        eprintln!("tollgate: no admin token found; looked in {looked}");
+    }
+    code
 }
 
 /// The server a command talks to: `--server`, the config file's, or the local default.
@@ -942,6 +991,22 @@ fn succeeded(
             Err(ExitCode::from(EXIT_SERVER_FAILED))
         }
     }
+}
+
+/// `succeeded` for an admin command, saying after a 401 where the token came from.
+fn admin_succeeded(
+    sent: std::result::Result<Answer, tollgate_cli::client::ClientError>,
+    had_token: bool,
+    looked: &str,
+) -> std::result::Result<Answer, ExitCode> {
+    let unauthorized = matches!(&sent, Ok(answer) if answer.status.as_u16() == 401);
+    succeeded(sent).map_err(|code| {
+        if unauthorized {
+            hint_unauthorized(code, had_token, looked)
+        } else {
+            code
+        }
+    })
 }
 
 /// Print an error answer; returns the exit code for it.
@@ -997,7 +1062,8 @@ async fn limits(
     action: LimitsAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let token = admin_token(&file, &server_url(&server, &file))?;
+    let (token, looked) = admin_token(&file, &server_url(&server, &file))?;
+    let had_token = token.is_some();
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         LimitsAction::Apply {
@@ -1042,7 +1108,7 @@ async fn limits(
             client.send(Method::DELETE, &path, None).await
         }
     };
-    let answer = match succeeded(sent) {
+    let answer = match admin_succeeded(sent, had_token, &looked) {
         Ok(answer) => answer,
         Err(code) => return Ok(code),
     };
@@ -1057,8 +1123,10 @@ async fn limits(
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // Records (a list, a limit) follow --output; the answer to a change is its JSON.
+    let records = matches!(action, LimitsAction::List | LimitsAction::Get { .. });
     match (output, &answer.json) {
-        (Output::Table, Some(json)) => print!("{}", limits_table(json)),
+        (Output::Table, Some(json)) if records => print!("{}", limits_table(json)),
         _ => print_json(&answer)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -1071,7 +1139,8 @@ async fn tokens(
     action: TokensAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let token = admin_token(&file, &server_url(&server, &file))?;
+    let (token, looked) = admin_token(&file, &server_url(&server, &file))?;
+    let had_token = token.is_some();
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         TokensAction::Create {
@@ -1101,7 +1170,7 @@ async fn tokens(
                 .await
         }
     };
-    let answer = match succeeded(sent) {
+    let answer = match admin_succeeded(sent, had_token, &looked) {
         Ok(answer) => answer,
         Err(code) => return Ok(code),
     };
@@ -1313,9 +1382,9 @@ async fn status(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn acquire(args: AcquireArgs, file: FileConfig) -> Result<ExitCode> {
+async fn acquire(args: AcquireArgs, server: ServerArgs, file: FileConfig) -> Result<ExitCode> {
     let token = env_text("TOLLGATE_DATA_TOKEN").or_else(|| file.data_token.clone());
-    let client = client(args.server, &file, token, CLIENT_TIMEOUT + args.wait)?;
+    let client = client(server, &file, token, CLIENT_TIMEOUT + args.wait)?;
     let wait_ms = u64::try_from(args.wait.as_millis()).unwrap_or(u64::MAX);
     let mut body = serde_json::json!({
         "limits": args.limits,

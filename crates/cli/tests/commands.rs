@@ -121,7 +121,7 @@ async fn limits_commands_manage_a_running_server() {
     let listed: serde_json::Value = serde_json::from_slice(&list.stdout).expect("json");
     assert_eq!(listed["limits"].as_array().map(Vec::len), Some(2));
     // The same for people: one line a limit under a header.
-    let table = run(&server, &["limits", "--output", "table", "list"], &token);
+    let table = run(&server, &["limits", "list", "--output", "table"], &token);
     assert!(table.status.success(), "{}", stderr(&table));
     let lines: Vec<String> = stdout(&table).lines().map(str::to_owned).collect();
     assert!(lines[0].starts_with("NAME"), "{lines:?}");
@@ -538,7 +538,7 @@ async fn status_shows_usage_pauses_and_denials() {
     .await;
     assert_eq!(paused.status.as_u16(), 200, "{}", paused.text());
 
-    let table = run(&server, &["status"], &[]);
+    let table = run(&server, &["status", "-o", "table"], &[]);
     assert!(table.status.success(), "{}", stderr(&table));
     let shown = stdout(&table);
     let line = |name: &str| {
@@ -576,7 +576,11 @@ async fn status_shows_usage_pauses_and_denials() {
     assert_eq!(hot["key"], "user-42", "{stats}");
     assert_eq!(hot["requests"], 1, "{stats}");
     assert_eq!(hot["usage"]["used"], 1, "{stats}");
-    let keyed = run(&server, &["status", "api", "--key", "user-42"], &[]);
+    let keyed = run(
+        &server,
+        &["-o", "table", "status", "api", "-k", "user-42"],
+        &[],
+    );
     assert!(
         stdout(&keyed).contains("api [user-42]"),
         "{}",
@@ -584,7 +588,11 @@ async fn status_shows_usage_pauses_and_denials() {
     );
     assert!(stdout(&keyed).contains("1/5"), "{}", stdout(&keyed));
     // Looking took nothing: the vendor is still at 2 of 2, the user at 1 of 5.
-    let again = run(&server, &["status", "api", "--key", "user-42"], &[]);
+    let again = run(
+        &server,
+        &["status", "api", "--key", "user-42", "--output=table"],
+        &[],
+    );
     assert!(stdout(&again).contains("1/5"), "{}", stdout(&again));
 
     // A high-priority acquire waiting on the full, paused limit is counted by its priority.
@@ -668,5 +676,56 @@ fn an_empty_kept_token_file_is_refused_by_name() {
         stderr(&output).contains("admin token file tollgate.db.admin-token is empty"),
         "{}",
         stderr(&output)
+    );
+}
+
+/// The client commands take `--server`, `--output` and `--config` (and `-s`, `-o`, `-c`)
+/// before or after the subcommand; records print as JSON when piped, as a table when asked;
+/// `serve` refuses `--server`, which names the server a client talks to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_options_go_anywhere_and_records_print_as_json_when_piped() {
+    let server = Server::start();
+    let token = [("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)];
+    assert!(put_vendor_x(&server, &token).status.success());
+    let directory = server.directory.path();
+    let at = |args: &[&str]| {
+        let mut command = command(directory);
+        command.args(args).env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN);
+        command.output().expect("runs")
+    };
+    let url = server.url.as_str();
+    for args in [
+        vec!["limits", "list", "--server", url, "--output", "table"],
+        vec!["--server", url, "--output", "table", "limits", "list"],
+        vec!["limits", "-s", url, "list", "-o", "table"],
+        vec!["-o", "table", "limits", "list", "-s", url],
+    ] {
+        let output = at(&args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        let shown = stdout(&output);
+        assert!(shown.starts_with("NAME"), "{args:?}: {shown}");
+        assert!(shown.contains("vendor-x "), "{args:?}: {shown}");
+    }
+    // Piped, with no --output: the server's JSON, for every command that prints records.
+    for args in [
+        vec!["limits", "list", "-s", url],
+        vec!["status", "-s", url],
+        vec!["tokens", "list", "-s", url],
+    ] {
+        let output = at(&args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&output.stdout);
+        assert!(parsed.is_ok(), "{args:?}: not JSON: {}", stdout(&output));
+    }
+    // A wrong server after the subcommand is used, not ignored.
+    let wrong = at(&["limits", "list", "--server", "http://127.0.0.1:9"]);
+    assert_eq!(wrong.status.code(), Some(69), "{}", stderr(&wrong));
+
+    let serve = at(&["serve", "--server", url]);
+    assert_eq!(serve.status.code(), Some(1), "{}", stderr(&serve));
+    assert!(
+        stderr(&serve).contains("serve listens on --listen"),
+        "{}",
+        stderr(&serve)
     );
 }

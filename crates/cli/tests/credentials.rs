@@ -204,3 +204,54 @@ fn the_state_database_is_readable_by_this_user_alone() {
     assert_eq!(mode(&server.directory.path().join("tollgate.db")), 0o600);
     assert!(server.log().contains("made it 0600"), "{}", server.log());
 }
+
+/// A server that makes its admin token keeps a copy for this user's commands in any directory
+/// (`$XDG_STATE_HOME/tollgate/servers/PORT.admin-token`, 0600 in a 0700 directory); a command
+/// run elsewhere finds it for that server, and a 401 names every place it looked.
+#[test]
+fn the_kept_admin_token_is_found_from_any_directory() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let server = Server::start_with(Options {
+        env: vec![("XDG_STATE_HOME", state.path().to_str().expect("utf-8"))],
+        ..Options::default()
+    });
+    let port = server.url.rsplit(':').next().expect("a port").to_owned();
+    let copy = state
+        .path()
+        .join("tollgate")
+        .join("servers")
+        .join(format!("{port}.admin-token"));
+    assert!(copy.exists(), "no copy at {}", copy.display());
+    assert_eq!(mode(&copy), 0o600);
+    assert_eq!(mode(copy.parent().expect("its directory")), 0o700);
+
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let list = command(elsewhere.path())
+        .args(["limits", "list", "-s", &server.url])
+        .env("XDG_STATE_HOME", state.path())
+        .output()
+        .expect("runs");
+    assert!(list.status.success(), "{}", stderr(&list));
+
+    // Without that state directory, the command finds nothing and says where it looked.
+    let lost = command(elsewhere.path())
+        .args(["limits", "list", "-s", &server.url])
+        .output()
+        .expect("runs");
+    assert_eq!(lost.status.code(), Some(1), "{}", stderr(&lost));
+    assert!(
+        stderr(&lost).contains("401 unauthorized"),
+        "{}",
+        stderr(&lost)
+    );
+    assert!(
+        stderr(&lost).contains("no admin token found; looked in TOLLGATE_ADMIN_TOKEN"),
+        "{}",
+        stderr(&lost)
+    );
+    assert!(
+        stderr(&lost).contains(&format!("{port}.admin-token")),
+        "{}",
+        stderr(&lost)
+    );
+}

@@ -10,6 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from ._errors import ServerError, ServerUnreachable, TollgateError, error_from_response
+from ._kept import kept_admin_token
 
 #: Where ``tollgate serve`` listens by default.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -29,8 +30,13 @@ class Options:
     timeout: float
 
     def headers(self, admin: bool) -> dict[str, str]:
-        """The bearer header for the data plane or, with ``admin``, the admin API."""
-        token = (self.admin_token or self.token) if admin else self.token
+        """The bearer header for the data plane or, with ``admin``, the admin API: the admin
+        token given, else the data token given, else the one a local server keeps for this
+        user (``TOLLGATE_ADMIN_TOKEN``, or its copy in the user's state directory)."""
+        if not admin:
+            token = self.token
+        else:
+            token = self.admin_token or self.token or kept_admin_token(self.url)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def timeout_for(self, wait: float) -> httpx.Timeout:
