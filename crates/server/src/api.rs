@@ -1014,6 +1014,9 @@ pub(crate) async fn decide_inbound(
             Outcome::Denied(denied) => Decided::Denied(denial(&denied)),
         }
     };
+    // The request borrows the names, which borrow `matched`.
+    drop(request);
+    drop(names);
     Ok(Inbound {
         path,
         matched,
