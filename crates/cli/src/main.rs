@@ -20,11 +20,10 @@ use tollgate_cli::parse_duration;
 use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
-    DEFAULT_HEADER_READ_TIMEOUT_MS,
-    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX,
+    DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
     DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host,
     parse_origin, parse_permit_secret,
 };
@@ -362,7 +361,11 @@ struct ServeArgs {
     forward_auth_trusted_proxies: Option<Vec<String>>,
     /// /v1/forward-auth: bits of an IPv6 client's address that name one client, 32 to 128
     /// [default: 64].
-    #[arg(long, env = "TOLLGATE_FORWARD_AUTH_IPV6_PREFIX_LEN", value_name = "BITS")]
+    #[arg(
+        long,
+        env = "TOLLGATE_FORWARD_AUTH_IPV6_PREFIX_LEN",
+        value_name = "BITS"
+    )]
     forward_auth_ipv6_prefix_len: Option<u8>,
     /// Origins whose pages may call the API from a browser (CORS), comma-separated, e.g.
     /// https://app.example [default: none; the server's own dashboard always may].

@@ -17,13 +17,13 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, Code, ErrorDetail};
 use crate::extract::{Admin, Body, Data};
-use crate::tokens::Grant;
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::openapi::{
     BadRequest, Forbidden, Key, LimitName, NotFound, PermitText, PriorityName, Unauthorized,
     Unavailable,
 };
 use crate::state::AppState;
+use crate::tokens::Grant;
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 

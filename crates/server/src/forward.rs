@@ -70,9 +70,7 @@ impl ForwardAuth {
             .map_err(|reason| {
                 refuse(
                     "forward_auth_ipv6_prefix_len",
-                    reason
-                        .trim_start_matches("ipv6_prefix_len: ")
-                        .to_owned(),
+                    reason.trim_start_matches("ipv6_prefix_len: ").to_owned(),
                 )
             })?;
         Ok(ForwardAuth {
@@ -87,10 +85,15 @@ impl ForwardAuth {
 fn parse_user_header(text: &str) -> Result<HeaderName, String> {
     let name = HeaderName::from_bytes(text.trim().as_bytes())
         .map_err(|_| format!("{text:?} is not an HTTP header name"))?;
-    let taken = [TOKEN_HEADER, "authorization", "x-forwarded-for", "forwarded"]
-        .into_iter()
-        .chain(METHOD_HEADERS)
-        .chain(URI_HEADERS);
+    let taken = [
+        TOKEN_HEADER,
+        "authorization",
+        "x-forwarded-for",
+        "forwarded",
+    ]
+    .into_iter()
+    .chain(METHOD_HEADERS)
+    .chain(URI_HEADERS);
     for other in taken {
         if name.as_str() == other {
             return Err(format!(

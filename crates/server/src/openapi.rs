@@ -15,9 +15,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
-use utoipa::openapi::security::{
-    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme,
-};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
@@ -192,11 +190,9 @@ fn finish_operation(operation: &mut Value, data_token: bool) {
         .get("security")
         .and_then(Value::as_array)
         .is_some_and(|alternatives| {
-            alternatives
-                .iter()
-                .any(|requirement| {
-                    requirement.get(DATA).is_some() || requirement.get(FORWARD).is_some()
-                })
+            alternatives.iter().any(|requirement| {
+                requirement.get(DATA).is_some() || requirement.get(FORWARD).is_some()
+            })
         });
     if data_plane
         && !data_token
