@@ -20,11 +20,11 @@ use tollgate_cli::kept_token;
 use tollgate_cli::parse_duration;
 use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
-    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
+    DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX,
+    DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
     DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host,
     parse_origin, parse_permit_secret,
 };
@@ -349,6 +349,28 @@ struct ServeArgs {
     /// [default: keep].
     #[arg(long, env = "TOLLGATE_PATH_PARAMS", value_name = "PARAMS")]
     path_params: Option<String>,
+    /// /v1/forward-auth: the request header that names the user, set by the reverse proxy
+    /// after its own authentication (e.g. X-User); without it, the client's address
+    /// [default: none].
+    #[arg(long, env = "TOLLGATE_FORWARD_AUTH_USER_HEADER", value_name = "NAME")]
+    forward_auth_user_header: Option<String>,
+    /// /v1/forward-auth: the proxies whose X-Forwarded-For is believed, comma-separated
+    /// addresses or networks (127.0.0.1, 10.0.0.0/8) [default: none: the peer is the client].
+    #[arg(
+        long,
+        env = "TOLLGATE_FORWARD_AUTH_TRUSTED_PROXIES",
+        value_name = "CIDRS",
+        value_delimiter = ','
+    )]
+    forward_auth_trusted_proxies: Option<Vec<String>>,
+    /// /v1/forward-auth: bits of an IPv6 client's address that name one client, 32 to 128
+    /// [default: 64].
+    #[arg(
+        long,
+        env = "TOLLGATE_FORWARD_AUTH_IPV6_PREFIX_LEN",
+        value_name = "BITS"
+    )]
+    forward_auth_ipv6_prefix_len: Option<u8>,
     /// Origins whose pages may call the API from a browser (CORS), comma-separated, e.g.
     /// https://app.example [default: none; the server's own dashboard always may].
     #[arg(
@@ -427,6 +449,9 @@ struct FileConfig {
     envoy_config: Option<PathBuf>,
     path_case: Option<String>,
     path_params: Option<String>,
+    forward_auth_user_header: Option<String>,
+    forward_auth_trusted_proxies: Option<Vec<String>>,
+    forward_auth_ipv6_prefix_len: Option<u8>,
     allowed_origins: Option<Vec<String>>,
     allowed_hosts: Option<Vec<String>>,
     header_read_timeout_ms: Option<u64>,
@@ -747,6 +772,21 @@ fn resolve_server_config(
         grpc_listen,
         envoy_config,
         path_matching,
+        forward_auth_user_header: args
+            .forward_auth_user_header
+            .or(file.forward_auth_user_header)
+            .filter(|name| !name.trim().is_empty()),
+        forward_auth_trusted_proxies: args
+            .forward_auth_trusted_proxies
+            .or(file.forward_auth_trusted_proxies)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|entry| !entry.trim().is_empty())
+            .collect(),
+        forward_auth_ipv6_prefix_len: args
+            .forward_auth_ipv6_prefix_len
+            .or(file.forward_auth_ipv6_prefix_len)
+            .unwrap_or(DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN),
         tls_cert: args.tls_cert.or(file.tls_cert),
         tls_key: args.tls_key.or(file.tls_key),
     };

@@ -75,6 +75,9 @@ impl Server {
             grpc_listen: None,
             envoy_config: None,
             path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
+            forward_auth_user_header: None,
+            forward_auth_trusted_proxies: Vec::new(),
+            forward_auth_ipv6_prefix_len: tollgate_server::DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             header_read_timeout: Duration::from_millis(

@@ -23,6 +23,7 @@ use crate::openapi::{
     Unavailable,
 };
 use crate::state::AppState;
+use crate::tokens::Grant;
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
@@ -268,11 +269,11 @@ pub(crate) struct AcquireBody {
 /// One limit's state after a decision.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct LimitView {
-    name: String,
+    pub(crate) name: String,
     /// Units still open to the request's priority.
-    remaining: u64,
+    pub(crate) remaining: u64,
     /// Milliseconds until everything counted now stops counting.
-    reset_ms: u64,
+    pub(crate) reset_ms: u64,
     /// Leases: the fencing token; it only grows.
     #[serde(skip_serializing_if = "Option::is_none")]
     fence: Option<u64>,
@@ -412,25 +413,6 @@ fn rate_limited(body: impl Serialize, retry_after_ms: u64) -> Response {
         HeaderValue::from(retry_after_ms.div_ceil(1_000)),
     );
     response
-}
-
-fn check_denied(denied: &Denied, path: String, matched: Vec<String>) -> Response {
-    let RateLimited {
-        error,
-        retry_after_ms,
-        reason,
-        limits,
-    } = denial(denied);
-    let body = CheckDenied {
-        error,
-        retry_after_ms,
-        reason,
-        limits,
-        allowed: false,
-        path,
-        matched,
-    };
-    rate_limited(body, retry_after_ms)
 }
 
 /// The priority asked for, if any.
@@ -820,113 +802,226 @@ pub(crate) async fn check(
     State(state): State<AppState>,
     Body(body): Body<CheckBody>,
 ) -> ApiResult<Response> {
-    if body.path.len() > CHECK_PATH_BYTES_MAX {
+    const FIELDS: InboundFields<'static> = InboundFields {
+        method: "method",
+        path: "path",
+        user: "user",
+    };
+    let inbound = decide_inbound(
+        &state,
+        &grant,
+        &body.method,
+        &body.path,
+        body.user.as_deref(),
+        &FIELDS,
+    )
+    .await?;
+    Ok(inbound.into_response())
+}
+
+/// How the inputs of an inbound decision are named in a refusal: `/v1/check`'s body fields,
+/// or the headers `/v1/forward-auth` reads them from.
+pub(crate) struct InboundFields<'a> {
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) user: &'a str,
+}
+
+/// An inbound request decided: what was matched, and the answer.
+pub(crate) struct Inbound {
+    /// The normalized path that was matched.
+    path: String,
+    /// The limits whose `match` matched, by name.
+    matched: Vec<String>,
+    /// The priority the request was decided at.
+    priority: Priority,
+    decision: Decided,
+}
+
+enum Decided {
+    Allowed {
+        limits: Vec<LimitView>,
+        permit: Option<String>,
+    },
+    Denied(RateLimited),
+}
+
+impl Inbound {
+    /// Each limit matched, after the decision.
+    pub(crate) fn limits(&self) -> &[LimitView] {
+        match &self.decision {
+            Decided::Allowed { limits, .. } => limits,
+            Decided::Denied(denied) => &denied.limits,
+        }
+    }
+
+    pub(crate) fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// `/v1/check`'s answer: 200 with `CheckAnswer`, or 429 with `CheckDenied` and
+    /// `Retry-After`.
+    pub(crate) fn into_response(self) -> Response {
+        let Inbound {
+            path,
+            matched,
+            decision,
+            ..
+        } = self;
+        match decision {
+            Decided::Allowed { limits, permit } => Json(CheckAnswer {
+                allowed: true,
+                path,
+                matched,
+                permit,
+                limits,
+            })
+            .into_response(),
+            Decided::Denied(RateLimited {
+                error,
+                retry_after_ms,
+                reason,
+                limits,
+            }) => rate_limited(
+                CheckDenied {
+                    error,
+                    retry_after_ms,
+                    reason,
+                    limits,
+                    allowed: false,
+                    path,
+                    matched,
+                },
+                retry_after_ms,
+            ),
+        }
+    }
+}
+
+/// The one decision on an inbound request, for `/v1/check` and `/v1/forward-auth` alike:
+/// every rule whose `match` meets `method` and `raw_path` (normalized as the rule set reads
+/// paths, as the tower layer does), keyed by `user` for limits counted per key, all or none,
+/// within what `grant` may use. A refusal names the input by `fields`.
+pub(crate) async fn decide_inbound(
+    state: &AppState,
+    grant: &Grant,
+    method: &str,
+    raw_path: &str,
+    user: Option<&str>,
+    fields: &InboundFields<'_>,
+) -> ApiResult<Inbound> {
+    if raw_path.len() > CHECK_PATH_BYTES_MAX {
         return Err(ApiError::bad_field(
-            "path",
+            fields.path,
             format!("must be at most {CHECK_PATH_BYTES_MAX} bytes"),
         ));
     }
-    if body.method.is_empty() || !body.method.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Err(ApiError::bad_field("method", "must be an HTTP method"));
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err(ApiError::bad_field(fields.method, "must be an HTTP method"));
     }
     // Refused whether or not a rule matches, so that the answer does not depend on the rules.
-    if let Some(user) = body.user.as_deref() {
-        tollgate::check_key(user).map_err(|reason| ApiError::bad_field("user", reason))?;
+    if let Some(user) = user {
+        tollgate::check_key(user).map_err(|reason| ApiError::bad_field(fields.user, reason))?;
     }
     let snapshot = state.rules().snapshot();
     // Read as the rule set reads paths, as the tower layer does.
     let path = snapshot
-        .normalize(&body.path)
-        .map_err(|error| ApiError::bad_field("path", error))?
+        .normalize(raw_path)
+        .map_err(|error| ApiError::bad_field(fields.path, error))?
         .into_owned();
     let mut leases = false;
     // Every matching rule: the rules in force never let one request match more than it may
     // be decided on (refused at load), so none is left out.
     let matched: Vec<String> = snapshot
-        .matching(&body.method, &path)
+        .matching(method, &path)
         .map(|rule| {
             leases |= rule.limit().policy().is_concurrency();
             rule.name().to_owned()
         })
         .collect();
     if matched.is_empty() {
-        return Ok(Json(CheckAnswer {
-            allowed: true,
+        return Ok(Inbound {
             path,
             matched,
-            permit: None,
-            limits: Vec::new(),
-        })
-        .into_response());
+            priority: Priority::default(),
+            decision: Decided::Allowed {
+                limits: Vec::new(),
+                permit: None,
+            },
+        });
     }
     for name in &matched {
         grant.limit(name)?;
     }
     let names: Vec<&str> = matched.iter().map(String::as_str).collect();
     // No priority is asked for: normal, or a scoped token's highest if lower.
-    let mut request = Request::all(&names).priority(grant.priority(None)?);
-    if let Some(user) = body.user.as_deref() {
+    let priority = grant.priority(None)?;
+    let mut request = Request::all(&names).priority(priority);
+    if let Some(user) = user {
         request = request.key(user);
-        observe_key(&state, &names, user);
+        observe_key(state, &names, user);
     }
-    // The key is the body's `user`.
+    // The key is the caller's `user`.
     let user_error = |error| match error {
         tollgate::Error::InvalidRequest {
             field: "key",
             reason,
-        } => ApiError::bad_field("user", reason),
+        } => ApiError::bad_field(fields.user, reason),
         other => ApiError::from(other),
     };
-    if !leases {
+    let decision = if !leases {
         // Nothing to hand back: a decision without a permit.
         let checked = state.limiter().check(&request).await.map_err(user_error)?;
         let denied = match &checked {
             Check::Allowed(_) => None,
             Check::Denied(denied) => Some(denied),
         };
-        count_decision(&state, &names, denied);
-        return Ok(match checked {
-            Check::Allowed(statuses) => {
-                let limits = names.iter().zip(&statuses).map(|(name, status)| LimitView {
-                    name: (*name).to_owned(),
-                    remaining: status.remaining,
-                    reset_ms: ms_ceil(status.reset_after),
-                    fence: None,
-                    expires_ms: None,
-                });
-                Json(CheckAnswer {
-                    allowed: true,
-                    path,
-                    matched: matched.clone(),
-                    permit: None,
-                    limits: limits.collect(),
-                })
-                .into_response()
-            }
-            Check::Denied(denied) => check_denied(&denied, path, matched.clone()),
-        });
-    }
-    let outcome = state
-        .limiter()
-        .try_acquire(&request)
-        .await
-        .map_err(user_error)?;
-    count_outcome(&state, &names, &outcome);
-    Ok(match outcome {
-        Outcome::Granted(permit) => {
-            let limits = permit.limits().iter().map(LimitView::from).collect();
-            let has_lease = permit.fence().is_some();
-            let id = permit.detach();
-            Json(CheckAnswer {
-                allowed: true,
-                path,
-                matched: matched.clone(),
-                permit: has_lease.then(|| id.to_string()),
-                limits,
-            })
-            .into_response()
+        count_decision(state, &names, denied);
+        match checked {
+            Check::Allowed(statuses) => Decided::Allowed {
+                limits: names
+                    .iter()
+                    .zip(&statuses)
+                    .map(|(name, status)| LimitView {
+                        name: (*name).to_owned(),
+                        remaining: status.remaining,
+                        reset_ms: ms_ceil(status.reset_after),
+                        fence: None,
+                        expires_ms: None,
+                    })
+                    .collect(),
+                permit: None,
+            },
+            Check::Denied(denied) => Decided::Denied(denial(&denied)),
         }
-        Outcome::Denied(denied) => check_denied(&denied, path, matched.clone()),
+    } else {
+        let outcome = state
+            .limiter()
+            .try_acquire(&request)
+            .await
+            .map_err(user_error)?;
+        count_outcome(state, &names, &outcome);
+        match outcome {
+            Outcome::Granted(permit) => {
+                let limits = permit.limits().iter().map(LimitView::from).collect();
+                let has_lease = permit.fence().is_some();
+                let id = permit.detach();
+                Decided::Allowed {
+                    limits,
+                    permit: has_lease.then(|| id.to_string()),
+                }
+            }
+            Outcome::Denied(denied) => Decided::Denied(denial(&denied)),
+        }
+    };
+    // The request borrows the names, which borrow `matched`.
+    drop(request);
+    drop(names);
+    Ok(Inbound {
+        path,
+        matched,
+        priority,
+        decision,
     })
 }
 

@@ -56,6 +56,10 @@ pub const DEFAULT_WAITERS_MAX: usize = tollgate::DEFAULT_WAITERS_MAX;
 /// default), so a flood on one limit leaves room for the waiters of the others.
 pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = tollgate::DEFAULT_WAITERS_PER_LIMIT_MAX;
 
+/// `/v1/forward-auth`: an IPv6 client counted by address is its /64 unless configured, as the
+/// tower layer counts one (`tollgate_tower::DEFAULT_IPV6_PREFIX_LEN`).
+pub const DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN: u8 = tollgate_tower::DEFAULT_IPV6_PREFIX_LEN;
+
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -166,6 +170,14 @@ pub struct ServerConfig {
     /// How `/v1/check` reads request paths, and rule paths, before matching: as the router of
     /// the application asking reads them (case, `;` parameters).
     pub path_matching: PathMatching,
+    /// `/v1/forward-auth`: the request header that names the user (set by the proxy, after
+    /// its own authentication); without it, or when a request lacks it, the client's address.
+    pub forward_auth_user_header: Option<String>,
+    /// `/v1/forward-auth`: the proxies (`10.0.0.0/8`, `127.0.0.1`) whose `X-Forwarded-For` is
+    /// believed; none by default, so the client is the proxy's own address until configured.
+    pub forward_auth_trusted_proxies: Vec<String>,
+    /// `/v1/forward-auth`: bits of an IPv6 client's address that name it (32 to 128).
+    pub forward_auth_ipv6_prefix_len: u8,
     /// TLS on the HTTP and gRPC listeners: the certificate chain, PEM; with `tls_key`, or
     /// neither. Reloaded when it changes on disk.
     pub tls_cert: Option<std::path::PathBuf>,
@@ -215,6 +227,7 @@ impl ServerConfig {
         for host in &self.allowed_hosts {
             crate::parse_host(host).map_err(|reason| refuse("allowed_hosts", reason))?;
         }
+        crate::forward::ForwardAuth::new(self)?;
         Ok(())
     }
 
@@ -273,6 +286,15 @@ impl std::fmt::Debug for ServerConfig {
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)
             .field("path_matching", &self.path_matching)
+            .field("forward_auth_user_header", &self.forward_auth_user_header)
+            .field(
+                "forward_auth_trusted_proxies",
+                &self.forward_auth_trusted_proxies,
+            )
+            .field(
+                "forward_auth_ipv6_prefix_len",
+                &self.forward_auth_ipv6_prefix_len,
+            )
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .finish()

@@ -74,21 +74,63 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Data, ApiError> {
-        let state = AppState::from_ref(state);
-        let expected = state.config().data_token.as_deref();
-        // A scoped token is held to its scope wherever it is shown, open data plane or not.
-        if let Some(given) = bearer(&parts.headers)
-            && !expected.is_some_and(|expected| constant_time_eq(given, expected.as_bytes()))
-            && let Some(scope) = state.tokens().find(given)
-        {
-            return Ok(Data(Grant::Scoped(scope)));
+        data_grant(
+            &AppState::from_ref(state),
+            bearer(&parts.headers),
+            "Authorization: Bearer <token>",
+        )
+        .map(Data)
+    }
+}
+
+/// Proof that a `/v1/forward-auth` request carries the data token, when one is configured, or
+/// a scoped token, in `X-Tollgate-Token`; with what it may do. `Authorization` is not read
+/// there: it is the end user's own, passed on by the proxy (`forward.rs`).
+#[derive(Debug)]
+pub(crate) struct ForwardData(pub(crate) Grant);
+
+impl<S: Send + Sync> FromRequestParts<S> for ForwardData
+where
+    AppState: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<ForwardData, ApiError> {
+        let given = parts
+            .headers
+            .get(crate::forward::TOKEN_HEADER)
+            .map(|value| value.as_bytes().trim_ascii());
+        data_grant(
+            &AppState::from_ref(state),
+            given,
+            "X-Tollgate-Token: <token> (on /v1/forward-auth, Authorization is the end user's \
+             and is not read)",
+        )
+        .map(ForwardData)
+    }
+}
+
+/// What the token `given` may do on the data plane: everything for the data token (or for
+/// anyone when none is configured), its scope for a scoped token. `header` says where the
+/// token is expected, for the refusal.
+fn data_grant(state: &AppState, given: Option<&[u8]>, header: &str) -> Result<Grant, ApiError> {
+    let expected = state.config().data_token.as_deref();
+    // A scoped token is held to its scope wherever it is shown, open data plane or not.
+    if let Some(given) = given
+        && !expected.is_some_and(|expected| constant_time_eq(given, expected.as_bytes()))
+        && let Some(scope) = state.tokens().find(given)
+    {
+        return Ok(Grant::Scoped(scope));
+    }
+    match (expected, given) {
+        (None, _) => Ok(Grant::Full),
+        (Some(_), None) => Err(ApiError::unauthorized(format!(
+            "the data plane needs the header {header}"
+        ))),
+        (Some(expected), Some(given)) if constant_time_eq(given, expected.as_bytes()) => {
+            Ok(Grant::Full)
         }
-        match expected {
-            None => Ok(Data(Grant::Full)),
-            Some(expected) => {
-                check(&parts.headers, expected, "the data plane").map(|()| Data(Grant::Full))
-            }
-        }
+        (Some(_), Some(_)) => Err(ApiError::unauthorized("the data plane refuses this token")),
     }
 }
 

@@ -10,6 +10,12 @@
 //!   dashboard at `/ui`) and the `allowed_origins` may call. Tools send no Origin.
 //! - **Content-Type**: a body must be `application/json`, which a page cannot send to another
 //!   site without a preflight; a preflight is answered (CORS) for `allowed_origins` only.
+//!
+//! `/v1/forward-auth` is asked by a reverse proxy, with the end user's request headers passed
+//! on: its `Origin` and `Content-Type` are the user's request's, not the caller's, so neither is
+//! checked there (it reads no body). A page still gets nothing from it: it needs
+//! `X-Forwarded-Method` and `X-Forwarded-Uri`, which a browser sends cross-site only after a
+//! preflight, answered for `allowed_origins` alone; and the Host check stands.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
@@ -25,6 +31,8 @@ const LOOPBACK_NAMES: [&str; 1] = ["localhost"];
 const PREFLIGHT_MAX_AGE_S: &str = "600";
 const ALLOWED_METHODS: &str = "GET, POST, PUT, DELETE";
 const ALLOWED_HEADERS: &str = "authorization, content-type";
+/// The endpoint whose Origin and Content-Type are the end user's (see the module's doc).
+const FORWARD_AUTH: &str = "/v1/forward-auth";
 /// Answers a page from an allowed origin may read besides the simple ones.
 const EXPOSED_HEADERS: &str = "retry-after";
 
@@ -107,6 +115,9 @@ pub(crate) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
                  [::1], or add it to allowed_hosts"
             ),
         );
+    }
+    if request.uri().path() == FORWARD_AUTH {
+        return next.run(request).await;
     }
     let mut cors_origin = None;
     if let Some(origin) = headers.get(header::ORIGIN) {

@@ -9,6 +9,7 @@ mod api;
 mod config;
 mod error;
 mod extract;
+mod forward;
 mod guard;
 mod hot;
 mod listener;
@@ -38,11 +39,11 @@ use tollgate::{
 use tollgate_rules::{FileSource, Rules, RulesSource, SourceError, SqlSource};
 
 pub use config::{
-    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS,
-    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING,
-    DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE,
-    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
-    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
+    DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX,
+    DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
+    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
+    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
     DEFAULT_WAITERS_PER_LIMIT_MAX, KEYS_PER_LIMIT_SHARE, RELOAD_INTERVAL_MS_MIN, ServerConfig,
     StoreChoice, parse_permit_secret,
 };
@@ -212,8 +213,14 @@ pub async fn memory_router(
     );
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let metrics = Metrics::new(rules.clone(), Some(memory), None, store_seconds, None);
+    let forward_auth = forward::ForwardAuth::new(&config)?;
     Ok(router(AppState::new(
-        config, limiter, rules, metrics, tokens,
+        config,
+        limiter,
+        rules,
+        metrics,
+        tokens,
+        forward_auth,
     )))
 }
 
@@ -274,6 +281,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/permits/{permit}/renew", post(api::renew))
         .route("/v1/pause", post(api::pause))
         .route("/v1/check", post(api::check))
+        .route("/v1/forward-auth", get(forward::forward_auth))
         .route(
             "/v1/tokens",
             get(tokens::list_tokens).post(tokens::create_token),
@@ -462,7 +470,8 @@ pub async fn run(
         connections_max,
     };
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
-    let state = AppState::new(config, limiter, rules, metrics, tokens);
+    let forward_auth = forward::ForwardAuth::new(&config)?;
+    let state = AppState::new(config, limiter, rules, metrics, tokens, forward_auth);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServerError::Listen {

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -242,8 +243,8 @@ pub(crate) async fn serve(
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of descriptors, most likely: make room, and try again shortly rather
                 // than spin.
@@ -274,6 +275,7 @@ pub(crate) async fn serve(
         registry.insert(next_id, connection.clone());
         tokio::spawn(run_connection(
             stream,
+            peer,
             tls.clone(),
             router.clone(),
             Remove {
@@ -306,6 +308,7 @@ impl Drop for Remove {
 
 async fn run_connection(
     stream: TcpStream,
+    peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     router: Router,
     remove: Remove,
@@ -313,7 +316,7 @@ async fn run_connection(
     stop: watch::Receiver<bool>,
 ) {
     let Some(tls) = tls else {
-        return serve_connection(stream, router, remove, connection, stop).await;
+        return serve_connection(stream, peer, router, remove, connection, stop).await;
     };
     // The handshake is part of the head's phase: a client that stalls in it is closed like one
     // that stalls in its head, and at the cap it is among the first to make room.
@@ -322,13 +325,14 @@ async fn run_connection(
         () = connection.close.notified() => return,
     };
     match handshake {
-        Ok(stream) => serve_connection(stream, router, remove, connection, stop).await,
+        Ok(stream) => serve_connection(stream, peer, router, remove, connection, stop).await,
         Err(error) => tracing::debug!(%error, "TLS handshake failed"),
     }
 }
 
 async fn serve_connection<S>(
     stream: S,
+    peer: SocketAddr,
     router: Router,
     _remove: Remove,
     connection: Arc<Connection>,
@@ -353,12 +357,16 @@ async fn serve_connection<S>(
                         since: Instant::now(),
                     }
                 });
-                let request = request.map(|body| {
+                let mut request = request.map(|body| {
                     axum::body::Body::new(BodyRead {
                         inner: body,
                         connection: connection.clone(),
                     })
                 });
+                // Who is at the other end of the socket, for `/v1/forward-auth`.
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
                 let response = router.call(request).await;
                 connection.set(Phase::Idle {
                     since: Instant::now(),

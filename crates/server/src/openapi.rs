@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToResponse, ToSchema};
 
@@ -26,6 +26,8 @@ use crate::error::Code;
 pub(crate) const ADMIN: &str = "admin";
 /// The security scheme of the data plane, required only when a data token is configured.
 pub(crate) const DATA: &str = "data";
+/// The data plane's token as `/v1/forward-auth` takes it, in `X-Tollgate-Token`.
+pub(crate) const FORWARD: &str = "forward";
 
 /// Headers whose response always carries them. utoipa's header object has no `required`, so
 /// `document` adds it.
@@ -62,6 +64,15 @@ impl Modify for Security {
                         .build(),
                 ),
             );
+            components.add_security_scheme(
+                FORWARD,
+                SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                    "X-Tollgate-Token",
+                    "The data token or a scoped data token, as for `data`, in the header a \
+                     reverse proxy sets on /v1/forward-auth: there `Authorization` is the end \
+                     user's, passed on by the proxy, and is not read.",
+                ))),
+            );
         }
     }
 }
@@ -76,7 +87,8 @@ impl Modify for Security {
             path 404."),
     paths(
         api::list_limits, api::get_limit, api::put_limit, api::delete_limit, api::resume,
-        api::acquire, api::commit, api::renew, api::pause, api::check, crate::stats::stats,
+        api::acquire, api::commit, api::renew, api::pause, api::check,
+        crate::forward::forward_auth, crate::stats::stats,
         api::healthz, api::readyz, api::metrics, openapi_json, crate::ui::index,
         crate::ui::asset, crate::tokens::create_token, crate::tokens::list_tokens,
         crate::tokens::delete_token,
@@ -178,9 +190,9 @@ fn finish_operation(operation: &mut Value, data_token: bool) {
         .get("security")
         .and_then(Value::as_array)
         .is_some_and(|alternatives| {
-            alternatives
-                .iter()
-                .any(|requirement| requirement.get(DATA).is_some())
+            alternatives.iter().any(|requirement| {
+                requirement.get(DATA).is_some() || requirement.get(FORWARD).is_some()
+            })
         });
     if data_plane
         && !data_token

@@ -8,6 +8,7 @@ use tollgate::Limiter;
 use tollgate_rules::Rules;
 
 use crate::config::ServerConfig;
+use crate::forward::ForwardAuth;
 use crate::metrics::Metrics;
 use crate::tokens::Tokens;
 
@@ -23,6 +24,7 @@ struct Inner {
     rules: Rules,
     metrics: Metrics,
     tokens: Arc<Tokens>,
+    forward_auth: ForwardAuth,
     hot_keys: crate::hot::HotKeys,
     shutting_down: AtomicBool,
 }
@@ -34,6 +36,7 @@ impl AppState {
         rules: Rules,
         metrics: Metrics,
         tokens: Arc<Tokens>,
+        forward_auth: ForwardAuth,
     ) -> AppState {
         AppState {
             inner: Arc::new(Inner {
@@ -42,6 +45,7 @@ impl AppState {
                 rules,
                 metrics,
                 tokens,
+                forward_auth,
                 hot_keys: crate::hot::HotKeys::default(),
                 shutting_down: AtomicBool::new(false),
             }),
@@ -67,6 +71,11 @@ impl AppState {
     /// The scoped data tokens in force.
     pub(crate) fn tokens(&self) -> &Tokens {
         &self.inner.tokens
+    }
+
+    /// `/v1/forward-auth`'s settings.
+    pub(crate) fn forward_auth(&self) -> &ForwardAuth {
+        &self.inner.forward_auth
     }
 
     pub(crate) fn hot_keys(&self) -> &crate::hot::HotKeys {

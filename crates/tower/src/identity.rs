@@ -135,6 +135,23 @@ impl ClientAddress {
         self.ipv6_prefix_len
     }
 
+    /// The key of the client of a request that came from `peer`, reading the chain of a
+    /// trusted proxy from `X-Forwarded-For` alone, never from `Forwarded`: for a caller whose
+    /// proxies write that header and pass a client's own `Forwarded` through untouched (nginx,
+    /// Caddy and Traefik as configured in `examples/proxies/`), so that a client cannot name
+    /// itself there. The same walk from the right, and the same keys, as [`Identity::Peer`].
+    pub fn key_by_x_forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> String {
+        let peer = canonical(peer);
+        if !self.trusted.contains(peer) {
+            return self.key(peer);
+        }
+        self.key(nearest_untrusted(
+            peer,
+            &x_forwarded_for_hops(headers),
+            &self.trusted,
+        ))
+    }
+
     /// The key of a client at `address` (canonical: an IPv4-mapped address is IPv4): an IPv4
     /// address as written, an IPv6 one as its network, `2001:db8:7:7::/64` (the whole address
     /// at 128 bits).
@@ -285,7 +302,11 @@ fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpA
     if !trusted.contains(peer) {
         return peer;
     }
-    let hops = forwarded_hops(headers);
+    nearest_untrusted(peer, &forwarded_hops(headers), trusted)
+}
+
+/// The walk of `client_ip` from a trusted, canonical `peer` over `hops` (client first).
+fn nearest_untrusted(peer: IpAddr, hops: &[Option<IpAddr>], trusted: &TrustedProxies) -> IpAddr {
     let mut nearest = peer;
     for hop in hops.iter().rev() {
         match hop {
@@ -306,33 +327,43 @@ fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpA
 /// The forwarded addresses, client first: from `Forwarded` if present, else `X-Forwarded-For`.
 /// `None` marks a hop that is not an address (`unknown`, an obfuscated name, garbage).
 fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let mut hops = Vec::new();
     let forwarded = headers.get_all(http::header::FORWARDED);
-    if forwarded.iter().next().is_some() {
-        for value in forwarded {
-            let Ok(text) = value.to_str() else {
-                hops.push(None);
-                continue;
-            };
-            for element in text.split(',') {
-                let address = element
-                    .split(';')
-                    .filter_map(|pair| pair.trim().split_once('='))
-                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
-                    .and_then(|(_, value)| parse_node(value.trim()));
-                hops.push(address);
-            }
-        }
-    } else {
-        for value in headers.get_all("x-forwarded-for") {
-            let Ok(text) = value.to_str() else {
-                hops.push(None);
-                continue;
-            };
-            hops.extend(text.split(',').map(|hop| parse_node(hop.trim())));
+    if forwarded.iter().next().is_none() {
+        return x_forwarded_for_hops(headers);
+    }
+    let mut hops = Vec::new();
+    for value in forwarded {
+        let Ok(text) = value.to_str() else {
+            hops.push(None);
+            continue;
+        };
+        for element in text.split(',') {
+            let address = element
+                .split(';')
+                .filter_map(|pair| pair.trim().split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                .and_then(|(_, value)| parse_node(value.trim()));
+            hops.push(address);
         }
     }
-    // Only the nearest hops matter: they are read from the right.
+    nearest_hops(hops)
+}
+
+/// The addresses of `X-Forwarded-For`, client first, as `forwarded_hops` reads them.
+fn x_forwarded_for_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let mut hops = Vec::new();
+    for value in headers.get_all("x-forwarded-for") {
+        let Ok(text) = value.to_str() else {
+            hops.push(None);
+            continue;
+        };
+        hops.extend(text.split(',').map(|hop| parse_node(hop.trim())));
+    }
+    nearest_hops(hops)
+}
+
+/// Only the nearest hops matter: they are read from the right.
+fn nearest_hops(mut hops: Vec<Option<IpAddr>>) -> Vec<Option<IpAddr>> {
     if hops.len() > FORWARDED_HOPS_MAX {
         hops.drain(..hops.len() - FORWARDED_HOPS_MAX);
     }
@@ -445,6 +476,35 @@ mod tests {
         assert_eq!(
             untrusting.user_of(&forwarded, &http::Extensions::new()),
             None
+        );
+    }
+
+    /// Read from `X-Forwarded-For` alone: a client's own `Forwarded`, passed on untouched by
+    /// a trusted proxy that writes only `X-Forwarded-For`, names nobody.
+    #[test]
+    fn x_forwarded_for_alone_ignores_a_forwarded_header() {
+        let client = ClientAddress::new(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
+        let both = headers(&[
+            ("forwarded", "for=1.2.3.4"),
+            ("x-forwarded-for", "6.6.6.6, 198.51.100.7"),
+        ]);
+        assert_eq!(
+            client.key_by_x_forwarded_for(ip("10.0.0.1"), &both),
+            "198.51.100.7"
+        );
+        // From an untrusted peer nothing forwarded is read; an IPv6 client is its /64.
+        assert_eq!(
+            client.key_by_x_forwarded_for(ip("2001:db8:1:2:3:4:5:6"), &both),
+            "2001:db8:1:2::/64"
+        );
+        let v6 = headers(&[("x-forwarded-for", "2001:db8:9:9::1")]);
+        assert_eq!(
+            client.key_by_x_forwarded_for(ip("::ffff:10.0.0.1"), &v6),
+            "2001:db8:9:9::/64"
+        );
+        assert_eq!(
+            client.key_by_x_forwarded_for(ip("10.0.0.1"), &HeaderMap::new()),
+            "10.0.0.1"
         );
     }
 

@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 30] = [
+const SERVER_VARIABLES: [&str; 33] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -47,6 +47,9 @@ const SERVER_VARIABLES: [&str; 30] = [
     "TOLLGATE_PATH_PARAMS",
     "TOLLGATE_TLS_CERT",
     "TOLLGATE_TLS_KEY",
+    "TOLLGATE_FORWARD_AUTH_USER_HEADER",
+    "TOLLGATE_FORWARD_AUTH_TRUSTED_PROXIES",
+    "TOLLGATE_FORWARD_AUTH_IPV6_PREFIX_LEN",
 ];
 
 pub fn binary() -> &'static str {
