@@ -1,5 +1,8 @@
 //! What the fuzz targets share: the server's router driven in-process (a memory store, the
-//! rules in an in-memory SQLite table), and the checks every answer of API v1 must pass.
+//! rules in an in-memory SQLite table), and the checks every answer of API v1 must pass; and
+//! each target's body (`targets`), which the corpus replay runs too.
+
+pub mod targets;
 
 use std::sync::OnceLock;
 
