@@ -80,6 +80,8 @@ class Grant:
     lo: int
     hi: int
     exact: bool
+    #: The longest wait the client asked for (ms); 0 for library grants.
+    wait_ms: int = 0
 
 
 @dataclass
@@ -137,6 +139,7 @@ def load(worker_files: list[Path], library_files: list[Path], vendor_file: Path)
                         lo=int(words[5]),
                         hi=int(words[6]),
                         exact=False,
+                        wait_ms=int(words[4]),
                     )
                 )
             elif kind == "L" and len(words) == 7:
@@ -194,6 +197,10 @@ def delay_summary(values: list[int]) -> dict[str, int]:
         "max": max(values, default=0),
     }
 
+
+#: The share of a limit's waited server grants that may span a whole window (and so fit in no
+#: window of either view) before the judgement counts as blind to them.
+WAITED_UNCOUNTABLE_SHARE_MAX = 0.05
 
 #: A server grant's delay counts as measured when its request was answered within this long:
 #: its decision then lies within that span of the answer.
@@ -269,6 +276,24 @@ def judge_rate(limit: RateLimit, records: Records, slack_us: int) -> dict[str, A
         else:
             vendor_intervals.append((grant.lo, arrival))
     most_called, called_at = count(vendor_intervals, width)
+    # Blind spots, each a failure (``blind``): with the longest grant-to-call delay as long as a
+    # window, no vendor window of width minus that delay is left, and the vendor view counts
+    # nothing; a server grant that waited, bracketed by a span as long as a window, fits no
+    # window in either view. A few such grants are the price of bracketing; most of them
+    # uncounted would leave waited grants, the path that hands out room as it frees, unjudged.
+    waited = [g for g in grants if not g.exact and g.wait_ms > 0]
+    waited_uncountable = sum(1 for g in waited if g.hi - g.lo >= width)
+    blind: list[str] = []
+    if calls and slack_us >= width:
+        blind.append(
+            f"the longest grant-to-call delay ({slack_us / 1_000:.0f} ms) reaches the window "
+            f"({width / 1_000:.0f} ms): the vendor view counts nothing"
+        )
+    if waited and waited_uncountable > WAITED_UNCOUNTABLE_SHARE_MAX * len(waited):
+        blind.append(
+            f"{waited_uncountable} of {len(waited)} waited server grants span a whole window "
+            f"and cannot be counted"
+        )
     result: dict[str, Any] = {
         "algorithm": limit.algorithm,
         "bound": bound,
@@ -278,6 +303,9 @@ def judge_rate(limit: RateLimit, records: Records, slack_us: int) -> dict[str, A
         "grants_exact_time": sum(1 for g in grants if g.exact),
         "most_granted_in_a_window": most_granted,
         "most_granted_window_start_us": granted_at,
+        "waited_server_grants": len(waited),
+        "waited_server_grants_uncountable": waited_uncountable,
+        "blind": blind,
         "vendor_calls": len(calls),
         "vendor_window_ms": (width - slack_us) / 1_000,
         "most_vendor_calls_in_a_window": most_called,
