@@ -362,7 +362,10 @@ async fn the_vendor_sees_at_most_n_per_window_and_every_job_completes() {
     // The server counts in spans of period + margin, and the margin absorbs the spread of
     // delays between grant and arrival: no interval of a period sees more than N.
     let most = most_in_any_period(&tally, Duration::from_millis(PERIOD_MS));
-    assert!(most <= N as usize, "{most} calls within {PERIOD_MS} ms: {tally:?}");
+    assert!(
+        most <= N as usize,
+        "{most} calls within {PERIOD_MS} ms: {tally:?}"
+    );
     assert_eq!(tally.calls, 24, "each job reached the vendor exactly once");
     assert_eq!(dispatcher.gate().stats().sent, 24);
 }
@@ -394,7 +397,10 @@ async fn two_dispatchers_sharing_a_server_keep_the_vendor_within_n_per_window() 
     assert_eq!(tally.limited, 0, "the vendor refused a call: {tally:?}");
     assert!(tally.most_in_a_window <= N, "{tally:?}");
     let most = most_in_any_period(&tally, Duration::from_millis(PERIOD_MS));
-    assert!(most <= N as usize, "{most} calls within {PERIOD_MS} ms: {tally:?}");
+    assert!(
+        most <= N as usize,
+        "{most} calls within {PERIOD_MS} ms: {tally:?}"
+    );
     assert_eq!(tally.calls, 32);
 }
 
