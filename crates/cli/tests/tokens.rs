@@ -266,7 +266,8 @@ async fn tokens_are_listed_without_secrets_refused_when_malformed_and_kept_hashe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocation_is_immediate_here_and_within_the_reload_interval_on_another_replica() {
     let first = guarded_server(vec!["--reload-interval-ms", "200"]).await;
-    // A second replica on the same state database.
+    // A second replica on the same rules database, whose tokens it reads. Its memory store
+    // keeps its own state database: a second server on the first's would take its run over.
     let database = first.directory.path().join("tollgate.db");
     let rules = format!("sqlite://{}", database.display());
     let second = Server::start_with(Options {
@@ -274,7 +275,14 @@ async fn revocation_is_immediate_here_and_within_the_reload_interval_on_another_
             ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
             ("TOLLGATE_DATA_TOKEN", DATA_TOKEN),
         ],
-        args: vec!["--rules", &rules, "--reload-interval-ms", "200"],
+        args: vec![
+            "--rules",
+            &rules,
+            "--state",
+            "sqlite://state.db",
+            "--reload-interval-ms",
+            "200",
+        ],
         ..Options::default()
     });
     let secret = create_token(&first, r#"{"name":"team-a","limits":["vendor-x"]}"#).await;

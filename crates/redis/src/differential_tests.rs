@@ -274,18 +274,7 @@ fn the_lua_script_decides_exactly_like_the_core() {
         .enable_all()
         .build()
         .expect("runtime");
-    let store = Arc::new(
-        runtime
-            .block_on(RedisStore::connect(RedisStoreConfig {
-                url,
-                namespace: format!("differential-{}", std::process::id()),
-                fail_open: false,
-                allow_eviction: false,
-                timeout: Duration::from_secs(5),
-                keys_per_limit_max: 100_000,
-            }))
-            .expect("connect to Redis"),
-    );
+    let store = Arc::new(connect(&runtime, url, "differential", 100_000));
     let mut runner = TestRunner::new(Config {
         cases: 64,
         failure_persistence: None,
@@ -310,6 +299,26 @@ fn the_lua_script_decides_exactly_like_the_core() {
     }
 }
 
+/// A store on `url` in a namespace named `name` and this process, with a key budget of
+/// `keys_per_limit_max` per limit.
+fn connect(
+    runtime: &tokio::runtime::Runtime,
+    url: String,
+    name: &str,
+    keys_per_limit_max: u64,
+) -> RedisStore {
+    runtime
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url,
+            namespace: format!("{name}-{}", std::process::id()),
+            fail_open: false,
+            allow_eviction: false,
+            timeout: Duration::from_secs(5),
+            keys_per_limit_max,
+        }))
+        .expect("connect to Redis")
+}
+
 /// What `Committed` looks like from a lease release, for the compile-time check that the
 /// store's commit result is the core's type.
 #[allow(dead_code)]
@@ -326,16 +335,7 @@ fn the_lua_script_forgets_the_same_reservations_as_the_core() {
         .enable_all()
         .build()
         .expect("runtime");
-    let store = runtime
-        .block_on(RedisStore::connect(RedisStoreConfig {
-            url,
-            namespace: format!("differential-cap-{}", std::process::id()),
-            fail_open: false,
-            allow_eviction: false,
-            timeout: Duration::from_secs(5),
-            keys_per_limit_max: 100_000,
-        }))
-        .expect("connect to Redis");
+    let store = connect(&runtime, url, "differential-cap", 100_000);
     let policy = Policy::rate(
         10_000,
         60_000_000,
@@ -557,16 +557,7 @@ fn the_lua_key_budget_admits_exactly_like_its_reference() {
         .enable_all()
         .build()
         .expect("runtime");
-    let store = runtime
-        .block_on(RedisStore::connect(RedisStoreConfig {
-            url,
-            namespace: format!("differential-tally-{}", std::process::id()),
-            fail_open: false,
-            allow_eviction: false,
-            timeout: Duration::from_secs(5),
-            keys_per_limit_max: 3,
-        }))
-        .expect("connect to Redis");
+    let store = connect(&runtime, url, "differential-tally", 3);
     let mut runner = TestRunner::new(Config {
         cases: 48,
         failure_persistence: None,

@@ -342,8 +342,6 @@ pub async fn run(
     // The state database is the rules database unless the rules come from a file or it is
     // configured apart.
     let state = SqlSource::connect(config.state_url(), &config.rules_table).await?;
-    // Scoped data tokens live in the state database, beside the runs.
-    let tokens = Arc::new(tokens::Tokens::start(Some(state.clone())).await?);
     let source = if config.rules_from_file() {
         let file = FileSource::open(&config.rules_url)?;
         tracing::info!(
@@ -362,6 +360,16 @@ pub async fn run(
     } else {
         RulesSource::Sql(SqlSource::connect(&config.rules_url, &config.rules_table).await?)
     };
+    // Scoped data tokens are configuration, shared as the rules are: in the rules database,
+    // so replicas that each keep a state database of their own accept the same tokens; with a
+    // limits file, in the state database.
+    let tokens = Arc::new(
+        tokens::Tokens::start(Some(match &source {
+            RulesSource::Sql(rules) => rules.clone(),
+            RulesSource::File(_) => state.clone(),
+        }))
+        .await?,
+    );
     let (store, memory) = build_store(&config, &state).await?;
     let store_seconds = metrics::store_seconds_family();
     let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
