@@ -13,7 +13,10 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let asked: Vec<String> = std::env::args().skip(1).collect();
     for name in &asked {
-        if !tollgate_fuzz::targets::ALL.iter().any(|(target, _)| target == name) {
+        if !tollgate_fuzz::targets::ALL
+            .iter()
+            .any(|(target, _)| target == name)
+        {
             eprintln!("replay: no target named {name:?}");
             return ExitCode::from(2);
         }

@@ -3,4 +3,6 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::envoy_descriptors::run(data));
+libfuzzer_sys::fuzz_target!(
+    |data: &[u8]| tollgate_fuzz::targets::envoy_descriptors::run_input(data)
+);

@@ -3,4 +3,4 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_commit::run(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_commit::run_input(data));

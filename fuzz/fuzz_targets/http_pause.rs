@@ -3,4 +3,4 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_pause::run(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_pause::run_input(data));

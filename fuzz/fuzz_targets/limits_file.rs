@@ -3,4 +3,4 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::limits_file::run(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::limits_file::run_input(data));

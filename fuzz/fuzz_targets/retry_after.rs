@@ -3,4 +3,4 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::retry_after::run(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::retry_after::run_input(data));

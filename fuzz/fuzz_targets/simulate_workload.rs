@@ -3,4 +3,6 @@
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::simulate_workload::run(data));
+libfuzzer_sys::fuzz_target!(
+    |data: &[u8]| tollgate_fuzz::targets::simulate_workload::run_input(data)
+);

@@ -120,8 +120,12 @@ impl Api {
                 path_matching: tollgate_server::DEFAULT_PATH_MATCHING,
                 allowed_origins: Vec::new(),
                 allowed_hosts: Vec::new(),
-                header_read_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS),
-                idle_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_IDLE_TIMEOUT_MS),
+                header_read_timeout: std::time::Duration::from_millis(
+                    tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS,
+                ),
+                idle_timeout: std::time::Duration::from_millis(
+                    tollgate_server::DEFAULT_IDLE_TIMEOUT_MS,
+                ),
                 connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
                 waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
                 waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,

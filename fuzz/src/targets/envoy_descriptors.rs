@@ -132,11 +132,12 @@ fn counters(store: &MemoryStore) -> Vec<tollgate::SavedCounter> {
 
 /// One input of the target, as libFuzzer hands it over, read into `Input` as
 /// `libfuzzer_sys::fuzz_target!` reads a typed input (too short or unreadable: no run).
-pub fn run(bytes: &[u8]) {
+pub fn run_input(bytes: &[u8]) {
     if bytes.len() < <Input as Arbitrary>::size_hint(0).0 {
         return;
     }
-    let Ok(input) = <Input as Arbitrary>::arbitrary_take_rest(arbitrary::Unstructured::new(bytes)) else {
+    let Ok(input) = <Input as Arbitrary>::arbitrary_take_rest(arbitrary::Unstructured::new(bytes))
+    else {
         return;
     };
     let config = input

@@ -1,11 +1,11 @@
 //! `POST /v1/acquire` through the server's router: any body gets a documented answer, every
 //! refusal names its field, and a grant is a permit the server then accepts.
 
-use http::Method;
 use crate::{Api, check_answer};
+use http::Method;
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(body: &[u8]) {
+pub fn run_input(body: &[u8]) {
     let api = Api::get();
     let answer = api.data(Method::POST, "/v1/acquire", body);
     check_answer(&answer, &[200, 400, 404, 429]);

@@ -2,11 +2,11 @@
 //! refusal names its field, the path matched is the body's path normalized (a normal form:
 //! normalizing it again changes nothing), and a lease handed out is accepted back.
 
-use http::Method;
 use crate::{Api, check_answer};
+use http::Method;
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(body: &[u8]) {
+pub fn run_input(body: &[u8]) {
     let api = Api::get();
     let answer = api.data(Method::POST, "/v1/check", body);
     check_answer(&answer, &[200, 400, 404, 429]);

@@ -2,13 +2,13 @@
 //! server granted, the same ids altered, and ids made up: only a granted id is ever accepted,
 //! every refusal names its field, and a granted id is accepted with any body that is valid.
 
-use http::Method;
 use crate::{Api, check_answer, segment, split, uri_with};
+use http::Method;
 
 const DOCUMENTED: &[u16] = &[200, 400, 404, 409];
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(input: &[u8]) {
+pub fn run_input(input: &[u8]) {
     let Some((&mode, rest)) = input.split_first() else {
         return;
     };

@@ -2,11 +2,11 @@
 //! table: any name and body get a documented answer, every refusal names its field, and a
 //! stored rule reads back as stored and is its own canonical form (stored again, unchanged).
 
-use http::Method;
 use crate::{Api, BASE_LIMITS, check_answer, split, uri_with};
+use http::Method;
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(input: &[u8]) {
+pub fn run_input(input: &[u8]) {
     let api = Api::get();
     let (name, body) = split(input);
     let Ok(name) = std::str::from_utf8(name) else {

@@ -6,7 +6,7 @@
 use tollgate_rules::{FileFormat, RawRule, parse_limits, render_limits};
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(data: &[u8]) {
+pub fn run_input(data: &[u8]) {
     let Some((&choice, text)) = data.split_first() else {
         return;
     };

@@ -17,20 +17,23 @@ pub mod simulate_workload;
 pub mod sql_rows;
 pub mod stats_query;
 
+/// A target's body: one input, as libFuzzer hands it over; a failed check panics.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its binary and corpus directory.
-pub const ALL: &[(&str, fn(&[u8]))] = &[
-    ("envoy_config", envoy_config::run),
-    ("envoy_descriptors", envoy_descriptors::run),
-    ("http_acquire", http_acquire::run),
-    ("http_check", http_check::run),
-    ("http_commit", http_commit::run),
-    ("http_limits", http_limits::run),
-    ("http_pause", http_pause::run),
-    ("limits_file", limits_file::run),
-    ("normalize_path", normalize_path::run),
-    ("permit_id", permit_id::run),
-    ("retry_after", retry_after::run),
-    ("simulate_workload", simulate_workload::run),
-    ("sql_rows", sql_rows::run),
-    ("stats_query", stats_query::run),
+pub const ALL: &[(&str, Target)] = &[
+    ("envoy_config", envoy_config::run_input),
+    ("envoy_descriptors", envoy_descriptors::run_input),
+    ("http_acquire", http_acquire::run_input),
+    ("http_check", http_check::run_input),
+    ("http_commit", http_commit::run_input),
+    ("http_limits", http_limits::run_input),
+    ("http_pause", http_pause::run_input),
+    ("limits_file", limits_file::run_input),
+    ("normalize_path", normalize_path::run_input),
+    ("permit_id", permit_id::run_input),
+    ("retry_after", retry_after::run_input),
+    ("simulate_workload", simulate_workload::run_input),
+    ("sql_rows", sql_rows::run_input),
+    ("stats_query", stats_query::run_input),
 ];

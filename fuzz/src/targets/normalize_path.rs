@@ -31,7 +31,7 @@ fn encode_all(path: &str) -> String {
 }
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(data: &[u8]) {
+pub fn run_input(data: &[u8]) {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };

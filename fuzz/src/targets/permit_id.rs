@@ -27,7 +27,7 @@ fn refused_as_permit(error: &Error) -> bool {
 }
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(data: &[u8]) {
+pub fn run_input(data: &[u8]) {
     let secret = PermitSecret::from_bytes(SECRET);
     static TAG_AGREES: Once = Once::new();
     TAG_AGREES.call_once(|| {

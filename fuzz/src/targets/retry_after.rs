@@ -78,7 +78,7 @@ fn check_pause(read: Option<Duration>) {
 }
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(data: &[u8]) {
+pub fn run_input(data: &[u8]) {
     if data.len() < 9 {
         return;
     }

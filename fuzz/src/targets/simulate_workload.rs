@@ -30,7 +30,7 @@ fn small(workload: &Workload) -> bool {
 }
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(data: &[u8]) {
+pub fn run_input(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

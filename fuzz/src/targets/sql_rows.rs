@@ -136,11 +136,13 @@ fn bind<'q>(
 
 /// One input of the target, as libFuzzer hands it over, read into `Vec<Row>` as
 /// `libfuzzer_sys::fuzz_target!` reads a typed input (too short or unreadable: no run).
-pub fn run(bytes: &[u8]) {
+pub fn run_input(bytes: &[u8]) {
     if bytes.len() < <Vec<Row> as Arbitrary>::size_hint(0).0 {
         return;
     }
-    let Ok(rows) = <Vec<Row> as Arbitrary>::arbitrary_take_rest(arbitrary::Unstructured::new(bytes)) else {
+    let Ok(rows) =
+        <Vec<Row> as Arbitrary>::arbitrary_take_rest(arbitrary::Unstructured::new(bytes))
+    else {
         return;
     };
     if rows.len() > 16 {

@@ -2,11 +2,11 @@
 //! refusal names its field (an unknown parameter by its name), and an answer shows the one limit
 //! asked for, or all of them.
 
-use http::Method;
 use crate::{Api, BASE_LIMITS, check_answer, uri_with};
+use http::Method;
 
 /// One input of the target, as libFuzzer hands it over.
-pub fn run(query: &[u8]) {
+pub fn run_input(query: &[u8]) {
     let Ok(query) = std::str::from_utf8(query) else {
         return;
     };
