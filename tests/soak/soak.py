@@ -180,6 +180,12 @@ class Soak:
         self.impaired_seconds = 0.0
         self.impaired_since = 0.0
         self.admin_token = os.urandom(16).hex()
+        # Server c listens beyond loopback (in the network namespace), where a data token is
+        # required; every server has it, and every process started here reads it from
+        # TOLLGATE_SOAK_DATA_TOKEN.
+        self.data_token = os.urandom(16).hex()
+        os.environ["TOLLGATE_SOAK_DATA_TOKEN"] = self.data_token
+        self.data_headers = {"authorization": f"Bearer {self.data_token}"}
         self.permit_secret = os.urandom(16).hex()
         self.faketime = next((p for p in FAKETIME_LIBRARIES if Path(p).exists()), None)
         self.redis_port = free_port()
@@ -322,6 +328,7 @@ class Soak:
         env.update(
             {
                 "TOLLGATE_ADMIN_TOKEN": self.admin_token,
+                "TOLLGATE_DATA_TOKEN": self.data_token,
                 "TOLLGATE_PERMIT_SECRET": self.permit_secret,
                 "TOLLGATE_LOG": "warn,tollgate_server=info,tollgate_redis=info",
             }
@@ -648,7 +655,11 @@ class Soak:
             "redis_used_memory": int(info.get("used_memory", "0")),
         }
         try:
-            stats = httpx.get(f"http://127.0.0.1:{self.ports['capped']}/v1/stats", timeout=2.0)
+            stats = httpx.get(
+                f"http://127.0.0.1:{self.ports['capped']}/v1/stats",
+                headers=self.data_headers,
+                timeout=2.0,
+            )
             sample["capped_keys_tracked"] = stats.json()["store"].get("keys_tracked")
         except (httpx.HTTPError, ValueError, KeyError):
             pass
@@ -756,6 +767,7 @@ class Soak:
                 answer = httpx.post(
                     f"{self.server_url('a')}/v1/acquire",
                     json={"limits": [limit.name], "cost": limit.limit, "priority": "high"},
+                    headers=self.data_headers,
                     timeout=10.0,
                 )
                 body = answer.json()
@@ -765,6 +777,7 @@ class Soak:
                     httpx.post(
                         f"{self.server_url('a')}/v1/permits/{body['permit']}/commit",
                         json={"used": limit.limit},
+                        headers=self.data_headers,
                         timeout=10.0,
                     ).raise_for_status()
                 else:
@@ -776,7 +789,10 @@ class Soak:
                 entry["error"] = repr(error)
             try:
                 stats = httpx.get(
-                    f"{self.server_url('a')}/v1/stats", params={"limit": limit.name}, timeout=10.0
+                    f"{self.server_url('a')}/v1/stats",
+                    params={"limit": limit.name},
+                    headers=self.data_headers,
+                    timeout=10.0,
                 ).json()
                 entry["used_by_stats"] = stats["limits"][0]["usage"].get("used")
             except (httpx.HTTPError, ValueError, KeyError, IndexError) as error:
@@ -789,7 +805,11 @@ class Soak:
         info = self.redis_info()
         capped: dict[str, Any] = {}
         try:
-            stats = httpx.get(f"http://127.0.0.1:{self.ports['capped']}/v1/stats", timeout=10.0)
+            stats = httpx.get(
+                f"http://127.0.0.1:{self.ports['capped']}/v1/stats",
+                headers=self.data_headers,
+                timeout=10.0,
+            )
             capped = stats.json()["store"]
         except (httpx.HTTPError, ValueError, KeyError):
             pass
@@ -992,8 +1012,10 @@ def print_report(report: dict[str, Any]) -> None:
         f" {prompt['max'] / 1e3:.1f} ms, p99 {prompt['p99'] / 1e3:.1f} ms;",
         f"  server, other (from reading the answer; counted from the request): max"
         f" {other['max'] / 1e3:.1f} ms, p99 {other['p99'] / 1e3:.1f} ms",
-        f"  vendor windows are shortened by the longest delay, {delays['max_us'] / 1e3:.1f} ms;"
-        f" {delays['grants_without_vendor_call']} grants made no vendor call",
+        f"  vendor windows are shortened by the longest delay up to 500 ms,"
+        f" {delays['max_us'] / 1e3:.1f} ms; {delays['late_calls']} calls later than that,"
+        f" counted by their own spans; {delays['grants_without_vendor_call']} grants made no"
+        " vendor call",
         "",
         "FENCING",
     ]

@@ -59,7 +59,9 @@ class Worker:
     ) -> None:
         self.tag = tag
         self.pid = os.getpid()
-        self.clients = [AsyncClient(url, timeout=5.0) for url in servers]
+        # The servers' data token, which soak.py hands every process it starts.
+        token = os.environ.get("TOLLGATE_SOAK_DATA_TOKEN") or None
+        self.clients = [AsyncClient(url, token=token, timeout=5.0) for url in servers]
         self.current = 0
         self.vendor = VendorLink.parse(vendor)
         self.records = records
