@@ -22,6 +22,22 @@ fn main() -> ExitCode {
         }
     }
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    // The targets' SQLite URLs (`sqlite:file:...?mode=memory`) leave empty files named after
+    // them in the working directory: run in a scratch directory, removed at the end.
+    let scratch = std::env::temp_dir().join(format!("tollgate-fuzz-replay-{}", std::process::id()));
+    if let Err(error) =
+        std::fs::create_dir_all(&scratch).and_then(|()| std::env::set_current_dir(&scratch))
+    {
+        eprintln!("replay: {}: {error}", scratch.display());
+        return ExitCode::from(2);
+    }
+    let code = replay(&asked, &corpus);
+    let _ = std::env::set_current_dir(std::env::temp_dir());
+    let _ = std::fs::remove_dir_all(&scratch);
+    code
+}
+
+fn replay(asked: &[String], corpus: &Path) -> ExitCode {
     let mut failed = Vec::new();
     let mut replayed = 0usize;
     for (target, run) in tollgate_fuzz::targets::ALL {
