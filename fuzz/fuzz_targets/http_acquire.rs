@@ -1,44 +1,6 @@
-//! `POST /v1/acquire` through the server's router: any body gets a documented answer, every
-//! refusal names its field, and a grant is a permit the server then accepts.
+//! The `http_acquire` target: its body and checks are `tollgate_fuzz::targets::http_acquire`, which
+//! `cargo run --example replay` also runs over `fuzz/corpus/http_acquire` on stable Rust.
 
 #![no_main]
 
-use http::Method;
-use libfuzzer_sys::fuzz_target;
-use tollgate_fuzz::{Api, check_answer};
-
-fuzz_target!(|body: &[u8]| {
-    let api = Api::get();
-    let answer = api.data(Method::POST, "/v1/acquire", body);
-    check_answer(&answer, &[200, 400, 404, 429]);
-    let asked = serde_json::from_slice::<serde_json::Value>(body).ok();
-    let names = asked
-        .as_ref()
-        .and_then(|asked| asked.get("limits"))
-        .and_then(|limits| limits.as_array())
-        .map(Vec::len);
-    match answer.status {
-        200 => {
-            let permit = answer.text("/permit").expect("a permit");
-            assert!(!permit.is_empty());
-            let limits = answer
-                .json
-                .as_ref()
-                .and_then(|json| json.get("limits"))
-                .and_then(|limits| limits.as_array())
-                .expect("limits");
-            assert_eq!(Some(limits.len()), names, "one status per limit asked");
-            api.settle(permit);
-        }
-        429 => {
-            let limits = answer
-                .json
-                .as_ref()
-                .and_then(|json| json.get("limits"))
-                .and_then(|limits| limits.as_array())
-                .expect("limits");
-            assert!(limits.len() <= names.unwrap_or(0));
-        }
-        _ => {}
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_acquire::run_input(data));

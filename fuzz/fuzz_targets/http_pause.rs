@@ -1,37 +1,6 @@
-//! `POST /v1/pause` through the server's router: any body gets a documented answer, every
-//! refusal names its field, and a pause in force lasts at least what was asked and at most
-//! `PAUSE_MS_MAX`.
+//! The `http_pause` target: its body and checks are `tollgate_fuzz::targets::http_pause`, which
+//! `cargo run --example replay` also runs over `fuzz/corpus/http_pause` on stable Rust.
 
 #![no_main]
 
-use http::Method;
-use libfuzzer_sys::fuzz_target;
-use tollgate_fuzz::{Api, check_answer};
-
-fuzz_target!(|body: &[u8]| {
-    let api = Api::get();
-    let answer = api.data(Method::POST, "/v1/pause", body);
-    check_answer(&answer, &[200, 400, 404]);
-    if answer.status != 200 {
-        return;
-    }
-    let asked: serde_json::Value = serde_json::from_slice(body).expect("an accepted body is JSON");
-    let asked_ms = asked
-        .get("retry_after_ms")
-        .and_then(serde_json::Value::as_u64)
-        .expect("retry_after_ms");
-    let paused_ms = answer.number("/paused_ms").expect("paused_ms");
-    assert!(
-        (1..=tollgate::PAUSE_MS_MAX).contains(&asked_ms),
-        "a pause of {asked_ms} ms was accepted"
-    );
-    assert!(
-        paused_ms >= asked_ms,
-        "asked {asked_ms} ms, paused {paused_ms} ms"
-    );
-    assert!(paused_ms <= tollgate::PAUSE_MS_MAX, "paused {paused_ms} ms");
-    assert_eq!(
-        answer.text("/limit"),
-        asked.get("limit").and_then(|l| l.as_str())
-    );
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| tollgate_fuzz::targets::http_pause::run_input(data));

@@ -1,5 +1,8 @@
 //! What the fuzz targets share: the server's router driven in-process (a memory store, the
-//! rules in an in-memory SQLite table), and the checks every answer of API v1 must pass.
+//! rules in an in-memory SQLite table), and the checks every answer of API v1 must pass; and
+//! each target's body (`targets`), which the corpus replay runs too.
+
+pub mod targets;
 
 use std::sync::OnceLock;
 
@@ -120,8 +123,12 @@ impl Api {
                 forward_auth_ipv6_prefix_len: tollgate_server::DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
                 allowed_origins: Vec::new(),
                 allowed_hosts: Vec::new(),
-                header_read_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS),
-                idle_timeout: std::time::Duration::from_millis(tollgate_server::DEFAULT_IDLE_TIMEOUT_MS),
+                header_read_timeout: std::time::Duration::from_millis(
+                    tollgate_server::DEFAULT_HEADER_READ_TIMEOUT_MS,
+                ),
+                idle_timeout: std::time::Duration::from_millis(
+                    tollgate_server::DEFAULT_IDLE_TIMEOUT_MS,
+                ),
                 connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
                 waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
                 waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,

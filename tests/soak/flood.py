@@ -11,6 +11,7 @@ Usage: flood.py KEYS_MAX PROGRESS_FILE NAME=HOST:PORT[,NAME=HOST:PORT...] [DEPTH
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import time
@@ -20,6 +21,9 @@ from common import FLOOD_LIMIT, stop_on_sigterm, write_json
 
 CODE = re.compile(rb'"code":"([a-z_]+)"')
 REASON = re.compile(rb'"reason":"([a-z_]+)"')
+# The servers' data token, which soak.py hands every process it starts.
+_TOKEN = os.environ.get("TOLLGATE_SOAK_DATA_TOKEN", "")
+AUTHORIZATION = b"authorization: Bearer %s\r\n" % _TOKEN.encode() if _TOKEN else b""
 
 
 class Flood:
@@ -86,9 +90,9 @@ class Flood:
                     break
                 body = b'{"limits":["%s"],"key":"k%x"}' % (FLOOD_LIMIT.encode(), key)
                 batch.append(
-                    b"POST /v1/acquire HTTP/1.1\r\nhost: tollgate\r\n"
+                    b"POST /v1/acquire HTTP/1.1\r\nhost: 127.0.0.1\r\n%s"
                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(body), body)
+                    % (AUTHORIZATION, len(body), body)
                 )
             if not batch:
                 return

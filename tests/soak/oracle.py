@@ -9,10 +9,12 @@ Two views of each rate limit:
   lie inside it, so a count above the limit is an overshoot for certain.
 - **vendor**: when each call reached the vendor. A call whose delay was measured (library
   grants exactly; server grants answered within 100 ms, from sending the request) arrives up
-  to D after its grant, D being the longest such delay, so those that reach the vendor in any
-  window of the algorithm's width minus D were all granted within one window. Any other call
-  was granted between sending its request and reaching the vendor, and is counted in a
-  window only when that whole span lies inside it.
+  to D after its grant, D being the longest such delay up to 500 ms, so those that reach the
+  vendor in any window of the algorithm's width minus D were all granted within one window.
+  Any other call, and a late one (measured, over 500 ms), was granted between sending its
+  request (or its grant) and reaching the vendor, and is counted in a window only when that
+  whole span lies inside it. A view that would count nothing, or leaves more than 1 % of the
+  calls late, or more than 5 % of the waited grants in no window, is blind: a failure.
 
 Concurrency: the vendor sees each lease holder's work from its ``begin`` to its ``end``; work
 counts as in flight until its end, or until the lease could have expired (the holder sends
@@ -80,6 +82,8 @@ class Grant:
     lo: int
     hi: int
     exact: bool
+    #: The longest wait the client asked for (ms); 0 for library grants.
+    wait_ms: int = 0
 
 
 @dataclass
@@ -137,6 +141,7 @@ def load(worker_files: list[Path], library_files: list[Path], vendor_file: Path)
                         lo=int(words[5]),
                         hi=int(words[6]),
                         exact=False,
+                        wait_ms=int(words[4]),
                     )
                 )
             elif kind == "L" and len(words) == 7:
@@ -195,6 +200,18 @@ def delay_summary(values: list[int]) -> dict[str, int]:
     }
 
 
+#: The share of a limit's waited server grants that may span a whole window (and so fit in no
+#: window of either view) before the judgement counts as blind to them.
+WAITED_UNCOUNTABLE_SHARE_MAX = 0.05
+
+#: A call that reached the vendor more than this long after its grant (a stalled worker or a
+#: starved machine) is "late": it does not set D, the delay that shortens every vendor window
+#: (one stall would otherwise shorten them to nothing), and is counted by its own span, from
+#: its grant (or its request) to its arrival, as a waited grant's call is.
+LATE_DELAY_US = 500_000
+#: The share of a limit's calls that may be late before the vendor view counts as blind.
+LATE_SHARE_MAX = 0.01
+
 #: A server grant's delay counts as measured when its request was answered within this long:
 #: its decision then lies within that span of the answer.
 MEASURED_BRACKET_US = 100_000
@@ -237,11 +254,13 @@ def delays(records: Records) -> dict[str, Any]:
                 measured.append(arrived - grant.lo)
             else:
                 from_answer.append(arrived - grant.hi)
+    prompt = [d for d in exact + measured if d <= LATE_DELAY_US]
     return {
         "library_exact_us": delay_summary(exact),
         "server_prompt_upper_bound_us": delay_summary(measured),
         "server_other_from_answer_us": delay_summary(from_answer),
-        "max_us": max(max(exact, default=0), max(measured, default=0)),
+        "max_us": max(prompt, default=0),
+        "late_calls": len(exact) + len(measured) - len(prompt),
         "grants_without_vendor_call": unmatched,
     }
 
@@ -261,14 +280,42 @@ def judge_rate(limit: RateLimit, records: Records, slack_us: int) -> dict[str, A
     ]
     # A call whose delay was measured arrived within the longest measured delay of its grant;
     # of another, only that it was granted after its request was sent is sure.
+    # A late call (``LATE_DELAY_US``) is counted like the latter.
     vendor_intervals = []
+    late = 0
     for arrival, ident in calls:
         grant = by_call.get(ident)
-        if grant is None or delay_measured(grant):
+        if grant is None:
+            vendor_intervals.append((arrival - slack_us, arrival))
+        elif delay_measured(grant) and arrival - grant.lo <= LATE_DELAY_US:
             vendor_intervals.append((arrival - slack_us, arrival))
         else:
+            late += delay_measured(grant)
             vendor_intervals.append((grant.lo, arrival))
     most_called, called_at = count(vendor_intervals, width)
+    # Blind spots, each a failure (``blind``): with the longest grant-to-call delay as long as a
+    # window, no vendor window of width minus that delay is left, and the vendor view counts
+    # nothing; a server grant that waited, bracketed by a span as long as a window, fits no
+    # window in either view. A few such grants are the price of bracketing; most of them
+    # uncounted would leave waited grants, the path that hands out room as it frees, unjudged.
+    waited = [g for g in grants if not g.exact and g.wait_ms > 0]
+    waited_uncountable = sum(1 for g in waited if g.hi - g.lo >= width)
+    blind: list[str] = []
+    if calls and slack_us >= width:
+        blind.append(
+            f"the longest grant-to-call delay ({slack_us / 1_000:.0f} ms) reaches the window "
+            f"({width / 1_000:.0f} ms): the vendor view counts no call of a timed grant"
+        )
+    if late > LATE_SHARE_MAX * len(calls):
+        blind.append(
+            f"{late} of {len(calls)} calls reached the vendor over "
+            f"{LATE_DELAY_US / 1_000:.0f} ms after their grant: counted by their own spans only"
+        )
+    if waited and waited_uncountable > WAITED_UNCOUNTABLE_SHARE_MAX * len(waited):
+        blind.append(
+            f"{waited_uncountable} of {len(waited)} waited server grants span a whole window "
+            f"and cannot be counted"
+        )
     result: dict[str, Any] = {
         "algorithm": limit.algorithm,
         "bound": bound,
@@ -278,7 +325,11 @@ def judge_rate(limit: RateLimit, records: Records, slack_us: int) -> dict[str, A
         "grants_exact_time": sum(1 for g in grants if g.exact),
         "most_granted_in_a_window": most_granted,
         "most_granted_window_start_us": granted_at,
+        "waited_server_grants": len(waited),
+        "waited_server_grants_uncountable": waited_uncountable,
+        "blind": blind,
         "vendor_calls": len(calls),
+        "vendor_calls_late": late,
         "vendor_window_ms": (width - slack_us) / 1_000,
         "most_vendor_calls_in_a_window": most_called,
         "most_vendor_calls_window_start_us": called_at,

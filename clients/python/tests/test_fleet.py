@@ -1,6 +1,7 @@
 """A fleet on one limit: 4 processes of 20 threads each take permits from the real server and
-call a mock vendor that counts arrivals; no window of the vendor's ever sees more than the
-limit."""
+call a mock vendor that records when each call arrives; judged from the vendor's own record, no
+window of the limiter's span (period plus margin, less the spread the margin is there for) ever
+sees more than the limit."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ THREADS = 20
 LIMIT = 20
 PERIOD_MS = 500
 # Grants and arrivals at the vendor are apart by a delay that varies (scheduling, the
-# network); the margin absorbs up to this much spread, which on a small, busy machine is
-# generous. The vendor counts in windows of the period alone.
+# network); the margin absorbs that spread, so the limiter counts in spans of
+# PERIOD_MS + MARGIN_MS.
 MARGIN_MS = 1_000
+# The spread of grant-to-arrival delays the judgement allows (generous on a small, busy
+# machine): calls that arrive within a window of the span less this spread were granted
+# within one span. A limiter that overshot 1.5x (30 per 1.5 s, one every 50 ms at the most
+# even) puts 22 calls in some window of 1.1 s, so this judgement fails it; one that keeps the
+# limit passes as long as the spread of delays stays under 0.4 s.
+SPREAD_MS = 400
+JUDGED_WINDOW_MS = PERIOD_MS + MARGIN_MS - SPREAD_MS
 
 
 def test_four_processes_of_twenty_threads_never_exceed_the_limit(
@@ -33,8 +41,12 @@ def test_four_processes_of_twenty_threads_never_exceed_the_limit(
                 acquire_then_call, [(server.url, name, vendor_url, THREADS, 120.0)] * PROCESSES
             )
     assert [error for process_errors in errors for error in process_errors] == []
-    calls = PROCESSES * THREADS
-    assert len(vendor.arrivals) == calls, "every thread made its call"
-    # The demand was four times the limit: the limiter had to hold calls back.
-    assert calls >= 4 * LIMIT
-    assert vendor.max_in_window(PERIOD_MS / 1000) <= LIMIT
+    arrivals = sorted(vendor.arrivals)
+    # Counted by the vendor: every thread made its one call (four times the limit in all, so
+    # the limiter had to hold most of them back).
+    assert len(arrivals) == PROCESSES * THREADS, "every thread made its call"
+    most = vendor.max_in_window(JUDGED_WINDOW_MS / 1000)
+    assert most <= LIMIT, (
+        f"{most} calls reached the vendor within {JUDGED_WINDOW_MS} ms; the limit is {LIMIT} "
+        f"per {PERIOD_MS} ms + {MARGIN_MS} ms margin"
+    )

@@ -550,8 +550,10 @@ async fn waits_are_capped_by_configuration() {
     )
     .await;
     assert_error(&answer, 429, "rate_limited", None);
-    // Asked for an hour, capped at 300 ms: well under the deadline even on a busy machine.
-    assert!(started.elapsed() < DEADLINE, "{:?}", started.elapsed());
+    // Asked for an hour, capped at 300 ms. The client itself gives up at DEADLINE, so the
+    // bound must be well under it to tell a cap from a client timeout: a third of it is still
+    // over thirty times the cap.
+    assert!(started.elapsed() < DEADLINE / 3, "{:?}", started.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1036,7 +1038,9 @@ async fn rules_edited_by_plain_sql_take_effect_and_bad_rows_keep_the_last_good_v
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_one_redis_share_one_quota() {
     let Ok(redis) = std::env::var("TOLLGATE_TEST_REDIS") else {
-        eprintln!("SKIPPED: two_replicas_on_one_redis_share_one_quota: TOLLGATE_TEST_REDIS unset");
+        tollgate::conformance::skipped(
+            "two_replicas_on_one_redis_share_one_quota: TOLLGATE_TEST_REDIS unset",
+        );
         return;
     };
     let namespace = format!(

@@ -64,7 +64,9 @@ async fn resume(client: &tollgate_cli::client::Client, path: &str) -> Answer {
 /// The test Redis and a namespace of the test's own, or `None` (said loudly) without one.
 fn test_redis(test: &str) -> Option<(String, String)> {
     let Ok(url) = std::env::var("TOLLGATE_TEST_REDIS") else {
-        eprintln!("SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis");
+        tollgate::conformance::skipped(&format!(
+            "{test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis"
+        ));
         return None;
     };
     let nanos = std::time::SystemTime::now()

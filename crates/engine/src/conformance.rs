@@ -23,6 +23,17 @@ use crate::{
     PermitError, PermitSecret, Request,
 };
 
+/// Say that a test, or a part of one, did not run and why (`SKIPPED ...` on stderr), for the
+/// tests of every crate here. Under `CI=true` it panics instead: CI runs every test, so one that
+/// cannot run fails the run (`scripts/test-all`).
+#[track_caller]
+pub fn skipped(what: &str) {
+    if std::env::var("CI").is_ok_and(|value| value == "true") {
+        panic!("SKIPPED under CI=true, where every test must run: {what}");
+    }
+    eprintln!("SKIPPED {what}");
+}
+
 /// Two views of one shared state: two handles a store's users would open (for the memory store,
 /// the same store twice; for Redis, two connections on one namespace).
 #[derive(Debug, Clone)]

@@ -578,8 +578,8 @@ async fn the_generated_client_is_answered_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_services_on_one_redis_share_the_counters() {
     let Ok(url) = std::env::var("TOLLGATE_TEST_REDIS") else {
-        eprintln!(
-            "SKIPPED two_services_on_one_redis_share_the_counters: TOLLGATE_TEST_REDIS is unset"
+        tollgate::conformance::skipped(
+            "two_services_on_one_redis_share_the_counters: TOLLGATE_TEST_REDIS is unset",
         );
         return;
     };

@@ -99,7 +99,10 @@ fn redis_url() -> Option<String> {
     match std::env::var("TOLLGATE_TEST_REDIS") {
         Ok(url) => Some(url),
         Err(_) => {
-            eprintln!("SKIPPED: TOLLGATE_TEST_REDIS is unset; the Lua script was not compared");
+            tollgate::conformance::skipped(
+                "the Lua/core differential: TOLLGATE_TEST_REDIS is unset; the Lua script was not \
+                 compared",
+            );
             None
         }
     }

@@ -10,9 +10,9 @@ pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var("TOLLGATE_TEST_REDIS") {
         Ok(url) => Some(url),
         Err(_) => {
-            eprintln!(
-                "SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis"
-            );
+            tollgate::conformance::skipped(&format!(
+                "{test}: TOLLGATE_TEST_REDIS is unset, so it did not run against Redis"
+            ));
             None
         }
     }

@@ -96,7 +96,10 @@ fn skewed_fleet_in_rounds(test: &str, algorithm: &'static str, per_span_max: fn(
         return;
     };
     if faketime_library().is_none() {
-        eprintln!("SKIPPED {test}: libfaketime is not installed");
+        tollgate::conformance::skipped(&format!(
+            "{test}: libfaketime is not installed (libfaketimeMT.so.1 at none of the paths \
+             fleets::faketime_library looks at)"
+        ));
         return;
     }
     let namespace = common::namespace(test);
@@ -255,7 +258,9 @@ fn losing_redis_state_mid_run_never_regrants() {
         return;
     }
     let Some(mut redis) = PrivateRedis::start() else {
-        eprintln!("SKIPPED losing_redis_state_mid_run_never_regrants: cannot start redis-server");
+        tollgate::conformance::skipped(
+            "losing_redis_state_mid_run_never_regrants: a redis-server of its own did not start",
+        );
         return;
     };
     let url = redis.url();

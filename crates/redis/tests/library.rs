@@ -36,8 +36,8 @@ async fn a_lost_function_library_is_loaded_again() {
     common::declare_fresh(&url, &namespace).await;
     let store = Arc::new(common::connect(&url, &namespace).await);
     let Some(library) = store.function_library().map(str::to_owned) else {
-        eprintln!(
-            "SKIPPED a_lost_function_library_is_loaded_again: this Redis refused FUNCTION LOAD"
+        tollgate::conformance::skipped(
+            "a_lost_function_library_is_loaded_again: this Redis refused FUNCTION LOAD",
         );
         return;
     };

@@ -100,7 +100,9 @@ fn urls(directory: &tempfile::TempDir) -> Vec<String> {
     for variable in ["TOLLGATE_TEST_POSTGRES", "TOLLGATE_TEST_MYSQL"] {
         match std::env::var(variable) {
             Ok(url) if !url.is_empty() => urls.push(url),
-            _ => eprintln!("SKIPPED: the {variable} part of this test: {variable} unset"),
+            _ => tollgate::conformance::skipped(&format!(
+                "the {variable} part of this test: {variable} unset"
+            )),
         }
     }
     urls
@@ -421,8 +423,8 @@ async fn admin_writes_go_to_the_table_and_apply_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notifies_changes_without_waiting_for_the_poll() {
     let Ok(url) = std::env::var("TOLLGATE_TEST_POSTGRES") else {
-        eprintln!(
-            "SKIPPED: postgres_notifies_changes_without_waiting_for_the_poll: TOLLGATE_TEST_POSTGRES unset"
+        tollgate::conformance::skipped(
+            "postgres_notifies_changes_without_waiting_for_the_poll: TOLLGATE_TEST_POSTGRES unset",
         );
         return;
     };

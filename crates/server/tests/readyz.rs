@@ -81,7 +81,10 @@ async fn readyz(address: SocketAddr) -> (u16, String) {
 async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
     let port = free_port();
     let Some(mut redis) = PrivateRedis::start(port) else {
-        eprintln!("SKIPPED: redis-server is not installed; /readyz over Redis was not tested");
+        tollgate::conformance::skipped(
+            "readyz_reports_a_redis_that_stopped_and_recovers_with_it: redis-server is not \
+             installed; /readyz over Redis was not tested",
+        );
         return;
     };
     wait_until_listening(port).await;

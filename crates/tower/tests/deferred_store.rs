@@ -249,9 +249,9 @@ fn namespace(test: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_store_is_decided_in_the_response_future_and_counted_in_redis() {
     let Ok(url) = std::env::var("TOLLGATE_TEST_REDIS") else {
-        eprintln!(
-            "SKIPPED a_redis_store_is_decided_in_the_response_future_and_counted_in_redis: \
-             TOLLGATE_TEST_REDIS is unset"
+        tollgate::conformance::skipped(
+            "a_redis_store_is_decided_in_the_response_future_and_counted_in_redis: \
+             TOLLGATE_TEST_REDIS is unset",
         );
         return;
     };

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 /// is missing.
 pub fn redis_server(test: &str) -> Option<PathBuf> {
     std::env::var("TOLLGATE_TEST_REDIS").ok().or_else(|| {
-        eprintln!("SKIPPED {test}: TOLLGATE_TEST_REDIS is unset, so no Redis test runs");
+        tollgate::conformance::skipped(&format!(
+            "{test}: TOLLGATE_TEST_REDIS is unset, so no Redis test runs"
+        ));
         None
     })?;
     Some(installed_redis_server().unwrap_or_else(|| {
