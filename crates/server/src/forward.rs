@@ -202,7 +202,7 @@ pub(crate) async fn forward_auth(
             };
             (
                 "X-Forwarded-For",
-                settings.client.key_by_x_forwarded_for(peer.ip(), headers),
+                settings.client.key_of(peer.ip(), headers),
             )
         }
     };

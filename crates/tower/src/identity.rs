@@ -1,9 +1,12 @@
 //! Who makes a request: the user key that limits counted `per` user are keyed by.
 //!
 //! The source is configured, never guessed. A header is believed only when it is the
-//! configured source (an authenticating proxy in front sets it); `X-Forwarded-For` and
-//! `Forwarded` are read only when the socket peer is a configured trusted proxy, and then
-//! from the right, so a client cannot choose its own identity by sending those headers.
+//! configured source (an authenticating proxy in front sets it); a trusted proxy's chain is
+//! read only when the socket peer is a configured trusted proxy, and then from the right, so a
+//! client cannot choose its own identity by sending it. The chain is `X-Forwarded-For`, which
+//! nginx, Caddy, Traefik, HAProxy and the cloud load balancers write, unless the caller says
+//! its proxies write RFC 7239 `Forwarded` instead: those proxies pass a client's own
+//! `Forwarded` on untouched, so believing it by default would let a client name itself.
 //!
 //! Counted by address, an IPv6 client is its network prefix (a /64 unless configured): one
 //! subscriber is given a whole /64 and may send each request from another of its 2^64
@@ -32,9 +35,9 @@ pub enum Identity {
     Principal(PrincipalFn),
     /// The client's IP address: the socket peer from axum's `ConnectInfo<SocketAddr>` (serve
     /// with `into_make_service_with_connect_info::<SocketAddr>()`), or, when the peer is one
-    /// of the trusted proxies, the nearest untrusted address in `Forwarded` /
-    /// `X-Forwarded-For`; an IPv6 address counted by its network prefix (see
-    /// [`ClientAddress`]).
+    /// of the trusted proxies, the nearest untrusted address of their chain (`X-Forwarded-For`
+    /// unless [`ClientAddress::reading_forwarded`]); an IPv6 address counted by its network
+    /// prefix (see [`ClientAddress`]).
     Peer(ClientAddress),
 }
 
@@ -70,8 +73,7 @@ impl Identity {
             }
             Identity::Peer(client) => {
                 let ConnectInfo(peer) = extensions.get::<ConnectInfo<SocketAddr>>()?;
-                let address = client_ip(peer.ip(), headers, &client.trusted);
-                Some(Cow::Owned(client.key(address)))
+                Some(Cow::Owned(client.key_of(peer.ip(), headers)))
             }
         }
     }
@@ -102,6 +104,8 @@ pub const IPV6_PREFIX_LEN_MAX: u8 = 128;
 pub struct ClientAddress {
     trusted: TrustedProxies,
     ipv6_prefix_len: u8,
+    /// The trusted proxies' chain is RFC 7239 `Forwarded`, not `X-Forwarded-For`.
+    forwarded: bool,
 }
 
 impl ClientAddress {
@@ -110,6 +114,7 @@ impl ClientAddress {
         ClientAddress {
             trusted,
             ipv6_prefix_len: DEFAULT_IPV6_PREFIX_LEN,
+            forwarded: false,
         }
     }
 
@@ -135,21 +140,27 @@ impl ClientAddress {
         self.ipv6_prefix_len
     }
 
-    /// The key of the client of a request that came from `peer`, reading the chain of a
-    /// trusted proxy from `X-Forwarded-For` alone, never from `Forwarded`: for a caller whose
-    /// proxies write that header and pass a client's own `Forwarded` through untouched (nginx,
-    /// Caddy and Traefik as configured in `examples/proxies/`), so that a client cannot name
-    /// itself there. The same walk from the right, and the same keys, as [`Identity::Peer`].
-    pub fn key_by_x_forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> String {
+    /// Read the trusted proxies' chain from RFC 7239 `Forwarded` instead of `X-Forwarded-For`:
+    /// only for proxies that write `Forwarded` and strip or overwrite a client's own (a
+    /// proxy that passes it on untouched would let a client name itself).
+    pub fn reading_forwarded(mut self) -> ClientAddress {
+        self.forwarded = true;
+        self
+    }
+
+    /// The key of the client of a request that came from `peer`: the peer, or behind a
+    /// trusted proxy the nearest untrusted address of the chain, walked from the right.
+    pub fn key_of(&self, peer: IpAddr, headers: &HeaderMap) -> String {
         let peer = canonical(peer);
         if !self.trusted.contains(peer) {
             return self.key(peer);
         }
-        self.key(nearest_untrusted(
-            peer,
-            &x_forwarded_for_hops(headers),
-            &self.trusted,
-        ))
+        let hops = if self.forwarded {
+            forwarded_hops(headers)
+        } else {
+            x_forwarded_for_hops(headers)
+        };
+        self.key(nearest_untrusted(peer, &hops, &self.trusted))
     }
 
     /// The key of a client at `address` (canonical: an IPv4-mapped address is IPv4): an IPv4
@@ -293,19 +304,10 @@ impl TrustedProxies {
 /// Forwarding hops read at most, so a huge header costs bounded work.
 const FORWARDED_HOPS_MAX: usize = 32;
 
-/// The client's address: the peer, unless the peer is a trusted proxy; then the chain of
-/// forwarded addresses is walked from the right (the hop the trusted proxy itself added) to
+/// The client's address behind a trusted, canonical `peer`: the chain of forwarded addresses
+/// `hops` (client first) is walked from the right (the hop the trusted proxy itself added) to
 /// the first address that is not a trusted proxy. Anything left of that was written by the
 /// client and is not believed.
-fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
-    let peer = canonical(peer);
-    if !trusted.contains(peer) {
-        return peer;
-    }
-    nearest_untrusted(peer, &forwarded_hops(headers), trusted)
-}
-
-/// The walk of `client_ip` from a trusted, canonical `peer` over `hops` (client first).
 fn nearest_untrusted(peer: IpAddr, hops: &[Option<IpAddr>], trusted: &TrustedProxies) -> IpAddr {
     let mut nearest = peer;
     for hop in hops.iter().rev() {
@@ -324,13 +326,9 @@ fn nearest_untrusted(peer: IpAddr, hops: &[Option<IpAddr>], trusted: &TrustedPro
     nearest
 }
 
-/// The forwarded addresses, client first: from `Forwarded` if present, else `X-Forwarded-For`.
-/// `None` marks a hop that is not an address (`unknown`, an obfuscated name, garbage).
+/// The addresses of `Forwarded`, client first. `None` marks a hop that is not an address (`unknown`, an obfuscated name, garbage).
 fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     let forwarded = headers.get_all(http::header::FORWARDED);
-    if forwarded.iter().next().is_none() {
-        return x_forwarded_for_hops(headers);
-    }
     let mut hops = Vec::new();
     for value in forwarded {
         let Ok(text) = value.to_str() else {
@@ -413,38 +411,45 @@ mod tests {
     fn forwarding_headers_are_ignored_from_untrusted_peers() {
         let trusted = TrustedProxies::parse(["10.0.0.0/8"]).expect("valid");
         let spoofed = headers(&[("x-forwarded-for", "1.2.3.4"), ("forwarded", "for=1.2.3.4")]);
-        assert_eq!(
-            client_ip(ip("203.0.113.9"), &spoofed, &trusted),
-            ip("203.0.113.9")
-        );
-        let none = TrustedProxies::none();
-        assert_eq!(client_ip(ip("10.0.0.1"), &spoofed, &none), ip("10.0.0.1"));
+        for client in [
+            ClientAddress::new(trusted.clone()),
+            ClientAddress::new(trusted).reading_forwarded(),
+        ] {
+            assert_eq!(client.key_of(ip("203.0.113.9"), &spoofed), "203.0.113.9");
+        }
+        let none = ClientAddress::new(TrustedProxies::none());
+        assert_eq!(none.key_of(ip("10.0.0.1"), &spoofed), "10.0.0.1");
     }
 
     #[test]
     fn a_trusted_proxy_chain_is_read_from_the_right() {
         let trusted = TrustedProxies::parse(["10.0.0.0/8", "192.0.2.5"]).expect("valid");
+        let client = ClientAddress::new(trusted.clone())
+            .with_ipv6_prefix_len(128)
+            .expect("valid");
         // The client claimed 1.1.1.1; 198.51.100.7 is what our first proxy saw.
         let chain = headers(&[("x-forwarded-for", "1.1.1.1, 198.51.100.7, 192.0.2.5")]);
-        assert_eq!(
-            client_ip(ip("10.1.2.3"), &chain, &trusted),
-            ip("198.51.100.7")
-        );
+        assert_eq!(client.key_of(ip("10.1.2.3"), &chain), "198.51.100.7");
         let forwarded = headers(&[(
             "forwarded",
             r#"for=1.1.1.1, for="[2001:db8::7]:4711";proto=https, for=192.0.2.5:80"#,
         )]);
         assert_eq!(
-            client_ip(ip("10.1.2.3"), &forwarded, &trusted),
-            ip("2001:db8::7")
+            client
+                .clone()
+                .reading_forwarded()
+                .key_of(ip("10.1.2.3"), &forwarded),
+            "2001:db8::7"
         );
         let garbage = headers(&[("x-forwarded-for", "1.1.1.1, nonsense")]);
-        assert_eq!(
-            client_ip(ip("10.1.2.3"), &garbage, &trusted),
-            ip("10.1.2.3")
-        );
+        assert_eq!(client.key_of(ip("10.1.2.3"), &garbage), "10.1.2.3");
         let empty = HeaderMap::new();
-        assert_eq!(client_ip(ip("10.1.2.3"), &empty, &trusted), ip("10.1.2.3"));
+        assert_eq!(client.key_of(ip("10.1.2.3"), &empty), "10.1.2.3");
+        assert_eq!(
+            client.reading_forwarded().key_of(ip("10.1.2.3"), &chain),
+            "10.1.2.3",
+            "a chain in the header not chosen is not read"
+        );
     }
 
     /// By socket peer: the client's address as `Display` writes it, an IPv4 address seen
@@ -479,8 +484,8 @@ mod tests {
         );
     }
 
-    /// Read from `X-Forwarded-For` alone: a client's own `Forwarded`, passed on untouched by
-    /// a trusted proxy that writes only `X-Forwarded-For`, names nobody.
+    /// By default the chain is `X-Forwarded-For` alone: a client's own `Forwarded`, passed on
+    /// untouched by a trusted proxy that writes only `X-Forwarded-For`, names nobody.
     #[test]
     fn x_forwarded_for_alone_ignores_a_forwarded_header() {
         let client = ClientAddress::new(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
@@ -488,24 +493,18 @@ mod tests {
             ("forwarded", "for=1.2.3.4"),
             ("x-forwarded-for", "6.6.6.6, 198.51.100.7"),
         ]);
-        assert_eq!(
-            client.key_by_x_forwarded_for(ip("10.0.0.1"), &both),
-            "198.51.100.7"
-        );
+        assert_eq!(client.key_of(ip("10.0.0.1"), &both), "198.51.100.7");
         // From an untrusted peer nothing forwarded is read; an IPv6 client is its /64.
         assert_eq!(
-            client.key_by_x_forwarded_for(ip("2001:db8:1:2:3:4:5:6"), &both),
+            client.key_of(ip("2001:db8:1:2:3:4:5:6"), &both),
             "2001:db8:1:2::/64"
         );
         let v6 = headers(&[("x-forwarded-for", "2001:db8:9:9::1")]);
         assert_eq!(
-            client.key_by_x_forwarded_for(ip("::ffff:10.0.0.1"), &v6),
+            client.key_of(ip("::ffff:10.0.0.1"), &v6),
             "2001:db8:9:9::/64"
         );
-        assert_eq!(
-            client.key_by_x_forwarded_for(ip("10.0.0.1"), &HeaderMap::new()),
-            "10.0.0.1"
-        );
+        assert_eq!(client.key_of(ip("10.0.0.1"), &HeaderMap::new()), "10.0.0.1");
     }
 
     #[test]
