@@ -484,6 +484,24 @@ mod tests {
         );
     }
 
+    /// Through `Identity::Peer`, as the layer asks: behind a trusted proxy that appends to
+    /// `X-Forwarded-For` and passes a client's own `Forwarded` on (nginx, Caddy, Traefik), the
+    /// client is what the proxy wrote, not what it claims.
+    #[test]
+    fn a_client_behind_a_trusted_proxy_cannot_name_itself_in_forwarded() {
+        let identity = Identity::peer(TrustedProxies::parse(["10.0.0.0/8"]).expect("valid"));
+        let mut extensions = http::Extensions::new();
+        extensions.insert(ConnectInfo(SocketAddr::new(ip("10.0.0.1"), 40_000)));
+        for claim in ["for=1.2.3.4", "for=5.6.7.8"] {
+            let sent = headers(&[("forwarded", claim), ("x-forwarded-for", "198.51.100.7")]);
+            assert_eq!(
+                identity.user_of(&sent, &extensions).as_deref(),
+                Some("198.51.100.7"),
+                "{claim}"
+            );
+        }
+    }
+
     /// By default the chain is `X-Forwarded-For` alone: a client's own `Forwarded`, passed on
     /// untouched by a trusted proxy that writes only `X-Forwarded-For`, names nobody.
     #[test]
