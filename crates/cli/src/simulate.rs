@@ -93,14 +93,37 @@ pub struct Waits {
     pub max: f64,
 }
 
+/// What became of one caller's calls. Every call offered is in exactly one place:
+/// `offered = granted + gave_up.at_once + gave_up.at_deadline + unfinished + errors`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CallerReport {
     pub name: String,
     pub priority: String,
+    /// How long the caller is willing to wait for a permit (`wait_ms` of the workload).
+    pub wait_limit_ms: u64,
     pub offered: u64,
     pub granted: u64,
-    pub timed_out: u64,
+    /// Waits of the granted calls, from asking to the grant.
     pub wait_ms: Waits,
+    pub gave_up: GaveUp,
+    /// Calls still waiting for a permit when the run ended.
+    pub unfinished: u64,
+    /// Calls the engine answered with an error (none, unless something is broken).
+    pub errors: u64,
+    /// The figures above in one sentence.
+    pub summary: String,
+}
+
+/// Calls refused a permit, and why.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GaveUp {
+    /// Refused when asked: the engine saw that nothing would free up within the caller's wait
+    /// (or the limit was paused past it), so it did not queue the call.
+    pub at_once: u64,
+    /// Queued, then refused when the caller's wait ran out.
+    pub at_deadline: u64,
+    /// Both, by the engine's reason (`capacity`, `paused`, `queued`, `recovering`).
+    pub by_reason: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -142,11 +165,21 @@ impl Report {
     }
 }
 
+/// What one caller saw.
+#[derive(Clone, Debug, Default)]
+struct CallerRecord {
+    offered: u64,
+    granted: u64,
+    /// Waits of granted calls (µs).
+    waits: Vec<u64>,
+    gave_up: GaveUp,
+    errors: u64,
+}
+
 /// What the callers saw, recorded as it happened (microseconds on the store's clock).
 #[derive(Debug, Default)]
 struct Record {
-    /// Per caller: offered, granted, timed out, waits (µs).
-    callers: Vec<(u64, u64, u64, Vec<u64>)>,
+    callers: Vec<CallerRecord>,
     /// Per limit: (granted at, released at, cost, priority).
     grants: BTreeMap<String, Vec<(u64, u64, u64, Priority)>>,
     /// Per limit: the instants a call waited or gave up.
@@ -317,7 +350,7 @@ pub async fn run(
     let started_us = clock.now_us();
     let end = started + Duration::from_secs_f64(workload.duration_s);
     let record = Arc::new(Mutex::new(Record {
-        callers: vec![(0, 0, 0, Vec::new()); workload.callers.len()],
+        callers: vec![CallerRecord::default(); workload.callers.len()],
         ..Record::default()
     }));
     let mut tasks = tokio::task::JoinSet::new();
@@ -414,17 +447,31 @@ impl Call {
             request = request.key(key);
         }
         let asked = self.clock.now_us();
-        self.record().callers[self.index].0 += 1;
+        self.record().callers[self.index].offered += 1;
         let outcome = match self.limiter.acquire(&request).await {
             Ok(outcome) => outcome,
-            Err(_) => return,
+            Err(_) => {
+                self.record().callers[self.index].errors += 1;
+                // As a refused worker does: never ask again at the same instant.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return;
+            }
         };
         let now = self.clock.now_us();
         match outcome {
             Outcome::Denied(denied) => {
                 {
                     let mut record = self.record();
-                    record.callers[self.index].2 += 1;
+                    let gave_up = &mut record.callers[self.index].gave_up;
+                    if now > asked {
+                        gave_up.at_deadline += 1;
+                    } else {
+                        gave_up.at_once += 1;
+                    }
+                    *gave_up
+                        .by_reason
+                        .entry(denied.reason.as_str().to_owned())
+                        .or_default() += 1;
                     for name in &caller.limits {
                         record.contended.entry(name.clone()).or_default().push(now);
                     }
@@ -437,8 +484,8 @@ impl Call {
                 let refused = self.call_vendor(now);
                 {
                     let mut record = self.record();
-                    record.callers[self.index].1 += 1;
-                    record.callers[self.index].3.push(now - asked);
+                    record.callers[self.index].granted += 1;
+                    record.callers[self.index].waits.push(now - asked);
                     if now > asked {
                         for name in &caller.limits {
                             record
@@ -627,20 +674,29 @@ fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u6
         .callers
         .iter()
         .zip(record.callers)
-        .map(|(caller, (offered, granted, timed_out, mut waits))| {
-            waits.sort_unstable();
-            CallerReport {
+        .map(|(caller, mut seen)| {
+            seen.waits.sort_unstable();
+            let gave_up = seen.gave_up.at_once + seen.gave_up.at_deadline;
+            let mut report = CallerReport {
                 name: caller.name.clone(),
                 priority: caller.priority.clone(),
-                offered,
-                granted,
-                timed_out,
+                wait_limit_ms: caller.wait_ms,
+                offered: seen.offered,
+                granted: seen.granted,
                 wait_ms: Waits {
-                    p50: percentile(&waits, 0.50),
-                    p99: percentile(&waits, 0.99),
-                    max: percentile(&waits, 1.0),
+                    p50: percentile(&seen.waits, 0.50),
+                    p99: percentile(&seen.waits, 0.99),
+                    max: percentile(&seen.waits, 1.0),
                 },
-            }
+                unfinished: seen
+                    .offered
+                    .saturating_sub(seen.granted + gave_up + seen.errors),
+                gave_up: seen.gave_up,
+                errors: seen.errors,
+                summary: String::new(),
+            };
+            report.summary = summary(&report);
+            report
         })
         .collect();
     Report {
@@ -652,25 +708,103 @@ fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u6
     }
 }
 
-/// The report as a table for people.
+/// One caller's figures in one sentence: how long its granted calls waited, and how many gave up
+/// and why.
+fn summary(caller: &CallerReport) -> String {
+    let mut text = format!(
+        "{} ({}): {} of {} calls granted",
+        caller.name, caller.priority, caller.granted, caller.offered
+    );
+    if caller.granted > 0 {
+        text.push_str(&format!(
+            ", after waiting {:.0} ms at p50, {:.0} ms at p99 and {:.0} ms at most",
+            caller.wait_ms.p50, caller.wait_ms.p99, caller.wait_ms.max
+        ));
+    }
+    let GaveUp {
+        at_once,
+        at_deadline,
+        by_reason,
+    } = &caller.gave_up;
+    if at_once + at_deadline == 0 {
+        text.push_str("; none gave up");
+    } else {
+        let mut why = Vec::new();
+        if *at_once > 0 {
+            why.push(format!(
+                "{at_once} refused when asked, as no room would open within their {} ms wait",
+                caller.wait_limit_ms
+            ));
+        }
+        if *at_deadline > 0 {
+            why.push(format!(
+                "{at_deadline} queued until their {} ms wait ran out",
+                caller.wait_limit_ms
+            ));
+        }
+        let reasons: Vec<String> = by_reason
+            .iter()
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        text.push_str(&format!(
+            "; {} gave up: {} (by reason: {})",
+            at_once + at_deadline,
+            why.join(", "),
+            reasons.join(", ")
+        ));
+    }
+    if caller.unfinished > 0 {
+        text.push_str(&format!(
+            "; {} still waiting when the run ended",
+            caller.unfinished
+        ));
+    }
+    if caller.errors > 0 {
+        text.push_str(&format!("; {} answered with an error", caller.errors));
+    }
+    text.push('.');
+    text
+}
+
+/// The report as a table for people, and each caller in a sentence.
 pub fn table(report: &Report) -> String {
     let mut out = format!("simulated {} s\n\n", report.duration_s);
     out.push_str(&format!(
-        "{:<20} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-        "CALLER", "PRIORITY", "OFFERED", "GRANTED", "TIMED OUT", "WAIT P50", "WAIT P99"
+        "{:<20} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
+        "CALLER",
+        "PRIORITY",
+        "OFFERED",
+        "GRANTED",
+        "WAIT P50",
+        "WAIT P99",
+        "WAIT MAX",
+        "REFUSED",
+        "TIMED OUT",
+        "UNFINISHED"
     ));
     for caller in &report.callers {
         out.push_str(&format!(
-            "{:<20} {:>8} {:>10} {:>10} {:>10} {:>8.0}ms {:>8.0}ms  (max {:.0} ms)\n",
+            "{:<20} {:>8} {:>9} {:>9} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>9} {:>9} {:>10}\n",
             caller.name,
             caller.priority,
             caller.offered,
             caller.granted,
-            caller.timed_out,
             caller.wait_ms.p50,
             caller.wait_ms.p99,
-            caller.wait_ms.max
+            caller.wait_ms.max,
+            caller.gave_up.at_once,
+            caller.gave_up.at_deadline,
+            caller.unfinished
         ));
+    }
+    out.push_str(
+        "\nWAIT: of granted calls. REFUSED: refused when asked, as no room would open within the \
+         caller's wait.\nTIMED OUT: queued until the caller's wait ran out. UNFINISHED: still \
+         waiting when the run ended.\n\n",
+    );
+    for caller in &report.callers {
+        out.push_str(&caller.summary);
+        out.push('\n');
     }
     out.push_str(&format!(
         "\n{:<20} {:>8} {:>14} {:>12}\n",
@@ -699,111 +833,228 @@ pub fn table(report: &Report) -> String {
     out
 }
 
-/// The report as an SVG: per limit, grants per window against the limit line (stacked by
-/// priority); then each caller's waits (p50, p99, max) as bars.
+/// Round tick steps: the smallest of 1, 2 or 5 times a power of ten that cuts `span` into at
+/// most `most` steps.
+fn tick_step(span: f64, most: f64) -> f64 {
+    let rough = (span / most).max(f64::MIN_POSITIVE);
+    let power = 10f64.powf(rough.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|factor| factor * power)
+        .find(|step| *step >= rough)
+        .unwrap_or(10.0 * power)
+}
+
+/// Priority colours (high, normal, low) and, unrelated to them, the wait figures' colours.
+const PRIORITY_COLOURS: [&str; 3] = ["#1f5f99", "#5fa2dd", "#b9d6f2"];
+const WAIT_COLOURS: [(&str, &str); 3] =
+    [("p50", "#1b9e77"), ("p99", "#e6a100"), ("max", "#c2410c")];
+
+/// The report as an SVG: per limit, grants per window stacked by priority against the limit
+/// line, over simulated time; then each caller's waits (p50, p99, max) as bars against its
+/// own wait, with how many gave up.
 pub fn chart(report: &Report) -> String {
-    let grants_per_window = &report.windows;
-    let (width, panel) = (960.0, 220.0);
-    let height = panel * (report.limits.len() as f64 + 1.0) + 40.0;
+    let (width, panel) = (960.0, 240.0);
+    let (left, right) = (80.0, 40.0);
+    let plot_width = width - left - right;
+    let waits_height = 70.0 + 34.0 * report.callers.len() as f64;
+    let height = panel * report.limits.len() as f64 + waits_height + 20.0;
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
-    let colors = ["#2b8cbe", "#74a9cf", "#bdc9e1"]; // high, normal, low
+    // Simulated time on the x axis, in minutes past two minutes, else in seconds.
+    let (unit, per_unit) = if report.duration_s > 120.0 {
+        ("min", 60.0)
+    } else {
+        ("s", 1.0)
+    };
+    let time_span = report.duration_s / per_unit;
     for (index, limit) in report.limits.iter().enumerate() {
         let top = 20.0 + panel * index as f64;
-        let windows = grants_per_window
-            .get(&limit.name)
-            .cloned()
-            .unwrap_or_default();
+        let (plot_top, base) = (top + 30.0, top + panel - 60.0);
+        let windows = report.windows.get(&limit.name).cloned().unwrap_or_default();
         let most = windows
             .iter()
             .map(|w| w.iter().sum::<u64>())
             .max()
             .unwrap_or(0)
-            .max(limit.limit) as f64;
-        let scale = (panel - 50.0) / most.max(1.0);
-        let bar = (width - 80.0) / windows.len().max(1) as f64;
+            .max(limit.limit) as f64
+            * 1.1;
+        let y = |value: f64| base - value / most.max(1.0) * (base - plot_top);
+        let window_s = report.duration_s / windows.len().max(1) as f64;
         svg.push_str(&format!(
-            "<text x=\"40\" y=\"{}\">{}: grants per window by priority, against the limit of {}</text>\n",
+            "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{}: units granted per window of {}, by priority, against its limit of {}</text>\n",
             top + 12.0,
             escape(&limit.name),
+            seconds_text(window_s),
             limit.limit
         ));
-        let base = top + panel - 20.0;
+        // Value axis: round ticks, and the axis's name.
+        let step = tick_step(most, 5.0);
+        let mut value = 0.0;
+        while value <= most {
+            let at = y(value);
+            svg.push_str(&format!(
+                "<line x1=\"{left}\" x2=\"{}\" y1=\"{at:.1}\" y2=\"{at:.1}\" stroke=\"#e5e5e5\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{value}</text>\n",
+                left + plot_width,
+                left - 6.0,
+                at + 4.0,
+            ));
+            value += step;
+        }
+        svg.push_str(&format!(
+            "<text transform=\"translate({:.1} {:.1}) rotate(-90)\" text-anchor=\"middle\">units per window</text>\n",
+            left - 50.0,
+            (plot_top + base) / 2.0
+        ));
+        let bar = plot_width / windows.len().max(1) as f64;
         for (slot, window) in windows.iter().enumerate() {
-            let mut y = base;
+            let mut top_of = base;
             for (level, units) in window.iter().enumerate() {
-                let h = *units as f64 * scale;
-                y -= h;
+                let h = base - y(*units as f64);
+                top_of -= h;
                 svg.push_str(&format!(
-                    "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"/>\n",
-                    40.0 + bar * slot as f64,
+                    "<rect x=\"{:.1}\" y=\"{top_of:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"/>\n",
+                    left + bar * slot as f64,
                     (bar - 1.0).max(0.5),
-                    colors[level]
+                    PRIORITY_COLOURS[level]
                 ));
             }
         }
-        let line = base - limit.limit as f64 * scale;
+        let line = y(limit.limit as f64);
         svg.push_str(&format!(
-            "<line x1=\"40\" x2=\"{}\" y1=\"{line:.1}\" y2=\"{line:.1}\" stroke=\"#d7301f\" stroke-width=\"2\"/>\n",
-            width - 40.0
-        ));
-        svg.push_str(&format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#d7301f\">limit {}</text>\n",
-            width - 40.0,
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{line:.1}\" y2=\"{line:.1}\" stroke=\"#d7301f\" stroke-width=\"2\"/>\n<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#d7301f\">limit {}</text>\n",
+            left + plot_width,
+            left + plot_width,
             line - 4.0,
             limit.limit
         ));
-        for (level, (color, name)) in colors.iter().zip(["high", "normal", "low"]).enumerate() {
-            let x = 40.0 + 80.0 * level as f64;
+        // Time axis: round ticks of simulated time, and the axis's name.
+        svg.push_str(&format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{base:.1}\" y2=\"{base:.1}\" stroke=\"#333\"/>\n",
+            left + plot_width
+        ));
+        let step = tick_step(time_span, 10.0);
+        let mut at = 0.0;
+        while at <= time_span + step * 1e-9 {
+            let x = left + at / time_span.max(f64::MIN_POSITIVE) * plot_width;
             svg.push_str(&format!(
-                "<rect x=\"{x}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{}\" y=\"{:.1}\">{name}</text>\n",
-                base + 6.0,
+                "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{base:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{at}</text>\n",
+                base + 4.0,
+                base + 16.0
+            ));
+            at += step;
+        }
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">simulated time ({unit})</text>\n",
+            left + plot_width / 2.0,
+            base + 32.0
+        ));
+        for (level, name) in ["high", "normal", "low"].into_iter().enumerate() {
+            let x = left + 120.0 * level as f64;
+            svg.push_str(&format!(
+                "<rect x=\"{x}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{:.1}\">{name} priority</text>\n",
+                base + 40.0,
+                PRIORITY_COLOURS[level],
                 x + 14.0,
-                base + 15.0
+                base + 49.0
             ));
         }
     }
+    // Waits: one row per caller, bars over a millisecond axis, each caller's own wait marked.
     let top = 20.0 + panel * report.limits.len() as f64;
     svg.push_str(&format!(
-        "<text x=\"40\" y=\"{}\">waits per caller: p50 (dark), p99, max (light)</text>\n",
+        "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">how long granted calls waited, per caller (the dashed mark: how long the caller waits at most)</text>\n",
         top + 12.0
     ));
     let most = report
         .callers
         .iter()
-        .map(|c| c.wait_ms.max)
+        .map(|c| c.wait_ms.max.max(c.wait_limit_ms as f64))
         .fold(1.0, f64::max);
+    let (bars_left, bars_width) = (left + 120.0, plot_width - 380.0);
+    let x_of = |ms: f64| bars_left + ms / most * bars_width;
     for (index, caller) in report.callers.iter().enumerate() {
-        let y = top + 30.0 + 22.0 * index as f64;
+        let y = top + 30.0 + 34.0 * index as f64;
         svg.push_str(&format!(
-            "<text x=\"40\" y=\"{:.1}\">{}</text>\n",
-            y + 12.0,
+            "<text x=\"{left}\" y=\"{:.1}\">{}</text>\n",
+            y + 14.0,
             escape(&caller.name)
         ));
-        // Bars end well before the figures beside them.
-        let span = width - 420.0;
-        for (value, color) in [
-            (caller.wait_ms.max, "#bdc9e1"),
-            (caller.wait_ms.p99, "#74a9cf"),
-            (caller.wait_ms.p50, "#2b8cbe"),
-        ] {
+        for (offset, (value, (_, colour))) in
+            [caller.wait_ms.p50, caller.wait_ms.p99, caller.wait_ms.max]
+                .into_iter()
+                .zip(WAIT_COLOURS)
+                .enumerate()
+        {
             svg.push_str(&format!(
-                "<rect x=\"200\" y=\"{y:.1}\" width=\"{:.1}\" height=\"16\" fill=\"{color}\"/>\n",
-                (value / most) * span
+                "<rect x=\"{bars_left}\" y=\"{:.1}\" width=\"{:.1}\" height=\"6\" fill=\"{colour}\"/>\n",
+                y + 2.0 + 7.0 * offset as f64,
+                x_of(value) - bars_left
             ));
         }
+        let mark = x_of(caller.wait_limit_ms as f64);
         svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\">{:.0} / {:.0} / {:.0} ms</text>\n",
-            200.0 + span + 10.0,
-            y + 12.0,
+            "<line x1=\"{mark:.1}\" x2=\"{mark:.1}\" y1=\"{y:.1}\" y2=\"{:.1}\" stroke=\"#333\" stroke-dasharray=\"3 2\"/>\n",
+            y + 24.0
+        ));
+        let gave_up = caller.gave_up.at_once + caller.gave_up.at_deadline;
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">p50 {:.0}, p99 {:.0}, max {:.0} ms</text><text x=\"{0:.1}\" y=\"{:.1}\" fill=\"#555\">{}/{} granted, {gave_up} gave up, {} unfinished</text>\n",
+            bars_left + bars_width + 12.0,
+            y + 9.0,
             caller.wait_ms.p50,
             caller.wait_ms.p99,
-            caller.wait_ms.max
+            caller.wait_ms.max,
+            y + 23.0,
+            caller.granted,
+            caller.offered,
+            caller.unfinished
+        ));
+    }
+    // The milliseconds axis under the rows, and the legend.
+    let axis = top + 30.0 + 34.0 * report.callers.len() as f64;
+    svg.push_str(&format!(
+        "<line x1=\"{bars_left}\" x2=\"{:.1}\" y1=\"{axis:.1}\" y2=\"{axis:.1}\" stroke=\"#333\"/>\n",
+        bars_left + bars_width
+    ));
+    let step = tick_step(most, 6.0);
+    let mut ms = 0.0;
+    while ms <= most + step * 1e-9 {
+        let x = x_of(ms);
+        svg.push_str(&format!(
+            "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{axis:.1}\" y2=\"{:.1}\" stroke=\"#333\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{ms}</text>\n",
+            axis + 4.0,
+            axis + 16.0
+        ));
+        ms += step;
+    }
+    svg.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">wait (ms)</text>\n",
+        bars_left + bars_width / 2.0,
+        axis + 32.0
+    ));
+    // The legend, under the figures beside the bars.
+    for (index, (name, colour)) in WAIT_COLOURS.into_iter().enumerate() {
+        let x = bars_left + bars_width + 12.0 + 60.0 * index as f64;
+        svg.push_str(&format!(
+            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>\n",
+            axis + 22.0,
+            x + 14.0,
+            axis + 31.0
         ));
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// A span of seconds as people read it: "60 s", "1.5 s", "250 ms".
+fn seconds_text(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{} s", (seconds * 10.0).round() / 10.0)
+    } else {
+        format!("{:.0} ms", seconds * 1_000.0)
+    }
 }
 
 fn escape(text: &str) -> String {

@@ -1,5 +1,7 @@
 //! `tollgate status [LIMIT]`: a running server at a glance, from `GET /v1/stats`: each limit's
-//! usage now, pauses and holds, waiters, grants and denials; the rules' reload state; the store.
+//! usage now, pauses and holds, waiters, grants and denials; the rules' reload state; the store;
+//! the limits of an Envoy configuration. Denial reasons are read from the answer, so a reason
+//! the server adds shows without a change here.
 
 use std::time::Duration;
 
@@ -89,11 +91,16 @@ pub fn table(stats: &Value) -> String {
             }
             None => ("(per key)".to_owned(), "-".to_owned(), "-".to_owned()),
         };
-        let denials = limit.get("denials").unwrap_or(&Value::Null);
-        let denied: Vec<String> = ["capacity", "paused", "queued", "recovering"]
-            .iter()
-            .filter(|reason| number(denials, reason) > 0)
-            .map(|reason| format!("{} {reason}", number(denials, reason)))
+        let denied: Vec<String> = limit
+            .get("denials")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(reason, count)| {
+                Some(count.as_u64()?)
+                    .filter(|count| *count > 0)
+                    .map(|count| format!("{count} {reason}"))
+            })
             .collect();
         rows.push([
             name,
@@ -146,6 +153,55 @@ pub fn table(stats: &Value) -> String {
         out.push_str(&format!(", {tracked} counters tracked of at most {max}"));
     }
     out.push('\n');
+    if let Some(envoy) = stats.get("envoy") {
+        out.push_str(&envoy_table(envoy));
+    }
+    out
+}
+
+/// The Envoy configuration's limits: one line an entry, what it allows and what was answered.
+fn envoy_table(envoy: &Value) -> String {
+    let mut rows =
+        vec![["ENVOY LIMIT", "NAME", "ALLOWS", "MODE", "OK", "OVER LIMIT"].map(str::to_owned)];
+    let empty = Vec::new();
+    for limit in envoy
+        .get("limits")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty)
+    {
+        let allows = if limit.get("unlimited").and_then(Value::as_bool) == Some(true) {
+            "unlimited".to_owned()
+        } else {
+            format!(
+                "{} per {}",
+                number(limit, "requests_per_unit"),
+                text(limit, "unit").unwrap_or("-")
+            )
+        };
+        let shadow = limit.get("shadow_mode").and_then(Value::as_bool) == Some(true);
+        rows.push([
+            text(limit, "path").unwrap_or("-").to_owned(),
+            text(limit, "name").unwrap_or("-").to_owned(),
+            allows,
+            if shadow { "shadow" } else { "enforced" }.to_owned(),
+            number(limit, "ok").to_string(),
+            number(limit, "over_limit").to_string(),
+        ]);
+    }
+    let mut out = format!(
+        "\nenvoy: {} domains from {}; {} answered ok, {} over limit, {} decided without the store\n",
+        number(envoy, "domains"),
+        text(envoy, "config").unwrap_or("-"),
+        number(envoy, "answered_ok"),
+        number(envoy, "answered_over_limit"),
+        number(envoy, "store_failures"),
+    );
+    if let Some(error) = text(envoy, "last_reload_error") {
+        out.push_str(&format!(
+            "envoy: the last edit was REFUSED (the configuration before it stays in force): {error}\n"
+        ));
+    }
+    out.push_str(&columns(&rows));
     out
 }
 
@@ -184,5 +240,41 @@ mod tests {
         assert!(shown.contains("rules: version 3 from table tollgate_limits; last reload ok"));
         assert!(shown.contains("1 rejected"), "{shown}");
         assert!(shown.contains("store: memory, 5 counters tracked of at most 100"));
+        assert!(!shown.contains("envoy"), "{shown}");
+    }
+
+    #[test]
+    fn envoy_limits_are_listed_with_their_answers_and_a_refused_edit() {
+        let stats = json!({
+            "limits": [], "rules": {}, "store": {"kind": "memory"},
+            "envoy": {"config": "config/", "domains": 1, "answered_ok": 5,
+                      "answered_over_limit": 2, "store_failures": 0,
+                      "last_reload_error": "config.yaml: bad unit",
+                      "limits": [
+                          {"path": "edge.remote_address", "requests_per_unit": 10,
+                           "unit": "second", "unlimited": false, "shadow_mode": false,
+                           "ok": 5, "over_limit": 2},
+                          {"path": "edge.internal", "name": "internal", "unlimited": true,
+                           "shadow_mode": true, "ok": 1, "over_limit": 0}
+                      ]}
+        });
+        let shown = table(&stats);
+        assert!(shown.contains("envoy: 1 domains from config/; 5 answered ok, 2 over limit"));
+        assert!(
+            shown.contains("REFUSED") && shown.contains("bad unit"),
+            "{shown}"
+        );
+        let line = shown
+            .lines()
+            .find(|line| line.starts_with("edge.remote_address"))
+            .expect("listed");
+        for part in ["10 per second", "enforced", "5", "2"] {
+            assert!(line.contains(part), "{part}: {shown}");
+        }
+        let line = shown
+            .lines()
+            .find(|line| line.starts_with("edge.internal"))
+            .expect("listed");
+        assert!(line.contains("internal") && line.contains("unlimited") && line.contains("shadow"));
     }
 }

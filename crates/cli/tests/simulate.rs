@@ -1,6 +1,6 @@
 //! `tollgate simulate`: workloads are checked field by field, the shipped workloads run without
-//! overdrawing a limit, the same seed gives the same report, and a run on the virtual clock
-//! agrees with the same workload on the wall clock.
+//! overdrawing a limit, the same seed gives the same report, every call is accounted for and
+//! said in words, the chart names its axes, and a run on the wall clock keeps the limits too.
 
 mod common;
 
@@ -70,11 +70,11 @@ fn the_same_seed_gives_the_same_report_and_no_limit_is_overdrawn() {
     );
 }
 
-/// The virtual clock runs the same engine as the wall clock: the same workload grants the same
-/// number of calls within 15 % (the wall-clock run loses a little to scheduling on a busy
-/// machine), and neither overdraws the limit.
+/// The virtual clock runs the same engine as the wall clock: on the wall clock too no limit is
+/// overdrawn and every caller is served. How many calls a loaded machine gets through in four
+/// real seconds is speed, not correctness, so it is printed and not judged.
 #[test]
-fn a_virtual_run_agrees_with_the_wall_clock() {
+fn a_run_on_the_wall_clock_keeps_the_limits_too() {
     let simulated = virtual_run(SMALL);
     let workload = parse(SMALL).expect("valid");
     let real = tokio::runtime::Builder::new_current_thread()
@@ -84,14 +84,122 @@ fn a_virtual_run_agrees_with_the_wall_clock() {
         .block_on(run(&workload, |_| {}))
         .expect("ran");
     assert!(real.overshoots().is_empty(), "{real:?}");
-    let (virtual_granted, real_granted) = (granted(&simulated) as f64, granted(&real) as f64);
-    let difference = (virtual_granted - real_granted).abs() / virtual_granted;
-    eprintln!("granted: virtual clock {virtual_granted}, wall clock {real_granted}");
-    assert!(
-        difference <= 0.15,
-        "virtual {virtual_granted}, wall clock {real_granted}: {:.1} % apart",
-        difference * 100.0
+    eprintln!(
+        "granted: virtual clock {}, wall clock {}",
+        granted(&simulated),
+        granted(&real)
     );
+    for caller in &real.callers {
+        assert!(caller.granted > 0, "{caller:?}");
+        assert_accounted(caller);
+    }
+}
+
+/// Every call offered is in exactly one place: granted (and in the wait figures), refused when
+/// asked, queued until its wait ran out, or still waiting at the end.
+fn assert_accounted(caller: &tollgate_cli::simulate::CallerReport) {
+    let gave_up = &caller.gave_up;
+    assert_eq!(
+        caller.offered,
+        caller.granted + gave_up.at_once + gave_up.at_deadline + caller.unfinished + caller.errors,
+        "{caller:?}"
+    );
+    assert_eq!(caller.errors, 0, "{caller:?}");
+    assert_eq!(
+        gave_up.by_reason.values().sum::<u64>(),
+        gave_up.at_once + gave_up.at_deadline,
+        "{caller:?}"
+    );
+    // A granted call waited no longer than its caller would.
+    assert!(
+        caller.wait_ms.max <= caller.wait_limit_ms as f64,
+        "{caller:?}"
+    );
+}
+
+/// The shipped bulk-and-interactive workload, read as a user reads it: every interactive call is
+/// granted within its wait or counted as given up with the reason, and the report says so in one
+/// sentence per caller.
+#[test]
+fn the_report_accounts_for_every_call_and_says_why_calls_gave_up() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/workloads/bulk-and-interactive.toml"),
+    )
+    .expect("the example");
+    let report = virtual_run(&text);
+    assert!(report.overshoots().is_empty(), "{report:?}");
+    for caller in &report.callers {
+        assert_accounted(caller);
+        let sentence = &caller.summary;
+        assert!(
+            sentence.starts_with(&format!("{} ({})", caller.name, caller.priority)),
+            "{sentence}"
+        );
+        assert!(
+            sentence.contains(&format!("{:.0} ms at p50", caller.wait_ms.p50))
+                && sentence.contains(&format!("{:.0} ms at p99", caller.wait_ms.p99)),
+            "{sentence}"
+        );
+        let gave_up = caller.gave_up.at_once + caller.gave_up.at_deadline;
+        if gave_up > 0 {
+            assert!(
+                sentence.contains(&format!("{gave_up} gave up")),
+                "{sentence}"
+            );
+            for (reason, count) in &caller.gave_up.by_reason {
+                assert!(
+                    sentence.contains(&format!("{reason} {count}")),
+                    "{sentence}"
+                );
+            }
+        } else {
+            assert!(sentence.contains("none gave up"), "{sentence}");
+        }
+    }
+    let table = tollgate_cli::simulate::table(&report);
+    for caller in &report.callers {
+        assert!(table.contains(&caller.summary), "{table}");
+    }
+    // The 40 bulk workers wait up to a minute each: when the hour ends, some are still queued,
+    // and the report says how many rather than dropping them.
+    let bulk = &report.callers[0];
+    assert!(bulk.unfinished > 0, "{bulk:?}");
+}
+
+/// The chart names its axes, and the wait figures do not reuse the priorities' colours.
+#[test]
+fn the_chart_labels_its_axes_and_keeps_colours_apart() {
+    let report = virtual_run(SMALL);
+    let svg = tollgate_cli::simulate::chart(&report);
+    for label in [
+        "simulated time (s)",
+        "units per window",
+        "wait (ms)",
+        "high priority",
+        ">p50<",
+        ">p99<",
+        ">max<",
+        "limit 20",
+    ] {
+        assert!(svg.contains(label), "{label} missing");
+    }
+    let fills = |from: &str, to: &str| -> std::collections::BTreeSet<String> {
+        let part = &svg[svg.find(from).expect("part")..svg.find(to).expect("part")];
+        part.split("fill=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .filter(|colour| colour.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let priorities = fills("units granted per window", "how long granted calls waited");
+    let waits = fills("how long granted calls waited", "</svg>");
+    assert!(
+        priorities.len() >= 2 && waits.len() >= 3,
+        "{priorities:?} {waits:?}"
+    );
+    assert!(priorities.is_disjoint(&waits), "{priorities:?} {waits:?}");
 }
 
 #[test]

@@ -155,6 +155,26 @@ pub enum DenyReason {
     Queued,
 }
 
+impl DenyReason {
+    /// Every reason, in the order reports list them.
+    pub const ALL: [DenyReason; 4] = [
+        DenyReason::Capacity,
+        DenyReason::Paused,
+        DenyReason::Queued,
+        DenyReason::Recovering,
+    ];
+
+    /// The reason's one name, as every interface spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::Capacity => "capacity",
+            DenyReason::Paused => "paused",
+            DenyReason::Queued => "queued",
+            DenyReason::Recovering => "recovering",
+        }
+    }
+}
+
 /// A refusal: a value, not an error.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -623,8 +643,10 @@ impl Counter {
                 // the deciding clock steps back.
                 let at = buckets.back().map_or(now, |last| last.stamp.max(now));
                 reserved_at = at;
+                // `opened_at <= stamp <= at`: with a span of 0 a grant joins the newest bucket
+                // only at that bucket's own instant.
                 match buckets.back_mut() {
-                    Some(last) if at - last.opened_at <= span && (span > 0 || at == last.stamp) => {
+                    Some(last) if at - last.opened_at <= span => {
                         last.stamp = at;
                         last.units += cost;
                     }
@@ -995,9 +1017,10 @@ impl Counter {
                         stamp: input.next()?,
                         units: input.next()?,
                     };
-                    let ordered = buckets
-                        .back()
-                        .is_none_or(|last: &Bucket| last.stamp <= bucket.stamp);
+                    let ordered = bucket.opened_at <= bucket.stamp
+                        && buckets
+                            .back()
+                            .is_none_or(|last: &Bucket| last.stamp <= bucket.stamp);
                     if !ordered {
                         return Err(CounterWordsError("sliding buckets out of order"));
                     }

@@ -70,7 +70,7 @@ impl Algorithm {
     }
 }
 
-/// Units kept back for requests of a priority or higher (SPEC `reserve`).
+/// Units kept back for requests of a priority or higher (`reserve`).
 ///
 /// `high: 2` means normal and low requests leave the last 2 units to high ones;
 /// `normal: 3` means low requests leave the last 3 units (on top of high's) to normal and high.

@@ -1,12 +1,12 @@
 //! Property tests of the decision core against plain reference models.
 //!
-//! Each test drives one `Counter` under a random policy through random operations (acquire,
-//! commit, renew, release, pause, time advances) and keeps its own record of every grant, refund,
-//! release, renewal and pause. After every step it checks the guarantees G1-G4 of the SPEC on
-//! that record alone, never on the counter's own numbers, and it compares every verdict, retry
-//! hint and commit result with what the reference model derives from the record: exactly where
-//! the core is exact, and as a pair of bounds for sliding limits above `SLIDING_BUCKETS_MAX`,
-//! whose buckets merge grants that are close together.
+//! Each test drives one `Counter` under a random policy through random operations (acquire, commit,
+//! renew, release, pause, time advances) and keeps its own record of every grant, refund, release,
+//! renewal and pause. After every step it checks the guarantees G1-G4 (docs/guarantees.md) on that
+//! record alone, never on the counter's own numbers, and it compares every verdict, retry hint and
+//! commit result with what the reference model derives from the record: exactly where the core is
+//! exact, and as a pair of bounds for sliding limits above `SLIDING_BUCKETS_MAX`, whose buckets
+//! merge grants that are close together.
 
 use std::collections::BTreeMap;
 
@@ -36,7 +36,7 @@ struct Spec {
     reserve: Reserve,
 }
 
-/// Units a request of `priority` must leave open, as the SPEC defines `reserve`: high keeps
+/// Units a request of `priority` must leave open, as `reserve` is defined: high keeps
 /// nothing back, normal leaves `high`, low leaves `high + normal`.
 fn kept_from(reserve: Reserve, priority: Priority) -> u64 {
     match priority {

@@ -67,6 +67,16 @@ fn a_sliding_log_holds_one_bucket_past_its_cap_at_most() {
     refused(&log(SLIDING_BUCKETS_MAX + 2), "too many sliding buckets");
 }
 
+/// A bucket opens at or before its stamp (grants join it at later instants only), and stamps
+/// ascend; a grant's decision to join the newest bucket relies on both.
+#[test]
+fn a_sliding_bucket_opens_no_later_than_its_stamp() {
+    reads_back(&words(&[], &[SLIDING, 1, 7, 7, 1]));
+    reads_back(&words(&[], &[SLIDING, 2, 3, 7, 1, 7, 9, 1]));
+    refused(&words(&[], &[SLIDING, 1, 8, 7, 1]), "out of order");
+    refused(&words(&[], &[SLIDING, 2, 3, 9, 1, 7, 8, 1]), "out of order");
+}
+
 #[test]
 fn a_fixed_window_has_a_length_and_counts_at_most_any_limit() {
     reads_back(&words(&[], &[FIXED, 3, 1_000, UNITS_MAX]));

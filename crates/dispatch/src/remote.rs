@@ -1,4 +1,4 @@
-//! A Tollgate server as the host's quota source, over HTTP API v1 (SPEC, "HTTP API v1"):
+//! A Tollgate server as the host's quota source, over HTTP API v1 (docs/server.md):
 //! `POST /v1/acquire` with `wait_ms`, `POST /v1/permits/{id}/commit` and `/renew`, and
 //! `POST /v1/pause`. The server does the waiting, ordering and pausing; this is only the client.
 

@@ -123,11 +123,11 @@ async fn declare_fresh(url: &str, namespace: &str) {
     .expect("declare the namespace fresh");
 }
 
-/// The seed's scenario with a shared store. The host's concurrency limit is 1 fleet-wide, and
-/// the dispatcher records the pause before it releases the lease: so the request that gets the
-/// 429 is the only one in flight, and the next grant anywhere sees the pause. Zero escalations
-/// then holds by construction, not by timing. With more in flight, requests already on the wire
-/// when the 429 comes back still arrive (docs/outbound.md).
+/// The paused-vendor scenario (docs/guarantees.md) with a shared store. The host's concurrency
+/// limit is 1 fleet-wide, and the dispatcher records the pause before it releases the lease: so the
+/// request that gets the 429 is the only one in flight, and the next grant anywhere sees the pause.
+/// Zero escalations then holds by construction, not by timing. With more in flight, requests
+/// already on the wire when the 429 comes back still arrive (docs/outbound.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_sharing_redis_sends_nothing_during_a_cessation() {
     let Some(url) = common::redis_url("a_fleet_sharing_redis_sends_nothing_during_a_cessation")

@@ -103,7 +103,7 @@ impl std::fmt::Display for QueueFull {
 /// A request for units of one or more limits, granted on all of them or none.
 #[derive(Clone, Debug)]
 pub struct Request<'a> {
-    /// Inline up to four: a chain of three (seed 002's) allocates nothing.
+    /// Inline up to four: the throttle-table scenario's chain of three allocates nothing.
     limits: SmallVec<[&'a str; 4]>,
     key: Option<&'a str>,
     cost: u64,

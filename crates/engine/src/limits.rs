@@ -8,7 +8,7 @@ use tollgate_core::Policy;
 
 use crate::error::{Error, Result};
 
-/// Longest limit name, in bytes (SPEC: `[a-z0-9][a-z0-9._:-]{0,127}`).
+/// Longest limit name, in bytes (`[a-z0-9][a-z0-9._:-]{0,127}`).
 pub const LIMIT_NAME_BYTES_MAX: usize = 128;
 /// Longest key (`per` value) and `per` label, in bytes.
 pub const KEY_BYTES_MAX: usize = 256;

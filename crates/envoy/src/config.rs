@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use serde::Deserialize;
 use tollgate::{Algorithm, Policy, Reserve};
@@ -51,6 +53,19 @@ impl Unit {
         })
     }
 
+    /// The unit as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
     pub fn seconds(self) -> u64 {
         match self {
             Unit::Second => 1,
@@ -75,10 +90,31 @@ pub struct LimitSpec {
     pub shadow_mode: bool,
     /// The counter's name in the store, from the domain and the entry's place in the tree.
     pub counter: String,
+    /// Where the entry is: its domain, then each level's `key` or `key_value`, joined by `.`.
+    pub path: String,
+    /// What the server answered for this entry since the configuration was read.
+    pub answers: Arc<Answers>,
     /// A fixed window of one unit; `None` for an unlimited entry or a limit of 0 (which refuses
     /// everything without counting).
     pub policy: Option<Policy>,
 }
+
+/// Answers given for one entry of the tree, by code: a descriptor that found it was allowed
+/// (`ok`, shadow-mode entries included) or refused (`over_limit`). Counts, not configuration:
+/// two specs are equal whatever they counted.
+#[derive(Debug, Default)]
+pub struct Answers {
+    pub ok: AtomicU64,
+    pub over_limit: AtomicU64,
+}
+
+impl PartialEq for Answers {
+    fn eq(&self, _: &Answers) -> bool {
+        true
+    }
+}
+
+impl Eq for Answers {}
 
 /// One level of the tree: its entries by `key` or `key_value`, and the wildcard entries among
 /// them in the order written.
@@ -161,6 +197,25 @@ impl Config {
             walk(domain, &mut counters);
         }
         counters
+    }
+
+    /// Every entry of the tree that has a limit (unlimited and zero ones included), by domain
+    /// and place.
+    pub fn limits(&self) -> Vec<&LimitSpec> {
+        fn walk<'c>(node: &'c Node, into: &mut Vec<&'c LimitSpec>) {
+            if let Some(limit) = &node.limit {
+                into.push(limit);
+            }
+            for child in node.children.values() {
+                walk(child, into);
+            }
+        }
+        let mut limits = Vec::new();
+        for domain in self.domains.values() {
+            walk(domain, &mut limits);
+        }
+        limits.sort_by(|a, b| a.path.cmp(&b.path));
+        limits
     }
 
     /// The limit a descriptor's entries find, as envoyproxy/ratelimit finds it: at each level
@@ -406,6 +461,8 @@ fn limit_spec(
         replaces,
         shadow_mode,
         counter: counter_name(domain, place),
+        path: path.to_owned(),
+        answers: Arc::default(),
         policy,
     })
 }

@@ -34,7 +34,7 @@ use tollgate::store::{CounterId, CounterOutcome, Store, Take};
 use tollgate::{COUNTERS_PER_REQUEST_MAX, Priority};
 use tonic::{Request, Response, Status};
 
-pub use config::{Config, ConfigError, LimitSpec, Unit};
+pub use config::{Answers, Config, ConfigError, LimitSpec, Unit};
 
 /// Longest counter key a descriptor's entries may make, in bytes: the longest key a store
 /// keeps.
@@ -62,6 +62,8 @@ pub struct ConfigWatch {
     /// The files as they were just before the configuration in force was read from them.
     seen: std::sync::Mutex<Fingerprint>,
     stats: EnvoyStats,
+    /// Why the last read of the files was refused; `None` once one succeeds.
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 type Fingerprint = Vec<(PathBuf, Option<Vec<u8>>)>;
@@ -98,6 +100,7 @@ impl ConfigWatch {
             current: ArcSwap::from_pointee(config),
             seen: std::sync::Mutex::new(seen),
             stats: EnvoyStats::default(),
+            last_error: std::sync::Mutex::default(),
         }))
     }
 
@@ -108,6 +111,7 @@ impl ConfigWatch {
             current: ArcSwap::from_pointee(config),
             seen: std::sync::Mutex::new(Vec::new()),
             stats: EnvoyStats::default(),
+            last_error: std::sync::Mutex::default(),
         })
     }
 
@@ -117,6 +121,26 @@ impl ConfigWatch {
 
     pub fn stats(&self) -> &EnvoyStats {
         &self.stats
+    }
+
+    /// The file or directory the configuration is read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Why the last edit was refused, while the configuration before it stays in force.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = error;
     }
 
     /// Look at the files every `WATCH_INTERVAL` until `stop` turns true; when they changed,
@@ -152,11 +176,13 @@ impl ConfigWatch {
                 match Config::load(&watch.path) {
                     Ok(config) => {
                         watch.current.store(Arc::new(config));
+                        watch.set_last_error(None);
                         watch.stats.reloads_ok.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(path = %watch.path.display(), "envoy configuration reloaded");
                     }
                     Err(error) => {
                         watch.stats.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                        watch.set_last_error(Some(error.to_string()));
                         tracing::warn!(%error, "envoy configuration refused; the previous one stays in force");
                     }
                 }
@@ -468,6 +494,16 @@ impl EnvoyService {
                 }
                 Applies::Counted { spec, key } => self.shadow(spec, key, hits, allowed, now).await,
             };
+            if let Applies::Counted { spec, .. } | Applies::Zero(spec) | Applies::Unlimited(spec) =
+                applied
+            {
+                let answers = &spec.answers;
+                if status.code == Code::OverLimit as i32 {
+                    answers.over_limit.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    answers.ok.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             statuses.push(status);
         }
         Ok(RateLimitResponse {

@@ -3,11 +3,11 @@
 //!
 //! One bulk process makes arbitrarily many calls (after each call it may go again or stop),
 //! and three priority processes make one or two calls each. `max_calls` is a nondeterministic
-//! initial choice in `5..=10`, as in the seeds' `max_calls \in 5..10`. A reset process, where
-//! the design has one, sets `made_calls` back to zero at any moment, which is the seeds' model of
+//! initial choice in `5..=10`, as in the design's `max_calls \in 5..10`. A reset process, where
+//! the design has one, sets `made_calls` back to zero at any moment, which is the design's model of
 //! the vendor's window rolling over.
 //!
-//! The invariant is the seeds' `assert made_calls <= max_calls`; as in TLC, a state that broke
+//! The invariant is the design's `assert made_calls <= max_calls`; as in TLC, a state that broke
 //! it is the end of its behaviour. Deadlock is a state where no process can move and not every
 //! process has finished, which is what TLC reports as a deadlock.
 
@@ -16,7 +16,7 @@ use std::ops::RangeInclusive;
 
 use stateright::{Model, Property};
 
-/// The seeds' three `get_put` processes.
+/// The design's three `get_put` processes.
 pub const PRIORITY_PROCESSES: usize = 3;
 
 /// Property names, for tests and reports.
@@ -33,7 +33,7 @@ pub enum Design {
     CheckThenAct,
     /// Seed 000: wait until enough is left and call in the same atomic step; nothing resets.
     AwaitNoReset,
-    /// The same with the reset process, the seed's answer to the deadlock.
+    /// The same with the reset process, the design's answer to the deadlock.
     AwaitWithReset,
     /// Seed 000's final design: reserve (atomically wait for and count the calls as made),
     /// call, then give the reservation back. Has the reset process.
@@ -96,7 +96,7 @@ pub struct CallsState {
 }
 
 impl CallsState {
-    /// The seeds' assertion failed: as in TLC, this behaviour ends here.
+    /// The design's assertion failed: as in TLC, this behaviour ends here.
     fn halted(&self) -> bool {
         self.made_calls > self.max_calls
     }
@@ -165,7 +165,7 @@ pub struct CallsModel {
 }
 
 impl CallsModel {
-    /// The seeds' model: `max_calls \in 5..10`.
+    /// The design's model: `max_calls \in 5..10`.
     pub fn seed(design: Design) -> CallsModel {
         CallsModel {
             design,
@@ -173,7 +173,7 @@ impl CallsModel {
         }
     }
 
-    /// Whether `calls` more calls may go now, by the design's test (the seeds' awaits).
+    /// Whether `calls` more calls may go now, by the design's test (the design's awaits).
     fn room_for(&self, state: &CallsState, calls: u8) -> bool {
         match self.design {
             Design::Naive => true,

@@ -1,11 +1,11 @@
-//! Model checking of the seeds' protocols and of Tollgate's own, over the real decision core.
+//! Model checking of the scenarios' protocols and of Tollgate's own, over the real decision core.
 //!
 //! Each module is one small state machine checked exhaustively by stateright:
 //!
-//! - [`calls`]: seeds 000 and 003, calls against a central counter (naive, check-then-act,
-//!   await with and without a reset, reservation).
-//! - [`tokens`]: seed 001, a prepaid token pool guarded by a lock that times out, and the same
-//!   pool guarded by leases counted in the store.
+//! - [`calls`]: the vendor-quota scenario (docs/guarantees.md), calls against a central counter
+//!   (naive, check-then-act, await with and without a reset, reservation).
+//! - [`tokens`]: the token-pool scenario, a prepaid token pool guarded by a lock that times out,
+//!   and the same pool guarded by leases counted in the store.
 //! - [`protocol`]: Tollgate's own protocol, workers against one store whose state is real
 //!   `tollgate_core::Counter`s, so the arithmetic that is checked is the arithmetic that runs.
 //! - [`cross_slot`]: the Redis Cluster store's requests over counters in several slots, decided

@@ -10,15 +10,15 @@
 //! time, up to a horizon. A worker's request names both limits and is granted both or neither,
 //! as the store does it: `check` both counters, then `grant` both.
 //!
-//! Worker steps: send an acquire (cost 1 or 2 rate units plus one lease), the store decides
-//! (a denied worker learns at once, waits, and may send again), the worker receives its grant
-//! (time may pass while it travels, and the lease may expire before it arrives), makes vendor calls (at most its cost, and only
-//! within its grant's period), commits (`used` between the calls it made and its cost: the rest
-//! is refunded, and the lease released), renews its lease, reports a vendor 429 (a fleet-wide
-//! pause). A worker may crash at any step, losing its local state; its reservation and lease
-//! stay in the store until they stop counting. The store may lose its state: its counters are
-//! then replaced by `Counter::recovering(now, now + policy.memory_us())`, as SPEC G6 asks (or,
-//! in the broken variant, by `Counter::new(now)`).
+//! Worker steps: send an acquire (cost 1 or 2 rate units plus one lease), the store decides (a
+//! denied worker learns at once, waits, and may send again), the worker receives its grant (time
+//! may pass while it travels, and the lease may expire before it arrives), makes vendor calls (at
+//! most its cost, and only within its grant's period), commits (`used` between the calls it made
+//! and its cost: the rest is refunded, and the lease released), renews its lease, reports a vendor
+//! 429 (a fleet-wide pause). A worker may crash at any step, losing its local state; its
+//! reservation and lease stay in the store until they stop counting. The store may lose its state:
+//! its counters are then replaced by `Counter::recovering(now, now + policy.memory_us())`, as G6
+//! asks (docs/guarantees.md) (or, in the broken variant, by `Counter::new(now)`).
 //!
 //! # What the properties read
 //!
@@ -38,7 +38,7 @@
 //!   store guarantees such a holder is fenced: its renew is refused (`LeaseExpired`) and its
 //!   release frees nothing, so it learns at its next renew that it must stop, and it can never
 //!   extend or free the slot now held by someone else. That guarantee is the `fencing`
-//!   property; SPEC G2's "expired leases excepted" is this exception.
+//!   property; G2's "expired leases" is this exception.
 //!   Also checked on all live leases, crashed holders and grants still in flight included.
 //! - **G4**: no grant while a pause the vendor asked for is running.
 //! - **G6**: after a store loss, no grant that, counted with the grants made before the loss,

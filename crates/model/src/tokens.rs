@@ -2,16 +2,16 @@
 //! each loop forever fetching a token or returning one.
 //!
 //! Two designs:
-//! - `LockWithTimeout`, the seed's existing service: an instance takes a shared lock (Redlock),
+//! - `LockWithTimeout`, the scenario's existing service: an instance takes a shared lock (Redlock),
 //!   reads how many tokens are out, fetches one if there is room, and releases the lock. The
 //!   lock has a timeout, so it can expire while its holder is between the check and the fetch;
 //!   the holder does not know, and another instance takes the lock and checks the same count.
-//! - `Lease`, the seed's updated service: the store counts outstanding fetches, and the check
+//! - `Lease`, the scenario's updated service: the store counts outstanding fetches, and the check
 //!   and the increment are one atomic step in the store (a Lua script), so a fetch is counted
 //!   from the moment it is allowed. The same expiring lock is kept, to show that correctness no
 //!   longer depends on it.
 //!
-//! The invariant is the seed's `MaxTokensNotExceeded`: tokens out at the vendor (fetched less
+//! The invariant is the design's `MaxTokensNotExceeded`: tokens out at the vendor (fetched less
 //! returned) never exceed `max_tokens`. A state that broke it ends its behaviour.
 
 use std::fmt;
@@ -58,7 +58,7 @@ impl fmt::Display for Pc {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TokensState {
-    /// Tokens out at the vendor: fetched less returned (the seed's two counters, subtracted,
+    /// Tokens out at the vendor: fetched less returned (the design's two counters, subtracted,
     /// because the invariant only reads their difference and the difference stays bounded).
     pub tokens_out: u8,
     /// Lease design: fetches the store counts as outstanding.

@@ -480,7 +480,8 @@ function T.grant(c, p, now, cost, priority, record)
     local at = now
     if c.lu > 0 then at = math.max(c.ls, now) end
     reserved_at = at
-    if c.lu > 0 and at - c.lo <= span and (span > 0 or at == c.ls) then
+    -- lo <= ls <= at: with a span of 0 a grant joins the newest bucket only at its instant.
+    if c.lu > 0 and at - c.lo <= span then
       c.ls = at
       c.lu = c.lu + cost
     else

@@ -1,6 +1,7 @@
-//! Path normalisation and request matching for inbound throttling (seed 002): a path is
-//! brought to the form the application routes, and ids in it become `#`, so that one rule
-//! covers `/entity/123/bundle`, `/entity/456/bundle` and `/entity/%34%35%36/bundle` alike.
+//! Path normalisation and request matching for inbound throttling (the throttle-table scenario,
+//! docs/guarantees.md): a path is brought to the form the application routes, and ids in it become
+//! `#`, so that one rule covers `/entity/123/bundle`, `/entity/456/bundle` and
+//! `/entity/%34%35%36/bundle` alike.
 //!
 //! What "the form the application routes" is depends on the router behind: whether letter case
 //! matters and whether `;` starts a segment's parameters are [`PathMatching`], a setting of the

@@ -317,17 +317,6 @@ pub(crate) enum Reason {
     Queued,
 }
 
-impl Reason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Reason::Capacity => "capacity",
-            Reason::Paused => "paused",
-            Reason::Recovering => "recovering",
-            Reason::Queued => "queued",
-        }
-    }
-}
-
 impl From<DenyReason> for Reason {
     fn from(reason: DenyReason) -> Reason {
         match reason {
@@ -367,10 +356,6 @@ pub(crate) struct CheckDenied {
     matched: Vec<String>,
 }
 
-fn reason_name(reason: DenyReason) -> &'static str {
-    Reason::from(reason).as_str()
-}
-
 fn denial(denied: &Denied) -> RateLimited {
     let retry_after_ms = ms_ceil(denied.retry_after);
     let reason = Reason::from(denied.reason);
@@ -394,7 +379,7 @@ fn denial(denied: &Denied) -> RateLimited {
                     ),
                     _ => format!(
                         "not granted: {}; retry after {retry_after_ms} ms",
-                        reason.as_str()
+                        denied.reason.as_str()
                     ),
                 },
             field: None,
@@ -498,7 +483,7 @@ fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
                     .denials
                     .get_or_create(&DenialLabels {
                         limit: (*name).to_owned(),
-                        reason: reason_name(denied.reason),
+                        reason: denied.reason.as_str(),
                     })
                     .inc();
             }
@@ -1128,4 +1113,37 @@ pub(crate) async fn method_not_allowed() -> ApiError {
         Code::BadRequest,
         "method not allowed on this endpoint; see /openapi.json",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire's reason (its schema's enumeration) is the core's name for it, for every reason.
+    #[test]
+    fn every_reason_is_written_as_the_core_names_it() {
+        for reason in DenyReason::ALL {
+            let wire = serde_json::to_value(Reason::from(reason)).expect("serializes");
+            assert_eq!(wire, reason.as_str());
+        }
+    }
+
+    /// The server's guide lists every reason where it lists them: a reason added to the core
+    /// fails here until the guide says it.
+    #[test]
+    fn the_guide_names_every_reason() {
+        let guide = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+        )
+        .expect("docs/server.md");
+        for marker in ["| `tollgate_denials_total` |", "reason is capacity"] {
+            let line = guide
+                .lines()
+                .find(|line| line.contains(marker))
+                .unwrap_or_else(|| panic!("no line with {marker:?} in docs/server.md"));
+            for reason in DenyReason::ALL {
+                assert!(line.contains(reason.as_str()), "{marker}: {line}");
+            }
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The API's errors: `{"error": {"code", "message"}}` with one of SPEC's codes, and the only
+//! The API's errors: `{"error": {"code", "message"}}` with one of the wire's codes, and the only
 //! place where a failure becomes an HTTP status. Engine and rules errors map here, once.
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -7,7 +7,7 @@ use serde::Serialize;
 use tollgate::{Error, PermitError};
 use tollgate_rules::{RuleError, RulesError, SourceError};
 
-/// The wire codes (SPEC "HTTP API v1").
+/// The wire codes (docs/server.md, "HTTP API v1").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
     BadRequest,

@@ -11,6 +11,7 @@ mod error;
 mod extract;
 mod forward;
 mod guard;
+mod history;
 mod hot;
 mod listener;
 mod metrics;
@@ -500,6 +501,13 @@ pub async fn run(
         Some(files) => Some(files.acceptor(&[b"http/1.1"])?),
         None => None,
     };
+    let sampler = {
+        let state = state.clone();
+        spawn_every(history::STEP, stop.clone(), move || {
+            let state = state.clone();
+            async move { stats::sample(&state).await }
+        })
+    };
     let serve = async move {
         listener::serve(listener, router(state), bounds, http_tls, graceful)
             .await
@@ -516,6 +524,7 @@ pub async fn run(
         }
     };
     let _ = stop_sender.send(true);
+    let _ = sampler.await;
     let _ = reloader.await;
     let _ = tokens_reloader.await;
     if let Some((_, watcher, grpc, _)) = envoy {

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take};
-use tollgate::{Committed, MemoryStore, Priority};
+use tollgate::{Committed, DenyReason, MemoryStore, Priority};
 use tollgate_rules::Rules;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +71,7 @@ pub(crate) struct Metrics {
     pub(crate) errors: Family<CodeLabels, Counter>,
     /// The memory store, whose counters are counted; a shared store's are its own business.
     memory: Option<Arc<MemoryStore>>,
+    envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
 }
 
 impl Metrics {
@@ -89,7 +90,7 @@ impl Metrics {
         let denials = Family::<DenialLabels, Counter>::default();
         registry.register(
             "denials",
-            "Acquires not granted within their wait, by limit and reason (capacity, paused, queued)",
+            "Acquires not granted within their wait, by limit and reason (capacity, paused, queued, recovering)",
             denials.clone(),
         );
         let waiters = Family::<LimitLabels, Gauge>::default();
@@ -116,7 +117,7 @@ impl Metrics {
             rules,
             memory: memory.clone(),
             ahead,
-            envoy,
+            envoy: envoy.clone(),
         }));
         Metrics {
             memory,
@@ -127,6 +128,7 @@ impl Metrics {
             waiters_by_priority: Family::default(),
             wait_seconds,
             errors,
+            envoy,
         }
     }
 
@@ -153,6 +155,39 @@ impl Metrics {
                 priority: priority.as_str(),
             })
             .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0))
+    }
+
+    /// Grants on `limit` since the server started.
+    pub(crate) fn grants_of(&self, limit: &str) -> u64 {
+        self.grants
+            .get(&LimitLabels {
+                limit: limit.to_owned(),
+            })
+            .map_or(0, |counter| counter.get())
+    }
+
+    /// Denials on `limit` for `reason` since the server started.
+    pub(crate) fn denials_of(&self, limit: &str, reason: DenyReason) -> u64 {
+        self.denials
+            .get(&DenialLabels {
+                limit: limit.to_owned(),
+                reason: reason.as_str(),
+            })
+            .map_or(0, |counter| counter.get())
+    }
+
+    /// Acquires waiting on `limit` now.
+    pub(crate) fn waiting_on(&self, limit: &str) -> u64 {
+        self.waiters
+            .get(&LimitLabels {
+                limit: limit.to_owned(),
+            })
+            .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0))
+    }
+
+    /// The Envoy configuration served, if any.
+    pub(crate) fn envoy(&self) -> Option<&Arc<tollgate_envoy::ConfigWatch>> {
+        self.envoy.as_ref()
     }
 
     pub(crate) fn memory(&self) -> Option<&MemoryStore> {

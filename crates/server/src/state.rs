@@ -26,6 +26,7 @@ struct Inner {
     tokens: Arc<Tokens>,
     forward_auth: ForwardAuth,
     hot_keys: crate::hot::HotKeys,
+    history: crate::history::History,
     shutting_down: AtomicBool,
 }
 
@@ -47,6 +48,7 @@ impl AppState {
                 tokens,
                 forward_auth,
                 hot_keys: crate::hot::HotKeys::default(),
+                history: crate::history::History::default(),
                 shutting_down: AtomicBool::new(false),
             }),
         }
@@ -80,6 +82,11 @@ impl AppState {
 
     pub(crate) fn hot_keys(&self) -> &crate::hot::HotKeys {
         &self.inner.hot_keys
+    }
+
+    /// Each limit's recent past (`/v1/stats?history=`).
+    pub(crate) fn history(&self) -> &crate::history::History {
+        &self.inner.history
     }
 
     pub(crate) fn begin_shutdown(&self) {

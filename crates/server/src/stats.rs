@@ -4,19 +4,21 @@
 //!
 //! Usage is read from the store and changes nothing (`Limiter::usage`); a limit counted per key
 //! has one counter per key, so its usage is shown for the key asked for (`?limit=&key=`).
+//! `?history=SECONDS` adds each limit's recent past, which `sample` records every second
+//! (`history`). The limits of an Envoy configuration, decided apart from the rules, are listed
+//! under `envoy`.
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
-use tollgate::{Priority, check_limit_name};
+use tollgate::{DenyReason, Priority, check_limit_name};
 use tollgate_rules::RawRule;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::{ApiResult, RejectedRow, ms_ceil};
 use crate::error::ApiError;
 use crate::extract::Data;
-use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
 /// Hottest keys shown per limit counted per key.
@@ -32,6 +34,10 @@ pub(crate) struct StatsQuery {
     /// With `limit`, for a limit counted per key: the key whose usage to show.
     #[param(value_type = Option<crate::openapi::Key>)]
     key: Option<String>,
+    /// Add each limit's last this many seconds (1 to 3600): one sample a second up to 300,
+    /// else one every ten seconds.
+    #[param(minimum = 1, maximum = 3600)]
+    history: Option<u64>,
 }
 
 /// The server at a glance.
@@ -41,6 +47,54 @@ pub(crate) struct Stats {
     limits: Vec<LimitStats>,
     rules: RulesView,
     store: StoreView,
+    /// The Envoy configuration served over gRPC, when there is one (and the caller's token is
+    /// not scoped to some limits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envoy: Option<EnvoyView>,
+}
+
+/// Envoy's rate limit service: its configuration, and each entry that has a limit.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EnvoyView {
+    /// The file or directory the configuration is read from.
+    config: String,
+    domains: u64,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    /// Why the last edit was refused (the configuration in force stays as it was); absent when
+    /// the last read succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_reload_error: Option<String>,
+    /// `ShouldRateLimit` answers since the server started, by overall code.
+    answered_ok: u64,
+    answered_over_limit: u64,
+    /// Requests decided without the store, because it could not answer.
+    store_failures: u64,
+    limits: Vec<EnvoyLimit>,
+}
+
+/// One entry of the configuration with a limit.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct EnvoyLimit {
+    /// The entry's place: its domain, then each level's `key` or `key_value`, joined by `.`.
+    path: String,
+    /// The entry's `name`, if it has one (what `replaces` refers to).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    /// Requests per unit; absent when unlimited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requests_per_unit: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<&'static str>,
+    unlimited: bool,
+    shadow_mode: bool,
+    /// The counter it counts in the store (per descriptor value), when it counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    counter: Option<String>,
+    /// Descriptors that found this entry, answered `OK` and `OVER_LIMIT`, since the
+    /// configuration was read.
+    ok: u64,
+    over_limit: u64,
 }
 
 /// One limit: its rule, what its counter holds now, and what the server has decided on it.
@@ -70,6 +124,10 @@ pub(crate) struct LimitStats {
     grants: u64,
     /// Acquires not granted within their wait since the server started, by reason.
     denials: Denials,
+    /// With `?history=`: the limit's recent past; absent when the server keeps none for it
+    /// (it keeps the first 1,000 limits by name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<crate::history::Series>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -177,10 +235,16 @@ pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
     if let Some(name) = repeated {
         return ApiError::bad_field(name, "is given more than once");
     }
-    ApiError::bad_field(
-        "query",
-        text.trim_start_matches("Failed to deserialize query string: "),
-    )
+    let reason = text.trim_start_matches("Failed to deserialize query string: ");
+    // A value of the wrong type is reported as `name: reason`: the parameter is named.
+    if let Some((name, why)) = reason.split_once(": ")
+        && !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        && parameters.split([' ', ',']).any(|known| known == name)
+    {
+        return ApiError::bad_field(name, why);
+    }
+    ApiError::bad_field("query", reason)
 }
 
 #[utoipa::path(get, path = "/v1/stats", tag = "data",
@@ -198,7 +262,16 @@ pub(crate) async fn stats(
     query: Result<Query<StatsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Stats>> {
     let Query(query) =
-        query.map_err(|rejection| query_error(&rejection.body_text(), "limit and key"))?;
+        query.map_err(|rejection| query_error(&rejection.body_text(), "limit, key and history"))?;
+    if let Some(seconds) = query.history
+        && !(1..=crate::history::SPAN_S_MAX).contains(&seconds)
+    {
+        return Err(ApiError::bad_field(
+            "history",
+            format!("must be from 1 to {} (seconds)", crate::history::SPAN_S_MAX),
+        ));
+    }
+    let asked_at = std::time::Instant::now();
     if let Some(limit) = &query.limit {
         check_limit_name(limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
         grant.limit(limit)?;
@@ -262,44 +335,31 @@ pub(crate) async fn stats(
                 });
             }
         }
-        let labels = LimitLabels {
-            limit: name.clone(),
-        };
-        let denied = |reason: &'static str| {
-            metrics
-                .denials
-                .get(&DenialLabels {
-                    limit: name.clone(),
-                    reason,
-                })
-                .map_or(0, |counter| counter.get())
-        };
+        let denied = |reason| metrics.denials_of(&name, reason);
         let denials = Denials {
-            capacity: denied("capacity"),
-            paused: denied("paused"),
-            queued: denied("queued"),
-            recovering: denied("recovering"),
+            capacity: denied(DenyReason::Capacity),
+            paused: denied(DenyReason::Paused),
+            queued: denied(DenyReason::Queued),
+            recovering: denied(DenyReason::Recovering),
         };
+        let history = query
+            .history
+            .and_then(|seconds| state.history().series(&name, seconds, asked_at));
         limits.push(LimitStats {
             rule: rule.canonical().clone(),
             key,
             usage,
             usage_error,
             hot_keys,
-            waiting: metrics
-                .waiters
-                .get(&labels)
-                .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0)),
+            waiting: metrics.waiting_on(&name),
             waiting_by_priority: ByPriority {
                 high: metrics.waiting_at(&name, Priority::High),
                 normal: metrics.waiting_at(&name, Priority::Normal),
                 low: metrics.waiting_at(&name, Priority::Low),
             },
-            grants: metrics
-                .grants
-                .get(&labels)
-                .map_or(0, |counter| counter.get()),
+            grants: metrics.grants_of(&name),
             denials,
+            history,
             name,
         });
     }
@@ -328,7 +388,76 @@ pub(crate) async fn stats(
             keys_tracked: memory.map(|memory| memory.len() as u64),
             keys_tracked_max: memory.map(|_| state.config().keys_tracked_max),
         },
+        envoy: match grant {
+            crate::tokens::Grant::Full => metrics.envoy().map(|watch| envoy_view(watch)),
+            // Envoy's entries are not limits a scoped token can name.
+            crate::tokens::Grant::Scoped(_) => None,
+        },
     }))
+}
+
+fn envoy_view(watch: &tollgate_envoy::ConfigWatch) -> EnvoyView {
+    use std::sync::atomic::Ordering::Relaxed;
+    let config = watch.current();
+    let stats = watch.stats();
+    EnvoyView {
+        config: watch.path().display().to_string(),
+        domains: config.domains().count() as u64,
+        reloads_ok: stats.reloads_ok.load(Relaxed),
+        reloads_failed: stats.reloads_failed.load(Relaxed),
+        last_reload_error: watch.last_error(),
+        answered_ok: stats.answered_ok.load(Relaxed),
+        answered_over_limit: stats.answered_over_limit.load(Relaxed),
+        store_failures: stats.store_failures.load(Relaxed),
+        limits: config
+            .limits()
+            .into_iter()
+            .map(|spec| EnvoyLimit {
+                path: spec.path.clone(),
+                name: spec.name.clone(),
+                requests_per_unit: (!spec.unlimited).then_some(spec.requests_per_unit),
+                unit: spec.unit.map(tollgate_envoy::Unit::as_str),
+                unlimited: spec.unlimited,
+                shadow_mode: spec.shadow_mode,
+                counter: spec.policy.as_ref().map(|_| spec.counter.clone()),
+                ok: spec.answers.ok.load(Relaxed),
+                over_limit: spec.answers.over_limit.load(Relaxed),
+            })
+            .collect(),
+    }
+}
+
+/// Take one sample of every limit in force for the history (`history`): its counter (when it
+/// has one counter), its grants and denials so far, its waiters.
+pub(crate) async fn sample(state: &AppState) {
+    let snapshot = state.rules().snapshot();
+    let metrics = state.metrics();
+    let mut rules: Vec<_> = snapshot.iter().collect();
+    rules.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut readings = Vec::with_capacity(rules.len().min(crate::history::LIMITS_MAX));
+    for rule in rules.into_iter().take(crate::history::LIMITS_MAX) {
+        let name = rule.name();
+        let used = match rule.limit().per() {
+            Some(_) => None,
+            None => state
+                .limiter()
+                .usage(name, None)
+                .await
+                .ok()
+                .map(|usage| usage.used),
+        };
+        readings.push(crate::history::Reading {
+            name: name.to_owned(),
+            used,
+            grants: metrics.grants_of(name),
+            denials: DenyReason::ALL
+                .into_iter()
+                .map(|reason| metrics.denials_of(name, reason))
+                .sum(),
+            waiting: metrics.waiting_on(name),
+        });
+    }
+    state.history().record(std::time::Instant::now(), readings);
 }
 
 #[cfg(test)]
@@ -338,7 +467,7 @@ mod tests {
     fn field(query: &str) -> Option<String> {
         let uri: axum::http::Uri = format!("/v1/stats?{query}").parse().expect("a URI");
         let rejection = Query::<StatsQuery>::try_from_uri(&uri).expect_err("refused");
-        query_error(&rejection.body_text(), "limit and key").field
+        query_error(&rejection.body_text(), "limit, key and history").field
     }
 
     #[test]
@@ -349,5 +478,8 @@ mod tests {
         // A name holding back-quotes is named whole (a fuzzed case: `%C3%AF%C3%B6%60`).
         assert_eq!(field("%C3%AF%C3%B6%60=1").as_deref(), Some("ïö`"));
         assert_eq!(field("a%60%2C%20b=1").as_deref(), Some("a`, b"));
+        // A known parameter with a value of the wrong type is named too.
+        assert_eq!(field("history=an-hour").as_deref(), Some("history"));
+        assert_eq!(field("history=-1").as_deref(), Some("history"));
     }
 }

@@ -1,5 +1,6 @@
-//! An axum service throttled the seed 002 way: rules in a SQLite table that an administrator
-//! edits with plain SQL, the user from an authentication layer, the chain per-user concurrency
+//! An axum service throttled as in the throttle-table scenario (docs/guarantees.md): rules in a
+//! SQLite table that an administrator edits with plain SQL, the user from an authentication layer,
+//! the chain per-user concurrency
 //! -> per-user frequency -> endpoint rule, a cap on tracked counters, and a background sweep
 //! that gives memory back when users go quiet. docs/inbound.md walks through it.
 //!

@@ -6,8 +6,8 @@
 //! - `none`: the handler alone;
 //! - `tollgate`: one rule on every path, counted per client address, never refusing;
 //! - `tollgate-gcra`: the same rule under GCRA, `tower_governor`'s algorithm;
-//! - `tollgate-chain`: seed 002's chain (per-user concurrency, per-user frequency, endpoint
-//!   rule), none refusing;
+//! - `tollgate-chain`: the throttle-table scenario's chain (per-user concurrency, per-user
+//!   frequency, endpoint rule), none refusing;
 //! - `tollgate-headers`: the chain with the RateLimit fields on allowed answers;
 //! - `governor`: `tower_governor` keyed by client address, never refusing.
 //!

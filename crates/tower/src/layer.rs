@@ -186,8 +186,8 @@ enum Prepared {
     Deciding(Decision),
 }
 
-/// The body of the layer's own answers: the server's wire format for an error (SPEC, HTTP API
-/// v1), `{"error":{"code":..,"message":..}}`, with `retry_after_ms` after it on a refusal.
+/// The body of the layer's own answers: the server's wire format for an error (docs/server.md, HTTP
+/// API v1), `{"error":{"code":..,"message":..}}`, with `retry_after_ms` after it on a refusal.
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     error: ErrorDetail<'a>,

@@ -1,5 +1,6 @@
-//! Inbound throttling for axum and hyper services: a tower [`ThrottleLayer`] that applies
-//! Tollgate rules to each incoming request, per user and per endpoint (seed 002).
+//! Inbound throttling for axum and hyper services: a tower [`ThrottleLayer`] that applies Tollgate
+//! rules to each incoming request, per user and per endpoint (the throttle-table scenario,
+//! docs/guarantees.md).
 //!
 //! For every request the layer normalizes the path with the rules crate's
 //! [`normalize_path`](tollgate_rules::normalize_path) (the path the application routes:

@@ -1,5 +1,5 @@
 //! The layer's counters, labelled by rule name only: never by user or raw path, whose number
-//! is unbounded (seed 002's M users x N endpoints would become M x N series).
+//! is unbounded (the throttle table's M users x N endpoints would become M x N series).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

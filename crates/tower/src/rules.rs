@@ -113,8 +113,8 @@ pub(crate) struct Matching {
 #[derive(Debug)]
 pub(crate) struct RuleIndex {
     version: u64,
-    /// In chain order (seed 002): concurrency limits, then rules on every path (a user's
-    /// overall frequency), then endpoint rules; by name within each.
+    /// In chain order (the throttle-table scenario): concurrency limits, then rules on every path
+    /// (a user's overall frequency), then endpoint rules; by name within each.
     pub(crate) entries: Vec<Entry>,
     /// The rules a request on each path a rule names can match, in chain order: the path's
     /// own merged with those on `*`. Keyed by the rules' normalized paths.

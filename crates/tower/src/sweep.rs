@@ -1,5 +1,5 @@
 //! A background sweep of the memory store, so that counters of users who went quiet are
-//! dropped even when no traffic touches their shard (seed 002: memory must come back).
+//! dropped even when no traffic touches their shard (G7: memory must come back).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
-//! One request, one meaning (SPEC G9): the example service's routes, and any spelling of a
-//! request path that the router sends to the same handler with the same id as the plain
-//! spelling gets the same rules applied by the layer.
+//! One request, one meaning (G9, docs/guarantees.md): the example service's routes, and any
+//! spelling of a request path that the router sends to the same handler with the same id as the
+//! plain spelling gets the same rules applied by the layer.
 //!
 //! Spellings vary what a router may read alike: ids with leading zeros or a `+`, characters
 //! percent-encoded in upper or lower case, extra `./` and `x/../` segments, doubled slashes.

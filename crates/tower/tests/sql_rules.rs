@@ -17,7 +17,7 @@ use tollgate_tower::{
 };
 use tower::{Layer, Service, ServiceExt};
 
-/// A seed 002 row as an administrator would insert it into Tollgate's rules table.
+/// A throttle-table row as an administrator would insert it into Tollgate's rules table.
 fn seed_row(name: &str, normalized_uri: &str, max_calls: u32, period_seconds: u32) -> String {
     format!(
         "INSERT INTO {DEFAULT_TABLE} (name, kind, limit_units, period_ms, algorithm, per, \

@@ -1,6 +1,7 @@
 // The Tollgate dashboard. It polls GET /v1/stats every second and GET /readyz every other
 // second, keeps the last minutes of each limit in memory to draw charts and per-second rates
-// (the server reports cumulative counters and the usage now, not history), and, once an
+// (the first poll asks the server for the five minutes it kept before the page opened, so a
+// page opened during an incident shows it), lists the limits of an Envoy configuration, and, once an
 // operator has entered the admin token, edits limits (PUT /v1/limits/{name}), pauses them
 // (POST /v1/pause), lifts pauses (DELETE /v1/limits/{name}/pause), and lists and revokes
 // scoped data tokens (GET /v1/tokens every few seconds, DELETE /v1/tokens/{name}).
@@ -19,7 +20,8 @@ const HISTORY_MS = 5 * 60 * 1000;
 const RATE_WINDOW_MS = 5000;
 const STORAGE = { admin: "tollgate.adminToken", data: "tollgate.dataToken" };
 const SVG_NS = "http://www.w3.org/2000/svg";
-const DENIAL_REASONS = ["capacity", "paused", "queued", "recovering"];
+// The seconds of history the first poll asks for: what the large chart shows.
+const HISTORY_ASKED_S = 300;
 
 const state = {
   adminToken: "",
@@ -29,6 +31,8 @@ const state = {
   polls: 0,
   // limit name -> samples [{t, used, capacity, grants, denials: {reason: count}}], oldest first
   history: new Map(),
+  historyAsked: false, // the first poll asked for the server's history
+  envoyHistory: new Map(), // Envoy entry path -> samples [{t, ok, over}]
   rows: new Map(), // limit name -> the row's elements
   selected: null, // limit name shown in the detail panel
   // The counter of one key of a per-key limit, polled beside the stats.
@@ -188,7 +192,7 @@ async function request(method, path, { token = "", body, allow = [] } = {}) {
 }
 
 function statsPath(limit, key) {
-  if (!limit) return "v1/stats";
+  if (!limit) return state.historyAsked ? "v1/stats" : `v1/stats?history=${HISTORY_ASKED_S}`;
   const query = new URLSearchParams({ limit });
   if (key) query.set("key", key);
   return `v1/stats?${query}`;
@@ -196,14 +200,43 @@ function statsPath(limit, key) {
 
 // ---- History and rates --------------------------------------------------------------------
 
+// Denials by reason are read from the answer: a reason the server adds shows without a change
+// here.
 function sampleOf(limit, t) {
+  const denials = { ...limit.denials };
   return {
     t,
     used: limit.usage ? limit.usage.used : null,
     capacity: capacityOf(limit.rule, limit.usage),
     grants: limit.grants,
-    denials: { ...limit.denials },
+    denied: Object.values(denials).reduce((sum, n) => sum + n, 0),
+    denials,
   };
+}
+
+// The samples a limit's server-kept history stands for, oldest first, on this page's clock:
+// running totals rebuilt from the counts per step. They carry no reasons (the history counts
+// denials whole), so the breakdown by reason starts with the page.
+function samplesOfHistory(limit, fetchedAt) {
+  const history = limit.history;
+  if (!history || history.grants.length === 0) return [];
+  const n = history.grants.length;
+  const samples = new Array(n);
+  let grants = history.grants_total;
+  let denied = history.denials_total;
+  for (let i = n - 1; i >= 0; i--) {
+    samples[i] = {
+      t: fetchedAt - history.age_ms - (n - 1 - i) * history.step_ms,
+      used: history.used[i],
+      capacity: capacityOf(limit.rule, limit.usage),
+      grants,
+      denied,
+      denials: {},
+    };
+    grants -= history.grants[i];
+    denied -= history.denials[i];
+  }
+  return samples.filter((sample) => sample.t < fetchedAt);
 }
 
 function remember(samples, sample) {
@@ -215,21 +248,22 @@ function remember(samples, sample) {
   while (samples.length > 0 && samples[0].t < sample.t - HISTORY_MS - POLL_MS) samples.shift();
 }
 
-// Per-second growth of `pick(sample)` over the last RATE_WINDOW_MS; null before two samples.
+// Per-second growth of `pick(sample)` over the last RATE_WINDOW_MS; null before two samples
+// that have the value.
 function rate(samples, pick) {
-  if (samples.length < 2) return null;
-  const newest = samples[samples.length - 1];
-  let oldest = samples[samples.length - 2];
-  for (let i = samples.length - 2; i >= 0 && samples[i].t >= newest.t - RATE_WINDOW_MS; i--) {
-    oldest = samples[i];
+  const known = samples.filter((sample) => pick(sample) !== undefined && pick(sample) !== null);
+  if (known.length < 2) return null;
+  const newest = known[known.length - 1];
+  let oldest = known[known.length - 2];
+  for (let i = known.length - 2; i >= 0 && known[i].t >= newest.t - RATE_WINDOW_MS; i--) {
+    oldest = known[i];
   }
   const seconds = (newest.t - oldest.t) / 1000;
   if (seconds <= 0) return null;
   return Math.max(0, (pick(newest) - pick(oldest)) / seconds);
 }
 
-const totalDenials = (sample) =>
-  DENIAL_REASONS.reduce((sum, reason) => sum + (sample.denials[reason] || 0), 0);
+const totalDenials = (sample) => sample.denied;
 const grantsOf = (sample) => sample.grants;
 
 // ---- Polling ------------------------------------------------------------------------------
@@ -269,9 +303,11 @@ async function pollStats() {
   const names = new Set();
   for (const limit of stats.limits) {
     names.add(limit.name);
-    if (!state.history.has(limit.name)) state.history.set(limit.name, []);
+    if (!state.history.has(limit.name)) state.history.set(limit.name, samplesOfHistory(limit, now));
     remember(state.history.get(limit.name), sampleOf(limit, now));
   }
+  state.historyAsked = true;
+  rememberEnvoy(stats.envoy, now);
   for (const name of state.history.keys()) {
     if (!names.has(name)) state.history.delete(name);
   }
@@ -328,6 +364,7 @@ function render() {
   renderTraffic(stats.limits);
   renderRejected(stats.rules.rejected);
   renderLimits(stats.limits);
+  renderEnvoy(stats.envoy);
   renderAdmin();
   renderDetail();
 }
@@ -473,6 +510,67 @@ function renderRejected(rejected) {
   );
 }
 
+// ---- Rendering: Envoy's limits ------------------------------------------------------------
+
+function rememberEnvoy(envoy, now) {
+  const paths = new Set();
+  for (const limit of envoy ? envoy.limits : []) {
+    paths.add(limit.path);
+    if (!state.envoyHistory.has(limit.path)) state.envoyHistory.set(limit.path, []);
+    const samples = state.envoyHistory.get(limit.path);
+    const last = samples[samples.length - 1];
+    // Counts start again when the configuration is read again.
+    if (last && limit.ok < last.grants) samples.length = 0;
+    samples.push({ t: now, grants: limit.ok, over: limit.over_limit });
+    while (samples.length > 0 && samples[0].t < now - RATE_WINDOW_MS - 2 * POLL_MS) samples.shift();
+  }
+  for (const path of state.envoyHistory.keys()) {
+    if (!paths.has(path)) state.envoyHistory.delete(path);
+  }
+}
+
+function renderEnvoy(envoy) {
+  show($("envoy"), Boolean(envoy));
+  if (!envoy) return;
+  setText($("envoy-count"), String(envoy.limits.length));
+  setText(
+    $("envoy-summary"),
+    `From ${envoy.config}: ${fmtInt(envoy.domains)} domains; ` +
+      `${fmtInt(envoy.answered_ok)} requests answered OK, ${fmtInt(envoy.answered_over_limit)} over limit` +
+      (envoy.store_failures > 0 ? `, ${fmtInt(envoy.store_failures)} decided without the store` : "") +
+      ". Counts start when the configuration is read.",
+  );
+  const error = $("envoy-error");
+  show(error, Boolean(envoy.last_reload_error));
+  setText(
+    error,
+    envoy.last_reload_error
+      ? `The last edit was refused, and the configuration before it stays in force: ${envoy.last_reload_error}`
+      : "",
+  );
+  $("envoy-rows").replaceChildren(
+    ...envoy.limits.map((limit) => {
+      const samples = state.envoyHistory.get(limit.path) || [];
+      const okRate = rate(samples, (s) => s.grants);
+      const overRate = rate(samples, (s) => s.over);
+      const over = el("td", "num", fmtRate(overRate));
+      over.classList.toggle("warn", overRate > 0);
+      return el(
+        "tr",
+        null,
+        el("td", "name mono", limit.path),
+        el("td", null, limit.name || "—"),
+        el("td", null, limit.unlimited ? "unlimited" : `${fmtInt(limit.requests_per_unit)} per ${limit.unit}`),
+        el("td", null, limit.shadow_mode ? "shadow" : "enforced"),
+        el("td", "num", fmtRate(okRate)),
+        over,
+        el("td", "num", fmtInt(limit.ok)),
+        el("td", "num", fmtInt(limit.over_limit)),
+      );
+    }),
+  );
+}
+
 // ---- Rendering: the limits table ----------------------------------------------------------
 
 function makeRow(name) {
@@ -577,10 +675,13 @@ function setMeter(meter, used, capacity) {
 }
 
 function denialBreakdown(samples) {
-  return DENIAL_REASONS.map((reason) => {
-    const perSecond = rate(samples, (sample) => sample.denials[reason] || 0);
-    return `${reason}: ${fmtRate(perSecond)}/s`;
-  }).join(", ");
+  const newest = samples[samples.length - 1];
+  return Object.keys(newest ? newest.denials : {})
+    .map((reason) => {
+      const perSecond = rate(samples, (sample) => sample.denials[reason]);
+      return `${reason}: ${fmtRate(perSecond)}/s`;
+    })
+    .join(", ");
 }
 
 function applyFilter() {
@@ -759,8 +860,8 @@ function renderDetail() {
   }
   // The server counts waiters, grants and denials per limit, never per key.
   const allKeys = perKey ? " (all keys)" : "";
-  const denied = DENIAL_REASONS.reduce((sum, r) => sum + limit.denials[r], 0);
-  const reasons = DENIAL_REASONS.filter((r) => limit.denials[r] > 0);
+  const denied = Object.values(limit.denials).reduce((sum, n) => sum + n, 0);
+  const reasons = Object.keys(limit.denials).filter((r) => limit.denials[r] > 0);
   const by = limit.waiting_by_priority;
   const levels = by ? ` (high ${fmtInt(by.high)}, normal ${fmtInt(by.normal)}, low ${fmtInt(by.low)})` : "";
   items.push([`Waiting${allKeys}`, `${fmtInt(limit.waiting)}${levels}`]);

@@ -20,9 +20,9 @@ fn rule(name: &str, json: &str) -> Rule {
     raw.validate(name).expect("bench rule is valid")
 }
 
-/// One rule on every path counted per client address, under `algorithm`; with `chain`, seed 002's chain
-/// (per-user concurrency, per-user frequency, endpoint rule). Limits no run reaches: every
-/// request is allowed, so the figures are an allowed request's cost.
+/// One rule on every path counted per client address, under `algorithm`; with `chain`, the
+/// throttle-table scenario's chain (per-user concurrency, per-user frequency, endpoint rule).
+/// Limits no run reaches: every request is allowed, so the figures are an allowed request's cost.
 pub fn tollgate_layer(chain: bool, headers_on_allowed: bool, algorithm: &str) -> ThrottleLayer {
     // GCRA counts whole microseconds: a million a second is its most.
     let limit = if algorithm == "gcra" {

@@ -1,7 +1,8 @@
-//! The seeds' designs (000 and 003: calls against a central counter; 001: a token pool)
-//! model-checked: every flawed design must be caught with a counterexample, every fixed design
-//! must pass. Each test pins its outcome and the number of distinct states explored, and prints
-//! its counterexample (`cargo test -p tollgate-model -- --nocapture` shows them).
+//! The designs of the vendor-quota scenario (calls against a central counter) and of the token-pool
+//! scenario (docs/guarantees.md), model-checked: every flawed design must be caught with a
+//! counterexample, every fixed design must pass. Each test pins its outcome and the number of
+//! distinct states explored, and prints its counterexample (`cargo test -p tollgate-model --
+//! --nocapture` shows them).
 
 use tollgate_model::calls::{self, CallsAction, CallsModel, Design};
 use tollgate_model::tokens::{self, TokensAction, TokensModel};
