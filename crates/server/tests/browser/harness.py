@@ -48,6 +48,15 @@ def wait_for(driver: WebDriver, condition: Callable[[WebDriver], T], what: str) 
     ).until(condition, f"waited {TIMEOUT_S:.0f} s for {what}")
 
 
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll `condition` (on the server, not the page) until true, failing after TIMEOUT_S."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {TIMEOUT_S:.0f} s for {what}")
+        time.sleep(0.2)
+
+
 class Server:
     """`tollgate serve` on a free loopback port, in a directory of its own (its rules live in
     that directory's tollgate.db), with a known admin token."""
@@ -83,21 +92,27 @@ class Server:
         self.url = self._read_address()
 
     def _read_address(self) -> str:
+        """The address the server prints once it listens. Read from the descriptor itself: a
+        buffered readline would keep a second line (the gRPC listener's comes first) where
+        select cannot see it."""
         assert self.process.stdout is not None
+        descriptor = self.process.stdout.fileno()
         deadline = time.monotonic() + START_DEADLINE_S
-        line = b""
+        pending = b""
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], 0.5)
-            if ready:
-                line = self.process.stdout.readline()
+            ready, _, _ = select.select([descriptor], [], [], 0.5)
+            if not ready:
+                continue
+            chunk = os.read(descriptor, 4096)
+            if not chunk:
+                break
+            pending += chunk
+            for line in pending.split(b"\n")[:-1]:
                 if line.startswith(b"tollgate: listening on "):
                     return line.decode().split(" on ", 1)[1].strip()
-                if not line:
-                    break
+        log = self.read_log()
         self.stop()
-        raise RuntimeError(
-            f"the server did not start: {line!r}; log:\n{self.read_log()}"
-        )
+        raise RuntimeError(f"the server did not start: {pending!r}; log:\n{log}")
 
     def read_log(self) -> str:
         return (self.dir / "server.log").read_text(errors="replace")

@@ -324,6 +324,78 @@ def test_admin_sees_scoped_tokens_without_secrets_and_revokes_one(
     assert harness.console_errors(page) == []
 
 
+def test_a_page_opened_late_shows_what_came_before_at_once(driver: WebDriver) -> None:
+    """Traffic before the page opens is drawn on its first render, from the server's history:
+    the rates are numbers, not "…", and the sparkline reaches back before the page."""
+    server = harness.Server()
+    try:
+        server.put_limit("earlier", {"kind": "rate", "limit": 5, "period_ms": 600000})
+
+        def sampled(grants: int) -> bool:
+            status, stats = server.call("GET", "/v1/stats?limit=earlier&history=60")
+            history = stats["limits"][0].get("history") if status == 200 else None
+            return bool(history) and sum(history["grants"]) >= grants and len(history["grants"]) >= 4
+
+        # The server samples every second: first one sample, then the traffic, then more.
+        harness.wait_until(lambda: sampled(0), "the first sample")
+        for _ in range(5):
+            assert server.acquire("earlier") == 200
+        assert server.acquire("earlier") == 429
+        harness.wait_until(lambda: sampled(5), "the grants in the history")
+
+        driver.get_log("browser")
+        opened_ms = driver.execute_script("return Date.now()")
+        driver.get(server.url + "/ui")
+        wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-limit="earlier"]'),
+                 "the limit's row")
+        # The first render, with one poll of the page's own: the history did the rest.
+        earliest = driver.execute_script("return state.history.get('earlier')[0].t")
+        assert earliest < opened_ms - 2000, (earliest, opened_ms)
+        points = driver.find_element(
+            By.CSS_SELECTOR, 'tr[data-limit="earlier"] .line-used'
+        ).get_attribute("points")
+        assert points and len(points.split()) >= 3, points
+        assert cell(driver, "earlier", "used") == "5 / 5"
+        assert harness.console_errors(driver) == []
+    finally:
+        server.stop()
+
+
+ENVOY_YAML = """domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: internal
+    rate_limit: {name: internal, unlimited: true}
+"""
+
+
+def test_envoy_limits_are_listed_and_a_refused_edit_is_shown(driver: WebDriver) -> None:
+    server = harness.Server(
+        ["--grpc-listen", "127.0.0.1:0", "--envoy-config", "envoy.yaml"],
+        files={"envoy.yaml": ENVOY_YAML},
+    )
+    try:
+        driver.get_log("browser")
+        driver.get(server.url + "/ui")
+        wait_for(driver, lambda d: shown(d, "envoy"), "the Envoy panel")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#envoy-rows tr")
+        texts = [row.text for row in rows]
+        assert len(texts) == 2, texts
+        user = next(t for t in texts if t.startswith("edge.user"))
+        assert "5 per minute" in user and "enforced" in user, user
+        internal = next(t for t in texts if t.startswith("edge.internal"))
+        assert "unlimited" in internal and "internal" in internal, internal
+        assert not shown(driver, "envoy-error")
+        (server.dir / "envoy.yaml").write_text(ENVOY_YAML.replace("unit: minute", "unit: fortnight"))
+        wait_for(driver, lambda d: shown(d, "envoy-error"), "the refused edit")
+        assert "fortnight" in text(driver, "#envoy-error")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#envoy-rows tr")) == 2
+        assert harness.console_errors(driver) == []
+    finally:
+        server.stop()
+
+
 def test_screenshot_at_1280x800(page: WebDriver, server: harness.Server) -> None:
     open_limit(page, "vendor-x")
     wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart .line-used"), "the chart")
