@@ -2,7 +2,6 @@
 //! hands out permits. Waiting is ordered by `waiters` (priority, then arrival) and sleeps on
 //! exact retry hints or wake-ups, never on a polling interval.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -333,10 +332,9 @@ impl Answer for Check {
 
 #[derive(Debug)]
 struct Shared {
+    /// A `LimitHandle` on a store that `Store::memory_store` names decides on the counter's
+    /// word (`HotCounter`) of its GCRA limits without the store's lock.
     store: Arc<dyn Store>,
-    /// The store, when it is the memory store: a `LimitHandle` on one of its GCRA limits
-    /// decides on the counter's word (`HotCounter`) without the store's lock.
-    memory: Option<Arc<MemoryStore>>,
     /// Read on every decision, replaced whole on a change: readers take no lock and write no
     /// cache line another thread reads (a read lock would be both, on every decision).
     limits: ArcSwap<LimitTable>,
@@ -494,12 +492,8 @@ fn key_missing(limit: &Limit, per: &str) -> Error {
 
 impl Limiter {
     pub fn new(store: Arc<dyn Store>, config: LimiterConfig) -> Limiter {
-        let memory = (Arc::clone(&store) as Arc<dyn Any + Send + Sync>)
-            .downcast::<MemoryStore>()
-            .ok();
         let shared = Arc::new(Shared {
             store,
-            memory,
             limits: ArcSwap::from_pointee(LimitTable::default()),
             limits_writer: Mutex::new(()),
             generation: AtomicU64::new(0),
@@ -733,7 +727,7 @@ impl Limiter {
             name: name.to_owned(),
         })?;
         // Only an unkeyed limit has one counter a handle can hold.
-        let hot = match (&self.shared.memory, limit.per()) {
+        let hot = match (self.shared.store.memory_store(), limit.per()) {
             (Some(memory), None) => memory.hot_counter(Take {
                 counter: CounterId {
                     limit: limit.name(),
@@ -1116,7 +1110,7 @@ impl LimitHandle {
         let shared = &self.limiter.shared;
         if !shared.waiters.anyone_waiting() && self.in_force() {
             let policy = self.limit.policy();
-            let step = match (key, &self.hot, &shared.memory) {
+            let step = match (key, &self.hot, shared.store.memory_store()) {
                 (None, Some(hot), _) => hot.decide(policy, cost, priority),
                 (Some(key), _, Some(memory)) if self.limit.per().is_some() => {
                     let counter = CounterId {

@@ -1532,6 +1532,10 @@ fn decided(attempt: Result<Option<Decision>>) -> Result<Decision> {
 }
 
 impl Store for MemoryStore {
+    fn memory_store(&self) -> Option<&MemoryStore> {
+        Some(self)
+    }
+
     fn acquire<'a>(
         &'a self,
         takes: &'a [Take<'a>],

@@ -15,6 +15,7 @@ use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
 
 use crate::error::Result;
 use crate::limits::LimitTable;
+use crate::memory::MemoryStore;
 
 /// One counter: a limit, and the key for limits counted `per` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,6 +237,16 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     /// limiter sees their refunds and releases itself.
     fn on_wake(&self, wake: WakeFn) {
         let _ = wake;
+    }
+
+    /// The memory store that decides for this store, if one does: the limiter's synchronous ways
+    /// in (a `LimitHandle` deciding on a counter's word) are the memory store's own. The memory
+    /// store answers itself. A wrapper that changes nothing a decision depends on (one that
+    /// meters or logs) forwards its inner store's answer, and keeps those ways; a wrapper that
+    /// decides differently (one that leases blocks of units) must not, and keeps the default:
+    /// `None`, every decision through `acquire`.
+    fn memory_store(&self) -> Option<&MemoryStore> {
+        None
     }
 
     /// Whether the store answers: one round trip for a remote store (readiness checks), nothing

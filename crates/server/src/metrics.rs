@@ -365,6 +365,12 @@ impl MeteredStore {
 }
 
 impl Store for MeteredStore {
+    // Metering changes no decision: the memory store's synchronous ways stay open (a decision
+    // on a counter's word makes no round trip to time).
+    fn memory_store(&self) -> Option<&MemoryStore> {
+        self.inner.memory_store()
+    }
+
     // A ready answer stays ready: the limiter decides on the calling thread as before.
     fn acquire<'a>(
         &'a self,
