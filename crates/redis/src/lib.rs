@@ -38,6 +38,7 @@
 //! channel whenever capacity comes back (a refund, a release); a subscriber task turns that into
 //! the limiter's wake-up, so a waiter in one process wakes when another releases.
 
+mod abi;
 mod backend;
 mod eviction;
 mod keys;
@@ -60,16 +61,12 @@ use tollgate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use tollgate::{Error, Result};
-use tollgate_core::{
-    Algorithm, Committed, Denial, DenyReason, Grant, Kind, PermitError, Policy, Priority,
-};
+use tollgate_core::{Algorithm, Committed, Denial, Grant, Kind, PermitError, Policy, Priority};
 
 use backend::{Backend, Target};
 
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
-
-const SCRIPT: &str = include_str!("tollgate.lua");
 
 /// How a Redis store connects and behaves.
 #[derive(Clone, Debug)]
@@ -188,16 +185,12 @@ fn store_error(error: RedisError) -> Error {
     }
 }
 
-/// The script's operation codes (the first number of its arguments).
-const ACQUIRE: u64 = 1;
-const COMMIT: u64 = 2;
-const RENEW: u64 = 3;
-const PAUSE: u64 = 4;
-const USAGE: u64 = 5;
-/// Added to the operation code: the call watches Redis's evictions (see `command`).
-const WATCH_EVICTIONS: u64 = 16;
-const RESUME: u64 = 7;
-const ADMIT: u64 = 8;
+use abi::{
+    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_CONCURRENCY, KIND_RATE, OP_ACQUIRE as ACQUIRE,
+    OP_ADMIT as ADMIT, OP_BEGIN, OP_COMMIT as COMMIT, OP_PAUSE as PAUSE, OP_RENEW as RENEW,
+    OP_RESUME as RESUME, OP_USAGE as USAGE, OP_WATCH_EVICTIONS as WATCH_EVICTIONS, OUTCOME_ALLOWED,
+    OUTCOME_GRANTED,
+};
 /// Calls of one operation on one slot, each after an admission the previous asked for, before
 /// it fails: a cover is given two spans ahead, so the second call finds it enough unless the
 /// two nodes' clocks are a span apart.
@@ -209,12 +202,12 @@ fn policy_args(policy: &Policy) -> [u64; 9] {
     match policy.kind() {
         Kind::Rate(rate) => {
             let (algorithm, burst) = match rate.algorithm() {
-                Algorithm::Sliding => (1, 0),
-                Algorithm::Fixed => (2, 0),
-                Algorithm::Gcra { burst } => (3, burst),
+                Algorithm::Sliding => (ALG_SLIDING, 0),
+                Algorithm::Fixed => (ALG_FIXED, 0),
+                Algorithm::Gcra { burst } => (ALG_GCRA, burst),
             };
             [
-                1,
+                KIND_RATE,
                 rate.limit(),
                 rate.period_us(),
                 rate.margin_us(),
@@ -226,7 +219,7 @@ fn policy_args(policy: &Policy) -> [u64; 9] {
             ]
         }
         Kind::Concurrency(concurrency) => [
-            2,
+            KIND_CONCURRENCY,
             concurrency.limit(),
             0,
             0,
@@ -240,11 +233,7 @@ fn policy_args(policy: &Policy) -> [u64; 9] {
 }
 
 fn priority_arg(priority: Priority) -> u64 {
-    match priority {
-        Priority::Low => 0,
-        Priority::Normal => 1,
-        Priority::High => 2,
-    }
+    abi::priority_code(priority)
 }
 
 /// The script's reply, read as a list of integers after its leading status word.
@@ -430,18 +419,18 @@ impl RedisStore {
                  watches evictions, and a counter missing after one is held for a period"
             );
         }
-        let script = Script::new(SCRIPT);
+        let script = Script::new(abi::script());
         let name = format!("tollgate_{}", &script.get_hash()[..16]);
         let library = format!(
             "#!lua name={name}\n{}",
-            SCRIPT.replace("__TOLLGATE_FUNCTION__", &name)
+            abi::script().replace("__TOLLGATE_FUNCTION__", &name)
         );
         let function = match load_library(&backend, &library).await {
             Ok(()) => Some((name, library)),
             Err(error) => {
                 tracing::debug!(%error, "FUNCTION LOAD refused; deciding by EVALSHA");
                 backend
-                    .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
+                    .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
                     .await
                     .map_err(store_error)?;
                 None
@@ -487,7 +476,7 @@ impl RedisStore {
     /// whether the namespace was new; generations Redis already keeps are left as they are. On
     /// a cluster this writes one generation per slot (16,384), many at a time.
     pub async fn begin_new_namespace(&self) -> Result<bool> {
-        let numbers = Numbers::new(6);
+        let numbers = Numbers::new(OP_BEGIN);
         let slots: Vec<u16> = if self.is_cluster() {
             (0..keys::SLOTS).collect()
         } else {
@@ -569,7 +558,7 @@ impl RedisStore {
                     Some((_, library)) => load_library(&self.backend, library).await?,
                     None => {
                         self.backend
-                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT))
+                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
                             .await?;
                     }
                 }
@@ -1210,24 +1199,21 @@ fn slot_answer(head: Head, reply: &Reply, group: &plan::Group) -> Result<SlotAns
     }
     let outcomes = numbers
         .chunks(5)
-        .map(|outcome| match outcome[0] {
-            0 => CounterOutcome::Granted(Grant {
+        .map(|outcome| match u(outcome[0]) {
+            OUTCOME_GRANTED => CounterOutcome::Granted(Grant {
                 seq: u(outcome[1]),
                 remaining: u(outcome[2]),
                 reset_after_us: u(outcome[3]),
                 lease_expires_at: (outcome[4] > 0).then(|| u(outcome[4])),
             }),
-            1 => CounterOutcome::Allowed {
+            OUTCOME_ALLOWED => CounterOutcome::Allowed {
                 remaining: u(outcome[2]),
             },
+            // OUTCOME_DENIED, or a code this version does not know: nothing was granted.
             _ => CounterOutcome::Denied(Denial {
                 retry_after_us: u(outcome[1]),
                 remaining: u(outcome[2]),
-                reason: match outcome[3] {
-                    1 => DenyReason::Paused,
-                    2 => DenyReason::Recovering,
-                    _ => DenyReason::Capacity,
-                },
+                reason: abi::reason(u(outcome[3])),
             }),
         })
         .collect();

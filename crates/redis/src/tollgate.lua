@@ -19,17 +19,21 @@
 -- KEYS[#KEYS]       when the call watches evictions (its operation code has 16 added): the
 --                   slot's evictions record (T.evictions), after every other key
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
---                   number: each argument costs a Lua string): [1] the operation (1 acquire,
---                   2 commit, 3 renew, 4 pause, 5 usage, 6 begin a new namespace, 7 resume,
---                   8 admit a key; plus 16 when the call watches evictions), then per
+--                   number: each argument costs a Lua string): [1] the operation (acquire,
+--                   commit, renew, pause, usage, begin a new namespace, resume, admit a key;
+--                   plus __OP_WATCH_EVICTIONS__ when the call watches evictions), then per
 --                   operation (see each branch below)
+-- The numbers this script shares with Rust (operations, a policy's kind and algorithm,
+-- priorities, outcomes and reasons) are written once, in src/abi.rs: this text names each in
+-- capitals between two pairs of underscores, and the store puts the number in before Redis
+-- loads the script.
 -- ARGV[2]           commit only: the wake-up channel
 -- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
 -- birth, and 1 when this call found the state lost), then the rest per operation (see each
 -- branch below).
 -- A policy is 9 numbers:
---   kind (1 rate, 2 concurrency), limit, period_us, margin_us,
---   algorithm (1 sliding, 2 fixed, 3 gcra), burst, lease_ttl_us, reserve_high, reserve_normal
+--   kind (rate or concurrency), limit, period_us, margin_us,
+--   algorithm (sliding, fixed or gcra), burst, lease_ttl_us, reserve_high, reserve_normal
 -- An admission is 4 numbers, after a counter's policy (T.cover): where its limit's key budget
 --   is (0 a counter without a key, never admitted; x >= 1 at KEYS[x], this slot; -1 in another
 --   slot, asked by the caller), the budget, what the caller brings from it (a cover end; -x:
@@ -100,10 +104,10 @@ function T.read_policy(a, at)
     burst = a[at + 5], ttl = a[at + 6], res_high = a[at + 7], res_normal = a[at + 8],
   }
   p.window = p.period + p.margin
-  if p.kind == 1 then
+  if p.kind == __KIND_RATE__ then
     p.emission = T.div_ceil(p.window, p.limit)
-    if p.alg == 3 then p.capacity = p.burst else p.capacity = p.limit end
-    if p.alg == 3 then p.memory = p.emission * p.burst else p.memory = p.window end
+    if p.alg == __ALG_GCRA__ then p.capacity = p.burst else p.capacity = p.limit end
+    if p.alg == __ALG_GCRA__ then p.memory = p.emission * p.burst else p.memory = p.window end
   else
     p.capacity = p.limit
     p.memory = p.ttl
@@ -112,8 +116,8 @@ function T.read_policy(a, at)
 end
 
 function T.capacity_for(p, priority)
-  if priority == 2 then return p.capacity end
-  if priority == 1 then return p.capacity - p.res_high end
+  if priority == __PRIORITY_HIGH__ then return p.capacity end
+  if priority == __PRIORITY_NORMAL__ then return p.capacity - p.res_high end
   return p.capacity - p.res_high - p.res_normal
 end
 
@@ -277,7 +281,7 @@ function T.clear_closed(c)
 end
 
 function T.normalise(c, p, now)
-  if p.kind == 1 then
+  if p.kind == __KIND_RATE__ then
     local window = p.window
     if c.re > c.ro and now >= c.rx then T.clear_reservations(c) end
     while c.re > c.ro do
@@ -298,7 +302,7 @@ function T.normalise(c, p, now)
       c.ra = -1
       c.dirty = true
     end
-    if p.alg == 1 and c.k == 1 then
+    if p.alg == __ALG_SLIDING__ and c.k == 1 then
       if c.qe > c.qo and p.window > c.qw and now < c.qx then
         -- The limit's window grew: the closed buckets count longer, so must their log.
         c.qx = c.qx + p.window - c.qw
@@ -327,14 +331,14 @@ function T.normalise(c, p, now)
         c.qu, c.lo, c.ls, c.lu = 0, 0, 0, 0
         c.dirty = true
       end
-    elseif p.alg == 2 and c.k == 2 and c.wu == window then
+    elseif p.alg == __ALG_FIXED__ and c.k == 2 and c.wu == window then
       local current = math.floor(now / window)
       if c.w < current then
         c.w = current
         c.u = 0
         c.dirty = true
       end
-    elseif p.alg == 3 and c.k == 3 and c.e == p.emission then
+    elseif p.alg == __ALG_GCRA__ and c.k == 3 and c.e == p.emission then
       -- nothing expires in a TAT
     else
       local used_before = T.units_counted(c, now)
@@ -342,12 +346,12 @@ function T.normalise(c, p, now)
       c.b = {}
       if c.qe > 0 then redis.call('DEL', c.qk) end
       c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw = 0, 0, 0, 0, 0, 0, -1, 0, 0, 0
-      if p.alg == 1 then
+      if p.alg == __ALG_SLIDING__ then
         c.k = 1
         if used_before > 0 then
           c.lo, c.ls, c.lu, c.qu = now, now, used_before, used_before
         end
-      elseif p.alg == 2 then
+      elseif p.alg == __ALG_FIXED__ then
         c.k = 2
         c.w = math.floor(now / window)
         c.wu = window
@@ -447,20 +451,20 @@ end
 
 function T.idle_at(c, p)
   local idle = math.max(c.p, c.s, c.keep or 0)
-  if p.kind == 1 and c.re > c.ro then idle = math.max(idle, c.rl + p.window) end
+  if p.kind == __KIND_RATE__ and c.re > c.ro then idle = math.max(idle, c.rl + p.window) end
   return math.max(idle, T.counted_until(c, p))
 end
 
--- Returns nil when allowed, or {retry_after, remaining, reason (0 capacity, 1 paused; the
--- caller tells a hold after a loss apart, 2)}.
+-- Returns nil when allowed, or {retry_after, remaining, reason (capacity or paused; the caller
+-- tells a hold after a loss apart, recovering)}.
 function T.check(c, p, now, cost, priority, limit_paused_until)
   local open = T.capacity_for(p, priority)
   T.normalise(c, p, now)
   local room_after = T.wait_for_room(c, p, now, cost, open)
   local pause_after = T.sub0(math.max(c.p, limit_paused_until), now)
   if room_after == 0 and pause_after == 0 then return nil end
-  local reason = 0
-  if pause_after > 0 then reason = 1 end
+  local reason = __REASON_CAPACITY__
+  if pause_after > 0 then reason = __REASON_PAUSED__ end
   return { math.max(room_after, pause_after), T.sub0(open, T.used(c, p, now)), reason }
 end
 
@@ -525,7 +529,7 @@ function T.grant(c, p, now, cost, priority, record)
     b[n + 2] = cost
     b[n + 3] = lease_expires_at
   end
-  if p.kind == 1 and record == 1 then
+  if p.kind == __KIND_RATE__ and record == 1 then
     if c.re - c.ro >= 256 * 24 then
       -- The oldest is forgotten (its units stay counted), as in the core.
       c.ro = c.ro + 24
@@ -775,11 +779,11 @@ end
 function T.decide(KEYS, ARGV)
   local a = { struct.unpack('>' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
   local op = a[1]
-  local watch = op >= 16
-  if watch then op = op - 16 end
+  local watch = op >= __OP_WATCH_EVICTIONS__
+  if watch then op = op - __OP_WATCH_EVICTIONS__ end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  if op == 6 then
+  if op == __OP_BEGIN__ then
     -- begin a new namespace: a generation born at time zero, owned here, unless one exists.
     local set = redis.call('SET', KEYS[1], struct.pack('>dd', 0, now + 86400000000) .. T.identity(),
       'NX', 'PX', 2592000000)
@@ -793,13 +797,13 @@ function T.decide(KEYS, ARGV)
     return 0
   end
 
-  if op == 1 then
-    -- acquire: [2] cost, [3] priority (0 low, 1 normal, 2 high), [4] record reservations (1)
+  if op == __OP_ACQUIRE__ then
+    -- acquire: [2] cost, [3] priority, [4] record reservations (1)
     -- or grant final (0), [5] n, then per counter 14 numbers: its policy, where its limit's
     -- pause is (at KEYS[x] for x >= 1, or -x its end as read by the caller: its key is in
     -- another slot), and its admission. Reply: ok now born lost, then per counter 5 numbers
-    -- (outcome 0 granted: seq remaining reset_after lease_expires_at; 1 allowed: _ remaining;
-    -- 2 denied: retry_after remaining reason); or cost now born lost i open; or admit now born
+    -- (outcome granted: seq remaining reset_after lease_expires_at; allowed: _ remaining;
+    -- denied: retry_after remaining reason); or cost now born lost i open; or admit now born
     -- lost, then (i cover need) for each counter whose key the caller must have admitted in
     -- its budget's slot, before anything is written; or keys now born lost i budget.
     local cost, priority, record, n = a[2], a[3], a[4], a[5]
@@ -870,26 +874,26 @@ function T.decide(KEYS, ARGV)
       if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
       local denial
       if held[i] then
-        denial = { T.sub0(held[i], now), 0, 2 }
+        denial = { T.sub0(held[i], now), 0, __REASON_RECOVERING__ }
       else
         denial = T.check(c, p, now, cost, priority, limit_paused_until)
       end
-      -- Held after a loss (T.load) rather than paused by someone: reason 2, recovering.
-      if denial and denial[3] == 1 and c.p >= limit_paused_until
+      -- Held after a loss (T.load) rather than paused by someone: recovering.
+      if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
           and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
-        denial[3] = 2
+        denial[3] = __REASON_RECOVERING__
       end
       if denial then
         all_allowed = false
-        outcomes[i] = { 2, denial[1], denial[2], denial[3], 0 }
+        outcomes[i] = { __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0 }
       else
-        outcomes[i] = { 1, 0, T.sub0(open, T.used(c, p, now)), 0, 0 }
+        outcomes[i] = { __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0 }
       end
     end
     if all_allowed then
       for i = 1, n do
         local g = T.grant(counters[i], policies[i], now, cost, priority, record)
-        outcomes[i] = { 0, g[1], g[2], g[3], g[4] }
+        outcomes[i] = { __OUTCOME_GRANTED__, g[1], g[2], g[3], g[4] }
       end
     end
     -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
@@ -908,12 +912,12 @@ function T.decide(KEYS, ARGV)
   -- The generation and the one key every other operation reads first (a counter's state, or a
   -- limit's pause), with the limit's pause for usage when it is kept here, in one read.
   local names = { KEYS[1], KEYS[2] }
-  if op == 5 and a[15] >= 1 then names[3] = KEYS[a[15]] end
+  if op == __OP_USAGE__ and a[15] >= 1 then names[3] = KEYS[a[15]] end
   if watch then names[#names + 1] = KEYS[#KEYS] end
   local values = redis.call('MGET', unpack(names))
   local gen = T.generation(values[1], KEYS[1], now)
   if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
-  if op == 8 then
+  if op == __OP_ADMIT__ then
     -- admit a key: [2..10] policy, [11] budget, [12] the counter's cover, [13] until when it
     -- must live, [14] honour a hold, [15] apart (as in an admission). Reply: ok now born lost
     -- cover_end, keys now born lost budget, or held now born lost until
@@ -929,7 +933,7 @@ function T.decide(KEYS, ARGV)
   -- its own numbers from [15]. Each may answer admit or keys for counter 1, as acquire does.
   local adm = T.read_admission(a, 11)
 
-  if op == 2 then
+  if op == __OP_COMMIT__ then
     -- commit: [15] seq, [16] used. Reply: ok now born lost refunded released
     local p = T.read_policy(a, 2)
     local seq, used_units, channel = a[15], a[16], ARGV[2]
@@ -938,7 +942,7 @@ function T.decide(KEYS, ARGV)
     if not c then
       -- Forgotten counters were idle: nothing they granted still counts. (One this script
       -- cannot read knows of no permit either.)
-      if p.kind == 2 then
+      if p.kind == __KIND_CONCURRENCY__ then
         local reply = T.head('ok', now, gen)
         reply[5], reply[6] = 0, 0
         return reply
@@ -1072,11 +1076,11 @@ function T.decide(KEYS, ARGV)
     return reply
   end
 
-  if op == 3 then
+  if op == __OP_RENEW__ then
     -- renew: [15] fence. Reply: ok now born lost expires_at
     local p = T.read_policy(a, 2)
     local fence = a[15]
-    if p.kind ~= 2 then return T.head('wrong_kind', now, gen) end
+    if p.kind ~= __KIND_CONCURRENCY__ then return T.head('wrong_kind', now, gen) end
     local raw = values[2]
     local c = raw and T.decode(raw, counter_keys, now)
     if not c then return T.head('lease_expired', now, gen) end
@@ -1099,7 +1103,7 @@ function T.decide(KEYS, ARGV)
     return T.head('lease_expired', now, gen)
   end
 
-  if op == 4 then
+  if op == __OP_PAUSE__ then
     -- pause: [15] duration_us, [16] keyed (1: KEYS[2..4] are a counter's; 0: KEYS[2] is a
     -- limit's pause). Reply: ok now born lost paused_until. A key's pause makes or keeps its
     -- counter, so it counts in its limit's budget like a request's.
@@ -1127,7 +1131,7 @@ function T.decide(KEYS, ARGV)
     return reply
   end
 
-  if op == 7 then
+  if op == __OP_RESUME__ then
     -- resume: [15] keyed (as for pause). Reply: ok now born lost lifted (1 when a pause was
     -- on). A hold after a loss of state (until the generation's birth plus the policy's
     -- memory) is not a pause and stays; a counter not kept is not made.
@@ -1154,7 +1158,7 @@ function T.decide(KEYS, ARGV)
     return reply
   end
 
-  if op == 5 then
+  if op == __OP_USAGE__ then
     -- usage, counting nothing: [15] where the limit's pause is (as for acquire). Reply: ok now
     -- born lost used reset_after paused_until. A counter is held as acquire would hold it; one
     -- not kept is not made.
