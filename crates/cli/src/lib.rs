@@ -1,7 +1,9 @@
 //! The library half of the `tollgate` binary: a small HTTP/1 client for a running server's API
 //! (used by `limits` and `acquire`, and by the end-to-end tests), the admin token a local
 //! server keeps and the rules for sending it (`kept_token`), the `simulate` command's
-//! workloads and runs, and the parsing of durations given on the command line. Precise error types here; `anyhow` only in `main.rs`.
+//! workloads and runs, and the parsing of durations given on the command line. `anyhow` where
+//! an error only ends in a message for people (a workload, a limits file), precise types
+//! elsewhere.
 
 pub mod client;
 pub mod kept_token;
