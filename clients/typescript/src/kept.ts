@@ -25,8 +25,33 @@ export function userCopyPath(port: number): string | undefined {
 const isLoopback = (ip: string): boolean => ip === "::1" || (isIP(ip) === 4 && ip.startsWith("127."));
 const isUnspecified = (ip: string): boolean => ip === "0.0.0.0" || ip === "::";
 
+/** `http(s)://HOST:PORT/...` as [host, port]; the port defaults to the scheme's. */
+function hostPort(url: string): [string, number] | undefined {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return undefined;
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    return undefined;
+  }
+  const host = parsed.hostname.replace(/^\[|\]$/g, "");
+  const port = parsed.port === "" ? (parsed.protocol === "https:" ? 443 : 80) : Number(parsed.port);
+  return [host, port];
+}
+
+/**
+ * Whether a token whose server listens on `listen` may be sent to `url`: only to that server,
+ * at its own port over loopback or at the exact address it listens on.
+ */
+export function belongsTo(listen: string | null | undefined, url: string): boolean {
+  const found = hostPort(url);
+  return listen !== null && listen !== undefined && found !== undefined && listensAt(listen, ...found);
+}
+
 /** Whether a server listening on `listen` (`ADDRESS:PORT`) is the one at `host`:`port`. */
-function belongsTo(listen: string, host: string, port: number): boolean {
+function listensAt(listen: string, host: string, port: number): boolean {
   const colon = listen.lastIndexOf(":");
   const bound = listen.slice(0, colon).replace(/^\[|\]$/g, "");
   if (colon < 0 || Number(listen.slice(colon + 1)) !== port || isIP(bound) === 0) {
@@ -44,15 +69,11 @@ export function keptAdminToken(url: string): string | undefined {
   if (given) {
     return given;
   }
-  let parsed: URL;
-  try {
-    parsed = new URL(url);
-  } catch {
+  const found = hostPort(url);
+  if (found === undefined) {
     return undefined;
   }
-  const host = parsed.hostname.replace(/^\[|\]$/g, "");
-  const port = parsed.port === "" ? (parsed.protocol === "https:" ? 443 : 80) : Number(parsed.port);
-  const path = userCopyPath(port);
+  const path = userCopyPath(found[1]);
   if (path === undefined) {
     return undefined;
   }
@@ -79,7 +100,7 @@ export function keptAdminToken(url: string): string | undefined {
     .filter((line) => line !== "");
   const listens = lines.slice(1).filter((line) => line.startsWith("listen "));
   const listen = listens.at(-1)?.slice("listen ".length).trim();
-  if (lines[0] === undefined || listen === undefined || !belongsTo(listen, host, port)) {
+  if (lines[0] === undefined || listen === undefined || !belongsTo(listen, url)) {
     return undefined;
   }
   return lines[0];

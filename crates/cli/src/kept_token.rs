@@ -188,12 +188,24 @@ pub fn record_listen(
 /// directory: `$XDG_STATE_HOME/tollgate/servers/PORT.admin-token`, by default under
 /// `~/.local/state`. `None` without a home.
 pub fn user_copy_path(port: u16) -> Option<PathBuf> {
-    let state = std::env::var_os("XDG_STATE_HOME")
+    user_copy_path_under(
+        port,
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+/// `user_copy_path` for these values of `XDG_STATE_HOME` and `HOME`.
+fn user_copy_path_under(
+    port: u16,
+    state_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    let state = state_home
         .map(PathBuf::from)
         .filter(|path| path.is_absolute())
         .or_else(|| {
-            std::env::var_os("HOME")
-                .map(PathBuf::from)
+            home.map(PathBuf::from)
                 .filter(|path| path.is_absolute())
                 .map(|home| home.join(".local").join("state"))
         })?;
@@ -322,6 +334,38 @@ mod tests {
             listen: None,
         };
         assert!(!unrecorded.belongs_to("http://127.0.0.1:7070"));
+    }
+
+    /// The cases every implementation shares (the Python and TypeScript clients read them too).
+    #[test]
+    fn the_shared_vectors_are_answered_as_they_say() {
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../tests/vectors/kept_token.json"))
+                .expect("the vectors are JSON");
+        let cases = vectors["belongs"].as_array().expect("belongs");
+        assert!(cases.len() > 20, "the vectors were read");
+        for case in cases {
+            let kept = KeptToken {
+                token: "t".into(),
+                listen: case["listen"].as_str().and_then(|listen| listen.parse().ok()),
+            };
+            let url = case["url"].as_str().expect("url");
+            assert_eq!(kept.belongs_to(url), case["sends"] == true, "{case}");
+        }
+        for case in vectors["user_copy"].as_array().expect("user_copy") {
+            let variable = |name: &str| case[name].as_str().map(std::ffi::OsString::from);
+            let port = case["port"].as_u64().and_then(|port| u16::try_from(port).ok());
+            let path = user_copy_path_under(
+                port.expect("port"),
+                variable("XDG_STATE_HOME"),
+                variable("HOME"),
+            );
+            assert_eq!(
+                path.as_deref().and_then(Path::to_str),
+                case["path"].as_str(),
+                "{case}"
+            );
+        }
     }
 
     #[test]

@@ -42,16 +42,37 @@ def _belongs_to(listen: str, host: str, port: int) -> bool:
     return asked == bound or (asked.is_loopback and bound.is_unspecified)
 
 
+def _host_port(url: str) -> tuple[str, int] | None:
+    """``http(s)://HOST:PORT/...`` as (host, port); the port defaults to the scheme's."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or parts.hostname is None:
+        return None
+    return parts.hostname, port or (443 if scheme == "https" else 80)
+
+
+def belongs_to(listen: str | None, url: str) -> bool:
+    """Whether a token whose server listens on ``listen`` may be sent to ``url``: only to that
+    server, at its own port over loopback or at the exact address it listens on."""
+    host_port = _host_port(url)
+    if listen is None or host_port is None:
+        return False
+    return _belongs_to(listen, *host_port)
+
+
 def kept_admin_token(url: str) -> str | None:
     """The admin token for the server at ``url``, as the ``tollgate`` commands find it."""
     token = os.environ.get("TOLLGATE_ADMIN_TOKEN")
     if token:
         return token
-    parts = urlsplit(url)
-    if parts.hostname is None:
+    host_port = _host_port(url)
+    if host_port is None:
         return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    path = user_copy_path(port)
+    path = user_copy_path(host_port[1])
     if path is None:
         return None
     try:
@@ -69,6 +90,6 @@ def kept_admin_token(url: str) -> str | None:
     if not lines:
         return None
     listens = [line.removeprefix("listen ") for line in lines[1:] if line.startswith("listen ")]
-    if not listens or not _belongs_to(listens[-1], parts.hostname, port):
+    if not listens or not belongs_to(listens[-1], url):
         return None
     return lines[0]
