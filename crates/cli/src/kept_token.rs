@@ -347,14 +347,18 @@ mod tests {
         for case in cases {
             let kept = KeptToken {
                 token: "t".into(),
-                listen: case["listen"].as_str().and_then(|listen| listen.parse().ok()),
+                listen: case["listen"]
+                    .as_str()
+                    .and_then(|listen| listen.parse().ok()),
             };
             let url = case["url"].as_str().expect("url");
             assert_eq!(kept.belongs_to(url), case["sends"] == true, "{case}");
         }
         for case in vectors["user_copy"].as_array().expect("user_copy") {
             let variable = |name: &str| case[name].as_str().map(std::ffi::OsString::from);
-            let port = case["port"].as_u64().and_then(|port| u16::try_from(port).ok());
+            let port = case["port"]
+                .as_u64()
+                .and_then(|port| u16::try_from(port).ok());
             let path = user_copy_path_under(
                 port.expect("port"),
                 variable("XDG_STATE_HOME"),

@@ -8,7 +8,7 @@ use std::fmt;
 /// Largest `limit`, `burst` or `cost` accepted. Keeps every product of units and micros
 /// inside `u64` (and exactly representable in a Lua double, 2^53).
 pub const UNITS_MAX: u64 = 1_000_000_000;
-/// Longest `period_ms`, `margin_ms` or `lease_ttl_ms`: 366 days, in microseconds.
+/// Longest period, margin or lease TTL: 366 days, in microseconds.
 pub const SPAN_US_MAX: u64 = 366 * 24 * 3600 * 1_000_000;
 /// Shortest period or lease TTL: one millisecond, in microseconds.
 pub const SPAN_US_MIN: u64 = 1_000;
@@ -240,9 +240,9 @@ impl Policy {
         reserve: Reserve,
     ) -> Result<Policy, PolicyError> {
         check_units("limit", limit)?;
-        check_span("period_ms", period_us)?;
+        check_span("period_us", period_us)?;
         if margin_us > SPAN_US_MAX {
-            return Err(refuse("margin_ms", "must be at most 366 days"));
+            return Err(refuse("margin_us", "must be at most 366 days"));
         }
         if let Algorithm::Gcra { burst } = algorithm {
             check_units("burst", burst)?;
@@ -263,7 +263,7 @@ impl Policy {
             return Err(refuse(
                 "limit",
                 "a gcra limit counts in whole microseconds: at most one unit per microsecond of \
-                 period (limit <= period_ms * 1000); use sliding or fixed for more",
+                 its period; use sliding or fixed for more",
             ));
         }
         if let Algorithm::Gcra { burst } = algorithm {
@@ -303,7 +303,7 @@ impl Policy {
                 ),
             ));
         }
-        check_span("lease_ttl_ms", lease_ttl_us)?;
+        check_span("lease_ttl_us", lease_ttl_us)?;
         check_reserve(reserve, limit)?;
         Ok(Policy {
             kind: Kind::Concurrency(Concurrency {

@@ -695,13 +695,13 @@ fn policies_are_refused_at_their_bounds_naming_the_field() {
     let sliding = |period_us| rate_result(1, period_us, 0, Algorithm::Sliding, Reserve::default());
     // Periods from one millisecond to 366 days (31,622,400 s).
     assert_eq!(SPAN_US_MAX, 31_622_400_000_000);
-    assert_eq!(field(sliding(999)), Err("period_ms"));
+    assert_eq!(field(sliding(999)), Err("period_us"));
     assert!(sliding(1_000).is_ok());
     assert!(sliding(31_622_400_000_000).is_ok());
-    assert_eq!(field(sliding(31_622_400_000_001)), Err("period_ms"));
+    assert_eq!(field(sliding(31_622_400_000_001)), Err("period_us"));
     let lease_ttl = |ttl_us| Policy::concurrency(1, ttl_us, Reserve::default());
-    assert_eq!(field(lease_ttl(999)), Err("lease_ttl_ms"));
-    assert_eq!(field(lease_ttl(31_622_400_000_001)), Err("lease_ttl_ms"));
+    assert_eq!(field(lease_ttl(999)), Err("lease_ttl_us"));
+    assert_eq!(field(lease_ttl(31_622_400_000_001)), Err("lease_ttl_us"));
     // Reserves must leave every priority a unit.
     let reserved =
         |high, normal| rate_result(3, 1_000, 0, Algorithm::Sliding, Reserve { high, normal });

@@ -165,6 +165,17 @@ pub fn serde_field(path: &str, message: &str, whole: &str) -> String {
     }
 }
 
+/// The wire's name of a field the core names in its own unit: the core takes microseconds, the
+/// wire milliseconds.
+fn wire_field(core_field: &'static str) -> &'static str {
+    match core_field {
+        "period_us" => "period_ms",
+        "margin_us" => "margin_ms",
+        "lease_ttl_us" => "lease_ttl_ms",
+        other => other,
+    }
+}
+
 fn refuse(field: &'static str, reason: impl Into<String>) -> RuleError {
     RuleError {
         field: Cow::Borrowed(field),
@@ -318,7 +329,7 @@ impl RawRule {
                 ));
             }
         }
-        .map_err(|error| refuse(error.field, error.reason))?;
+        .map_err(|error| refuse(wire_field(error.field), error.reason))?;
         if let Some(per) = &self.per {
             check_key(per).map_err(|reason| refuse("per", reason))?;
         }
@@ -532,6 +543,19 @@ mod tests {
             (
                 r#"{"name":"other","kind":"concurrency","limit":2,"lease_ttl_ms":10}"#,
                 "name",
+            ),
+            // Refused by the core, which names them in its microseconds: named as the wire does.
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":31622400001}"#,
+                "period_ms",
+            ),
+            (
+                r#"{"kind":"rate","limit":2,"period_ms":1000,"margin_ms":31622400001}"#,
+                "margin_ms",
+            ),
+            (
+                r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":31622400001}"#,
+                "lease_ttl_ms",
             ),
         ];
         for (json, field) in cases {
