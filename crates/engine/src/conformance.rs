@@ -764,7 +764,7 @@ pub async fn random_traffic_never_exceeds_the_limit(stores: Stores) {
 pub async fn bulk_and_priority_callers_never_overshoot(stores: Stores) {
     let (limiter, other) = pair(&stores);
     for limit in 5..=7u64 {
-        let name = format!("seed-000-{limit}");
+        let name = format!("vendor-quota-{limit}");
         let period_us = 100 * MS;
         let policy = Policy::rate(
             limit,

@@ -438,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn a_seed_002_row_is_a_fixed_rule_per_user_with_a_match() {
+    fn a_throttle_table_row_is_a_fixed_rule_per_user_with_a_match() {
         let rule = parse(
             r#"{"kind":"rate","limit":3,"period_ms":60000,"algorithm":"fixed","per":"user",
                 "match":{"method":"get","path":"/entity/123/bundle"}}"#,

@@ -42,7 +42,7 @@ fn rule(name: &str, json: &str) -> Rule {
 }
 
 /// Seed 002's chain: per-user concurrency, per-user frequency, then the endpoint rule.
-fn seed_002_rules() -> Vec<Rule> {
+fn throttle_table_rules() -> Vec<Rule> {
     vec![
         rule(
             "user-conc",
@@ -221,7 +221,7 @@ fn bearer(user: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_apply_per_user_and_endpoint_with_the_draft_fields() {
     let limiter = Limiter::in_memory();
-    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let address = serve(app(principal_layer(&limiter, throttle_table_rules()))).await;
     let alice = bearer("alice");
     let auth = [("authorization", alice.as_str())];
 
@@ -290,7 +290,7 @@ async fn limits_apply_per_user_and_endpoint_with_the_draft_fields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_endpoint_rule_refuses_spends_nothing_else() {
     let limiter = Limiter::in_memory();
-    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let address = serve(app(principal_layer(&limiter, throttle_table_rules()))).await;
     let carol = bearer("carol");
     let auth = [("authorization", carol.as_str())];
     for _ in 0..3 {
@@ -322,7 +322,7 @@ async fn a_request_the_endpoint_rule_refuses_spends_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_of_rates_alone_is_enforced_the_same() {
     let limiter = Limiter::in_memory();
-    let rates: Vec<Rule> = seed_002_rules().into_iter().skip(1).collect();
+    let rates: Vec<Rule> = throttle_table_rules().into_iter().skip(1).collect();
     let address = serve(app(principal_layer(&limiter, rates))).await;
     let dave = bearer("dave");
     let auth = [("authorization", dave.as_str())];
@@ -357,7 +357,7 @@ async fn a_chain_of_rates_alone_is_enforced_the_same() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
     let limiter = Limiter::in_memory();
-    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let address = serve(app(principal_layer(&limiter, throttle_table_rules()))).await;
     let dave = bearer("dave");
     // Dave's leases of the concurrency limit in use now, read without taking one.
     let held = |limiter: &Limiter| {
@@ -410,7 +410,7 @@ async fn a_client_that_disconnects_mid_response_gives_its_lease_back() {
 async fn identity_headers_sent_by_clients_are_ignored() {
     // The principal comes from authentication; a forged user header changes nothing.
     let limiter = Limiter::in_memory();
-    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let address = serve(app(principal_layer(&limiter, throttle_table_rules()))).await;
     let erin = bearer("erin");
     for forged in ["mallory-1", "mallory-2", "mallory-3", "mallory-4"] {
         let headers = [
@@ -427,7 +427,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
     let limiter = Limiter::in_memory();
     let layer = ThrottleLayer::new(
         limiter.clone(),
-        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleRules::fixed(throttle_table_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::peer(TrustedProxies::none()),
             unidentified: Unidentified::Reject,
@@ -460,7 +460,7 @@ async fn identity_headers_sent_by_clients_are_ignored() {
     let limiter = Limiter::in_memory();
     let layer = ThrottleLayer::new(
         limiter.clone(),
-        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleRules::fixed(throttle_table_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
             identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
             unidentified: Unidentified::Reject,
@@ -500,7 +500,7 @@ async fn unmatched_paths_pass_through_untouched() {
             ..LimiterConfig::default()
         },
     );
-    let endpoint_only: Vec<Rule> = seed_002_rules()
+    let endpoint_only: Vec<Rule> = throttle_table_rules()
         .into_iter()
         .filter(|rule| rule.name() == "entity-bundle")
         .collect();
@@ -665,7 +665,7 @@ async fn keep_alive_connections_of_one_client_share_its_counter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_spelling_of_a_limited_path_is_limited() {
     let limiter = Limiter::in_memory();
-    let layer = principal_layer(&limiter, seed_002_rules());
+    let layer = principal_layer(&limiter, throttle_table_rules());
     let address = serve(app(layer.clone())).await;
     let alice = bearer("alice");
     let auth = [("authorization", alice.as_str())];
@@ -725,7 +725,7 @@ async fn a_get_rule_applies_to_head() {
     );
     let limiter = Limiter::in_memory();
     let app = routes
-        .layer(principal_layer(&limiter, seed_002_rules()))
+        .layer(principal_layer(&limiter, throttle_table_rules()))
         .layer(axum::middleware::from_fn(authenticate));
     let address = serve(app).await;
     let alice = bearer("alice");
@@ -778,7 +778,7 @@ async fn an_ipv6_client_is_counted_by_its_64() {
     let limiter = Limiter::in_memory();
     let layer = ThrottleLayer::new(
         limiter.clone(),
-        ThrottleRules::fixed(seed_002_rules()).expect("no request matches too many rules"),
+        ThrottleRules::fixed(throttle_table_rules()).expect("no request matches too many rules"),
         ThrottleConfig {
             // The loopback peer is the proxy; the client is the address it forwards.
             identity: Identity::peer(TrustedProxies::parse(["127.0.0.0/8"]).expect("valid")),
@@ -855,7 +855,7 @@ async fn a_layer_reads_paths_as_its_router_does() {
     let limiter = Limiter::in_memory();
     let layer = ThrottleLayer::new(
         limiter,
-        ThrottleRules::fixed_with(seed_002_rules(), reading).expect("fits"),
+        ThrottleRules::fixed_with(throttle_table_rules(), reading).expect("fits"),
         ThrottleConfig {
             identity: Identity::principal(|extensions| {
                 extensions.get::<User>().map(|user| user.0.as_str())
@@ -903,7 +903,7 @@ async fn a_layer_reads_paths_as_its_router_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backslash_is_never_a_separator() {
     let limiter = Limiter::in_memory();
-    let address = serve(app(principal_layer(&limiter, seed_002_rules()))).await;
+    let address = serve(app(principal_layer(&limiter, throttle_table_rules()))).await;
     let alice = bearer("alice");
     let auth = [("authorization", alice.as_str())];
     for spelling in ["/repo/v1/entity\\5/bundle", "/repo/v1/entity%5C5/bundle"] {

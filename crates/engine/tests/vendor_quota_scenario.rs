@@ -235,7 +235,7 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(start_paused = true)]
-async fn seed_000_sliding_never_overshoots_and_never_delays_priority() {
+async fn vendor_quota_sliding_never_overshoots_and_never_delays_priority() {
     let seed = seed();
     for limit in 5..=10 {
         run(seed, limit, Algorithm::Sliding).await;
@@ -243,7 +243,7 @@ async fn seed_000_sliding_never_overshoots_and_never_delays_priority() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn seed_000_fixed_never_overshoots_and_never_delays_priority() {
+async fn vendor_quota_fixed_never_overshoots_and_never_delays_priority() {
     let seed = seed();
     for limit in 5..=10 {
         run(seed, limit, Algorithm::Fixed).await;
