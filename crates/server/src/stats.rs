@@ -435,16 +435,22 @@ pub(crate) async fn sample(state: &AppState) {
     let mut rules: Vec<_> = snapshot.iter().collect();
     rules.sort_by(|a, b| a.name().cmp(b.name()));
     let mut readings = Vec::with_capacity(rules.len().min(crate::history::LIMITS_MAX));
+    // A store found unreachable is not asked again in this sample: an unreachable Redis would
+    // otherwise hold the sample for a timeout per limit.
+    let mut store_answers = true;
     for rule in rules.into_iter().take(crate::history::LIMITS_MAX) {
         let name = rule.name();
         let used = match rule.limit().per() {
             Some(_) => None,
-            None => state
-                .limiter()
-                .usage(name, None)
-                .await
-                .ok()
-                .map(|usage| usage.used),
+            None if store_answers => match state.limiter().usage(name, None).await {
+                Ok(usage) => Some(usage.used),
+                Err(error) => {
+                    // Unreachable, not merely a limit gone since the snapshot.
+                    store_answers = !error.fails_open();
+                    None
+                }
+            },
+            None => None,
         };
         readings.push(crate::history::Reading {
             name: name.to_owned(),
