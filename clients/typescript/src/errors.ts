@@ -8,7 +8,7 @@
  */
 
 import { type Fields, isObject, type LimitStatus, limitStatuses } from "./models.js";
-import type * as Wire from "./wire.js";
+import * as Wire from "./wire.js";
 
 /** Why a request was not granted. */
 export type DenyReason = Wire.RateLimitedBody["reason"];
@@ -146,9 +146,7 @@ function retryAfterHeader(headers: Headers): number {
 }
 
 function asReason(value: unknown): DenyReason | null {
-  return value === "capacity" || value === "paused" || value === "recovering" || value === "queued"
-    ? value
-    : null;
+  return (Wire.DENY_REASONS as readonly unknown[]).includes(value) ? (value as DenyReason) : null;
 }
 
 /** The error an answer of status 400 or above stands for, from its status, headers and body. */

@@ -46,11 +46,17 @@ export interface ErrorBody {
   error: ErrorDetail;
 }
 
+/**
+ * Every reason a request is not granted, as the server spells it: the one list the client
+ * keeps, held to the server's /openapi.json by test/wire/check.ts.
+ */
+export const DENY_REASONS = ["capacity", "paused", "queued", "recovering"] as const;
+
 /** 429 from `/v1/acquire`. */
 export interface RateLimitedBody {
   error: ErrorDetail;
   retry_after_ms: number;
-  reason: "capacity" | "paused" | "recovering" | "queued";
+  reason: (typeof DENY_REASONS)[number];
   limits: LimitView[];
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use tollgate_cli::client::{Answer, Client};
-use tollgate_rules::{FileFormat, FileSource, RawRule, Rules, render_limits};
+use tollgate_rules::{FileFormat, FileSource, RawRule, Rules, Validate, render_limits};
 
 /// What applying a file changes, by limit name.
 #[derive(Debug, Default, PartialEq)]

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use hyper::Method;
 use serde::Deserialize;
+use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited};
 use tollgate_cli::client::{Answer, Client};
 use tollgate_cli::kept_token;
 use tollgate_cli::parse_duration;
@@ -1415,8 +1416,12 @@ async fn status(
         Ok(answer) => answer,
         Err(code) => return Ok(code),
     };
-    match (output, &answer.json) {
-        (Output::Table, Some(json)) => print!("{}", status::table(json)),
+    let stats = answer
+        .json
+        .clone()
+        .and_then(|json| serde_json::from_value(json).ok());
+    match (output, stats) {
+        (Output::Table, Some(stats)) => print!("{}", status::table(&stats)),
         _ => print_json(&answer)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -1426,15 +1431,13 @@ async fn acquire(args: AcquireArgs, server: ServerArgs, file: FileConfig) -> Res
     let token = env_text("TOLLGATE_DATA_TOKEN").or_else(|| file.data_token.clone());
     let client = client(server, &file, token, CLIENT_TIMEOUT + args.wait)?;
     let wait_ms = u64::try_from(args.wait.as_millis()).unwrap_or(u64::MAX);
-    let mut body = serde_json::json!({
-        "limits": args.limits,
-        "cost": args.cost,
-        "priority": args.priority,
-        "wait_ms": wait_ms,
-    });
-    if let (Some(key), Some(object)) = (&args.key, body.as_object_mut()) {
-        object.insert("key".into(), serde_json::Value::String(key.clone()));
-    }
+    let body = serde_json::to_value(AcquireBody {
+        limits: args.limits.clone(),
+        key: args.key.clone(),
+        cost: Some(args.cost),
+        priority: Some(args.priority.clone()),
+        wait_ms: Some(wait_ms),
+    })?;
     let answer = match client.send(Method::POST, "/v1/acquire", Some(&body)).await {
         Ok(answer) => answer,
         Err(error) => {
@@ -1443,25 +1446,12 @@ async fn acquire(args: AcquireArgs, server: ServerArgs, file: FileConfig) -> Res
         }
     };
     if answer.status.as_u16() == 429 {
-        let json = answer.json.as_ref();
-        let retry = json
-            .and_then(|json| json.get("retry_after_ms"))
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0);
-        let reason = json
-            .and_then(|json| json.get("reason"))
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("capacity");
-        let why = match reason {
-            "capacity" => "the limit is used up".to_owned(),
-            "paused" => "the limit is paused".to_owned(),
-            "queued" => "requests of the same or higher priority are waiting ahead".to_owned(),
-            "recovering" => "the store is holding the limit after it lost what it counted \
-                             (an unclean stop, or a Redis that came back empty; setting \
-                             recover_on_start)"
-                .to_owned(),
-            other => other.to_owned(),
-        };
+        let denied = answer
+            .json
+            .clone()
+            .and_then(|json| serde_json::from_value::<RateLimited>(json).ok());
+        let retry = denied.as_ref().map_or(0, |denied| denied.retry_after_ms);
+        let why = denied.map_or("the limit is used up", |denied| denied.reason.0.meaning());
         eprintln!(
             "tollgate: not granted within {}: {why}; retry in {}",
             tollgate_server::human_duration(args.wait),
@@ -1477,19 +1467,17 @@ async fn acquire(args: AcquireArgs, server: ServerArgs, file: FileConfig) -> Res
             ExitCode::FAILURE
         });
     }
-    let grant = answer.json.unwrap_or_default();
-    let permit = grant
-        .get("permit")
-        .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| anyhow!("the server's grant has no permit"))?
-        .to_owned();
+    let grant: Granted = answer
+        .json
+        .clone()
+        .and_then(|json| serde_json::from_value(json).ok())
+        .ok_or_else(|| anyhow!("the server's grant is not a grant: {:?}", answer.json))?;
+    let permit = grant.permit;
     // Renew leases at a third of their lifetime, so two missed renewals still leave time.
     let lease_ms = grant
-        .get("limits")
-        .and_then(serde_json::Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|limit| limit.get("expires_ms").and_then(serde_json::Value::as_u64))
+        .limits
+        .iter()
+        .filter_map(|limit| limit.expires_ms)
         .min();
     let renewer = lease_ms.map(|lease_ms| {
         let client = client.clone();
@@ -1528,7 +1516,7 @@ async fn acquire(args: AcquireArgs, server: ServerArgs, file: FileConfig) -> Res
         .send(
             Method::POST,
             &format!("/v1/permits/{permit}/commit"),
-            Some(&serde_json::json!({ "used": used })),
+            Some(&serde_json::to_value(CommitBody { used: Some(used) })?),
         )
         .await;
     match commit {

@@ -17,7 +17,7 @@ use tollgate::{
     Algorithm, Clock, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock,
     Outcome, PermitSecret, Priority, Request,
 };
-use tollgate_rules::RawRule;
+use tollgate_rules::{RawRule, Validate};
 
 /// Longest simulated span: a week.
 pub const DURATION_S_MAX: f64 = 7.0 * 86_400.0;

@@ -1,20 +1,12 @@
-//! `tollgate status [LIMIT]`: a running server at a glance, from `GET /v1/stats`: each limit's
-//! usage now, pauses and holds, waiters, grants and denials; the rules' reload state; the store;
-//! the limits of an Envoy configuration. Denial reasons are read from the answer, so a reason
-//! the server adds shows without a change here.
+//! `tollgate status [LIMIT]`: a running server at a glance, from `GET /v1/stats` read as the
+//! wire contract's `Stats`: each limit's usage now, pauses and holds, waiters, grants and
+//! denials; the rules' reload state; the store; the limits of an Envoy configuration. Denial
+//! reasons come from the answer's `denials`, which lists every reason the core has.
 
 use std::time::Duration;
 
-use serde_json::Value;
+use tollgate_api::stats::{EnvoyView, Stats};
 use tollgate_server::human_duration;
-
-fn number(value: &Value, field: &str) -> u64 {
-    value.get(field).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn text<'v>(value: &'v Value, field: &str) -> Option<&'v str> {
-    value.get(field).and_then(Value::as_str)
-}
 
 fn duration_ms(ms: u64) -> String {
     if ms == 0 {
@@ -46,7 +38,7 @@ pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
 }
 
 /// The stats as a table for people: a line a limit, then the rules and the store.
-pub fn table(stats: &Value) -> String {
+pub fn table(stats: &Stats) -> String {
     let mut rows = vec![
         [
             "LIMIT",
@@ -60,47 +52,32 @@ pub fn table(stats: &Value) -> String {
         ]
         .map(str::to_owned),
     ];
-    let empty = Vec::new();
-    let limits = stats
-        .get("limits")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    for limit in limits {
-        let rule = limit.get("rule").unwrap_or(&Value::Null);
-        let kind = match (text(rule, "kind"), text(rule, "per")) {
+    for limit in &stats.limits {
+        let kind = match (&limit.rule.kind, &limit.rule.per) {
             (Some(kind), Some(per)) => format!("{kind} per {per}"),
-            (Some(kind), None) => kind.to_owned(),
+            (Some(kind), None) => kind.clone(),
             (None, _) => "-".to_owned(),
         };
-        let name = match text(limit, "key") {
-            Some(key) => format!("{} [{key}]", text(limit, "name").unwrap_or("-")),
-            None => text(limit, "name").unwrap_or("-").to_owned(),
+        let name = match &limit.key {
+            Some(key) => format!("{} [{key}]", limit.name),
+            None => limit.name.clone(),
         };
-        let (used, resets, paused) = match limit.get("usage") {
+        let (used, resets, paused) = match &limit.usage {
             Some(usage) => (
-                format!(
-                    "{}/{}",
-                    number(usage, "used"),
-                    number(usage, "used") + number(usage, "remaining")
-                ),
-                duration_ms(number(usage, "reset_after_ms")),
-                duration_ms(number(usage, "paused_ms")),
+                format!("{}/{}", usage.used, usage.used + usage.remaining),
+                duration_ms(usage.reset_after_ms),
+                duration_ms(usage.paused_ms),
             ),
-            None if limit.get("usage_error").is_some() => {
+            None if limit.usage_error.is_some() => {
                 ("unknown".to_owned(), "-".to_owned(), "-".to_owned())
             }
             None => ("(per key)".to_owned(), "-".to_owned(), "-".to_owned()),
         };
         let denied: Vec<String> = limit
-            .get("denials")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-            .filter_map(|(reason, count)| {
-                Some(count.as_u64()?)
-                    .filter(|count| *count > 0)
-                    .map(|count| format!("{count} {reason}"))
-            })
+            .denials
+            .iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(reason, count)| format!("{count} {reason}"))
             .collect();
         rows.push([
             name,
@@ -108,8 +85,8 @@ pub fn table(stats: &Value) -> String {
             used,
             resets,
             paused,
-            number(limit, "waiting").to_string(),
-            number(limit, "grants").to_string(),
+            limit.waiting.to_string(),
+            limit.grants.to_string(),
             if denied.is_empty() {
                 "0".to_owned()
             } else {
@@ -118,85 +95,78 @@ pub fn table(stats: &Value) -> String {
         ]);
     }
     let mut out = columns(&rows);
-    for limit in limits {
-        if let (Some(name), Some(error)) = (text(limit, "name"), text(limit, "usage_error")) {
-            out.push_str(&format!("{name}: usage unknown: {error}\n"));
+    for limit in &stats.limits {
+        if let Some(error) = &limit.usage_error {
+            out.push_str(&format!("{}: usage unknown: {error}\n", limit.name));
         }
     }
-    let rules = stats.get("rules").unwrap_or(&Value::Null);
-    let rejected = rules
-        .get("rejected")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+    let rules = &stats.rules;
+    let rejected = rules.rejected.len();
     out.push_str(&format!(
         "\nrules: version {} from {}; last reload {}; {} reloads failed{}\n",
-        number(rules, "version"),
-        text(rules, "source").unwrap_or("-"),
-        if rules.get("last_reload_ok").and_then(Value::as_bool) == Some(true) {
-            "ok"
-        } else {
-            "FAILED"
-        },
-        number(rules, "reloads_failed"),
+        rules.version,
+        rules.source,
+        if rules.last_reload_ok { "ok" } else { "FAILED" },
+        rules.reloads_failed,
         if rejected > 0 {
             format!("; {rejected} rejected (`tollgate limits list` shows why)")
         } else {
             String::new()
         }
     ));
-    let store = stats.get("store").unwrap_or(&Value::Null);
-    out.push_str(&format!("store: {}", text(store, "kind").unwrap_or("-")));
-    if let (Some(tracked), Some(max)) = (
-        store.get("keys_tracked").and_then(Value::as_u64),
-        store.get("keys_tracked_max").and_then(Value::as_u64),
-    ) {
+    out.push_str(&format!("store: {}", stats.store.kind));
+    if let (Some(tracked), Some(max)) = (stats.store.keys_tracked, stats.store.keys_tracked_max) {
         out.push_str(&format!(", {tracked} counters tracked of at most {max}"));
     }
     out.push('\n');
-    if let Some(envoy) = stats.get("envoy") {
+    if let Some(envoy) = &stats.envoy {
         out.push_str(&envoy_table(envoy));
     }
     out
 }
 
 /// The Envoy configuration's limits: one line an entry, what it allows and what was answered.
-fn envoy_table(envoy: &Value) -> String {
+fn envoy_table(envoy: &EnvoyView) -> String {
     let mut rows =
         vec![["ENVOY LIMIT", "NAME", "ALLOWS", "MODE", "OK", "OVER LIMIT"].map(str::to_owned)];
-    let empty = Vec::new();
-    for limit in envoy
-        .get("limits")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty)
-    {
-        let allows = if limit.get("unlimited").and_then(Value::as_bool) == Some(true) {
+    for limit in &envoy.limits {
+        let allows = if limit.unlimited {
             "unlimited".to_owned()
         } else {
             format!(
                 "{} per {}",
-                number(limit, "requests_per_unit"),
-                text(limit, "unit").unwrap_or("-")
+                limit.requests_per_unit.unwrap_or(0),
+                limit.unit.as_deref().unwrap_or("-")
             )
         };
-        let shadow = limit.get("shadow_mode").and_then(Value::as_bool) == Some(true);
         rows.push([
-            text(limit, "path").unwrap_or("-").to_owned(),
-            text(limit, "name").unwrap_or("-").to_owned(),
+            limit.path.clone(),
+            if limit.name.is_empty() {
+                "-"
+            } else {
+                &limit.name
+            }
+            .to_owned(),
             allows,
-            if shadow { "shadow" } else { "enforced" }.to_owned(),
-            number(limit, "ok").to_string(),
-            number(limit, "over_limit").to_string(),
+            if limit.shadow_mode {
+                "shadow"
+            } else {
+                "enforced"
+            }
+            .to_owned(),
+            limit.ok.to_string(),
+            limit.over_limit.to_string(),
         ]);
     }
     let mut out = format!(
         "\nenvoy: {} domains from {}; {} answered ok, {} over limit, {} decided without the store\n",
-        number(envoy, "domains"),
-        text(envoy, "config").unwrap_or("-"),
-        number(envoy, "answered_ok"),
-        number(envoy, "answered_over_limit"),
-        number(envoy, "store_failures"),
+        envoy.domains,
+        envoy.config,
+        envoy.answered_ok,
+        envoy.answered_over_limit,
+        envoy.store_failures,
     );
-    if let Some(error) = text(envoy, "last_reload_error") {
+    if let Some(error) = &envoy.last_reload_error {
         out.push_str(&format!(
             "envoy: the last edit was REFUSED (the configuration before it stays in force): {error}\n"
         ));
@@ -210,23 +180,40 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The stats a server answers, read as the commands read them.
+    fn stats(json: serde_json::Value) -> Stats {
+        serde_json::from_value(json).expect("stats as the server answers them")
+    }
+
+    fn limit(name: &str, rule: serde_json::Value) -> serde_json::Value {
+        json!({"name": name, "rule": rule, "waiting": 0,
+               "waiting_by_priority": {"high": 0, "normal": 0, "low": 0},
+               "grants": 0, "denials": {}})
+    }
+
+    fn rules() -> serde_json::Value {
+        json!({"version": 3, "source": "table tollgate_limits", "writable": true,
+               "last_reload_ok": true, "reloads_ok": 1, "reloads_failed": 0, "rejected": []})
+    }
+
     #[test]
     fn the_table_shows_usage_pauses_and_denials() {
-        let stats = json!({
-            "limits": [
-                {"name": "vendor-x", "rule": {"kind": "rate", "limit": 10},
-                 "usage": {"used": 3, "remaining": 7, "reset_after_ms": 850, "paused_ms": 15000},
-                 "waiting": 2, "grants": 3,
-                 "denials": {"capacity": 4, "paused": 1, "queued": 0, "recovering": 0}},
-                {"name": "api", "rule": {"kind": "rate", "per": "user"},
-                 "waiting": 0, "grants": 0, "denials": {}},
-                {"name": "pool", "rule": {"kind": "concurrency"}, "usage_error": "store down",
-                 "waiting": 0, "grants": 0, "denials": {}}
-            ],
-            "rules": {"version": 3, "source": "table tollgate_limits", "last_reload_ok": true,
-                      "reloads_failed": 0, "rejected": [{}]},
+        let mut vendor = limit("vendor-x", json!({"kind": "rate", "limit": 10}));
+        vendor["usage"] = json!({"used": 3, "capacity": 10, "remaining": 7,
+            "reset_after_ms": 850, "paused_ms": 15000});
+        vendor["waiting"] = json!(2);
+        vendor["grants"] = json!(3);
+        vendor["denials"] = json!({"capacity": 4, "paused": 1, "queued": 0, "recovering": 0});
+        let mut pool = limit("pool", json!({"kind": "concurrency"}));
+        pool["usage_error"] = json!("store down");
+        let mut rules = rules();
+        rules["rejected"] = json!([{"name": "bad", "column": "limit", "reason": "must be at \
+            least 1", "previous_in_force": false}]);
+        let stats = stats(json!({
+            "limits": [vendor, limit("api", json!({"kind": "rate", "per": "user"})), pool],
+            "rules": rules,
             "store": {"kind": "memory", "keys_tracked": 5, "keys_tracked_max": 100}
-        });
+        }));
         let shown = table(&stats);
         let lines: Vec<&str> = shown.lines().collect();
         assert!(lines[0].starts_with("LIMIT"), "{shown}");
@@ -245,10 +232,10 @@ mod tests {
 
     #[test]
     fn envoy_limits_are_listed_with_their_answers_and_a_refused_edit() {
-        let stats = json!({
-            "limits": [], "rules": {}, "store": {"kind": "memory"},
-            "envoy": {"config": "config/", "domains": 1, "answered_ok": 5,
-                      "answered_over_limit": 2, "store_failures": 0,
+        let stats = stats(json!({
+            "limits": [], "rules": rules(), "store": {"kind": "memory"},
+            "envoy": {"config": "config/", "domains": 1, "reloads_ok": 1, "reloads_failed": 1,
+                      "answered_ok": 5, "answered_over_limit": 2, "store_failures": 0,
                       "last_reload_error": "config.yaml: bad unit",
                       "limits": [
                           {"path": "edge.remote_address", "requests_per_unit": 10,
@@ -257,7 +244,7 @@ mod tests {
                           {"path": "edge.internal", "name": "internal", "unlimited": true,
                            "shadow_mode": true, "ok": 1, "over_limit": 0}
                       ]}
-        });
+        }));
         let shown = table(&stats);
         assert!(shown.contains("envoy: 1 domains from config/; 5 answered ok, 2 over limit"));
         assert!(

@@ -140,7 +140,7 @@ pub struct Counter {
     body: Body,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DenyReason {
     /// Not enough units open to the request's priority.
     Capacity,
@@ -171,6 +171,23 @@ impl DenyReason {
             DenyReason::Paused => "paused",
             DenyReason::Queued => "queued",
             DenyReason::Recovering => "recovering",
+        }
+    }
+
+    /// What the reason means, for people: one clause, as the commands print it and the API's
+    /// document describes it.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            DenyReason::Capacity => "the limit is used up",
+            DenyReason::Paused => {
+                "the limit is paused (for instance on a vendor's \"retry after\")"
+            }
+            DenyReason::Queued => "requests of the same or higher priority are waiting ahead",
+            DenyReason::Recovering => {
+                "the store is holding the limit after it lost what it counted (an unclean stop, \
+                 or a Redis that came back empty) until what was granted before can no longer \
+                 count"
+            }
         }
     }
 }

@@ -1,11 +1,15 @@
 //! A Tollgate server as the host's quota source, over HTTP API v1 (docs/server.md):
 //! `POST /v1/acquire` with `wait_ms`, `POST /v1/permits/{id}/commit` and `/renew`, and
 //! `POST /v1/pause`. The server does the waiting, ordering and pausing; this is only the client.
+//! The bodies are the wire contract's own (`tollgate_api`).
 
 use std::time::Duration;
 
-use serde::Deserialize;
-use tollgate::Priority;
+use tollgate::{DenyReason, Priority};
+use tollgate_api::data::{
+    AcquireBody, CommitBody, Granted, PauseAnswer, PauseBody, RateLimited, RenewAnswer,
+};
+use tollgate_api::{Code, ErrorBody};
 
 use crate::error::DispatchError;
 use crate::quota::{HostLimits, check_limits};
@@ -49,48 +53,6 @@ pub(crate) enum RemoteAcquired {
         retry_after: Duration,
         paused: bool,
     },
-}
-
-#[derive(Deserialize)]
-struct GrantedBody {
-    permit: String,
-    limits: Vec<LimitBody>,
-}
-
-#[derive(Deserialize)]
-struct LimitBody {
-    #[serde(default)]
-    fence: Option<u64>,
-    #[serde(default)]
-    expires_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct DeniedBody {
-    retry_after_ms: u64,
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    code: String,
-    message: String,
-}
-
-#[derive(Deserialize)]
-struct PausedBody {
-    paused_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct RenewedBody {
-    expires_ms: u64,
 }
 
 fn transport(error: reqwest::Error) -> DispatchError {
@@ -146,14 +108,14 @@ impl RemoteQuota {
     async fn post(
         &self,
         path: &str,
-        body: serde_json::Value,
+        body: &impl serde::Serialize,
         timeout: Duration,
     ) -> Result<(reqwest::StatusCode, Vec<u8>), DispatchError> {
         let mut request = self
             .client
             .post(format!("{}{path}", self.base_url))
             .timeout(timeout)
-            .json(&body);
+            .json(body);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -180,7 +142,7 @@ impl RemoteQuota {
             || status == reqwest::StatusCode::REQUEST_TIMEOUT;
         match serde_json::from_slice::<ErrorBody>(bytes) {
             Ok(body) => DispatchError::Remote {
-                transient: transient || body.error.code == "store_unavailable",
+                transient: transient || body.error.code() == Some(Code::StoreUnavailable),
                 reason: format!("{status}: {}: {}", body.error.code, body.error.message),
             },
             Err(_) => DispatchError::Remote {
@@ -203,17 +165,23 @@ impl RemoteQuota {
         wait: Duration,
     ) -> Result<RemoteAcquired, DispatchError> {
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        let body = serde_json::json!({
-            "limits": self.limits.names(),
+        let body = AcquireBody {
+            limits: self
+                .limits
+                .names()
+                .iter()
+                .map(|name| name.to_string())
+                .collect(),
+            key: None,
             // Always one unit: a dropped lease's release (`Drop for RemotePermit`) relies on it.
-            "cost": 1,
-            "priority": priority.as_str(),
-            "wait_ms": wait_ms,
-        });
+            cost: Some(1),
+            priority: Some(priority.as_str().to_owned()),
+            wait_ms: Some(wait_ms),
+        };
         let timeout = wait + self.timeout + Duration::from_millis(REMOTE_SLACK_MS);
-        let (status, bytes) = self.post("/v1/acquire", body, timeout).await?;
+        let (status, bytes) = self.post("/v1/acquire", &body, timeout).await?;
         if status == reqwest::StatusCode::OK {
-            let granted: GrantedBody = RemoteQuota::parse(&bytes)?;
+            let granted: Granted = RemoteQuota::parse(&bytes)?;
             let lease = granted.limits.iter().find(|limit| limit.fence.is_some());
             return Ok(RemoteAcquired::Granted {
                 permit: RemotePermit {
@@ -229,11 +197,11 @@ impl RemoteQuota {
             });
         }
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS
-            && let Ok(denied) = serde_json::from_slice::<DeniedBody>(&bytes)
+            && let Ok(denied) = serde_json::from_slice::<RateLimited>(&bytes)
         {
             return Ok(RemoteAcquired::Denied {
                 retry_after: Duration::from_millis(denied.retry_after_ms),
-                paused: denied.reason.as_deref() == Some("paused"),
+                paused: denied.reason.0 == DenyReason::Paused,
             });
         }
         Err(RemoteQuota::failure(status, &bytes))
@@ -244,16 +212,17 @@ impl RemoteQuota {
             .limits
             .pause_target()
             .ok_or_else(|| DispatchError::config("limits", "name at least one limit"))?;
-        let body = serde_json::json!({
-            "limit": target,
-            // Round up: a pause is a lower bound.
-            "retry_after_ms": u64::try_from(duration.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX),
-        });
-        let (status, bytes) = self.post("/v1/pause", body, self.timeout).await?;
+        let body = PauseBody {
+            limit: target.to_owned(),
+            key: None,
+            // Rounded up: a pause is a lower bound.
+            retry_after_ms: tollgate_api::ms_ceil(duration),
+        };
+        let (status, bytes) = self.post("/v1/pause", &body, self.timeout).await?;
         if status != reqwest::StatusCode::OK {
             return Err(RemoteQuota::failure(status, &bytes));
         }
-        let paused: PausedBody = RemoteQuota::parse(&bytes)?;
+        let paused: PauseAnswer = RemoteQuota::parse(&bytes)?;
         Ok(Duration::from_millis(paused.paused_ms))
     }
 }
@@ -261,8 +230,8 @@ impl RemoteQuota {
 impl RemoteQuota {
     async fn commit(&self, id: &str, used: u64) -> Result<(), DispatchError> {
         let path = format!("/v1/permits/{id}/commit");
-        let body = serde_json::json!({ "used": used });
-        let (status, bytes) = self.post(&path, body, self.timeout).await?;
+        let body = CommitBody { used: Some(used) };
+        let (status, bytes) = self.post(&path, &body, self.timeout).await?;
         if status != reqwest::StatusCode::OK {
             return Err(RemoteQuota::failure(status, &bytes));
         }
@@ -282,12 +251,12 @@ impl RemotePermit {
         let path = format!("/v1/permits/{}/renew", self.id);
         let (status, bytes) = self
             .quota
-            .post(&path, serde_json::json!({}), self.quota.timeout)
+            .post(&path, &tollgate_api::data::RenewBody {}, self.quota.timeout)
             .await?;
         if status != reqwest::StatusCode::OK {
             return Err(RemoteQuota::failure(status, &bytes));
         }
-        let renewed: RenewedBody = RemoteQuota::parse(&bytes)?;
+        let renewed: RenewAnswer = RemoteQuota::parse(&bytes)?;
         Ok(Duration::from_millis(renewed.expires_ms))
     }
 }

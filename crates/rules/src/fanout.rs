@@ -495,7 +495,7 @@ impl Fanout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rule::RawRule;
+    use crate::rule::{RawRule, Validate};
 
     fn rule(name: &str, method: &str, path: &str) -> Rule {
         let json = format!(

@@ -20,7 +20,7 @@ pub use path::{
     PathParams, method_matches, normalize_path,
 };
 pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesSource, RulesStats};
-pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError, serde_field};
+pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError, Validate, serde_field};
 pub use sql::{
     COLUMNS, ChangeFeed, DEFAULT_TABLE, PreviousRun, SourceError, SqlSource, TABLE_NAME_BYTES_MAX,
     TableRow, TokenRow, check_table_name, column_of, redact,

@@ -12,10 +12,7 @@ use std::borrow::Cow;
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 
-/// Longest `match.path` accepted in a rule, in bytes.
-pub const MATCH_PATH_BYTES_MAX: usize = 1024;
-/// Longest `match.method` accepted in a rule, in bytes.
-pub const MATCH_METHOD_BYTES_MAX: usize = 16;
+pub use tollgate_api::rule::{MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX};
 /// Shortest run of hex digits taken for an id. Shorter runs are too often words ("cafe", "bad").
 const HEX_ID_CHARS_MIN: usize = 16;
 

@@ -25,6 +25,7 @@ use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitTable, Limiter};
 use crate::fanout::Fanout;
 use crate::file::FileSource;
 use crate::path::{PathError, PathMatching};
+use crate::rule::Validate;
 use crate::rule::{RawRule, Rule, RuleError};
 use crate::sql::{SourceError, SqlSource, TableRow, column_of};
 
@@ -126,6 +127,18 @@ pub struct RejectedRow {
     /// The file's line where the fault is written (the field's, else the entry's); none for
     /// a table.
     pub line: Option<u32>,
+}
+
+impl From<&RejectedRow> for tollgate_api::admin::RejectedRow {
+    fn from(row: &RejectedRow) -> tollgate_api::admin::RejectedRow {
+        tollgate_api::admin::RejectedRow {
+            name: row.name.clone(),
+            column: row.column.clone(),
+            reason: row.reason.clone(),
+            previous_in_force: row.previous_in_force,
+            line: row.line,
+        }
+    }
 }
 
 /// One version of the rules in force.

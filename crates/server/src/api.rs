@@ -1,5 +1,6 @@
-//! The handlers of HTTP API v1 and their wire types. The wire types are the source of the
-//! OpenAPI document (`openapi.rs`), so the document cannot drift from what is served.
+//! The handlers of HTTP API v1. The bodies they read and answer are `tollgate_api`'s; the
+//! annotations here add each operation's statuses, parameters and links to the OpenAPI document
+//! (`openapi.rs`), so the document cannot drift from what is served.
 
 use std::time::{Duration, Instant};
 
@@ -9,27 +10,28 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tollgate::{
-    Check, Denied, DenyReason, LimitStatus, Outcome, Priority, Request, check_limit_name,
+use tollgate::{Check, Denied, DenyReason, Outcome, Priority, Request, check_limit_name};
+use tollgate_api::admin::{Deleted, LimitList, RejectedRow, Resumed};
+use tollgate_api::data::{
+    AcquireBody, CheckAnswer, CheckBody, CheckDenied, CommitAnswer, CommitBody, Granted, LimitView,
+    PauseAnswer, PauseBody, RateLimited, RenewAnswer, RenewBody,
 };
-use tollgate_rules::RawRule;
-use utoipa::{IntoParams, ToSchema};
+use tollgate_api::ops::Health;
+use tollgate_api::schema::{
+    BadRequest, Forbidden, Key, LimitName, NotFound, PermitText, Unauthorized, Unavailable,
+};
+use tollgate_api::{Code, ErrorDetail, RawRule, Reason};
+use utoipa::IntoParams;
 
-use crate::error::{ApiError, Code, ErrorDetail};
+use crate::error::ApiError;
 use crate::extract::{Admin, Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
-use crate::openapi::{
-    BadRequest, Forbidden, Key, LimitName, NotFound, PermitText, PriorityName, Unauthorized,
-    Unavailable,
-};
 use crate::state::AppState;
 use crate::tokens::Grant;
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-pub(crate) fn ms_ceil(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX)
-}
+pub(crate) use tollgate_api::ms_ceil;
 
 fn path_name(path: Result<Path<String>, PathRejection>, field: &str) -> ApiResult<String> {
     path.map(|Path(value)| value)
@@ -44,41 +46,6 @@ pub(crate) fn limit_name(path: Result<Path<String>, PathRejection>) -> ApiResult
 }
 
 // ---- Admin ---------------------------------------------------------------------------------
-
-/// All limits in force, and the rows of the rules table that are not in force as written.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct LimitList {
-    /// Grows with every change of the rules in force.
-    version: u64,
-    limits: Vec<RawRule>,
-    rejected: Vec<RejectedRow>,
-}
-
-/// A row of the rules table that failed validation.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RejectedRow {
-    name: String,
-    /// The table column (or the file's field) at fault.
-    column: String,
-    reason: String,
-    /// Whether an earlier valid version of this limit is still in force.
-    previous_in_force: bool,
-    /// The limits file's line where the fault is written; absent for a table.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    line: Option<u32>,
-}
-
-impl From<&tollgate_rules::RejectedRow> for RejectedRow {
-    fn from(row: &tollgate_rules::RejectedRow) -> RejectedRow {
-        RejectedRow {
-            name: row.name.clone(),
-            column: row.column.clone(),
-            reason: row.reason.clone(),
-            previous_in_force: row.previous_in_force,
-            line: row.line,
-        }
-    }
-}
 
 #[utoipa::path(get, path = "/v1/limits", tag = "admin",
     security(("admin" = [])),
@@ -119,7 +86,7 @@ pub(crate) async fn get_limit(
 #[utoipa::path(put, path = "/v1/limits/{name}", tag = "admin",
     security(("admin" = [])),
     params(("name" = LimitName, Path, description = "the limit's name")),
-    request_body = crate::openapi::LimitBody,
+    request_body = tollgate_api::schema::LimitBody,
     responses(
         (status = 200, description = "the limit as stored, with defaults filled in",
             body = RawRule,
@@ -137,7 +104,7 @@ pub(crate) async fn get_limit(
             )),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 409, description = "the limits come from a file, which only its authors \
-            change", body = crate::openapi::ConflictError),
+            change", body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn put_limit(
     _: Admin,
@@ -151,22 +118,6 @@ pub(crate) async fn put_limit(
     Ok(Json(rule.canonical().clone()))
 }
 
-/// What a delete removed.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Deleted {
-    name: String,
-    deleted: bool,
-}
-
-impl Deleted {
-    pub(crate) fn new(name: String) -> Deleted {
-        Deleted {
-            name,
-            deleted: true,
-        }
-    }
-}
-
 #[utoipa::path(delete, path = "/v1/limits/{name}", tag = "admin",
     security(("admin" = [])),
     params(("name" = LimitName, Path, description = "the limit's name")),
@@ -174,7 +125,7 @@ impl Deleted {
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 404, response = NotFound),
         (status = 409, description = "the limits come from a file, which only its authors \
-            change", body = crate::openapi::ConflictError),
+            change", body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn delete_limit(
     _: Admin,
@@ -198,16 +149,6 @@ pub(crate) struct ResumeQuery {
     /// pause).
     #[param(value_type = Option<Key>)]
     key: Option<String>,
-}
-
-/// A pause lifted, or none to lift.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Resumed {
-    limit: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
-    /// Whether a pause was on (false: there was none to lift).
-    resumed: bool,
 }
 
 #[utoipa::path(delete, path = "/v1/limits/{name}/pause", tag = "admin",
@@ -240,122 +181,6 @@ pub(crate) async fn resume(
 
 // ---- Data plane ----------------------------------------------------------------------------
 
-/// `POST /v1/acquire`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"limits": ["vendor-x"], "cost": 1, "priority": "normal", "wait_ms": 0}))]
-pub(crate) struct AcquireBody {
-    /// The limits to take from, all or none, each named once.
-    #[schema(value_type = Vec<LimitName>, min_items = 1, max_items = 8)]
-    limits: Vec<String>,
-    /// The key, for limits counted `per` key (required when one is).
-    #[serde(default)]
-    #[schema(value_type = Option<Key>)]
-    key: Option<String>,
-    /// Units to take (default 1).
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 1_000_000_000)]
-    cost: Option<u64>,
-    /// `high`, `normal` (default) or `low`.
-    #[serde(default)]
-    #[schema(value_type = Option<PriorityName>)]
-    priority: Option<String>,
-    /// How long to wait for room, in milliseconds (default 0: answer now); capped by the
-    /// server's `wait_ms_max`.
-    #[serde(default)]
-    wait_ms: Option<u64>,
-}
-
-/// One limit's state after a decision.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct LimitView {
-    pub(crate) name: String,
-    /// Units still open to the request's priority.
-    pub(crate) remaining: u64,
-    /// Milliseconds until everything counted now stops counting.
-    pub(crate) reset_ms: u64,
-    /// Leases: the fencing token; it only grows.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fence: Option<u64>,
-    /// Leases: milliseconds until the lease expires unless renewed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expires_ms: Option<u64>,
-}
-
-impl From<&LimitStatus> for LimitView {
-    fn from(status: &LimitStatus) -> LimitView {
-        LimitView {
-            name: status.name.clone(),
-            remaining: status.remaining,
-            reset_ms: ms_ceil(status.reset_after),
-            fence: status.fence,
-            expires_ms: status.lease_expires_in.map(ms_ceil),
-        }
-    }
-}
-
-/// A grant.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Granted {
-    /// Opaque id, to commit (and renew, for leases).
-    permit: String,
-    limits: Vec<LimitView>,
-}
-
-/// Why a request was not granted.
-#[derive(Clone, Copy, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Reason {
-    /// The limit is used up.
-    Capacity,
-    /// Someone paused it, e.g. on a vendor's "retry after".
-    Paused,
-    /// The store lost what it counted (an unclean stop, or a Redis that came back empty) and
-    /// holds the limit until what was granted before can no longer count.
-    Recovering,
-    /// Requests of the same or higher priority wait ahead.
-    Queued,
-}
-
-impl From<DenyReason> for Reason {
-    fn from(reason: DenyReason) -> Reason {
-        match reason {
-            DenyReason::Capacity => Reason::Capacity,
-            DenyReason::Paused => Reason::Paused,
-            DenyReason::Recovering => Reason::Recovering,
-            DenyReason::Queued => Reason::Queued,
-        }
-    }
-}
-
-/// 429: not granted within the wait.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RateLimited {
-    #[schema(schema_with = crate::openapi::rate_limited_detail)]
-    error: ErrorDetail,
-    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
-    retry_after_ms: u64,
-    reason: Reason,
-    limits: Vec<LimitView>,
-}
-
-/// 429 from `/v1/check`: a denial, and what was matched.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct CheckDenied {
-    #[schema(schema_with = crate::openapi::rate_limited_detail)]
-    error: ErrorDetail,
-    /// When to try again, in milliseconds; also in `Retry-After` (seconds, rounded up).
-    retry_after_ms: u64,
-    reason: Reason,
-    limits: Vec<LimitView>,
-    /// Always false.
-    allowed: bool,
-    /// The normalized path that was matched.
-    path: String,
-    /// The limits whose `match` matched, by name.
-    matched: Vec<String>,
-}
-
 fn denial(denied: &Denied) -> RateLimited {
     let retry_after_ms = ms_ceil(denied.retry_after);
     let reason = Reason::from(denied.reason);
@@ -365,25 +190,22 @@ fn denial(denied: &Denied) -> RateLimited {
         .as_ref()
         .map(|full| format!("not queued to wait: {full}; "))
         .unwrap_or_default();
-    RateLimited {
-        error: ErrorDetail {
-            code: Code::RateLimited.as_str(),
-            message: not_queued
-                + &match denied.reason {
-                    DenyReason::Recovering => format!(
-                        "not granted: recovering; the store lost what it counted (an unclean stop, \
+    let message = not_queued
+        + &match denied.reason {
+            DenyReason::Recovering => format!(
+                "not granted: recovering; the store lost what it counted (an unclean stop, \
                      or a Redis that came back empty), so the limit grants nothing until what \
                      was granted before can no longer count: {} from now (setting \
                      recover_on_start); retry after {retry_after_ms} ms",
-                        crate::human_duration(denied.retry_after)
-                    ),
-                    _ => format!(
-                        "not granted: {}; retry after {retry_after_ms} ms",
-                        denied.reason.as_str()
-                    ),
-                },
-            field: None,
-        },
+                crate::human_duration(denied.retry_after)
+            ),
+            _ => format!(
+                "not granted: {}; retry after {retry_after_ms} ms",
+                denied.reason.as_str()
+            ),
+        };
+    RateLimited {
+        error: ErrorDetail::new(Code::RateLimited, message),
         retry_after_ms,
         reason,
         limits: denied.limits.iter().map(LimitView::from).collect(),
@@ -504,7 +326,7 @@ fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
             )),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
-        (status = 404, description = "a limit named is unknown", body = crate::openapi::NotFoundError),
+        (status = 404, description = "a limit named is unknown", body = tollgate_api::schema::NotFoundError),
         (status = 429, description = "not granted within `wait_ms`", body = RateLimited,
             headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
                 rounded up"))),
@@ -571,26 +393,6 @@ pub(crate) async fn acquire(
     })
 }
 
-/// `POST /v1/permits/{permit}/commit`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CommitBody {
-    /// Units used, 0 to the permit's cost; the rest are refunded. Leases are released.
-    /// Required: a commit that forgot it must not refund everything.
-    #[serde(default)]
-    #[schema(value_type = u64, required = true)]
-    used: Option<u64>,
-}
-
-/// What a commit gave back.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct CommitAnswer {
-    /// Rate units refunded.
-    refunded: u64,
-    /// Leases released.
-    released: u64,
-}
-
 #[utoipa::path(post, path = "/v1/permits/{permit}/commit", tag = "data",
     security(("data" = [])),
     params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
@@ -603,9 +405,9 @@ pub(crate) struct CommitAnswer {
                 description = "a second commit of the same permit is a 409")))),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 404, description = "an unknown (or forged) permit",
-            body = crate::openapi::NotFoundError),
+            body = tollgate_api::schema::NotFoundError),
         (status = 409, description = "the permit was committed already, or its lease expired",
-            body = crate::openapi::ConflictError),
+            body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn commit(
     _: Data,
@@ -624,18 +426,6 @@ pub(crate) async fn commit(
     }))
 }
 
-/// `POST /v1/permits/{permit}/renew` takes an empty body or `{}`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RenewBody {}
-
-/// A renewed lease.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RenewAnswer {
-    /// Milliseconds until the earliest lease of the permit expires unless renewed again.
-    expires_ms: u64,
-}
-
 #[utoipa::path(post, path = "/v1/permits/{permit}/renew", tag = "data",
     security(("data" = [])),
     params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
@@ -647,10 +437,10 @@ pub(crate) struct RenewAnswer {
                 parameters(("permit" = "$request.path.permit")))))),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 404, description = "an unknown (or forged) permit",
-            body = crate::openapi::NotFoundError),
+            body = tollgate_api::schema::NotFoundError),
         (status = 409, description = "the permit holds no lease (a rate permit), was \
             committed (its leases released), or its lease expired",
-            body = crate::openapi::ConflictError),
+            body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn renew(
     _: Data,
@@ -665,42 +455,13 @@ pub(crate) async fn renew(
     }))
 }
 
-/// `POST /v1/pause`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"limit": "vendor-x", "retry_after_ms": 15000}))]
-pub(crate) struct PauseBody {
-    #[schema(value_type = LimitName)]
-    limit: String,
-    /// For a limit counted per key: pause that key only (without it, every key).
-    #[serde(default)]
-    #[schema(value_type = Option<Key>)]
-    key: Option<String>,
-    /// How long to grant nothing, in milliseconds; longer than the server's `pause_ms_max`
-    /// (an hour by default) is cut to it. Pauses only extend; an administrator lifts one with
-    /// `DELETE /v1/limits/{name}/pause`.
-    #[schema(minimum = 1)]
-    retry_after_ms: u64,
-}
-
-/// A pause in force.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct PauseAnswer {
-    limit: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
-    /// Milliseconds until the pause ends (longer than asked if an earlier pause runs longer,
-    /// shorter if the ask was cut to the server's `pause_ms_max`).
-    paused_ms: u64,
-}
-
 #[utoipa::path(post, path = "/v1/pause", tag = "data",
     security(("data" = [])),
     request_body = PauseBody,
     responses((status = 200, description = "the pause in force", body = PauseAnswer),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
-        (status = 404, description = "the limit is unknown", body = crate::openapi::NotFoundError),
+        (status = 404, description = "the limit is unknown", body = tollgate_api::schema::NotFoundError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn pause(
     Data(grant): Data,
@@ -725,44 +486,6 @@ pub(crate) async fn pause(
     }))
 }
 
-/// `POST /v1/check`: may this inbound request proceed?
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"user": "u1", "method": "GET", "path": "/repo/v1/entity/123/bundle"}))]
-pub(crate) struct CheckBody {
-    /// Who makes the request: the key for limits counted `per` key.
-    #[serde(default)]
-    #[schema(value_type = Option<Key>)]
-    user: Option<String>,
-    /// The request's HTTP method: letters only, compared without case. A rule on GET also
-    /// matches HEAD, which routers serve with the GET handler.
-    #[schema(pattern = "^[A-Za-z]+$")]
-    method: String,
-    /// The request path as received (a query is ignored). It is matched normalized, as the
-    /// throttle layer does: percent-decoded once (`%2F` stays within its segment), dot
-    /// segments resolved, empty segments dropped, ids (numbers in any spelling such as `+12`
-    /// or `012`, UUIDs plain, braced or as `urn:uuid:`, runs of 16+ hex digits) as `#`;
-    /// lower-cased, and `;` parameters dropped, when the server's `path_case` and
-    /// `path_params` say the application's router reads paths so. A path that cannot be
-    /// percent-decoded (a `%` without two hex digits, bytes that are not UTF-8) is a 400, and
-    /// so is one over 8 KiB.
-    path: String,
-}
-
-/// An inbound request allowed.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct CheckAnswer {
-    allowed: bool,
-    /// The normalized path that was matched.
-    path: String,
-    /// The limits whose `match` matched, by name.
-    matched: Vec<String>,
-    /// When a concurrency limit applied: commit this permit when the request is done.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    permit: Option<String>,
-    limits: Vec<LimitView>,
-}
-
 /// Paths longer than this are refused rather than normalized.
 const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
 
@@ -777,7 +500,7 @@ const CHECK_PATH_BYTES_MAX: usize = 8 * 1024;
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 404, description = "a limit matched was deleted while it was decided on",
-            body = crate::openapi::NotFoundError),
+            body = tollgate_api::schema::NotFoundError),
         (status = 429, description = "not allowed now", body = CheckDenied,
             headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
                 rounded up"))),
@@ -1011,22 +734,6 @@ pub(crate) async fn decide_inbound(
 }
 
 // ---- Operations ----------------------------------------------------------------------------
-
-/// Liveness and readiness.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Health {
-    /// `ok`, or what is wrong.
-    status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rules: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    store: Option<String>,
-    /// What is wrong with the rules, one line each (a limits file's as `FILE:LINE: NAME:
-    /// FIELD: REASON`): rejected rows and a failed reload. Readiness holds meanwhile, since the
-    /// last good rules are enforced; absent when all is well.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rules_problems: Option<Vec<String>>,
-}
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "the process runs", body = Health)))]

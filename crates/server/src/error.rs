@@ -3,37 +3,9 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use tollgate::{Error, PermitError};
+use tollgate_api::{Code, ErrorBody, ErrorDetail};
 use tollgate_rules::{RuleError, RulesError, SourceError};
-
-/// The wire codes (docs/server.md, "HTTP API v1").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Code {
-    BadRequest,
-    Unauthorized,
-    NotFound,
-    RateLimited,
-    StoreUnavailable,
-    TooManyKeys,
-    Conflict,
-    Internal,
-}
-
-impl Code {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::BadRequest => "bad_request",
-            Code::Unauthorized => "unauthorized",
-            Code::NotFound => "not_found",
-            Code::RateLimited => "rate_limited",
-            Code::StoreUnavailable => "store_unavailable",
-            Code::TooManyKeys => "too_many_keys",
-            Code::Conflict => "conflict",
-            Code::Internal => "internal",
-        }
-    }
-}
 
 /// An error answer.
 #[derive(Debug)]
@@ -43,24 +15,6 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, when there is one.
     pub field: Option<String>,
-}
-
-#[derive(Serialize)]
-pub(crate) struct ErrorBody {
-    pub(crate) error: ErrorDetail,
-}
-
-/// The error object of every error answer (the OpenAPI document describes it by status, in
-/// `openapi.rs`).
-#[derive(Serialize)]
-pub(crate) struct ErrorDetail {
-    /// One of `bad_request`, `unauthorized`, `not_found`, `rate_limited`, `store_unavailable`,
-    /// `too_many_keys`, `conflict`, `internal`.
-    pub(crate) code: &'static str,
-    pub(crate) message: String,
-    /// The request field at fault, for `bad_request`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) field: Option<String>,
 }
 
 impl ApiError {
@@ -108,10 +62,10 @@ impl ApiError {
     pub(crate) fn body(&self) -> ErrorBody {
         ErrorBody {
             error: ErrorDetail {
-                code: self.code.as_str(),
-                message: self.message.clone(),
                 field: self.field.clone(),
+                ..ErrorDetail::new(self.code, self.message.clone())
             },
+            retry_after_ms: None,
         }
     }
 }

@@ -142,26 +142,26 @@ fn original<'h>(headers: &'h HeaderMap, names: [&str; 2], field: &str) -> ApiRes
     ),
     responses(
         (status = 200, description = "allowed: the proxy forwards the request. The body is \
-            `/v1/check`'s", body = crate::api::CheckAnswer,
+            `/v1/check`'s", body = tollgate_api::data::CheckAnswer,
             headers(
                 ("RateLimit-Policy" = String, description = "each limit matched, \
                     `\"NAME\";q=QUOTA;w=WINDOW_S` (IETF httpapi-ratelimit-headers; no `w` for a \
                     concurrency limit); absent when no limit matched"),
                 ("RateLimit" = String, description = "each limit matched, \
                     `\"NAME\";r=REMAINING;t=RESET_S`; absent when no limit matched"))),
-        (status = 400, response = crate::openapi::BadRequest),
-        (status = 401, response = crate::openapi::Unauthorized),
-        (status = 403, response = crate::openapi::Forbidden),
+        (status = 400, response = tollgate_api::schema::BadRequest),
+        (status = 401, response = tollgate_api::schema::Unauthorized),
+        (status = 403, response = tollgate_api::schema::Forbidden),
         (status = 404, description = "a limit matched was deleted while it was decided on",
-            body = crate::openapi::NotFoundError),
+            body = tollgate_api::schema::NotFoundError),
         (status = 429, description = "not allowed now: the proxy refuses the request (nginx \
-            needs `error_page` for it, see `docs/proxies.md`)", body = crate::api::CheckDenied,
+            needs `error_page` for it, see `docs/proxies.md`)", body = tollgate_api::data::CheckDenied,
             headers(
                 ("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` rounded \
                     up"),
                 ("RateLimit-Policy" = String, description = "as for 200"),
                 ("RateLimit" = String, description = "as for 200"))),
-        (status = 503, response = crate::openapi::Unavailable)))]
+        (status = 503, response = tollgate_api::schema::Unavailable)))]
 pub(crate) async fn forward_auth(
     ForwardData(grant): ForwardData,
     State(state): State<AppState>,

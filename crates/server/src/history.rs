@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use tollgate_api::stats::Series;
+
 /// How often a sample is taken.
 pub(crate) const STEP: Duration = Duration::from_secs(1);
 /// Samples kept at one second: five minutes.
@@ -110,22 +112,6 @@ struct Inner {
 #[derive(Debug, Default)]
 pub(crate) struct History {
     inner: Mutex<Inner>,
-}
-
-/// One limit's history as served: the newest sample last, one every `step_ms`, the newest taken
-/// `age_ms` before the answer. `used` is null where the counter was not read.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, utoipa::ToSchema)]
-pub(crate) struct Series {
-    pub(crate) step_ms: u64,
-    pub(crate) age_ms: u64,
-    pub(crate) used: Vec<Option<u64>>,
-    pub(crate) grants: Vec<u64>,
-    pub(crate) denials: Vec<u64>,
-    pub(crate) waiting: Vec<u64>,
-    /// Grants and denials since the server started, as of the newest sample: with the counts
-    /// per step, every sample's running total.
-    pub(crate) grants_total: u64,
-    pub(crate) denials_total: u64,
 }
 
 impl History {

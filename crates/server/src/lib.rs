@@ -48,12 +48,13 @@ pub use config::{
     DEFAULT_WAITERS_PER_LIMIT_MAX, KEYS_PER_LIMIT_SHARE, RELOAD_INTERVAL_MS_MIN, ServerConfig,
     StoreChoice, parse_permit_secret,
 };
-pub use error::{ApiError, Code};
+pub use error::ApiError;
 pub use guard::{parse_host, parse_origin};
 pub use tls::{
     TLS_FILE_BYTES_MAX, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_RELOAD_CHECK_INTERVAL,
     TlsAcceptor, TlsError, TlsFiles,
 };
+pub use tollgate_api::Code;
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;

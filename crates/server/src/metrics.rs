@@ -429,7 +429,7 @@ pub(crate) async fn count_errors(
     State(errors): State<Family<CodeLabels, Counter>>,
     response: Response,
 ) -> Response {
-    if let Some(code) = response.extensions().get::<crate::error::Code>() {
+    if let Some(code) = response.extensions().get::<tollgate_api::Code>() {
         errors
             .get_or_create(&CodeLabels {
                 code: code.as_str(),

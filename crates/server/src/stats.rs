@@ -11,12 +11,16 @@
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tollgate::{DenyReason, Priority, check_limit_name};
-use tollgate_rules::RawRule;
-use utoipa::{IntoParams, ToSchema};
+use tollgate_api::admin::RejectedRow;
+use tollgate_api::stats::{
+    ByPriority, Denials, EnvoyLimit, EnvoyView, HotKey, LimitStats, RulesView, Stats, StoreView,
+    UsageView,
+};
+use utoipa::IntoParams;
 
-use crate::api::{ApiResult, RejectedRow, ms_ceil};
+use crate::api::{ApiResult, ms_ceil};
 use crate::error::ApiError;
 use crate::extract::Data;
 use crate::state::AppState;
@@ -29,175 +33,15 @@ const HOT_KEYS_SHOWN: usize = 5;
 #[into_params(parameter_in = Query)]
 pub(crate) struct StatsQuery {
     /// Only this limit.
-    #[param(value_type = Option<crate::openapi::LimitName>)]
+    #[param(value_type = Option<tollgate_api::schema::LimitName>)]
     limit: Option<String>,
     /// With `limit`, for a limit counted per key: the key whose usage to show.
-    #[param(value_type = Option<crate::openapi::Key>)]
+    #[param(value_type = Option<tollgate_api::schema::Key>)]
     key: Option<String>,
     /// Add each limit's last this many seconds (1 to 3600): one sample a second up to 300,
     /// else one every ten seconds.
     #[param(minimum = 1, maximum = 3600)]
     history: Option<u64>,
-}
-
-/// The server at a glance.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Stats {
-    /// The limits in force (or the one asked for), by name.
-    limits: Vec<LimitStats>,
-    rules: RulesView,
-    store: StoreView,
-    /// The Envoy configuration served over gRPC, when there is one (and the caller's token is
-    /// not scoped to some limits).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    envoy: Option<EnvoyView>,
-}
-
-/// Envoy's rate limit service: its configuration, and each entry that has a limit.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct EnvoyView {
-    /// The file or directory the configuration is read from.
-    config: String,
-    domains: u64,
-    reloads_ok: u64,
-    reloads_failed: u64,
-    /// Why the last edit was refused (the configuration in force stays as it was); absent when
-    /// the last read succeeded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_reload_error: Option<String>,
-    /// `ShouldRateLimit` answers since the server started, by overall code.
-    answered_ok: u64,
-    answered_over_limit: u64,
-    /// Requests decided without the store, because it could not answer.
-    store_failures: u64,
-    limits: Vec<EnvoyLimit>,
-}
-
-/// One entry of the configuration with a limit.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct EnvoyLimit {
-    /// The entry's place: its domain, then each level's `key` or `key_value`, joined by `.`.
-    path: String,
-    /// The entry's `name`, if it has one (what `replaces` refers to).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    name: String,
-    /// Requests per unit; absent when unlimited.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    requests_per_unit: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    unit: Option<&'static str>,
-    unlimited: bool,
-    shadow_mode: bool,
-    /// The counter it counts in the store (per descriptor value), when it counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    counter: Option<String>,
-    /// Descriptors that found this entry, answered `OK` and `OVER_LIMIT`, since the
-    /// configuration was read.
-    ok: u64,
-    over_limit: u64,
-}
-
-/// One limit: its rule, what its counter holds now, and what the server has decided on it.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct LimitStats {
-    name: String,
-    /// The rule in force, as `GET /v1/limits/{name}` shows it.
-    rule: RawRule,
-    /// The key whose usage is shown, for a limit counted per key.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
-    /// The counter now; absent for a limit counted per key when no key was asked for, or when
-    /// the store did not answer (then `usage_error` says why).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<UsageView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage_error: Option<String>,
-    /// A limit counted per key, when no key was asked for: the keys asked for most since the
-    /// server started (an estimate that never misses a key asked for often), with their usage.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    hot_keys: Vec<HotKey>,
-    /// Acquires waiting for room on this limit now.
-    waiting: u64,
-    /// The same, by priority.
-    waiting_by_priority: ByPriority,
-    /// Acquires granted since the server started.
-    grants: u64,
-    /// Acquires not granted within their wait since the server started, by reason.
-    denials: Denials,
-    /// With `?history=`: the limit's recent past; absent when the server keeps none for it
-    /// (it keeps the first 1,000 limits by name).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    history: Option<crate::history::Series>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct UsageView {
-    /// Units (rate) or lease slots (concurrency) counted now.
-    used: u64,
-    /// What the counter can hold at once: the limit, or a GCRA limit's burst.
-    capacity: u64,
-    /// What could be held at once (the limit, or a GCRA limit's burst) less what is used: what
-    /// the highest priority could still take.
-    remaining: u64,
-    /// Milliseconds until every unit counted now stops counting.
-    reset_after_ms: u64,
-    /// Milliseconds until a pause (or a hold after a loss of state) ends; 0 when none is on.
-    paused_ms: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct HotKey {
-    key: String,
-    /// Requests for this key (acquires and checks), counted since the server started; an upper
-    /// bound for a key that entered the count late.
-    requests: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<UsageView>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct ByPriority {
-    high: u64,
-    normal: u64,
-    low: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct Denials {
-    capacity: u64,
-    paused: u64,
-    queued: u64,
-    recovering: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RulesView {
-    /// Grows with every change of the rules in force.
-    version: u64,
-    /// Where the rules come from: `table NAME` or `file PATH`.
-    source: String,
-    /// Whether the admin API can change the limits (false when they come from a file).
-    writable: bool,
-    /// Whether the last reload read the source.
-    last_reload_ok: bool,
-    /// Why the last reload failed (the rules in force stay as they were); absent when it read.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_reload_error: Option<String>,
-    reloads_ok: u64,
-    reloads_failed: u64,
-    /// Rows (or file entries) not in force as written.
-    rejected: Vec<RejectedRow>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct StoreView {
-    /// `memory` or `redis`.
-    kind: &'static str,
-    /// Memory store: counters tracked now, and at most.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    keys_tracked: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    keys_tracked_max: Option<u64>,
 }
 
 fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> UsageView {
@@ -251,11 +95,11 @@ pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
     security(("data" = [])),
     params(StatsQuery),
     responses((status = 200, description = "the server at a glance", body = Stats),
-        (status = 400, response = crate::openapi::BadRequest),
-        (status = 401, response = crate::openapi::Unauthorized),
-        (status = 403, response = crate::openapi::Forbidden),
+        (status = 400, response = tollgate_api::schema::BadRequest),
+        (status = 401, response = tollgate_api::schema::Unauthorized),
+        (status = 403, response = tollgate_api::schema::Forbidden),
         (status = 404, description = "the limit asked for is unknown",
-            body = crate::openapi::NotFoundError)))]
+            body = tollgate_api::schema::NotFoundError)))]
 pub(crate) async fn stats(
     Data(grant): Data,
     State(state): State<AppState>,
@@ -335,13 +179,10 @@ pub(crate) async fn stats(
                 });
             }
         }
-        let denied = |reason| metrics.denials_of(&name, reason);
-        let denials = Denials {
-            capacity: denied(DenyReason::Capacity),
-            paused: denied(DenyReason::Paused),
-            queued: denied(DenyReason::Queued),
-            recovering: denied(DenyReason::Recovering),
-        };
+        let mut denials = Denials::default();
+        for reason in DenyReason::ALL {
+            denials.count(reason, metrics.denials_of(&name, reason));
+        }
         let history = query
             .history
             .and_then(|seconds| state.history().series(&name, seconds, asked_at));
@@ -384,7 +225,7 @@ pub(crate) async fn stats(
                 .collect(),
         },
         store: StoreView {
-            kind: if memory.is_some() { "memory" } else { "redis" },
+            kind: if memory.is_some() { "memory" } else { "redis" }.to_owned(),
             keys_tracked: memory.map(|memory| memory.len() as u64),
             keys_tracked_max: memory.map(|_| state.config().keys_tracked_max),
         },
@@ -416,7 +257,7 @@ fn envoy_view(watch: &tollgate_envoy::ConfigWatch) -> EnvoyView {
                 path: spec.path.clone(),
                 name: spec.name.clone(),
                 requests_per_unit: (!spec.unlimited).then_some(spec.requests_per_unit),
-                unit: spec.unit.map(tollgate_envoy::Unit::as_str),
+                unit: spec.unit.map(|unit| unit.as_str().to_owned()),
                 unlimited: spec.unlimited,
                 shadow_mode: spec.shadow_mode,
                 counter: spec.policy.as_ref().map(|_| spec.counter.clone()),

@@ -17,18 +17,18 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 use tollgate::{Priority, check_limit_name};
+use tollgate_api::Code;
+use tollgate_api::admin::{Deleted, NewToken, TokenBody, TokenList, TokenView};
+use tollgate_api::schema::{BadRequest, Unauthorized, Unavailable};
 use tollgate_rules::{SourceError, SqlSource, TokenRow};
-use utoipa::ToSchema;
 
-use crate::api::{Deleted, limit_name};
-use crate::error::{ApiError, Code};
+use crate::api::limit_name;
+use crate::error::ApiError;
 use crate::extract::{Admin, Body};
-use crate::openapi::{BadRequest, PriorityName, Unauthorized, Unavailable};
 use crate::state::AppState;
 
 /// Scoped tokens in force at most; more rows are left out (and logged), creating more refused.
@@ -158,7 +158,7 @@ impl Scope {
         TokenView {
             name: self.name.clone(),
             limits: self.limit_texts(),
-            priority_max: self.priority_max.as_str(),
+            priority_max: self.priority_max.as_str().to_owned(),
             may_pause: self.may_pause,
             created_ms: self.created_ms,
         }
@@ -388,60 +388,6 @@ impl Tokens {
 
 // ---- Admin API -----------------------------------------------------------------------------
 
-/// `POST /v1/tokens`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "team-a", "limits": ["vendor-*"], "priority_max": "normal",
-    "may_pause": false}))]
-pub(crate) struct TokenBody {
-    /// The token's name, unique: to list and revoke it by.
-    #[schema(value_type = crate::openapi::LimitName)]
-    name: String,
-    /// The limits it may use: names, prefixes ending in `*` (`vendor-*`), or `*` for all.
-    #[schema(value_type = Vec<String>, min_items = 1, max_items = 64)]
-    limits: Vec<String>,
-    /// The highest priority it may ask for (default `normal`); asking for none decides at
-    /// `normal`, or at this if lower.
-    #[serde(default)]
-    #[schema(value_type = Option<PriorityName>)]
-    priority_max: Option<String>,
-    /// Whether it may pause its limits (default false).
-    #[serde(default)]
-    may_pause: Option<bool>,
-}
-
-/// A token and what it may do; never its secret.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TokenView {
-    name: String,
-    /// Limit names, `prefix*` patterns, or `*`.
-    limits: Vec<String>,
-    #[schema(value_type = PriorityName)]
-    priority_max: &'static str,
-    may_pause: bool,
-    /// When it was made, in milliseconds since the Unix epoch.
-    created_ms: i64,
-}
-
-/// A token just made, with its secret: shown in this answer only.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct NewToken {
-    name: String,
-    limits: Vec<String>,
-    #[schema(value_type = PriorityName)]
-    priority_max: &'static str,
-    may_pause: bool,
-    created_ms: i64,
-    /// The bearer token to give the caller. Only its hash is kept: it cannot be shown again.
-    secret: String,
-}
-
-/// The tokens in force.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct TokenList {
-    tokens: Vec<TokenView>,
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -460,7 +406,7 @@ fn now_ms() -> i64 {
                 parameters(("name" = "$response.body#/name")))))),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
         (status = 409, description = "a token of this name exists, or there are as many as \
-            may be", body = crate::openapi::ConflictError),
+            may be", body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn create_token(
     _: Admin,
@@ -531,7 +477,7 @@ pub(crate) async fn create_token(
         Json(NewToken {
             name: scope.name.clone(),
             limits: scope.limit_texts(),
-            priority_max: scope.priority_max.as_str(),
+            priority_max: scope.priority_max.as_str().to_owned(),
             may_pause: scope.may_pause,
             created_ms: scope.created_ms,
             secret,
@@ -564,13 +510,13 @@ pub(crate) async fn list_tokens(
 
 #[utoipa::path(delete, path = "/v1/tokens/{name}", tag = "admin",
     security(("admin" = [])),
-    params(("name" = crate::openapi::LimitName, Path, description = "the token's name")),
+    params(("name" = tollgate_api::schema::LimitName, Path, description = "the token's name")),
     responses((status = 200, description = "the token no longer works here; on other \
             replicas within their reload interval", body = Deleted),
         (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
-        (status = 404, response = crate::openapi::NotFound),
+        (status = 404, response = tollgate_api::schema::NotFound),
         (status = 409, description = "this server has no state database",
-            body = crate::openapi::ConflictError),
+            body = tollgate_api::schema::ConflictError),
         (status = 503, response = Unavailable)))]
 pub(crate) async fn delete_token(
     _: Admin,

@@ -37,12 +37,12 @@ pub(crate) async fn index() -> Response {
 
 /// `GET /ui/{asset}`: a file the page loads.
 #[utoipa::path(get, path = "/ui/{asset}", tag = "operations",
-    params(("asset" = crate::openapi::UiAsset, Path,
+    params(("asset" = tollgate_api::schema::UiAsset, Path,
         description = "a file of the dashboard; any other name is a 404")),
     responses(
         (status = 200, description = "the file", content(
             (String = "text/javascript"), (String = "text/css"), (String = "image/svg+xml"))),
-        (status = 404, description = "no such file", body = crate::openapi::NotFoundError)))]
+        (status = 404, description = "no such file", body = tollgate_api::schema::NotFoundError)))]
 pub(crate) async fn asset(Path(asset): Path<String>) -> Response {
     match asset.as_str() {
         "app.js" => file(APP_JS, "text/javascript; charset=utf-8"),

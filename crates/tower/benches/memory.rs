@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use tollgate::{Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret};
-use tollgate_rules::{RawRule, Rule};
+use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
     Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, Unidentified,
 };

@@ -22,11 +22,11 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
-use serde::Serialize;
 use smallvec::SmallVec;
 use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
 };
+use tollgate_api::{Code, ErrorBody, ErrorDetail};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -186,30 +186,16 @@ enum Prepared {
     Deciding(Decision),
 }
 
-/// The body of the layer's own answers: the server's wire format for an error (docs/server.md, HTTP
-/// API v1), `{"error":{"code":..,"message":..}}`, with `retry_after_ms` after it on a refusal.
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorDetail<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after_ms: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
-    code: &'a str,
-    message: &'a str,
-}
-
-/// The layer's own answer, as JSON.
+/// The layer's own answer, as JSON: the wire contract's error body (`tollgate_api`), with
+/// `retry_after_ms` beside it on a refusal.
 fn error_response(
     status: StatusCode,
-    code: &str,
+    code: Code,
     message: &str,
     retry_after_ms: Option<u64>,
 ) -> Response<Body> {
     let body = ErrorBody {
-        error: ErrorDetail { code, message },
+        error: ErrorDetail::new(code, message),
         retry_after_ms,
     };
     (status, Json(body)).into_response()
@@ -230,7 +216,7 @@ impl Shared {
                 bump(&self.counters.bad_path);
                 return Prepared::Settled(Settled::Answer(error_response(
                     StatusCode::BAD_REQUEST,
-                    "bad_request",
+                    Code::BadRequest,
                     &format!("path: {error}"),
                     None,
                 )));
@@ -254,7 +240,7 @@ impl Shared {
                         Unidentified::Reject => {
                             return Prepared::Settled(Settled::Answer(error_response(
                                 StatusCode::UNAUTHORIZED,
-                                "unauthorized",
+                                Code::Unauthorized,
                                 "this endpoint is limited per user, and the request names no user",
                                 None,
                             )));
@@ -400,7 +386,7 @@ impl Shared {
             u64::try_from(denied.retry_after.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
         let mut response = error_response(
             StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            Code::RateLimited,
             &format!("too many requests; retry after {retry_after_ms} ms"),
             Some(retry_after_ms),
         );
@@ -423,7 +409,7 @@ impl Shared {
         bump(&self.counters.too_many_keys);
         let mut response = error_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_keys",
+            Code::TooManyKeys,
             &message,
             None,
         );
@@ -450,7 +436,7 @@ impl Shared {
                 reason,
             } => Settled::Answer(error_response(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                Code::BadRequest,
                 &format!("the request's user identity is not usable: {reason}"),
                 None,
             )),
@@ -463,7 +449,7 @@ impl Shared {
                     OnStoreError::FailOpen if other.fails_open() => Settled::Call(Extra::default()),
                     _ => Settled::Answer(error_response(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "store_unavailable",
+                        Code::StoreUnavailable,
                         "the throttle cannot decide now; retry shortly",
                         None,
                     )),
@@ -643,7 +629,7 @@ mod tests {
         };
         let refused = error_response(
             StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            Code::RateLimited,
             "too many requests; retry after 5 ms",
             Some(5),
         );
@@ -653,7 +639,7 @@ mod tests {
         );
         let failed = error_response(
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            Code::BadRequest,
             "a \"quote\"\n",
             None,
         );

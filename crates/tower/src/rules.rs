@@ -341,7 +341,7 @@ enum Indexed {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_rules::{PathCase, PathParams, RawRule, normalize_path};
+    use tollgate_rules::{PathCase, PathParams, RawRule, Validate, normalize_path};
 
     use super::*;
 

@@ -18,7 +18,7 @@ use tollgate::{
     Priority,
 };
 use tollgate_redis::{RedisStore, RedisStoreConfig};
-use tollgate_rules::{RawRule, Rule};
+use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
     Identity, OnStoreError, Throttle, ThrottleConfig, ThrottleLayer, ThrottleRules, Unidentified,
 };

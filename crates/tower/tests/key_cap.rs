@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate::{Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret};
-use tollgate_rules::{RawRule, Rule};
+use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
     Identity, OnStoreError, Throttle, ThrottleConfig, ThrottleLayer, ThrottleRules, Unidentified,
 };

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tollgate::Limiter;
-use tollgate_rules::{RawRule, Rule};
+use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
     Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, Unidentified,
 };

@@ -3,7 +3,7 @@
 //! back in order, once each; and the valid limits, exported by `render_limits` in either
 //! format and read again, are the same limits.
 
-use tollgate_rules::{FileFormat, RawRule, parse_limits, render_limits};
+use tollgate_rules::{FileFormat, RawRule, Validate, parse_limits, render_limits};
 
 /// One input of the target, as libFuzzer hands it over.
 pub fn run_input(data: &[u8]) {

@@ -7,7 +7,9 @@
 
 use std::borrow::Cow;
 
-use tollgate_rules::{MATCH_PATH_BYTES_MAX, PathError, RawMatch, RawRule, normalize_path};
+use tollgate_rules::{
+    MATCH_PATH_BYTES_MAX, PathError, RawMatch, RawRule, Validate, normalize_path,
+};
 
 /// `path` (no query) with every byte percent-encoded but `/`, `#` and the escapes already there.
 fn encode_all(path: &str) -> String {

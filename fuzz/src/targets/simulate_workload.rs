@@ -11,6 +11,7 @@ use tollgate::{
     Request,
 };
 use tollgate_cli::simulate::{Workload, parse, run};
+use tollgate_rules::Validate;
 
 /// Workloads at most this long, in simulated seconds, with at most this many callers, are run.
 const RUN_S_MAX: f64 = 5.0;

@@ -11,7 +11,7 @@ use sqlx::SqlitePool;
 use tollgate::{
     Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, MonotonicClock, PermitSecret,
 };
-use tollgate_rules::{COLUMNS, Rules, SqlSource, column_of};
+use tollgate_rules::{COLUMNS, Rules, SqlSource, Validate, column_of};
 
 /// Values an administrator might write: typed by SQLite's rules, or picked from the words and
 /// figures a valid row holds, so that valid rows are found too.

@@ -24,6 +24,16 @@ export type Reads<Client, Server> = [Unnamed<Client, Server>] extends [never]
     : { notReadable: Server; as: Client }
   : { unnamedFields: Unnamed<Client, Server> };
 
+/** The client's list and the document's name the same values. */
+export type Same<Client, Server> = [Client] extends [Server]
+  ? [Server] extends [Client]
+    ? true
+    : { missing: Exclude<Server, Client> }
+  : { unknown: Exclude<Client, Server> };
+
+// The reasons the client recognises at run time are the document's, no more and no fewer.
+export const reasons: Same<(typeof Wire.DENY_REASONS)[number], Schemas["RateLimited"]["reason"]> = true;
+
 // Bodies sent.
 export const acquire: Sends<Wire.AcquireBody, Schemas["AcquireBody"]> = true;
 export const commit: Sends<Wire.CommitBody, Schemas["CommitBody"]> = true;

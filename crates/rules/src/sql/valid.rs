@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sqlx::Row;
 
 use super::{Pool, SourceError, SqlSource};
-use crate::rule::{RawRule, Rule, RuleError};
+use crate::rule::{RawRule, Rule, RuleError, Validate};
 
 impl SqlSource {
     pub(super) fn valid_migration(&self) -> Vec<String> {

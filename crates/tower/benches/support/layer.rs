@@ -9,7 +9,7 @@ use axum::routing::get;
 use std::time::Duration;
 
 use tollgate::{Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig, PermitSecret, TscClock};
-use tollgate_rules::{RawRule, Rule};
+use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
     Identity, OnStoreError, ThrottleConfig, ThrottleLayer, ThrottleRules, TrustedProxies,
     Unidentified,

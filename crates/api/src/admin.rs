@@ -1,0 +1,117 @@
+//! The admin API's bodies: the limits in force and the rows refused, deletions, lifted pauses,
+//! and scoped data tokens.
+
+use serde::{Deserialize, Serialize};
+
+use crate::RawRule;
+
+/// All limits in force, and the rows of the rules table that are not in force as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LimitList {
+    /// Grows with every change of the rules in force.
+    pub version: u64,
+    pub limits: Vec<RawRule>,
+    pub rejected: Vec<RejectedRow>,
+}
+
+/// A row of the rules table that failed validation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RejectedRow {
+    pub name: String,
+    /// The table column (or the file's field) at fault.
+    pub column: String,
+    pub reason: String,
+    /// Whether an earlier valid version of this limit is still in force.
+    pub previous_in_force: bool,
+    /// The limits file's line where the fault is written; absent for a table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+/// What a delete removed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Deleted {
+    pub name: String,
+    pub deleted: bool,
+}
+
+impl Deleted {
+    pub fn new(name: String) -> Deleted {
+        Deleted {
+            name,
+            deleted: true,
+        }
+    }
+}
+
+/// A pause lifted, or none to lift.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Resumed {
+    pub limit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Whether a pause was on (false: there was none to lift).
+    pub resumed: bool,
+}
+
+/// `POST /v1/tokens`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", schema(example = json!({"name": "team-a", "limits": ["vendor-*"], "priority_max": "normal",
+    "may_pause": false})))]
+pub struct TokenBody {
+    /// The token's name, unique: to list and revoke it by.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LimitName))]
+    pub name: String,
+    /// The limits it may use: names, prefixes ending in `*` (`vendor-*`), or `*` for all.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>, min_items = 1, max_items = 64))]
+    pub limits: Vec<String>,
+    /// The highest priority it may ask for (default `normal`); asking for none decides at
+    /// `normal`, or at this if lower.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::PriorityName>))]
+    pub priority_max: Option<String>,
+    /// Whether it may pause its limits (default false).
+    #[serde(default)]
+    pub may_pause: Option<bool>,
+}
+
+/// A token and what it may do; never its secret.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TokenView {
+    pub name: String,
+    /// Limit names, `prefix*` patterns, or `*`.
+    pub limits: Vec<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::PriorityName))]
+    pub priority_max: String,
+    pub may_pause: bool,
+    /// When it was made, in milliseconds since the Unix epoch.
+    pub created_ms: i64,
+}
+
+/// A token just made, with its secret: shown in this answer only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NewToken {
+    pub name: String,
+    pub limits: Vec<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::PriorityName))]
+    pub priority_max: String,
+    pub may_pause: bool,
+    pub created_ms: i64,
+    /// The bearer token to give the caller. Only its hash is kept: it cannot be shown again.
+    pub secret: String,
+}
+
+/// The tokens in force.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}
