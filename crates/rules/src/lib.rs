@@ -8,6 +8,7 @@
 
 mod fanout;
 mod file;
+mod inbound;
 mod path;
 mod reload;
 mod rule;
@@ -15,6 +16,7 @@ mod sql;
 
 pub use fanout::check_fanout;
 pub use file::{EntryLines, FILE_BYTES_MAX, FileFormat, FileSource, parse_limits, render_limits};
+pub use inbound::{Ask, InboundIndex, Matched, Positions};
 pub use path::{
     MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathCase, PathError, PathMatching,
     PathParams, method_matches, normalize_path,

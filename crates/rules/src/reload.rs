@@ -24,6 +24,7 @@ use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitTable, Limiter};
 
 use crate::fanout::Fanout;
 use crate::file::FileSource;
+use crate::inbound::InboundIndex;
 use crate::path::{PathError, PathMatching};
 use crate::rule::Validate;
 use crate::rule::{RawRule, Rule, RuleError};
@@ -148,9 +149,9 @@ pub struct RuleSet {
     rules: BTreeMap<String, Arc<Rule>>,
     rejected: Vec<RejectedRow>,
     path_matching: PathMatching,
-    /// The rules with a `match`, in name order, each with its path as `path_matching` reads
-    /// it (`None` for `*`): what a normalized request path is compared with.
-    matchers: Vec<(Arc<Rule>, Option<Box<str>>)>,
+    /// The rules with a `match`, indexed for matching requests, paths read with
+    /// `path_matching`.
+    inbound: Arc<InboundIndex>,
 }
 
 impl RuleSet {
@@ -192,21 +193,24 @@ impl RuleSet {
     }
 
     /// The rules whose `match` matches a request with `method` on `normalized_path` (from
-    /// [`RuleSet::normalize`]). A linear scan: rule sets are small (`RULES_MAX`), and the scan
-    /// keeps the order of names, which makes answers stable.
+    /// [`RuleSet::normalize`]), in chain order (see [`InboundIndex`]).
     pub fn matching<'s>(
         &'s self,
-        method: &'s str,
-        normalized_path: &'s str,
+        method: &str,
+        normalized_path: &str,
     ) -> impl Iterator<Item = &'s Arc<Rule>> + 's {
-        self.matchers
-            .iter()
-            .filter(move |(rule, path)| {
-                rule.matcher()
-                    .is_some_and(|matcher| matcher.matches_method(method))
-                    && path.as_deref().is_none_or(|path| path == normalized_path)
-            })
-            .map(|(rule, _)| rule)
+        let matched = self.inbound.matching(method, normalized_path);
+        let rules = self.inbound.rules();
+        matched
+            .positions
+            .into_iter()
+            .filter_map(move |position| rules.get(position as usize))
+    }
+
+    /// The one inbound matcher, built once per version of the rules: what `/v1/check`,
+    /// `/v1/forward-auth` and the tower layer match requests with.
+    pub fn inbound(&self) -> &Arc<InboundIndex> {
+        &self.inbound
     }
 
     fn new(
@@ -215,19 +219,13 @@ impl RuleSet {
         rejected: Vec<RejectedRow>,
         path_matching: PathMatching,
     ) -> RuleSet {
-        let matchers = rules
-            .values()
-            .filter_map(|rule| {
-                let path = rule.matcher()?.path_key(path_matching);
-                Some((rule.clone(), path.map(Box::from)))
-            })
-            .collect();
+        let inbound = Arc::new(InboundIndex::build(rules.values(), path_matching));
         RuleSet {
             version,
             rules,
             rejected,
             path_matching,
-            matchers,
+            inbound,
         }
     }
 }

@@ -21,6 +21,7 @@ use tollgate_api::schema::{
     BadRequest, Forbidden, Key, LimitName, NotFound, PermitText, Unauthorized, Unavailable,
 };
 use tollgate_api::{Code, ErrorDetail, RawRule, Reason};
+use tollgate_rules::Ask;
 use utoipa::IntoParams;
 
 use crate::error::ApiError;
@@ -637,15 +638,15 @@ pub(crate) async fn decide_inbound(
         .normalize(raw_path)
         .map_err(|error| ApiError::bad_field(fields.path, error))?
         .into_owned();
-    let mut leases = false;
-    // Every matching rule: the rules in force never let one request match more than it may
-    // be decided on (refused at load), so none is left out.
-    let matched: Vec<String> = snapshot
-        .matching(method, &path)
-        .map(|rule| {
-            leases |= rule.limit().policy().is_concurrency();
-            rule.name().to_owned()
-        })
+    // Every matching rule, as the tower layer matches: the rules in force never let one
+    // request match more than it may be decided on (refused at load), so none is left out.
+    let inbound = snapshot.inbound();
+    let found = inbound.matching(method, &path);
+    let matched: Vec<String> = found
+        .positions
+        .iter()
+        .filter_map(|&position| inbound.rules().get(position as usize))
+        .map(|rule| rule.name().to_owned())
         .collect();
     if matched.is_empty() {
         return Ok(Inbound {
@@ -677,8 +678,7 @@ pub(crate) async fn decide_inbound(
         } => ApiError::bad_field(fields.user, reason),
         other => ApiError::from(other),
     };
-    let decision = if !leases {
-        // Nothing to hand back: a decision without a permit.
+    let decision = if found.ask() == Ask::Check {
         let checked = state.limiter().check(&request).await.map_err(user_error)?;
         let denied = match &checked {
             Check::Allowed(_) => None,

@@ -27,6 +27,7 @@ use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Check, Denied, LimitStatus, Limiter, Outcome, Permit, Priority,
 };
 use tollgate_api::{Code, ErrorBody, ErrorDetail};
+use tollgate_rules::{Ask, Matched, Positions};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -37,7 +38,7 @@ use crate::headers::{
 };
 use crate::identity::{Identity, Unidentified};
 use crate::metrics::{LayerCounters, ThrottleMetrics, bump, read};
-use crate::rules::{Matched, Matching, RuleIndex, RuleTracker, ThrottleRules};
+use crate::rules::{RuleIndex, RuleTracker, ThrottleRules};
 
 /// What to do when the store cannot be reached. An explicit choice: there is no default. A
 /// store that answered with a failure, and every other error, is answered 503 either way.
@@ -206,12 +207,8 @@ impl Shared {
     /// ready on its first poll.
     fn prepare<B>(self: &Arc<Self>, request: &Request<B>) -> Prepared {
         let index = self.rules.index();
-        let Matching {
-            matched,
-            per_user,
-            leases,
-        } = match index.matching_request(request) {
-            Ok(matching) => matching,
+        let found = match index.matching_request(request) {
+            Ok(found) => found,
             Err(error) => {
                 bump(&self.counters.bad_path);
                 return Prepared::Settled(Settled::Answer(error_response(
@@ -222,6 +219,12 @@ impl Shared {
                 )));
             }
         };
+        let ask = found.ask();
+        let Matched {
+            positions: matched,
+            per_user,
+            ..
+        } = found;
         if matched.is_empty() {
             bump(&self.counters.unmatched);
             return Prepared::Settled(Settled::Call(Extra::default()));
@@ -254,7 +257,7 @@ impl Shared {
         // One rule with nothing to hold: its handle answers here when the store can (the
         // memory store), and asks nothing when it cannot.
         if let [position] = matched[..]
-            && !leases
+            && ask == Ask::Check
             && let Some(handle) = &index.entries[position as usize].handle
             && let Some(checked) = handle.check_now(key.as_deref(), 1, Priority::Normal)
         {
@@ -262,11 +265,8 @@ impl Shared {
         }
         let shared = Arc::clone(self);
         let key = key.map(Cow::into_owned);
-        let mut decision: Decision = Box::pin(async move {
-            shared
-                .decide(&index, &matched, leases, key.as_deref())
-                .await
-        });
+        let mut decision: Decision =
+            Box::pin(async move { shared.decide(&index, &matched, ask, key.as_deref()).await });
         // An in-process store answers on the first poll. A remote store's decision goes on in
         // the response future: the same future, so a request is never asked twice.
         match decision
@@ -284,8 +284,8 @@ impl Shared {
     async fn decide(
         &self,
         index: &RuleIndex,
-        matched: &Matched,
-        leases: bool,
+        matched: &Positions,
+        ask: Ask,
         key: Option<&str>,
     ) -> Settled {
         let names: SmallVec<[&str; COUNTERS_PER_REQUEST_MAX]> = matched
@@ -298,12 +298,15 @@ impl Shared {
         if let Some(key) = key {
             request = request.key(key);
         }
-        if leases {
-            let outcome = self.limiter.try_acquire(&request).await;
-            self.settle(index, matched, outcome)
-        } else {
-            let checked = self.limiter.check(&request).await;
-            self.settle_check(index, matched, checked)
+        match ask {
+            Ask::Acquire => {
+                let outcome = self.limiter.try_acquire(&request).await;
+                self.settle(index, matched, outcome)
+            }
+            Ask::Check => {
+                let checked = self.limiter.check(&request).await;
+                self.settle_check(index, matched, checked)
+            }
         }
     }
 
@@ -311,7 +314,7 @@ impl Shared {
     fn settle(
         &self,
         index: &RuleIndex,
-        matched: &Matched,
+        matched: &Positions,
         outcome: tollgate::Result<Outcome>,
     ) -> Settled {
         match outcome {
@@ -332,7 +335,7 @@ impl Shared {
     fn settle_check(
         &self,
         index: &RuleIndex,
-        matched: &Matched,
+        matched: &Positions,
         checked: tollgate::Result<Check>,
     ) -> Settled {
         match checked {
@@ -362,7 +365,7 @@ impl Shared {
     fn allowed(
         &self,
         index: &RuleIndex,
-        matched: &Matched,
+        matched: &Positions,
         ratelimit: impl FnOnce() -> Option<HeaderValue>,
     ) -> HeaderMap {
         for &position in matched {
@@ -375,7 +378,7 @@ impl Shared {
         }
     }
 
-    fn refused(&self, index: &RuleIndex, matched: &Matched, denied: &Denied) -> Response<Body> {
+    fn refused(&self, index: &RuleIndex, matched: &Positions, denied: &Denied) -> Response<Body> {
         for (status, &position) in denied.limits.iter().zip(matched) {
             // A limit with no unit left is one that refused (requests cost one unit).
             if status.remaining == 0 {
@@ -460,7 +463,11 @@ impl Shared {
 }
 
 /// `RateLimit-Policy` for the matched rules, and `ratelimit` as `RateLimit`.
-fn rate_headers(index: &RuleIndex, matched: &Matched, ratelimit: Option<HeaderValue>) -> HeaderMap {
+fn rate_headers(
+    index: &RuleIndex,
+    matched: &Positions,
+    ratelimit: Option<HeaderValue>,
+) -> HeaderMap {
     let mut headers = HeaderMap::new();
     let items = matched
         .iter()
@@ -477,7 +484,7 @@ fn rate_headers(index: &RuleIndex, matched: &Matched, ratelimit: Option<HeaderVa
 /// The `RateLimit` value of a permit's or a refusal's statuses, which name their limits.
 fn lease_ratelimit(
     index: &RuleIndex,
-    matched: &Matched,
+    matched: &Positions,
     statuses: &[LimitStatus],
 ) -> Option<HeaderValue> {
     ratelimit_value(statuses.iter().map(|status| {

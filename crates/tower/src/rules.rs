@@ -3,23 +3,21 @@
 //! [`method_matches`] (a rule on GET applies to HEAD), paths normalized with the rule set's
 //! [`PathMatching`] and compared with rule paths read the same way.
 //!
-//! Each version of the rules is indexed once: for every literal path the rules that can match
-//! it (the path's own merged with those on `*`, in chain order), the rules on `*` for every
-//! other path, and the `RateLimit-Policy` member of every rule formatted ahead of time, so a
+//! Each version of the rules is matched by the rules crate's one inbound matcher
+//! ([`InboundIndex`], which `/v1/check` uses too); beside it the layer keeps, per rule, the
+//! `RateLimit-Policy` member formatted ahead of time, its counters and its limit's handle, so a
 //! request is matched by one lookup and a comparison of methods rather than a scan of every
-//! rule. When no rule names a path or a method, the path is not read at all, so an
-//! undecodable path is refused only where it could change which rules apply. The index is
-//! rebuilt when the rules' version changes, which a request notices by comparing versions.
+//! rule. When no rule names a path, the path is not read at all, so an undecodable path is
+//! refused only where it could change which rules apply. The layer's index is rebuilt when the
+//! rules' version changes, which a request notices by comparing versions.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use smallvec::SmallVec;
-use tollgate::{COUNTERS_PER_REQUEST_MAX, LimitHandle, Limiter};
+use tollgate::{LimitHandle, Limiter};
 use tollgate_rules::{
-    PathError, PathMatching, Rule, RuleError, Rules, check_fanout, method_matches,
+    InboundIndex, Matched, PathError, PathMatching, Rule, RuleError, Rules, check_fanout,
 };
 
 use crate::headers::policy_item;
@@ -86,65 +84,29 @@ pub(crate) struct Entry {
     pub(crate) rule: Arc<Rule>,
     pub(crate) policy_item: String,
     pub(crate) is_lease: bool,
-    /// Whether the rule counts per user, so a request it matches needs its user told.
-    pub(crate) per_user: bool,
-    /// The one method the rule matches, as it names it; `None`: every method.
-    method: Option<Box<str>>,
     pub(crate) counters: Arc<RuleCounters>,
     /// The rule's limit, looked up when the index was built: a request this rule alone
     /// matches is decided without a name lookup. `None` while the limit is not in force.
     pub(crate) handle: Option<LimitHandle>,
 }
 
-/// The matched rules of one request, as indexes into `RuleIndex::entries`, in chain order.
-pub(crate) type Matched = SmallVec<[u32; COUNTERS_PER_REQUEST_MAX]>;
-
-/// The rules a request matches, and what they need of it.
-#[derive(Debug)]
-pub(crate) struct Matching {
-    pub(crate) matched: Matched,
-    /// One of them counts per user.
-    pub(crate) per_user: bool,
-    /// One of them is a concurrency limit, whose lease the request holds.
-    pub(crate) leases: bool,
-}
-
 /// One version of the rules, indexed for matching.
 #[derive(Debug)]
 pub(crate) struct RuleIndex {
     version: u64,
-    /// In chain order (the throttle-table scenario): concurrency limits, then rules on every path
-    /// (a user's overall frequency), then endpoint rules; by name within each.
+    /// The rules crate's matcher for this version; `entries` are in its chain order.
+    inbound: Arc<InboundIndex>,
+    /// One per rule of `inbound`, at the same position.
     pub(crate) entries: Vec<Entry>,
-    /// The rules a request on each path a rule names can match, in chain order: the path's
-    /// own merged with those on `*`. Keyed by the rules' normalized paths.
-    by_path: HashMap<Box<str>, Vec<u32>>,
-    /// The rules a request on any other path can match: those on `*`.
-    elsewhere: Vec<u32>,
-    /// How request paths are read; `by_path`'s keys are rule paths read the same way.
-    path_matching: PathMatching,
-}
-
-/// Rules with no `match` are never applied by the layer (they are for `/v1/acquire`).
-fn chain_rank(rule: &Rule) -> u8 {
-    let any_path = rule.matcher().is_some_and(|m| m.path() == "*");
-    match (rule.limit().policy().is_concurrency(), any_path) {
-        (true, _) => 0,
-        (false, true) => 1,
-        (false, false) => 2,
-    }
 }
 
 impl RuleIndex {
-    fn build<'a>(
+    fn build(
         version: u64,
-        rules: impl Iterator<Item = &'a Arc<Rule>>,
-        path_matching: PathMatching,
+        inbound: Arc<InboundIndex>,
         previous: Option<&RuleIndex>,
         limiter: Option<&Limiter>,
     ) -> RuleIndex {
-        let mut rules: Vec<&Arc<Rule>> = rules.filter(|rule| rule.matcher().is_some()).collect();
-        rules.sort_by(|a, b| (chain_rank(a), a.name()).cmp(&(chain_rank(b), b.name())));
         let old_counters: HashMap<&str, &Arc<RuleCounters>> = previous
             .map(|index| {
                 index
@@ -154,92 +116,33 @@ impl RuleIndex {
                     .collect()
             })
             .unwrap_or_default();
-        let mut own_paths: HashMap<Box<str>, Vec<u32>> = HashMap::new();
-        let mut any_path = Vec::new();
-        let mut entries = Vec::with_capacity(rules.len());
-        for (position, rule) in rules.into_iter().enumerate() {
-            // At most RULES_MAX (10,000) rules: an index always fits in u32.
-            let position = u32::try_from(position).unwrap_or(u32::MAX);
-            match rule.matcher().and_then(|m| m.path_key(path_matching)) {
-                None => any_path.push(position),
-                Some(path) => own_paths.entry(path.into()).or_default().push(position),
-            }
-            entries.push(Entry {
+        let entries = inbound
+            .rules()
+            .iter()
+            .map(|rule| Entry {
                 rule: rule.clone(),
                 policy_item: policy_item(rule.limit()),
                 is_lease: rule.limit().policy().is_concurrency(),
-                per_user: rule.limit().per().is_some(),
-                method: rule
-                    .matcher()
-                    .map(|m| m.method())
-                    .filter(|&method| method != "*")
-                    .map(Box::from),
                 counters: old_counters
                     .get(rule.name())
                     .map_or_else(Default::default, |counters| Arc::clone(counters)),
                 handle: limiter.and_then(|limiter| limiter.handle(rule.name()).ok()),
-            });
-        }
-        // Positions are in chain order within each list: merged, the chain's order holds.
-        let by_path = own_paths
-            .into_iter()
-            .map(|(path, own)| {
-                let mut positions: Vec<u32> = any_path.iter().chain(&own).copied().collect();
-                positions.sort_unstable();
-                (path, positions)
             })
             .collect();
         RuleIndex {
             version,
+            inbound,
             entries,
-            by_path,
-            elsewhere: any_path,
-            path_matching,
         }
     }
 
-    /// The rules that apply to `request`, in chain order (see `matching`). The path is
-    /// normalized (with the rule set's reading) only when a rule names one: an error then if
-    /// it cannot be decoded (which rules it meets is unknown).
+    /// The rules that apply to `request`, in chain order (see [`InboundIndex::matching_raw`]).
     pub(crate) fn matching_request<B>(
         &self,
         request: &http::Request<B>,
-    ) -> Result<Matching, PathError> {
-        let path = request.uri().path();
-        let path = if self.by_path.is_empty() {
-            Cow::Borrowed(path)
-        } else {
-            self.path_matching.normalize(path)?
-        };
-        Ok(self.matching(request.method().as_str(), &path))
-    }
-
-    /// The rules that apply to `method` on `normalized_path`, in chain order: every one of
-    /// them. The rules in force never let a request match more than `COUNTERS_PER_REQUEST_MAX`
-    /// (fixed and SQL rules are checked for it); none is left out here if they did, so the
-    /// limiter's own error would answer for it.
-    pub(crate) fn matching(&self, method: &str, normalized_path: &str) -> Matching {
-        // The path's candidates already match it: only methods are left to compare.
-        let candidates = self.by_path.get(normalized_path).unwrap_or(&self.elsewhere);
-        let mut matching = Matching {
-            matched: Matched::new(),
-            per_user: false,
-            leases: false,
-        };
-        for &position in candidates {
-            let entry = &self.entries[position as usize];
-            if !entry
-                .method
-                .as_deref()
-                .is_none_or(|wanted| method_matches(wanted, method))
-            {
-                continue;
-            }
-            matching.matched.push(position);
-            matching.per_user |= entry.per_user;
-            matching.leases |= entry.is_lease;
-        }
-        matching
+    ) -> Result<Matched, PathError> {
+        self.inbound
+            .matching_raw(request.method().as_str(), request.uri().path())
     }
 }
 
@@ -265,8 +168,7 @@ impl RuleTracker {
                 }
                 Indexed::Fixed(Arc::new(RuleIndex::build(
                     0,
-                    rules.iter(),
-                    path_matching,
+                    Arc::new(InboundIndex::build(rules.iter(), path_matching)),
                     None,
                     Some(limiter),
                 )))
@@ -275,8 +177,7 @@ impl RuleTracker {
                 let snapshot = rules.snapshot();
                 let index = RuleIndex::build(
                     snapshot.version(),
-                    snapshot.iter(),
-                    snapshot.path_matching(),
+                    Arc::clone(snapshot.inbound()),
                     None,
                     Some(limiter),
                 );
@@ -321,8 +222,7 @@ impl RuleTracker {
         }
         index.store(Arc::new(RuleIndex::build(
             snapshot.version(),
-            snapshot.iter(),
-            snapshot.path_matching(),
+            Arc::clone(snapshot.inbound()),
             Some(&current),
             Some(&self.limiter),
         )));
@@ -341,9 +241,15 @@ enum Indexed {
 
 #[cfg(test)]
 mod tests {
+    use tollgate::COUNTERS_PER_REQUEST_MAX;
     use tollgate_rules::{PathCase, PathParams, RawRule, Validate, normalize_path};
 
     use super::*;
+
+    fn index_of(rules: &[Arc<Rule>], path_matching: PathMatching) -> RuleIndex {
+        let inbound = InboundIndex::build(rules.iter(), path_matching);
+        RuleIndex::build(0, Arc::new(inbound), None, None)
+    }
 
     fn rule(name: &str, method: &str, path: &str) -> Arc<Rule> {
         rule_of(
@@ -402,14 +308,14 @@ mod tests {
             assert!(error.reason.contains("would match 9 rules"), "{error}");
             // Built unchecked, the index still drops none of them: the limiter refuses a
             // request naming too many limits with its own error.
-            let index = RuleIndex::build(0, rules.iter(), PathMatching::default(), None, None);
+            let index = index_of(&rules, PathMatching::default());
             for (method, path) in [("GET", "/items/#"), ("GET", "/")] {
                 assert_eq!(
-                    index.matching(method, path).matched.to_vec(),
+                    index.inbound.matching(method, path).positions.to_vec(),
                     by_scan(&index, method, path)
                 );
             }
-            assert_eq!(index.matching("GET", "/items/#").matched.len(), 9);
+            assert_eq!(index.inbound.matching("GET", "/items/#").positions.len(), 9);
         }
         let fits =
             (0..COUNTERS_PER_REQUEST_MAX).map(|n| (*rule(&format!("r{n}"), "*", "*")).clone());
@@ -451,7 +357,7 @@ mod tests {
                 .collect(),
         ];
         for rules in sets {
-            let index = RuleIndex::build(0, rules.iter(), PathMatching::default(), None, None);
+            let index = index_of(&rules, PathMatching::default());
             let requests = [
                 ("GET", "/items/7"),
                 ("HEAD", "/items/7"),
@@ -472,13 +378,16 @@ mod tests {
                 let expected = by_scan(&index, method, &normalized);
                 let matching = index.matching_request(&request).expect("decodable");
                 assert_eq!(
-                    matching.matched.to_vec(),
+                    matching.positions.to_vec(),
                     expected,
                     "{method} {path} on {} rules",
                     rules.len()
                 );
                 let entries = || expected.iter().map(|&p| &index.entries[p as usize]);
-                assert_eq!(matching.per_user, entries().any(|e| e.per_user));
+                assert_eq!(
+                    matching.per_user,
+                    entries().any(|e| e.rule.limit().per().is_some())
+                );
                 assert_eq!(matching.leases, entries().any(|e| e.is_lease));
             }
         }
@@ -491,10 +400,10 @@ mod tests {
             .body(())
             .expect("request");
         let everywhere = [rule("a", "*", "*")];
-        let index = RuleIndex::build(0, everywhere.iter(), PathMatching::default(), None, None);
+        let index = index_of(&everywhere, PathMatching::default());
         assert!(index.matching_request(&request).is_ok());
         let endpoint = [rule("a", "*", "*"), rule("item", "GET", "/items/#")];
-        let index = RuleIndex::build(0, endpoint.iter(), PathMatching::default(), None, None);
+        let index = index_of(&endpoint, PathMatching::default());
         assert!(matches!(
             index.matching_request(&request),
             Err(PathError::BadEscape { offset: 7 })
@@ -504,7 +413,7 @@ mod tests {
             .body(())
             .expect("request");
         let matching = index.matching_request(&spelled).expect("decodable");
-        assert_eq!(matching.matched.len(), 2);
+        assert_eq!(matching.positions.len(), 2);
     }
 
     fn names(index: &RuleIndex, method: &str, uri: &str) -> Vec<String> {
@@ -515,7 +424,7 @@ mod tests {
             .expect("request");
         let matching = index.matching_request(&request).expect("decodable");
         matching
-            .matched
+            .positions
             .iter()
             .map(|&p| index.entries[p as usize].rule.name().to_owned())
             .collect()
@@ -534,7 +443,7 @@ mod tests {
             else {
                 unreachable!("fixed rules")
             };
-            RuleIndex::build(0, fixed.rules.iter(), fixed.path_matching, None, None)
+            index_of(&fixed.rules, fixed.path_matching)
         };
         let default = index(PathMatching::default());
         let lower = index(PathMatching {
