@@ -1633,7 +1633,142 @@ fn exit_code_of(status: std::process::ExitStatus) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use super::said_once;
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The fields serde reads for `T`: what `deserialize_struct` is told, taken before any
+    /// value is read.
+    fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Fields<'a>(&'a mut &'static [&'static str]);
+
+        impl<'de> serde::Deserializer<'de> for Fields<'_> {
+            type Error = serde::de::value::Error;
+
+            fn deserialize_any<V: serde::de::Visitor<'de>>(
+                self,
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                Err(serde::de::Error::custom("not a struct"))
+            }
+
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(serde::de::Error::custom("fields taken"))
+            }
+
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Fields(&mut fields));
+        fields
+    }
+
+    /// One row of the configuration table: file key, environment variable, flag (if any).
+    type Setting = (String, String, Option<String>);
+
+    /// Every setting as the code reads it: each key of the config file, the flag of that name
+    /// (on `serve`, or global) with its environment variable, or, for a secret, the variable
+    /// alone (flags show in `ps`).
+    fn settings_in_the_code() -> BTreeSet<Setting> {
+        let command = <Cli as clap::CommandFactory>::command();
+        let serve = command
+            .find_subcommand("serve")
+            .expect("a serve subcommand");
+        let flags: Vec<&clap::Arg> = command
+            .get_arguments()
+            .chain(serve.get_arguments())
+            .collect();
+        let keys = fields_of::<FileConfig>();
+        for flag in serve.get_arguments() {
+            assert!(
+                keys.contains(&flag.get_id().as_str()),
+                "serve --{} has no key in the config file",
+                flag.get_id()
+            );
+        }
+        keys.iter()
+            .map(|key| {
+                let variable = format!("TOLLGATE_{}", key.to_uppercase());
+                match flags.iter().find(|flag| flag.get_id() == *key) {
+                    Some(flag) => {
+                        let long = flag.get_long().expect("a long flag");
+                        let env = flag.get_env().expect("an environment variable");
+                        assert_eq!(env.to_str(), Some(variable.as_str()), "--{long}");
+                        (key.to_string(), variable, Some(format!("--{long}")))
+                    }
+                    None => {
+                        assert!(
+                            SECRET_VARIABLES.contains(&variable.as_str()),
+                            "config file key {key} has neither a flag nor a secret's variable"
+                        );
+                        (key.to_string(), variable, None)
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The configuration table of the server's guide, row by row.
+    fn settings_in_the_guide() -> BTreeSet<Setting> {
+        let guide = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+        )
+        .expect("docs/server.md");
+        let section = guide
+            .split("\n## Configuration\n")
+            .nth(1)
+            .expect("a section \"## Configuration\" in docs/server.md");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        let code = |cell: &str| cell.trim().trim_matches('`').to_owned();
+        section
+            .lines()
+            .filter(|line| line.starts_with("| `"))
+            .map(|row| {
+                let cells: Vec<&str> = row.split('|').skip(1).collect();
+                let flag = Some(code(cells[2])).filter(|flag| flag != "—");
+                (code(cells[0]), code(cells[1]), flag)
+            })
+            .collect()
+    }
+
+    /// The guide's table names exactly the settings the binary reads, each with its variable
+    /// and flag; and the example file shows every key. A setting added, renamed or dropped in
+    /// the code fails here until both say so.
+    #[test]
+    fn the_guide_and_the_example_name_every_setting_and_only_those() {
+        let code = settings_in_the_code();
+        let guide = settings_in_the_guide();
+        let undocumented: Vec<_> = code.difference(&guide).collect();
+        let unknown: Vec<_> = guide.difference(&code).collect();
+        assert!(
+            undocumented.is_empty() && unknown.is_empty(),
+            "read by the binary but not in docs/server.md's configuration table: \
+             {undocumented:?}; in the table but not read so: {unknown:?}"
+        );
+        let example = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tollgate.toml"),
+        )
+        .expect("examples/tollgate.toml");
+        for (key, ..) in &code {
+            assert!(
+                example.lines().any(|line| line
+                    .trim_start_matches("# ")
+                    .starts_with(&format!("{key} = "))),
+                "examples/tollgate.toml does not show {key}"
+            );
+        }
+    }
 
     #[test]
     fn an_error_says_each_cause_once() {

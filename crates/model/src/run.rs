@@ -65,7 +65,7 @@ impl<State, Action> Outcome<State, Action> {
         self.discoveries.contains_key(property)
     }
 
-    /// One line for a test's output and for `docs/models.md`.
+    /// One line for a test's output, and the counts `docs/lab.md` lists.
     pub fn summary(&self, name: &str) -> String {
         format!(
             "{name}: {} unique states ({} generated), depth {}, {:.2?}, discoveries {:?}",
@@ -95,7 +95,7 @@ impl<State, Action> Outcome<State, Action> {
             assert_eq!(
                 self.unique_states, small_states,
                 "{name}: the state count changed, so the model (or the state it runs over) \
-                 did; if that was meant, update the count here and in docs/models.md"
+                 did; if that was meant, update the count here and in docs/lab.md"
             );
         }
     }

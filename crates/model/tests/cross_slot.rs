@@ -9,7 +9,7 @@ use tollgate_model::cross_slot::{
 };
 use tollgate_model::{Bound, Outcome, run, trace};
 
-/// Distinct states at the small bound (see docs/models.md for times and the large bound).
+/// Distinct states at the small bound (docs/lab.md lists them with the large bound and the times).
 const CONTENDED_STATES: usize = 61_847;
 const LIMIT_TWO_STATES: usize = 4_127;
 const KEEP_GRANTS_STATES: usize = 5_552;

@@ -12,7 +12,7 @@ use tollgate_model::failover::{
 };
 use tollgate_model::{Bound, Outcome, run, trace};
 
-/// Distinct states at the small bound (see docs/models.md for times and the large bound).
+/// Distinct states at the small bound (docs/lab.md lists them with the large bound and the times).
 const FAILOVER_STATES: usize = 51_630;
 const MISSING_ONLY_STATES: usize = 712;
 const STALE_AS_IS_STATES: usize = 1_641;

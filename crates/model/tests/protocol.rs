@@ -9,7 +9,7 @@ use tollgate_model::protocol::{
 };
 use tollgate_model::{Bound, Outcome, run, trace};
 
-/// Distinct states at the small bound (see docs/models.md for times and the large bound).
+/// Distinct states at the small bound (docs/lab.md lists them with the large bound and the times).
 const FAULTS_STATES: usize = 953_268;
 const SLIDING_STATES: usize = 259_796;
 const SHARED_LEASES_STATES: usize = 147_052;

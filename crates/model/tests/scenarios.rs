@@ -8,7 +8,7 @@ use tollgate_model::calls::{self, CallsAction, CallsModel, Design};
 use tollgate_model::tokens::{self, TokensAction, TokensModel};
 use tollgate_model::{Bound, run};
 
-/// Distinct states at the small bound (see docs/models.md for times and the large bound).
+/// Distinct states at the small bound (docs/lab.md lists them with the large bound and the times).
 const NAIVE_STATES: usize = 432;
 const CHECK_THEN_ACT_STATES: usize = 2_112;
 const AWAIT_NO_RESET_STATES: usize = 420;

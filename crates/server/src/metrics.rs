@@ -438,3 +438,137 @@ pub(crate) async fn count_errors(
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tollgate::{MemoryStoreConfig, MonotonicClock};
+    use tollgate_rules::FileSource;
+
+    use super::*;
+
+    /// Every metric `/metrics` can export, with its type, as the `# TYPE` lines of a registry
+    /// with every optional part on (the memory store, its write-ahead, Envoy) name them. A
+    /// counter's samples carry `_total`, as the guide writes its name.
+    async fn exported() -> BTreeMap<String, String> {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let file = directory.path().join("limits.toml");
+        std::fs::write(&file, "[limits]\n").expect("write the limits file");
+        let source = FileSource::new(file).expect("a limits file");
+        let rules = Rules::start(source, tollgate::Limiter::in_memory())
+            .await
+            .expect("rules");
+        let memory = Arc::new(MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 10,
+                keys_per_limit_max: 10,
+            },
+            Arc::new(MonotonicClock::new()),
+        ));
+        let store_seconds = store_seconds_family();
+        let metrics = Metrics::new(
+            rules,
+            Some(memory),
+            Some(Arc::default()),
+            store_seconds.clone(),
+            Some(tollgate_envoy::ConfigWatch::fixed(
+                tollgate_envoy::Config::default(),
+            )),
+        );
+        // A family is rendered only once it has a sample, so each gets one; the registry's
+        // list of what was registered (its Debug form, the only way to list it) then says
+        // whether one was left out here.
+        let limit = LimitLabels {
+            limit: "vendor-x".into(),
+        };
+        metrics.grants.get_or_create(&limit).inc();
+        metrics
+            .denials
+            .get_or_create(&DenialLabels {
+                limit: "vendor-x".into(),
+                reason: DenyReason::Capacity.as_str(),
+            })
+            .inc();
+        metrics.waiters.get_or_create(&limit).set(1);
+        metrics.wait_seconds.get_or_create(&limit).observe(0.1);
+        metrics
+            .errors
+            .get_or_create(&CodeLabels { code: "internal" })
+            .inc();
+        store_seconds
+            .get_or_create(&OperationLabels {
+                operation: "acquire",
+            })
+            .observe(0.001);
+        let text = metrics.render().expect("renders");
+        let registered: Vec<String> = format!("{:?}", metrics.registry)
+            .split("Descriptor { name: \"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(|name| format!("tollgate_{name}"))
+            .collect();
+        assert!(!registered.is_empty(), "no family found in the registry");
+        for name in &registered {
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} is registered but has no sample in this test, so it was not rendered"
+            );
+        }
+        text.lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .map(|line| {
+                let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
+                let name = match kind {
+                    "counter" => format!("{name}_total"),
+                    _ => name.to_owned(),
+                };
+                (name, kind.to_owned())
+            })
+            .collect()
+    }
+
+    /// The metrics table of the server's guide: each metric's name and type.
+    fn documented() -> BTreeMap<String, String> {
+        let guide = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+        )
+        .expect("docs/server.md");
+        let section = guide
+            .split("\n## Metrics\n")
+            .nth(1)
+            .expect("a section \"## Metrics\" in docs/server.md");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `tollgate_"))
+            .map(|row| {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                let name = cells[0].trim_end_matches('`');
+                (format!("tollgate_{name}"), cells[1].to_owned())
+            })
+            .collect()
+    }
+
+    /// The guide lists exactly the metrics the server exports, each with its type: a metric
+    /// added, renamed or dropped in the code fails here until the guide says so.
+    #[tokio::test]
+    async fn the_guide_lists_every_metric_and_only_those() {
+        let exported = exported().await;
+        let documented = documented();
+        let undocumented: Vec<_> = exported
+            .iter()
+            .filter(|(name, _)| !documented.contains_key(*name))
+            .collect();
+        let missing: Vec<_> = documented
+            .iter()
+            .filter(|(name, _)| !exported.contains_key(*name))
+            .collect();
+        assert!(
+            undocumented.is_empty() && missing.is_empty(),
+            "exported but not in docs/server.md's metrics table: {undocumented:?}; \
+             in the table but never exported: {missing:?}"
+        );
+        assert_eq!(exported, documented, "a metric's type differs");
+    }
+}
