@@ -17,7 +17,7 @@ use crate::hot::HotCounter;
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
 use crate::permit::{LimitStatus, Part, PermitId, PermitSecret, decode, encode};
-use crate::store::{CounterId, CounterOutcome, Decision, Store, Take, Usage};
+use crate::store::{CounterId, CounterOutcome, Decision, Store, StoreFuture, Take, Usage};
 
 use crate::sync::Ordering;
 use crate::waiters::{Caps, WaitQueue};
@@ -391,7 +391,10 @@ struct Resolved<'t> {
 }
 
 impl<'t> Resolved<'t> {
-    fn counter<'r>(&'r self, index: usize, key: Option<&'r str>) -> CounterId<'r> {
+    fn counter<'r>(&self, index: usize, key: Option<&'r str>) -> CounterId<'r>
+    where
+        't: 'r,
+    {
         let limit = self.limits[index];
         CounterId {
             limit: limit.name(),
@@ -399,7 +402,10 @@ impl<'t> Resolved<'t> {
         }
     }
 
-    fn takes<'r>(&'r self, key: Option<&'r str>) -> SmallVec<[Take<'r>; 3]> {
+    fn takes<'r>(&self, key: Option<&'r str>) -> SmallVec<[Take<'r>; 3]>
+    where
+        't: 'r,
+    {
         let mut takes = SmallVec::new();
         for (index, limit) in self.limits.iter().enumerate() {
             takes.push(Take {
@@ -409,6 +415,29 @@ impl<'t> Resolved<'t> {
         }
         takes
     }
+}
+
+/// A request the limiter's own steps have passed: its limits resolved, and the counters it
+/// takes, ready to be asked of the store.
+struct Asking<'t> {
+    resolved: Resolved<'t>,
+    takes: SmallVec<[Take<'t>; 3]>,
+}
+
+/// Where a decision stands once the limiter's own steps are done.
+enum Step<'t, A> {
+    /// Answered without asking the store: waiters of the same or higher priority are ahead.
+    Answered(A),
+    /// The store is to be asked.
+    Ask(Asking<'t>),
+}
+
+/// Whether waiters refuse a request: a new request queues behind those of the same or higher
+/// priority; the one heading the queue is the request they all wait on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    BehindWaiters,
+    Heading,
 }
 
 fn micros(duration: Duration) -> u64 {
@@ -609,14 +638,8 @@ impl Limiter {
         if request.wait.is_zero() {
             return self.decide_once(request).await;
         }
-        {
-            let table = self.shared.table_guard();
-            let resolved = resolve(&table, &request.limits, request.key)?;
-            resolved
-                .limits
-                .iter()
-                .try_for_each(|limit| Check::admits(limit))?;
-        }
+        // Refused as `check` refuses, before the wait.
+        self.resolve_for::<Check>(&self.shared.table_guard(), request, None)?;
         let mut request = request.clone();
         request.refundable = false;
         match self.acquire(&request).await? {
@@ -644,17 +667,13 @@ impl Limiter {
         }
         // A store that does I/O: the same steps, on a table owned across the await.
         let table = self.shared.table();
-        let resolved = self.resolve_for::<A>(&table, request, None)?;
-        let takes = resolved.takes(request.key);
-        if let Some(denied) = self.queued(&resolved, &takes, request.priority) {
-            return Ok(A::denied(denied));
-        }
-        let refundable = A::refundable(request);
-        let store = &self.shared.store;
-        let decision = store
-            .acquire(&takes, request.cost, request.priority, refundable)
-            .await?;
-        Ok(A::decided(self, &resolved, request, decision))
+        let asking =
+            match self.prepare::<A>(&table, request, request.key, None, Queue::BehindWaiters)? {
+                Step::Answered(answer) => return Ok(answer),
+                Step::Ask(asking) => asking,
+            };
+        let decision = self.ask(&asking, request, A::refundable(request)).await?;
+        Ok(A::decided(self, &asking.resolved, request, decision))
     }
 
     /// One decision without waiting, on the calling thread: `None` when the store cannot
@@ -666,20 +685,51 @@ impl Limiter {
         handle: Option<&LimitHandle>,
     ) -> Option<Result<A>> {
         let table = self.shared.table_guard();
-        let resolved = match self.resolve_for::<A>(&table, request, handle) {
-            Ok(resolved) => resolved,
-            Err(error) => return Some(Err(error)),
-        };
-        let takes = resolved.takes(request.key);
-        if let Some(denied) = self.queued(&resolved, &takes, request.priority) {
-            return Some(Ok(A::denied(denied)));
-        }
-        let refundable = A::refundable(request);
-        let store = &self.shared.store;
-        let decision = store
-            .acquire(&takes, request.cost, request.priority, refundable)
+        let asking =
+            match self.prepare::<A>(&table, request, request.key, handle, Queue::BehindWaiters) {
+                Ok(Step::Answered(answer)) => return Some(Ok(answer)),
+                Ok(Step::Ask(asking)) => asking,
+                Err(error) => return Some(Err(error)),
+            };
+        let decision = self
+            .ask(&asking, request, A::refundable(request))
             .into_ready()?;
-        Some(decision.map(|decision| A::decided(self, &resolved, request, decision)))
+        Some(decision.map(|decision| A::decided(self, &asking.resolved, request, decision)))
+    }
+
+    /// The limiter's part of every decision, written once: the request's limits resolved
+    /// (from `table`, or from `handle` while its limit is in force) and checked as `A` needs
+    /// them, the counters they take, and, for a request that is not `Queue::Heading`, a
+    /// `Queued` answer when waiters of the same or higher priority are ahead on any of them.
+    /// `key` is the request's own, borrowed for as long as the table.
+    fn prepare<'t, A: Answer>(
+        &self,
+        table: &'t LimitTable,
+        request: &Request<'_>,
+        key: Option<&'t str>,
+        handle: Option<&'t LimitHandle>,
+        queue: Queue,
+    ) -> Result<Step<'t, A>> {
+        let resolved = self.resolve_for::<A>(table, request, handle)?;
+        let takes = resolved.takes(key);
+        if queue == Queue::BehindWaiters
+            && let Some(denied) = self.queued(&resolved, &takes, request.priority)
+        {
+            return Ok(Step::Answered(A::denied(denied)));
+        }
+        Ok(Step::Ask(Asking { resolved, takes }))
+    }
+
+    /// The store's part: every take granted, or none.
+    fn ask<'s>(
+        &'s self,
+        asking: &'s Asking<'_>,
+        request: &Request<'_>,
+        refundable: bool,
+    ) -> StoreFuture<'s, Decision> {
+        self.shared
+            .store
+            .acquire(&asking.takes, request.cost, request.priority, refundable)
     }
 
     /// `request`'s limits, checked as `A` needs them.
@@ -758,22 +808,23 @@ impl Limiter {
         let mut last_denial = None;
         let waiter = {
             let table = self.shared.table();
-            let resolved = resolve(&table, &request.limits, request.key)?;
-            let takes = resolved.takes(request.key);
+            // Waiters ahead do not answer this request: it joins them instead.
+            let Step::Ask(asking) =
+                self.prepare::<Outcome>(&table, request, request.key, None, Queue::Heading)?
+            else {
+                unreachable!("only a request behind waiters is answered before the store")
+            };
+            let resolved = &asking.resolved;
             let counters: SmallVec<[CounterId<'_>; COUNTERS_PER_REQUEST_MAX]> =
-                takes.iter().map(|t| t.counter).collect();
+                asking.takes.iter().map(|t| t.counter).collect();
             if self
                 .shared
                 .waiters
                 .blocked(counters.iter().copied(), request.priority)
                 .is_none()
             {
-                let decision = self
-                    .shared
-                    .store
-                    .acquire(&takes, request.cost, request.priority, request.refundable)
-                    .await?;
-                match self.outcome(&resolved, request, decision) {
+                let decision = self.ask(&asking, request, request.refundable).await?;
+                match self.outcome(resolved, request, decision) {
                     Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
@@ -799,7 +850,7 @@ impl Limiter {
                                 .waiters
                                 .blocked(counters.iter().copied(), request.priority)
                                 .unwrap_or(0);
-                            self.queued_denial(&resolved, retry_at_us)
+                            self.queued_denial(resolved, retry_at_us)
                         }
                     };
                     denied.not_queued = Some(full);
@@ -819,14 +870,13 @@ impl Limiter {
             if self.shared.waiters.is_head(&waiter) {
                 // Limits may have changed while waiting: resolve again every time.
                 let table = self.shared.table();
-                let resolved = resolve(&table, &request.limits, request.key)?;
-                let takes = resolved.takes(request.key);
-                let decision = self
-                    .shared
-                    .store
-                    .acquire(&takes, request.cost, request.priority, request.refundable)
-                    .await?;
-                match self.outcome(&resolved, request, decision) {
+                let Step::Ask(asking) =
+                    self.prepare::<Outcome>(&table, request, request.key, None, Queue::Heading)?
+                else {
+                    unreachable!("the head of the queue is never answered before the store")
+                };
+                let decision = self.ask(&asking, request, request.refundable).await?;
+                match self.outcome(&asking.resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         // Leaving the queue signals whoever heads it next.
                         drop(waiter);

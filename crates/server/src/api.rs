@@ -642,12 +642,15 @@ pub(crate) async fn decide_inbound(
     // request match more than it may be decided on (refused at load), so none is left out.
     let inbound = snapshot.inbound();
     let found = inbound.matching(method, &path);
-    let matched: Vec<String> = found
+    let mut matched: Vec<String> = found
         .positions
         .iter()
         .filter_map(|&position| inbound.rules().get(position as usize))
         .map(|rule| rule.name().to_owned())
         .collect();
+    // The answer lists them by name, as it always has; the order decides nothing (one
+    // request, all or nothing).
+    matched.sort_unstable();
     if matched.is_empty() {
         return Ok(Inbound {
             path,
