@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tollgate::conformance::Stores;
+use tollgate_conformance::Stores;
 use tollgate::store::Store;
 use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
 
@@ -20,4 +20,4 @@ async fn memory_stores(_test: &'static str) -> Option<Stores> {
     })
 }
 
-tollgate::conformance_tests!(memory_stores);
+tollgate_conformance::conformance_tests!(memory_stores);

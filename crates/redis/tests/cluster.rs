@@ -25,7 +25,7 @@ mod nodes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::conformance::Stores;
+use tollgate_conformance::Stores;
 use tollgate::store::CounterId;
 use tollgate::{DenyReason, Error, Outcome};
 use tollgate_redis::RedisStore;
@@ -102,7 +102,7 @@ fn the_conformance_suite_passes_on_a_three_master_cluster() {
             }
         })
     };
-    use tollgate::conformance as suite;
+    use tollgate_conformance as suite;
     runtime.block_on(suite::rate_limits_grant_to_the_limit_and_hint_honestly(
         stores("rate"),
     ));
