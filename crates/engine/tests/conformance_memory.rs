@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use tollgate_conformance::Stores;
 use tollgate::store::Store;
 use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
+use tollgate_conformance::Stores;
 
 async fn memory_stores(_test: &'static str) -> Option<Stores> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use tollgate_conformance::Stores;
 use tollgate::store::Store;
 use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
+use tollgate_conformance::Stores;
 
 async fn write_ahead_stores(_test: &'static str) -> Option<Stores> {
     let memory = Arc::new(MemoryStore::with_write_ahead(

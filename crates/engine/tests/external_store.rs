@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tollgate_conformance::Stores;
 use tollgate::core::{Counter, Denial};
 use tollgate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
@@ -28,6 +27,7 @@ use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, LimitTable, MonotonicClock,
     PermitError, Priority, Result, check_key,
 };
+use tollgate_conformance::Stores;
 
 /// A counter's id, owned: its limit and, for a limit counted per key, its key.
 type Id = (String, Option<String>);

@@ -16,9 +16,9 @@ mod nodes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_conformance::Stores;
 use tollgate::store::CounterId;
 use tollgate::{DenyReason, Error, Outcome};
+use tollgate_conformance::Stores;
 
 use nodes::Cluster;
 
