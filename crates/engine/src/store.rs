@@ -190,7 +190,7 @@ pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
 /// Where counters live. Every method is one atomic step on the store's side, on the store's
 /// clock. A store written anywhere implements all of it and can prove itself with
-/// `conformance_tests!`.
+/// `tollgate_conformance::conformance_tests!`.
 pub trait Store: Any + Send + Sync + fmt::Debug {
     /// Check every take, and grant `cost` on all of them only if all allow it. `refundable`:
     /// record the rate reservations, so that `commit` can refund what was not used; a request

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use tollgate::conformance::Stores;
 use tollgate::store::Store;
 use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
+use tollgate_conformance::Stores;
 
 async fn memory_stores(_test: &'static str) -> Option<Stores> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
@@ -20,4 +20,4 @@ async fn memory_stores(_test: &'static str) -> Option<Stores> {
     })
 }
 
-tollgate::conformance_tests!(memory_stores);
+tollgate_conformance::conformance_tests!(memory_stores);

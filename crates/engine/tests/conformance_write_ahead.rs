@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use tollgate::conformance::Stores;
 use tollgate::store::Store;
 use tollgate::{MemoryStore, MemoryStoreConfig, MonotonicClock};
+use tollgate_conformance::Stores;
 
 async fn write_ahead_stores(_test: &'static str) -> Option<Stores> {
     let memory = Arc::new(MemoryStore::with_write_ahead(
@@ -33,4 +33,4 @@ async fn write_ahead_stores(_test: &'static str) -> Option<Stores> {
     })
 }
 
-tollgate::conformance_tests!(write_ahead_stores);
+tollgate_conformance::conformance_tests!(write_ahead_stores);

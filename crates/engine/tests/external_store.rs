@@ -1,5 +1,5 @@
 //! A store written outside the workspace: what this proves is that the `Store` trait and the
-//! conformance suite are enough, through the crate's public API alone, to build a complete store
+//! conformance suite are enough, through `tollgate`'s public API alone, to build a complete store
 //! and hold it to the same cases as the memory and Redis stores.
 //!
 //! `ExternalStore` is what a crate depending on `tollgate` would write: it names nothing private
@@ -12,14 +12,13 @@
 //! for by the counters taken in before it); it has no cap on tracked keys (the suite asks for
 //! none).
 //!
-//! `tollgate::conformance_tests!` below runs every conformance case against it, two limiters
-//! over one store, as the memory store's suite does.
+//! `tollgate_conformance::conformance_tests!` below runs every conformance case against it, two
+//! limiters over one store, as the memory store's suite does.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tollgate::conformance::Stores;
 use tollgate::core::{Counter, Denial};
 use tollgate::store::{
     CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
@@ -28,6 +27,7 @@ use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, LimitTable, MonotonicClock,
     PermitError, Priority, Result, check_key,
 };
+use tollgate_conformance::Stores;
 
 /// A counter's id, owned: its limit and, for a limit counted per key, its key.
 type Id = (String, Option<String>);
@@ -398,7 +398,7 @@ async fn external_stores(_test: &'static str) -> Option<Stores> {
     })
 }
 
-tollgate::conformance_tests!(external_stores);
+tollgate_conformance::conformance_tests!(external_stores);
 
 /// What the suite cannot reach on the wall clock, on a clock stepped by hand: an idle counter is
 /// forgotten once enough new ones come in, and then a commit of its reservation is `Gone`, a

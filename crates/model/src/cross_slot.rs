@@ -1,11 +1,11 @@
 //! The Redis Cluster store's cross-slot protocol as a state machine: clients whose requests
 //! name counters in several slots, against slots whose state is real `tollgate_core::Counter`s.
 //!
-//! A request is decided as `tollgate_redis::plan` says, and the model drives it with that very
-//! code: `plan::groups` orders the request's counters by slot, `Progress::step` names each next
-//! step, and `plan::records` says which grants are recorded for a refund. Asking a slot is one
-//! atomic step, as the script is: `check` every counter of the slot's group, then `grant` them
-//! all only if all allow. A denial rolls back the groups granted before it: one
+//! A request is decided as `tollgate_redis_protocol::plan` says, and the model drives it with
+//! that very code: `plan::groups` orders the request's counters by slot, `Progress::step` names
+//! each next step, and `plan::records` says which grants are recorded for a refund. Asking a slot
+//! is one atomic step, as the script is: `check` every counter of the slot's group, then `grant`
+//! them all only if all allow. A denial rolls back the groups granted before it: one
 //! `Counter::commit(seq, 0)` per granted counter, in any order and interleaved with everything
 //! else (the store sends them all at once), then the request is answered denied.
 //!
@@ -41,7 +41,7 @@ use std::fmt;
 
 use stateright::{Model, Property};
 use tollgate_core::{Algorithm, Counter, Policy, PolicyError, Priority, Reserve};
-use tollgate_redis::plan::{self, Group, Progress, Step};
+use tollgate_redis_protocol::plan::{self, Group, Progress, Step};
 
 use crate::Bound;
 

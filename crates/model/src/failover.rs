@@ -1,5 +1,5 @@
 //! One Redis Cluster slot through failovers, restarts and resharding, decided with the loss
-//! check of `tollgate_redis::loss` over a real `tollgate_core::Counter`.
+//! check of `tollgate_redis_protocol::loss` over a real `tollgate_core::Counter`.
 //!
 //! Nodes are Redis processes grouped in shards: a master and, in some shards, a replica. The
 //! slot lives in one shard; its data there is the slot's generation and one counter (a
@@ -44,7 +44,7 @@ use std::fmt;
 
 use stateright::{Model, Property};
 use tollgate_core::{Algorithm, Counter, Policy, PolicyError, Priority, Reserve};
-use tollgate_redis::loss::{self, Generation, Owner, Verdict};
+use tollgate_redis_protocol::loss::{self, Generation, Owner, Verdict};
 
 use crate::Bound;
 

@@ -9,10 +9,10 @@
 //! - [`protocol`]: Tollgate's own protocol, workers against one store whose state is real
 //!   `tollgate_core::Counter`s, so the arithmetic that is checked is the arithmetic that runs.
 //! - [`cross_slot`]: the Redis Cluster store's requests over counters in several slots, decided
-//!   slot by slot and rolled back on a denial, driven by `tollgate_redis::plan` itself.
+//!   slot by slot and rolled back on a denial, driven by `tollgate_redis_protocol::plan` itself.
 //! - [`failover`]: one Redis Cluster slot through asynchronous replication, failovers,
 //!   restarts and resharding, every decision made with the loss check of
-//!   `tollgate_redis::loss` over a real `tollgate_core::Counter`.
+//!   `tollgate_redis_protocol::loss` over a real `tollgate_core::Counter`.
 //!
 //! [`run`] explores a model and [`trace`] prints a discovery step by step. The bounds of every
 //! model come from [`Bound`]: small by default so `cargo test` stays quick, larger with

@@ -1,8 +1,8 @@
-//! The Redis Cluster store's cross-slot protocol model-checked over `tollgate_redis::plan` and
-//! the real `tollgate_core::Counter`: it never overshoots, answers all or nothing, denies only
-//! when full and never livelocks, under crashes; a denial that keeps its earlier grants and
-//! slots asked out of order are caught. Each test pins its outcome and the number of distinct
-//! states, and prints its counterexample (`cargo test -p tollgate-model -- --nocapture`).
+//! The Redis Cluster store's cross-slot protocol model-checked over `tollgate_redis_protocol::plan`
+//! and the real `tollgate_core::Counter`: it never overshoots, answers all or nothing, denies only
+//! when full and never livelocks, under crashes; a denial that keeps its earlier grants and slots
+//! asked out of order are caught. Each test pins its outcome and the number of distinct states, and
+//! prints its counterexample (`cargo test -p tollgate-model -- --nocapture`).
 
 use tollgate_model::cross_slot::{
     self, ALL, CrossSlotAction, CrossSlotModel, CrossSlotState, OnDenial, Order, Setup,

@@ -1,4 +1,4 @@
-//! The Redis store's loss check model-checked over `tollgate_redis::loss` and the real
+//! The Redis store's loss check model-checked over `tollgate_redis_protocol::loss` and the real
 //! `tollgate_core::Counter`: one slot through asynchronous replication, failovers, restarts
 //! and resharding keeps G6; a check that misses a replica promoted without the last writes, one
 //! that uses a stale counter as it is, and the store's former rule (a moved slot kept when its

@@ -11,7 +11,7 @@
 //! Where: one Redis (`redis://`), a Redis Cluster (`redis-cluster://`), or the master a set of
 //! Sentinels names (`redis-sentinel://`), see `backend.rs`. Keys (`keys.rs`): each counter's
 //! hash tag comes from its namespace, limit and key, so counters spread over a cluster's slots;
-//! a request whose counters sit in several slots is decided slot by slot (`plan.rs`): reserved
+//! a request whose counters sit in several slots is decided slot by slot (`plan`): reserved
 //! in ascending slot order and rolled back on a denial, so it stays all or nothing and never
 //! overdraws. Every key is written with its expiry in the same script, so no key lives without
 //! a TTL and Redis's memory follows live state (G7).
@@ -43,8 +43,6 @@ mod backend;
 mod eviction;
 mod keys;
 mod leasing;
-pub mod loss;
-pub mod plan;
 pub mod tally;
 
 #[cfg(test)]
@@ -67,6 +65,8 @@ use backend::{Backend, Target};
 
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
+/// The cross-slot plan and the loss check this store runs, as plain functions.
+pub use tollgate_redis_protocol::{loss, plan};
 
 /// How a Redis store connects and behaves.
 #[derive(Clone, Debug)]

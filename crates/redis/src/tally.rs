@@ -71,7 +71,7 @@ pub fn cover_end(now_us: u64, need_us: u64, span_us: u64) -> u64 {
 /// The slot a tally is asked in, as its call finds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
-    /// The birth of the slot's generation (`loss.rs`).
+    /// The birth of the slot's generation (`loss`).
     pub born_us: u64,
     /// When the node's evictions were last seen to move (0: never, or not watched).
     pub seen_us: u64,

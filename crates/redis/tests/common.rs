@@ -1,4 +1,5 @@
-//! What the Redis store's tests share: connecting to the test Redis, or saying loudly why not.
+//! What the Redis store's tests share, the fleet tests in `crates/fleet` included: connecting to
+//! the test Redis, or saying loudly why not.
 
 #![allow(dead_code)]
 

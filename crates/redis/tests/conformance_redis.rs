@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tollgate::conformance::Stores;
+use tollgate_conformance::Stores;
 
 async fn redis_stores(test: &'static str) -> Option<Stores> {
     let url = common::redis_url(test)?;
@@ -17,4 +17,4 @@ async fn redis_stores(test: &'static str) -> Option<Stores> {
     })
 }
 
-tollgate::conformance_tests!(redis_stores);
+tollgate_conformance::conformance_tests!(redis_stores);

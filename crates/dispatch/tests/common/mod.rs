@@ -1,6 +1,7 @@
-//! What the dispatcher's tests share: a mock vendor on a real socket that counts every call
-//! itself, enforces N calls per fixed window, and answers 429 with a `Retry-After` that doubles
-//! (up to a cap) for every request arriving during a cessation, as Google Ads does.
+//! What the dispatcher's tests share, the fleet of dispatchers in `crates/fleet` included: a
+//! mock vendor on a real socket that counts every call itself, enforces N calls per fixed
+//! window, and answers 429 with a `Retry-After` that doubles (up to a cap) for every request
+//! arriving during a cessation, as Google Ads does.
 
 #![allow(dead_code)]
 
@@ -148,25 +149,4 @@ async fn call(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap) -> Res
     state.tally.ok += 1;
     state.tally.ok_at.push(since);
     StatusCode::OK.into_response()
-}
-
-pub fn redis_url(test: &str) -> Option<String> {
-    match std::env::var("TOLLGATE_TEST_REDIS") {
-        Ok(url) => Some(url),
-        Err(_) => {
-            tollgate::conformance::skipped(&format!(
-                "{test}: TOLLGATE_TEST_REDIS is not set, so it did not run against Redis"
-            ));
-            None
-        }
-    }
-}
-
-/// A namespace no other test or run uses.
-pub fn namespace(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|since| since.subsec_nanos())
-        .unwrap_or(0);
-    format!("t-dispatch-{test}-{}-{nanos}", std::process::id())
 }

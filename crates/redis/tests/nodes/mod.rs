@@ -1,6 +1,7 @@
-//! Private Redis processes for the cluster and Sentinel tests: started on free loopback ports in
-//! a temporary directory, each a child of the test, and all killed when the value that owns
-//! them is dropped (a failed test included).
+//! Private Redis processes for the tests that need Redis servers of their own (a cluster,
+//! Sentinels, a Redis to restart or kill): started on free loopback ports in a temporary
+//! directory, each a child of the test, and all killed when the value that owns them is dropped
+//! (a failed test included).
 
 #![allow(dead_code)]
 
@@ -310,6 +311,16 @@ impl Cluster {
                 ))
             })
             .collect()
+    }
+
+    /// The slot of `key`, as the cluster computes it.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.running()
+            .query(&["CLUSTER", "KEYSLOT", key])
+            .expect("keyslot")
+            .trim()
+            .parse()
+            .expect("a slot")
     }
 
     /// The index in `nodes` of the master that serves `slot`, as a running node sees it.

@@ -5,8 +5,10 @@
 //! generation read before the kill is replaced by one the promoted replica owns, born after the
 //! kill; nothing is granted within a period of that birth, and the limit is served again after.
 
+#[path = "../../redis/tests/common.rs"]
 mod common;
 mod fleets;
+#[path = "../../redis/tests/nodes/mod.rs"]
 mod nodes;
 
 use std::time::Duration;

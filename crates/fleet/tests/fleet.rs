@@ -9,6 +9,7 @@
 //!   grant timed on this test's own clock: G1 holds, as decisions use Redis's clock (G5);
 //! - afterwards, no Tollgate key without a TTL.
 
+#[path = "../../redis/tests/common.rs"]
 mod common;
 mod fleets;
 

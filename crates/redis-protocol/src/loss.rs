@@ -1,7 +1,7 @@
-//! The loss check (G6), as plain functions: what `T.generation` and `T.load` in `tollgate.lua`
-//! decide, written once more in Rust so the model in `tollgate-model` checks this rule, and so
-//! the script's behaviour has a reference (`tests/stale_replica.rs` drives the script through
-//! each case).
+//! The loss check (G6), as plain functions: what `T.generation` and `T.load` in the Redis
+//! store's script (`crates/redis/src/tollgate.lua`) decide, written once more in Rust so the
+//! model in `tollgate-model` checks this rule, and so the script's behaviour has a reference
+//! (`crates/redis/tests/stale_replica.rs` drives the script through each case).
 //!
 //! A slot's generation names its birth and the Redis master that owns it: node id, run id (every
 //! start of a process draws a new one) and replication id (every promotion draws a new one).

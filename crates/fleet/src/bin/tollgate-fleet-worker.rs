@@ -1,5 +1,5 @@
 //! One process of a fleet sharing a limit through Redis, for the fleet tests and for trying
-//! Tollgate out by hand: `cargo run -p tollgate-redis --bin tollgate-fleet-worker -- \
+//! Tollgate out by hand: `cargo run -p tollgate-fleet --bin tollgate-fleet-worker -- \
 //!   redis://127.0.0.1:6379/ demo vendor 20 100 50 5000`.
 //!
 //! Two modes:

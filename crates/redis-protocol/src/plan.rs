@@ -7,8 +7,9 @@
 //! under-admission), never the other way round. The fixed order keeps two requests over the
 //! same slots from each holding a part the other needs, retry after retry. A slot's call may
 //! first have a new key admitted to its limit's budget of keys, kept in another slot
-//! (`tally.rs`); an admission grants no units, so a request rolled back leaves only that
-//! admission counted until its cover ends: room for fewer keys for a while, never more units.
+//! (`crates/redis/src/tally.rs`); an admission grants no units, so a request rolled back leaves
+//! only that admission counted until its cover ends: room for fewer keys for a while, never
+//! more units.
 //!
 //! The steps are plain functions over slot numbers, so the model in `tollgate-model` checks
 //! this very protocol.

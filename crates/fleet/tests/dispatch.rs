@@ -8,13 +8,16 @@
 //!   most the one request that tells it, per process), but the processes escalate each other:
 //!   the fleet-wide pause is what the shared store adds.
 
+#[path = "../../redis/tests/common.rs"]
 mod common;
+#[path = "../../dispatch/tests/common/mod.rs"]
+mod vendor;
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Vendor, VendorRules};
+use vendor::{Vendor, VendorRules};
 
 const PROCESSES: usize = 4;
 const CALLERS: u32 = 50;
@@ -105,24 +108,6 @@ fn vendor_rules() -> VendorRules {
     }
 }
 
-/// Mark the namespace as new rather than lost, so the test does not wait out the recovery
-/// span a fresh generation imposes (G6), as the server does for a namespace it never knew.
-async fn declare_fresh(url: &str, namespace: &str) {
-    tollgate_redis::RedisStore::connect(tollgate_redis::RedisStoreConfig {
-        url: url.to_owned(),
-        namespace: namespace.to_owned(),
-        fail_open: false,
-        allow_eviction: false,
-        timeout: Duration::from_secs(5),
-        keys_per_limit_max: 100_000,
-    })
-    .await
-    .expect("connect to Redis")
-    .begin_new_namespace()
-    .await
-    .expect("declare the namespace fresh");
-}
-
 /// The paused-vendor scenario (docs/guarantees.md) with a shared store. The host's concurrency
 /// limit is 1 fleet-wide, and the dispatcher records the pause before it releases the lease: so the
 /// request that gets the 429 is the only one in flight, and the next grant anywhere sees the pause.
@@ -135,7 +120,7 @@ async fn a_fleet_sharing_redis_sends_nothing_during_a_cessation() {
         return;
     };
     let namespace = common::namespace("shared");
-    declare_fresh(&url, &namespace).await;
+    common::declare_fresh(&url, &namespace).await;
     let vendor = Vendor::start(vendor_rules()).await;
     let outcome = run_fleet(&vendor, &url, &namespace, 120_000).await;
     let tally = vendor.tally();
