@@ -69,7 +69,7 @@ pub struct TokenBody {
     #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LimitName))]
     pub name: String,
     /// The limits it may use: names, prefixes ending in `*` (`vendor-*`), or `*` for all.
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>, min_items = 1, max_items = 64))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::schema::LimitPattern>, min_items = 1, max_items = 64))]
     pub limits: Vec<String>,
     /// The highest priority it may ask for (default `normal`); asking for none decides at
     /// `normal`, or at this if lower.

@@ -20,7 +20,7 @@ pub struct AcquireBody {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::Key>))]
     pub key: Option<String>,
     /// Units to take (default 1).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1_000_000_000))]
     pub cost: Option<u64>,
     /// `high`, `normal` (default) or `low`.
@@ -29,7 +29,7 @@ pub struct AcquireBody {
     pub priority: Option<String>,
     /// How long to wait for room, in milliseconds (default 0: answer now); capped by the
     /// server's `wait_ms_max`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::number::optional")]
     pub wait_ms: Option<u64>,
 }
 
@@ -96,7 +96,7 @@ pub struct CheckDenied {
 pub struct CommitBody {
     /// Units used, 0 to the permit's cost; the rest are refunded. Leases are released.
     /// Required: a commit that forgot it must not refund everything.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(value_type = u64, required = true))]
     pub used: Option<u64>,
 }
@@ -141,6 +141,7 @@ pub struct PauseBody {
     /// (an hour by default) is cut to it. Pauses only extend; an administrator lifts one with
     /// `DELETE /v1/limits/{name}/pause`.
     #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    #[serde(deserialize_with = "crate::number::integer")]
     pub retry_after_ms: u64,
 }
 

@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod data;
 pub mod error;
+mod number;
 pub mod ops;
 pub mod reason;
 pub mod rule;

@@ -22,22 +22,38 @@ pub struct RawRule {
     #[serde(default)]
     pub kind: Option<String>,
     /// Units per period (rate) or leases outstanding (concurrency).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::number::optional")]
     pub limit: Option<i64>,
     /// Rate limits: the period, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub period_ms: Option<i64>,
     /// Rate limits: `sliding` (default), `fixed` or `gcra`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,
     /// `gcra` only: the largest burst, in units (default: `limit`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub burst: Option<i64>,
     /// Rate limits: time added to the period to absorb delivery jitter, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub margin_ms: Option<i64>,
     /// Concurrency limits: how long a lease lives without renewal, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub lease_ttl_ms: Option<i64>,
     /// Units kept for a priority level or higher.
     #[serde(
@@ -52,7 +68,11 @@ pub struct RawRule {
     /// Limits counted `per` key: keys tracked at once at most, past which a new key is refused
     /// (`too_many_keys`) without touching any other limit. Default: the server's
     /// `keys_per_limit_max`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub keys_max: Option<i64>,
     /// Inbound throttling: which requests the rule applies to.
     #[serde(
@@ -108,9 +128,17 @@ where
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawReserve {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub high: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::number::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub normal: Option<i64>,
 }
 

@@ -275,14 +275,26 @@ string_schema!(
     |schema| schema
         .min_length(Some(1))
         .max_length(Some(tollgate::KEY_BYTES_MAX))
+        // Rust's `char::is_control`, which `check_key` refuses: C0, DEL and C1.
+        .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
         .examples(["user-42"])
+);
+string_schema!(
+    LimitPattern,
+    "Which limits a scoped token may use: a limit's name, a prefix of names ending in `*` \
+     (`vendor-*`), or `*` for all.",
+    |schema| schema
+        .min_length(Some(1))
+        .max_length(Some(tollgate::LIMIT_NAME_BYTES_MAX + 1))
+        .pattern(Some("^(\\*|[a-z0-9][a-z0-9._:-]*\\*?)$"))
+        .examples(["vendor-*"])
 );
 string_schema!(
     PermitText,
     "A permit id as /v1/acquire hands it out: lower-case hex, opaque, tagged so that it \
      cannot be forged.",
     |schema| schema
-        .min_length(Some(2))
+        .min_length(Some(tollgate::PERMIT_ID_CHARS_MIN))
         .max_length(Some(tollgate::PERMIT_ID_CHARS_MAX))
         .pattern(Some("^([0-9a-f]{2})+$"))
 );
@@ -292,7 +304,12 @@ string_schema!(UiAsset, "A file the dashboard's page loads.", |schema| {
 string_schema!(
     PriorityName,
     "A request's priority: a lower level never delays a higher one.",
-    |schema| schema.enum_values(Some(["high", "normal", "low"]))
+    |schema| schema.enum_values(Some(
+        tollgate::Priority::ALL
+            .iter()
+            .rev()
+            .map(|priority| priority.as_str())
+    ))
 );
 
 // ---- The body of PUT /v1/limits/{name} ----------------------------------------------------
@@ -319,6 +336,16 @@ fn common_rule_fields() -> Value {
                 server's `keys_per_limit_max`)."},
         "match": {"oneOf": [{"$ref": "#/components/schemas/MatchBody"}, {"type": "null"}]},
     })
+}
+
+/// Every algorithm's name, and null (the default).
+fn algorithm_names() -> Value {
+    let mut names: Vec<Value> = tollgate::Algorithm::EACH
+        .iter()
+        .map(|algorithm| Value::from(algorithm.name()))
+        .collect();
+    names.push(Value::Null);
+    Value::Array(names)
 }
 
 fn rule_schema(description: &str, kind: &str, fields: Value, required: &[&str]) -> RefOr<Schema> {
@@ -383,8 +410,8 @@ json_schema!(
         "rate",
         json!({
             "period_ms": {"type": "integer", "minimum": 1},
-            "algorithm": {"type": ["string", "null"], "enum": ["sliding", "fixed", "gcra", null],
-                "description": "`sliding` (default), `fixed` or `gcra`."},
+            "algorithm": {"type": ["string", "null"], "enum": algorithm_names(),
+                "description": "How the limit counts (default `sliding`)."},
             "burst": {"type": ["integer", "null"], "minimum": 1,
                 "description": "`gcra` only: the largest burst (default: `limit`)."},
             "margin_ms": {"type": ["integer", "null"], "minimum": 0,

@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 
 /// Longest permit id accepted, in characters.
 pub const PERMIT_ID_CHARS_MAX: usize = 4096;
+/// Shortest permit id that can be one: a version and a count of parts (2 bytes) and the
+/// 8-byte tag, in hex.
+pub const PERMIT_ID_CHARS_MIN: usize = 2 * (2 + 8);
 const FORMAT_VERSION: u8 = 1;
 
 /// One limit's part of a grant.
@@ -182,7 +185,7 @@ pub(crate) fn decode(secret: &PermitSecret, id: &str) -> Result<Vec<Part>> {
     if id.len() > PERMIT_ID_CHARS_MAX {
         return Err(malformed("too long"));
     }
-    if !id.len().is_multiple_of(2) || id.len() < 4 + 16 {
+    if !id.len().is_multiple_of(2) || id.len() < PERMIT_ID_CHARS_MIN {
         return Err(malformed("wrong length"));
     }
     let mut bytes = Vec::with_capacity(id.len() / 2);

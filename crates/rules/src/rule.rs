@@ -61,6 +61,19 @@ fn wire_field(core_field: &'static str) -> &'static str {
     }
 }
 
+/// The algorithms' names as a refusal lists them: `"sliding", "fixed" or "gcra"`.
+fn algorithm_names() -> String {
+    let names: Vec<String> = Algorithm::EACH
+        .iter()
+        .map(|algorithm| format!("{:?}", algorithm.name()))
+        .collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 fn refuse(field: &'static str, reason: impl Into<String>) -> RuleError {
     RuleError {
         field: Cow::Borrowed(field),
@@ -168,22 +181,19 @@ impl Validate for RawRule {
                 )?;
                 let period_ms = positive("period_ms", required("period_ms", self.period_ms)?)?;
                 let margin_ms = not_negative("margin_ms", self.margin_ms.unwrap_or(0))?;
-                let algorithm = match self.algorithm.as_deref().unwrap_or("sliding") {
-                    "sliding" => {
-                        absent("burst", &self.burst, "applies only to the gcra algorithm")?;
-                        Algorithm::Sliding
-                    }
-                    "fixed" => {
-                        absent("burst", &self.burst, "applies only to the gcra algorithm")?;
-                        Algorithm::Fixed
-                    }
-                    "gcra" => Algorithm::Gcra {
+                let name = self.algorithm.as_deref().unwrap_or("sliding");
+                let algorithm = match Algorithm::named(name, 0) {
+                    Some(Algorithm::Gcra { .. }) => Algorithm::Gcra {
                         burst: positive("burst", self.burst.unwrap_or(limit as i64))?,
                     },
-                    other => {
+                    Some(other) => {
+                        absent("burst", &self.burst, "applies only to the gcra algorithm")?;
+                        other
+                    }
+                    None => {
                         return Err(refuse(
                             "algorithm",
-                            format!("must be \"sliding\", \"fixed\" or \"gcra\", got {other:?}"),
+                            format!("must be {}, got {name:?}", algorithm_names()),
                         ));
                     }
                 };

@@ -14,9 +14,9 @@
 use serde_json::{Value, json};
 use tollgate_api::schema::{
     BadRequest, BadRequestError, ConcurrencyLimitBody, ConflictError, Forbidden, ForbiddenError,
-    Key, LimitBody, LimitName, MatchBody, NotFound, NotFoundError, PermitText, PriorityName,
-    RateLimitBody, ReserveBody, UiAsset, Unauthorized, UnauthorizedError, Unavailable,
-    UnavailableError, UnsupportedMediaType,
+    Key, LimitBody, LimitName, LimitPattern, MatchBody, NotFound, NotFoundError, PermitText,
+    PriorityName, RateLimitBody, ReserveBody, UiAsset, Unauthorized, UnauthorizedError,
+    Unavailable, UnavailableError, UnsupportedMediaType,
 };
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -98,7 +98,7 @@ impl Modify for Security {
         schemas(
             BadRequestError, UnauthorizedError, ForbiddenError, NotFoundError, ConflictError,
             UnavailableError,
-            LimitName, Key, PermitText, PriorityName, UiAsset, LimitBody, RateLimitBody,
+            LimitName, LimitPattern, Key, PermitText, PriorityName, UiAsset, LimitBody, RateLimitBody,
             ConcurrencyLimitBody, ReserveBody, MatchBody, tollgate_api::RawRule,
             tollgate_api::RawReserve, tollgate_api::RawMatch,
         ),
