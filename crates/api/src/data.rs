@@ -208,3 +208,27 @@ impl From<&LimitStatus> for LimitView {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RawRule;
+
+    #[test]
+    fn request_bodies_read_integers_in_either_json_spelling() {
+        let body: AcquireBody =
+            serde_json::from_str(r#"{"limits":["a"],"cost":2.0,"wait_ms":1000.0}"#).expect("read");
+        assert_eq!((body.cost, body.wait_ms), (Some(2), Some(1000)));
+        let body: PauseBody =
+            serde_json::from_str(r#"{"limit":"a","retry_after_ms":86400000.0}"#).expect("read");
+        assert_eq!(body.retry_after_ms, 86_400_000);
+        let rule: RawRule = serde_json::from_str(
+            r#"{"kind":"rate","limit":5.0,"period_ms":1000.0,"reserve":{"high":1.0}}"#,
+        )
+        .expect("read");
+        assert_eq!((rule.limit, rule.period_ms), (Some(5), Some(1000)));
+        assert_eq!(rule.reserve.and_then(|reserve| reserve.high), Some(1));
+        let error = serde_json::from_str::<CommitBody>(r#"{"used":0.5}"#).expect_err("fraction");
+        assert!(error.to_string().contains("floating point `0.5`"), "{error}");
+    }
+}
