@@ -1099,3 +1099,27 @@ impl Counter {
         })
     }
 }
+
+#[cfg(test)]
+mod reason_tests {
+    use super::DenyReason;
+
+    #[test]
+    fn every_reason_is_listed_once_with_a_name_and_a_meaning_of_its_own() {
+        for (place, reason) in DenyReason::ALL.into_iter().enumerate() {
+            // A new reason fails to compile here until it is given its place in ALL.
+            let expected = match reason {
+                DenyReason::Capacity => 0,
+                DenyReason::Paused => 1,
+                DenyReason::Queued => 2,
+                DenyReason::Recovering => 3,
+            };
+            assert_eq!(place, expected, "{reason:?}");
+            let others = DenyReason::ALL.into_iter().filter(|other| *other != reason);
+            for other in others {
+                assert_ne!(reason.as_str(), other.as_str());
+                assert_ne!(reason.meaning(), other.meaning());
+            }
+        }
+    }
+}
