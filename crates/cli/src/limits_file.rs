@@ -165,7 +165,7 @@ pub async fn carry_out(
         let answer = client
             .send(
                 hyper::Method::PUT,
-                &format!("/v1/limits/{}", crate::segment(name)),
+                &format!("/v1/limits/{}", crate::http::segment(name)),
                 Some(rule),
             )
             .await?;
@@ -180,7 +180,7 @@ pub async fn carry_out(
             let answer = client
                 .send(
                     hyper::Method::DELETE,
-                    &format!("/v1/limits/{}", crate::segment(name)),
+                    &format!("/v1/limits/{}", crate::http::segment(name)),
                     None,
                 )
                 .await?;

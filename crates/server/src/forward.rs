@@ -3,9 +3,9 @@
 //!
 //! This module owns what is read from the proxy's request (the original method and URI, who
 //! the user is, the proxy's token) and the headers of the answer (`RateLimit-Policy`,
-//! `RateLimit`, `Retry-After`). The decision itself is `/v1/check`'s (`api::decide_inbound`):
-//! the same rules, the same path normalisation, the same token scopes, so the two endpoints
-//! cannot answer one request differently.
+//! `RateLimit`, `Retry-After`). The decision itself is `/v1/check`'s
+//! (`api::inbound::decide_inbound`): the same rules, the same path normalisation, the same token
+//! scopes, so the two endpoints cannot answer one request differently.
 //!
 //! Who the user is: the value of `forward_auth_user_header` when configured and present (the
 //! proxy sets it after its own authentication), else the client's address: the socket peer,
@@ -21,7 +21,8 @@ use axum::response::Response;
 use tollgate::core::Kind;
 use tollgate_tower::{ClientAddress, TrustedProxies};
 
-use crate::api::{ApiResult, Inbound, InboundFields, decide_inbound};
+use crate::api::ApiResult;
+use crate::api::inbound::{Inbound, InboundFields, decide_inbound};
 use crate::config::ServerConfig;
 use crate::error::{ApiError, internal};
 use crate::extract::ForwardData;

@@ -270,19 +270,19 @@ fn router(state: AppState) -> Router {
         &config.allowed_hosts,
     );
     Router::new()
-        .route("/v1/limits", get(api::list_limits))
+        .route("/v1/limits", get(api::admin::list_limits))
         .route(
             "/v1/limits/{name}",
-            get(api::get_limit)
-                .put(api::put_limit)
-                .delete(api::delete_limit),
+            get(api::admin::get_limit)
+                .put(api::admin::put_limit)
+                .delete(api::admin::delete_limit),
         )
-        .route("/v1/limits/{name}/pause", delete(api::resume))
-        .route("/v1/acquire", post(api::acquire))
-        .route("/v1/permits/{permit}/commit", post(api::commit))
-        .route("/v1/permits/{permit}/renew", post(api::renew))
-        .route("/v1/pause", post(api::pause))
-        .route("/v1/check", post(api::check))
+        .route("/v1/limits/{name}/pause", delete(api::admin::resume))
+        .route("/v1/acquire", post(api::data::acquire))
+        .route("/v1/permits/{permit}/commit", post(api::data::commit))
+        .route("/v1/permits/{permit}/renew", post(api::data::renew))
+        .route("/v1/pause", post(api::data::pause))
+        .route("/v1/check", post(api::inbound::check))
         .route("/v1/forward-auth", get(forward::forward_auth))
         .route(
             "/v1/tokens",
@@ -290,14 +290,14 @@ fn router(state: AppState) -> Router {
         )
         .route("/v1/tokens/{name}", delete(tokens::delete_token))
         .route("/v1/stats", get(stats::stats))
-        .route("/metrics", get(api::metrics))
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(api::ops::metrics))
+        .route("/healthz", get(api::ops::healthz))
+        .route("/readyz", get(api::ops::readyz))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/ui", get(ui::index))
         .route("/ui/{asset}", get(ui::asset))
-        .fallback(api::not_found)
-        .method_not_allowed_fallback(api::method_not_allowed)
+        .fallback(api::ops::not_found)
+        .method_not_allowed_fallback(api::ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_bytes_max))
         .layer(middleware::from_fn_with_state(guard, guard::guard))
         .layer(middleware::map_response_with_state(

@@ -87,10 +87,12 @@ impl Modify for Security {
             an endpoint does not serve is answered 405 with an `Allow` header, and an unknown \
             path 404."),
     paths(
-        api::list_limits, api::get_limit, api::put_limit, api::delete_limit, api::resume,
-        api::acquire, api::commit, api::renew, api::pause, api::check,
+        api::admin::list_limits, api::admin::get_limit, api::admin::put_limit,
+        api::admin::delete_limit, api::admin::resume,
+        api::data::acquire, api::data::commit, api::data::renew, api::data::pause,
+        api::inbound::check,
         crate::forward::forward_auth, crate::stats::stats,
-        api::healthz, api::readyz, api::metrics, openapi_json, crate::ui::index,
+        api::ops::healthz, api::ops::readyz, api::ops::metrics, openapi_json, crate::ui::index,
         crate::ui::asset, crate::tokens::create_token, crate::tokens::list_tokens,
         crate::tokens::delete_token,
     ),

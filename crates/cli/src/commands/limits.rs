@@ -1,0 +1,136 @@
+//! `limits`: the admin API's `/v1/limits` (list, get, put, delete, resume, export), and the
+//! limits file commands `check` and `apply`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use hyper::Method;
+use tollgate_cli::client::Client;
+
+use crate::EXIT_SERVER_FAILED;
+use crate::admin_token::admin_token;
+use crate::cli::{LimitsAction, Output, ServerArgs};
+use crate::config::FileConfig;
+use crate::http::{
+    CLIENT_TIMEOUT, admin_succeeded, client, print_json, report_error, segment, server_url,
+    succeeded,
+};
+use crate::limits_file;
+use crate::tables::limits_table;
+
+fn read_rule(rule: &str) -> Result<serde_json::Value> {
+    let text = if rule == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the rule from standard input")?
+    } else if let Some(path) = rule.strip_prefix('@') {
+        std::fs::read_to_string(path).with_context(|| format!("reading the rule from {path}"))?
+    } else {
+        rule.to_owned()
+    };
+    serde_json::from_str(&text).context("the rule is not valid JSON")
+}
+
+pub(crate) async fn limits(
+    server: ServerArgs,
+    output: Output,
+    action: LimitsAction,
+    file: FileConfig,
+) -> Result<ExitCode> {
+    let (token, looked) = admin_token(&file, &server_url(&server, &file))?;
+    let had_token = token.is_some();
+    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let sent = match &action {
+        LimitsAction::Apply {
+            file,
+            dry_run,
+            prune,
+        } => return apply(&client, file, *dry_run, *prune).await,
+        LimitsAction::List | LimitsAction::Export { .. } => {
+            client.send(Method::GET, "/v1/limits", None).await
+        }
+        // Dispatched before a server is looked for (`run`).
+        LimitsAction::Check { file } => return check_limits(file).await,
+        LimitsAction::Get { name } => {
+            client
+                .send(Method::GET, &format!("/v1/limits/{}", segment(name)), None)
+                .await
+        }
+        LimitsAction::Put { name, rule } => {
+            let body = read_rule(rule)?;
+            client
+                .send(
+                    Method::PUT,
+                    &format!("/v1/limits/{}", segment(name)),
+                    Some(&body),
+                )
+                .await
+        }
+        LimitsAction::Delete { name } => {
+            client
+                .send(
+                    Method::DELETE,
+                    &format!("/v1/limits/{}", segment(name)),
+                    None,
+                )
+                .await
+        }
+        LimitsAction::Resume { name, key } => {
+            let mut path = format!("/v1/limits/{}/pause", segment(name));
+            if let Some(key) = key {
+                path.push_str(&format!("?key={}", segment(key)));
+            }
+            client.send(Method::DELETE, &path, None).await
+        }
+    };
+    let answer = match admin_succeeded(sent, had_token, &looked) {
+        Ok(answer) => answer,
+        Err(code) => return Ok(code),
+    };
+    if let LimitsAction::Export { format } = action {
+        let (text, rejected) = limits_file::export(&answer, format)?;
+        print!("{text}");
+        if rejected > 0 {
+            eprintln!(
+                "tollgate: {rejected} rejected row(s) are not in force and not exported; \
+                 `tollgate limits list` shows them"
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Records (a list, a limit) follow --output; the answer to a change is its JSON.
+    let records = matches!(action, LimitsAction::List | LimitsAction::Get { .. });
+    match (output, &answer.json) {
+        (Output::Table, Some(json)) if records => print!("{}", limits_table(json)),
+        _ => print_json(&answer)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `limits check`: a summary and success, or every rejected entry (the error) and failure.
+pub(crate) async fn check_limits(path: &Path) -> Result<ExitCode> {
+    print!("{}", limits_file::check(path).await?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `limits apply`: validate the whole file, compare it with the limits in force, show the
+/// difference, and (unless a dry run) make it so.
+async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Result<ExitCode> {
+    let wanted = limits_file::read_limits_file(path).await?;
+    let answer = match succeeded(client.send(Method::GET, "/v1/limits", None).await) {
+        Ok(answer) => answer,
+        Err(code) => return Ok(code),
+    };
+    let plan = limits_file::plan(&wanted, &limits_file::limits_in_force(&answer)?);
+    print!("{}", limits_file::describe(&plan, prune));
+    if dry_run || plan.is_empty(prune) {
+        return Ok(ExitCode::SUCCESS);
+    }
+    match limits_file::carry_out(client, &plan, prune).await {
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Ok(Some(refused)) => Ok(report_error(&refused)),
+        Err(error) => {
+            eprintln!("tollgate: {error}");
+            Ok(ExitCode::from(EXIT_SERVER_FAILED))
+        }
+    }
+}

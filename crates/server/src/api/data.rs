@@ -1,0 +1,363 @@
+//! The data plane: acquire, commit, renew and pause; and what every decision answers and
+//! counts (the 429 and its body, the hottest keys, grants and denials), which `/v1/check`
+//! shares.
+
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tollgate::{Denied, DenyReason, Outcome, Priority, Request, check_limit_name};
+use tollgate_api::data::{
+    AcquireBody, CommitAnswer, CommitBody, Granted, LimitView, PauseAnswer, PauseBody, RateLimited,
+    RenewAnswer, RenewBody,
+};
+use tollgate_api::schema::{BadRequest, Forbidden, PermitText, Unauthorized, Unavailable};
+use tollgate_api::{Code, ErrorDetail, Reason};
+
+use super::{ApiResult, ms_ceil, path_name};
+use crate::error::ApiError;
+use crate::extract::{Body, Data};
+use crate::metrics::{DenialLabels, LimitLabels};
+use crate::state::AppState;
+
+pub(super) fn denial(denied: &Denied) -> RateLimited {
+    let retry_after_ms = ms_ceil(denied.retry_after);
+    let reason = Reason::from(denied.reason);
+    // A request that asked to wait but found a cap on waiters full was decided at once.
+    let not_queued = denied
+        .not_queued
+        .as_ref()
+        .map(|full| format!("not queued to wait: {full}; "))
+        .unwrap_or_default();
+    let message = not_queued
+        + &match denied.reason {
+            DenyReason::Recovering => format!(
+                "not granted: recovering; the store lost what it counted (an unclean stop, \
+                     or a Redis that came back empty), so the limit grants nothing until what \
+                     was granted before can no longer count: {} from now (setting \
+                     recover_on_start); retry after {retry_after_ms} ms",
+                crate::human_duration(denied.retry_after)
+            ),
+            _ => format!(
+                "not granted: {}; retry after {retry_after_ms} ms",
+                denied.reason.as_str()
+            ),
+        };
+    RateLimited {
+        error: ErrorDetail::new(Code::RateLimited, message),
+        retry_after_ms,
+        reason,
+        limits: denied.limits.iter().map(LimitView::from).collect(),
+    }
+}
+
+/// A 429 with `body`, and `Retry-After` in whole seconds, rounded up.
+pub(super) fn rate_limited(body: impl Serialize, retry_after_ms: u64) -> Response {
+    let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response();
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after_ms.div_ceil(1_000)),
+    );
+    response
+}
+
+/// The priority asked for, if any.
+fn priority(text: Option<&str>) -> ApiResult<Option<Priority>> {
+    text.map(|text| {
+        Priority::parse(text).ok_or_else(|| {
+            ApiError::bad_field(
+                "priority",
+                format!("must be high, normal or low, got {text:?}"),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// Decrements the waiters gauge however the request ends (answered, or dropped because the
+/// client went away).
+struct Waiting<'s> {
+    state: &'s AppState,
+    limits: Vec<String>,
+    priority: Priority,
+}
+
+impl<'s> Waiting<'s> {
+    /// Count a request waiting on `limits` from now until it is dropped.
+    fn begin(state: &'s AppState, limits: Vec<String>, priority: Priority) -> Waiting<'s> {
+        for limit in &limits {
+            state.metrics().waiting(limit, priority, 1);
+        }
+        Waiting {
+            state,
+            limits,
+            priority,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        for limit in &self.limits {
+            self.state.metrics().waiting(limit, self.priority, -1);
+        }
+    }
+}
+
+/// Count a request for `key` on each of `names` that is counted per key, for the hottest keys
+/// of `/v1/stats`. A key a limit would refuse is refused by the decision, never counted here.
+pub(super) fn observe_key(state: &AppState, names: &[&str], key: &str) {
+    if tollgate::check_key(key).is_err() {
+        return;
+    }
+    let table = state.limiter().limits();
+    for name in names {
+        if table.get(name).is_some_and(|limit| limit.per().is_some()) {
+            state.hot_keys().observe(name, key);
+        }
+    }
+}
+
+pub(super) fn count_outcome(state: &AppState, names: &[&str], outcome: &Outcome) {
+    let denied = match outcome {
+        Outcome::Granted(_) => None,
+        Outcome::Denied(denied) => Some(denied),
+    };
+    count_decision(state, names, denied);
+}
+
+/// Count a grant (`denied` is `None`) or a denial on every limit of a request.
+pub(super) fn count_decision(state: &AppState, names: &[&str], denied: Option<&Denied>) {
+    let metrics = state.metrics();
+    for name in names {
+        match denied {
+            None => {
+                metrics
+                    .grants
+                    .get_or_create(&LimitLabels {
+                        limit: (*name).to_owned(),
+                    })
+                    .inc();
+            }
+            Some(denied) => {
+                metrics
+                    .denials
+                    .get_or_create(&DenialLabels {
+                        limit: (*name).to_owned(),
+                        reason: denied.reason.as_str(),
+                    })
+                    .inc();
+            }
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/acquire", tag = "data",
+    security(("data" = [])),
+    request_body = AcquireBody,
+    responses(
+        (status = 200, description = "granted: commit the permit when done", body = Granted,
+            links(
+                ("Commit" = (operation_id = "commit",
+                    parameters(("permit" = "$response.body#/permit")))),
+                ("Renew" = (operation_id = "renew",
+                    parameters(("permit" = "$response.body#/permit")))),
+            )),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "a limit named is unknown", body = tollgate_api::schema::NotFoundError),
+        (status = 429, description = "not granted within `wait_ms`", body = RateLimited,
+            headers(("Retry-After" = u64, description = "seconds to wait: `retry_after_ms` \
+                rounded up"))),
+        (status = 503, response = Unavailable)))]
+pub(crate) async fn acquire(
+    Data(grant): Data,
+    State(state): State<AppState>,
+    Body(body): Body<AcquireBody>,
+) -> ApiResult<Response> {
+    for (index, name) in body.limits.iter().enumerate() {
+        check_limit_name(name)
+            .map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
+    }
+    let asked_priority = grant.priority(priority(body.priority.as_deref())?)?;
+    for name in &body.limits {
+        grant.limit(name)?;
+    }
+    let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
+    let wait_ms = body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max);
+    let mut request = Request::all(&names)
+        .cost(body.cost.unwrap_or(1))
+        .priority(asked_priority)
+        .wait(Duration::from_millis(wait_ms));
+    if let Some(key) = body.key.as_deref() {
+        request = request.key(key);
+        observe_key(&state, &names, key);
+    }
+    let outcome = if wait_ms == 0 {
+        state.limiter().acquire(&request).await?
+    } else {
+        // Only existing limits become metric labels: resolve before counting waiters.
+        let table = state.limiter().limits();
+        let known = names.iter().all(|name| table.get(name).is_some());
+        let started = Instant::now();
+        let _waiting = known.then(|| Waiting::begin(&state, body.limits.clone(), asked_priority));
+        let outcome = state.limiter().acquire(&request).await?;
+        for name in &names {
+            state
+                .metrics()
+                .wait_seconds
+                .get_or_create(&LimitLabels {
+                    limit: (*name).to_owned(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+        }
+        outcome
+    };
+    count_outcome(&state, &names, &outcome);
+    Ok(match outcome {
+        Outcome::Granted(permit) => {
+            let limits: Vec<LimitView> = permit.limits().iter().map(LimitView::from).collect();
+            let id = permit.detach();
+            Json(Granted {
+                permit: id.to_string(),
+                limits,
+            })
+            .into_response()
+        }
+        Outcome::Denied(denied) => {
+            let body = denial(&denied);
+            let retry_after_ms = body.retry_after_ms;
+            rate_limited(body, retry_after_ms)
+        }
+    })
+}
+
+#[utoipa::path(post, path = "/v1/permits/{permit}/commit", tag = "data",
+    security(("data" = [])),
+    params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
+    request_body = CommitBody,
+    responses(
+        (status = 200, description = "committed: unused units refunded, leases released",
+            body = CommitAnswer,
+            links(("CommitAgain" = (operation_id = "commit",
+                parameters(("permit" = "$request.path.permit")),
+                description = "a second commit of the same permit is a 409")))),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "an unknown (or forged) permit",
+            body = tollgate_api::schema::NotFoundError),
+        (status = 409, description = "the permit was committed already, or its lease expired",
+            body = tollgate_api::schema::ConflictError),
+        (status = 503, response = Unavailable)))]
+pub(crate) async fn commit(
+    _: Data,
+    State(state): State<AppState>,
+    permit: Result<Path<String>, PathRejection>,
+    Body(body): Body<CommitBody>,
+) -> ApiResult<Json<CommitAnswer>> {
+    let permit = path_name(permit, "permit")?;
+    let used = body
+        .used
+        .ok_or_else(|| ApiError::bad_field("used", "is required: the units used, 0 to cost"))?;
+    let committed = state.limiter().commit(&permit, used).await?;
+    Ok(Json(CommitAnswer {
+        refunded: committed.refunded,
+        released: committed.released,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/permits/{permit}/renew", tag = "data",
+    security(("data" = [])),
+    params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
+    request_body(content = Option<RenewBody>, description = "none, or `{}`"),
+    responses(
+        (status = 200, description = "every lease of the permit extended by its TTL",
+            body = RenewAnswer,
+            links(("Commit" = (operation_id = "commit",
+                parameters(("permit" = "$request.path.permit")))))),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 404, description = "an unknown (or forged) permit",
+            body = tollgate_api::schema::NotFoundError),
+        (status = 409, description = "the permit holds no lease (a rate permit), was \
+            committed (its leases released), or its lease expired",
+            body = tollgate_api::schema::ConflictError),
+        (status = 503, response = Unavailable)))]
+pub(crate) async fn renew(
+    _: Data,
+    State(state): State<AppState>,
+    permit: Result<Path<String>, PathRejection>,
+    Body(_): Body<RenewBody>,
+) -> ApiResult<Json<RenewAnswer>> {
+    let permit = path_name(permit, "permit")?;
+    let expires_in = state.limiter().renew(&permit).await?;
+    Ok(Json(RenewAnswer {
+        expires_ms: ms_ceil(expires_in),
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/pause", tag = "data",
+    security(("data" = [])),
+    request_body = PauseBody,
+    responses((status = 200, description = "the pause in force", body = PauseAnswer),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "the limit is unknown", body = tollgate_api::schema::NotFoundError),
+        (status = 503, response = Unavailable)))]
+pub(crate) async fn pause(
+    Data(grant): Data,
+    State(state): State<AppState>,
+    Body(body): Body<PauseBody>,
+) -> ApiResult<Json<PauseAnswer>> {
+    check_limit_name(&body.limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+    grant.pause(&body.limit)?;
+    let remaining = state
+        .limiter()
+        .pause(
+            &body.limit,
+            body.key.as_deref(),
+            Duration::from_millis(body.retry_after_ms),
+        )
+        .await?;
+    tracing::info!(limit = %body.limit, paused_ms = ms_ceil(remaining), "paused");
+    Ok(Json(PauseAnswer {
+        limit: body.limit,
+        key: body.key,
+        paused_ms: ms_ceil(remaining),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire's reason (its schema's enumeration) is the core's name for it, for every reason.
+    #[test]
+    fn every_reason_is_written_as_the_core_names_it() {
+        for reason in DenyReason::ALL {
+            let wire = serde_json::to_value(Reason::from(reason)).expect("serializes");
+            assert_eq!(wire, reason.as_str());
+        }
+    }
+
+    /// The server's guide lists every reason where it lists them: a reason added to the core
+    /// fails here until the guide says it.
+    #[test]
+    fn the_guide_names_every_reason() {
+        let guide = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+        )
+        .expect("docs/server.md");
+        for marker in ["| `tollgate_denials_total` |", "reason is capacity"] {
+            let line = guide
+                .lines()
+                .find(|line| line.contains(marker))
+                .unwrap_or_else(|| panic!("no line with {marker:?} in docs/server.md"));
+            for reason in DenyReason::ALL {
+                assert!(line.contains(reason.as_str()), "{marker}: {line}");
+            }
+        }
+    }
+}
