@@ -229,6 +229,9 @@ mod tests {
         assert_eq!((rule.limit, rule.period_ms), (Some(5), Some(1000)));
         assert_eq!(rule.reserve.and_then(|reserve| reserve.high), Some(1));
         let error = serde_json::from_str::<CommitBody>(r#"{"used":0.5}"#).expect_err("fraction");
-        assert!(error.to_string().contains("floating point `0.5`"), "{error}");
+        assert!(
+            error.to_string().contains("floating point `0.5`"),
+            "{error}"
+        );
     }
 }
