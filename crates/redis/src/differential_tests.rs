@@ -18,7 +18,8 @@ use tollgate_core::{
     Algorithm, Committed, Counter, DenyReason, PermitError, Policy, Priority, Reserve, Verdict,
 };
 
-use crate::{Carried, RedisStore, RedisStoreConfig};
+use crate::call::Carried;
+use crate::{RedisStore, RedisStoreConfig};
 
 #[derive(Clone, Debug)]
 enum Op {

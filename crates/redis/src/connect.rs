@@ -1,0 +1,180 @@
+//! Connecting: the URL checked, the eviction policy read, the script loaded as a function
+//! library (or for `EVALSHA`) and loaded again when Redis lost it, and the wake-up
+//! subscription that follows the nodes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::{RedisError, Script};
+use tollgate::store::{CounterId, WakeFn};
+use tollgate::{Error, Result};
+
+use crate::backend::{Backend, Target};
+use crate::errors::{lost_library, store_error, unavailable};
+use crate::store::{RedisStore, RedisStoreConfig};
+use crate::{abi, eviction, keys};
+
+impl RedisStore {
+    /// Connect, load the script, and subscribe to the namespace's wake-ups.
+    pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore> {
+        keys::check_namespace(&config.namespace).map_err(|reason| Error::InvalidRequest {
+            field: "namespace",
+            reason,
+        })?;
+        let target = Target::parse(&config.url).map_err(|reason| Error::InvalidRequest {
+            field: "store",
+            reason,
+        })?;
+        let backend =
+            tokio::time::timeout(config.timeout, Backend::connect(&target, config.timeout))
+                .await
+                .map_err(|_| unavailable("timed out connecting to Redis"))?
+                .map_err(|error| match error.kind() {
+                    redis::ErrorKind::InvalidClientConfig => Error::InvalidRequest {
+                        field: "store",
+                        reason: format!("not a usable Redis URL: {error}"),
+                    },
+                    _ => store_error(error),
+                })?;
+        let policies = eviction::policies(&backend).await.map_err(store_error)?;
+        let evicting = eviction::evicting(&policies);
+        if !evicting.is_empty() {
+            if !config.allow_eviction {
+                return Err(Error::InvalidRequest {
+                    field: "store",
+                    reason: eviction::refusal(&evicting),
+                });
+            }
+            tracing::warn!(
+                policy = %evicting.join(", "),
+                "Redis may evict Tollgate's keys (allowed by redis_allow_eviction): every call \
+                 watches evictions, and a counter missing after one is held for a period"
+            );
+        }
+        let script = Script::new(abi::script());
+        let name = format!("tollgate_{}", &script.get_hash()[..16]);
+        let library = format!(
+            "#!lua name={name}\n{}",
+            abi::script().replace("__TOLLGATE_FUNCTION__", &name)
+        );
+        let function = match load_library(&backend, &library).await {
+            Ok(()) => Some((name, library)),
+            Err(error) => {
+                tracing::debug!(%error, "FUNCTION LOAD refused; deciding by EVALSHA");
+                backend
+                    .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
+                    .await
+                    .map_err(store_error)?;
+                None
+            }
+        };
+        let keys = keys::Keys::new(&config.namespace, target.is_cluster());
+        let backend = Arc::new(backend);
+        let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
+        let subscriber = tokio::spawn(subscribe(
+            backend.clone(),
+            target.clone(),
+            keys.clone(),
+            wake.clone(),
+        ));
+        Ok(RedisStore {
+            backend,
+            target,
+            script,
+            function,
+            keys,
+            config,
+            born_seen: AtomicU64::new(0),
+            watch_evictions: AtomicBool::new(!evicting.is_empty()),
+            wake,
+            subscriber: Some(subscriber),
+            limits: Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    /// Run `send`, and once more after loading the script again if Redis lost it.
+    pub(crate) async fn with_library<'s, T, F>(
+        &'s self,
+        send: impl Fn() -> F,
+    ) -> redis::RedisResult<T>
+    where
+        F: Future<Output = redis::RedisResult<T>> + 's,
+    {
+        match send().await {
+            Err(error) if lost_library(&error) => {
+                match &self.function {
+                    Some((_, library)) => load_library(&self.backend, library).await?,
+                    None => {
+                        self.backend
+                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
+                            .await?;
+                    }
+                }
+                send().await
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// `FUNCTION LOAD REPLACE`: the same source under the same name, so any number of processes may
+/// load it at once (on a cluster, on every master).
+async fn load_library(backend: &Backend, library: &str) -> std::result::Result<(), RedisError> {
+    backend
+        .query(
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(library),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Listen on the wake channel, reconnecting with a capped backoff (to another node of a
+/// cluster, or to the master the Sentinels name now), and pass every counter whose capacity
+/// came back to the limiter's wake-up.
+async fn subscribe(
+    backend: Arc<Backend>,
+    target: Target,
+    keys: keys::Keys,
+    wake: Arc<Mutex<Option<WakeFn>>>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    let mut attempt = 0;
+    loop {
+        let client = backend.subscription_client(&target, attempt).await;
+        attempt += 1;
+        match client {
+            Ok(client) => match client.get_async_pubsub().await {
+                Ok(mut pubsub) => {
+                    if pubsub.subscribe(keys.wake_channel()).await.is_ok() {
+                        backoff = Duration::from_millis(50);
+                        let mut messages = pubsub.on_message();
+                        while let Some(message) = messages.next().await {
+                            let payload: Vec<u8> = message.get_payload_bytes().to_vec();
+                            let Ok(text) = String::from_utf8(payload) else {
+                                continue;
+                            };
+                            if let Some((limit, key)) = keys.parse_counter(&text) {
+                                let handler = wake.lock().ok().and_then(|slot| slot.clone());
+                                if let Some(handler) = handler {
+                                    handler(CounterId {
+                                        limit: &limit,
+                                        key: key.as_deref(),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "wake-up subscription failed; retrying"),
+            },
+            Err(error) => tracing::debug!(%error, "wake-up subscription failed; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,249 @@
+//! `RedisStore` and its `RedisStoreConfig`: the store's state, what it tells about itself (for
+//! tests and operators), and the `Store` it is to the limiter.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{Script, Value};
+use tollgate::Result;
+use tollgate::store::{CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn};
+use tollgate_core::{Committed, Priority};
+
+use crate::backend::{Backend, Target};
+use crate::errors::{failed, store_error, unavailable};
+use crate::{eviction, keys, loss};
+
+/// How a Redis store connects and behaves.
+#[derive(Clone, Debug)]
+pub struct RedisStoreConfig {
+    /// `redis://host:port/db` (one Redis), `redis-cluster://host:port[,host:port...]` (a Redis
+    /// Cluster, by seed nodes), or `redis-sentinel://host:port[,host:port...]/master[/db]` (the
+    /// master the Sentinels name, followed through failovers).
+    pub url: String,
+    /// The namespace every key carries: stores on different namespaces share nothing.
+    /// `[a-z0-9_-]`, at most 64 bytes.
+    pub namespace: String,
+    /// Grant when Redis cannot be reached. Off (fail-closed) unless the operator decides that
+    /// overdrawing a quota is better than stopping; then every grant made while Redis is down is
+    /// a grant no limit counted. Never when Redis answers with a failure (out of memory, a
+    /// script error): that is `StoreFailed`, refused whatever this says.
+    pub fail_open: bool,
+    /// Start on a Redis whose `maxmemory-policy` may evict Tollgate's keys (any but
+    /// `noeviction`). Off, such a Redis is refused at connect and `ping` reports one that
+    /// changes to it. Either way, once the store sees such a policy every call watches Redis's
+    /// evictions (`INFO stats`, a few microseconds a call), and a counter found missing after
+    /// one is held for a period: an evicted counter is never read as a fresh one.
+    pub allow_eviction: bool,
+    /// How long one operation may take, retries and redirections included, before it counts as
+    /// unreachable.
+    pub timeout: Duration,
+    /// Keys one limit counted per key may have counters of at once, unless the limit says
+    /// otherwise (`Limit::keys_max`); past it, that limit's new keys get `TooManyKeysForLimit`
+    /// and no other limit is affected (`tally.rs`). Bounds what one limit can make Redis hold.
+    pub keys_per_limit_max: u64,
+}
+
+/// Counters in Redis, shared by every process on the same namespace.
+pub struct RedisStore {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) target: Target,
+    pub(crate) script: Script,
+    /// The function library: its `FCALL` name and source, when Redis accepted it.
+    pub(crate) function: Option<(String, String)>,
+    pub(crate) keys: keys::Keys,
+    pub(crate) config: RedisStoreConfig,
+    /// The generation's birth in the last reply (for tests mirroring the script).
+    pub(crate) born_seen: AtomicU64,
+    /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
+    /// by `ping`). Never cleared: the keys evicted meanwhile are held whatever comes next.
+    pub(crate) watch_evictions: AtomicBool,
+    pub(crate) wake: Arc<Mutex<Option<WakeFn>>>,
+    pub(crate) subscriber: Option<tokio::task::JoinHandle<()>>,
+    /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
+    /// its own budget of keys.
+    pub(crate) limits: Mutex<std::collections::HashMap<String, (bool, Option<u64>)>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.config.namespace)
+            .field("cluster", &self.target.is_cluster())
+            .field("fail_open", &self.config.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if let Some(subscriber) = self.subscriber.take() {
+            subscriber.abort();
+        }
+    }
+}
+
+impl RedisStore {
+    pub fn namespace(&self) -> &str {
+        &self.config.namespace
+    }
+
+    /// Whether this store speaks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
+    /// The generation's birth as of the last reply, in the store's microseconds.
+    pub fn last_born_us(&self) -> u64 {
+        self.born_seen.load(Ordering::Acquire)
+    }
+
+    /// The Redis key that holds `counter` (for tests and operators).
+    pub fn counter_key(&self, counter: CounterId<'_>) -> String {
+        self.keys.counter(counter)
+    }
+
+    /// The key of the generation that guards `counter` (for tests and operators).
+    pub fn generation_key(&self, counter: CounterId<'_>) -> String {
+        self.keys.generation(self.keys.counter_slot(counter))
+    }
+
+    /// The generation that guards `counter`, as Redis holds it now: `None` when there is none
+    /// (for tests and operators; deciding reads it inside the script).
+    pub async fn generation(&self, counter: CounterId<'_>) -> Result<Option<loss::Generation>> {
+        let command = redis::cmd("GET").arg(self.generation_key(counter)).clone();
+        let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(store_error)?;
+        let Value::BulkString(bytes) = value else {
+            return Ok(None);
+        };
+        Ok(loss::Generation::decode(&bytes))
+    }
+
+    /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
+    pub fn function_library(&self) -> Option<&str> {
+        self.function.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    /// A pattern matching every key of this store's namespace (for `SCAN`).
+    pub fn key_pattern(&self) -> String {
+        format!("tg:{{*}}:{}:*", self.config.namespace)
+    }
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable))
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        StoreFuture::boxed(self.commit_remote(take, seq, used))
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        StoreFuture::boxed(self.renew_remote(take, fence))
+    }
+
+    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+        StoreFuture::boxed(self.pause_remote(take, duration_us))
+    }
+
+    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::boxed(self.resume_remote(take))
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        StoreFuture::boxed(self.usage_remote(take))
+    }
+
+    /// Each limit's own budget of keys is read here (`Limit::keys_max`), for the admissions
+    /// that follow. A limit gone or changed kind loses its limit-wide pause, deleted in the
+    /// background (this is called under the limiter's lock, and must not wait on Redis). Its
+    /// keys' own pauses cannot be found without scanning the namespace: they end within the
+    /// longest pause (`LimiterConfig::pause_max`).
+    fn set_limits(&self, limits: &tollgate::LimitTable) {
+        let gone: Vec<String> = {
+            let Ok(mut known) = self.limits.lock() else {
+                return;
+            };
+            let gone = known
+                .iter()
+                .filter(|(name, (leases, _))| {
+                    limits
+                        .get(name)
+                        .is_none_or(|limit| limit.policy().is_concurrency() != *leases)
+                })
+                .map(|(name, _)| self.keys.limit_pause(name))
+                .collect();
+            *known = limits
+                .iter()
+                .map(|limit| {
+                    let known = (limit.policy().is_concurrency(), limit.keys_max());
+                    (limit.name().to_owned(), known)
+                })
+                .collect();
+            gone
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for key in gone {
+            let backend = Arc::clone(&self.backend);
+            let timeout = self.config.timeout;
+            runtime.spawn(async move {
+                let command = redis::cmd("DEL").arg(&key).clone();
+                match tokio::time::timeout(timeout, backend.query(&command)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, key, "the pause of a limit gone could not be lifted")
+                    }
+                    Err(_) => tracing::warn!(key, "the pause of a limit gone could not be lifted"),
+                }
+            });
+        }
+    }
+
+    /// Redis answers, and its eviction policy is still one the store was started on: a policy
+    /// changed to one that may evict is a failure unless eviction is allowed (and from then on
+    /// every call watches evictions either way).
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::boxed(async move {
+            let policies =
+                tokio::time::timeout(self.config.timeout, eviction::policies(&self.backend))
+                    .await
+                    .map_err(|_| unavailable("Redis did not answer in time"))?
+                    .map_err(store_error)?;
+            let evicting = eviction::evicting(&policies);
+            if evicting.is_empty() {
+                return Ok(());
+            }
+            if !self.watch_evictions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    policy = %evicting.join(", "),
+                    "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \
+                     evictions from now on"
+                );
+            }
+            if self.config.allow_eviction {
+                Ok(())
+            } else {
+                Err(failed(eviction::refusal(&evicting)))
+            }
+        })
+    }
+
+    fn on_wake(&self, wake: WakeFn) {
+        if let Ok(mut slot) = self.wake.lock() {
+            *slot = Some(wake);
+        }
+    }
+}
