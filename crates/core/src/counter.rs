@@ -150,8 +150,9 @@ pub enum DenyReason {
     /// core reports such a hold as `Paused`, and the store, which knows which holds it made,
     /// tells it apart.
     Recovering,
-    /// Requests of the same or higher priority wait ahead of it in this process (the engine's
-    /// queue; the core never answers it).
+    /// Requests of the same or higher priority wait ahead of it: in this process (the engine's
+    /// queue), or, on a store that queues waiters across processes, anywhere in the fleet and
+    /// need the units it asks for. The core never answers it.
     Queued,
 }
 

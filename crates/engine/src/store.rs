@@ -9,6 +9,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
@@ -185,6 +186,34 @@ pub struct Usage {
     pub paused_for_us: u64,
 }
 
+/// A waiting request, as a store that queues waiters across processes knows it: random, so
+/// that ids from different processes do not meet; never 0, and below 2^53 (stores may keep
+/// it as a double).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WaiterId(u64);
+
+impl WaiterId {
+    /// A new id, unlike any other this or another process draws (53 random bits).
+    pub fn random() -> WaiterId {
+        use std::hash::BuildHasher;
+        // The process's random hasher keys, over a count: distinct within a process, and
+        // unrelated between processes.
+        static DRAWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let count = DRAWN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bits = std::collections::hash_map::RandomState::new().hash_one(count) & ((1 << 53) - 1);
+        WaiterId(bits.max(1))
+    }
+
+    /// `id` as a waiter's id, if it is one (1 to 2^53 - 1).
+    pub fn new(id: u64) -> Option<WaiterId> {
+        (1..1 << 53).contains(&id).then_some(WaiterId(id))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// Called with a counter on which capacity came back.
 pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
@@ -202,6 +231,41 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
         priority: Priority,
         refundable: bool,
     ) -> StoreFuture<'a, Decision>;
+
+    /// `acquire` for a request that waits (`Limiter::acquire` with a wait), asking again as
+    /// `waiter`: a store shared between processes may keep the request's place in a queue
+    /// of its own, so that a lower priority elsewhere leaves it the units it waits for (until
+    /// it is granted, `leave_queue`, or stops asking for `queue_renewal` times three). A store
+    /// that keeps no such queue answers as `acquire` does.
+    fn acquire_waiting<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, Decision> {
+        let _ = waiter;
+        self.acquire(takes, cost, priority, refundable)
+    }
+
+    /// A waiting request gives up (its deadline passed, it was cancelled): its place in the
+    /// store's queue, if it has one, goes at once, and whoever it held back may be woken.
+    fn leave_queue<'a>(
+        &'a self,
+        counters: &'a [CounterId<'a>],
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, ()> {
+        let _ = (counters, waiter);
+        StoreFuture::ready(Ok(()))
+    }
+
+    /// How often a request that waits must ask again to keep its place in the store's queue
+    /// (it stops counting three times this after its last ask); `None` for a store that keeps
+    /// no queue.
+    fn queue_renewal(&self) -> Option<Duration> {
+        None
+    }
 
     /// Commit a reservation (refund `cost - used`) or release a lease.
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed>;

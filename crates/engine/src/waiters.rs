@@ -338,3 +338,79 @@ impl Drop for Waiter<'_> {
         self.queue.leave(self);
     }
 }
+
+/// A waiting request's place in the store's own queue (a store shared between processes may
+/// keep one, `Store::acquire_waiting`): the counters it last asked for, and whether the store
+/// may hold a place for it. Dropped without a grant (the deadline passed, the caller went
+/// away), it gives the place up in a task of its own, so a cancelled request holds nothing in
+/// the store either; with no runtime to run that task, the place lapses on its own.
+pub(crate) struct StorePlace {
+    store: Arc<dyn crate::store::Store>,
+    pub(crate) id: crate::store::WaiterId,
+    /// The counters of the last ask, owned: `None` while the store holds no place.
+    counters: Option<Vec<OwnedCounter>>,
+}
+
+/// A counter's limit and key, owned.
+type OwnedCounter = (Box<str>, Option<Box<str>>);
+
+impl StorePlace {
+    pub(crate) fn new(store: &Arc<dyn crate::store::Store>) -> StorePlace {
+        StorePlace {
+            store: Arc::clone(store),
+            id: crate::store::WaiterId::random(),
+            counters: None,
+        }
+    }
+
+    /// About to ask for `takes`: a denial may leave a place on each.
+    pub(crate) fn stand(&mut self, takes: &[crate::store::Take<'_>]) {
+        if self.store.queue_renewal().is_none() {
+            return;
+        }
+        let same = self.counters.as_ref().is_some_and(|counters| {
+            counters.len() == takes.len()
+                && counters.iter().zip(takes).all(|((limit, key), take)| {
+                    **limit == *take.counter.limit && key.as_deref() == take.counter.key
+                })
+        });
+        if !same {
+            // The first ask, or limits changed while waiting (places on counters no longer
+            // asked for lapse on their own): the counters to give up.
+            self.counters = Some(
+                takes
+                    .iter()
+                    .map(|take| (take.counter.limit.into(), take.counter.key.map(Box::from)))
+                    .collect(),
+            );
+        }
+    }
+
+    /// The store granted the request: a grant takes the place with it.
+    pub(crate) fn granted(&mut self) {
+        self.counters = None;
+    }
+}
+
+impl Drop for StorePlace {
+    fn drop(&mut self) {
+        let Some(counters) = self.counters.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, id) = (Arc::clone(&self.store), self.id);
+        runtime.spawn(async move {
+            let ids: Vec<CounterId<'_>> = counters
+                .iter()
+                .map(|(limit, key)| CounterId {
+                    limit,
+                    key: key.as_deref(),
+                })
+                .collect();
+            // A place that cannot be given up (the store is down) lapses on its own.
+            let _ = store.leave_queue(&ids, id).await;
+        });
+    }
+}

@@ -16,6 +16,7 @@ pub(crate) const OP_USAGE: u64 = 5;
 pub(crate) const OP_BEGIN: u64 = 6;
 pub(crate) const OP_RESUME: u64 = 7;
 pub(crate) const OP_ADMIT: u64 = 8;
+pub(crate) const OP_LEAVE: u64 = 9;
 /// Added to the operation code: the call watches Redis's evictions.
 pub(crate) const OP_WATCH_EVICTIONS: u64 = 16;
 
@@ -39,9 +40,10 @@ pub(crate) const OUTCOME_DENIED: u64 = 2;
 pub(crate) const REASON_CAPACITY: u64 = 0;
 pub(crate) const REASON_PAUSED: u64 = 1;
 pub(crate) const REASON_RECOVERING: u64 = 2;
+pub(crate) const REASON_QUEUED: u64 = 3;
 
 /// Every code by the name the script's text gives it.
-const CODES: [(&str, u64); 23] = [
+const CODES: [(&str, u64); 25] = [
     ("OP_ACQUIRE", OP_ACQUIRE),
     ("OP_COMMIT", OP_COMMIT),
     ("OP_RENEW", OP_RENEW),
@@ -50,6 +52,7 @@ const CODES: [(&str, u64); 23] = [
     ("OP_BEGIN", OP_BEGIN),
     ("OP_RESUME", OP_RESUME),
     ("OP_ADMIT", OP_ADMIT),
+    ("OP_LEAVE", OP_LEAVE),
     ("OP_WATCH_EVICTIONS", OP_WATCH_EVICTIONS),
     ("KIND_RATE", KIND_RATE),
     ("KIND_CONCURRENCY", KIND_CONCURRENCY),
@@ -65,6 +68,7 @@ const CODES: [(&str, u64); 23] = [
     ("REASON_CAPACITY", REASON_CAPACITY),
     ("REASON_PAUSED", REASON_PAUSED),
     ("REASON_RECOVERING", REASON_RECOVERING),
+    ("REASON_QUEUED", REASON_QUEUED),
 ];
 
 /// The script as written, with its codes as names.
@@ -95,6 +99,7 @@ pub(crate) fn reason(code: u64) -> DenyReason {
     match code {
         REASON_PAUSED => DenyReason::Paused,
         REASON_RECOVERING => DenyReason::Recovering,
+        REASON_QUEUED => DenyReason::Queued,
         _ => DenyReason::Capacity,
     }
 }
@@ -141,14 +146,13 @@ mod tests {
     }
 
     #[test]
-    fn every_reason_the_core_has_but_queued_has_a_code() {
+    fn every_reason_the_core_has_has_a_code() {
         for reason in DenyReason::ALL {
             let code = match reason {
                 DenyReason::Capacity => REASON_CAPACITY,
                 DenyReason::Paused => REASON_PAUSED,
                 DenyReason::Recovering => REASON_RECOVERING,
-                // The engine's own queue, never the store's.
-                DenyReason::Queued => continue,
+                DenyReason::Queued => REASON_QUEUED,
             };
             assert_eq!(super::reason(code), reason);
         }

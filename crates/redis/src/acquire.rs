@@ -1,7 +1,7 @@
 //! Acquire: a request's counters decided all or nothing, one call per slot in the order
 //! `plan` gives, with what a denial leaves granted rolled back.
 
-use tollgate::store::{CounterOutcome, Decision, Take};
+use tollgate::store::{CounterOutcome, Decision, Take, WaiterId};
 use tollgate::{Error, Result};
 use tollgate_core::Priority;
 
@@ -23,6 +23,7 @@ impl RedisStore {
         cost: u64,
         priority: Priority,
         record: bool,
+        waiter: Option<WaiterId>,
     ) -> Result<Decision> {
         if takes.len() > tollgate::COUNTERS_PER_REQUEST_MAX {
             return Err(Error::InvalidRequest {
@@ -33,7 +34,10 @@ impl RedisStore {
                 ),
             });
         }
-        match self.acquire_slots(takes, cost, priority, record).await {
+        match self
+            .acquire_slots(takes, cost, priority, record, waiter)
+            .await
+        {
             Err(error) if self.config.fail_open && error.fails_open() => {
                 tracing::warn!(%error, "Redis unreachable; granting without counting (fail_open)");
                 Ok(fail_open_decision(takes.len()))
@@ -48,6 +52,7 @@ impl RedisStore {
         cost: u64,
         priority: Priority,
         record: bool,
+        waiter: Option<WaiterId>,
     ) -> Result<Decision> {
         // One Redis: every counter in one call, whatever its slot.
         let slots: Vec<u16> = if self.is_cluster() {
@@ -84,7 +89,7 @@ impl RedisStore {
                     let group = &groups[index];
                     let record = plan::records(index, groups.len(), record);
                     let slot_answer = self
-                        .acquire_slot(takes, group, cost, priority, record)
+                        .acquire_slot(takes, group, cost, priority, record, waiter)
                         .await;
                     let slot_answer = match slot_answer {
                         Ok(slot_answer) => slot_answer,
@@ -150,8 +155,9 @@ impl RedisStore {
         cost: u64,
         priority: Priority,
         record: bool,
+        waiter: Option<WaiterId>,
     ) -> Result<SlotAnswer> {
-        let mut keys = Vec::with_capacity(1 + group.takes.len() * 5);
+        let mut keys = Vec::with_capacity(1 + group.takes.len() * 6);
         keys.push(self.keys.generation(group.slot));
         for &index in &group.takes {
             // The counter's own slot: on one Redis, every counter is in the one group.
@@ -175,6 +181,15 @@ impl RedisStore {
             pauses.push(pause);
             admissions.push(self.admission(take, group.slot, &mut keys));
         }
+        let mut queues = Vec::with_capacity(group.takes.len());
+        for &index in &group.takes {
+            let counter = takes[index].counter;
+            keys.push(
+                self.keys
+                    .counter_queue(self.keys.counter_slot(counter), counter),
+            );
+            queues.push(keys.len() as u64);
+        }
         for _ in 0..ADMISSION_ATTEMPTS_MAX {
             let mut numbers = Numbers::new(ACQUIRE);
             numbers.extend(&[
@@ -187,8 +202,10 @@ impl RedisStore {
                 numbers
                     .extend(&policy_args(takes[index].policy))
                     .push_f64(pauses[position].arg())
-                    .admission(&admissions[position], self.is_cluster());
+                    .admission(&admissions[position], self.is_cluster())
+                    .extend(&[queues[position]]);
             }
+            numbers.extend(&[waiter.map_or(0, WaiterId::get), self.place_ttl_us]);
             let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
             // The counter a reply names (1-based, in the group), as its place in the request.
             let take_at = |number: Option<&i64>| {

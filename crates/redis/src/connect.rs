@@ -87,6 +87,7 @@ impl RedisStore {
             keys,
             config,
             born_seen: AtomicU64::new(0),
+            place_ttl_us: crate::store::PLACE_TTL_US,
             watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),

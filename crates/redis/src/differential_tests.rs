@@ -13,10 +13,12 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::Error;
-use tollgate::store::{CounterId, CounterOutcome, Take};
+use tollgate::store::{CounterId, CounterOutcome, Take, WaiterId};
 use tollgate_core::{
-    Algorithm, Committed, Counter, DenyReason, PermitError, Policy, Priority, Reserve, Verdict,
+    Algorithm, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority, Reserve,
+    Verdict,
 };
+use tollgate_redis_protocol::queue;
 
 use crate::call::Carried;
 use crate::{RedisStore, RedisStoreConfig};
@@ -138,7 +140,7 @@ async fn compare(
             } => {
                 let takes = [take];
                 let result = store
-                    .acquire_remote(&takes, *cost, *priority, !*final_grant)
+                    .acquire_remote(&takes, *cost, *priority, !*final_grant, None)
                     .await;
                 let (head, outcome) = match result {
                     Ok(decision) => (decision.now_us, Some(decision.outcomes()[0])),
@@ -578,6 +580,231 @@ fn the_lua_key_budget_admits_exactly_like_its_reference() {
             );
             let outcome =
                 runtime.block_on(compare_admissions(&store, &name, &policy, 3, apart, &steps));
+            prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+            Ok(())
+        },
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+/// One step of requests around one counter's queue across the fleet: a waiting request (one
+/// of three ids) or one that does not wait asks; a waiting one gives up; time passes.
+#[derive(Clone, Debug)]
+enum QueueOp {
+    Ask {
+        waiter: Option<usize>,
+        priority: Priority,
+        cost: u64,
+    },
+    Leave {
+        waiter: usize,
+    },
+    Sleep {
+        ms: u64,
+    },
+}
+
+const QUEUE_WAITERS: [u64; 3] = [11, 7, 1 << 52];
+/// Short, so that sequences see places expire.
+const QUEUE_PLACE_TTL_US: u64 = 40_000;
+
+fn queue_op() -> impl Strategy<Value = QueueOp> {
+    prop_oneof![
+        6 => (proptest::option::weighted(0.7, 0usize..3), priority(), 1u64..4)
+            .prop_map(|(waiter, priority, cost)| QueueOp::Ask { waiter, priority, cost }),
+        1 => (0usize..3).prop_map(|waiter| QueueOp::Leave { waiter }),
+        2 => (0u64..30).prop_map(|ms| QueueOp::Sleep { ms }),
+    ]
+}
+
+/// The reference's decision for one ask, at `now`: the core's counter behind the queue's
+/// rule (`tollgate_redis_protocol::queue`), as the store's documentation states it.
+fn queue_reference(
+    counter: &mut Counter,
+    places: &mut Vec<queue::Place>,
+    policy: &Policy,
+    now: u64,
+    ask: (Option<u64>, Priority, u64),
+) -> Result<Verdict, String> {
+    let (waiter, priority, cost) = ask;
+    let id = waiter.unwrap_or(queue::NOT_WAITING);
+    let code = crate::abi::priority_code(priority);
+    queue::expire(places, now);
+    let rank = queue::rank_of(places, now, code, id);
+    let ahead = queue::ahead(places, now, &rank);
+    let mut denial = counter
+        .check(policy, now, cost, priority)
+        .map_err(|e| format!("core refused the cost: {e}"))?;
+    if denial.is_none() && ahead > 0 {
+        let open = policy.capacity_for(priority);
+        let need = queue::need(cost, ahead, open);
+        let room = counter
+            .check(policy, now, need.unwrap_or(open), priority)
+            .map_err(|e| format!("core refused the need: {e}"))?;
+        if need.is_none() || room.is_some() {
+            let retry_after_us = room.map_or(0, |room| room.retry_after_us);
+            denial = Some(Denial {
+                retry_after_us: if retry_after_us == 0 {
+                    10_000
+                } else {
+                    retry_after_us
+                },
+                remaining: counter.status(policy, now, priority).0,
+                reason: DenyReason::Queued,
+            });
+        }
+    }
+    match denial {
+        None => {
+            let verdict = counter
+                .decide(policy, now, cost, priority, true)
+                .map_err(|e| format!("core refused: {e}"))?;
+            queue::leave(places, id);
+            Ok(verdict)
+        }
+        Some(denial) => {
+            if waiter.is_some() {
+                queue::stand(places, rank, cost, now, QUEUE_PLACE_TTL_US);
+            }
+            Ok(Verdict::Denied(denial))
+        }
+    }
+}
+
+async fn compare_queue(
+    store: &RedisStore,
+    limit: &str,
+    policy: Policy,
+    ops: &[QueueOp],
+) -> Result<(), String> {
+    let counter_id = CounterId { limit, key: None };
+    let take = Take {
+        counter: counter_id,
+        policy: &policy,
+    };
+    let queue_key = store
+        .keys
+        .counter_queue(store.keys.counter_slot(counter_id), counter_id);
+    let mut core: Option<Counter> = None;
+    let mut places: Vec<queue::Place> = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        let context = |what: String| format!("step {step} {op:?}: {what}");
+        match op {
+            QueueOp::Sleep { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            QueueOp::Leave { waiter } => {
+                let id = QUEUE_WAITERS[*waiter];
+                store
+                    .leave_remote(&[counter_id], WaiterId::new(id).expect("an id"))
+                    .await
+                    .map_err(|e| context(format!("leave failed: {e}")))?;
+                queue::leave(&mut places, id);
+                // The script drops expired places as it goes: compare live ones only.
+                let now = store_now(store).await;
+                queue::expire(&mut places, now);
+            }
+            QueueOp::Ask {
+                waiter,
+                priority,
+                cost,
+            } => {
+                let open = policy.capacity_for(*priority);
+                if *cost > open {
+                    continue;
+                }
+                let id = waiter.map(|index| QUEUE_WAITERS[index]);
+                let takes = [take];
+                let decision = store
+                    .acquire_remote(&takes, *cost, *priority, true, id.and_then(WaiterId::new))
+                    .await
+                    .map_err(|e| context(format!("store failed: {e}")))?;
+                let now = decision.now_us;
+                let born = store.last_born_us();
+                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
+                let expected =
+                    queue_reference(counter, &mut places, &policy, now, (id, *priority, *cost))
+                        .map_err(context)?;
+                let outcome = decision.outcomes()[0];
+                let same = match (expected, outcome) {
+                    (Verdict::Granted(grant), CounterOutcome::Granted(redis)) => grant == redis,
+                    (Verdict::Denied(mut denial), CounterOutcome::Denied(redis)) => {
+                        if denial.reason == DenyReason::Paused
+                            && counter.paused_until() == born + policy.memory_us()
+                        {
+                            denial.reason = DenyReason::Recovering;
+                        }
+                        denial == redis
+                    }
+                    _ => false,
+                };
+                if !same {
+                    return Err(context(format!(
+                        "reference {expected:?} != redis {outcome:?} at {now}"
+                    )));
+                }
+            }
+        }
+        // The queue Redis keeps is the reference's, place for place (live ones: a place that
+        // expired since the last call is still in the key until a call drops it).
+        let raw: Option<Vec<u8>> = store
+            .backend
+            .query(&redis::cmd("GET").arg(&queue_key).clone())
+            .await
+            .ok()
+            .and_then(|value| redis::from_redis_value(value).ok());
+        let kept = queue::decode(raw.as_deref().unwrap_or_default());
+        let now = store_now(store).await;
+        let live = |all: &[queue::Place]| -> Vec<queue::Place> {
+            all.iter().copied().filter(|p| p.expires_us > now).collect()
+        };
+        if live(&kept) != live(&places) {
+            return Err(context(format!(
+                "reference queue {places:?} != redis {kept:?} at {now}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Redis's clock now, in microseconds.
+async fn store_now(store: &RedisStore) -> u64 {
+    let time: (u64, u64) = store
+        .backend
+        .query(&redis::cmd("TIME").clone())
+        .await
+        .ok()
+        .and_then(|value| redis::from_redis_value(value).ok())
+        .unwrap_or((0, 0));
+    time.0 * 1_000_000 + time.1
+}
+
+/// The script's queue across the fleet decides, and keeps its places, exactly like its
+/// reference: the core's counter behind `tollgate_redis_protocol::queue`.
+#[test]
+fn the_lua_queue_of_waiters_decides_exactly_like_its_reference() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut store = connect(&runtime, url, "differential-queue", 100_000);
+    store.place_ttl_us = QUEUE_PLACE_TTL_US;
+    let store = Arc::new(store);
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let result = runner.run(
+        &(policy(), proptest::collection::vec(queue_op(), 1..50)),
+        |(policy, ops)| {
+            let name = format!(
+                "q{}",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let outcome = runtime.block_on(compare_queue(&store, &name, policy, &ops));
             prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
             Ok(())
         },

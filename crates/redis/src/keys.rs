@@ -125,7 +125,7 @@ impl Keys {
     }
 
     /// `tg:{<tag>}:<ns>:<kind>:<len>:<limit>[:<len>:<key>]`: `kind` `c` the counter's state,
-    /// `r` its open reservations, `q` its older sliding buckets.
+    /// `r` its open reservations, `q` its older sliding buckets, `w` its queue of waiters.
     fn counter_part(&self, kind: char, slot: u16, counter: CounterId<'_>) -> String {
         let extra = 16 + counter.limit.len() + counter.key.map_or(0, |key| key.len() + 8);
         let mut key = self.prefix(slot, extra);
@@ -146,6 +146,12 @@ impl Keys {
             self.counter_part('r', slot, counter),
             self.counter_part('q', slot, counter),
         ]
+    }
+
+    /// `counter`'s queue of waiters across the fleet (`tollgate_redis_protocol::queue`), in
+    /// its slot: `w` beside its other keys.
+    pub(crate) fn counter_queue(&self, slot: u16, counter: CounterId<'_>) -> String {
+        self.counter_part('w', slot, counter)
     }
 
     /// The key that holds `counter`'s state.

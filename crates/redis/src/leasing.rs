@@ -30,7 +30,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::Result;
-use tollgate::store::{CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WakeFn};
+use tollgate::store::{
+    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WaiterId, WakeFn,
+};
 use tollgate_core::{Algorithm, Committed, Grant, Kind, Policy, Priority};
 
 /// Reservation numbers of units handed out from a block carry this bit; the store's own numbers
@@ -466,6 +468,41 @@ impl Store for LeasingStore {
         // A block is committed back when it retires, so it is always refundable; a local
         // grant from it records its permit either way.
         StoreFuture::boxed(self.acquire_leased(takes, cost, priority))
+    }
+
+    /// A request that waits on a limit passed through waits in the inner store's queue; one
+    /// served from blocks waits in this process's own order, and the block it may fetch is a
+    /// request of its priority like any other (it leaves room for every place ahead of it in
+    /// the inner store's queue).
+    fn acquire_waiting<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, Decision> {
+        if !leasable(takes) {
+            return StoreFuture::boxed(async move {
+                self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .acquire_waiting(takes, cost, priority, refundable, waiter)
+                    .await
+            });
+        }
+        StoreFuture::boxed(self.acquire_leased(takes, cost, priority))
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        counters: &'a [CounterId<'a>],
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, ()> {
+        self.inner.leave_queue(counters, waiter)
+    }
+
+    fn queue_renewal(&self) -> Option<Duration> {
+        self.inner.queue_renewal()
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -53,6 +53,8 @@ pub mod tally;
 
 #[cfg(test)]
 mod differential_tests;
+#[cfg(test)]
+mod queue_tests;
 
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};

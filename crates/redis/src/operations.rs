@@ -8,12 +8,13 @@ use std::sync::atomic::Ordering;
 use futures_util::StreamExt;
 use redis::Value;
 use tollgate::Result;
-use tollgate::store::{Renewed, Take, Usage};
+use tollgate::store::{CounterId, Renewed, Take, Usage, WaiterId};
 use tollgate_core::Committed;
 
 use crate::abi::{
-    OP_ADMIT as ADMIT, OP_BEGIN, OP_COMMIT as COMMIT, OP_PAUSE as PAUSE, OP_RENEW as RENEW,
-    OP_RESUME as RESUME, OP_USAGE as USAGE, OP_WATCH_EVICTIONS as WATCH_EVICTIONS,
+    OP_ADMIT as ADMIT, OP_BEGIN, OP_COMMIT as COMMIT, OP_LEAVE as LEAVE, OP_PAUSE as PAUSE,
+    OP_RENEW as RENEW, OP_RESUME as RESUME, OP_USAGE as USAGE,
+    OP_WATCH_EVICTIONS as WATCH_EVICTIONS,
 };
 use crate::call::{
     Admission, Carried, Head, Numbers, PauseRef, Reply, TallyRef, parse_reply, policy_args, u,
@@ -417,5 +418,30 @@ impl RedisStore {
             }
             other => Err(failed(format!("unexpected script status {other}"))),
         }
+    }
+
+    /// A waiting request gives up its place in each counter's queue: one call per counter (a
+    /// rare path; a counter's queue is in its slot), all at once. A call that fails leaves the
+    /// place to expire (`PLACE_TTL_US`).
+    pub(crate) async fn leave_remote(
+        &self,
+        counters: &[CounterId<'_>],
+        waiter: WaiterId,
+    ) -> Result<()> {
+        let calls = counters.iter().map(|&counter| async move {
+            let slot = self.keys.counter_slot(counter);
+            let keys = [
+                self.keys.generation(slot),
+                self.keys.counter_queue(slot, counter),
+            ];
+            let mut numbers = Numbers::new(LEAVE);
+            numbers.extend(&[waiter.get()]);
+            let message = self.keys.counter(counter);
+            self.run(&keys, &[&numbers.0, message.as_bytes()]).await
+        });
+        for answer in futures_util::future::join_all(calls).await {
+            answer?;
+        }
+        Ok(())
     }
 }

@@ -8,12 +8,22 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 use tollgate::Result;
-use tollgate::store::{CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn};
+use tollgate::store::{
+    CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WaiterId, WakeFn,
+};
 use tollgate_core::{Committed, Priority};
 
 use crate::backend::{Backend, Target};
 use crate::errors::{failed, store_error, unavailable};
 use crate::{eviction, keys, loss};
+
+/// How often a waiting request asks again, at the latest, to keep its place in the queues of
+/// its counters across the fleet.
+pub const PLACE_RENEWAL: Duration = Duration::from_millis(500);
+
+/// How long a waiting request's place lives after its last ask: three renewals, so a process
+/// that stalls for a moment keeps it, and one that died stops holding anyone back within this.
+pub const PLACE_TTL_US: u64 = 3 * PLACE_RENEWAL.as_micros() as u64;
 
 /// How a Redis store connects and behaves.
 #[derive(Clone, Debug)]
@@ -54,6 +64,9 @@ pub struct RedisStore {
     pub(crate) function: Option<(String, String)>,
     pub(crate) keys: keys::Keys,
     pub(crate) config: RedisStoreConfig,
+    /// How long a waiting request's place lives after its last ask: `PLACE_TTL_US`, shorter in
+    /// tests that watch places expire.
+    pub(crate) place_ttl_us: u64,
     /// The generation's birth in the last reply (for tests mirroring the script).
     pub(crate) born_seen: AtomicU64,
     /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
@@ -142,7 +155,33 @@ impl Store for RedisStore {
         priority: Priority,
         refundable: bool,
     ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable))
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable, None))
+    }
+
+    /// A waiting request denied takes, or renews, its place in each counter's queue across the
+    /// fleet (`tollgate_redis_protocol::queue`): until it is granted, leaves, or stops asking
+    /// for `PLACE_TTL_US`.
+    fn acquire_waiting<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable, Some(waiter)))
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        counters: &'a [CounterId<'a>],
+        waiter: WaiterId,
+    ) -> StoreFuture<'a, ()> {
+        StoreFuture::boxed(self.leave_remote(counters, waiter))
+    }
+
+    fn queue_renewal(&self) -> Option<Duration> {
+        Some(PLACE_RENEWAL)
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -8,7 +8,9 @@
 --
 -- KEYS[1]           the generation (born, renew, owner): detects lost state (G6)
 -- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
---                   after the counters, the limits' pauses and key budgets kept in this slot
+--                   after the counters, the limits' pauses and key budgets kept in this slot,
+--                   and each counter's queue of waiters across the fleet
+-- leave a counter's queue: KEYS[2]  the counter's queue
 -- commit, renew, pause or resume of a key: KEYS[2], [3], [4]  the counter's three keys, then
 --                   its limit's key budget if in this slot
 -- usage: KEYS[2], [3], [4] the counter's three keys, then its limit's key budget and its
@@ -20,14 +22,15 @@
 --                   slot's evictions record (T.evictions), after every other key
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (acquire,
---                   commit, renew, pause, usage, begin a new namespace, resume, admit a key;
+--                   commit, renew, pause, usage, begin a new namespace, resume, admit a key,
+--                   leave a queue;
 --                   plus __OP_WATCH_EVICTIONS__ when the call watches evictions), then per
 --                   operation (see each branch below)
 -- The numbers this script shares with Rust (operations, a policy's kind and algorithm,
 -- priorities, outcomes and reasons) are written once, in src/abi.rs: this text names each in
 -- capitals between two pairs of underscores, and the store puts the number in before Redis
 -- loads the script.
--- ARGV[2]           commit only: the wake-up channel
+-- ARGV[2]           commit: the wake-up channel; leave a queue: the counter's key
 -- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
 -- birth, and 1 when this call found the state lost), then the rest per operation (see each
 -- branch below).
@@ -767,6 +770,89 @@ function T.evictions(gen, raw, key, now)
   gen.seen = seen
 end
 
+-- One counter's queue across the fleet (crates/redis-protocol/src/queue.rs, the reference this
+-- follows; the differential tests compare them): places of waiting requests, 40 bytes each,
+-- '>ddddd' (priority, arrival, id, cost, expires), in rank order: higher priority first, then
+-- earlier arrival, then lower id. A request is granted only if its counter has room for its
+-- cost plus the costs of every live place ahead of it. A request that does not wait has id
+-- 2^53, after every id a process draws. At most 32 places (PLACES_MAX): a full queue keeps
+-- its best. Read only when its key exists: a counter nobody waits for pays one key in the MGET.
+function T.queue_read(raw, now)
+  local q, expired = {}, false
+  if not raw then return q, false end
+  for at = 1, #raw - 39, 40 do
+    local pr, ar, id, cost, ex = struct.unpack('>ddddd', raw, at)
+    if ex > now then q[#q + 1] = { pr, ar, id, cost, ex } else expired = true end
+  end
+  return q, expired
+end
+
+function T.before(a, b)
+  if a[1] ~= b[1] then return a[1] > b[1] end
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a[3] < b[3]
+end
+
+-- The rank of a request of `priority` and `id` ({priority, arrival, id}), and the units the
+-- places ahead of it ask for.
+function T.queue_rank(q, now, priority, id)
+  local rank = { priority, now, id }
+  for _, place in ipairs(q) do
+    if place[3] == id then rank[2] = place[2] end
+  end
+  local ahead = 0
+  for _, place in ipairs(q) do
+    if place[3] ~= id and T.before(place, rank) then ahead = ahead + place[4] end
+  end
+  return rank, ahead
+end
+
+-- Without the place of `id`; whether it had one.
+function T.queue_leave(q, id)
+  for i, place in ipairs(q) do
+    if place[3] == id then
+      table.remove(q, i)
+      return true
+    end
+  end
+  return false
+end
+
+-- The place of a denied waiting request, taken or renewed until now + ttl.
+function T.queue_stand(q, rank, cost, now, ttl)
+  T.queue_leave(q, rank[3])
+  local place = { rank[1], rank[2], rank[3], cost, now + ttl }
+  local at = #q + 1
+  for i, other in ipairs(q) do
+    if T.before(place, other) then
+      at = i
+      break
+    end
+  end
+  if at > 32 then return end
+  table.insert(q, at, place)
+  if #q > 32 then q[#q] = nil end
+end
+
+function T.queue_write(key, q, now)
+  if #q == 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local parts, last = {}, 0
+  for i, place in ipairs(q) do
+    parts[i] = struct.pack('>ddddd', place[1], place[2], place[3], place[4], place[5])
+    if place[5] > last then last = place[5] end
+  end
+  redis.call('SET', key, table.concat(parts), 'PX', T.ttl_ms(last, now))
+end
+
+-- The namespace's wake channel, from the generation's key (`tg:{<tag>}:<namespace>:gen`): for
+-- the rare calls that free a place without being told the channel.
+function T.wake_channel(generation_key)
+  return 'tg:' .. string.match(generation_key, '}:([^:]*):gen$') .. ':wake'
+end
+
 function T.head(status, now, gen)
   return { status, now, gen.born, gen.lost }
 end
@@ -799,17 +885,20 @@ function T.decide(KEYS, ARGV)
 
   if op == __OP_ACQUIRE__ then
     -- acquire: [2] cost, [3] priority, [4] record reservations (1)
-    -- or grant final (0), [5] n, then per counter 14 numbers: its policy, where its limit's
+    -- or grant final (0), [5] n, then per counter 15 numbers: its policy, where its limit's
     -- pause is (at KEYS[x] for x >= 1, or -x its end as read by the caller: its key is in
-    -- another slot), and its admission. Reply: ok now born lost, then per counter 5 numbers
+    -- another slot), its admission, and where its queue is (KEYS[x]); then the waiter's id (0:
+    -- the request does not wait) and how long a place it takes lives (us). Reply: ok now born lost, then per counter 5 numbers
     -- (outcome granted: seq remaining reset_after lease_expires_at; allowed: _ remaining;
     -- denied: retry_after remaining reason); or cost now born lost i open; or admit now born
     -- lost, then (i cover need) for each counter whose key the caller must have admitted in
     -- its budget's slot, before anything is written; or keys now born lost i budget.
     local cost, priority, record, n = a[2], a[3], a[4], a[5]
-    local policies, pauses, admissions = {}, {}, {}
+    local waiter, place_ttl = a[6 + n * 15], a[7 + n * 15]
+    if waiter == 0 then waiter = 9007199254740992 end
+    local policies, pauses, admissions, queues = {}, {}, {}, {}
     for i = 1, n do
-      local at = 6 + (i - 1) * 14
+      local at = 6 + (i - 1) * 15
       local p = T.read_policy(a, at)
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
@@ -821,11 +910,15 @@ function T.decide(KEYS, ARGV)
       policies[i] = p
       pauses[i] = a[at + 9]
       admissions[i] = T.read_admission(a, at + 10)
+      queues[i] = a[at + 14]
     end
-    -- The generation, every counter's header and the pauses kept here in one read.
+    -- The generation, every counter's header and queue, and the pauses kept here in one read.
     local names = { KEYS[1] }
     for i = 1, n do
       names[i + 1] = KEYS[3 * i - 1]
+    end
+    for i = 1, n do
+      names[n + 1 + i] = KEYS[queues[i]]
     end
     for i = 1, n do
       if pauses[i] >= 1 then
@@ -867,6 +960,7 @@ function T.decide(KEYS, ARGV)
       if answer then held[i] = answer[2] end
     end
     local all_allowed = true
+    local places, ranks, freed = {}, {}, {}
     for i = 1, n do
       local p, c = policies[i], counters[i]
       local open = T.capacity_for(p, priority)
@@ -877,6 +971,26 @@ function T.decide(KEYS, ARGV)
         denial = { T.sub0(held[i], now), 0, __REASON_RECOVERING__ }
       else
         denial = T.check(c, p, now, cost, priority, limit_paused_until)
+      end
+      local raw_queue = values[n + 1 + i]
+      if raw_queue then
+        local q, expired = T.queue_read(raw_queue, now)
+        local rank, ahead = T.queue_rank(q, now, priority, waiter)
+        places[i], ranks[i], freed[i] = q, rank, expired
+        -- Room for itself is not enough: also for every place ahead, or it waits behind them.
+        if not denial and ahead > 0 then
+          local room
+          if cost + ahead > open then
+            room = T.wait_for_room(c, p, now, open, open)
+          else
+            room = T.wait_for_room(c, p, now, cost + ahead, open)
+          end
+          if room > 0 or cost + ahead > open then
+            -- No sooner than those ahead can take it: at least 10 ms when the room is there.
+            if room == 0 then room = 10000 end
+            denial = { room, T.sub0(open, T.used(c, p, now)), __REASON_QUEUED__ }
+          end
+        end
       end
       -- Held after a loss (T.load) rather than paused by someone: recovering.
       if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
@@ -900,6 +1014,21 @@ function T.decide(KEYS, ARGV)
     for i = 1, n do
       if not held[i] then T.save(counters[i], policies[i], now) end
     end
+    -- A waiting request denied takes (or renews) its place; granted, it leaves. Places that
+    -- expired are dropped, and whoever they held back is woken.
+    for i = 1, n do
+      local q, changed = places[i], freed[i]
+      if waiter < 9007199254740992 and not all_allowed then
+        q = q or {}
+        ranks[i] = ranks[i] or { priority, now, waiter }
+        T.queue_stand(q, ranks[i], cost, now, place_ttl)
+        changed = true
+      elseif q and T.queue_leave(q, waiter) then
+        changed = true
+      end
+      if changed then T.queue_write(KEYS[queues[i]], q, now) end
+      if freed[i] then T.wake(T.wake_channel(KEYS[1]), KEYS[3 * i - 1]) end
+    end
     local reply = T.head('ok', now, gen)
     for i = 1, n do
       local o = outcomes[i]
@@ -917,6 +1046,17 @@ function T.decide(KEYS, ARGV)
   local values = redis.call('MGET', unpack(names))
   local gen = T.generation(values[1], KEYS[1], now)
   if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
+  if op == __OP_LEAVE__ then
+    -- a waiting request gives up its place: [2] its id; KEYS[2] the counter's queue, ARGV[2]
+    -- the counter's key (the wake-up's message). Reply: ok now born lost
+    local q, expired = T.queue_read(values[2], now)
+    if T.queue_leave(q, a[2]) or expired then
+      T.queue_write(KEYS[2], q, now)
+      T.wake(T.wake_channel(KEYS[1]), ARGV[2])
+    end
+    return T.head('ok', now, gen)
+  end
+
   if op == __OP_ADMIT__ then
     -- admit a key: [2..10] policy, [11] budget, [12] the counter's cover, [13] until when it
     -- must live, [14] honour a hold, [15] apart (as in an admission). Reply: ok now born lost

@@ -384,6 +384,33 @@ impl Store for MeteredStore {
         self.timed("acquire", started, answer)
     }
 
+    fn acquire_waiting<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        cost: u64,
+        priority: Priority,
+        refundable: bool,
+        waiter: tollgate::store::WaiterId,
+    ) -> StoreFuture<'a, Decision> {
+        let started = Instant::now();
+        let answer = self
+            .inner
+            .acquire_waiting(takes, cost, priority, refundable, waiter);
+        self.timed("acquire", started, answer)
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        counters: &'a [tollgate::store::CounterId<'a>],
+        waiter: tollgate::store::WaiterId,
+    ) -> StoreFuture<'a, ()> {
+        self.inner.leave_queue(counters, waiter)
+    }
+
+    fn queue_renewal(&self) -> Option<std::time::Duration> {
+        self.inner.queue_renewal()
+    }
+
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
         let started = Instant::now();
         self.timed("commit", started, self.inner.commit(take, seq, used))

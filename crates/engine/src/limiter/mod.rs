@@ -24,7 +24,7 @@ use crate::permit::{LimitStatus, Part, decode};
 use crate::store::{CounterId, CounterOutcome, Decision, Store, StoreFuture, Take, Usage};
 
 use crate::sync::Ordering;
-use crate::waiters::{Caps, WaitQueue};
+use crate::waiters::{Caps, StorePlace, WaitQueue};
 
 pub use config::{
     DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, LimiterConfig,
@@ -439,6 +439,25 @@ impl Limiter {
             .acquire(&asking.takes, request.cost, request.priority, refundable)
     }
 
+    /// The store's part for a request that waits: as `ask`, and a denial keeps the request's
+    /// place in the store's own queue, if it keeps one (`place`, which gives it up when
+    /// dropped unless a grant took it).
+    fn ask_waiting<'s>(
+        &'s self,
+        asking: &'s Asking<'_>,
+        request: &Request<'_>,
+        place: &mut StorePlace,
+    ) -> StoreFuture<'s, Decision> {
+        place.stand(&asking.takes);
+        self.shared.store.acquire_waiting(
+            &asking.takes,
+            request.cost,
+            request.priority,
+            request.refundable,
+            place.id,
+        )
+    }
+
     /// `request`'s limits, checked as `A` needs them.
     fn resolve_for<'t, A: Answer>(
         &self,
@@ -513,6 +532,7 @@ impl Limiter {
         Limiter::check_cost(request.cost)?;
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
+        let mut place = StorePlace::new(&self.shared.store);
         let waiter = {
             let table = self.shared.table();
             // Waiters ahead do not answer this request: it joins them instead.
@@ -530,9 +550,12 @@ impl Limiter {
                 .blocked(counters.iter().copied(), request.priority)
                 .is_none()
             {
-                let decision = self.ask(&asking, request, request.refundable).await?;
+                let decision = self.ask_waiting(&asking, request, &mut place).await?;
                 match self.outcome(resolved, request, decision) {
-                    Outcome::Granted(permit) => return Ok(Outcome::Granted(permit)),
+                    Outcome::Granted(permit) => {
+                        place.granted();
+                        return Ok(Outcome::Granted(permit));
+                    }
                     Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
                 }
             }
@@ -582,9 +605,10 @@ impl Limiter {
                 else {
                     unreachable!("the head of the queue is never answered before the store")
                 };
-                let decision = self.ask(&asking, request, request.refundable).await?;
+                let decision = self.ask_waiting(&asking, request, &mut place).await?;
                 match self.outcome(&asking.resolved, request, decision) {
                     Outcome::Granted(permit) => {
+                        place.granted();
                         // Leaving the queue signals whoever heads it next.
                         drop(waiter);
                         return Ok(Outcome::Granted(permit));
@@ -592,6 +616,10 @@ impl Limiter {
                     Outcome::Denied(denied) => {
                         let retry_at = Instant::now() + denied.retry_after;
                         wake_at = deadline.min(retry_at);
+                        // Asking again keeps the place in the store's queue.
+                        if let Some(renewal) = self.shared.store.queue_renewal() {
+                            wake_at = wake_at.min(Instant::now() + renewal);
+                        }
                         self.shared
                             .waiters
                             .set_retry_at(&waiter, micros(retry_at.elapsed_since_origin()));
@@ -688,11 +716,17 @@ impl Limiter {
             .map(|(outcome, limit)| {
                 let (remaining, wait_us) = match outcome {
                     CounterOutcome::Denied(denial) => {
-                        // A pause someone asked for is the news; a hold, the next.
+                        // A pause someone asked for is the news; a hold, the next; then
+                        // waiters elsewhere in the fleet that the store keeps ahead.
                         match denial.reason {
                             DenyReason::Paused => reason = DenyReason::Paused,
-                            DenyReason::Recovering if reason == DenyReason::Capacity => {
+                            DenyReason::Recovering
+                                if matches!(reason, DenyReason::Capacity | DenyReason::Queued) =>
+                            {
                                 reason = DenyReason::Recovering;
+                            }
+                            DenyReason::Queued if reason == DenyReason::Capacity => {
+                                reason = DenyReason::Queued;
                             }
                             _ => {}
                         }
