@@ -13,7 +13,10 @@
 //! - GCRA (100 per second, burst 100), `Request::refundable(false)` / `POST /v1/check`;
 //! - fixed window (100 per second), the same;
 //! - sliding window (100 per second) with a refundable permit: acquire, then commit it with
-//!   `used` = cost; both calls count, so a decision is two `FCALL`s.
+//!   `used` = cost; both calls count, so a decision is two `FCALL`s;
+//! - through the library only: GCRA at high priority on keys where a low-priority request of
+//!   another process waits (one place in each key's queue across the fleet): what reading the
+//!   queue costs while waiters exist.
 //!
 //! `scripts/bench-redis-cpu` builds redis-cell, starts a private Redis with it and runs this
 //! with `BENCH_REDIS_PORT` set. The bench resets that Redis's statistics: never point it at a
@@ -38,9 +41,12 @@ use std::time::{Duration, Instant};
 
 use hyper::Method;
 use redis::aio::MultiplexedConnection;
-use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tollgate::store::CounterId;
+use tollgate::{
+    Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Priority, Request, Reserve,
+};
 use tollgate_cli::client::Client;
-use tollgate_redis::{RedisStore, RedisStoreConfig};
+use tollgate_redis::{RedisStore, RedisStoreConfig, queue};
 
 use common::Process;
 
@@ -278,7 +284,70 @@ async fn library_case(
     measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
 }
 
-async fn library_limiter(url: &str) -> Limiter {
+/// The limit of the case with waiters: GCRA as `Case::Gcra`.
+const WAITED: &str = "bench-gcra-waited";
+
+/// GCRA at high priority, `refundable(false)`, on keys where a low-priority request of another
+/// process waits: each key's queue holds one place (written here, living an hour), which every
+/// decision reads and ranks behind itself. What the queue across the fleet costs while
+/// waiters exist and nobody ahead.
+async fn library_waited_case(
+    limiter: &Limiter,
+    store: &RedisStore,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+) -> Figures {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(stats)
+        .await
+        .expect("Redis's clock");
+    let now_us = seconds * 1_000_000 + micros;
+    for (k, key) in keys.iter().enumerate() {
+        let place = queue::Place {
+            rank: queue::Rank {
+                priority: 0,
+                arrival_us: now_us,
+                id: k as u64 + 1,
+            },
+            cost: 1,
+            expires_us: now_us + 3_600_000_000,
+        };
+        let counter = CounterId {
+            limit: WAITED,
+            key: Some(key),
+        };
+        let _: () = redis::cmd("SET")
+            .arg(store.queue_key(counter))
+            .arg(queue::encode(&[place]))
+            .arg("PX")
+            .arg(3_600_000)
+            .query_async(stats)
+            .await
+            .expect("a place written");
+    }
+    let limiter = limiter.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let limiter = limiter.clone();
+        let keys = keys.clone();
+        async move {
+            let request = Request::new(WAITED)
+                .key(&keys[k])
+                .priority(Priority::High)
+                .refundable(false);
+            let permit = limiter
+                .try_acquire(&request)
+                .await
+                .expect("the store answers")
+                .granted();
+            assert!(permit.is_some(), "nobody waits ahead of a high request");
+        }
+    };
+    measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
+}
+
+async fn library_limiter(url: &str) -> (Limiter, Arc<RedisStore>) {
     let namespace = format!("bench-library-{}", std::process::id());
     let store = RedisStore::connect(RedisStoreConfig {
         url: url.to_owned(),
@@ -299,8 +368,9 @@ async fn library_limiter(url: &str) -> Limiter {
         Some(name) => println!("Tollgate's store decides by FCALL of the library {name}"),
         None => println!("Tollgate's store decides by EVALSHA (FUNCTION LOAD was refused)"),
     }
+    let store = Arc::new(store);
     let limiter = Limiter::new(
-        Arc::new(store),
+        store.clone(),
         LimiterConfig {
             wait_max: Duration::from_secs(1),
             permit_secret: PermitSecret::random(),
@@ -311,7 +381,8 @@ async fn library_limiter(url: &str) -> Limiter {
     for case in Case::ALL {
         limiter.set_limit(Limit::new(case.limit(), case.policy(), Some("user")).expect("a limit"));
     }
-    limiter
+    limiter.set_limit(Limit::new(WAITED, Case::Gcra.policy(), Some("user")).expect("a limit"));
+    (limiter, store)
 }
 
 // ---- Server --------------------------------------------------------------------------------
@@ -543,7 +614,7 @@ async fn round(
     stats: &mut MultiplexedConnection,
     peers: &MultiplexedConnection,
     cell: bool,
-    limiter: &Limiter,
+    (limiter, store): (&Limiter, &RedisStore),
     base: &str,
     keys: &Arc<Vec<String>>,
     decisions: u64,
@@ -574,6 +645,13 @@ async fn round(
             target: Some(case.target()),
         });
     }
+    rows.push(Row {
+        case: "GCRA, high, a low waiter on every key",
+        path: "library",
+        peer: None,
+        figures: library_waited_case(limiter, store, keys, stats, decisions).await,
+        target: None,
+    });
     for case in Case::ALL {
         rows.push(Row {
             case: case.label(),
@@ -638,7 +716,7 @@ fn main() {
         if !cell {
             println!("CL.THROTTLE: SKIPPED (the redis-cell module is not loaded in this Redis)");
         }
-        let limiter = library_limiter(&url).await;
+        let (limiter, store) = library_limiter(&url).await;
         server_limits(&base).await;
         println!(
             "{decisions} decisions per case over {KEYS} keys, {CALLERS} at a time, on the Redis at \
@@ -646,7 +724,8 @@ fn main() {
         );
         let mut all = Vec::new();
         for number in 1..=rounds {
-            let rows = round(&mut stats, &peers, cell, &limiter, &base, &keys, decisions).await;
+            let library = (&limiter, &*store);
+            let rows = round(&mut stats, &peers, cell, library, &base, &keys, decisions).await;
             println!();
             println!("round {number} of {rounds}:");
             print_table(&rows);

@@ -60,4 +60,4 @@ pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 pub use store::{RedisStore, RedisStoreConfig};
 /// The cross-slot plan and the loss check this store runs, as plain functions.
-pub use tollgate_redis_protocol::{loss, plan};
+pub use tollgate_redis_protocol::{loss, plan, queue};

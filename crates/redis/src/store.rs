@@ -117,6 +117,13 @@ impl RedisStore {
         self.keys.counter(counter)
     }
 
+    /// The key that holds `counter`'s queue of waiters across the fleet (for tests and
+    /// operators; `queue::decode` reads it).
+    pub fn queue_key(&self, counter: CounterId<'_>) -> String {
+        self.keys
+            .counter_queue(self.keys.counter_slot(counter), counter)
+    }
+
     /// The key of the generation that guards `counter` (for tests and operators).
     pub fn generation_key(&self, counter: CounterId<'_>) -> String {
         self.keys.generation(self.keys.counter_slot(counter))
