@@ -5,7 +5,9 @@
 //!   several limits is decided slot by slot);
 //! - each limit's budget of keys, kept in the limit's own slot while its keys' counters spread
 //!   over every master: a flood refused at the budget, the counters held counted by `SCAN` on
-//!   each master, and a budget whose slot lost its state admitting no new key for a while.
+//!   each master, and a budget whose slot lost its state admitting no new key for a while;
+//! - the queue across the fleet on every master: a place in the counter's slot, which keeps
+//!   a freed lease from a lower priority elsewhere.
 //!
 //! Fleets of worker processes on a cluster, through a reshard and a failover, are
 //! `crates/fleet/tests/cluster.rs`.
@@ -16,8 +18,8 @@ mod nodes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::CounterId;
-use tollgate::{DenyReason, Error, Outcome};
+use tollgate::store::{CounterId, Store, Take, WaiterId};
+use tollgate::{DenyReason, Error, Outcome, Priority};
 use tollgate_conformance::Stores;
 
 use nodes::Cluster;
@@ -170,4 +172,77 @@ fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
     }
     assert!(granted(take("d", Some("known"))), "a known key of d");
     assert!(granted(take("b", Some("another"))), "a new key of b");
+}
+
+/// The queue across the fleet on every master: for keys whose counters spread over the slots,
+/// a high request waiting in one process (its place in its counter's slot) keeps the lease
+/// freed from a low request of another, until it is served and its place goes.
+#[test]
+fn places_across_the_fleet_hold_on_every_master() {
+    let Some(binary) = nodes::redis_server("places_across_the_fleet_hold_on_every_master") else {
+        return;
+    };
+    let cluster = Cluster::start(&binary, 3);
+    let url = cluster.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let namespace = common::namespace("cluster-queue");
+    let bulk_store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
+    runtime
+        .block_on(bulk_store.begin_new_namespace())
+        .expect("a new namespace");
+    let other = runtime.block_on(common::connect(&url, &namespace));
+    let policy = tollgate_core::Policy::concurrency(1, 60_000_000, Default::default())
+        .expect("valid policy");
+    let bulk = common::limiter_on(bulk_store.clone());
+    bulk.set_limit(tollgate::Limit::new("pool", policy, Some("user")).expect("valid limit"));
+    let mut masters = std::collections::HashSet::new();
+    for index in 0..12 {
+        let key = format!("user-{index}");
+        let counter = CounterId {
+            limit: "pool",
+            key: Some(&key),
+        };
+        let queue_key = bulk_store.queue_key(counter);
+        let master = cluster.master_of(cluster.keyslot(&queue_key));
+        masters.insert(master);
+        let places = || {
+            cluster.nodes[master]
+                .query(&["EXISTS", &queue_key])
+                .expect("exists")
+                .trim()
+                .to_owned()
+        };
+        let takes = [Take {
+            counter,
+            policy: &policy,
+        }];
+        let high = WaiterId::new(1_000 + index).expect("an id");
+        let low = tollgate::Request::new("pool")
+            .key(&key)
+            .priority(Priority::Low);
+        let held = runtime.block_on(bulk.try_acquire(&low)).expect("answers");
+        let held = held.granted().expect("the key's pool is free");
+        let ask =
+            || runtime.block_on(other.acquire_waiting(&takes, 1, Priority::High, false, high));
+        assert!(!ask().expect("answers").is_granted());
+        assert_eq!(
+            places(),
+            "1",
+            "{key}: the waiter's place, on master {master}"
+        );
+        // A place lives 1.5 s past its last ask: asked again just before the lease is freed.
+        assert!(!ask().expect("answers").is_granted());
+        runtime.block_on(held.release()).expect("release");
+        match runtime.block_on(bulk.try_acquire(&low)).expect("answers") {
+            Outcome::Denied(denied) => assert_eq!(denied.reason, DenyReason::Queued, "{key}"),
+            Outcome::Granted(_) => panic!("{key}: a low request took the high waiter's lease"),
+        }
+        let served = ask().expect("answers");
+        assert!(served.is_granted(), "{key}: the high waiter is served");
+        assert_eq!(places(), "0", "{key}: a grant takes the place away");
+    }
+    assert_eq!(masters.len(), 3, "the keys' queues are on every master");
 }
