@@ -2,7 +2,7 @@
 //! Tollgate out by hand: `cargo run -p tollgate-fleet --bin tollgate-fleet-worker -- \
 //!   redis://127.0.0.1:6379/ demo vendor 20 100 50 5000`.
 //!
-//! Two modes:
+//! Three modes:
 //!
 //! - `URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ACQUIRERS DURATION_MS [ALGORITHM]`: ACQUIRERS
 //!   tasks acquire (waiting up to 500 ms each time) until DURATION_MS has passed. LIMIT_NAME may
@@ -16,19 +16,37 @@
 //!   grant and `error ...` per failure, then `taken <grants>`. It ends at the end of its input.
 //!   This lets a test bracket every decision between two readings of a clock of its own: the
 //!   moment it sent the line and the moment it read `taken`.
+//! - `--priority URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ALGORITHM PRIORITY MODE VENDOR_ADDR
+//!   DURATION_MS`, LIMIT_NAME one limit: one side of a vendor's quota, asking at PRIORITY
+//!   (`low`, `normal` or `high`) until DURATION_MS has passed. MODE `loops:N` runs N loops, each
+//!   asking again as soon as it is answered and waiting up to 30 s; `rate:R` starts R requests
+//!   a second, each on its own schedule and waiting up to 5 s. After every grant it calls the
+//!   vendor at VENDOR_ADDR (a TCP line `library PRIORITY START_US GRANTED_US`, answered `ok`):
+//!   the wall clock when the request started and when its grant came back, in microseconds
+//!   since the epoch, so the vendor can time the wait on its own clock. Prints `ready` once
+//!   connected, `denied START_US` per request not granted within its wait, `error ...` per
+//!   failure, then, once every request it started is answered, `done <grants> <denials>
+//!   <errors>`.
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tollgate::{
+    Algorithm, Limit, Limiter, LimiterConfig, Outcome, PermitSecret, Policy, Priority, Request,
+    Reserve,
+};
 use tollgate_redis::{RedisStore, RedisStoreConfig};
 
 const USAGE: &str = "usage: tollgate-fleet-worker URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS \
-                     ACQUIRERS DURATION_MS [sliding|fixed]\n   \
+                     ACQUIRERS DURATION_MS [sliding|fixed|gcra]\n   \
                      or: tollgate-fleet-worker --steps URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS \
-                     [sliding|fixed]";
+                     [sliding|fixed|gcra]\n   \
+                     or: tollgate-fleet-worker --priority URL NAMESPACE LIMIT_NAME LIMIT \
+                     PERIOD_MS sliding|fixed|gcra low|normal|high loops:N|rate:R VENDOR_ADDR \
+                     DURATION_MS";
 
 fn argument<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> T {
     match args.get(index).map(|text| text.parse()) {
@@ -40,10 +58,13 @@ fn argument<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> 
     }
 }
 
-fn algorithm(args: &[String], index: usize) -> Algorithm {
+/// The algorithm named at `index` (sliding when none is); GCRA's burst is `limit`, the rules'
+/// default.
+fn algorithm(args: &[String], index: usize, limit: u64) -> Algorithm {
     match args.get(index).map(String::as_str) {
         None | Some("sliding") => Algorithm::Sliding,
         Some("fixed") => Algorithm::Fixed,
+        Some("gcra") => Algorithm::Gcra { burst: limit },
         Some(other) => {
             eprintln!("{USAGE}\nunknown algorithm {other}");
             std::process::exit(2);
@@ -62,16 +83,17 @@ struct Shared {
 }
 
 impl Shared {
-    /// The five arguments both modes start with, then the algorithm at `algorithm_at`.
+    /// The five arguments every mode starts with, then the algorithm at `algorithm_at`.
     fn parse(args: &[String], algorithm_at: usize) -> Shared {
         let name: String = argument(args, 2, "LIMIT_NAME");
+        let limit = argument(args, 3, "LIMIT");
         Shared {
             url: argument(args, 0, "URL"),
             namespace: argument(args, 1, "NAMESPACE"),
             names: name.split(',').map(str::to_owned).collect(),
-            limit: argument(args, 3, "LIMIT"),
+            limit,
             period_ms: argument(args, 4, "PERIOD_MS"),
-            algorithm: algorithm(args, algorithm_at),
+            algorithm: algorithm(args, algorithm_at, limit),
         }
     }
 
@@ -146,6 +168,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
         Some((flag, rest)) if flag == "--steps" => steps(&runtime, &Shared::parse(rest, 5)),
+        Some((flag, rest)) if flag == "--priority" => runtime.block_on(priority(rest)),
         _ => runtime.block_on(run(&args)),
     }
 }
@@ -227,4 +250,171 @@ async fn run(args: &[String]) {
         grants.load(Ordering::Relaxed),
         errors.load(Ordering::Relaxed)
     );
+}
+
+/// How a `--priority` worker asks: loops that ask again as soon as they are answered, or
+/// requests started at a steady rate.
+enum Mode {
+    Loops(u64),
+    Rate(u64),
+}
+
+impl Mode {
+    /// How long one request of the mode waits: a bulk loop has all the time it needs, an
+    /// interactive request gives up after a few seconds.
+    fn wait(&self) -> Duration {
+        match self {
+            Mode::Loops(_) => Duration::from_secs(30),
+            Mode::Rate(_) => Duration::from_secs(5),
+        }
+    }
+}
+
+fn mode(args: &[String], index: usize) -> Mode {
+    let text: String = argument(args, index, "MODE");
+    let parsed = match text.split_once(':') {
+        Some(("loops", count)) => count.parse().ok().map(Mode::Loops),
+        Some(("rate", per_second)) => per_second.parse().ok().map(Mode::Rate),
+        _ => None,
+    };
+    match parsed {
+        Some(Mode::Loops(0) | Mode::Rate(0 | 1_001..)) | None => {
+            eprintln!("{USAGE}\nbad MODE {text:?}: loops:N or rate:R, N above 0, R 1 to 1000");
+            std::process::exit(2);
+        }
+        Some(mode) => mode,
+    }
+}
+
+/// The wall clock, in microseconds since the epoch: the clock the vendor stamps arrivals with.
+fn wall_clock_us() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64)
+}
+
+/// What a `--priority` worker's requests share.
+struct Asker {
+    limiter: Limiter,
+    name: String,
+    priority: Priority,
+    wait: Duration,
+    vendor: String,
+    grants: AtomicU64,
+    denials: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Asker {
+    /// One request: acquire, waiting up to the mode's wait, then on a grant call the vendor.
+    async fn ask(&self) {
+        let start_us = wall_clock_us();
+        let request = Request::new(&self.name)
+            .priority(self.priority)
+            .wait(self.wait)
+            .refundable(false);
+        let failure = match self.limiter.acquire(&request).await {
+            Ok(Outcome::Granted(_)) => {
+                let granted_us = wall_clock_us();
+                match self.call_vendor(start_us, granted_us).await {
+                    Ok(()) => {
+                        self.grants.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    Err(error) => format!("vendor: {error}"),
+                }
+            }
+            Ok(Outcome::Denied(_)) => {
+                self.denials.fetch_add(1, Ordering::Relaxed);
+                print_line(&format!("denied {start_us}\n"));
+                return;
+            }
+            Err(error) => error.to_string(),
+        };
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        print_line(&format!("error {failure}\n"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    async fn call_vendor(&self, start_us: u64, granted_us: u64) -> std::io::Result<()> {
+        let mut stream = tokio::net::TcpStream::connect(&self.vendor).await?;
+        let line = format!(
+            "library {} {start_us} {granted_us}\n",
+            self.priority.as_str()
+        );
+        stream.write_all(line.as_bytes()).await?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut answer)
+            .await?;
+        if answer.trim_end() == "ok" {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("answered {answer:?}")))
+        }
+    }
+}
+
+/// The `--priority` mode (see the module's docs).
+async fn priority(args: &[String]) {
+    let shared = Shared::parse(args, 5);
+    let priority = match args.get(6).map(|text| Priority::parse(text)) {
+        Some(Some(priority)) => priority,
+        _ => {
+            eprintln!("{USAGE}\nbad or missing PRIORITY");
+            std::process::exit(2);
+        }
+    };
+    let mode = mode(args, 7);
+    let vendor: String = argument(args, 8, "VENDOR_ADDR");
+    let duration_ms: u64 = argument(args, 9, "DURATION_MS");
+    let asker = Arc::new(Asker {
+        limiter: shared.limiter().await,
+        name: shared.names[0].clone(),
+        priority,
+        wait: mode.wait(),
+        vendor,
+        grants: AtomicU64::new(0),
+        denials: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    print_line("ready\n");
+    let started = tokio::time::Instant::now();
+    let end = started + Duration::from_millis(duration_ms);
+    let mut tasks = Vec::new();
+    match mode {
+        Mode::Loops(loops) => {
+            for _ in 0..loops {
+                let asker = asker.clone();
+                tasks.push(tokio::spawn(async move {
+                    // A request still waiting at the end is dropped, which leaves the queue.
+                    let _ = tokio::time::timeout_at(end, async {
+                        loop {
+                            asker.ask().await;
+                        }
+                    })
+                    .await;
+                }));
+            }
+        }
+        Mode::Rate(per_second) => {
+            let every = Duration::from_micros(1_000_000 / per_second);
+            let mut at = started;
+            while at < end {
+                tokio::time::sleep_until(at).await;
+                let asker = asker.clone();
+                tasks.push(tokio::spawn(async move { asker.ask().await }));
+                at += every;
+            }
+        }
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    print_line(&format!(
+        "done {} {} {}\n",
+        asker.grants.load(Ordering::Relaxed),
+        asker.denials.load(Ordering::Relaxed),
+        asker.errors.load(Ordering::Relaxed)
+    ));
 }
