@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Names after the bound keep only the models whose name starts with one of them
-//! (`check --large cross-slot failover`).
+//! (`check --large cross-slot failover queue`).
 //!
 //! Exits non-zero if any model's outcome differs from what the tests expect.
 
@@ -18,6 +18,7 @@ use stateright::Model;
 use tollgate_model::cross_slot::{self, CrossSlotModel, OnDenial, Order};
 use tollgate_model::failover::{self, Check, FailoverModel, Hold};
 use tollgate_model::protocol::{self, LossHandling, ProtocolModel, SAFETY_AND_LIVENESS, Setup};
+use tollgate_model::queue::{self, QueueModel, Rule};
 use tollgate_model::{Bound, Outcome, calls, run, tokens, trace};
 
 /// Print an outcome and tell whether it found exactly the failures it was expected to.
@@ -267,6 +268,74 @@ fn main() -> ExitCode {
         if wanted(&name) {
             let model = FailoverModel::new(setup);
             match check(&name, model, g6, failures) {
+                Some(as_expected) => all_as_expected &= as_expected,
+                None => return ExitCode::FAILURE,
+            }
+        }
+    }
+
+    let queue_checks: [(&str, queue::Setup, &[&'static str]); 8] = [
+        ("queue/fleet", queue::Setup::fleet(bound), &[]),
+        ("queue/fixed", queue::Setup::fixed(bound), &[]),
+        (
+            "queue/reserve",
+            queue::Setup::reserve(bound),
+            &[queue::QUEUED_ONLY_WHEN_NEEDED],
+        ),
+        (
+            "queue/no-registration",
+            queue::Setup {
+                rule: Rule::NoRegistration,
+                ..queue::Setup::fleet(bound)
+            },
+            &[queue::NO_LOWER_GRANT, queue::FIRST_COME],
+        ),
+        (
+            "queue/no-expiry",
+            queue::Setup {
+                rule: Rule::NoExpiry,
+                slow_waiters: false,
+                ..queue::Setup::fleet(bound)
+            },
+            &[queue::HEAD_NOT_STARVED, queue::DEAD_PLACES_BOUNDED],
+        ),
+        (
+            "queue/no-expiry/slow",
+            queue::Setup {
+                rule: Rule::NoExpiry,
+                ..queue::Setup::fleet(bound)
+            },
+            &[
+                queue::FIRST_COME,
+                queue::HEAD_NOT_STARVED,
+                queue::DEAD_PLACES_BOUNDED,
+            ],
+        ),
+        (
+            "queue/own-place-ahead",
+            queue::Setup {
+                rule: Rule::OwnPlaceAhead,
+                ..queue::Setup::fleet(bound)
+            },
+            &[queue::HEAD_NOT_STARVED, queue::DEAD_PLACES_BOUNDED],
+        ),
+        (
+            "queue/renewal-rearrives",
+            queue::Setup {
+                rule: Rule::RenewalRearrives,
+                ..queue::Setup::fleet(bound)
+            },
+            &[
+                queue::FIRST_COME,
+                queue::HEAD_NOT_STARVED,
+                queue::DEAD_PLACES_BOUNDED,
+            ],
+        ),
+    ];
+    for (name, setup, failures) in queue_checks {
+        if wanted(name) {
+            let model = QueueModel::new(setup);
+            match check(name, model, &queue::ALL, failures) {
                 Some(as_expected) => all_as_expected &= as_expected,
                 None => return ExitCode::FAILURE,
             }

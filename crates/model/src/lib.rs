@@ -13,6 +13,9 @@
 //! - [`failover`]: one Redis Cluster slot through asynchronous replication, failovers,
 //!   restarts and resharding, every decision made with the loss check of
 //!   `tollgate_redis_protocol::loss` over a real `tollgate_core::Counter`.
+//! - [`queue`]: one counter's queue across the fleet, waiters of several priorities in several
+//!   processes that ask again, give up or crash, ordered by `tollgate_redis_protocol::queue`
+//!   over a real `tollgate_core::Counter`.
 //!
 //! [`run`] explores a model and [`trace`] prints a discovery step by step. The bounds of every
 //! model come from [`Bound`]: small by default so `cargo test` stays quick, larger with
@@ -22,6 +25,7 @@ pub mod calls;
 pub mod cross_slot;
 pub mod failover;
 pub mod protocol;
+pub mod queue;
 mod run;
 pub mod tokens;
 
