@@ -278,25 +278,36 @@ fn the_lua_script_decides_exactly_like_the_core() {
         .build()
         .expect("runtime");
     let store = Arc::new(connect(&runtime, url, "differential", 100_000));
+    run_sequences(
+        64,
+        proptest::collection::vec(op(), 1..60),
+        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
+    );
+}
+
+/// `cases` random policies, each with a random sequence of `ops`, through `compare`: each on a
+/// limit name of its own, so no state carries over between cases. Fails on the first
+/// difference, shrunk.
+fn run_sequences<O: Clone + std::fmt::Debug>(
+    cases: u32,
+    ops: impl Strategy<Value = Vec<O>>,
+    compare: impl Fn(&str, Policy, Vec<O>) -> Result<(), String>,
+) {
     let mut runner = TestRunner::new(Config {
-        cases: 64,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
     let case = std::sync::atomic::AtomicU64::new(0);
-    let result = runner.run(
-        &(policy(), proptest::collection::vec(op(), 1..60)),
-        |(policy, ops)| {
-            // A limit name of its own per case: no state carries over between cases.
-            let name = format!(
-                "l{}",
-                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            );
-            let outcome = runtime.block_on(compare(&store, &name, policy, &ops));
-            prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
-            Ok(())
-        },
-    );
+    let result = runner.run(&(policy(), ops), |(policy, ops)| {
+        let name = format!(
+            "l{}",
+            case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let outcome = compare(&name, policy, ops);
+        prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+        Ok(())
+    });
     if let Err(error) = result {
         panic!("{error}");
     }
@@ -791,25 +802,8 @@ fn the_lua_queue_of_waiters_decides_exactly_like_its_reference() {
     let mut store = connect(&runtime, url, "differential-queue", 100_000);
     store.place_ttl_us = QUEUE_PLACE_TTL_US;
     let store = Arc::new(store);
-    let mut runner = TestRunner::new(Config {
-        cases: 48,
-        failure_persistence: None,
-        ..Config::default()
+    let ops = proptest::collection::vec(queue_op(), 1..50);
+    run_sequences(48, ops, |name, policy, ops| {
+        runtime.block_on(compare_queue(&store, name, policy, &ops))
     });
-    let case = std::sync::atomic::AtomicU64::new(0);
-    let result = runner.run(
-        &(policy(), proptest::collection::vec(queue_op(), 1..50)),
-        |(policy, ops)| {
-            let name = format!(
-                "q{}",
-                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            );
-            let outcome = runtime.block_on(compare_queue(&store, &name, policy, &ops));
-            prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
-            Ok(())
-        },
-    );
-    if let Err(error) = result {
-        panic!("{error}");
-    }
 }

@@ -74,6 +74,26 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// The pool's one lease, taken at normal priority: it must be free.
+async fn hold(limiter: &Limiter) -> tollgate::Permit {
+    let answer = limiter.try_acquire(&Request::new("pool")).await;
+    answer
+        .expect("answers")
+        .granted()
+        .expect("the pool is free")
+}
+
+/// A high request on the pool, waiting up to a minute, in a task of its own.
+fn wait_high(limiter: &Limiter) -> tokio::task::JoinHandle<tollgate::Result<Outcome>> {
+    let limiter = limiter.clone();
+    tokio::spawn(async move {
+        let request = Request::new("pool")
+            .priority(Priority::High)
+            .wait(Duration::from_secs(60));
+        limiter.acquire(&request).await
+    })
+}
+
 /// Until `limiter` has a request waiting on `pool` (it registered, or is about to).
 async fn until_waiting(limiter: &Limiter) {
     for _ in 0..3_000 {
@@ -128,8 +148,7 @@ fn a_lower_priority_elsewhere_leaves_a_waiting_higher_one_the_unit() {
 
         // A high request in the other process waits (it asked while the pool was held, and
         // will ask again when it is woken): the unit freed is kept for it.
-        let held = bulk.try_acquire(&low).await.expect("answers").granted();
-        let held = held.expect("the pool is free");
+        let held = hold(&bulk).await;
         let asked = two.acquire_waiting(&takes, 1, Priority::High, false, high);
         assert!(!asked.await.expect("answers").is_granted());
         held.release().await.expect("release");
@@ -155,17 +174,8 @@ fn a_lower_priority_elsewhere_leaves_a_waiting_higher_one_the_unit() {
         // The same through the limiter's waiting: its place is in the store while it waits,
         // and whichever of the two asks first once the pool is free, the low request is not
         // served before the high one.
-        let held = bulk.try_acquire(&low).await.expect("answers").granted();
-        let held = held.expect("the pool is free");
-        let waiting = {
-            let interactive = interactive.clone();
-            tokio::spawn(async move {
-                let request = Request::new("pool")
-                    .priority(Priority::High)
-                    .wait(Duration::from_secs(60));
-                interactive.acquire(&request).await.expect("answers")
-            })
-        };
+        let held = hold(&bulk).await;
+        let waiting = wait_high(&interactive);
         let mut stood = false;
         for _ in 0..3_000 {
             if places(&two).await.len() == 1 {
@@ -182,7 +192,7 @@ fn a_lower_priority_elsewhere_leaves_a_waiting_higher_one_the_unit() {
         if let Outcome::Granted(_) = bulk.try_acquire(&low).await.expect("answers") {
             panic!("a low request took the unit a high one waits for");
         }
-        let granted = waiting.await.expect("the waiter ran");
+        let granted = waiting.await.expect("the waiter ran").expect("answers");
         let permit = granted.granted().expect("the high request is granted");
         permit.release().await.expect("release");
         let low_waits = low.wait(Duration::from_secs(30));
@@ -200,21 +210,8 @@ fn a_cancelled_waiter_gives_its_place_up_at_once() {
         let (one, two) = two_processes(&url, "cancel", 600_000_000).await;
         let bulk = limiter(Arc::new(one), pool());
         let interactive = limiter(Arc::new(two), pool());
-        let held = bulk
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("answers")
-            .granted()
-            .expect("the pool is free");
-        let waiting = {
-            let interactive = interactive.clone();
-            tokio::spawn(async move {
-                let request = Request::new("pool")
-                    .priority(Priority::High)
-                    .wait(Duration::from_secs(60));
-                interactive.acquire(&request).await
-            })
-        };
+        let held = hold(&bulk).await;
+        let waiting = wait_high(&interactive);
         until_waiting(&interactive).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         waiting.abort();
@@ -250,12 +247,7 @@ fn a_dead_waiter_holds_no_one_back_past_its_place_s_expiry() {
         // Another process's high request asks, as a waiter does, while the pool is held, and
         // is never heard of again (its process died): its place stays until it expires.
         let bulk = limiter(Arc::new(one), policy);
-        let held = bulk
-            .try_acquire(&Request::new("pool"))
-            .await
-            .expect("answers")
-            .granted()
-            .expect("the pool is free");
+        let held = hold(&bulk).await;
         let dead = two
             .acquire_waiting(
                 &takes,
