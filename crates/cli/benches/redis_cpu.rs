@@ -18,6 +18,10 @@
 //!   another process waits (one place in each key's queue across the fleet): what reading the
 //!   queue costs while waiters exist.
 //!
+//! And the floor, beside the peers: a registered function that does the I/O of one of
+//! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
+//! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least.
+//!
 //! `scripts/bench-redis-cpu` builds redis-cell, starts a private Redis with it and runs this
 //! with `BENCH_REDIS_PORT` set. The bench resets that Redis's statistics: never point it at a
 //! Redis other work uses. `BENCH_DECISIONS` (default 50,000) decisions per case;
@@ -496,6 +500,82 @@ async fn cell_case(
     measure(stats, &["cl.throttle"], decisions, one).await
 }
 
+/// The floor: a function library of two, loaded with `FUNCTION LOAD REPLACE`. `floor_io` does
+/// the I/O of one of Tollgate's decisions and no decision: it reads Redis's clock (`TIME`), one
+/// key (`GET`, as the generation), three more in one `MGET` (a counter's keys), unpacks 20
+/// big-endian doubles from its one argument, writes an 80-byte value packed from ten of them
+/// with an expiry (`SET ... PX`), and replies with 9 numbers. `floor_one` returns 1: what a
+/// call of a function costs at all.
+const FLOOR_LIBRARY: &str = "#!lua name=tollgate_floor
+redis.register_function('floor_io', function(keys, args)
+  local time = redis.call('TIME')
+  local generation = redis.call('GET', keys[1])
+  local values = redis.call('MGET', keys[2], keys[3], keys[4])
+  local a = { struct.unpack('>dddddddddddddddddddd', args[1]) }
+  a[1] = tonumber(time[1])
+  redis.call('SET', keys[2], struct.pack('>dddddddddd', a[1], a[2], a[3], a[4], a[5], a[6],
+    a[7], a[8], a[9], a[10]), 'PX', 60000)
+  return { 0, a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8] }
+end)
+redis.register_function('floor_one', function(keys, args) return 1 end)
+";
+
+/// Which function of the floor library a row calls.
+#[derive(Clone, Copy)]
+enum Floor {
+    Io,
+    One,
+}
+
+async fn floor_case(
+    connection: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+    floor: Floor,
+) -> Figures {
+    let mut loader = connection.clone();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FLOOR_LIBRARY)
+        .query_async(&mut loader)
+        .await
+        .expect("FUNCTION LOAD of the floor library");
+    let numbers: Arc<Vec<u8>> = Arc::new(
+        (1..=20u32)
+            .flat_map(|n| (f64::from(n) * 1_000.5).to_be_bytes())
+            .collect(),
+    );
+    let connection = connection.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let mut connection = connection.clone();
+        let keys = keys.clone();
+        let numbers = numbers.clone();
+        async move {
+            let key = &keys[k];
+            let mut command = redis::cmd("FCALL");
+            match floor {
+                Floor::Io => command
+                    .arg("floor_io")
+                    .arg(4)
+                    .arg("floor:gen")
+                    .arg(format!("floor:c:{key}"))
+                    .arg(format!("floor:r:{key}"))
+                    .arg(format!("floor:q:{key}"))
+                    .arg(numbers.as_slice()),
+                Floor::One => command.arg("floor_one").arg(0),
+            };
+            let _: redis::Value = command
+                .query_async(&mut connection)
+                .await
+                .expect("FCALL of the floor library");
+        }
+    };
+    measure(stats, &["fcall"], decisions, one).await
+}
+
 async fn incr_case(
     connection: &MultiplexedConnection,
     keys: &Arc<Vec<String>>,
@@ -634,6 +714,20 @@ async fn round(
         path: "peer",
         peer: Some(Peer::Incr),
         figures: incr_case(peers, keys, stats, decisions).await,
+        target: None,
+    });
+    rows.push(Row {
+        case: "floor: Tollgate's I/O, no decision",
+        path: "floor",
+        peer: None,
+        figures: floor_case(peers, keys, stats, decisions, Floor::Io).await,
+        target: None,
+    });
+    rows.push(Row {
+        case: "floor: a function returning 1",
+        path: "floor",
+        peer: None,
+        figures: floor_case(peers, keys, stats, decisions, Floor::One).await,
         target: None,
     });
     for case in Case::ALL {
