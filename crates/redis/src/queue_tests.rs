@@ -285,3 +285,48 @@ fn a_dead_waiter_holds_no_one_back_past_its_place_s_expiry() {
         );
     });
 }
+
+/// What waiting requests can make Redis hold for one counter: at most `PLACES_MAX` places,
+/// however many wait, and the best by rank (a high request still gets in when it is full).
+#[test]
+fn a_counter_s_queue_keeps_its_best_places_and_no_more() {
+    let Some(url) = redis_url("a_counter_s_queue_keeps_its_best_places_and_no_more") else {
+        return;
+    };
+    runtime().block_on(async {
+        let (one, _) = two_processes(&url, "full", 600_000_000).await;
+        let one = Arc::new(one);
+        let bulk = limiter(one.clone(), pool());
+        let _held = hold(&bulk).await;
+        let policy = pool();
+        let takes = [Take {
+            counter: CounterId {
+                limit: "pool",
+                key: None,
+            },
+            policy: &policy,
+        }];
+        let max = tollgate_redis_protocol::queue::PLACES_MAX as u64;
+        for id in 1..=max + 8 {
+            let waiter = WaiterId::new(id).expect("an id");
+            let asked = one.acquire_waiting(&takes, 1, Priority::Low, false, waiter);
+            assert!(!asked.await.expect("answers").is_granted());
+        }
+        let kept = places(&one).await;
+        assert_eq!(kept.len() as u64, max, "the queue is bounded");
+        assert!(
+            kept.iter().all(|place| place.rank.id <= max),
+            "the first come are kept"
+        );
+        let high = WaiterId::new(10_000).expect("an id");
+        let asked = one.acquire_waiting(&takes, 1, Priority::High, false, high);
+        assert!(!asked.await.expect("answers").is_granted());
+        let kept = places(&one).await;
+        assert_eq!(kept.len() as u64, max);
+        assert_eq!(kept[0].rank.id, 10_000, "a high request gets in, first");
+        assert!(
+            !kept.iter().any(|place| place.rank.id == max),
+            "the last low one made room"
+        );
+    });
+}
