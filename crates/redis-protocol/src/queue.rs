@@ -55,6 +55,13 @@ pub struct Place {
 /// arrived when it did, or earlier.
 pub const NOT_WAITING: u64 = 0;
 
+/// The id such a request ranks with: past every id a waiter can have (below 2^53).
+pub const NEWCOMER_ID: u64 = 1 << 53;
+
+/// The shortest retry hint of a denial owed to places ahead: when the counter already has the
+/// room, the request waits for those ahead to take it, which is no sooner than their next ask.
+pub const QUEUED_RETRY_MIN_US: u64 = 10_000;
+
 /// Where a request of `priority` stands at `now_us`: a waiting one (`id` not `NOT_WAITING`)
 /// keeps the arrival of its live place, if it has one; anyone else arrives now.
 pub fn rank_of(queue: &[Place], now_us: u64, priority: u64, id: u64) -> Rank {
@@ -71,7 +78,7 @@ pub fn rank_of(queue: &[Place], now_us: u64, priority: u64, id: u64) -> Rank {
     Rank {
         priority,
         arrival_us: now_us,
-        id: if id == NOT_WAITING { u64::MAX } else { id },
+        id: if id == NOT_WAITING { NEWCOMER_ID } else { id },
     }
 }
 

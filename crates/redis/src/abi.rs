@@ -1,11 +1,13 @@
 //! The numbers `tollgate.lua` and this crate exchange, written once: the operation codes, a
-//! policy's kind and algorithm, priorities, a counter's outcome and a denial's reason. The
+//! policy's kind and algorithm, priorities, a counter's outcome and a denial's reason, and the
+//! bounds of a counter's queue across the fleet (`tollgate_redis_protocol::queue`). The
 //! script's text names each as `__NAME__`; `script` puts the numbers in before Redis loads it,
 //! so the two sides cannot drift apart.
 
 use std::sync::LazyLock;
 
 use tollgate::{DenyReason, Priority};
+use tollgate_redis_protocol::queue;
 
 /// The script's operation codes (the first number of its arguments).
 pub(crate) const OP_ACQUIRE: u64 = 1;
@@ -43,7 +45,7 @@ pub(crate) const REASON_RECOVERING: u64 = 2;
 pub(crate) const REASON_QUEUED: u64 = 3;
 
 /// Every code by the name the script's text gives it.
-const CODES: [(&str, u64); 25] = [
+const CODES: [(&str, u64); 29] = [
     ("OP_ACQUIRE", OP_ACQUIRE),
     ("OP_COMMIT", OP_COMMIT),
     ("OP_RENEW", OP_RENEW),
@@ -69,6 +71,10 @@ const CODES: [(&str, u64); 25] = [
     ("REASON_PAUSED", REASON_PAUSED),
     ("REASON_RECOVERING", REASON_RECOVERING),
     ("REASON_QUEUED", REASON_QUEUED),
+    ("PLACES_MAX", queue::PLACES_MAX as u64),
+    ("PLACE_BYTES", queue::PLACE_BYTES as u64),
+    ("NEWCOMER_ID", queue::NEWCOMER_ID),
+    ("QUEUED_RETRY_MIN_US", queue::QUEUED_RETRY_MIN_US),
 ];
 
 /// The script as written, with its codes as names.

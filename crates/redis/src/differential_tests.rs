@@ -658,7 +658,7 @@ fn queue_reference(
             let retry_after_us = room.map_or(0, |room| room.retry_after_us);
             denial = Some(Denial {
                 retry_after_us: if retry_after_us == 0 {
-                    10_000
+                    queue::QUEUED_RETRY_MIN_US
                 } else {
                     retry_after_us
                 },

@@ -771,16 +771,17 @@ function T.evictions(gen, raw, key, now)
 end
 
 -- One counter's queue across the fleet (crates/redis-protocol/src/queue.rs, the reference this
--- follows; the differential tests compare them): places of waiting requests, 40 bytes each,
+-- follows; the differential tests compare them, and its bounds are put in from there):
+-- places of waiting requests, PLACE_BYTES (40) each,
 -- '>ddddd' (priority, arrival, id, cost, expires), in rank order: higher priority first, then
 -- earlier arrival, then lower id. A request is granted only if its counter has room for its
 -- cost plus the costs of every live place ahead of it. A request that does not wait has id
--- 2^53, after every id a process draws. At most 32 places (PLACES_MAX): a full queue keeps
+-- NEWCOMER_ID (2^53), after every id a process draws. At most PLACES_MAX (32): a full queue keeps
 -- its best. Read only when its key exists: a counter nobody waits for pays one key in the MGET.
 function T.queue_read(raw, now)
   local q, expired = {}, false
   if not raw then return q, false end
-  for at = 1, #raw - 39, 40 do
+  for at = 1, #raw - __PLACE_BYTES__ + 1, __PLACE_BYTES__ do
     local pr, ar, id, cost, ex = struct.unpack('>ddddd', raw, at)
     if ex > now then q[#q + 1] = { pr, ar, id, cost, ex } else expired = true end
   end
@@ -829,9 +830,9 @@ function T.queue_stand(q, rank, cost, now, ttl)
       break
     end
   end
-  if at > 32 then return end
+  if at > __PLACES_MAX__ then return end
   table.insert(q, at, place)
-  if #q > 32 then q[#q] = nil end
+  if #q > __PLACES_MAX__ then q[#q] = nil end
 end
 
 function T.queue_write(key, q, now)
@@ -895,7 +896,7 @@ function T.decide(KEYS, ARGV)
     -- its budget's slot, before anything is written; or keys now born lost i budget.
     local cost, priority, record, n = a[2], a[3], a[4], a[5]
     local waiter, place_ttl = a[6 + n * 15], a[7 + n * 15]
-    if waiter == 0 then waiter = 9007199254740992 end
+    if waiter == 0 then waiter = __NEWCOMER_ID__ end
     local policies, pauses, admissions, queues = {}, {}, {}, {}
     for i = 1, n do
       local at = 6 + (i - 1) * 15
@@ -987,7 +988,7 @@ function T.decide(KEYS, ARGV)
           end
           if room > 0 or cost + ahead > open then
             -- No sooner than those ahead can take it: at least 10 ms when the room is there.
-            if room == 0 then room = 10000 end
+            if room == 0 then room = __QUEUED_RETRY_MIN_US__ end
             denial = { room, T.sub0(open, T.used(c, p, now)), __REASON_QUEUED__ }
           end
         end
@@ -1018,7 +1019,7 @@ function T.decide(KEYS, ARGV)
     -- expired are dropped, and whoever they held back is woken.
     for i = 1, n do
       local q, changed = places[i], freed[i]
-      if waiter < 9007199254740992 and not all_allowed then
+      if waiter < __NEWCOMER_ID__ and not all_allowed then
         q = q or {}
         ranks[i] = ranks[i] or { priority, now, waiter }
         T.queue_stand(q, ranks[i], cost, now, place_ttl)
