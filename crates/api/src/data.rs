@@ -31,6 +31,11 @@ pub struct AcquireBody {
     /// server's `wait_ms_max`.
     #[serde(default, deserialize_with = "crate::number::optional")]
     pub wait_ms: Option<u64>,
+    /// Whether a commit may give unused rate units back (default `true`). `false` is a plain
+    /// "may I go now": the store records no reservation, so the decision is cheaper; the units
+    /// count the same, a commit refunds nothing, and leases are leases as always.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refundable: Option<bool>,
 }
 
 /// One limit's state after a decision.

@@ -1,6 +1,8 @@
-//! Throughput over HTTP keep-alive on loopback: 64 concurrent clients doing acquire + commit
-//! pairs against the built `tollgate serve`, and, when its binary is found, the equivalent
-//! single `POST /throttle` decision against `throttlecrab-server` for comparison.
+//! Throughput over HTTP keep-alive on loopback: 64 concurrent clients against the built
+//! `tollgate serve`, doing acquire + commit pairs, then one-request decisions (`POST
+//! /v1/acquire` with `refundable: false`, and `POST /v1/check`), and, when its binary is found,
+//! the same one-request decision against `throttlecrab-server` (`POST /throttle`) in the same
+//! round, with the ratio of each one-request decision to it.
 //!
 //! `cargo bench -p tollgate-cli --bench http_pairs` runs each for `BENCH_SECONDS` (default 5).
 //! throttlecrab-server is looked up in `THROTTLECRAB_SERVER`, then on `PATH`; install it into a
@@ -81,26 +83,25 @@ where
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 {
-    let admin = Client::new(&url, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("client");
+/// The bench's limit: acquired by name, and matched by `/v1/check` on `GET /bench`.
+async fn put_bench_limit(admin: &Client) {
     // Far above what the benchmark reaches, and no finer than the microsecond a GCRA counter
     // counts in: a billion a second would be a microsecond per unit all the same, with a
     // burst a thousand seconds long for a new Redis namespace to wait out (G6).
     let rule = serde_json::json!({"kind":"rate","limit":1_000_000,"period_ms":1000,
-        "algorithm":"gcra"});
+        "algorithm":"gcra","match":{"method":"GET","path":"/bench"}});
     let put = admin
         .send(Method::PUT, "/v1/limits/bench", Some(&rule))
         .await
         .expect("put");
     assert_eq!(put.status, 200, "{}", put.text());
-    let acquire = serde_json::json!({"limits":["bench"]});
-    let commit = serde_json::json!({"used":1});
     // A Redis namespace never seen before is treated like one that lost its state: it grants
     // nothing for one period (G6). Wait for the first grant before timing anything.
+    let probe_body = serde_json::json!({"limits":["bench"],"refundable":false});
     let started = Instant::now();
     loop {
         let probe = admin
-            .send(Method::POST, "/v1/acquire", Some(&acquire))
+            .send(Method::POST, "/v1/acquire", Some(&probe_body))
             .await
             .expect("acquire");
         if probe.status == 200 {
@@ -109,6 +110,13 @@ async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 
         assert!(started.elapsed() < TIMEOUT, "no grant: {}", probe.text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 {
+    let admin = Client::new(&url, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("client");
+    put_bench_limit(&admin).await;
+    let acquire = serde_json::json!({"limits":["bench"]});
+    let commit = serde_json::json!({"used":1});
     drive(&url, clients, duration, move |client| {
         let acquire = acquire.clone();
         let commit = commit.clone();
@@ -118,6 +126,69 @@ async fn tollgate_pairs(url: String, clients: usize, duration: Duration) -> f64 
         }
     })
     .await
+}
+
+/// One-request decisions: `path` with `body`, each answered 200 (the limit never binds).
+async fn tollgate_decisions(
+    url: String,
+    clients: usize,
+    duration: Duration,
+    path: &'static str,
+    body: serde_json::Value,
+) -> f64 {
+    let admin = Client::new(&url, Some(ADMIN_TOKEN.into()), TIMEOUT).expect("client");
+    put_bench_limit(&admin).await;
+    drive(&url, clients, duration, move |client| {
+        let body = body.clone();
+        async move {
+            let answer = client
+                .send(Method::POST, path, Some(&body))
+                .await
+                .expect("decision");
+            assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+            client
+        }
+    })
+    .await
+}
+
+/// The one-request decisions measured on each store: a label, the path and its body.
+fn one_request_cases() -> [(&'static str, &'static str, serde_json::Value); 2] {
+    [
+        (
+            "POST /v1/acquire, refundable: false",
+            "/v1/acquire",
+            serde_json::json!({"limits":["bench"],"refundable":false}),
+        ),
+        (
+            "POST /v1/check",
+            "/v1/check",
+            serde_json::json!({"method":"GET","path":"/bench"}),
+        ),
+    ]
+}
+
+/// A store's one-request decisions per second, in `one_request_cases` order.
+fn run_one_request(
+    runtime: &tokio::runtime::Runtime,
+    directory: &std::path::Path,
+    redis: Option<(&str, &str)>,
+    store: &str,
+    clients: usize,
+    duration: Duration,
+) -> Vec<f64> {
+    let mut rates = Vec::new();
+    for (label, path, body) in one_request_cases() {
+        // A server of its own per case, so that no case inherits another's counters.
+        let (tollgate, url) = start_tollgate(directory, redis);
+        let rate = runtime.block_on(tollgate_decisions(url, clients, duration, path, body));
+        drop(tollgate);
+        println!(
+            "tollgate serve ({store}): {rate:.0} decisions/s, {label}, {clients} clients, {duration:?}"
+        );
+        rates.push(rate);
+    }
+    rates
 }
 
 async fn throttlecrab_decisions(url: String, clients: usize, duration: Duration) -> f64 {
@@ -178,6 +249,14 @@ fn main() {
         let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
         drop(tollgate);
         report_tollgate("memory store", pairs, clients, duration);
+        let memory = run_one_request(
+            &runtime,
+            directory.path(),
+            None,
+            "memory store",
+            clients,
+            duration,
+        );
         if !benching {
             return;
         }
@@ -189,11 +268,19 @@ fn main() {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |since| since.as_micros())
             );
-            let (tollgate, url) =
-                start_tollgate(directory.path(), Some((redis_url, namespace.as_str())));
+            let redis = Some((redis_url.as_str(), namespace.as_str()));
+            let (tollgate, url) = start_tollgate(directory.path(), redis);
             let pairs = runtime.block_on(tollgate_pairs(url, clients, duration));
             drop(tollgate);
             report_tollgate("redis store", pairs, clients, duration);
+            run_one_request(
+                &runtime,
+                directory.path(),
+                redis,
+                "redis store",
+                clients,
+                duration,
+            );
         }
         match &throttlecrab {
             Some(binary) => {
@@ -201,6 +288,12 @@ fn main() {
                 println!(
                     "throttlecrab-server: {decisions:.0} throttle decisions/s (one request each; it has no commit), {clients} clients, {duration:?}"
                 );
+                for ((label, ..), rate) in one_request_cases().iter().zip(&memory) {
+                    println!(
+                        "ratio tollgate (memory store, {label}) / throttlecrab: {:.2}",
+                        rate / decisions
+                    );
+                }
             }
             None => println!("throttlecrab-server: SKIPPED (not found; set THROTTLECRAB_SERVER)"),
         }

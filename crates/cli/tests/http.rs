@@ -227,6 +227,10 @@ async fn bad_data_plane_requests_are_refused_naming_the_field() {
             "priority",
         ),
         (
+            r#"{"limits":["vendor-x"],"refundable":"no"}"#.to_owned(),
+            "refundable",
+        ),
+        (
             r#"{"limits":["vendor-x"],"colour":"red"}"#.to_owned(),
             "colour",
         ),
@@ -421,6 +425,52 @@ async fn acquire_grants_denies_with_retry_after_and_commit_refunds_once() {
         "not_found",
         None,
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_is_not_refundable_counts_the_same_and_refunds_nothing() {
+    let server = Server::start();
+    put_limit(&server, "vendor-x", RATE).await;
+    put_limit(&server, "pool", POOL).await;
+    let client = server.anonymous();
+    let grant = granted(
+        &client,
+        r#"{"limits":["vendor-x"],"cost":2,"refundable":false}"#,
+    )
+    .await;
+    assert_eq!(grant["limits"][0]["remaining"], 0);
+    // No reservation was recorded: its commit is a conflict that gives nothing back, and the
+    // units stay counted for the whole period.
+    let committed = post(
+        &client,
+        &format!("/v1/permits/{}/commit", permit_of(&grant)),
+        r#"{"used":0}"#,
+    )
+    .await;
+    assert_error(&committed, 409, "conflict", None);
+    assert_error(
+        &post(&client, "/v1/acquire", r#"{"limits":["vendor-x"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
+    // A lease is a lease as always: held until its commit releases it.
+    let lease = granted(&client, r#"{"limits":["pool"],"refundable":false}"#).await;
+    assert_error(
+        &post(&client, "/v1/acquire", r#"{"limits":["pool"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
+    let released = post(
+        &client,
+        &format!("/v1/permits/{}/commit", permit_of(&lease)),
+        r#"{"used":1}"#,
+    )
+    .await;
+    assert_eq!(released.status, 200, "{}", released.text());
+    assert_eq!(released.json.as_ref().expect("json")["released"], 1);
+    granted(&client, r#"{"limits":["pool"]}"#).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

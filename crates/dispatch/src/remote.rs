@@ -177,6 +177,7 @@ impl RemoteQuota {
             cost: Some(1),
             priority: Some(priority.as_str().to_owned()),
             wait_ms: Some(wait_ms),
+            refundable: None,
         };
         let timeout = wait + self.timeout + Duration::from_millis(REMOTE_SLACK_MS);
         let (status, bytes) = self.post("/v1/acquire", &body, timeout).await?;

@@ -101,7 +101,15 @@ function T.ttl_ms(until_us, now)
   return T.div_ceil(until_us - now, 1000) + 1
 end
 
-function T.read_policy(a, at)
+-- A policy read before is known by its nine numbers' bytes in the packed argument (`packed`,
+-- ARGV[1]): `T.policies` keeps at most 1024, from call to call in a function library. A policy
+-- is never changed once read.
+T.policies, T.policies_n = {}, 0
+
+function T.read_policy(a, at, packed)
+  local text = string.sub(packed, 8 * at - 7, 8 * at + 64)
+  local known = T.policies[text]
+  if known then return known end
   local p = {
     kind = a[at], limit = a[at + 1], period = a[at + 2], margin = a[at + 3], alg = a[at + 4],
     burst = a[at + 5], ttl = a[at + 6], res_high = a[at + 7], res_normal = a[at + 8],
@@ -115,6 +123,9 @@ function T.read_policy(a, at)
     p.capacity = p.limit
     p.memory = p.ttl
   end
+  if T.policies_n >= 1024 then T.policies, T.policies_n = {}, 0 end
+  T.policies[text] = p
+  T.policies_n = T.policies_n + 1
   return p
 end
 
@@ -124,19 +135,21 @@ function T.capacity_for(p, priority)
   return p.capacity - p.res_high - p.res_normal
 end
 
--- `rk`, `qk`: the counter's reservations and bucket log keys. `dirty`: the header must be
--- written back.
-function T.empty(keys, now, born)
-  return { ck = keys[1], rk = keys[2], qk = keys[3], g = born,
+-- A counter of the three keys from KEYS[j]: `ck` its state, `rk`, `qk` its reservations and
+-- bucket log keys. `dirty`: the header must be written back. Every field is made here, in one
+-- table of the right size: a table that grows field by field is rebuilt as it grows. The
+-- leases' records (`b`) are made by a counter of leases.
+function T.empty(KEYS, j, now, born)
+  return { ck = KEYS[j], rk = KEYS[j + 1], qk = KEYS[j + 2], g = born,
     p = 0, s = now, k = 0, ro = 0, re = 0, ra = -1, rl = 0, rx = 0, a = 0,
     qu = 0, lo = 0, ls = 0, lu = 0, qo = 0, qe = 0, fs = -1, fu = 0, qx = 0, qw = 0,
-    w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, b = {}, dirty = true }
+    w = 0, wu = 0, u = 0, t = 0, e = 0, l = 0, dirty = true }
 end
 
 -- nil when `raw` is not a counter this script wrote (another format, or damaged).
-function T.decode(raw, keys, now)
-  if string.sub(raw, 1, 1) ~= 'X' or #raw < 81 then return nil end
-  local c = T.empty(keys, now, 0)
+function T.decode(raw, KEYS, j, now)
+  if string.byte(raw, 1) ~= 88 or #raw < 81 then return nil end -- 'X'
+  local c = T.empty(KEYS, j, now, 0)
   c.dirty = false
   local k, at
   c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, c.a, at = struct.unpack('>dddddddddd', raw, 2)
@@ -152,7 +165,8 @@ function T.decode(raw, keys, now)
     local nb
     nb, at = struct.unpack('>d', raw, at)
     if #raw ~= at - 1 + nb * 24 then return nil end
-    local b = c.b
+    local b = {}
+    c.b = b
     for _ = 1, nb do
       local fence, slots, expires_at
       fence, slots, expires_at, at = struct.unpack('>ddd', raw, at)
@@ -167,22 +181,28 @@ function T.decode(raw, keys, now)
   return c
 end
 
+-- One pack for the common kinds ('X' is byte 88).
 function T.encode(c)
   local k = c.k
-  local common = struct.pack('>dddddddddd', c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx, c.a)
   if k == 1 then
-    return 'X' .. common .. struct.pack('>dddddddddd', c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs,
-      c.fu, c.qx, c.qw)
+    return struct.pack('>Bdddddddddddddddddddd', 88, c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl,
+      c.rx, c.a, c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw)
   elseif k == 2 then
-    return 'X' .. common .. struct.pack('>ddd', c.w, c.wu, c.u)
+    return struct.pack('>Bddddddddddddd', 88, c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx,
+      c.a, c.w, c.wu, c.u)
   elseif k == 3 then
-    return 'X' .. common .. struct.pack('>ddd', c.t, c.e, c.l)
-  elseif k == 4 then
-    local parts = { 'X', common, struct.pack('>d', #c.b / 3) }
-    for i = 1, #c.b, 3 do parts[#parts + 1] = struct.pack('>ddd', c.b[i], c.b[i + 1], c.b[i + 2]) end
+    return struct.pack('>Bddddddddddddd', 88, c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx,
+      c.a, c.t, c.e, c.l)
+  end
+  local common = struct.pack('>Bdddddddddd', 88, c.g, c.p, c.s, k, c.ro, c.re, c.ra, c.rl, c.rx,
+    c.a)
+  if k == 4 then
+    local b = c.b
+    local parts = { common, struct.pack('>d', #b / 3) }
+    for i = 1, #b, 3 do parts[#parts + 1] = struct.pack('>ddd', b[i], b[i + 1], b[i + 2]) end
     return table.concat(parts)
   end
-  return 'X' .. common
+  return common
 end
 
 -- The counter in `raw` (a GET's answer), or a new one, and until when it must be held. A new
@@ -190,18 +210,18 @@ end
 -- replica that may have missed its last writes) counts as lost state: it grants nothing until
 -- whatever it may have counted is over. A counter missing after an eviction was seen
 -- (gen.seen, T.evictions) may be an evicted one: it is held the same way, from then.
-function T.load(raw, keys, now, gen, p)
+function T.load(raw, KEYS, j, now, gen, p)
   if raw then
-    local c = T.decode(raw, keys, now)
+    local c = T.decode(raw, KEYS, j, now)
     if c and c.g == gen.born then return c end
     if c then
       c.g = gen.born
       c.dirty = true
       return c, gen.born + p.memory
     end
-    return T.empty(keys, now, gen.born), now + p.memory
+    return T.empty(KEYS, j, now, gen.born), now + p.memory
   end
-  return T.empty(keys, now, gen.born), math.max(gen.born, gen.seen) + p.memory
+  return T.empty(KEYS, j, now, gen.born), math.max(gen.born, gen.seen) + p.memory
 end
 
 -- Hold a counter until `hold_until`: a pause it already had that ends later stays.
@@ -545,8 +565,8 @@ function T.grant(c, p, now, cost, priority, record)
     if first or restarted then c.ra = reserved_at end
     c.rl = reserved_at
   end
-  return { seq, T.sub0(open, T.used(c, p, now)),
-    math.min(T.sub0(T.counted_until(c, p), now), p.memory), lease_expires_at }
+  return seq, T.sub0(open, T.used(c, p, now)),
+    math.min(T.sub0(T.counted_until(c, p), now), p.memory), lease_expires_at
 end
 
 -- Write the counter back with its expiry (when it goes idle), or delete it if it already is.
@@ -719,20 +739,26 @@ end
 -- a slot moved here) means state may be lost: a new generation starts, born now, and every
 -- counter not written since (T.load) waits out whatever it may have counted (G6). A reshard
 -- loses nothing, but nothing the script can see tells it from a failover to a stale copy.
+-- A generation read before is known by its text (`T.generations`, kept by a function library
+-- from call to call, at most 1024 of them): read again, it is neither unpacked nor compared.
+T.generations, T.generations_n = {}, 0
+
 function T.generation(raw, key, now)
-  local born, renew, owner
-  if raw and #raw > 16 then
-    born, renew = struct.unpack('>dd', raw)
-    owner = string.sub(raw, 17)
-  end
   local me = T.identity()
+  local born, renew
+  local known = raw and T.generations[raw]
+  if known then
+    born, renew = known[1], known[2]
+  elseif raw and #raw > 16 and string.sub(raw, 17) == me then
+    born, renew = struct.unpack('>dd', raw)
+    if T.generations_n >= 1024 then T.generations, T.generations_n = {}, 0 end
+    T.generations[raw] = { born, renew }
+    T.generations_n = T.generations_n + 1
+  end
+  -- Missing, or written by another master: lost.
   local gen = { born = born, lost = 0, seen = 0 }
   if born == nil then
     gen.lost = 1
-  elseif owner ~= me then
-    gen.lost = 1
-  end
-  if gen.lost == 1 then
     gen.born = now
     renew = 0
   end
@@ -862,9 +888,18 @@ function T.wake(channel, counter_key)
   redis.call('PUBLISH', channel, counter_key)
 end
 
+-- The unpacking format of each count of numbers, made once.
+T.formats = {}
+
 -- One operation: KEYS and ARGV as in the header.
 function T.decide(KEYS, ARGV)
-  local a = { struct.unpack('>' .. string.rep('d', #ARGV[1] / 8), ARGV[1]) }
+  local count = #ARGV[1] / 8
+  local format = T.formats[count]
+  if not format then
+    format = '>' .. string.rep('d', count)
+    T.formats[count] = format
+  end
+  local a = { struct.unpack(format, ARGV[1]) }
   local op = a[1]
   local watch = op >= __OP_WATCH_EVICTIONS__
   if watch then op = op - __OP_WATCH_EVICTIONS__ end
@@ -900,7 +935,7 @@ function T.decide(KEYS, ARGV)
     local policies, pauses, admissions, queues = {}, {}, {}, {}
     for i = 1, n do
       local at = 6 + (i - 1) * 15
-      local p = T.read_policy(a, at)
+      local p = T.read_policy(a, at, ARGV[1])
       local open = T.capacity_for(p, priority)
       if cost < 1 or cost > open then
         local gen = T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
@@ -931,25 +966,27 @@ function T.decide(KEYS, ARGV)
     local values = redis.call('MGET', unpack(names))
     local gen = T.generation(values[1], KEYS[1], now)
     if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
-    local counters, outcomes, held = {}, {}, {}
+    local counters = {}
     for i = 1, n do
-      local c, hold_until = T.load(values[i + 1], { KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1] },
-        now, gen, policies[i])
+      local c, hold_until = T.load(values[i + 1], KEYS, 3 * i - 1, now, gen, policies[i])
       if hold_until then T.hold(c, now, hold_until) end
       counters[i] = c
     end
     -- Keys to admit in another slot's budget: asked of the caller before anything is written.
-    local ask = T.head('admit', now, gen)
+    local ask
     for i = 1, n do
       local adm, c = admissions[i], counters[i]
       if adm.tally < 0 and adm.carried >= 0 then
         local need = T.need(c, policies[i], now, true)
         if need > c.a and adm.carried < need then
+          ask = ask or T.head('admit', now, gen)
           ask[#ask + 1], ask[#ask + 2], ask[#ask + 3] = i, c.a, need
         end
       end
     end
-    if #ask > 4 then return ask end
+    if ask then return ask end
+    -- Made only when needed: most decisions hold nothing and find no queue.
+    local held
     for i = 1, n do
       local answer = T.cover(counters[i], policies[i], now, true, admissions[i], gen, KEYS, 1)
       if answer and answer[1] == 'keys' then
@@ -958,17 +995,22 @@ function T.decide(KEYS, ARGV)
         return reply
       end
       -- Held after a loss of its budget: recovering, and not written past its cover.
-      if answer then held[i] = answer[2] end
+      if answer then
+        held = held or {}
+        held[i] = answer[2]
+      end
     end
+    -- The reply, each counter's five numbers written in place.
+    local reply = T.head('ok', now, gen)
     local all_allowed = true
-    local places, ranks, freed = {}, {}, {}
+    local places, ranks, freed
     for i = 1, n do
       local p, c = policies[i], counters[i]
       local open = T.capacity_for(p, priority)
       local limit_paused_until = -pauses[i]
       if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
       local denial
-      if held[i] then
+      if held and held[i] then
         denial = { T.sub0(held[i], now), 0, __REASON_RECOVERING__ }
       else
         denial = T.check(c, p, now, cost, priority, limit_paused_until)
@@ -977,6 +1019,7 @@ function T.decide(KEYS, ARGV)
       if raw_queue then
         local q, expired = T.queue_read(raw_queue, now)
         local rank, ahead = T.queue_rank(q, now, priority, waiter)
+        places, ranks, freed = places or {}, ranks or {}, freed or {}
         places[i], ranks[i], freed[i] = q, rank, expired
         -- Room for itself is not enough: also for every place ahead, or it waits behind them.
         if not denial and ahead > 0 then
@@ -998,47 +1041,51 @@ function T.decide(KEYS, ARGV)
           and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
         denial[3] = __REASON_RECOVERING__
       end
+      local at = 5 * i
       if denial then
         all_allowed = false
-        outcomes[i] = { __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0 }
+        reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+          __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0
       else
-        outcomes[i] = { __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0 }
+        reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+          __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0
       end
     end
     if all_allowed then
       for i = 1, n do
-        local g = T.grant(counters[i], policies[i], now, cost, priority, record)
-        outcomes[i] = { __OUTCOME_GRANTED__, g[1], g[2], g[3], g[4] }
+        local at = 5 * i
+        reply[at] = __OUTCOME_GRANTED__
+        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+          T.grant(counters[i], policies[i], now, cost, priority, record)
       end
     end
     -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
     for i = 1, n do
-      if not held[i] then T.save(counters[i], policies[i], now) end
+      if not (held and held[i]) then T.save(counters[i], policies[i], now) end
     end
     -- A waiting request denied takes (or renews) its place; granted, it leaves. Places that
     -- expired are dropped, and whoever they held back is woken.
-    for i = 1, n do
-      local q, changed = places[i], freed[i]
-      if waiter < __NEWCOMER_ID__ and not all_allowed then
-        q = q or {}
-        ranks[i] = ranks[i] or { priority, now, waiter }
-        T.queue_stand(q, ranks[i], cost, now, place_ttl)
-        changed = true
-      elseif q and T.queue_leave(q, waiter) then
-        changed = true
-      end
-      if changed then T.queue_write(KEYS[queues[i]], q, now) end
-      if freed[i] then T.wake(T.wake_channel(KEYS[1]), KEYS[3 * i - 1]) end
+    if waiter < __NEWCOMER_ID__ and not all_allowed then
+      places, ranks, freed = places or {}, ranks or {}, freed or {}
     end
-    local reply = T.head('ok', now, gen)
-    for i = 1, n do
-      local o = outcomes[i]
-      for j = 1, 5 do reply[#reply + 1] = o[j] end
+    if places then
+      for i = 1, n do
+        local q, changed = places[i], freed[i]
+        if waiter < __NEWCOMER_ID__ and not all_allowed then
+          q = q or {}
+          ranks[i] = ranks[i] or { priority, now, waiter }
+          T.queue_stand(q, ranks[i], cost, now, place_ttl)
+          changed = true
+        elseif q and T.queue_leave(q, waiter) then
+          changed = true
+        end
+        if changed then T.queue_write(KEYS[queues[i]], q, now) end
+        if freed[i] then T.wake(T.wake_channel(KEYS[1]), KEYS[3 * i - 1]) end
+      end
     end
     return reply
   end
 
-  local counter_keys = { KEYS[2], KEYS[3], KEYS[4] }
   -- The generation and the one key every other operation reads first (a counter's state, or a
   -- limit's pause), with the limit's pause for usage when it is kept here, in one read.
   local names = { KEYS[1], KEYS[2] }
@@ -1062,7 +1109,7 @@ function T.decide(KEYS, ARGV)
     -- admit a key: [2..10] policy, [11] budget, [12] the counter's cover, [13] until when it
     -- must live, [14] honour a hold, [15] apart (as in an admission). Reply: ok now born lost
     -- cover_end, keys now born lost budget, or held now born lost until
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local status, value = T.admit(KEYS[2], values[2], now, gen, p, a[12], a[13], a[11], a[15],
       a[14])
     local reply = T.head(status, now, gen)
@@ -1076,10 +1123,10 @@ function T.decide(KEYS, ARGV)
 
   if op == __OP_COMMIT__ then
     -- commit: [15] seq, [16] used. Reply: ok now born lost refunded released
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local seq, used_units, channel = a[15], a[16], ARGV[2]
     local raw = values[2]
-    local c = raw and T.decode(raw, counter_keys, now)
+    local c = raw and T.decode(raw, KEYS, 2, now)
     if not c then
       -- Forgotten counters were idle: nothing they granted still counts. (One this script
       -- cannot read knows of no permit either.)
@@ -1219,11 +1266,11 @@ function T.decide(KEYS, ARGV)
 
   if op == __OP_RENEW__ then
     -- renew: [15] fence. Reply: ok now born lost expires_at
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local fence = a[15]
     if p.kind ~= __KIND_CONCURRENCY__ then return T.head('wrong_kind', now, gen) end
     local raw = values[2]
-    local c = raw and T.decode(raw, counter_keys, now)
+    local c = raw and T.decode(raw, KEYS, 2, now)
     if not c then return T.head('lease_expired', now, gen) end
     if fence >= c.s then return T.head('unknown', now, gen) end
     local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0)
@@ -1248,10 +1295,10 @@ function T.decide(KEYS, ARGV)
     -- pause: [15] duration_us, [16] keyed (1: KEYS[2..4] are a counter's; 0: KEYS[2] is a
     -- limit's pause). Reply: ok now born lost paused_until. A key's pause makes or keeps its
     -- counter, so it counts in its limit's budget like a request's.
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local until_us = now + a[15]
     if a[16] == 1 then
-      local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
+      local c, hold_until = T.load(values[2], KEYS, 2, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       if until_us > c.p then
         c.p = until_us
@@ -1276,12 +1323,12 @@ function T.decide(KEYS, ARGV)
     -- resume: [15] keyed (as for pause). Reply: ok now born lost lifted (1 when a pause was
     -- on). A hold after a loss of state (until the generation's birth plus the policy's
     -- memory) is not a pause and stays; a counter not kept is not made.
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local reply = T.head('ok', now, gen)
     reply[5] = 0
     if a[15] == 1 then
       if not values[2] then return reply end
-      local c, hold_until = T.load(values[2], counter_keys, now, gen, p)
+      local c, hold_until = T.load(values[2], KEYS, 2, now, gen, p)
       if hold_until then T.hold(c, now, hold_until) end
       local keep = gen.born + p.memory
       if c.p > math.max(now, keep) then reply[5] = 1 end
@@ -1303,10 +1350,10 @@ function T.decide(KEYS, ARGV)
     -- usage, counting nothing: [15] where the limit's pause is (as for acquire). Reply: ok now
     -- born lost used reset_after paused_until. A counter is held as acquire would hold it; one
     -- not kept is not made.
-    local p = T.read_policy(a, 2)
+    local p = T.read_policy(a, 2, ARGV[1])
     local raw, limit_paused_until = values[2], -a[15]
     if a[15] >= 1 then limit_paused_until = tonumber(values[3]) or 0 end
-    local c, hold_until = T.load(raw, counter_keys, now, gen, p)
+    local c, hold_until = T.load(raw, KEYS, 2, now, gen, p)
     if hold_until then T.hold(c, now, hold_until) end
     if raw then
       local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0)

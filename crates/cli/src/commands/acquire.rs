@@ -34,6 +34,7 @@ pub(crate) async fn acquire(
         cost: Some(args.cost),
         priority: Some(args.priority.clone()),
         wait_ms: Some(wait_ms),
+        refundable: None,
     })?;
     let answer = match client.send(Method::POST, "/v1/acquire", Some(&body)).await {
         Ok(answer) => answer,

@@ -192,7 +192,8 @@ pub(crate) async fn acquire(
     let mut request = Request::all(&names)
         .cost(body.cost.unwrap_or(1))
         .priority(asked_priority)
-        .wait(Duration::from_millis(wait_ms));
+        .wait(Duration::from_millis(wait_ms))
+        .refundable(body.refundable.unwrap_or(true));
     if let Some(key) = body.key.as_deref() {
         request = request.key(key);
         observe_key(&state, &names, key);
