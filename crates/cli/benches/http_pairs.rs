@@ -2,7 +2,11 @@
 //! `tollgate serve`, doing acquire + commit pairs, then one-request decisions (`POST
 //! /v1/acquire` with `refundable: false`, and `POST /v1/check`), and, when its binary is found,
 //! the same one-request decision against `throttlecrab-server` (`POST /throttle`) in the same
-//! round, with the ratio of each one-request decision to it.
+//! round, with the ratio of each one-request decision to it. Beside them, the floor: the
+//! server's HTTP stack (axum on hyper, on a multi-threaded tokio runtime, as `tollgate serve`)
+//! answering `POST /v1/acquire` with a grant's JSON after reading the body's JSON, deciding
+//! nothing, served by this bench binary started again as a child process. No server that reads
+//! the request and decides can beat it on this load generator.
 //!
 //! `cargo bench -p tollgate-cli --bench http_pairs` runs each for `BENCH_SECONDS` (default 5).
 //! throttlecrab-server is looked up in `THROTTLECRAB_SERVER`, then on `PATH`; install it into a
@@ -215,7 +219,81 @@ fn report_tollgate(store: &str, pairs: f64, clients: usize, duration: Duration) 
     );
 }
 
+/// The floor's answer: the size and shape of a grant's.
+const FLOOR_ANSWER: &str = r#"{"permit":"0101000000000000000000000000000000000000000000000000000000000000","limits":[{"name":"bench","remaining":999999,"reset_ms":1}]}"#;
+
+fn start_floor() -> (Process, String) {
+    let port = free_port();
+    let child = Command::new(std::env::current_exe().expect("this binary"))
+        .env("HTTP_FLOOR_SERVE", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the floor server");
+    (Process(child), format!("http://127.0.0.1:{port}"))
+}
+
+fn serve_floor(address: &str) {
+    let address: std::net::SocketAddr = address.parse().expect("an address");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let app = axum::Router::new().route(
+            "/v1/acquire",
+            axum::routing::post(|body: axum::Json<serde_json::Value>| async move {
+                drop(body);
+                (
+                    [(hyper::header::CONTENT_TYPE, "application/json")],
+                    FLOOR_ANSWER,
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .expect("bind the floor");
+        axum::serve(listener, app).await.expect("serve the floor");
+    });
+}
+
+/// The floor's answers per second (`start_floor`), with `body` as one-request decisions send it.
+fn run_floor(runtime: &tokio::runtime::Runtime, clients: usize, duration: Duration) -> f64 {
+    let (floor, url) = start_floor();
+    let rate = runtime.block_on(async {
+        let probe = Client::new(&url, None, TIMEOUT).expect("client");
+        let started = Instant::now();
+        let body = serde_json::json!({"limits":["bench"],"refundable":false});
+        while probe
+            .send(Method::POST, "/v1/acquire", Some(&body))
+            .await
+            .is_err()
+        {
+            assert!(started.elapsed() < TIMEOUT, "the floor did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drive(&url, clients, duration, move |client| {
+            let body = body.clone();
+            async move {
+                let answer = client
+                    .send(Method::POST, "/v1/acquire", Some(&body))
+                    .await
+                    .expect("floor");
+                assert_eq!(answer.status, 200, "floor: {}", answer.text());
+                client
+            }
+        })
+        .await
+    });
+    drop(floor);
+    rate
+}
+
 fn main() {
+    if let Ok(address) = std::env::var("HTTP_FLOOR_SERVE") {
+        serve_floor(&address);
+        return;
+    }
     let benching = std::env::args().any(|arg| arg == "--bench");
     let seconds: u64 = std::env::var("BENCH_SECONDS")
         .ok()
@@ -260,6 +338,10 @@ fn main() {
         if !benching {
             return;
         }
+        let floor = run_floor(&runtime, clients, duration);
+        println!(
+            "floor (the HTTP stack answering, no decision): {floor:.0} answers/s, {clients} clients, {duration:?}"
+        );
         if let Some(redis_url) = &redis_url {
             let namespace = format!(
                 "bench-{}-{}",
@@ -294,6 +376,10 @@ fn main() {
                         rate / decisions
                     );
                 }
+                println!(
+                    "ratio floor (no decision) / throttlecrab: {:.2}",
+                    floor / decisions
+                );
             }
             None => println!("throttlecrab-server: SKIPPED (not found; set THROTTLECRAB_SERVER)"),
         }

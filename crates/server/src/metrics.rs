@@ -598,4 +598,38 @@ mod tests {
         );
         assert_eq!(exported, documented, "a metric's type differs");
     }
+
+    /// Metering changes no decision and costs the memory store none of its fast paths: the
+    /// handle still finds the memory store through the wrapper, and a decision the memory
+    /// store answers at once is still answered at once (no future to box and poll).
+    #[test]
+    fn metering_keeps_the_memory_store_s_fast_paths() {
+        let memory = Arc::new(MemoryStore::new(
+            MemoryStoreConfig {
+                keys_tracked_max: 10,
+                keys_per_limit_max: 10,
+            },
+            Arc::new(MonotonicClock::new()),
+        ));
+        let metered = MeteredStore::new(memory.clone(), store_seconds_family());
+        let found = metered.memory_store().expect("the memory store, through the wrapper");
+        assert!(std::ptr::eq(found, memory.as_ref()));
+        let policy = tollgate::Policy::rate(
+            10,
+            1_000_000,
+            0,
+            tollgate::Algorithm::Gcra { burst: 10 },
+            tollgate::Reserve::default(),
+        )
+        .expect("a policy");
+        let takes = [Take {
+            counter: tollgate::store::CounterId {
+                limit: "vendor-x",
+                key: None,
+            },
+            policy: &policy,
+        }];
+        let answer = metered.acquire(&takes, 1, Priority::Normal, false);
+        assert!(matches!(answer, StoreFuture::Ready(Some(Ok(_)))), "{answer:?}");
+    }
 }
