@@ -612,7 +612,9 @@ mod tests {
             Arc::new(MonotonicClock::new()),
         ));
         let metered = MeteredStore::new(memory.clone(), store_seconds_family());
-        let found = metered.memory_store().expect("the memory store, through the wrapper");
+        let found = metered
+            .memory_store()
+            .expect("the memory store, through the wrapper");
         assert!(std::ptr::eq(found, memory.as_ref()));
         let policy = tollgate::Policy::rate(
             10,
@@ -630,6 +632,9 @@ mod tests {
             policy: &policy,
         }];
         let answer = metered.acquire(&takes, 1, Priority::Normal, false);
-        assert!(matches!(answer, StoreFuture::Ready(Some(Ok(_)))), "{answer:?}");
+        assert!(
+            matches!(answer, StoreFuture::Ready(Some(Ok(_)))),
+            "{answer:?}"
+        );
     }
 }
