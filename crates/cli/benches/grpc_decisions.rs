@@ -243,23 +243,11 @@ impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::
     }
 }
 
-fn start_floor() -> (Process, String) {
-    let port = free_port();
-    let child = Command::new(std::env::current_exe().expect("this binary"))
-        .env("GRPC_FLOOR_SERVE", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the floor server");
-    (Process(child), format!("http://127.0.0.1:{port}"))
-}
+/// `main` serves the floor when this is set (`common::start_floor`).
+const FLOOR_VARIABLE: &str = "GRPC_FLOOR_SERVE";
 
 fn serve_floor(address: &str) {
-    let address: std::net::SocketAddr = address.parse().expect("an address");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let (address, runtime) = common::floor_runtime(address);
     runtime.block_on(async {
         tonic::transport::Server::builder()
             .add_service(
@@ -272,7 +260,7 @@ fn serve_floor(address: &str) {
 }
 
 fn main() {
-    if let Ok(address) = std::env::var("GRPC_FLOOR_SERVE") {
+    if let Ok(address) = std::env::var(FLOOR_VARIABLE) {
         serve_floor(&address);
         return;
     }
@@ -311,7 +299,7 @@ fn main() {
             let ours = tollgate_round(&url, seconds).await;
             drop(tollgate);
             println!("round {round}: tollgate ShouldRateLimit   {ours:>10.0} decisions/s");
-            let (floor, url) = start_floor();
+            let (floor, url) = common::start_floor(FLOOR_VARIABLE);
             let empty = tollgate_round(&url, seconds).await;
             drop(floor);
             println!("round {round}: floor (gRPC, no decision)  {empty:>10.0} answers/s");

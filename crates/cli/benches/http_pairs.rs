@@ -222,23 +222,11 @@ fn report_tollgate(store: &str, pairs: f64, clients: usize, duration: Duration) 
 /// The floor's answer: the size and shape of a grant's.
 const FLOOR_ANSWER: &str = r#"{"permit":"0101000000000000000000000000000000000000000000000000000000000000","limits":[{"name":"bench","remaining":999999,"reset_ms":1}]}"#;
 
-fn start_floor() -> (Process, String) {
-    let port = free_port();
-    let child = Command::new(std::env::current_exe().expect("this binary"))
-        .env("HTTP_FLOOR_SERVE", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the floor server");
-    (Process(child), format!("http://127.0.0.1:{port}"))
-}
+/// `main` serves the floor when this is set (`common::start_floor`).
+const FLOOR_VARIABLE: &str = "HTTP_FLOOR_SERVE";
 
 fn serve_floor(address: &str) {
-    let address: std::net::SocketAddr = address.parse().expect("an address");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let (address, runtime) = common::floor_runtime(address);
     runtime.block_on(async {
         let app = axum::Router::new().route(
             "/v1/acquire",
@@ -259,7 +247,7 @@ fn serve_floor(address: &str) {
 
 /// The floor's answers per second (`start_floor`), with `body` as one-request decisions send it.
 fn run_floor(runtime: &tokio::runtime::Runtime, clients: usize, duration: Duration) -> f64 {
-    let (floor, url) = start_floor();
+    let (floor, url) = common::start_floor(FLOOR_VARIABLE);
     let rate = runtime.block_on(async {
         let probe = Client::new(&url, None, TIMEOUT).expect("client");
         let started = Instant::now();
@@ -290,7 +278,7 @@ fn run_floor(runtime: &tokio::runtime::Runtime, clients: usize, duration: Durati
 }
 
 fn main() {
-    if let Ok(address) = std::env::var("HTTP_FLOOR_SERVE") {
+    if let Ok(address) = std::env::var(FLOOR_VARIABLE) {
         serve_floor(&address);
         return;
     }

@@ -1,6 +1,6 @@
 //! What the benches that start servers share: a child process killed when dropped, starting
-//! `tollgate serve` and reading its address, a free loopback port, and where
-//! throttlecrab-server is.
+//! `tollgate serve` and reading its address, starting the bench binary itself again as a floor
+//! server, a free loopback port, and where throttlecrab-server is.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -20,6 +20,30 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
         .expect("a free port")
+}
+
+/// This bench binary started again as a floor server: `variable` set to a free loopback address
+/// tells its `main` to serve there instead of benching. The process and its base URL.
+pub fn start_floor(variable: &str) -> (Process, String) {
+    let port = free_port();
+    let child = Command::new(std::env::current_exe().expect("this binary"))
+        .env(variable, format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the floor server");
+    (Process(child), format!("http://127.0.0.1:{port}"))
+}
+
+/// What a floor server runs on: the address `start_floor` gave it, and a multi-threaded
+/// runtime, as the servers it stands beside.
+pub fn floor_runtime(address: &str) -> (std::net::SocketAddr, tokio::runtime::Runtime) {
+    let address = address.parse().expect("an address");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    (address, runtime)
 }
 
 /// `THROTTLECRAB_SERVER`, else throttlecrab-server on `PATH`.
