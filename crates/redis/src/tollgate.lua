@@ -46,12 +46,10 @@
 -- Cost model (measured in Redis 7.0 with a loop timed by TIME inside a script): every string that
 -- enters Lua (a reply, a string.sub, a concatenation, an argument) costs about 2 ns a byte (a
 -- 7.7 KB GET 14 us, a 1.5 KB string.sub 2 us), each redis.call about half a microsecond, and
--- each closure the body creates that captures locals of the chunk about 0.15 us. Counted in
--- instructions (callgrind, Redis 7.0), a GCRA decision is about 145,000: a GET about 5,000, an
--- MGET about 4,500 a key, a SET with PX about 13,000, and a table of twenty to thirty fields,
--- with the collection it later costs, about 7,000, as much as a read; so the body makes as few
--- tables as it can, and a table at its full size at once (one that grows is rebuilt as it
--- grows). A decision reads and writes a small fixed header and touches records one at a time;
+-- each closure the body creates that captures locals of the chunk about 0.15 us. A table of
+-- twenty fields, with the collection it later costs, costs about as much as a read
+-- (docs/lab.md#the-floor): the body makes as few tables as it can, each at its full size at once
+-- (one that grows is rebuilt as it grows). A decision reads and writes a small fixed header and touches records one at a time;
 -- lists (sliding buckets, open reservations) live in append-only keys beside it and are read
 -- whole only on the paths that need them (a denial's retry time, a commit). A value in a format this script does
 -- not know (an older version's) counts as lost state: that counter waits one period (G6).

@@ -80,3 +80,63 @@ async fn a_lost_function_library_is_loaded_again() {
             .is_granted()
     );
 }
+
+/// The library keeps the policies it has read, by their packed numbers, from call to call, at
+/// most 1,024: more limits than that, each twice over the bound, each still decides on its own
+/// policy. Each pair differs only in its reserve, the last numbers of a policy, so a policy
+/// known by fewer of its bytes would be taken for its neighbour's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_keeps_what_it_read_bounded_and_never_takes_one_policy_for_another() {
+    let Some(binary) = nodes::redis_server(
+        "the_library_keeps_what_it_read_bounded_and_never_takes_one_policy_for_another",
+    ) else {
+        return;
+    };
+    // A Redis of this test's own: its library starts with nothing kept.
+    let redis = nodes::Single::start(&binary, &[]);
+    let url = redis.node.url();
+    let namespace = common::namespace("library-policies");
+    common::declare_fresh(&url, &namespace).await;
+    let store = Arc::new(common::connect(&url, &namespace).await);
+    let limiter = common::limiter_on(store);
+    const LIMITS: u64 = 1_100;
+    let reserve = |index: u64| Reserve {
+        high: index % 2,
+        normal: 0,
+    };
+    for index in 0..LIMITS {
+        let policy = Policy::rate(
+            2,
+            // A pair of limits, 2k and 2k + 1, differs in its reserve alone.
+            60_000_000 + index / 2 * 1_000,
+            0,
+            // Sliding: nothing counted is forgotten within the test (a fixed window of its own
+            // length could roll over mid-test).
+            Algorithm::Sliding,
+            reserve(index),
+        )
+        .expect("valid");
+        limiter.set_limit(Limit::new(&format!("l{index}"), policy, None).expect("valid"));
+    }
+    // Twice through: the second pass reads every policy again after the first filled what the
+    // library keeps past its bound.
+    for pass in 0..2 {
+        for index in 0..LIMITS {
+            let name = format!("l{index}");
+            let open = 2 - reserve(index).high;
+            let granted = if pass == 0 { open } else { 0 };
+            for ask in 0..=granted {
+                let outcome = limiter
+                    .try_acquire(&Request::new(&name).refundable(false))
+                    .await
+                    .expect("the store answers");
+                assert_eq!(
+                    outcome.is_granted(),
+                    ask < granted,
+                    "pass {pass}, {name} (reserve {}), ask {ask}",
+                    reserve(index).high
+                );
+            }
+        }
+    }
+}
