@@ -48,11 +48,12 @@
 -- 7.7 KB GET 14 us, a 1.5 KB string.sub 2 us), each redis.call about half a microsecond, and
 -- each closure the body creates that captures locals of the chunk about 0.15 us. A table of
 -- twenty fields, with the collection it later costs, costs about as much as a read
--- (docs/lab.md#the-floor): the body makes as few tables as it can, each at its full size at once
--- (one that grows is rebuilt as it grows). A decision reads and writes a small fixed header and touches records one at a time;
--- lists (sliding buckets, open reservations) live in append-only keys beside it and are read
--- whole only on the paths that need them (a denial's retry time, a commit). A value in a format this script does
--- not know (an older version's) counts as lost state: that counter waits one period (G6).
+-- (docs/lab.md#the-floor): the body makes as few tables as it can, each at its full size at
+-- once (one that grows is rebuilt as it grows). A decision reads and writes a small fixed
+-- header and touches records one at a time; lists (sliding buckets, open reservations) live in
+-- append-only keys beside it and are read whole only on the paths that need them (a denial's
+-- retry time, a commit). A value in a format this script does not know (an older version's)
+-- counts as lost state: that counter waits one period (G6).
 
 -- Every helper is a field of T, and constants are written as literals: the script's body runs
 -- on every call, and a local function that captures other locals as upvalues costs far more to
@@ -926,9 +927,10 @@ function T.decide(KEYS, ARGV)
     -- or grant final (0), [5] n, then per counter 15 numbers: its policy, where its limit's
     -- pause is (at KEYS[x] for x >= 1, or -x its end as read by the caller: its key is in
     -- another slot), its admission, and where its queue is (KEYS[x]); then the waiter's id (0:
-    -- the request does not wait) and how long a place it takes lives (us). Reply: ok now born lost, then per counter 5 numbers
-    -- (outcome granted: seq remaining reset_after lease_expires_at; allowed: _ remaining;
-    -- denied: retry_after remaining reason); or cost now born lost i open; or admit now born
+    -- the request does not wait) and how long a place it takes lives (us). Reply: ok now born
+    -- lost, then per counter 5 numbers (outcome granted: seq remaining reset_after
+    -- lease_expires_at; allowed: _ remaining; denied: retry_after remaining reason); or cost
+    -- now born lost i open; or admit now born
     -- lost, then (i cover need) for each counter whose key the caller must have admitted in
     -- its budget's slot, before anything is written; or keys now born lost i budget.
     local cost, priority, record, n = a[2], a[3], a[4], a[5]
