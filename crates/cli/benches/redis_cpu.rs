@@ -18,6 +18,12 @@
 //!   another process waits (one place in each key's queue across the fleet): what reading the
 //!   queue costs while waiters exist.
 //!
+//! Through the library the rows above send one call per acquire (the store's batching off).
+//! Then each case again with batching on at 64 in flight (acquires that arrive while a call to
+//! their slot is in flight go together in the next call; the GCRA and fixed rows' target is
+//! `CL.THROTTLE`'s time), and GCRA at one in flight with batching off and on: decisions/s is
+//! then one over a decision's latency, which batching must not lengthen.
+//!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
 //! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least; and
@@ -60,6 +66,8 @@ use common::Process;
 const KEYS: usize = 10_000;
 /// Decisions in flight at once: enough to keep Redis busy.
 const CALLERS: usize = 32;
+/// Decisions in flight at once in the batched rows.
+const BATCHED: usize = 64;
 const TIMEOUT: Duration = Duration::from_secs(10);
 const ADMIN_TOKEN: &str = "bench";
 /// Every policy: 100 units per second per key.
@@ -131,16 +139,16 @@ async fn reset_stats(connection: &mut MultiplexedConnection) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// `decisions` calls of `one`, `CALLERS` at a time, the n-th on key `n % KEYS`.
-async fn drive<F, Fut>(decisions: u64, one: F) -> Duration
+/// `decisions` calls of `one`, `in_flight` at a time, the n-th on key `n % KEYS`.
+async fn drive<F, Fut>(decisions: u64, in_flight: usize, one: F) -> Duration
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let mut callers = Vec::with_capacity(CALLERS);
-    for _ in 0..CALLERS {
+    let mut callers = Vec::with_capacity(in_flight);
+    for _ in 0..in_flight {
         let next = next.clone();
         let one = one.clone();
         callers.push(tokio::spawn(async move {
@@ -159,8 +167,8 @@ where
     started.elapsed()
 }
 
-/// One decision per key untimed, then `decisions` measured: the calls of `commands` and the
-/// microseconds Redis spent in them.
+/// One decision per key untimed, then `decisions` measured, `CALLERS` at a time: the calls of
+/// `commands` and the microseconds Redis spent in them.
 async fn measure<F, Fut>(
     stats: &mut MultiplexedConnection,
     commands: &[&str],
@@ -171,9 +179,24 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    drive(KEYS as u64, one.clone()).await;
+    measure_in_flight(stats, commands, decisions, CALLERS, one).await
+}
+
+/// `measure`, `in_flight` at a time.
+async fn measure_in_flight<F, Fut>(
+    stats: &mut MultiplexedConnection,
+    commands: &[&str],
+    decisions: u64,
+    in_flight: usize,
+    one: F,
+) -> Figures
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    drive(KEYS as u64, in_flight, one.clone()).await;
     reset_stats(stats).await;
-    let elapsed = drive(decisions, one).await;
+    let elapsed = drive(decisions, in_flight, one).await;
     let table = commandstats(stats).await;
     let (calls, usec) = commands
         .iter()
@@ -259,13 +282,19 @@ impl Case {
 
 // ---- Library -------------------------------------------------------------------------------
 
+/// `case` through the library, `in_flight` at a time; its store batches acquires that find a
+/// call in flight on their slot when `batching`.
+#[allow(clippy::too_many_arguments)]
 async fn library_case(
-    limiter: &Limiter,
+    (limiter, store): (&Limiter, &RedisStore),
     keys: &Arc<Vec<String>>,
     stats: &mut MultiplexedConnection,
     case: Case,
     decisions: u64,
+    in_flight: usize,
+    batching: bool,
 ) -> Figures {
+    store.set_batching(batching);
     let limiter = limiter.clone();
     let keys = keys.clone();
     let one = move |k: usize| {
@@ -288,7 +317,9 @@ async fn library_case(
             }
         }
     };
-    measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
+    let figures = measure_in_flight(stats, &TOLLGATE_COMMANDS, decisions, in_flight, one).await;
+    store.set_batching(true);
+    figures
 }
 
 /// The limit of the case with waiters: GCRA as `Case::Gcra`.
@@ -783,15 +814,18 @@ async fn round(
         figures: floor_case(peers, keys, stats, decisions, Floor::Batch).await,
         target: None,
     });
+    let library = (limiter, store);
+    // One call per acquire: what one decision costs Redis.
     for case in Case::ALL {
         rows.push(Row {
             case: case.label(),
             path: "library",
             peer: None,
-            figures: library_case(limiter, keys, stats, case, decisions).await,
+            figures: library_case(library, keys, stats, case, decisions, CALLERS, false).await,
             target: Some(case.target()),
         });
     }
+    store.set_batching(false);
     rows.push(Row {
         case: "GCRA, high, a low waiter on every key",
         path: "library",
@@ -799,6 +833,44 @@ async fn round(
         figures: library_waited_case(limiter, store, keys, stats, decisions).await,
         target: None,
     });
+    store.set_batching(true);
+    // Batched: the acquires that arrive while a call is in flight go in the next call.
+    for (case, label) in [
+        (Case::Gcra, "GCRA, batched, 64 in flight"),
+        (Case::Fixed, "fixed window, batched, 64 in flight"),
+        (Case::Sliding, "sliding + commit, batched, 64 in flight"),
+    ] {
+        rows.push(Row {
+            case: label,
+            path: "library",
+            peer: None,
+            figures: library_case(library, keys, stats, case, decisions, BATCHED, true).await,
+            target: (case != Case::Sliding).then_some(1.0),
+        });
+    }
+    // One in flight: batching must not make a lone decision wait (decisions/s is 1 / latency).
+    for (batching, label) in [
+        (false, "GCRA, 1 in flight, unbatched"),
+        (true, "GCRA, 1 in flight, batching on"),
+    ] {
+        let figures = library_case(
+            library,
+            keys,
+            stats,
+            Case::Gcra,
+            decisions / 10,
+            1,
+            batching,
+        )
+        .await;
+        rows.push(Row {
+            case: label,
+            path: "library",
+            peer: None,
+            figures,
+            target: None,
+        });
+    }
     for case in Case::ALL {
         rows.push(Row {
             case: case.label(),

@@ -19,6 +19,8 @@ pub(crate) const OP_BEGIN: u64 = 6;
 pub(crate) const OP_RESUME: u64 = 7;
 pub(crate) const OP_ADMIT: u64 = 8;
 pub(crate) const OP_LEAVE: u64 = 9;
+/// Acquires on one slot, several in one call (`batch.rs`).
+pub(crate) const OP_BATCH: u64 = 10;
 /// Added to the operation code: the call watches Redis's evictions.
 pub(crate) const OP_WATCH_EVICTIONS: u64 = 16;
 
@@ -45,7 +47,7 @@ pub(crate) const REASON_RECOVERING: u64 = 2;
 pub(crate) const REASON_QUEUED: u64 = 3;
 
 /// Every code by the name the script's text gives it.
-const CODES: [(&str, u64); 29] = [
+const CODES: [(&str, u64); 30] = [
     ("OP_ACQUIRE", OP_ACQUIRE),
     ("OP_COMMIT", OP_COMMIT),
     ("OP_RENEW", OP_RENEW),
@@ -55,6 +57,7 @@ const CODES: [(&str, u64); 29] = [
     ("OP_RESUME", OP_RESUME),
     ("OP_ADMIT", OP_ADMIT),
     ("OP_LEAVE", OP_LEAVE),
+    ("OP_BATCH", OP_BATCH),
     ("OP_WATCH_EVICTIONS", OP_WATCH_EVICTIONS),
     ("KIND_RATE", KIND_RATE),
     ("KIND_CONCURRENCY", KIND_CONCURRENCY),

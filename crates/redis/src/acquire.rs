@@ -206,7 +206,11 @@ impl RedisStore {
                     .extend(&[queues[position]]);
             }
             numbers.extend(&[waiter.map_or(0, WaiterId::get), self.place_ttl_us]);
-            let (head, reply) = self.run(&keys, &[&numbers.0]).await?;
+            // Alone when nothing is in flight on the slot, else with what arrived meanwhile.
+            let (head, reply) = self
+                .caller
+                .acquire(group.slot, keys.clone(), numbers.0)
+                .await?;
             // The counter a reply names (1-based, in the group), as its place in the request.
             let take_at = |number: Option<&i64>| {
                 let position = usize::try_from(number.copied().unwrap_or(1))

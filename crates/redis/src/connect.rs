@@ -2,17 +2,17 @@
 //! library (or for `EVALSHA`) and loaded again when Redis lost it, and the wake-up
 //! subscription that follows the nodes.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::{RedisError, Script};
+use redis::Script;
 use tollgate::store::{CounterId, WakeFn};
 use tollgate::{Error, Result};
 
 use crate::backend::{Backend, Target};
-use crate::errors::{lost_library, store_error, unavailable};
+use crate::batch::{Caller, load_library};
+use crate::errors::{store_error, unavailable};
 use crate::store::{RedisStore, RedisStoreConfig};
 use crate::{abi, eviction, keys};
 
@@ -79,59 +79,25 @@ impl RedisStore {
             keys.clone(),
             wake.clone(),
         ));
-        Ok(RedisStore {
+        let caller = Arc::new(Caller::new(
             backend,
-            target,
             script,
             function,
+            !evicting.is_empty(),
+            config.timeout,
+            config.namespace.clone(),
+        ));
+        Ok(RedisStore {
+            caller,
+            target,
             keys,
             config,
-            born_seen: AtomicU64::new(0),
             place_ttl_us: crate::store::PLACE_TTL_US,
-            watch_evictions: AtomicBool::new(!evicting.is_empty()),
             wake,
             subscriber: Some(subscriber),
             limits: Mutex::new(std::collections::HashMap::new()),
         })
     }
-
-    /// Run `send`, and once more after loading the script again if Redis lost it.
-    pub(crate) async fn with_library<'s, T, F>(
-        &'s self,
-        send: impl Fn() -> F,
-    ) -> redis::RedisResult<T>
-    where
-        F: Future<Output = redis::RedisResult<T>> + 's,
-    {
-        match send().await {
-            Err(error) if lost_library(&error) => {
-                match &self.function {
-                    Some((_, library)) => load_library(&self.backend, library).await?,
-                    None => {
-                        self.backend
-                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
-                            .await?;
-                    }
-                }
-                send().await
-            }
-            answer => answer,
-        }
-    }
-}
-
-/// `FUNCTION LOAD REPLACE`: the same source under the same name, so any number of processes may
-/// load it at once (on a cluster, on every master).
-async fn load_library(backend: &Backend, library: &str) -> std::result::Result<(), RedisError> {
-    backend
-        .query(
-            redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg("REPLACE")
-                .arg(library),
-        )
-        .await
-        .map(|_| ())
 }
 
 /// Listen on the wake channel, reconnecting with a capped backoff (to another node of a

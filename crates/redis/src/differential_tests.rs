@@ -98,7 +98,7 @@ fn policy() -> impl Strategy<Value = Policy> {
     ]
 }
 
-fn redis_url() -> Option<String> {
+pub(crate) fn redis_url() -> Option<String> {
     match std::env::var("TOLLGATE_TEST_REDIS") {
         Ok(url) => Some(url),
         Err(_) => {
@@ -315,7 +315,7 @@ fn run_sequences<O: Clone + std::fmt::Debug>(
 
 /// A store on `url` in a namespace named `name` and this process, with a key budget of
 /// `keys_per_limit_max` per limit.
-fn connect(
+pub(crate) fn connect(
     runtime: &tokio::runtime::Runtime,
     url: String,
     name: &str,
@@ -759,6 +759,7 @@ async fn compare_queue(
         // The queue Redis keeps is the reference's, place for place (live ones: a place that
         // expired since the last call is still in the key until a call drops it).
         let raw: Option<Vec<u8>> = store
+            .caller
             .backend
             .query(&redis::cmd("GET").arg(&queue_key).clone())
             .await
@@ -781,6 +782,7 @@ async fn compare_queue(
 /// Redis's clock now, in microseconds.
 async fn store_now(store: &RedisStore) -> u64 {
     let time: (u64, u64) = store
+        .caller
         .backend
         .query(&redis::cmd("TIME").clone())
         .await
@@ -806,4 +808,149 @@ fn the_lua_queue_of_waiters_decides_exactly_like_its_reference() {
     run_sequences(48, ops, |name, policy, ops| {
         runtime.block_on(compare_queue(&store, name, policy, &ops))
     });
+}
+
+/// One acquire of a round: on one or two of a limit's three keys (`keys`, distinct), all or
+/// nothing.
+#[derive(Clone, Debug)]
+struct Ask {
+    keys: Vec<usize>,
+    cost: u64,
+    priority: Priority,
+    final_grant: bool,
+}
+
+fn ask() -> impl Strategy<Value = Ask> {
+    let keys = prop_oneof![
+        3 => (0usize..3).prop_map(|key| vec![key]),
+        1 => (0usize..3, 1usize..3).prop_map(|(first, step)| vec![first, (first + step) % 3]),
+    ];
+    (keys, 1u64..4, priority(), proptest::bool::weighted(0.3)).prop_map(
+        |(keys, cost, priority, final_grant)| Ask {
+            keys,
+            cost,
+            priority,
+            final_grant,
+        },
+    )
+}
+
+/// A round: acquires all in flight at once (at most 30: `join_all` polls that many in order, so
+/// they reach the store in order), then a pause.
+fn round() -> impl Strategy<Value = (Vec<Ask>, u64)> {
+    (proptest::collection::vec(ask(), 1..30), 0u64..40)
+}
+
+/// Rounds of acquires in flight at once, through the store's batching: the first of a round
+/// goes alone, the others wait and go in a batch. Every answer must be the core's for the same
+/// acquires one after another, each at the instant its call decided (the batch's `now` for all
+/// of a batch), all or nothing across its counters; and each round of three or more must have
+/// been batched.
+async fn compare_batches(
+    store: &RedisStore,
+    limit: &str,
+    policy: Policy,
+    rounds: &[(Vec<Ask>, u64)],
+) -> Result<(), String> {
+    let names: Vec<String> = (0..3).map(|key| format!("k{key}")).collect();
+    let mut core: Vec<Option<Counter>> = vec![None, None, None];
+    for (index, (asks, sleep_ms)) in rounds.iter().enumerate() {
+        let takes: Vec<Vec<Take<'_>>> = asks
+            .iter()
+            .map(|ask| {
+                ask.keys
+                    .iter()
+                    .map(|&key| Take {
+                        counter: CounterId {
+                            limit,
+                            key: Some(&names[key]),
+                        },
+                        policy: &policy,
+                    })
+                    .collect()
+            })
+            .collect();
+        let batched_before = store.batched_acquires();
+        let answers =
+            futures_util::future::join_all(asks.iter().zip(&takes).map(|(ask, takes)| {
+                store.acquire_remote(takes, ask.cost, ask.priority, !ask.final_grant, None)
+            }))
+            .await;
+        let batched = store.batched_acquires() - batched_before;
+        let waited = asks.len() as u64 - 1;
+        let expected_batched = if waited >= 2 { waited } else { 0 };
+        if batched != expected_batched {
+            return Err(format!(
+                "round {index}: {batched} acquires batched, not {expected_batched}"
+            ));
+        }
+        for (position, (ask, answer)) in asks.iter().zip(answers).enumerate() {
+            let context =
+                |what: String| format!("round {index} acquire {position} {ask:?}: {what}");
+            let open = policy.capacity_for(ask.priority);
+            let decision = match answer {
+                Ok(decision) => decision,
+                Err(Error::Cost { .. }) if ask.cost > open => continue,
+                Err(other) => return Err(context(format!("store failed: {other}"))),
+            };
+            if ask.cost > open {
+                return Err(context(format!("Redis took cost {} > {open}", ask.cost)));
+            }
+            let now = decision.now_us;
+            // The core, one counter after another: every check first, then every grant.
+            let mut denials = Vec::new();
+            for &key in &ask.keys {
+                let counter = core[key].get_or_insert_with(|| fresh(&policy, now, 0));
+                let denial = counter
+                    .check(&policy, now, ask.cost, ask.priority)
+                    .map_err(|e| context(format!("core refused the cost: {e}")))?;
+                denials.push(denial);
+            }
+            let all_allowed = denials.iter().all(Option::is_none);
+            for ((&key, denial), outcome) in ask.keys.iter().zip(denials).zip(decision.outcomes()) {
+                let counter = core[key]
+                    .as_mut()
+                    .ok_or_else(|| context("no counter".into()))?;
+                let expected = match denial {
+                    Some(denial) => CounterOutcome::Denied(denial),
+                    None if all_allowed => CounterOutcome::Granted(counter.grant(
+                        &policy,
+                        now,
+                        ask.cost,
+                        ask.priority,
+                        !ask.final_grant,
+                    )),
+                    None => CounterOutcome::Allowed {
+                        remaining: counter.status(&policy, now, ask.priority).0,
+                    },
+                };
+                if expected != *outcome {
+                    return Err(context(format!(
+                        "k{key}: core {expected:?} != redis {outcome:?} at {now}"
+                    )));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(*sleep_ms)).await;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_batch_decides_exactly_as_the_core_one_acquire_after_another() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = connect(&runtime, url, "differential-batch", 100_000);
+    // Declared new, so that counters start empty rather than held after a loss.
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("declare the namespace new");
+    run_sequences(
+        48,
+        proptest::collection::vec(round(), 1..6),
+        |name, policy, rounds| runtime.block_on(compare_batches(&store, name, policy, &rounds)),
+    );
 }

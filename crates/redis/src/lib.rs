@@ -7,6 +7,8 @@
 //! one `FCALL` (its helpers are then made once, not on every call); where `FUNCTION LOAD` is
 //! refused (older Redis, ACLs) it is one `EVALSHA`. A Redis that lost the library (restart
 //! without persistence, a node new to a cluster) gets it again on the first call that misses it.
+//! Acquires that arrive while a call to their slot is in flight go together in the next call
+//! (`batch.rs`), decided in order, each all or nothing, as they would be one by one.
 //!
 //! Where: one Redis (`redis://`), a Redis Cluster (`redis-cluster://`), or the master a set of
 //! Sentinels names (`redis-sentinel://`), see `backend.rs`. Keys (`keys.rs`): each counter's
@@ -41,6 +43,7 @@
 mod abi;
 mod acquire;
 mod backend;
+mod batch;
 mod call;
 mod connect;
 mod errors;
@@ -51,6 +54,8 @@ mod operations;
 mod store;
 pub mod tally;
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod differential_tests;
 #[cfg(test)]

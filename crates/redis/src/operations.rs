@@ -1,9 +1,6 @@
-//! The calls on one slot: the script command (by `FCALL` or `EVALSHA`, watching evictions when
-//! it must), one round trip and its head, a counter's keys and admission to its limit's budget
-//! of keys, commit, renew, pause, resume and usage on one counter, and a new namespace's
+//! The calls on one slot (sent by `batch.rs`): a counter's keys and admission to its limit's
+//! budget of keys, commit, renew, pause, resume and usage on one counter, and a new namespace's
 //! generations.
-
-use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
 use redis::Value;
@@ -14,11 +11,8 @@ use tollgate_core::Committed;
 use crate::abi::{
     OP_ADMIT as ADMIT, OP_BEGIN, OP_COMMIT as COMMIT, OP_LEAVE as LEAVE, OP_PAUSE as PAUSE,
     OP_RENEW as RENEW, OP_RESUME as RESUME, OP_USAGE as USAGE,
-    OP_WATCH_EVICTIONS as WATCH_EVICTIONS,
 };
-use crate::call::{
-    Admission, Carried, Head, Numbers, PauseRef, Reply, TallyRef, parse_reply, policy_args, u,
-};
+use crate::call::{Admission, Carried, Head, Numbers, PauseRef, Reply, TallyRef, policy_args, u};
 use crate::errors::{failed, not_admitted, permit_error, store_error, too_many_keys, unavailable};
 use crate::keys;
 use crate::store::RedisStore;
@@ -45,11 +39,14 @@ impl RedisStore {
         // One command per slot, many in flight at once: a cluster pipeline may not cross slots.
         let answers: Vec<Result<Value>> = futures_util::stream::iter(slots)
             .map(|slot| {
-                let command = self.command(&[self.keys.generation(slot)], &[&numbers.0]);
+                let command = self
+                    .caller
+                    .command(&[self.keys.generation(slot)], &[&numbers.0]);
                 async move {
                     tokio::time::timeout(
                         self.config.timeout,
-                        self.with_library(|| self.backend.query(&command)),
+                        self.caller
+                            .with_library(|| self.caller.backend.query(&command)),
                     )
                     .await
                     .map_err(|_| unavailable("Redis did not answer in time"))?
@@ -68,74 +65,9 @@ impl RedisStore {
         Ok(created > 0)
     }
 
-    /// The command that runs the script on `keys` (after the generation, which is first). When
-    /// the store watches evictions, the operation carries `WATCH_EVICTIONS` and the slot's
-    /// evictions record is the last key.
-    fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
-        if self.watch_evictions.load(Ordering::Relaxed)
-            && let Some((numbers, rest)) = args.split_first()
-            && let Some(generation) = keys.first()
-        {
-            let mut flagged = numbers.to_vec();
-            if let Some(operation) = flagged.get_mut(..8) {
-                let code = f64::from_be_bytes(operation.try_into().unwrap_or([0; 8]));
-                operation.copy_from_slice(&(code + WATCH_EVICTIONS as f64).to_be_bytes());
-            }
-            let mut keys = keys.to_vec();
-            keys.push(keys::evictions_beside(generation));
-            let mut args: Vec<&[u8]> = vec![&flagged];
-            args.extend_from_slice(rest);
-            return self.script_command(&keys, &args);
-        }
-        self.script_command(keys, args)
-    }
-
-    fn script_command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
-        let mut command = match &self.function {
-            Some((name, _)) => {
-                let mut command = redis::cmd("FCALL");
-                command.arg(name.as_str());
-                command
-            }
-            None => {
-                let mut command = redis::cmd("EVALSHA");
-                command.arg(self.script.get_hash());
-                command
-            }
-        };
-        command.arg(keys.len()).arg(keys).arg(args);
-        command
-    }
-
     /// Run the script on one slot: one round trip. `keys` start with the slot's generation.
     pub(crate) async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        let command = self.command(keys, args);
-        let value = tokio::time::timeout(
-            self.config.timeout,
-            self.with_library(|| self.backend.query(&command)),
-        )
-        .await
-        .map_err(|_| unavailable("Redis did not answer in time"))?
-        .map_err(store_error)?;
-        let reply = parse_reply(value)?;
-        if reply.numbers.len() < 3 {
-            return Err(failed("script reply without its head"));
-        }
-        let head = Head {
-            now_us: u(reply.numbers[0]),
-            born_us: u(reply.numbers[1]),
-            lost: reply.numbers[2] != 0,
-        };
-        self.born_seen.store(head.born_us, Ordering::Release);
-        if head.lost {
-            tracing::warn!(
-                namespace = %self.config.namespace,
-                "Redis lost Tollgate's state, or may have (a restart, a flush, a failover); \
-                 granting nothing on a counter kept there until one period after {}",
-                head.born_us
-            );
-        }
-        Ok((head, reply))
+        self.caller.run(keys, args).await
     }
 
     /// The generation and three keys of `take`'s counter, and its budget's key when in that
@@ -269,7 +201,7 @@ impl RedisStore {
     /// another slot, whose call cannot read it.
     pub(crate) async fn read_pause(&self, limit: &str) -> Result<u64> {
         let command = redis::cmd("GET").arg(self.keys.limit_pause(limit)).clone();
-        let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
+        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
             .map_err(store_error)?;

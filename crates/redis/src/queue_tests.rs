@@ -115,6 +115,7 @@ async fn places(store: &RedisStore) -> Vec<tollgate_redis_protocol::queue::Place
         .keys
         .counter_queue(store.keys.counter_slot(counter), counter);
     let raw: Option<Vec<u8>> = store
+        .caller
         .backend
         .query(&redis::cmd("GET").arg(&key).clone())
         .await

@@ -2,18 +2,19 @@
 //! tests and operators), and the `Store` it is to the limiter.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 use tollgate::Result;
 use tollgate::store::{
     CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WaiterId, WakeFn,
 };
 use tollgate_core::{Committed, Priority};
 
-use crate::backend::{Backend, Target};
+use crate::backend::Target;
+use crate::batch::Caller;
 use crate::errors::{failed, store_error, unavailable};
 use crate::{eviction, keys, loss};
 
@@ -57,21 +58,14 @@ pub struct RedisStoreConfig {
 
 /// Counters in Redis, shared by every process on the same namespace.
 pub struct RedisStore {
-    pub(crate) backend: Arc<Backend>,
+    /// What sends the script, and the acquires waiting per slot (`batch.rs`).
+    pub(crate) caller: Arc<Caller>,
     pub(crate) target: Target,
-    pub(crate) script: Script,
-    /// The function library: its `FCALL` name and source, when Redis accepted it.
-    pub(crate) function: Option<(String, String)>,
     pub(crate) keys: keys::Keys,
     pub(crate) config: RedisStoreConfig,
     /// How long a waiting request's place lives after its last ask: `PLACE_TTL_US`, shorter in
     /// tests that watch places expire.
     pub(crate) place_ttl_us: u64,
-    /// The generation's birth in the last reply (for tests mirroring the script).
-    pub(crate) born_seen: AtomicU64,
-    /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
-    /// by `ping`). Never cleared: the keys evicted meanwhile are held whatever comes next.
-    pub(crate) watch_evictions: AtomicBool,
     pub(crate) wake: Arc<Mutex<Option<WakeFn>>>,
     pub(crate) subscriber: Option<tokio::task::JoinHandle<()>>,
     /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
@@ -109,7 +103,7 @@ impl RedisStore {
 
     /// The generation's birth as of the last reply, in the store's microseconds.
     pub fn last_born_us(&self) -> u64 {
-        self.born_seen.load(Ordering::Acquire)
+        self.caller.born_seen.load(Ordering::Acquire)
     }
 
     /// The Redis key that holds `counter` (for tests and operators).
@@ -133,7 +127,7 @@ impl RedisStore {
     /// (for tests and operators; deciding reads it inside the script).
     pub async fn generation(&self, counter: CounterId<'_>) -> Result<Option<loss::Generation>> {
         let command = redis::cmd("GET").arg(self.generation_key(counter)).clone();
-        let value = tokio::time::timeout(self.config.timeout, self.backend.query(&command))
+        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
             .map_err(store_error)?;
@@ -143,9 +137,21 @@ impl RedisStore {
         Ok(loss::Generation::decode(&bytes))
     }
 
+    /// Acquires decided in one call with others since the store started (`batch.rs`): while
+    /// a call to a slot is in flight, the acquires that arrive for it go together in the next.
+    pub fn batched_acquires(&self) -> u64 {
+        self.caller.batched()
+    }
+
+    /// Batch acquires (on, the default) or send each alone at once (off): for comparing the
+    /// two, and for an operator who wants no acquire to wait for another's call.
+    pub fn set_batching(&self, on: bool) {
+        self.caller.set_batching(on);
+    }
+
     /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
     pub fn function_library(&self) -> Option<&str> {
-        self.function.as_ref().map(|(name, _)| name.as_str())
+        self.caller.function.as_ref().map(|(name, _)| name.as_str())
     }
 
     /// A pattern matching every key of this store's namespace (for `SCAN`).
@@ -243,7 +249,7 @@ impl Store for RedisStore {
             return;
         };
         for key in gone {
-            let backend = Arc::clone(&self.backend);
+            let backend = Arc::clone(&self.caller.backend);
             let timeout = self.config.timeout;
             runtime.spawn(async move {
                 let command = redis::cmd("DEL").arg(&key).clone();
@@ -263,16 +269,18 @@ impl Store for RedisStore {
     /// every call watches evictions either way).
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::boxed(async move {
-            let policies =
-                tokio::time::timeout(self.config.timeout, eviction::policies(&self.backend))
-                    .await
-                    .map_err(|_| unavailable("Redis did not answer in time"))?
-                    .map_err(store_error)?;
+            let policies = tokio::time::timeout(
+                self.config.timeout,
+                eviction::policies(&self.caller.backend),
+            )
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(store_error)?;
             let evicting = eviction::evicting(&policies);
             if evicting.is_empty() {
                 return Ok(());
             }
-            if !self.watch_evictions.swap(true, Ordering::Relaxed) {
+            if !self.caller.watch_evictions.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     policy = %evicting.join(", "),
                     "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \

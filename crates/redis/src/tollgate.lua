@@ -10,6 +10,8 @@
 -- acquire: KEYS[3i-1 .. 3i+1]  counter i's state, its reservations and its closed buckets;
 --                   after the counters, the limits' pauses and key budgets kept in this slot,
 --                   and each counter's queue of waiters across the fleet
+-- a batch of acquires: after KEYS[1], each acquire's keys but its generation, one acquire
+--                   after another
 -- leave a counter's queue: KEYS[2]  the counter's queue
 -- commit, renew, pause or resume of a key: KEYS[2], [3], [4]  the counter's three keys, then
 --                   its limit's key budget if in this slot
@@ -23,7 +25,7 @@
 -- ARGV[1]           the numbers, packed as big-endian doubles (one argument rather than one per
 --                   number: each argument costs a Lua string): [1] the operation (acquire,
 --                   commit, renew, pause, usage, begin a new namespace, resume, admit a key,
---                   leave a queue;
+--                   leave a queue, a batch of acquires;
 --                   plus __OP_WATCH_EVICTIONS__ when the call watches evictions), then per
 --                   operation (see each branch below)
 -- The numbers this script shares with Rust (operations, a policy's kind and algorithm,
@@ -31,9 +33,9 @@
 -- capitals between two pairs of underscores, and the store puts the number in before Redis
 -- loads the script.
 -- ARGV[2]           commit: the wake-up channel; leave a queue: the counter's key
--- Every reply is {status, now, born, lost, ...}: the status word, the head (the generation's
--- birth, and 1 when this call found the state lost), then the rest per operation (see each
--- branch below).
+-- Every reply (a batch's: one per acquire) is {status, now, born, lost, ...}: the status word,
+-- the head (the generation's birth, and 1 when this call found the state lost), then the rest
+-- per operation (see each branch below).
 -- A policy is 9 numbers:
 --   kind (rate or concurrency), limit, period_us, margin_us,
 --   algorithm (sliding, fixed or gcra), burst, lease_ttl_us, reserve_high, reserve_normal
@@ -891,18 +893,213 @@ function T.wake(channel, counter_key)
   redis.call('PUBLISH', channel, counter_key)
 end
 
--- The unpacking format of each count of numbers, made once.
+-- acquire: [2] cost, [3] priority, [4] record reservations (1) or grant final (0), [5] n,
+-- then per counter 15 numbers: its policy, where its limit's pause is (at KEYS[x] for x >= 1,
+-- or -x its end as read by the caller: its key is in another slot), its admission, and where
+-- its queue is (KEYS[x]); then the waiter's id (0: the request does not wait) and how long a
+-- place it takes lives (us). Reply: ok now born lost, then per counter 5 numbers (outcome
+-- granted: seq remaining reset_after lease_expires_at; allowed: _ remaining; denied:
+-- retry_after remaining reason); or cost now born lost i open; or admit now born lost, then
+-- (i cover need) for each counter whose key the caller must have admitted in its budget's
+-- slot, before anything is written; or keys now born lost i budget.
+-- T.acquire decides one: its numbers from a[s] (its cost, [2] above), every key it names at
+-- KEYS[x + shift] for the x it gives, its counters' at KEYS[shift + 3i - 1 ..]; `gen` already
+-- read (by a batch), or nil: read here with the counters. `packed` is ARGV[1].
+function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
+  local cost, priority, record, n = a[s], a[s + 1], a[s + 2], a[s + 3]
+  local waiter, place_ttl = a[s + 4 + n * 15], a[s + 5 + n * 15]
+  if waiter == 0 then waiter = __NEWCOMER_ID__ end
+  local policies, pauses, admissions, queues = {}, {}, {}, {}
+  for i = 1, n do
+    local at = s + 4 + (i - 1) * 15
+    local p = T.read_policy(a, at, packed)
+    local open = T.capacity_for(p, priority)
+    if cost < 1 or cost > open then
+      gen = gen or T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
+      local reply = T.head('cost', now, gen)
+      reply[5], reply[6] = i, open
+      return reply
+    end
+    policies[i] = p
+    pauses[i] = a[at + 9]
+    if pauses[i] >= 1 then pauses[i] = pauses[i] + shift end
+    admissions[i] = T.read_admission(a, at + 10)
+    if admissions[i].tally >= 1 then admissions[i].tally = admissions[i].tally + shift end
+    queues[i] = a[at + 14] + shift
+  end
+  -- Every counter's header and queue, and the pauses kept here, in one read; with the
+  -- generation (and the evictions record) unless a batch read them already.
+  local names, first = {}, 0
+  if not gen then
+    names[1] = KEYS[1]
+    first = 1
+  end
+  for i = 1, n do
+    names[first + i] = KEYS[shift + 3 * i - 1]
+  end
+  for i = 1, n do
+    names[first + n + i] = KEYS[queues[i]]
+  end
+  for i = 1, n do
+    if pauses[i] >= 1 then
+      names[#names + 1] = KEYS[pauses[i]]
+      pauses[i] = #names
+    end
+  end
+  local watching = watch and first == 1
+  if watching then names[#names + 1] = KEYS[#KEYS] end
+  local values = redis.call('MGET', unpack(names))
+  if first == 1 then gen = T.generation(values[1], KEYS[1], now) end
+  if watching then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
+  local counters = {}
+  for i = 1, n do
+    local c, hold_until = T.load(values[first + i], KEYS, shift + 3 * i - 1, now, gen,
+      policies[i])
+    if hold_until then T.hold(c, now, hold_until) end
+    counters[i] = c
+  end
+  -- Keys to admit in another slot's budget: asked of the caller before anything is written.
+  local ask
+  for i = 1, n do
+    local adm, c = admissions[i], counters[i]
+    if adm.tally < 0 and adm.carried >= 0 then
+      local need = T.need(c, policies[i], now, true)
+      if need > c.a and adm.carried < need then
+        ask = ask or T.head('admit', now, gen)
+        ask[#ask + 1], ask[#ask + 2], ask[#ask + 3] = i, c.a, need
+      end
+    end
+  end
+  if ask then return ask end
+  -- Made only when needed: most decisions hold nothing and find no queue.
+  local held
+  for i = 1, n do
+    local answer = T.cover(counters[i], policies[i], now, true, admissions[i], gen, KEYS, 1)
+    if answer and answer[1] == 'keys' then
+      local reply = T.head('keys', now, gen)
+      reply[5], reply[6] = i, answer[2]
+      return reply
+    end
+    -- Held after a loss of its budget: recovering, and not written past its cover.
+    if answer then
+      held = held or {}
+      held[i] = answer[2]
+    end
+  end
+  -- The reply, each counter's five numbers written in place.
+  local reply = T.head('ok', now, gen)
+  local all_allowed = true
+  local places, ranks, freed
+  for i = 1, n do
+    local p, c = policies[i], counters[i]
+    local open = T.capacity_for(p, priority)
+    local limit_paused_until = -pauses[i]
+    if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
+    local denial
+    if held and held[i] then
+      denial = { T.sub0(held[i], now), 0, __REASON_RECOVERING__ }
+    else
+      denial = T.check(c, p, now, cost, priority, limit_paused_until)
+    end
+    local raw_queue = values[first + n + i]
+    if raw_queue then
+      local q, expired = T.queue_read(raw_queue, now)
+      local rank, ahead = T.queue_rank(q, now, priority, waiter)
+      places, ranks, freed = places or {}, ranks or {}, freed or {}
+      places[i], ranks[i], freed[i] = q, rank, expired
+      -- Room for itself is not enough: also for every place ahead, or it waits behind them.
+      if not denial and ahead > 0 then
+        local room
+        if cost + ahead > open then
+          room = T.wait_for_room(c, p, now, open, open)
+        else
+          room = T.wait_for_room(c, p, now, cost + ahead, open)
+        end
+        if room > 0 or cost + ahead > open then
+          -- No sooner than those ahead can take it: at least 10 ms when the room is there.
+          if room == 0 then room = __QUEUED_RETRY_MIN_US__ end
+          denial = { room, T.sub0(open, T.used(c, p, now)), __REASON_QUEUED__ }
+        end
+      end
+    end
+    -- Held after a loss (T.load) rather than paused by someone: recovering.
+    if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
+        and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
+      denial[3] = __REASON_RECOVERING__
+    end
+    local at = 5 * i
+    if denial then
+      all_allowed = false
+      reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+        __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0
+    else
+      reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+        __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0
+    end
+  end
+  if all_allowed then
+    for i = 1, n do
+      local at = 5 * i
+      reply[at] = __OUTCOME_GRANTED__
+      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+        T.grant(counters[i], policies[i], now, cost, priority, record)
+    end
+  end
+  -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
+  for i = 1, n do
+    if not (held and held[i]) then T.save(counters[i], policies[i], now) end
+  end
+  -- A waiting request denied takes (or renews) its place; granted, it leaves. Places that
+  -- expired are dropped, and whoever they held back is woken.
+  if waiter < __NEWCOMER_ID__ and not all_allowed then
+    places, ranks, freed = places or {}, ranks or {}, freed or {}
+  end
+  if places then
+    for i = 1, n do
+      local q, changed = places[i], freed[i]
+      if waiter < __NEWCOMER_ID__ and not all_allowed then
+        q = q or {}
+        ranks[i] = ranks[i] or { priority, now, waiter }
+        T.queue_stand(q, ranks[i], cost, now, place_ttl)
+        changed = true
+      elseif q and T.queue_leave(q, waiter) then
+        changed = true
+      end
+      if changed then T.queue_write(KEYS[queues[i]], q, now) end
+      if freed[i] then T.wake(T.wake_channel(KEYS[1]), KEYS[shift + 3 * i - 1]) end
+    end
+  end
+  return reply
+end
+
+-- The unpacking format of each count of numbers up to 256, made once.
 T.formats = {}
 
--- One operation: KEYS and ARGV as in the header.
-function T.decide(KEYS, ARGV)
-  local count = #ARGV[1] / 8
+function T.format(count)
   local format = T.formats[count]
   if not format then
     format = '>' .. string.rep('d', count)
     T.formats[count] = format
   end
-  local a = { struct.unpack(format, ARGV[1]) }
+  return format
+end
+
+-- The numbers packed in `packed` (ARGV[1]). A batch's may be thousands: a C function returns
+-- its results on Lua's bounded stack, so they are unpacked 256 at a time.
+function T.numbers(packed)
+  local count = #packed / 8
+  if count <= 256 then return { struct.unpack(T.format(count), packed) } end
+  local a = {}
+  for at = 0, count - 1, 256 do
+    local chunk = { struct.unpack(T.format(math.min(256, count - at)), packed, at * 8 + 1) }
+    for i = 1, #chunk - 1 do a[at + i] = chunk[i] end
+  end
+  return a
+end
+
+-- One operation: KEYS and ARGV as in the header.
+function T.decide(KEYS, ARGV)
+  local a = T.numbers(ARGV[1])
   local op = a[1]
   local watch = op >= __OP_WATCH_EVICTIONS__
   if watch then op = op - __OP_WATCH_EVICTIONS__ end
@@ -922,172 +1119,25 @@ function T.decide(KEYS, ARGV)
     return 0
   end
 
-  if op == __OP_ACQUIRE__ then
-    -- acquire: [2] cost, [3] priority, [4] record reservations (1)
-    -- or grant final (0), [5] n, then per counter 15 numbers: its policy, where its limit's
-    -- pause is (at KEYS[x] for x >= 1, or -x its end as read by the caller: its key is in
-    -- another slot), its admission, and where its queue is (KEYS[x]); then the waiter's id (0:
-    -- the request does not wait) and how long a place it takes lives (us). Reply: ok now born
-    -- lost, then per counter 5 numbers (outcome granted: seq remaining reset_after
-    -- lease_expires_at; allowed: _ remaining; denied: retry_after remaining reason); or cost
-    -- now born lost i open; or admit now born
-    -- lost, then (i cover need) for each counter whose key the caller must have admitted in
-    -- its budget's slot, before anything is written; or keys now born lost i budget.
-    local cost, priority, record, n = a[2], a[3], a[4], a[5]
-    local waiter, place_ttl = a[6 + n * 15], a[7 + n * 15]
-    if waiter == 0 then waiter = __NEWCOMER_ID__ end
-    local policies, pauses, admissions, queues = {}, {}, {}, {}
-    for i = 1, n do
-      local at = 6 + (i - 1) * 15
-      local p = T.read_policy(a, at, ARGV[1])
-      local open = T.capacity_for(p, priority)
-      if cost < 1 or cost > open then
-        local gen = T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
-        local reply = T.head('cost', now, gen)
-        reply[5], reply[6] = i, open
-        return reply
-      end
-      policies[i] = p
-      pauses[i] = a[at + 9]
-      admissions[i] = T.read_admission(a, at + 10)
-      queues[i] = a[at + 14]
-    end
-    -- The generation, every counter's header and queue, and the pauses kept here in one read.
+  if op == __OP_ACQUIRE__ then return T.acquire(KEYS, a, 2, 0, now, nil, watch, ARGV[1]) end
+
+  if op == __OP_BATCH__ then
+    -- a batch of acquires on one slot, decided in order, each all or nothing, at one `now`: [2]
+    -- how many, then per acquire: how far its keys are shifted (its own KEYS[x] is
+    -- KEYS[x + shift]; KEYS[1], the generation, is shared), how many numbers it has, then its
+    -- numbers as an acquire's from its cost. The generation (and the evictions record) is read
+    -- once. Reply: one acquire's reply per acquire, in order.
     local names = { KEYS[1] }
-    for i = 1, n do
-      names[i + 1] = KEYS[3 * i - 1]
-    end
-    for i = 1, n do
-      names[n + 1 + i] = KEYS[queues[i]]
-    end
-    for i = 1, n do
-      if pauses[i] >= 1 then
-        names[#names + 1] = KEYS[pauses[i]]
-        pauses[i] = #names
-      end
-    end
-    if watch then names[#names + 1] = KEYS[#KEYS] end
+    if watch then names[2] = KEYS[#KEYS] end
     local values = redis.call('MGET', unpack(names))
     local gen = T.generation(values[1], KEYS[1], now)
-    if watch then T.evictions(gen, values[#names], KEYS[#KEYS], now) end
-    local counters = {}
-    for i = 1, n do
-      local c, hold_until = T.load(values[i + 1], KEYS, 3 * i - 1, now, gen, policies[i])
-      if hold_until then T.hold(c, now, hold_until) end
-      counters[i] = c
+    if watch then T.evictions(gen, values[2], KEYS[#KEYS], now) end
+    local replies, at = {}, 3
+    for d = 1, a[2] do
+      replies[d] = T.acquire(KEYS, a, at + 2, a[at], now, gen, false, ARGV[1])
+      at = at + 2 + a[at + 1]
     end
-    -- Keys to admit in another slot's budget: asked of the caller before anything is written.
-    local ask
-    for i = 1, n do
-      local adm, c = admissions[i], counters[i]
-      if adm.tally < 0 and adm.carried >= 0 then
-        local need = T.need(c, policies[i], now, true)
-        if need > c.a and adm.carried < need then
-          ask = ask or T.head('admit', now, gen)
-          ask[#ask + 1], ask[#ask + 2], ask[#ask + 3] = i, c.a, need
-        end
-      end
-    end
-    if ask then return ask end
-    -- Made only when needed: most decisions hold nothing and find no queue.
-    local held
-    for i = 1, n do
-      local answer = T.cover(counters[i], policies[i], now, true, admissions[i], gen, KEYS, 1)
-      if answer and answer[1] == 'keys' then
-        local reply = T.head('keys', now, gen)
-        reply[5], reply[6] = i, answer[2]
-        return reply
-      end
-      -- Held after a loss of its budget: recovering, and not written past its cover.
-      if answer then
-        held = held or {}
-        held[i] = answer[2]
-      end
-    end
-    -- The reply, each counter's five numbers written in place.
-    local reply = T.head('ok', now, gen)
-    local all_allowed = true
-    local places, ranks, freed
-    for i = 1, n do
-      local p, c = policies[i], counters[i]
-      local open = T.capacity_for(p, priority)
-      local limit_paused_until = -pauses[i]
-      if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
-      local denial
-      if held and held[i] then
-        denial = { T.sub0(held[i], now), 0, __REASON_RECOVERING__ }
-      else
-        denial = T.check(c, p, now, cost, priority, limit_paused_until)
-      end
-      local raw_queue = values[n + 1 + i]
-      if raw_queue then
-        local q, expired = T.queue_read(raw_queue, now)
-        local rank, ahead = T.queue_rank(q, now, priority, waiter)
-        places, ranks, freed = places or {}, ranks or {}, freed or {}
-        places[i], ranks[i], freed[i] = q, rank, expired
-        -- Room for itself is not enough: also for every place ahead, or it waits behind them.
-        if not denial and ahead > 0 then
-          local room
-          if cost + ahead > open then
-            room = T.wait_for_room(c, p, now, open, open)
-          else
-            room = T.wait_for_room(c, p, now, cost + ahead, open)
-          end
-          if room > 0 or cost + ahead > open then
-            -- No sooner than those ahead can take it: at least 10 ms when the room is there.
-            if room == 0 then room = __QUEUED_RETRY_MIN_US__ end
-            denial = { room, T.sub0(open, T.used(c, p, now)), __REASON_QUEUED__ }
-          end
-        end
-      end
-      -- Held after a loss (T.load) rather than paused by someone: recovering.
-      if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
-          and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
-        denial[3] = __REASON_RECOVERING__
-      end
-      local at = 5 * i
-      if denial then
-        all_allowed = false
-        reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-          __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0
-      else
-        reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-          __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0
-      end
-    end
-    if all_allowed then
-      for i = 1, n do
-        local at = 5 * i
-        reply[at] = __OUTCOME_GRANTED__
-        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-          T.grant(counters[i], policies[i], now, cost, priority, record)
-      end
-    end
-    -- Denied: normalising may have dropped expired state; keep the store as small as the core's.
-    for i = 1, n do
-      if not (held and held[i]) then T.save(counters[i], policies[i], now) end
-    end
-    -- A waiting request denied takes (or renews) its place; granted, it leaves. Places that
-    -- expired are dropped, and whoever they held back is woken.
-    if waiter < __NEWCOMER_ID__ and not all_allowed then
-      places, ranks, freed = places or {}, ranks or {}, freed or {}
-    end
-    if places then
-      for i = 1, n do
-        local q, changed = places[i], freed[i]
-        if waiter < __NEWCOMER_ID__ and not all_allowed then
-          q = q or {}
-          ranks[i] = ranks[i] or { priority, now, waiter }
-          T.queue_stand(q, ranks[i], cost, now, place_ttl)
-          changed = true
-        elseif q and T.queue_leave(q, waiter) then
-          changed = true
-        end
-        if changed then T.queue_write(KEYS[queues[i]], q, now) end
-        if freed[i] then T.wake(T.wake_channel(KEYS[1]), KEYS[3 * i - 1]) end
-      end
-    end
-    return reply
+    return replies
   end
 
   -- The generation and the one key every other operation reads first (a counter's state, or a

@@ -7,7 +7,8 @@
 //!   over every master: a flood refused at the budget, the counters held counted by `SCAN` on
 //!   each master, and a budget whose slot lost its state admitting no new key for a while;
 //! - the queue across the fleet on every master: a place in the counter's slot, which keeps
-//!   a freed lease from a lower priority elsewhere.
+//!   a freed lease from a lower priority elsewhere;
+//! - a burst on one new key, batched, each batched acquire admitted in its budget's slot.
 //!
 //! Fleets of worker processes on a cluster, through a reshard and a failover, are
 //! `crates/fleet/tests/cluster.rs`.
@@ -172,6 +173,56 @@ fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
     }
     assert!(granted(take("d", Some("known"))), "a known key of d");
     assert!(granted(take("b", Some("another"))), "a new key of b");
+}
+
+/// Acquires in flight at once on one new key of a limit whose budget of keys is in another
+/// slot go in batches, and each batched acquire asks that slot to admit the key (the script
+/// answers `admit` for it alone, and it is called again): exactly the limit is granted, and no
+/// acquire fails.
+#[test]
+fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
+    let Some(binary) =
+        nodes::redis_server("a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots")
+    else {
+        return;
+    };
+    let cluster = Cluster::start(&binary, 3);
+    let url = cluster.url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let namespace = common::namespace("cluster-batch");
+    let store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("a new namespace");
+    let limiter = common::limiter_on(store.clone());
+    limiter.set_limit(common::per_user("burst", 10, 60_000, None));
+    // A key whose counter is not in its limit's slot, where the budget of keys is.
+    let key = (0..)
+        .map(|index| format!("user-{index}"))
+        .find(|key| {
+            let counter = |key: Option<&str>| {
+                cluster.keyslot(&store.counter_key(CounterId {
+                    limit: "burst",
+                    key,
+                }))
+            };
+            counter(Some(key)) != counter(None)
+        })
+        .expect("a key in another slot");
+    let answers = runtime.block_on(futures_util::future::join_all(
+        (0..40).map(|_| common::take_one(&limiter, "burst", Some(&key))),
+    ));
+    let granted = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Outcome::Granted(_))))
+        .count();
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(granted, 10);
+    assert!(store.batched_acquires() > 0, "nothing was batched");
+    assert_eq!(states_held(&cluster, &namespace, "burst"), 1);
 }
 
 /// The queue across the fleet on every master: for keys whose counters spread over the slots,

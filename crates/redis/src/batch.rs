@@ -1,0 +1,391 @@
+//! Sending the script, and natural batching of acquires. `Caller` owns what a call needs (the
+//! connection, the library or script, whether calls watch evictions) and, per slot, the
+//! acquires that wait while one is in flight.
+//!
+//! An acquire that finds its slot idle goes at once, alone, as it would without batching, so
+//! at one decision in flight nothing waits longer. Acquires that arrive while a call to their
+//! slot is in flight wait, and go together in the next call (`OP_BATCH`, at most `BATCH_MAX`):
+//! the script decides them in order, each all or nothing, at one `now`, exactly as the same
+//! acquires one after another at that instant (`differential_tests.rs` compares a batch with
+//! the decision core one by one). One call, one clock read and one generation read then serve
+//! many decisions: Redis spends less per decision the busier it is.
+//!
+//! A batch runs in a task of its own, so a caller that gives up (its client gone, its own
+//! deadline) never strands the others; an acquire whose caller gave up before its batch left is
+//! not decided at all. An answer that does not come within two calls' time is
+//! `StoreUnavailable`, as a call's own timeout is.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{RedisError, Script, Value};
+use tokio::sync::oneshot;
+use tollgate::{Error, Result};
+
+use crate::abi::{self, OP_BATCH, OP_WATCH_EVICTIONS};
+use crate::backend::Backend;
+use crate::call::{Head, Numbers, Reply, parse_reply, u};
+use crate::errors::{failed, lost_library, store_error, unavailable};
+use crate::keys;
+
+/// Acquires in one call at most. Each has at most `COUNTERS_PER_REQUEST_MAX` counters, so a
+/// batch names at most a few thousand keys and numbers.
+pub(crate) const BATCH_MAX: usize = 64;
+
+/// What sends the script, and the acquires waiting per slot.
+pub(crate) struct Caller {
+    pub(crate) backend: Arc<Backend>,
+    script: Script,
+    /// The function library: its `FCALL` name and source, when Redis accepted it.
+    pub(crate) function: Option<(String, String)>,
+    /// Every call watches Redis's evictions: a master's policy may evict (seen at connect or
+    /// by `ping`). Never cleared: the keys evicted meanwhile are held whatever comes next.
+    pub(crate) watch_evictions: AtomicBool,
+    /// The generation's birth in the last reply (for tests mirroring the script).
+    pub(crate) born_seen: AtomicU64,
+    timeout: Duration,
+    namespace: String,
+    /// The slots with an acquire call in flight, each with the acquires waiting for the next.
+    slots: Mutex<HashMap<u16, Vec<Pending>>>,
+    /// Acquires decided in a call with others, since the start.
+    batched: AtomicU64,
+    /// Acquires wait for a slot's call in flight (on unless turned off).
+    batching: AtomicBool,
+}
+
+/// An acquire waiting for its slot's next call: its keys (the generation first) and numbers
+/// as a call of its own would send them.
+struct Pending {
+    keys: Vec<String>,
+    numbers: Vec<u8>,
+    answer: oneshot::Sender<Result<(Head, Reply)>>,
+}
+
+/// Hands what waits on a slot to a batch when the call in flight ends, or is dropped.
+struct Release<'a> {
+    caller: &'a Arc<Caller>,
+    slot: u16,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.caller.release(self.slot);
+    }
+}
+
+impl Caller {
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        script: Script,
+        function: Option<(String, String)>,
+        watch_evictions: bool,
+        timeout: Duration,
+        namespace: String,
+    ) -> Caller {
+        Caller {
+            backend,
+            script,
+            function,
+            watch_evictions: AtomicBool::new(watch_evictions),
+            born_seen: AtomicU64::new(0),
+            timeout,
+            namespace,
+            slots: Mutex::new(HashMap::new()),
+            batched: AtomicU64::new(0),
+            batching: AtomicBool::new(true),
+        }
+    }
+
+    /// Whether acquires wait for a call in flight on their slot and go together (on), or each
+    /// is its own call at once (off).
+    pub(crate) fn set_batching(&self, on: bool) {
+        self.batching.store(on, Ordering::Relaxed);
+    }
+
+    /// Acquires decided in a call with others, since the start.
+    pub(crate) fn batched(&self) -> u64 {
+        self.batched.load(Ordering::Relaxed)
+    }
+
+    /// One acquire on `slot` (`keys` and `numbers` as its own call): alone when nothing is in
+    /// flight on the slot, else in the next batch.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        slot: u16,
+        keys: Vec<String>,
+        numbers: Vec<u8>,
+    ) -> Result<(Head, Reply)> {
+        if !self.batching.load(Ordering::Relaxed) {
+            return self.run(&keys, &[&numbers]).await;
+        }
+        let waiting = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            match slots.get_mut(&slot) {
+                None => {
+                    slots.insert(slot, Vec::new());
+                    Err((keys, numbers))
+                }
+                Some(waiting) => {
+                    let (answer, answered) = oneshot::channel();
+                    waiting.push(Pending {
+                        keys,
+                        numbers,
+                        answer,
+                    });
+                    Ok(answered)
+                }
+            }
+        };
+        match waiting {
+            Err((keys, numbers)) => {
+                let _release = Release { caller: self, slot };
+                self.run(&keys, &[&numbers]).await
+            }
+            Ok(answered) => match tokio::time::timeout(2 * self.timeout, answered).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(_)) => Err(unavailable("the call this acquire waited for was dropped")),
+                Err(_) => Err(unavailable("Redis did not answer in time")),
+            },
+        }
+    }
+
+    /// The call on `slot` ended: what waits goes in a batch, in a task of its own; with
+    /// nothing waiting, the slot is idle again.
+    fn release(self: &Arc<Self>, slot: u16) {
+        let batch = self.next_batch(slot);
+        if batch.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(Arc::clone(self).drain(slot, batch));
+            }
+            // No runtime to run them on (it is shutting down): they are answered that the call
+            // was dropped, and the slot forgets them.
+            Err(_) => {
+                let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+                slots.remove(&slot);
+            }
+        }
+    }
+
+    /// The acquires the next call on `slot` takes (the oldest first), leaving out those whose
+    /// caller gave up; none, and the slot idle, when nothing waits.
+    fn next_batch(&self, slot: u16) -> Vec<Pending> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(waiting) = slots.get_mut(&slot) else {
+            return Vec::new();
+        };
+        waiting.retain(|pending| !pending.answer.is_closed());
+        if waiting.is_empty() {
+            slots.remove(&slot);
+            return Vec::new();
+        }
+        let take = waiting.len().min(BATCH_MAX);
+        waiting.drain(..take).collect()
+    }
+
+    /// Decide batches on `slot` until nothing waits.
+    async fn drain(self: Arc<Self>, slot: u16, mut batch: Vec<Pending>) {
+        while !batch.is_empty() {
+            self.decide(batch).await;
+            batch = self.next_batch(slot);
+        }
+    }
+
+    /// One call for `batch`, and each acquire its answer.
+    async fn decide(&self, batch: Vec<Pending>) {
+        let count = batch.len();
+        if count == 1 {
+            if let Some(only) = batch.into_iter().next() {
+                let answer = self.run(&only.keys, &[&only.numbers]).await;
+                let _ = only.answer.send(answer);
+            }
+            return;
+        }
+        let mut keys = Vec::with_capacity(1 + batch.iter().map(|p| p.keys.len()).sum::<usize>());
+        let mut numbers = Numbers::new(OP_BATCH);
+        numbers.push(count as u64);
+        for pending in &batch {
+            let Some((generation, own)) = pending.keys.split_first() else {
+                continue;
+            };
+            if keys.is_empty() {
+                keys.push(generation.clone());
+            }
+            // Its own KEYS[x] (x >= 2) is the batch's KEYS[x + shift].
+            numbers.extend(&[
+                (keys.len() - 1) as u64,
+                (pending.numbers.len() / 8 - 1) as u64,
+            ]);
+            numbers
+                .0
+                .extend_from_slice(pending.numbers.get(8..).unwrap_or_default());
+            keys.extend_from_slice(own);
+        }
+        let answers = self.query(&keys, &[&numbers.0]).await.and_then(|value| {
+            let Value::Array(items) = value else {
+                return Err(failed(format!("unexpected batch reply {value:?}")));
+            };
+            if items.len() != count {
+                return Err(failed("batch reply of the wrong length"));
+            }
+            items
+                .into_iter()
+                .map(|item| head(parse_reply(item)?))
+                .collect::<Result<Vec<_>>>()
+        });
+        match answers {
+            Ok(answers) => {
+                self.batched.fetch_add(count as u64, Ordering::Relaxed);
+                if let Some((head, _)) = answers.first() {
+                    self.saw(*head);
+                }
+                for (pending, answer) in batch.into_iter().zip(answers) {
+                    let _ = pending.answer.send(Ok(answer));
+                }
+            }
+            Err(error) => {
+                for pending in batch {
+                    let _ = pending.answer.send(Err(again(&error)));
+                }
+            }
+        }
+    }
+
+    /// The command that runs the script on `keys` (after the generation, which is first). When
+    /// the store watches evictions, the operation carries `WATCH_EVICTIONS` and the slot's
+    /// evictions record is the last key.
+    pub(crate) fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        if self.watch_evictions.load(Ordering::Relaxed)
+            && let Some((numbers, rest)) = args.split_first()
+            && let Some(generation) = keys.first()
+        {
+            let mut flagged = numbers.to_vec();
+            if let Some(operation) = flagged.get_mut(..8) {
+                let code = f64::from_be_bytes(operation.try_into().unwrap_or([0; 8]));
+                operation.copy_from_slice(&(code + OP_WATCH_EVICTIONS as f64).to_be_bytes());
+            }
+            let mut keys = keys.to_vec();
+            keys.push(keys::evictions_beside(generation));
+            let mut args: Vec<&[u8]> = vec![&flagged];
+            args.extend_from_slice(rest);
+            return self.script_command(&keys, &args);
+        }
+        self.script_command(keys, args)
+    }
+
+    fn script_command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        let mut command = match &self.function {
+            Some((name, _)) => {
+                let mut command = redis::cmd("FCALL");
+                command.arg(name.as_str());
+                command
+            }
+            None => {
+                let mut command = redis::cmd("EVALSHA");
+                command.arg(self.script.get_hash());
+                command
+            }
+        };
+        command.arg(keys.len()).arg(keys).arg(args);
+        command
+    }
+
+    /// Run `send`, and once more after loading the script again if Redis lost it.
+    pub(crate) async fn with_library<'s, T, F>(
+        &'s self,
+        send: impl Fn() -> F,
+    ) -> redis::RedisResult<T>
+    where
+        F: Future<Output = redis::RedisResult<T>> + 's,
+    {
+        match send().await {
+            Err(error) if lost_library(&error) => {
+                match &self.function {
+                    Some((_, library)) => load_library(&self.backend, library).await?,
+                    None => {
+                        self.backend
+                            .query(redis::cmd("SCRIPT").arg("LOAD").arg(abi::script()))
+                            .await?;
+                    }
+                }
+                send().await
+            }
+            answer => answer,
+        }
+    }
+
+    /// The script's answer on `keys`, within the store's timeout.
+    async fn query(&self, keys: &[String], args: &[&[u8]]) -> Result<Value> {
+        let command = self.command(keys, args);
+        tokio::time::timeout(
+            self.timeout,
+            self.with_library(|| self.backend.query(&command)),
+        )
+        .await
+        .map_err(|_| unavailable("Redis did not answer in time"))?
+        .map_err(store_error)
+    }
+
+    /// Run the script on one slot: one round trip. `keys` start with the slot's generation.
+    pub(crate) async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
+        let answer = head(parse_reply(self.query(keys, args).await?)?)?;
+        self.saw(answer.0);
+        Ok(answer)
+    }
+
+    /// Keep the generation a reply names, and say when the state was lost.
+    fn saw(&self, head: Head) {
+        self.born_seen.store(head.born_us, Ordering::Release);
+        if head.lost {
+            tracing::warn!(
+                namespace = %self.namespace,
+                "Redis lost Tollgate's state, or may have (a restart, a flush, a failover); \
+                 granting nothing on a counter kept there until one period after {}",
+                head.born_us
+            );
+        }
+    }
+}
+
+/// A reply with its head read.
+fn head(reply: Reply) -> Result<(Head, Reply)> {
+    if reply.numbers.len() < 3 {
+        return Err(failed("script reply without its head"));
+    }
+    let head = Head {
+        now_us: u(reply.numbers[0]),
+        born_us: u(reply.numbers[1]),
+        lost: reply.numbers[2] != 0,
+    };
+    Ok((head, reply))
+}
+
+/// A batch's failure, once for each of its acquires.
+fn again(error: &Error) -> Error {
+    match error {
+        Error::StoreUnavailable { reason } => unavailable(reason),
+        Error::StoreFailed { reason } => failed(reason),
+        other => failed(other),
+    }
+}
+
+/// `FUNCTION LOAD REPLACE`: the same source under the same name, so any number of processes may
+/// load it at once (on a cluster, on every master).
+pub(crate) async fn load_library(
+    backend: &Backend,
+    library: &str,
+) -> std::result::Result<(), RedisError> {
+    backend
+        .query(
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(library),
+        )
+        .await
+        .map(|_| ())
+}
