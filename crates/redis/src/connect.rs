@@ -96,6 +96,7 @@ impl RedisStore {
             wake,
             subscriber: Some(subscriber),
             limits: Mutex::new(std::collections::HashMap::new()),
+            admitting: Mutex::new(std::collections::HashMap::new()),
         })
     }
 }

@@ -2,8 +2,11 @@
 //! budget of keys, commit, renew, pause, resume and usage on one counter, and a new namespace's
 //! generations.
 
+use std::sync::{Arc, PoisonError};
+
 use futures_util::StreamExt;
 use redis::Value;
+use tokio::sync::OnceCell;
 use tollgate::Result;
 use tollgate::store::{CounterId, Renewed, Take, Usage, WaiterId};
 use tollgate_core::Committed;
@@ -16,6 +19,35 @@ use crate::call::{Admission, Carried, Head, Numbers, PauseRef, Reply, TallyRef, 
 use crate::errors::{failed, not_admitted, permit_error, store_error, too_many_keys, unavailable};
 use crate::keys;
 use crate::store::RedisStore;
+
+/// Admissions a store keeps (`admit_key`) before it forgets them all: each is one counter's
+/// cover, worth using again until its end (a few spans of its limit's window).
+const ADMISSIONS_KEPT_MAX: usize = 4096;
+
+/// Forgets an admission that never answered (every caller gave up, or the ask failed) when its
+/// caller is done with it, unless another took its place.
+struct Forget<'a> {
+    store: &'a RedisStore,
+    name: String,
+    cell: Arc<OnceCell<Carried>>,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let mut admitting = self
+            .store
+            .admitting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.cell.get().is_none()
+            && admitting
+                .get(&self.name)
+                .is_some_and(|cell| Arc::ptr_eq(cell, &self.cell))
+        {
+            admitting.remove(&self.name);
+        }
+    }
+}
 
 /// Calls of one operation on one slot, each after an admission the previous asked for, before
 /// it fails: a cover is given two spans ahead, so the second call finds it enough unless the
@@ -116,6 +148,14 @@ impl RedisStore {
     /// Ask `take`'s limit's budget, in its own slot, to count its key (whose counter is covered
     /// until `cover`) until at least `need` (`tally.rs`); `request`: for a request, which a
     /// budget held after a loss does not admit.
+    ///
+    /// The budget cannot tell one key from another: each ask for a key not yet covered counts
+    /// it once more. So this process keeps what it asked for each counter (`admitting`): callers
+    /// that need the same counter admitted while an ask is in flight share its answer, and a
+    /// cover given is used again while it reaches as far as a caller needs. Without that, one
+    /// client's burst on one new key would spend its limit's whole budget. Using a cover again
+    /// is what the budget counted: this one counter, until that end. A refusal, a hold or a
+    /// failure is never used again; the next caller asks anew.
     pub(crate) async fn admit_key(
         &self,
         take: Take<'_>,
@@ -124,7 +164,37 @@ impl RedisStore {
         request: bool,
     ) -> Result<Carried> {
         let apart = self.is_cluster();
-        self.admit_at(take, cover, need, request, apart).await.1
+        let name = format!("{}:{}", u8::from(request), self.keys.counter(take.counter));
+        let cell = {
+            let mut admitting = self
+                .admitting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let kept = admitting.get(&name).filter(|cell| match cell.get() {
+                None => true,
+                Some(&Carried::Cover(end)) => end >= need,
+                Some(_) => false,
+            });
+            match kept {
+                Some(cell) => Arc::clone(cell),
+                None => {
+                    if admitting.len() >= ADMISSIONS_KEPT_MAX {
+                        admitting.clear();
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    admitting.insert(name.clone(), Arc::clone(&cell));
+                    cell
+                }
+            }
+        };
+        let _forget = Forget {
+            store: self,
+            name,
+            cell: Arc::clone(&cell),
+        };
+        cell.get_or_try_init(|| async { self.admit_at(take, cover, need, request, apart).await.1 })
+            .await
+            .copied()
     }
 
     /// `admit_key`, and the store's clock at the decision (0 when Redis did not answer);

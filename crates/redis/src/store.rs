@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::Value;
+use tokio::sync::OnceCell;
 use tollgate::Result;
 use tollgate::store::{
     CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WaiterId, WakeFn,
@@ -15,6 +16,7 @@ use tollgate_core::{Committed, Priority};
 
 use crate::backend::Target;
 use crate::batch::Caller;
+use crate::call::Carried;
 use crate::errors::{failed, store_error, unavailable};
 use crate::{eviction, keys, loss};
 
@@ -71,6 +73,8 @@ pub struct RedisStore {
     /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
     /// its own budget of keys.
     pub(crate) limits: Mutex<std::collections::HashMap<String, (bool, Option<u64>)>>,
+    /// The admissions of keys in flight to their budget's slot, by counter (`admit_key`).
+    pub(crate) admitting: Mutex<std::collections::HashMap<String, Arc<OnceCell<Carried>>>>,
 }
 
 impl fmt::Debug for RedisStore {

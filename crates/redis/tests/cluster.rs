@@ -8,7 +8,8 @@
 //!   each master, and a budget whose slot lost its state admitting no new key for a while;
 //! - the queue across the fleet on every master: a place in the counter's slot, which keeps
 //!   a freed lease from a lower priority elsewhere;
-//! - a burst on one new key, batched, each batched acquire admitted in its budget's slot.
+//! - a burst on one new key, batched, its admissions in its budget's slot shared: the key
+//!   counted once.
 //!
 //! Fleets of worker processes on a cluster, through a reshard and a failover, are
 //! `crates/fleet/tests/cluster.rs`.
@@ -176,9 +177,10 @@ fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
 }
 
 /// Acquires in flight at once on one new key of a limit whose budget of keys is in another
-/// slot go in batches, and each batched acquire asks that slot to admit the key (the script
-/// answers `admit` for it alone, and it is called again): exactly the limit is granted, and no
-/// acquire fails.
+/// slot go in batches, and each batched acquire needs the key admitted in that slot (the
+/// script answers `admit` for it alone, and it is called again). They share one admission, so
+/// one client's burst on one key counts that key once: exactly the limit is granted, and no
+/// acquire is refused for want of keys in a budget of ten.
 #[test]
 fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
     let Some(binary) =
@@ -198,7 +200,7 @@ fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
         .block_on(store.begin_new_namespace())
         .expect("a new namespace");
     let limiter = common::limiter_on(store.clone());
-    limiter.set_limit(common::per_user("burst", 10, 60_000, None));
+    limiter.set_limit(common::per_user("burst", 10, 60_000, Some(10)));
     // A key whose counter is not in its limit's slot, where the budget of keys is.
     let key = (0..)
         .map(|index| format!("user-{index}"))
@@ -223,6 +225,20 @@ fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
     assert_eq!(granted, 10);
     assert!(store.batched_acquires() > 0, "nothing was batched");
     assert_eq!(states_held(&cluster, &namespace, "burst"), 1);
+    // The budget counted the key once: nine more keys fit, the tenth does not.
+    for index in 0..9 {
+        let answer = runtime.block_on(common::take_one(
+            &limiter,
+            "burst",
+            Some(&format!("other-{index}")),
+        ));
+        assert!(matches!(answer, Ok(Outcome::Granted(_))), "{answer:?}");
+    }
+    let answer = runtime.block_on(common::take_one(&limiter, "burst", Some("one-too-many")));
+    assert!(
+        matches!(answer, Err(Error::TooManyKeysForLimit { keys_max: 10, .. })),
+        "{answer:?}"
+    );
 }
 
 /// The queue across the fleet on every master: for keys whose counters spread over the slots,
