@@ -8,7 +8,10 @@
 //! which the load never reaches: every decision is a grant. Before each case one decision per
 //! key is made untimed, then `CONFIG RESETSTAT`; after the case's decisions `INFO commandstats`
 //! gives the calls and the microseconds Redis spent in them (the commands a script or module
-//! runs inside are part of its call's time). Cases:
+//! runs inside are part of its call's time). Beside it, `INFO cpu` before and after gives the
+//! CPU time Redis's main thread used (`cpu/decision`): all it did for the case (reading the
+//! requests and writing the replies too), and never the time it lost its core mid-command,
+//! which a command's `usec` counts and which grows with the load on the machine. Cases:
 //!
 //! - GCRA (100 per second, burst 100), `Request::refundable(false)` / `POST /v1/check`;
 //! - fixed window (100 per second), the same;
@@ -19,10 +22,10 @@
 //!   queue costs while waiters exist.
 //!
 //! Through the library the rows above send one call per acquire (the store's batching off).
-//! Then each case again with batching on at 64 in flight (acquires that arrive while a call to
-//! their slot is in flight go together in the next call; the GCRA and fixed rows' target is
-//! `CL.THROTTLE`'s time), and GCRA at one in flight with batching off and on: decisions/s is
-//! then one over a decision's latency, which batching must not lengthen.
+//! Then each case again at 64 in flight, with batching off and on (acquires that arrive while
+//! their slot's calls are in flight go together in the next call; the batched GCRA and fixed
+//! rows' target is `CL.THROTTLE`'s time), and GCRA at one in flight with batching off and on:
+//! decisions/s is then one over a decision's latency, which batching must not lengthen.
 //!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
@@ -84,6 +87,8 @@ struct Figures {
     decisions: u64,
     calls: u64,
     usec: u64,
+    /// CPU time Redis's main thread used meanwhile (`INFO cpu`), in microseconds.
+    cpu_us: f64,
     elapsed: Duration,
 }
 
@@ -96,6 +101,9 @@ impl Figures {
     }
     fn usec_per_decision(&self) -> f64 {
         self.usec as f64 / self.decisions.max(1) as f64
+    }
+    fn cpu_per_decision(&self) -> f64 {
+        self.cpu_us / self.decisions.max(1) as f64
     }
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
@@ -129,6 +137,28 @@ async fn commandstats(connection: &mut MultiplexedConnection) -> HashMap<String,
         table.insert(name.to_owned(), (field("calls"), field("usec")));
     }
     table
+}
+
+/// CPU time Redis's main thread has used (`INFO cpu`, user and system), in microseconds: what
+/// it spent, wherever it spent it (reading requests, running commands, writing replies), and
+/// unlike a command's `usec` not the time it lost its core mid-command.
+async fn main_thread_cpu_us(connection: &mut MultiplexedConnection) -> f64 {
+    let text: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(connection)
+        .await
+        .expect("INFO cpu");
+    text.lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .filter(|(name, _)| {
+            matches!(
+                *name,
+                "used_cpu_sys_main_thread" | "used_cpu_user_main_thread"
+            )
+        })
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e6
 }
 
 async fn reset_stats(connection: &mut MultiplexedConnection) {
@@ -196,7 +226,9 @@ where
 {
     drive(KEYS as u64, in_flight, one.clone()).await;
     reset_stats(stats).await;
+    let cpu_before = main_thread_cpu_us(stats).await;
     let elapsed = drive(decisions, in_flight, one).await;
+    let cpu_us = main_thread_cpu_us(stats).await - cpu_before;
     let table = commandstats(stats).await;
     let (calls, usec) = commands
         .iter()
@@ -206,6 +238,7 @@ where
         decisions,
         calls,
         usec,
+        cpu_us,
         elapsed,
     }
 }
@@ -706,14 +739,11 @@ struct Row {
 }
 
 fn print_table(rows: &[Row]) {
-    let peer = |which: Peer| {
-        rows.iter()
-            .find(|row| row.peer == Some(which))
-            .map(|row| row.figures.usec_per_decision())
-    };
-    let (cell, incr) = (peer(Peer::Cell), peer(Peer::Incr));
+    let peer = |which: Peer| rows.iter().find(|row| row.peer == Some(which));
+    let cell = peer(Peer::Cell).map(|row| row.figures);
+    let incr = peer(Peer::Incr).map(|row| row.figures.usec_per_decision());
     println!(
-        "{:<36} | {:<7} | {:>6} | {:>13} | {:>14} | {:>14} | {:>13} | {:>13} | {:>11}",
+        "{:<40} | {:<7} | {:>6} | {:>13} | {:>14} | {:>13} | {:>13} | {:>14} | {:>12} | {:>9} | {:>11}",
         "case",
         "path",
         "calls",
@@ -722,22 +752,30 @@ fn print_table(rows: &[Row]) {
         "usec/decision",
         "x CL.THROTTLE",
         "x INCR+PEXPIRE",
+        "cpu/decision",
+        "cpu x CL.",
         "decisions/s"
     );
-    println!("{}", "-".repeat(152));
+    println!("{}", "-".repeat(183));
     let show = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.2}"));
     for row in rows {
         let usec = row.figures.usec_per_decision();
-        let to_cell = cell.map(|cell| usec / cell.max(1e-9));
-        let verdict = match (row.target, to_cell) {
-            (Some(target), Some(to_cell)) if to_cell <= target => {
-                format!("  (target {target}x: met)")
+        let to_cell = cell.map(|cell| usec / cell.usec_per_decision().max(1e-9));
+        let cpu = row.figures.cpu_per_decision();
+        let cpu_to_cell = cell.map(|cell| cpu / cell.cpu_per_decision().max(1e-9));
+        let verdict = match (row.target, to_cell, cpu_to_cell) {
+            (Some(target), Some(to_cell), Some(cpu_to_cell)) => {
+                let met = |ratio: f64| if ratio <= target { "met" } else { "NOT met" };
+                format!(
+                    "  (target {target}x: {} by usec, {} by cpu)",
+                    met(to_cell),
+                    met(cpu_to_cell)
+                )
             }
-            (Some(target), Some(_)) => format!("  (target {target}x: NOT met)"),
             _ => String::new(),
         };
         println!(
-            "{:<36} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>14.2} | {:>13} | {:>14} | {:>11.0}{verdict}",
+            "{:<40} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>13.2} | {:>13} | {:>14} | {:>12.2} | {:>9} | {:>11.0}{verdict}",
             row.case,
             row.path,
             row.figures.calls,
@@ -746,6 +784,8 @@ fn print_table(rows: &[Row]) {
             usec,
             show(to_cell),
             show(incr.map(|incr| usec / incr.max(1e-9))),
+            cpu,
+            show(cpu_to_cell),
             row.figures.per_second(),
         );
     }
@@ -834,18 +874,31 @@ async fn round(
         target: None,
     });
     store.set_batching(true);
-    // Batched: the acquires that arrive while a call is in flight go in the next call.
-    for (case, label) in [
-        (Case::Gcra, "GCRA, batched, 64 in flight"),
-        (Case::Fixed, "fixed window, batched, 64 in flight"),
-        (Case::Sliding, "sliding + commit, batched, 64 in flight"),
+    // 64 in flight, one call each, then batched: the acquires that arrive while the slot's
+    // calls are in flight go in the next call.
+    for (case, batching, label) in [
+        (Case::Gcra, false, "GCRA, unbatched, 64 in flight"),
+        (Case::Gcra, true, "GCRA, batched, 64 in flight"),
+        (Case::Fixed, false, "fixed window, unbatched, 64 in flight"),
+        (Case::Fixed, true, "fixed window, batched, 64 in flight"),
+        (
+            Case::Sliding,
+            false,
+            "sliding + commit, unbatched, 64 in flight",
+        ),
+        (
+            Case::Sliding,
+            true,
+            "sliding + commit, batched, 64 in flight",
+        ),
     ] {
+        let figures = library_case(library, keys, stats, case, decisions, BATCHED, batching).await;
         rows.push(Row {
             case: label,
             path: "library",
             peer: None,
-            figures: library_case(library, keys, stats, case, decisions, BATCHED, true).await,
-            target: (case != Case::Sliding).then_some(1.0),
+            figures,
+            target: (batching && case != Case::Sliding).then_some(1.0),
         });
     }
     // One in flight: batching must not make a lone decision wait (decisions/s is 1 / latency).

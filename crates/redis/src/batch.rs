@@ -2,9 +2,10 @@
 //! connection, the library or script, whether calls watch evictions) and, per slot, the
 //! acquires that wait while one is in flight.
 //!
-//! An acquire that finds its slot idle goes at once, alone, as it would without batching, so
-//! at one decision in flight nothing waits longer. Acquires that arrive while a call to their
-//! slot is in flight wait, and go together in the next call (`OP_BATCH`, at most `BATCH_MAX`):
+//! An acquire that finds fewer than `CALLS_PER_SLOT` calls in flight to its slot goes at once,
+//! alone, as it would without batching, so at one decision in flight nothing waits longer.
+//! Acquires that arrive while those calls are in flight wait, and go together in the next call
+//! (`OP_BATCH`, at most `BATCH_MAX`) as soon as one of them ends:
 //! the script decides them in order, each all or nothing, at one `now`, exactly as the same
 //! acquires one after another at that instant (`differential_tests.rs` compares a batch with
 //! the decision core one by one). One call, one clock read and one generation read then serve
@@ -34,6 +35,10 @@ use crate::keys;
 /// batch names at most a few thousand keys and numbers.
 pub(crate) const BATCH_MAX: usize = 64;
 
+/// Acquire calls in flight on one slot before the next acquires wait: with two, Redis has the
+/// next call in hand while it runs one, and never idles for a round trip between batches.
+pub(crate) const CALLS_PER_SLOT: usize = 2;
+
 /// What sends the script, and the acquires waiting per slot.
 pub(crate) struct Caller {
     pub(crate) backend: Arc<Backend>,
@@ -47,12 +52,20 @@ pub(crate) struct Caller {
     pub(crate) born_seen: AtomicU64,
     timeout: Duration,
     namespace: String,
-    /// The slots with an acquire call in flight, each with the acquires waiting for the next.
-    slots: Mutex<HashMap<u16, Vec<Pending>>>,
+    /// The slots with an acquire call in flight.
+    slots: Mutex<HashMap<u16, Slot>>,
     /// Acquires decided in a call with others, since the start.
     batched: AtomicU64,
     /// Acquires wait for a slot's call in flight (on unless turned off).
     batching: AtomicBool,
+}
+
+/// A slot's calls in flight (at most `CALLS_PER_SLOT`), and the acquires waiting for the
+/// next.
+#[derive(Default)]
+struct Slot {
+    calls: usize,
+    waiting: Vec<Pending>,
 }
 
 /// An acquire waiting for its slot's next call: its keys (the generation first) and numbers
@@ -109,8 +122,8 @@ impl Caller {
         self.batched.load(Ordering::Relaxed)
     }
 
-    /// One acquire on `slot` (`keys` and `numbers` as its own call): alone when nothing is in
-    /// flight on the slot, else in the next batch.
+    /// One acquire on `slot` (`keys` and `numbers` as its own call): alone when fewer than
+    /// `CALLS_PER_SLOT` calls are in flight on the slot, else in the next batch.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         slot: u16,
@@ -122,20 +135,18 @@ impl Caller {
         }
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-            match slots.get_mut(&slot) {
-                None => {
-                    slots.insert(slot, Vec::new());
-                    Err((keys, numbers))
-                }
-                Some(waiting) => {
-                    let (answer, answered) = oneshot::channel();
-                    waiting.push(Pending {
-                        keys,
-                        numbers,
-                        answer,
-                    });
-                    Ok(answered)
-                }
+            let state = slots.entry(slot).or_default();
+            if state.calls < CALLS_PER_SLOT {
+                state.calls += 1;
+                Err((keys, numbers))
+            } else {
+                let (answer, answered) = oneshot::channel();
+                state.waiting.push(Pending {
+                    keys,
+                    numbers,
+                    answer,
+                });
+                Ok(answered)
             }
         };
         match waiting {
@@ -151,8 +162,8 @@ impl Caller {
         }
     }
 
-    /// The call on `slot` ended: what waits goes in a batch, in a task of its own; with
-    /// nothing waiting, the slot is idle again.
+    /// A call on `slot` ended: what waits goes in a batch, in a task of its own, as the next
+    /// call; with nothing waiting, the slot has one call fewer in flight.
     fn release(self: &Arc<Self>, slot: u16) {
         let batch = self.next_batch(slot);
         if batch.is_empty() {
@@ -171,20 +182,24 @@ impl Caller {
         }
     }
 
-    /// The acquires the next call on `slot` takes (the oldest first), leaving out those whose
-    /// caller gave up; none, and the slot idle, when nothing waits.
+    /// A call on `slot` ended: the acquires the next call takes in its place (the oldest
+    /// first), leaving out those whose caller gave up; none, and one call fewer in flight, when
+    /// nothing waits.
     fn next_batch(&self, slot: u16) -> Vec<Pending> {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(waiting) = slots.get_mut(&slot) else {
+        let Some(state) = slots.get_mut(&slot) else {
             return Vec::new();
         };
-        waiting.retain(|pending| !pending.answer.is_closed());
-        if waiting.is_empty() {
-            slots.remove(&slot);
+        state.waiting.retain(|pending| !pending.answer.is_closed());
+        if state.waiting.is_empty() {
+            state.calls = state.calls.saturating_sub(1);
+            if state.calls == 0 {
+                slots.remove(&slot);
+            }
             return Vec::new();
         }
-        let take = waiting.len().min(BATCH_MAX);
-        waiting.drain(..take).collect()
+        let take = state.waiting.len().min(BATCH_MAX);
+        state.waiting.drain(..take).collect()
     }
 
     /// Decide batches on `slot` until nothing waits.

@@ -142,7 +142,8 @@ impl RedisStore {
     }
 
     /// Acquires decided in one call with others since the store started (`batch.rs`): while
-    /// a call to a slot is in flight, the acquires that arrive for it go together in the next.
+    /// two calls to a slot are in flight, the acquires that arrive for it go together in the
+    /// next.
     pub fn batched_acquires(&self) -> u64 {
         self.caller.batched()
     }
