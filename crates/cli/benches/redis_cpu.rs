@@ -36,12 +36,15 @@
 //!
 //! `scripts/bench-redis-cpu` builds redis-cell, starts a private Redis with it and runs this
 //! with `BENCH_REDIS_PORT` set. The bench resets that Redis's statistics: never point it at a
-//! Redis other work uses. `BENCH_DECISIONS` (default 50,000) decisions per case;
-//! `BENCH_ROUNDS` (default 1, the script's 3) repeats the whole table, then prints each row at
-//! its lowest over the rounds. Each Tollgate row is also set against its target: a GCRA or
-//! fixed-window decision at most 3x `CL.THROTTLE`'s Redis time, a sliding-window decision with
-//! a refundable permit at most 6x. Without `--bench` (under `cargo test --all-targets`) it does
-//! nothing.
+//! Redis other work uses. `BENCH_DECISIONS` (default 50,000) decisions per case over
+//! `BENCH_KEYS` keys (default 10,000); `BENCH_ROUNDS` (default 1, the script's 3) repeats the
+//! whole table, then prints each row at its lowest over the rounds. With `BENCH_CALLGRIND_PID`
+//! and `BENCH_CALLGRIND_DIR` (the script's `BENCH_CALLGRIND=1`: Redis under callgrind) each
+//! case also counts the instructions Redis executed for its measured decisions. Each Tollgate
+//! row is also set against its target: a GCRA or fixed-window decision at most 3x
+//! `CL.THROTTLE`'s Redis time, a sliding-window decision with a refundable permit at most 6x, a
+//! batched GCRA or fixed-window decision at 64 in flight at most 1x. Without `--bench` (under
+//! `cargo test --all-targets`) it does nothing.
 
 // Shared with the other benches; this one uses part of it.
 #[allow(dead_code)]
@@ -66,7 +69,11 @@ use tollgate_redis::{RedisStore, RedisStoreConfig, queue};
 
 use common::Process;
 
-const KEYS: usize = 10_000;
+/// Keys each case spreads its decisions over: `BENCH_KEYS`, 10,000 unless told.
+fn key_count() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| env_number("BENCH_KEYS", 10_000).max(1) as usize)
+}
 /// Decisions in flight at once: enough to keep Redis busy.
 const CALLERS: usize = 32;
 /// Decisions in flight at once in the batched rows.
@@ -89,6 +96,8 @@ struct Figures {
     usec: u64,
     /// CPU time Redis's main thread used meanwhile (`INFO cpu`), in microseconds.
     cpu_us: f64,
+    /// Instructions Redis executed meanwhile, when it runs under callgrind.
+    instructions: Option<u64>,
     elapsed: Duration,
 }
 
@@ -104,6 +113,10 @@ impl Figures {
     }
     fn cpu_per_decision(&self) -> f64 {
         self.cpu_us / self.decisions.max(1) as f64
+    }
+    fn instructions_per_decision(&self) -> Option<f64> {
+        self.instructions
+            .map(|count| count as f64 / self.decisions.max(1) as f64)
     }
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
@@ -161,6 +174,76 @@ async fn main_thread_cpu_us(connection: &mut MultiplexedConnection) -> f64 {
         * 1e6
 }
 
+/// The Redis under callgrind that `scripts/bench-redis-cpu` started when `BENCH_CALLGRIND=1`
+/// (`BENCH_CALLGRIND_PID`, its dumps in `BENCH_CALLGRIND_DIR`): counting starts and stops
+/// around each case's measured decisions, and the count is every instruction Redis executed
+/// for them, whatever else the machine did meanwhile.
+struct Callgrind {
+    pid: String,
+    directory: std::path::PathBuf,
+}
+
+impl Callgrind {
+    fn from_env() -> Option<Callgrind> {
+        Some(Callgrind {
+            pid: std::env::var("BENCH_CALLGRIND_PID").ok()?,
+            directory: std::env::var("BENCH_CALLGRIND_DIR").ok()?.into(),
+        })
+    }
+
+    fn control(&self, option: &str) {
+        let status = Command::new("callgrind_control")
+            .args([option, self.pid.as_str()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("callgrind_control runs");
+        assert!(status.success(), "callgrind_control {option} failed");
+    }
+
+    fn start(&self) {
+        self.control("--instr=on");
+        self.control("--zero");
+    }
+
+    /// Stop counting; the instructions counted since `start`, from the dump it writes (read
+    /// once it is complete: its last line is its totals).
+    fn stop(&self) -> u64 {
+        let dumps = || {
+            std::fs::read_dir(&self.directory)
+                .map(|entries| entries.filter_map(|entry| entry.ok()).count())
+                .unwrap_or(0)
+        };
+        let before = dumps();
+        self.control("--dump");
+        self.control("--instr=off");
+        for _ in 0..600 {
+            if dumps() > before
+                && let Some(count) = self.newest_summary()
+            {
+                return count;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no complete callgrind dump in {}", self.directory.display());
+    }
+
+    fn newest_summary(&self) -> Option<u64> {
+        let newest = std::fs::read_dir(&self.directory)
+            .ok()?
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+            .max()?
+            .1;
+        let text = std::fs::read_to_string(newest).ok()?;
+        if !text.lines().any(|line| line.starts_with("totals:")) {
+            return None;
+        }
+        text.lines()
+            .find_map(|line| line.strip_prefix("summary:"))
+            .and_then(|count| count.trim().parse().ok())
+    }
+}
+
 async fn reset_stats(connection: &mut MultiplexedConnection) {
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -169,7 +252,7 @@ async fn reset_stats(connection: &mut MultiplexedConnection) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// `decisions` calls of `one`, `in_flight` at a time, the n-th on key `n % KEYS`.
+/// `decisions` calls of `one`, `in_flight` at a time, the n-th on key `n % key_count()`.
 async fn drive<F, Fut>(decisions: u64, in_flight: usize, one: F) -> Duration
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
@@ -187,7 +270,7 @@ where
                 if n >= decisions {
                     break;
                 }
-                one((n % KEYS as u64) as usize).await;
+                one((n % key_count() as u64) as usize).await;
             }
         }));
     }
@@ -224,10 +307,15 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    drive(KEYS as u64, in_flight, one.clone()).await;
+    drive(key_count() as u64, in_flight, one.clone()).await;
     reset_stats(stats).await;
     let cpu_before = main_thread_cpu_us(stats).await;
+    let callgrind = Callgrind::from_env();
+    if let Some(callgrind) = &callgrind {
+        callgrind.start();
+    }
     let elapsed = drive(decisions, in_flight, one).await;
+    let instructions = callgrind.as_ref().map(Callgrind::stop);
     let cpu_us = main_thread_cpu_us(stats).await - cpu_before;
     let table = commandstats(stats).await;
     let (calls, usec) = commands
@@ -239,6 +327,7 @@ where
         calls,
         usec,
         cpu_us,
+        instructions,
         elapsed,
     }
 }
@@ -425,7 +514,7 @@ async fn library_limiter(url: &str) -> (Limiter, Arc<RedisStore>) {
         namespace,
         fail_open: false,
         allow_eviction: false,
-        timeout: Duration::from_secs(5),
+        timeout: TIMEOUT,
         keys_per_limit_max: 100_000,
     })
     .await
@@ -665,7 +754,7 @@ async fn floor_case(
                         .arg(1 + 3 * FLOOR_BATCH)
                         .arg("floor:gen");
                     for i in 0..FLOOR_BATCH {
-                        let key = &keys[(k * FLOOR_BATCH + i) % KEYS];
+                        let key = &keys[(k * FLOOR_BATCH + i) % keys.len()];
                         command
                             .arg(format!("floor:c:{key}"))
                             .arg(format!("floor:r:{key}"))
@@ -743,7 +832,7 @@ fn print_table(rows: &[Row]) {
     let cell = peer(Peer::Cell).map(|row| row.figures);
     let incr = peer(Peer::Incr).map(|row| row.figures.usec_per_decision());
     println!(
-        "{:<40} | {:<7} | {:>6} | {:>13} | {:>14} | {:>13} | {:>13} | {:>14} | {:>12} | {:>9} | {:>11}",
+        "{:<40} | {:<7} | {:>6} | {:>13} | {:>14} | {:>13} | {:>13} | {:>14} | {:>12} | {:>9} | {:>13} | {:>10} | {:>11}",
         "case",
         "path",
         "calls",
@@ -754,20 +843,29 @@ fn print_table(rows: &[Row]) {
         "x INCR+PEXPIRE",
         "cpu/decision",
         "cpu x CL.",
+        "instr/decision",
+        "instr x CL.",
         "decisions/s"
     );
-    println!("{}", "-".repeat(183));
+    println!("{}", "-".repeat(215));
     let show = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.2}"));
     for row in rows {
         let usec = row.figures.usec_per_decision();
         let to_cell = cell.map(|cell| usec / cell.usec_per_decision().max(1e-9));
         let cpu = row.figures.cpu_per_decision();
         let cpu_to_cell = cell.map(|cell| cpu / cell.cpu_per_decision().max(1e-9));
+        let instructions = row.figures.instructions_per_decision();
+        let instructions_to_cell = instructions
+            .zip(cell.and_then(|cell| cell.instructions_per_decision()))
+            .map(|(own, cell)| own / cell.max(1e-9));
         let verdict = match (row.target, to_cell, cpu_to_cell) {
             (Some(target), Some(to_cell), Some(cpu_to_cell)) => {
                 let met = |ratio: f64| if ratio <= target { "met" } else { "NOT met" };
+                let by_instructions = instructions_to_cell
+                    .map(|ratio| format!(", {} by instructions", met(ratio)))
+                    .unwrap_or_default();
                 format!(
-                    "  (target {target}x: {} by usec, {} by cpu)",
+                    "  (target {target}x: {} by usec, {} by cpu{by_instructions})",
                     met(to_cell),
                     met(cpu_to_cell)
                 )
@@ -775,7 +873,7 @@ fn print_table(rows: &[Row]) {
             _ => String::new(),
         };
         println!(
-            "{:<40} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>13.2} | {:>13} | {:>14} | {:>12.2} | {:>9} | {:>11.0}{verdict}",
+            "{:<40} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>13.2} | {:>13} | {:>14} | {:>12.2} | {:>9} | {:>13} | {:>10} | {:>11.0}{verdict}",
             row.case,
             row.path,
             row.figures.calls,
@@ -786,6 +884,8 @@ fn print_table(rows: &[Row]) {
             show(incr.map(|incr| usec / incr.max(1e-9))),
             cpu,
             show(cpu_to_cell),
+            instructions.map_or("-".to_owned(), |count| format!("{count:.0}")),
+            show(instructions_to_cell),
             row.figures.per_second(),
         );
     }
@@ -964,7 +1064,7 @@ fn main() {
     let decisions = env_number("BENCH_DECISIONS", 50_000).max(1);
     let rounds = env_number("BENCH_ROUNDS", 1).max(1);
     let url = format!("redis://127.0.0.1:{port}/");
-    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|k| format!("u{k}")).collect());
+    let keys: Arc<Vec<String>> = Arc::new((0..key_count()).map(|k| format!("u{k}")).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -980,10 +1080,13 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("connect to the bench Redis");
-        let peers = client
+        let mut peers = client
             .get_multiplexed_async_connection()
             .await
             .expect("connect to the bench Redis");
+        // A Redis under callgrind answers a call of 64 decisions in a good part of a second.
+        stats.set_response_timeout(TIMEOUT);
+        peers.set_response_timeout(TIMEOUT);
         let cell = cell_loaded(&mut peers.clone()).await;
         if !cell {
             println!("CL.THROTTLE: SKIPPED (the redis-cell module is not loaded in this Redis)");
@@ -991,8 +1094,9 @@ fn main() {
         let (limiter, store) = library_limiter(&url).await;
         server_limits(&base).await;
         println!(
-            "{decisions} decisions per case over {KEYS} keys, {CALLERS} at a time, on the Redis at \
-             127.0.0.1:{port}; every limit 100 per second per key (never binds)"
+            "{decisions} decisions per case over {} keys, {CALLERS} at a time, on the Redis at \
+             127.0.0.1:{port}; every limit 100 per second per key (never binds)",
+            key_count()
         );
         let mut all = Vec::new();
         for number in 1..=rounds {
