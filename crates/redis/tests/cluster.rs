@@ -99,23 +99,53 @@ fn states_held(cluster: &Cluster, namespace: &str, limit: &str) -> usize {
         .sum()
 }
 
-#[test]
-fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
-    let Some(binary) = nodes::redis_server("each_limit_keeps_its_budget_of_keys_across_the_slots")
-    else {
-        return;
-    };
+/// A three-master cluster started for `test`, a runtime, and a store on a new namespace made
+/// from `name`; `None` (the test says it skipped) without `redis-server`.
+struct OnCluster {
+    cluster: Cluster,
+    runtime: tokio::runtime::Runtime,
+    namespace: String,
+    url: String,
+    store: Arc<tollgate_redis::RedisStore>,
+}
+
+fn on_cluster(test: &str, name: &str) -> Option<OnCluster> {
+    let binary = nodes::redis_server(test)?;
     let cluster = Cluster::start(&binary, 3);
     let url = cluster.url();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let namespace = common::namespace("cluster-keys");
+    let namespace = common::namespace(name);
     let store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
     runtime
         .block_on(store.begin_new_namespace())
         .expect("a new namespace");
+    Some(OnCluster {
+        cluster,
+        runtime,
+        namespace,
+        url,
+        store,
+    })
+}
+
+#[test]
+fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
+    let Some(OnCluster {
+        cluster,
+        runtime,
+        namespace,
+        store,
+        ..
+    }) = on_cluster(
+        "each_limit_keeps_its_budget_of_keys_across_the_slots",
+        "cluster-keys",
+    )
+    else {
+        return;
+    };
     let limiter = common::limiter_on(store.clone());
     limiter.set_limit(common::per_user("a", 5, 60_000, Some(10)));
     limiter.set_limit(common::per_user("b", 5, 60_000, None));
@@ -183,22 +213,19 @@ fn each_limit_keeps_its_budget_of_keys_across_the_slots() {
 /// acquire is refused for want of keys in a budget of ten.
 #[test]
 fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
-    let Some(binary) =
-        nodes::redis_server("a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots")
+    let Some(OnCluster {
+        cluster,
+        runtime,
+        namespace,
+        store,
+        ..
+    }) = on_cluster(
+        "a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots",
+        "cluster-batch",
+    )
     else {
         return;
     };
-    let cluster = Cluster::start(&binary, 3);
-    let url = cluster.url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let namespace = common::namespace("cluster-batch");
-    let store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
-    runtime
-        .block_on(store.begin_new_namespace())
-        .expect("a new namespace");
     let limiter = common::limiter_on(store.clone());
     limiter.set_limit(common::per_user("burst", 10, 60_000, Some(10)));
     // A key whose counter is not in its limit's slot, where the budget of keys is.
@@ -246,20 +273,19 @@ fn a_burst_on_a_new_key_is_batched_and_admitted_across_the_slots() {
 /// freed from a low request of another, until it is served and its place goes.
 #[test]
 fn places_across_the_fleet_hold_on_every_master() {
-    let Some(binary) = nodes::redis_server("places_across_the_fleet_hold_on_every_master") else {
+    let Some(OnCluster {
+        cluster,
+        runtime,
+        namespace,
+        url,
+        store: bulk_store,
+    }) = on_cluster(
+        "places_across_the_fleet_hold_on_every_master",
+        "cluster-queue",
+    )
+    else {
         return;
     };
-    let cluster = Cluster::start(&binary, 3);
-    let url = cluster.url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let namespace = common::namespace("cluster-queue");
-    let bulk_store = Arc::new(runtime.block_on(common::connect(&url, &namespace)));
-    runtime
-        .block_on(bulk_store.begin_new_namespace())
-        .expect("a new namespace");
     let other = runtime.block_on(common::connect(&url, &namespace));
     let policy = tollgate_core::Policy::concurrency(1, 60_000_000, Default::default())
         .expect("valid policy");
