@@ -150,9 +150,15 @@ fn commands_processed(host: &str, port: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Microseconds of Redis CPU per EVALSHA between two readings.
+/// Microseconds of Redis CPU per script call between two readings.
 fn usec_per_call(before: (u64, u64), after: (u64, u64)) -> f64 {
     (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
+}
+
+/// Microseconds of Redis CPU in script calls between two readings, per decision: a call may
+/// decide several (the store's batching).
+fn usec_per_decision(before: (u64, u64), after: (u64, u64), decisions: u64) -> f64 {
+    (after.1 - before.1) as f64 / decisions.max(1) as f64
 }
 
 fn limiter_on(store: Arc<dyn Store>, policy: Policy) -> Limiter {
@@ -228,7 +234,8 @@ fn main() {
     runtime
         .block_on(store.begin_new_namespace())
         .expect("declare the namespace new");
-    let store: Arc<dyn Store> = Arc::new(store);
+    let redis_store = Arc::new(store);
+    let store: Arc<dyn Store> = redis_store.clone();
     // A limit that never binds: what is measured is the decision, not the waiting.
     let never_binds = Policy::rate(
         1_000_000_000,
@@ -266,7 +273,7 @@ fn main() {
                 figures.p99_us,
                 ceiling,
                 figures.per_second / ceiling,
-                usec_per_call(before, after),
+                usec_per_decision(before, after, figures.decisions),
                 trivial,
                 calls as f64 / figures.decisions as f64,
                 commands as f64 / figures.decisions as f64
@@ -305,11 +312,43 @@ fn main() {
                 figures.per_second,
                 figures.p50_us,
                 figures.p99_us,
-                usec_per_call(before, after),
+                usec_per_decision(before, after, figures.decisions),
                 commands as f64 / figures.decisions as f64
             );
         }
     }
+
+    // One caller, the store's batching off and on in turn: a lone decision must not wait
+    // longer with batching on. Alternated, so that a drift of the machine hits both alike.
+    println!(
+        "one caller, batching off and on in turn ({} s each):",
+        RUN.as_secs()
+    );
+    println!("batching | decisions/s | p50 us | p99 us");
+    let mut p50s = [Vec::new(), Vec::new()];
+    for turn in 0..6 {
+        let batching = turn % 2 == 1;
+        redis_store.set_batching(batching);
+        let figures = runtime.block_on(measure(&limiter, 1, false));
+        println!(
+            "{:>8} | {:>11.0} | {:>6} | {:>6}",
+            if batching { "on" } else { "off" },
+            figures.per_second,
+            figures.p50_us,
+            figures.p99_us
+        );
+        p50s[usize::from(batching)].push(figures.p50_us);
+    }
+    redis_store.set_batching(true);
+    let median = |values: &mut Vec<u64>| {
+        values.sort_unstable();
+        values[values.len() / 2]
+    };
+    let (off, on) = (median(&mut p50s[0]), median(&mut p50s[1]));
+    println!(
+        "median p50: off {off} us, on {on} us ({:.2}x)",
+        on as f64 / off.max(1) as f64
+    );
 
     let leasing = runtime.block_on(async {
         LeasingStore::new(
