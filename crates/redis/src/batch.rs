@@ -1,15 +1,15 @@
 //! Sending the script, and natural batching of acquires. `Caller` owns what a call needs (the
-//! connection, the library or script, whether calls watch evictions) and, per slot, the
-//! acquires that wait while one is in flight.
+//! connection, the library or script, whether calls watch evictions) and, per slot, the calls
+//! in flight and the acquires waiting for the next.
 //!
 //! An acquire that finds fewer than `CALLS_PER_SLOT` calls in flight to its slot goes at once,
 //! alone, as it would without batching, so at one decision in flight nothing waits longer.
 //! Acquires that arrive while those calls are in flight wait, and go together in the next call
-//! (`OP_BATCH`, at most `BATCH_MAX`) as soon as one of them ends:
-//! the script decides them in order, each all or nothing, at one `now`, exactly as the same
-//! acquires one after another at that instant (`differential_tests.rs` compares a batch with
-//! the decision core one by one). One call, one clock read and one generation read then serve
-//! many decisions: Redis spends less per decision the busier it is.
+//! (`OP_BATCH`, at most `BATCH_MAX`) as soon as one of them ends: the script decides them in
+//! order, each all or nothing, at one `now`, exactly as the same acquires one after another at
+//! that instant (`differential_tests.rs` compares a batch with the decision core one by one).
+//! One call, one clock read and one generation read then serve many decisions: Redis spends
+//! less per decision the busier it is.
 //!
 //! A batch runs in a task of its own, so a caller that gives up (its client gone, its own
 //! deadline) never strands the others; an acquire whose caller gave up before its batch left is
