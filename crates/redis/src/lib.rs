@@ -7,8 +7,8 @@
 //! one `FCALL` (its helpers are then made once, not on every call); where `FUNCTION LOAD` is
 //! refused (older Redis, ACLs) it is one `EVALSHA`. A Redis that lost the library (restart
 //! without persistence, a node new to a cluster) gets it again on the first call that misses it.
-//! Acquires that arrive while two calls to their slot are in flight go together in the next
-//! call (`batch.rs`), decided in order, each all or nothing, as they would be one by one.
+//! Under load, acquires on one slot share calls (`batch.rs`), decided in order, each all or
+//! nothing, as they would be one by one.
 //!
 //! Where: one Redis (`redis://`), a Redis Cluster (`redis-cluster://`), or the master a set of
 //! Sentinels names (`redis-sentinel://`), see `backend.rs`. Keys (`keys.rs`): each counter's

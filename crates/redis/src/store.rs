@@ -141,9 +141,7 @@ impl RedisStore {
         Ok(loss::Generation::decode(&bytes))
     }
 
-    /// Acquires decided in one call with others since the store started (`batch.rs`): while
-    /// two calls to a slot are in flight, the acquires that arrive for it go together in the
-    /// next.
+    /// Acquires decided in one call with others since the store started (`batch.rs`).
     pub fn batched_acquires(&self) -> u64 {
         self.caller.batched()
     }
