@@ -251,7 +251,7 @@ fn loom_a_notify_before_the_wait_is_not_lost() {
             key: None,
         }];
         let waiter = queue
-            .register(&counters, Priority::Normal, UNCAPPED)
+            .register(&counters, Priority::Normal, 1, false, UNCAPPED)
             .expect("uncapped");
         let signal = waiter.signal.clone();
         let notifier = {
@@ -279,10 +279,10 @@ fn loom_a_leaving_head_wakes_the_next_waiter() {
             key: None,
         }];
         let head = queue
-            .register(&counters, Priority::High, UNCAPPED)
+            .register(&counters, Priority::High, 1, false, UNCAPPED)
             .expect("uncapped");
         let next = queue
-            .register(&counters, Priority::Normal, UNCAPPED)
+            .register(&counters, Priority::Normal, 1, false, UNCAPPED)
             .expect("uncapped");
         assert!(queue.is_head(&head));
         assert!(!queue.is_head(&next));

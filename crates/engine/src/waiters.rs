@@ -11,8 +11,19 @@
 //! change) signals the head of the affected queue. A `Signal` remembers a notification that
 //! arrives before its waiter sleeps, so no wake-up is lost; a waiter dropped mid-wait leaves
 //! every queue and signals the new heads, so cancellation holds nothing.
+//!
+//! A head holds everyone of its priority or lower back, so it holds only while it can be
+//! served (docs/security.md, *A waiting request*): a waiter whose store says it cannot be
+//! granted before its deadline, or that has headed its queues for its hold bound (the
+//! shortest memory of its limits: a rate limit's window, a lease's TTL) without a grant, is
+//! *let go*: it keeps waiting and asking, ranked behind every priority, so it holds nobody
+//! back. A counter whose queue was held to the bound remembers the cost that was let go
+//! (`Queues::marks`), and a later waiter of that cost or more starts let go, until a waiting
+//! request of that cost is granted on the counter: asking again does not buy a new hold.
 
 use std::collections::{BTreeMap, HashMap};
+
+use indexmap::IndexMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -77,10 +88,26 @@ impl Future for Notified<'_> {
 /// Position in every queue: lower sorts first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Order {
-    /// 0 for high, 1 for normal, 2 for low.
+    /// 0 for high, 1 for normal, 2 for low; `LET_GO` more for a waiter that holds nobody
+    /// back.
     rank: u8,
     ticket: u64,
 }
+
+/// Added to the rank of a waiter that was let go: behind every priority, so that no request
+/// is queued behind it; among such waiters, by priority, then first come first served.
+const LET_GO: u8 = 3;
+
+/// What a counter remembers of the waiters let go after holding its queue to the bound.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    cost: u64,
+    rank: u8,
+}
+
+/// Counters whose let-go cost is remembered at most; past it the oldest mark is forgotten,
+/// which gives one more waiter one more hold bound, never a grant.
+pub(crate) const MARKS_MAX: usize = 1024;
 
 fn rank(priority: Priority) -> u8 {
     match priority {
@@ -109,6 +136,10 @@ struct Queues {
     by_counter: HashMap<QueueKey, CounterQueue>,
     /// Waiters per limit name, all keys together (only limits someone waits on).
     by_limit: HashMap<Box<str>, usize>,
+    /// Per counter, the least cost let go after holding its queue to the bound, and the
+    /// highest rank let go at it: a waiter of that cost or more, at that priority or lower,
+    /// starts let go. Oldest first, at most `MARKS_MAX`.
+    marks: IndexMap<QueueKey, Mark>,
 }
 
 /// The caps on waiting requests (`LimiterConfig`).
@@ -130,6 +161,7 @@ pub(crate) struct WaitQueue {
 pub(crate) struct Waiter<'q> {
     queue: &'q WaitQueue,
     order: Order,
+    cost: u64,
     keys: Vec<QueueKey>,
     /// The limits it counts on, each once.
     limits: Vec<Box<str>>,
@@ -178,10 +210,14 @@ impl WaitQueue {
 
     /// Queue a request on `counters`, unless `caps` are full: then it is not queued, and the
     /// answer says which cap.
+    /// A waiter of `cost` starts let go where a counter remembers a cost as large let go,
+    /// or when `let_go` says so.
     pub(crate) fn register(
         &self,
         counters: &[CounterId<'_>],
         priority: Priority,
+        cost: u64,
+        let_go: bool,
         caps: Caps,
     ) -> Result<Waiter<'_>, QueueFull> {
         let mut queues = lock(&self.queues);
@@ -208,13 +244,23 @@ impl WaitQueue {
         for limit in &limits {
             *queues.by_limit.entry(limit.clone()).or_default() += 1;
         }
+        let keys: Vec<QueueKey> = counters.iter().map(|c| queue_key(*c)).collect();
+        let marked = keys.iter().any(|key| {
+            queues
+                .marks
+                .get(key)
+                .is_some_and(|mark| cost >= mark.cost && rank(priority) >= mark.rank)
+        });
         let order = Order {
-            rank: rank(priority),
+            rank: if let_go || marked {
+                LET_GO + rank(priority)
+            } else {
+                rank(priority)
+            },
             ticket: queues.next_ticket,
         };
         queues.next_ticket += 1;
         let signal = Arc::new(Signal::default());
-        let keys: Vec<QueueKey> = counters.iter().map(|c| queue_key(*c)).collect();
         for key in &keys {
             queues
                 .by_counter
@@ -227,6 +273,7 @@ impl WaitQueue {
         Ok(Waiter {
             queue: self,
             order,
+            cost,
             keys,
             limits,
             signal,
@@ -251,6 +298,79 @@ impl WaitQueue {
                 .and_then(|queue| queue.waiters.first_key_value())
                 .is_some_and(|(order, _)| *order == waiter.order)
         })
+    }
+
+    /// Whether `waiter` was let go: it holds nobody back.
+    pub(crate) fn is_let_go(waiter: &Waiter<'_>) -> bool {
+        waiter.order.rank >= LET_GO
+    }
+
+    /// Let `waiter` go: it moves behind every priority in each of its queues, and whoever
+    /// heads one now is signalled. `held_to_bound`: it headed its queues for its whole hold
+    /// bound, so each counter remembers its cost (`Queues::marks`).
+    pub(crate) fn let_go(&self, waiter: &mut Waiter<'_>, held_to_bound: bool) {
+        if WaitQueue::is_let_go(waiter) {
+            return;
+        }
+        let moved = Order {
+            rank: LET_GO + waiter.order.rank,
+            ..waiter.order
+        };
+        let mut heads = Vec::new();
+        {
+            let mut queues = lock(&self.queues);
+            for key in &waiter.keys {
+                if let Some(queue) = queues.by_counter.get_mut(key)
+                    && let Some(signal) = queue.waiters.remove(&waiter.order)
+                {
+                    queue.waiters.insert(moved, signal);
+                    if let Some((order, next)) = queue.waiters.first_key_value()
+                        && *order != moved
+                    {
+                        heads.push(next.clone());
+                    }
+                }
+                if held_to_bound {
+                    let mark = match queues.marks.get(key) {
+                        None => Mark {
+                            cost: waiter.cost,
+                            rank: waiter.order.rank,
+                        },
+                        Some(mark) => Mark {
+                            cost: mark.cost.min(waiter.cost),
+                            rank: mark.rank.min(waiter.order.rank),
+                        },
+                    };
+                    queues.marks.shift_remove(key);
+                    if queues.marks.len() >= MARKS_MAX {
+                        queues.marks.shift_remove_index(0);
+                    }
+                    queues.marks.insert(key.clone(), mark);
+                }
+            }
+        }
+        waiter.order = moved;
+        for signal in heads {
+            signal.notify();
+        }
+    }
+
+    /// A waiting request of `cost` was granted on `waiter`'s counters: those counters can
+    /// serve that cost, so they forget a mark it covers.
+    pub(crate) fn served(&self, waiter: &Waiter<'_>) {
+        let mut queues = lock(&self.queues);
+        if queues.marks.is_empty() {
+            return;
+        }
+        for key in &waiter.keys {
+            if queues
+                .marks
+                .get(key)
+                .is_some_and(|mark| waiter.cost >= mark.cost)
+            {
+                queues.marks.shift_remove(key);
+            }
+        }
     }
 
     /// Record when the head of `waiter`'s queues expects its grant (for requests that will not

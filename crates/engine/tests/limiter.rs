@@ -1208,3 +1208,145 @@ async fn every_keyed_limit_has_its_own_budget_of_keys() {
     store.sweep(1_000);
     assert_eq!(store.keys_of("b"), 0);
 }
+
+/// A waiter its store cannot serve before its deadline holds nobody back: a caller that keeps
+/// one unit of an hourly limit and waits a minute for all ten does not queue the others.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_cannot_be_served_in_time_holds_nobody_back() {
+    let limiter = Limiter::in_memory();
+    add(
+        &limiter,
+        "hourly",
+        rate(10, 3_600 * SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    assert!(granted(&limiter, &Request::new("hourly")).await);
+    let greedy = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("hourly")
+                .cost(10)
+                .wait(Duration::from_secs(60));
+            limiter.acquire(&request).await.expect("ok").is_granted()
+        })
+    };
+    tokio::time::advance(Duration::from_millis(10)).await;
+    assert_eq!(limiter.waiting("hourly"), 1, "the greedy request waits");
+    for _ in 0..9 {
+        let outcome = limiter
+            .try_acquire(&Request::new("hourly"))
+            .await
+            .expect("ok");
+        assert!(
+            outcome.is_granted(),
+            "held back behind a waiter that cannot be served: {:?}",
+            denied(outcome).reason
+        );
+    }
+    assert!(!greedy.await.expect("task"), "ten units were never free");
+}
+
+/// A waiter that can be served holds its queue, but for one lease TTL at most: a caller that
+/// renews one lease of five and waits for all five is let go after a TTL, and asking again
+/// with the same cost does not buy it another hold.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_holds_its_queue_for_one_lease_ttl_at_most() {
+    let limiter = Limiter::in_memory();
+    let ttl = Duration::from_secs(10);
+    let policy = Policy::concurrency(5, ttl.as_micros() as u64, Reserve::default()).expect("valid");
+    add(&limiter, "pool", policy, None);
+    let held = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("room")
+        .detach();
+    let renewer = {
+        let limiter = limiter.clone();
+        let held = held.as_str().to_owned();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                limiter.renew(&held).await.expect("renews");
+            }
+        })
+    };
+    let waits = |limiter: Limiter| {
+        tokio::spawn(async move {
+            let request = Request::new("pool").cost(5).wait(Duration::from_secs(60));
+            limiter.acquire(&request).await.expect("ok").is_granted()
+        })
+    };
+    let first = waits(limiter.clone());
+    tokio::time::advance(Duration::from_millis(10)).await;
+    // Within its hold bound the waiter goes first: a lease might still expire for it.
+    let outcome = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok");
+    assert_eq!(denied(outcome).reason, DenyReason::Queued);
+    // A second at a time, so that the renewals keep the lease.
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    // The waiter's turn to run: it woke at its bound, was denied again and was let go.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let taken = limiter
+        .try_acquire(&Request::new("pool"))
+        .await
+        .expect("ok")
+        .granted()
+        .expect("let go after one TTL, the waiter holds nobody back");
+    drop(taken);
+    assert!(
+        !first.await.expect("task"),
+        "its own renewed lease never freed"
+    );
+    // The same cost asked again starts let go.
+    let second = waits(limiter.clone());
+    tokio::time::advance(Duration::from_millis(10)).await;
+    assert_eq!(limiter.waiting("pool"), 1);
+    assert!(
+        limiter
+            .try_acquire(&Request::new("pool"))
+            .await
+            .expect("ok")
+            .is_granted(),
+        "asking again bought a new hold"
+    );
+    // Let go, it still waits: once the lease is no longer renewed, it is served.
+    renewer.abort();
+    assert!(
+        second.await.expect("task"),
+        "a waiter let go is still served"
+    );
+}
+
+/// A waiter that can be served in time keeps its place: the large request is granted before
+/// the small ones that came after it.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_can_be_served_keeps_its_place_ahead_of_later_callers() {
+    let limiter = Limiter::in_memory();
+    add(
+        &limiter,
+        "vendor",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    assert!(granted(&limiter, &Request::new("vendor").cost(5)).await);
+    let large = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let request = Request::new("vendor").cost(10).wait(Duration::from_secs(5));
+            limiter.acquire(&request).await.expect("ok").is_granted()
+        })
+    };
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let outcome = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("ok");
+    assert_eq!(denied(outcome).reason, DenyReason::Queued);
+    assert!(large.await.expect("task"), "served within one window");
+}

@@ -147,6 +147,34 @@ enum Queue {
     Heading,
 }
 
+/// How long a waiting request may hold its queues without a grant: the shortest memory of its
+/// limits (`Policy::memory_us`: a rate limit's window or GCRA's burst, a lease's TTL). After
+/// it, everything granted before the request began to hold has stopped counting, so a request
+/// still denied is held back by grants since (a higher priority's, or its own caller's
+/// renewed leases), not by the past.
+fn hold_bound(resolved: &Resolved<'_>) -> Duration {
+    let micros = resolved
+        .limits
+        .iter()
+        .map(|limit| limit.policy().memory_us())
+        .min()
+        .unwrap_or(0);
+    Duration::from_micros(micros)
+}
+
+/// Whether a request on `resolved` denied `denied` could still be granted within `left`, as
+/// its store sees it. Only a rate limit's denial for room says when room comes at the earliest
+/// (a lease may be released at any moment, and a queue's or a pause's denial says nothing of
+/// this request's own chances).
+fn serviceable(resolved: &Resolved<'_>, denied: &Denied, left: Duration) -> bool {
+    denied.reason != DenyReason::Capacity
+        || denied.retry_after <= left
+        || resolved
+            .limits
+            .iter()
+            .any(|limit| limit.policy().is_concurrency())
+}
+
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
@@ -533,7 +561,10 @@ impl Limiter {
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
         let mut place = StorePlace::new(&self.shared.store);
-        let waiter = {
+        // When this request first found its counters without room as the head of their
+        // queues: from then on it holds others back, for at most its hold bound.
+        let mut holding_since: Option<Instant> = None;
+        let mut waiter = {
             let table = self.shared.table();
             // Waiters ahead do not answer this request: it joins them instead.
             let Step::Ask(asking) =
@@ -556,8 +587,22 @@ impl Limiter {
                         place.granted();
                         return Ok(Outcome::Granted(permit));
                     }
-                    Outcome::Denied(denied) => last_denial = Some((denied, Instant::now())),
+                    Outcome::Denied(denied) => {
+                        let now = Instant::now();
+                        if denied.reason == DenyReason::Capacity {
+                            holding_since = Some(now);
+                        }
+                        last_denial = Some((denied, now));
+                    }
                 }
+            }
+            // A request its store cannot serve before its deadline starts let go.
+            let hopeless = last_denial.as_ref().is_some_and(|(denied, at)| {
+                !serviceable(resolved, denied, deadline.saturating_duration_since(*at))
+            });
+            if hopeless {
+                // It holds no place in the store's queue either.
+                place = StorePlace::new(&self.shared.store);
             }
             // Queue behind everyone of the same or higher priority on these counters, if the
             // caps on waiting requests leave room; else the answer is the one found now.
@@ -565,11 +610,13 @@ impl Limiter {
                 waiters_max: self.shared.config.waiters_max,
                 waiters_per_limit_max: self.shared.config.waiters_per_limit_max,
             };
-            match self
-                .shared
-                .waiters
-                .register(&counters, request.priority, caps)
-            {
+            match self.shared.waiters.register(
+                &counters,
+                request.priority,
+                request.cost,
+                hopeless,
+                caps,
+            ) {
                 Ok(waiter) => waiter,
                 Err(full) => {
                     let mut denied = match last_denial {
@@ -605,17 +652,50 @@ impl Limiter {
                 else {
                     unreachable!("the head of the queue is never answered before the store")
                 };
-                let decision = self.ask_waiting(&asking, request, &mut place).await?;
+                let let_go = WaitQueue::is_let_go(&waiter);
+                // A request let go asks as one that does not wait: behind every place of its
+                // priority or higher in the store's queue, holding none of its own.
+                let decision = if let_go {
+                    self.ask(&asking, request, request.refundable).await?
+                } else {
+                    self.ask_waiting(&asking, request, &mut place).await?
+                };
+                let hold_max = hold_bound(&asking.resolved);
                 match self.outcome(&asking.resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         place.granted();
+                        self.shared.waiters.served(&waiter);
                         // Leaving the queue signals whoever heads it next.
                         drop(waiter);
                         return Ok(Outcome::Granted(permit));
                     }
                     Outcome::Denied(denied) => {
-                        let retry_at = Instant::now() + denied.retry_after;
+                        let now = Instant::now();
+                        if !let_go {
+                            if denied.reason == DenyReason::Capacity {
+                                holding_since.get_or_insert(now);
+                            }
+                            let held_to_bound = holding_since
+                                .is_some_and(|since| now.duration_since(since) >= hold_max);
+                            if held_to_bound
+                                || !serviceable(
+                                    &asking.resolved,
+                                    &denied,
+                                    deadline.saturating_duration_since(now),
+                                )
+                            {
+                                self.shared.waiters.let_go(&mut waiter, held_to_bound);
+                                place = StorePlace::new(&self.shared.store);
+                            }
+                        }
+                        let retry_at = now + denied.retry_after;
                         wake_at = deadline.min(retry_at);
+                        if let Some(since) = holding_since
+                            && !WaitQueue::is_let_go(&waiter)
+                        {
+                            // Wake at the bound, to let go then if still denied.
+                            wake_at = wake_at.min(since + hold_max);
+                        }
                         // Asking again keeps the place in the store's queue.
                         if let Some(renewal) = self.shared.store.queue_renewal() {
                             wake_at = wake_at.min(Instant::now() + renewal);
@@ -626,6 +706,9 @@ impl Limiter {
                         last_denial = Some((denied, Instant::now()));
                     }
                 }
+            } else {
+                // Someone went ahead of it: it holds nothing until it heads its queues again.
+                holding_since = None;
             }
             let _ = tokio::time::timeout_at(wake_at, waiter.signal.notified()).await;
         }
