@@ -53,9 +53,16 @@
 //!   units open to the request's priority, and the checker shows it holds a lower request
 //!   back when a higher place ahead could take its units from the reserve.
 //!
+//! - **Holds bounded** (with a hold bound, `Setup::hold_ticks`): a request denied as queued is
+//!   held back only by places whose stay began less than the bound ago. A waiter that has
+//!   stood that long is let go, as the engine lets go a head that found no room for its hold
+//!   bound (`docs/security.md`, *A waiting request*): it leaves its place and asks again as a
+//!   request that does not wait, behind every place of its priority or higher. Its stay
+//!   begins no later than the engine's hold, so the model's bound is the tighter.
+//!
 //! Flawed rules show the properties are not vacuous ([`Rule`]): a denied waiter that never
-//! stands, places that never expire, a request that counts its own place ahead of itself, and
-//! a renewal that takes a new arrival.
+//! stands, places that never expire, a request that counts its own place ahead of itself, a
+//! renewal that takes a new arrival, and a waiter that is never let go.
 
 use std::cmp::Reverse;
 use std::fmt;
@@ -79,6 +86,7 @@ pub const DEAD_PLACES_BOUNDED: &str =
 pub const NO_OVERSHOOT: &str = "no overshoot: units granted in any period <= limit";
 pub const QUEUED_ONLY_WHEN_NEEDED: &str =
     "queued only when needed: granting would leave a live place ahead no room at its priority";
+pub const HOLDS_BOUNDED: &str = "holds bounded: a queued denial is owed to places that began their stay less than the bound ago";
 pub const SOMETIMES_HELD_BACK: &str =
     "sometimes: a waiter is denied as queued while the counter has room for it";
 pub const SOMETIMES_HELD_BY_DEAD: &str =
@@ -87,13 +95,14 @@ pub const SOMETIMES_GRANTED_AFTER_WAITING: &str =
     "sometimes: a low waiter is granted after waiting";
 
 /// Every `always` property, for tests that expect all of them to hold.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 7] = [
     NO_LOWER_GRANT,
     FIRST_COME,
     HEAD_NOT_STARVED,
     DEAD_PLACES_BOUNDED,
     NO_OVERSHOOT,
     QUEUED_ONLY_WHEN_NEEDED,
+    HOLDS_BOUNDED,
 ];
 
 /// The queue rule the store applies.
@@ -111,6 +120,8 @@ pub enum Rule {
     /// Flawed: a waiter that asks again takes a new arrival, at the back of its priority,
     /// instead of keeping its live place's.
     RenewalRearrives,
+    /// Flawed: a waiter stands for as long as it waits, past the hold bound.
+    NeverLetGo,
 }
 
 /// One process's requests on the counter.
@@ -174,6 +185,9 @@ pub struct Setup {
     /// than the TTL). Without, the clock moves only while every live waiter's place outlives
     /// the tick: a live waiter asks again in time, and only a crash leaves a place behind.
     pub slow_waiters: bool,
+    /// A waiter whose stay began this long ago is let go (and the properties judge by it);
+    /// `None`: waiters stand for as long as they wait.
+    pub hold_ticks: Option<u64>,
     pub rule: Rule,
 }
 
@@ -202,7 +216,29 @@ impl Setup {
             crashes: true,
             give_ups: true,
             slow_waiters: true,
+            hold_ticks: None,
             rule: Rule::Queue,
+        }
+    }
+
+    /// A waiter that may never be served while a higher process keeps taking a unit: a normal
+    /// waiter of cost 2, a high process whose three requests of cost 1 ask once, and a normal
+    /// one whose two requests of cost 1 ask once, on a sliding limit of 2 per 2 ms, places
+    /// living 2 ms, a hold bound of 2 ms and 5 ms of clock (6 at the large bound); no crashes,
+    /// give-ups or slow waiters, so every place is a live waiter's.
+    pub fn hold(bound: Bound) -> Setup {
+        Setup {
+            processes: vec![
+                Process::waiting(Priority::Normal, 2),
+                Process::once(Priority::High, 1).times(3),
+                Process::once(Priority::Normal, 1).times(2),
+            ],
+            horizon_ticks: if bound.is_large() { 6 } else { 5 },
+            crashes: false,
+            give_ups: false,
+            slow_waiters: false,
+            hold_ticks: Some(2),
+            ..Setup::fleet(bound)
         }
     }
 
@@ -261,10 +297,12 @@ pub struct Standing {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     Idle,
-    /// Denied, still waiting; `denied` is the reason of its last denial.
+    /// Denied, still waiting; `denied` is the reason of its last denial. `let_go`: it stood
+    /// for the hold bound, and now asks as a request that does not wait, with no place.
     Waiting {
         place: Option<Standing>,
         denied: DenyReason,
+        let_go: bool,
     },
     /// Granted; `waited`: denied at least once before.
     Granted {
@@ -326,6 +364,8 @@ pub struct QueueState {
     /// A queued denial was owed to the live places ahead only as counted against the units
     /// open to the request's priority: each of them had room at its own.
     pub needless_queue: bool,
+    /// A queued denial was owed to places that began their stay the hold bound ago or more.
+    pub overheld: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -369,8 +409,13 @@ impl fmt::Display for QueueState {
             }
             match record.phase {
                 Phase::Idle => write!(f, "idle")?,
-                Phase::Waiting { place, denied } => {
-                    write!(f, "waiting (denied: {}), ", denied.as_str())?;
+                Phase::Waiting {
+                    place,
+                    denied,
+                    let_go,
+                } => {
+                    let held = if let_go { "let go, " } else { "" };
+                    write!(f, "waiting ({held}denied: {}), ", denied.as_str())?;
                     match place {
                         Some(standing) => write!(
                             f,
@@ -572,22 +617,53 @@ impl QueueModel {
             _ => (record.started, state.now),
         };
         Asker {
-            id: spec.waits.then(|| self.setup.id(process, request)),
+            id: (spec.waits && !self.lets_go(state, process))
+                .then(|| self.setup.id(process, request)),
             level: level(spec.priority),
             arrival,
         }
     }
 
-    /// The store decides an ask of `process`'s request `request`, as the script does.
-    fn decide(&self, next: &mut QueueState, process: usize, request: u8) -> Result<(), DenyReason> {
+    /// Whether `process`'s ask in `state` is a waiter's that is let go (or was): its stay
+    /// began the hold bound ago or more. It gives its place up and asks as one that does not
+    /// wait.
+    fn lets_go(&self, state: &QueueState, process: usize) -> bool {
+        let Some(hold) = self.setup.hold_ticks else {
+            return false;
+        };
+        if self.setup.rule == Rule::NeverLetGo {
+            return false;
+        }
+        match state.processes[process].phase {
+            Phase::Waiting { let_go: true, .. } => true,
+            Phase::Waiting {
+                place: Some(standing),
+                ..
+            } => standing.arrival + hold * TICK_US <= state.now,
+            _ => false,
+        }
+    }
+
+    /// The store decides an ask of `process`'s request `request`, as the script does; `let_go`:
+    /// a waiter let go, which first gives up its place and asks as one that does not wait.
+    fn decide(
+        &self,
+        next: &mut QueueState,
+        process: usize,
+        request: u8,
+        let_go: bool,
+    ) -> Result<(), DenyReason> {
         let spec = self.setup.processes[process];
         let now = next.now;
-        let id = if spec.waits {
+        let id = if spec.waits && !let_go {
             self.setup.id(process, request)
         } else {
             NOT_WAITING
         };
         let mut places = queue::decode(&next.queue);
+        if let_go {
+            queue::leave(&mut places, self.setup.id(process, request));
+        }
         // 1, 2: the live places, where the request stands and what is ahead of it.
         queue::expire(&mut places, now);
         let mut rank = queue::rank_of(&places, now, level(spec.priority), id);
@@ -694,7 +770,13 @@ impl QueueModel {
         let spec = self.setup.processes[process];
         let now = state.now;
         let room = self.room(state, spec.priority);
-        let held = self.held(state);
+        let let_go = self.lets_go(state, process);
+        // A waiter let go gave its own place up before the store decided.
+        let held: Vec<Held> = self
+            .held(state)
+            .into_iter()
+            .filter(|place| !(let_go && place.alive && place.process == process))
+            .collect();
         let asker = self.asker(state, process);
         let live_ahead: u64 = held
             .iter()
@@ -702,6 +784,17 @@ impl QueueModel {
             .map(|place| place.cost)
             .sum();
         let waited = matches!(state.processes[process].phase, Phase::Waiting { .. });
+        // The places ahead that began their stay less than the hold bound ago.
+        let ahead_within_hold: u64 = held
+            .iter()
+            .filter(|place| place.ahead_of(&asker))
+            .filter(|place| {
+                self.setup
+                    .hold_ticks
+                    .is_none_or(|hold| place.arrival + hold * TICK_US >= now)
+            })
+            .map(|place| place.cost)
+            .sum();
         next.processes[process].phase = match verdict {
             Ok(()) => {
                 let higher = |place: &Held| place.level > asker.level;
@@ -718,17 +811,20 @@ impl QueueModel {
                 let stale = denied == DenyReason::Queued && spec.cost + live_ahead <= room;
                 next.starved |= live_ahead == 0 && spec.cost <= room;
                 next.stale_denial |= stale;
+                next.overheld |=
+                    denied == DenyReason::Queued && !stale && spec.cost + ahead_within_hold <= room;
                 next.needless_queue |= denied == DenyReason::Queued
                     && !stale
                     && spec.cost <= room
                     && self.leaves_room_ahead(state, &held, &asker, spec.cost);
                 if spec.waits {
                     Phase::Waiting {
-                        place: Some(Standing {
+                        place: (!let_go).then_some(Standing {
                             arrival: asker.arrival,
                             asked: now,
                         }),
                         denied,
+                        let_go,
                     }
                 } else {
                     Phase::Denied { denied }
@@ -791,6 +887,7 @@ impl QueueModel {
             Phase::Waiting {
                 place: Some(standing),
                 denied: DenyReason::Queued,
+                ..
             } if standing.asked == state.now
         )
     }
@@ -819,6 +916,7 @@ impl Model for QueueModel {
             starved: false,
             stale_denial: false,
             needless_queue: false,
+            overheld: false,
         }]
     }
 
@@ -841,7 +939,15 @@ impl Model for QueueModel {
             Phase::Waiting {
                 place: Some(standing),
                 ..
-            } => standing.asked + self.setup.ttl_us() > next_tick,
+            } => {
+                // A waiter at its hold bound asks (and is let go) before the clock moves on.
+                let held_out = self.setup.rule != Rule::NeverLetGo
+                    && self
+                        .setup
+                        .hold_ticks
+                        .is_some_and(|hold| standing.arrival + hold * TICK_US <= state.now);
+                standing.asked + self.setup.ttl_us() > next_tick && !held_out
+            }
             _ => true,
         };
         if state.now < self.setup.horizon_ticks * TICK_US
@@ -863,7 +969,8 @@ impl Model for QueueModel {
                         record.started
                     }
                 };
-                let verdict = self.decide(&mut next, process, request);
+                let let_go = self.lets_go(state, process);
+                let verdict = self.decide(&mut next, process, request, let_go);
                 self.record(state, &mut next, process, verdict);
             }
             QueueAction::GiveUp { process } => {
@@ -909,6 +1016,7 @@ impl Model for QueueModel {
             Property::always(QUEUED_ONLY_WHEN_NEEDED, |_, state: &QueueState| {
                 !state.needless_queue
             }),
+            Property::always(HOLDS_BOUNDED, |_, state: &QueueState| !state.overheld),
             Property::sometimes(SOMETIMES_HELD_BACK, |model: &Self, state: &QueueState| {
                 (0..state.processes.len()).any(|process| {
                     let spec = model.setup.processes[process];

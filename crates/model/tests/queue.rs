@@ -2,8 +2,9 @@
 //! the real `tollgate_core::Counter`: requests of several priorities, from processes that ask
 //! again, give up, crash and restart, or are slow, are served by priority then arrival, the head
 //! is never starved, a dead request's place holds nobody back past its TTL, and the limit
-//! holds; a denied waiter that never stands, places that never expire, a request that counts
-//! its own place and a renewal that takes a new arrival are caught; and with a reserve, the
+//! holds, and a waiter holds the others back for its hold bound at most; a denied waiter that
+//! never stands, places that never expire, a request that counts its own place, a renewal
+//! that takes a new arrival and a waiter never let go are caught; and with a reserve, the
 //! rule's caution is pinned. Each test pins its outcome and the number of distinct states, and
 //! prints its counterexample (`cargo test -p tollgate-model -- --nocapture`).
 
@@ -24,6 +25,9 @@ const OWN_PLACE_STATES: usize = 316_012;
 const OWN_PLACE_SEARCH_STATES: usize = 3_034;
 const REARRIVES_STATES: usize = 136_014;
 const REARRIVES_SEARCH_STATES: usize = 13_427;
+const HOLD_STATES: usize = 5_197;
+const NEVER_LET_GO_STATES: usize = 6_000;
+const NEVER_LET_GO_SEARCH_STATES: usize = 3_985;
 
 type QueueOutcome = Outcome<QueueState, QueueAction>;
 
@@ -224,4 +228,32 @@ fn a_renewal_that_takes_a_new_arrival_is_overtaken() {
         REARRIVES_SEARCH_STATES,
     );
     assert_eq!(actions.len(), 7);
+}
+
+/// A waiter that cannot be served (a process that asks once keeps taking the unit it would
+/// need) holds the others back for its hold bound at most: let go, it asks as one that does
+/// not wait. Every property holds.
+#[test]
+fn a_waiter_holds_the_queue_for_its_bound_at_most() {
+    let outcome = check(Setup::hold(Bound::Small), &[]);
+    outcome.report("hold", &[], HOLD_STATES);
+    assert_breaks_exactly("hold", &outcome, &[]);
+}
+
+/// Without the bound, the same waiter holds the others back for as long as it waits.
+#[test]
+fn a_waiter_never_let_go_holds_the_queue_past_the_bound() {
+    let setup = Setup {
+        rule: Rule::NeverLetGo,
+        ..Setup::hold(Bound::Small)
+    };
+    let actions = caught(
+        "never let go",
+        setup,
+        &[queue::HOLDS_BOUNDED],
+        NEVER_LET_GO_STATES,
+        queue::HOLDS_BOUNDED,
+        NEVER_LET_GO_SEARCH_STATES,
+    );
+    assert!(!actions.is_empty());
 }
