@@ -235,7 +235,7 @@ fn a_renewal_that_takes_a_new_arrival_is_overtaken() {
 /// not wait. Every property holds.
 #[test]
 fn a_waiter_holds_the_queue_for_its_bound_at_most() {
-    let outcome = check(Setup::hold(Bound::Small), &[]);
+    let outcome = check(Setup::hold(Bound::from_env()), &[]);
     outcome.report("hold", &[], HOLD_STATES);
     assert_breaks_exactly("hold", &outcome, &[]);
 }
@@ -245,7 +245,7 @@ fn a_waiter_holds_the_queue_for_its_bound_at_most() {
 fn a_waiter_never_let_go_holds_the_queue_past_the_bound() {
     let setup = Setup {
         rule: Rule::NeverLetGo,
-        ..Setup::hold(Bound::Small)
+        ..Setup::hold(Bound::from_env())
     };
     let actions = caught(
         "never let go",
