@@ -79,6 +79,15 @@ pub struct TokenBody {
     /// Whether it may pause its limits (default false).
     #[serde(default)]
     pub may_pause: Option<bool>,
+    /// The most units one of its requests may ask for (default: no bound of its own); a
+    /// request for more is refused with 403.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub cost_max: Option<u64>,
+    /// The longest one of its requests may wait, in milliseconds (default: the server's
+    /// `wait_ms_max`); a longer `wait_ms` waits this long.
+    #[serde(default)]
+    pub wait_max_ms: Option<u64>,
 }
 
 /// A token and what it may do; never its secret.
@@ -93,6 +102,12 @@ pub struct TokenView {
     pub may_pause: bool,
     /// When it was made, in milliseconds since the Unix epoch.
     pub created_ms: i64,
+    /// The most units one of its requests may ask for; absent: no bound of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_max: Option<u64>,
+    /// The longest one of its requests may wait, in milliseconds; absent: the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_max_ms: Option<u64>,
 }
 
 /// A token just made, with its secret: shown in this answer only.
@@ -105,6 +120,10 @@ pub struct NewToken {
     pub priority_max: String,
     pub may_pause: bool,
     pub created_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_max_ms: Option<u64>,
     /// The bearer token to give the caller. Only its hash is kept: it cannot be shown again.
     pub secret: String,
 }

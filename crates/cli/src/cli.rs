@@ -375,6 +375,9 @@ pub(crate) struct ServeArgs {
     /// Acquires waiting for room at once on one limit [default: 256].
     #[arg(long, env = "TOLLGATE_WAITERS_PER_LIMIT_MAX", value_name = "N")]
     pub(crate) waiters_per_limit_max: Option<usize>,
+    /// Acquires of one scoped token waiting for room at once [default: 64].
+    #[arg(long, env = "TOLLGATE_WAITERS_PER_TOKEN_MAX", value_name = "N")]
+    pub(crate) waiters_per_token_max: Option<usize>,
     /// TLS on the HTTP and gRPC listeners: the certificate chain, a PEM file; give --tls-key
     /// too. Reloaded when the files change [default: off].
     #[arg(long, env = "TOLLGATE_TLS_CERT", value_name = "FILE")]

@@ -16,8 +16,8 @@ use tollgate_server::{
     DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
     DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
     DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
-    DEFAULT_WAITERS_PER_LIMIT_MAX, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host,
-    parse_origin, parse_permit_secret,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX, RELOAD_INTERVAL_MS_MIN,
+    ServerConfig, StoreChoice, parse_host, parse_origin, parse_permit_secret,
 };
 
 use crate::cli::ServeArgs;
@@ -60,6 +60,7 @@ pub(crate) struct FileConfig {
     pub(crate) connections_max: Option<usize>,
     pub(crate) waiters_max: Option<usize>,
     pub(crate) waiters_per_limit_max: Option<usize>,
+    pub(crate) waiters_per_token_max: Option<usize>,
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) log: Option<String>,
@@ -241,6 +242,10 @@ pub(crate) fn resolve_server_config(
             .waiters_per_limit_max
             .or(file.waiters_per_limit_max)
             .unwrap_or(DEFAULT_WAITERS_PER_LIMIT_MAX),
+        waiters_per_token_max: args
+            .waiters_per_token_max
+            .or(file.waiters_per_token_max)
+            .unwrap_or(DEFAULT_WAITERS_PER_TOKEN_MAX),
         body_bytes_max,
         wait_ms_max: args
             .wait_ms_max

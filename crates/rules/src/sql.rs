@@ -414,6 +414,7 @@ impl SqlSource {
             (4, self.tokens_migration()),
             (5, self.valid_migration()),
             (6, self.ahead_migration()),
+            (7, self.token_bounds_migration()),
         ]
     }
 

@@ -923,6 +923,9 @@ async fn token_rows_round_trip() {
             priority_max: "normal".to_owned(),
             may_pause: name == "b",
             created_ms: 1_700_000_000_000,
+            // Read back as stored, a bound and its absence alike.
+            cost_max: (name == "a").then_some(5),
+            wait_max_ms: (name == "b").then_some(250),
         };
         assert!(source.insert_token(&row("b", 'b')).await.expect("insert"));
         assert!(source.insert_token(&row("a", 'a')).await.expect("insert"));

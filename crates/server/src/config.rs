@@ -56,6 +56,10 @@ pub const DEFAULT_WAITERS_MAX: usize = tollgate::DEFAULT_WAITERS_MAX;
 /// default), so a flood on one limit leaves room for the waiters of the others.
 pub const DEFAULT_WAITERS_PER_LIMIT_MAX: usize = tollgate::DEFAULT_WAITERS_PER_LIMIT_MAX;
 
+/// Acquires of one scoped token waiting at once, over all its limits: a quarter of a limit's
+/// line, so one token cannot fill the waiting lines of the limits outside its scope.
+pub const DEFAULT_WAITERS_PER_TOKEN_MAX: usize = DEFAULT_WAITERS_PER_LIMIT_MAX / 4;
+
 /// `/v1/forward-auth`: an IPv6 client counted by address is its /64 unless configured, as the
 /// tower layer counts one (`tollgate_tower::DEFAULT_IPV6_PREFIX_LEN`).
 pub const DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN: u8 = tollgate_tower::DEFAULT_IPV6_PREFIX_LEN;
@@ -131,6 +135,8 @@ pub struct ServerConfig {
     pub waiters_max: usize,
     /// Acquires waiting at once on one limit.
     pub waiters_per_limit_max: usize,
+    /// Acquires of one scoped token waiting at once.
+    pub waiters_per_token_max: usize,
     pub body_bytes_max: u32,
     /// Longest `wait_ms` honoured; longer waits are cut to it.
     pub wait_ms_max: u64,
@@ -271,6 +277,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("connections_max", &self.connections_max)
             .field("waiters_max", &self.waiters_max)
             .field("waiters_per_limit_max", &self.waiters_per_limit_max)
+            .field("waiters_per_token_max", &self.waiters_per_token_max)
             .field("body_bytes_max", &self.body_bytes_max)
             .field("wait_ms_max", &self.wait_ms_max)
             .field("keys_tracked_max", &self.keys_tracked_max)

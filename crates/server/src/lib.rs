@@ -45,8 +45,8 @@ pub use config::{
     DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
     DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
     DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
-    DEFAULT_WAITERS_PER_LIMIT_MAX, KEYS_PER_LIMIT_SHARE, RELOAD_INTERVAL_MS_MIN, ServerConfig,
-    StoreChoice, parse_permit_secret,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX, KEYS_PER_LIMIT_SHARE,
+    RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::ApiError;
 pub use guard::{parse_host, parse_origin};
@@ -464,6 +464,7 @@ pub async fn run(
         connections_max,
         waiters_max = limiter.config().waiters_max,
         waiters_per_limit_max = limiter.config().waiters_per_limit_max,
+        waiters_per_token_max = config.waiters_per_token_max,
         "bounds in force"
     );
     let bounds = listener::Bounds {

@@ -1,5 +1,6 @@
-//! Scoped data tokens: a data-plane token limited to a set of limits, a highest priority, and
-//! whether it may pause. This module owns what such a token may do (`Grant`, checked by the
+//! Scoped data tokens: a data-plane token limited to a set of limits, a highest priority,
+//! whether it may pause, the most units and the longest wait of one request, and how many of
+//! its requests may wait at once. This module owns what such a token may do (`Grant`, checked by the
 //! data-plane handlers), its secret (made here, shown once, kept only as its SHA-256), the
 //! tokens in force (`Tokens`: the state database's `<table>_tokens`, cached and reloaded on the
 //! rules' interval, so a revocation reaches every replica within it and this one at once), and
@@ -121,6 +122,17 @@ pub(crate) struct Scope {
     priority_max: Priority,
     may_pause: bool,
     created_ms: i64,
+    cost_max: Option<u64>,
+    wait_max_ms: Option<u64>,
+}
+
+/// A bound of a token read from its row: positive, or absent.
+fn positive(field: &str, cell: Option<i64>) -> Result<Option<u64>, String> {
+    match cell {
+        None => Ok(None),
+        Some(value) if value >= 1 => Ok(Some(value as u64)),
+        Some(value) => Err(format!("{field}: must be at least 1, got {value}")),
+    }
 }
 
 impl Scope {
@@ -143,6 +155,8 @@ impl Scope {
             priority_max,
             may_pause: row.may_pause,
             created_ms: row.created_ms,
+            cost_max: positive("cost_max", row.cost_max)?,
+            wait_max_ms: positive("wait_max_ms", row.wait_max_ms)?,
         })
     }
 
@@ -161,6 +175,8 @@ impl Scope {
             priority_max: self.priority_max.as_str().to_owned(),
             may_pause: self.may_pause,
             created_ms: self.created_ms,
+            cost_max: self.cost_max,
+            wait_max_ms: self.wait_max_ms,
         }
     }
 }
@@ -243,6 +259,52 @@ impl Grant {
         }
     }
 
+    /// The cost to ask for: the one asked for, refused (403, naming `cost`) above the token's
+    /// `cost_max`.
+    pub(crate) fn cost(&self, asked: u64) -> Result<u64, ApiError> {
+        match self {
+            Grant::Scoped(scope) if scope.cost_max.is_some_and(|most| asked > most) => {
+                Err(Grant::refuse(
+                    scope,
+                    format_args!(
+                        "cost {asked} is above its cost_max, {}",
+                        scope.cost_max.unwrap_or_default()
+                    ),
+                ))
+            }
+            _ => Ok(asked),
+        }
+    }
+
+    /// The wait to allow: the one asked for, no longer than the token's `wait_max_ms`.
+    pub(crate) fn wait_ms(&self, asked: u64) -> u64 {
+        match self {
+            Grant::Scoped(scope) => scope.wait_max_ms.map_or(asked, |most| asked.min(most)),
+            Grant::Full => asked,
+        }
+    }
+
+    /// A place among this token's waiting requests, if it may have one more (`most`, the
+    /// server's `waiters_per_token_max`); a caller with every right always may. Given back
+    /// when dropped.
+    pub(crate) fn wait_place(&self, tokens: &Tokens, most: usize) -> Option<WaitPlace> {
+        let Grant::Scoped(scope) = self else {
+            return Some(WaitPlace { held: None });
+        };
+        let mut waiting = match tokens.waiting.lock() {
+            Ok(waiting) => waiting,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let count = waiting.entry(scope.name.clone()).or_default();
+        if *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(WaitPlace {
+            held: Some((tokens.waiting.clone(), scope.name.clone())),
+        })
+    }
+
     /// Refused (403) unless this caller may pause `limit`.
     pub(crate) fn pause(&self, limit: &str) -> Result<(), ApiError> {
         if let Grant::Scoped(scope) = self
@@ -254,6 +316,33 @@ impl Grant {
             ));
         }
         self.limit(limit)
+    }
+}
+
+/// Requests waiting now, by token name.
+type Waiting = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
+/// One waiting request of a scoped token, counted until dropped.
+#[derive(Debug)]
+pub(crate) struct WaitPlace {
+    held: Option<(Waiting, String)>,
+}
+
+impl Drop for WaitPlace {
+    fn drop(&mut self) {
+        let Some((waiting, name)) = self.held.take() else {
+            return;
+        };
+        let mut waiting = match waiting.lock() {
+            Ok(waiting) => waiting,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(count) = waiting.get_mut(&name) {
+            *count -= 1;
+            if *count == 0 {
+                waiting.remove(&name);
+            }
+        }
     }
 }
 
@@ -274,6 +363,9 @@ pub(crate) struct Tokens {
     /// cannot put back what the write changed; and holds the rows refused at the last reload,
     /// so each is logged when it changes, not at every reload.
     refused: Mutex<BTreeMap<String, String>>,
+    /// Requests waiting now, by token name: kept apart from the scopes, which a reload makes
+    /// anew, so that a reload cannot reset a token's count.
+    waiting: Waiting,
 }
 
 impl Tokens {
@@ -284,6 +376,7 @@ impl Tokens {
             source,
             in_force: RwLock::new(Arc::default()),
             refused: Mutex::new(BTreeMap::new()),
+            waiting: Waiting::default(),
         };
         tokens.reload().await?;
         Ok(tokens)
@@ -425,6 +518,15 @@ pub(crate) async fn create_token(
             )
         })?,
     };
+    let bound = |field: &str, value: Option<u64>| match value {
+        Some(value) if !(1..=i64::MAX as u64).contains(&value) => Err(ApiError::bad_field(
+            field,
+            format!("must be at least 1 and at most {}, got {value}", i64::MAX),
+        )),
+        other => Ok(other),
+    };
+    let cost_max = bound("cost_max", body.cost_max)?;
+    let wait_max_ms = bound("wait_max_ms", body.wait_max_ms)?;
     let tokens = state.tokens();
     let source = tokens.source()?;
     let mut refused = tokens.refused.lock().await;
@@ -442,6 +544,8 @@ pub(crate) async fn create_token(
         priority_max,
         may_pause: body.may_pause.unwrap_or(false),
         created_ms: now_ms(),
+        cost_max,
+        wait_max_ms,
     };
     let row = TokenRow {
         name: scope.name.clone(),
@@ -450,6 +554,8 @@ pub(crate) async fn create_token(
         priority_max: scope.priority_max.as_str().to_owned(),
         may_pause: scope.may_pause,
         created_ms: scope.created_ms,
+        cost_max: scope.cost_max.map(|value| value as i64),
+        wait_max_ms: scope.wait_max_ms.map(|value| value as i64),
     };
     if !source.insert_token(&row).await? {
         return Err(ApiError::new(
@@ -480,6 +586,8 @@ pub(crate) async fn create_token(
             priority_max: scope.priority_max.as_str().to_owned(),
             may_pause: scope.may_pause,
             created_ms: scope.created_ms,
+            cost_max: scope.cost_max,
+            wait_max_ms: scope.wait_max_ms,
             secret,
         }),
     )
@@ -549,6 +657,8 @@ mod tests {
             priority_max,
             may_pause,
             created_ms: 0,
+            cost_max: None,
+            wait_max_ms: None,
         }))
     }
 

@@ -20,6 +20,10 @@ pub struct TokenRow {
     pub may_pause: bool,
     /// When it was made, in milliseconds since the Unix epoch.
     pub created_ms: i64,
+    /// The most units one request of it may ask for; `None`: no bound of its own.
+    pub cost_max: Option<i64>,
+    /// The longest one request of it may wait, in milliseconds; `None`: no bound of its own.
+    pub wait_max_ms: Option<i64>,
 }
 
 impl SqlSource {
@@ -41,12 +45,28 @@ impl SqlSource {
         )]
     }
 
+    /// The bounds a token sets on each of its requests (added after the table).
+    pub(super) fn token_bounds_migration(&self) -> Vec<String> {
+        let table = &self.table;
+        ["cost_max", "wait_max_ms"]
+            .iter()
+            .map(|column| match self.pool {
+                Pool::Postgres(_) => {
+                    format!("ALTER TABLE {table}_tokens ADD COLUMN IF NOT EXISTS {column} BIGINT")
+                }
+                Pool::Sqlite(_) | Pool::MySql(_) => {
+                    format!("ALTER TABLE {table}_tokens ADD COLUMN {column} BIGINT")
+                }
+            })
+            .collect()
+    }
+
     /// Every token row, in name order. A row whose cells cannot be read is an error: the
     /// caller keeps the tokens it had rather than guess.
     pub async fn tokens(&self) -> Result<Vec<TokenRow>, SourceError> {
         let query = format!(
-            "SELECT name, secret_sha256, limits, priority_max, may_pause, created_ms \
-             FROM {}_tokens ORDER BY name",
+            "SELECT name, secret_sha256, limits, priority_max, may_pause, created_ms, \
+             cost_max, wait_max_ms FROM {}_tokens ORDER BY name",
             self.table
         );
         let rows = on_pool!(&self.pool, pool => {
@@ -61,6 +81,8 @@ impl SqlSource {
                     priority_max: row.try_get(3)?,
                     may_pause: row.try_get::<i64, _>(4)? != 0,
                     created_ms: row.try_get(5)?,
+                    cost_max: row.try_get(6)?,
+                    wait_max_ms: row.try_get(7)?,
                 }))
                 .collect::<Result<Vec<_>, _>>()?
         });
@@ -72,14 +94,16 @@ impl SqlSource {
     pub async fn insert_token(&self, token: &TokenRow) -> Result<bool, SourceError> {
         let query = format!(
             "INSERT INTO {}_tokens (name, secret_sha256, limits, priority_max, may_pause, \
-             created_ms) VALUES ({}, {}, {}, {}, {}, {})",
+             created_ms, cost_max, wait_max_ms) VALUES ({}, {}, {}, {}, {}, {}, {}, {})",
             self.table,
             self.param(1),
             self.param(2),
             self.param(3),
             self.param(4),
             self.param(5),
-            self.param(6)
+            self.param(6),
+            self.param(7),
+            self.param(8)
         );
         let inserted = on_pool!(&self.pool, pool => {
             sqlx::query(&query)
@@ -89,6 +113,8 @@ impl SqlSource {
                 .bind(&token.priority_max)
                 .bind(i64::from(token.may_pause))
                 .bind(token.created_ms)
+                .bind(token.cost_max)
+                .bind(token.wait_max_ms)
                 .execute(pool)
                 .await
                 .map(|_| ())

@@ -187,10 +187,21 @@ pub(crate) async fn acquire(
     for name in &body.limits {
         grant.limit(name)?;
     }
+    let cost = grant.cost(body.cost.unwrap_or(1))?;
     let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
-    let wait_ms = body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max);
+    let mut wait_ms = grant.wait_ms(body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max));
+    // One token's waiting requests are bounded, so that it cannot fill the lines of the
+    // limits outside its scope; past the bound its request is decided at once.
+    let most = state.config().waiters_per_token_max;
+    let wait_place = (wait_ms > 0)
+        .then(|| grant.wait_place(state.tokens(), most))
+        .flatten();
+    let token_full = wait_ms > 0 && wait_place.is_none();
+    if token_full {
+        wait_ms = 0;
+    }
     let mut request = Request::all(&names)
-        .cost(body.cost.unwrap_or(1))
+        .cost(cost)
         .priority(asked_priority)
         .wait(Duration::from_millis(wait_ms))
         .refundable(body.refundable.unwrap_or(true));
@@ -230,8 +241,16 @@ pub(crate) async fn acquire(
             .into_response()
         }
         Outcome::Denied(denied) => {
-            let body = denial(&denied);
+            let mut body = denial(&denied);
+            if token_full {
+                body.error.message = format!(
+                    "not queued to wait: {most} requests of this token already wait, the most \
+                     that may (waiters_per_token_max); {}",
+                    body.error.message
+                );
+            }
             let retry_after_ms = body.retry_after_ms;
+            drop(wait_place);
             rate_limited(body, retry_after_ms)
         }
     })
