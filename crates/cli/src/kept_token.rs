@@ -475,6 +475,76 @@ mod tests {
         }
     }
 
+    /// The proof's constants live in `tollgate_server::admin_proof`; the clients' copies are
+    /// held to the same vectors.
+    #[test]
+    fn the_shared_proof_vectors_are_answered_as_they_say() {
+        use tollgate_server::admin_proof::{
+            ADMIN_PROOF_LABEL, ADMIN_PROOF_NONCE_HEX_MAX, ADMIN_PROOF_NONCE_HEX_MIN, admin_proof,
+        };
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../tests/vectors/kept_token.json"))
+                .expect("the vectors are JSON");
+        let proof = &vectors["proof"];
+        assert_eq!(proof["path"], ADMIN_PROOF_PATH);
+        assert_eq!(proof["nonce_parameter"], ADMIN_PROOF_NONCE);
+        assert_eq!(proof["label"], ADMIN_PROOF_LABEL);
+        assert_eq!(proof["nonce_hex_min"], ADMIN_PROOF_NONCE_HEX_MIN);
+        assert_eq!(proof["nonce_hex_max"], ADMIN_PROOF_NONCE_HEX_MAX);
+        let cases = proof["cases"].as_array().expect("cases");
+        assert!(cases.len() >= 5, "the vectors were read");
+        for case in cases {
+            let text = |name: &str| case[name].as_str().expect(name).to_owned();
+            let (token, listen, nonce) = (text("token"), text("listen"), text("nonce"));
+            assert_eq!(
+                admin_proof(&token, &listen, &nonce),
+                text("proof"),
+                "{case}"
+            );
+            let kept = KeptToken {
+                token,
+                listen: listen.parse().ok(),
+            };
+            assert!(kept.proved_by(&text("proof"), &nonce), "{case}");
+            assert!(
+                !kept.proved_by(&text("proof").replace('e', "f"), &nonce),
+                "{case}"
+            );
+        }
+        for case in vectors["connect"].as_array().expect("connect") {
+            let kept = KeptToken {
+                token: "t".into(),
+                listen: case["listen"]
+                    .as_str()
+                    .and_then(|listen| listen.parse().ok()),
+            };
+            let url = case["url"].as_str().expect("url");
+            assert_eq!(
+                kept.base_for(url).as_deref(),
+                case["base"].as_str(),
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_clean_stop_withdraws_what_it_recorded_and_nothing_else() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("tollgate.db.admin-token");
+        let made = read_or_make(&path).expect("made");
+        let address: SocketAddr = "127.0.0.1:7070".parse().expect("address");
+        record_listen(&path, &made, address).expect("kept");
+        // Another server has since recorded itself: left alone.
+        withdraw_listen(&path, &made, "127.0.0.1:7071".parse().expect("a")).expect("withdrawn");
+        assert_eq!(
+            read(&path).expect("read").expect("there").listen,
+            Some(address)
+        );
+        withdraw_listen(&path, &made, address).expect("withdrawn");
+        let left = read(&path).expect("read").expect("there");
+        assert_eq!((left.token, left.listen), (made.token, None));
+    }
+
     #[test]
     fn the_listen_line_is_recorded_and_read_back() {
         let directory = tempfile::tempdir().expect("tempdir");

@@ -110,8 +110,9 @@ pub(crate) async fn prove(
     State(state): State<AppState>,
     query: Result<Query<ProofQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let Query(query) = query
-        .map_err(|rejection| crate::stats::query_error(&rejection.body_text(), ADMIN_PROOF_NONCE))?;
+    let Query(query) = query.map_err(|rejection| {
+        crate::stats::query_error(&rejection.body_text(), ADMIN_PROOF_NONCE)
+    })?;
     check_nonce(&query.nonce).map_err(|reason| ApiError::bad_field(ADMIN_PROOF_NONCE, reason))?;
     let Some(token) = state.config().admin_token.as_deref() else {
         return Err(ApiError::not_found(

@@ -2,8 +2,8 @@
 //! copies, the limiter).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tollgate::Limiter;
 use tollgate_rules::Rules;

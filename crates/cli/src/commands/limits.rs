@@ -13,8 +13,7 @@ use crate::admin_token::admin_token;
 use crate::cli::{LimitsAction, Output, ServerArgs};
 use crate::config::FileConfig;
 use crate::http::{
-    CLIENT_TIMEOUT, admin_succeeded, print_json, report_error, segment, server_url,
-    succeeded,
+    CLIENT_TIMEOUT, admin_succeeded, print_json, report_error, segment, server_url, succeeded,
 };
 use crate::limits_file;
 use crate::tables::limits_table;

@@ -137,9 +137,13 @@ pub(crate) async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode>
             tracing::warn!(%error, "could not withdraw where this server listened from beside its admin token");
         }
         match kept_token::remove_user_copy(token, *address) {
-            Ok(Some(copy)) => tracing::info!(path = %copy.display(), "this user's copy of the admin token removed"),
+            Ok(Some(copy)) => {
+                tracing::info!(path = %copy.display(), "this user's copy of the admin token removed")
+            }
             Ok(None) => {}
-            Err(error) => tracing::warn!(%error, "could not remove this user's copy of the admin token"),
+            Err(error) => {
+                tracing::warn!(%error, "could not remove this user's copy of the admin token")
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
