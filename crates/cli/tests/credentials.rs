@@ -509,3 +509,51 @@ fn a_clean_stop_removes_the_kept_copy() {
         .expect("kept");
     assert_eq!(beside.trim(), token, "{beside}");
 }
+
+/// `GET /v1/admin-token/proof` needs no token and answers the proof for the nonce and the
+/// address the server listens on, never the token; a nonce that is missing, short, not hex or
+/// given twice is a 400 naming `nonce`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proof_is_given_without_a_token_and_reveals_none() {
+    use tollgate_server::admin_proof::admin_proof;
+    let server = Server::start();
+    let client = server.anonymous();
+    let nonce = "0123456789abcdef".repeat(4);
+    let answer = call(
+        &client,
+        hyper::Method::GET,
+        &format!("/v1/admin-token/proof?nonce={nonce}"),
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let listen = server.url.trim_start_matches("http://");
+    let json = answer.json.as_ref().expect("json");
+    assert_eq!(json["proof"], admin_proof(ADMIN_TOKEN, listen, &nonce));
+    assert!(!answer.text().contains(ADMIN_TOKEN), "{}", answer.text());
+    assert_eq!(
+        answer
+            .headers
+            .get("cache-control")
+            .and_then(|value| value.to_str().ok()),
+        Some("no-store")
+    );
+    let short = "ab".repeat(15);
+    let not_hex = "g".repeat(32);
+    let twice = format!("nonce={nonce}&nonce={nonce}");
+    for query in [
+        String::new(),
+        format!("nonce={short}"),
+        format!("nonce={not_hex}"),
+        twice,
+    ] {
+        let answer = call(
+            &client,
+            hyper::Method::GET,
+            &format!("/v1/admin-token/proof?{query}"),
+            "",
+        )
+        .await;
+        assert_error(&answer, 400, "bad_request", Some("nonce"));
+    }
+}
