@@ -146,10 +146,13 @@ async def test_a_kept_token_goes_to_the_recorded_address_not_where_localhost_lea
         )
         token = _kept_token_of(server)
         url = f"http://localhost:{stand_in.port}"
-        with Client(url) as tollgate:
-            tollgate.limits.put("kept-token", kind="rate", limit=1, period_ms=1000)
-        async with AsyncClient(url) as tollgate:
-            assert (await tollgate.limits.get("kept-token"))["limit"] == 1
-        stand_in.assert_never_sent(token)
+        try:
+            with Client(url) as tollgate:
+                tollgate.limits.put("kept-token", kind="rate", limit=1, period_ms=1000)
+            async with AsyncClient(url) as tollgate:
+                assert (await tollgate.limits.get("kept-token"))["limit"] == 1
+        finally:
+            # First what the stand-in was sent, whether or not the calls went through.
+            stand_in.assert_never_sent(token)
     finally:
         stand_in.close()
