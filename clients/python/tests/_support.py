@@ -86,8 +86,13 @@ class ServerFactory:
         self._root = root
         self._servers: list[Server] = []
 
-    def start(self, *args: str, env: dict[str, str | None] | None = None) -> Server:
-        """A server; ``env`` adds settings, and a ``None`` value takes one away."""
+    def start(
+        self,
+        *args: str,
+        env: dict[str, str | None] | None = None,
+        listen: str = "127.0.0.1:0",
+    ) -> Server:
+        """A server on ``listen``; ``env`` adds settings, and a ``None`` value takes one away."""
         directory = self._root / uuid.uuid4().hex[:8]
         directory.mkdir(parents=True)
         # Nothing of the caller's Tollgate settings leaks in.
@@ -102,7 +107,7 @@ class ServerFactory:
             self._binary,
             "serve",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--rules",
             f"sqlite://{directory / 'rules.db'}",
             *args,

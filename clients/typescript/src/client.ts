@@ -4,7 +4,16 @@
  */
 
 import { errorFromAnswer, RateLimited, ServerError, ServerUnreachable } from "./errors.js";
-import { keptAdminToken } from "./kept.js";
+import {
+  givenAdminToken,
+  type KeptToken,
+  keptAdminToken,
+  PROOF_NONCE_PARAMETER,
+  PROOF_PATH,
+  proofNonce,
+  proved,
+  refusal,
+} from "./kept.js";
 import {
   type Committed,
   type Fields,
@@ -297,9 +306,18 @@ export class Client {
   /** Send one request and read its answer whole; no answer at all is {@link ServerUnreachable}. */
   async #send(method: string, path: string, body: object | null, admin: boolean, wait: number): Promise<Answer> {
     const headers: Record<string, string> = {};
-    // For the admin API: the admin token given, else the data token given, else the one a
-    // local server keeps for this user.
-    const token = admin ? (this.#adminToken ?? this.#token ?? keptAdminToken(this.url)) : this.#token;
+    let url = this.url + path;
+    // For the admin API: the admin token given, else the data token given, else
+    // TOLLGATE_ADMIN_TOKEN, else the one a local server keeps for this user, sent to the
+    // address it recorded once the server there has proved it holds it.
+    let token = admin ? (this.#adminToken ?? this.#token ?? givenAdminToken()) : this.#token;
+    if (admin && token === undefined) {
+      const kept = keptAdminToken(this.url);
+      if (kept !== undefined && (await this.#proved(kept))) {
+        url = kept.base + path;
+        token = kept.token;
+      }
+    }
     if (token) {
       headers["authorization"] = `Bearer ${token}`;
     }
@@ -307,7 +325,7 @@ export class Client {
       headers["content-type"] = "application/json";
     }
     try {
-      const response = await this.#fetch(this.url + path, {
+      const response = await this.#fetch(url, {
         method,
         headers,
         body: body === null ? null : JSON.stringify(body),
@@ -321,6 +339,39 @@ export class Client {
           : describe(error);
       throw new ServerUnreachable(`no answer from the Tollgate server at ${this.url}: ${detail}`, { cause: error });
     }
+  }
+
+  /**
+   * Whether the server at the address `kept` records proves it holds that token: asked with a
+   * fresh nonce before every call that would send it, with no token sent. Says why not.
+   */
+  async #proved(kept: KeptToken): Promise<boolean> {
+    const nonce = proofNonce();
+    let why: string;
+    try {
+      const response = await this.#fetch(`${kept.base}${PROOF_PATH}?${PROOF_NONCE_PARAMETER}=${nonce}`, {
+        signal: AbortSignal.timeout(Math.ceil(this.#timeout * 1000)),
+      });
+      const text = await response.text();
+      if (response.status !== 200) {
+        why = `it answered ${response.status}`;
+      } else {
+        let answer: unknown = null;
+        try {
+          answer = JSON.parse(text);
+        } catch {
+          // Not JSON: no proof.
+        }
+        if (proved(kept.token, kept.listen, nonce, answer)) {
+          return true;
+        }
+        why = "its proof does not match";
+      }
+    } catch (error) {
+      why = `no answer: ${describe(error)}`;
+    }
+    process.emitWarning(refusal(kept, why), "TollgateWarning");
+    return false;
   }
 
   /** @internal A call whose success is a JSON object. */

@@ -73,10 +73,14 @@ export class Server {
   }
 
   /**
-   * Start one with `args` besides the listener and rules, and `env` besides the admin token
-   * (an `undefined` value takes a variable away).
+   * Start one on `listen` with `args` besides the listener and rules, and `env` besides the
+   * admin token (an `undefined` value takes a variable away).
    */
-  static async start(args: string[] = [], env: Record<string, string | undefined> = {}): Promise<Server> {
+  static async start(
+    args: string[] = [],
+    env: Record<string, string | undefined> = {},
+    listen = "127.0.0.1:0",
+  ): Promise<Server> {
     const directory = mkdtempSync(join(tmpdir(), "tollgate-ts-"));
     // Nothing of the caller's Tollgate settings leaks in.
     const environment = Object.fromEntries(
@@ -84,7 +88,7 @@ export class Server {
     );
     const child = spawn(
       findBinary(),
-      ["serve", "--listen", "127.0.0.1:0", "--rules", `sqlite://${join(directory, "rules.db")}`, ...args],
+      ["serve", "--listen", listen, "--rules", `sqlite://${join(directory, "rules.db")}`, ...args],
       {
         cwd: directory,
         env: Object.fromEntries(
@@ -130,6 +134,16 @@ export class Server {
         throw new Error(`tollgate serve not ready:\n${log}`);
       }
       await new Promise((wake) => setTimeout(wake, 50));
+    }
+  }
+
+  /** Kill it (SIGKILL): it stops without cleaning up. Its directory stays until `stop`. */
+  async kill(): Promise<void> {
+    const child = this.#process;
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((done) => child.once("exit", done));
+      child.kill("SIGKILL");
+      await exited;
     }
   }
 

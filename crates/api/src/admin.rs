@@ -134,3 +134,13 @@ pub struct NewToken {
 pub struct TokenList {
     pub tokens: Vec<TokenView>,
 }
+
+/// `GET /v1/admin-token/proof`: that the server holds the admin token, shown without sending
+/// it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminProof {
+    /// 64 lowercase hex digits: HMAC-SHA256 of the listen address and the nonce, keyed by a
+    /// key derived from the admin token.
+    pub proof: String,
+}

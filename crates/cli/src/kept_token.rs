@@ -4,11 +4,17 @@
 //!
 //! The file's first line is the token; the server adds `listen ADDRESS` once it listens, so
 //! that the commands send the token to that server alone and never to whatever `--server`
-//! they are given. A file that others could have written or read (looser than 0600, or owned
-//! by another user) is refused: a planted token would let its author in.
+//! they are given, and takes it away again when it stops cleanly. A command connects to that
+//! address as written and sends the token only after the server there has proved it holds it
+//! (`GET /v1/admin-token/proof`, `tollgate_server::admin_proof`): a file left by a server that
+//! has stopped, and another listener on the same port, get no token. A file that others could
+//! have written or read (looser than 0600, or owned by another user) is refused: a planted
+//! token would let its author in.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+
+use tollgate_server::admin_proof::{ADMIN_PROOF_NONCE, ADMIN_PROOF_PATH, admin_proof_matches};
 
 /// The file's line that records where the server that wrote the token listens.
 const LISTEN_PREFIX: &str = "listen ";
@@ -72,6 +78,55 @@ impl KeptToken {
             Err(_) => localhost && (listen.ip().is_loopback() || listen.ip().is_unspecified()),
         }
     }
+
+    /// Where a command connects to reach the server that wrote this token: the address it
+    /// recorded, as written (a name such as `localhost` is never looked up again, since it may
+    /// lead to another listener on the same port), loopback for a server bound to all
+    /// addresses.
+    pub fn connect_address(&self) -> Option<SocketAddr> {
+        let listen = self.listen?;
+        let ip = match listen.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        Some(SocketAddr::new(ip, listen.port()))
+    }
+
+    /// `url` with its host and port replaced by `connect_address`: where a command that sends
+    /// this token talks to, `None` when the token does not belong to `url`.
+    pub fn base_for(&self, url: &str) -> Option<String> {
+        if !self.belongs_to(url) {
+            return None;
+        }
+        let (scheme, rest) = url.split_once("://")?;
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        Some(format!(
+            "{scheme}://{}{}",
+            self.connect_address()?,
+            &rest[authority_end..]
+        ))
+    }
+
+    /// The path and query that ask the server for its proof of this token, for `nonce`.
+    pub fn proof_request(nonce: &str) -> String {
+        format!("{ADMIN_PROOF_PATH}?{ADMIN_PROOF_NONCE}={nonce}")
+    }
+
+    /// Whether `proof` shows that the server answering it holds this token and listens where
+    /// the file says, for `nonce` (compared in constant time).
+    pub fn proved_by(&self, proof: &str, nonce: &str) -> bool {
+        self.listen.is_some_and(|listen| {
+            admin_proof_matches(proof, &self.token, &listen.to_string(), nonce)
+        })
+    }
+}
+
+/// A fresh nonce for a proof: 32 random bytes in hex.
+pub fn proof_nonce() -> Result<String, KeptTokenError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|error| KeptTokenError::Random(error.to_string()))?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 /// The port a `http://HOST:PORT/...` URL names (the scheme's when it names none).
@@ -243,6 +298,54 @@ pub fn record_user_copy(kept: &KeptToken, address: SocketAddr) -> Result<PathBuf
     Ok(path)
 }
 
+/// Whether the file at `path` still records `kept`'s token for a server on `address`: what a
+/// server checks before it withdraws a file at its clean stop, so that one another server has
+/// since written is left alone.
+fn still_records(path: &Path, kept: &KeptToken, address: SocketAddr) -> bool {
+    matches!(read(path), Ok(Some(found)) if found.token == kept.token && found.listen == Some(address))
+}
+
+/// At a clean stop of the server on `address`: the file beside its state keeps the token (the
+/// next start uses it again) without the `listen` line, so that no command looks for a server
+/// that has stopped.
+pub fn withdraw_listen(
+    path: &Path,
+    kept: &KeptToken,
+    address: SocketAddr,
+) -> Result<(), KeptTokenError> {
+    if !still_records(path, kept, address) {
+        return Ok(());
+    }
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".new");
+    let staged = PathBuf::from(staged);
+    let _ = std::fs::remove_file(&staged);
+    write_private(&staged, &format!("{}\n", kept.token), true)?;
+    std::fs::rename(&staged, path).map_err(|source| KeptTokenError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// At a clean stop of the server on `address`: this user's copy for its port is removed, while
+/// it is still this server's. Returns the path removed, if any.
+pub fn remove_user_copy(
+    kept: &KeptToken,
+    address: SocketAddr,
+) -> Result<Option<PathBuf>, KeptTokenError> {
+    let Some(path) = user_copy_path(address.port()) else {
+        return Ok(None);
+    };
+    if !still_records(&path, kept, address) {
+        return Ok(None);
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(Some(path)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(KeptTokenError::Io { path, source }),
+    }
+}
+
 fn write_private(path: &Path, text: &str, create_new: bool) -> Result<(), KeptTokenError> {
     let io = |source| KeptTokenError::Io {
         path: path.to_path_buf(),
@@ -370,6 +473,76 @@ mod tests {
                 "{case}"
             );
         }
+    }
+
+    /// The proof's constants live in `tollgate_server::admin_proof`; the clients' copies are
+    /// held to the same vectors.
+    #[test]
+    fn the_shared_proof_vectors_are_answered_as_they_say() {
+        use tollgate_server::admin_proof::{
+            ADMIN_PROOF_LABEL, ADMIN_PROOF_NONCE_HEX_MAX, ADMIN_PROOF_NONCE_HEX_MIN, admin_proof,
+        };
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../tests/vectors/kept_token.json"))
+                .expect("the vectors are JSON");
+        let proof = &vectors["proof"];
+        assert_eq!(proof["path"], ADMIN_PROOF_PATH);
+        assert_eq!(proof["nonce_parameter"], ADMIN_PROOF_NONCE);
+        assert_eq!(proof["label"], ADMIN_PROOF_LABEL);
+        assert_eq!(proof["nonce_hex_min"], ADMIN_PROOF_NONCE_HEX_MIN);
+        assert_eq!(proof["nonce_hex_max"], ADMIN_PROOF_NONCE_HEX_MAX);
+        let cases = proof["cases"].as_array().expect("cases");
+        assert!(cases.len() >= 5, "the vectors were read");
+        for case in cases {
+            let text = |name: &str| case[name].as_str().expect(name).to_owned();
+            let (token, listen, nonce) = (text("token"), text("listen"), text("nonce"));
+            assert_eq!(
+                admin_proof(&token, &listen, &nonce),
+                text("proof"),
+                "{case}"
+            );
+            let kept = KeptToken {
+                token,
+                listen: listen.parse().ok(),
+            };
+            assert!(kept.proved_by(&text("proof"), &nonce), "{case}");
+            assert!(
+                !kept.proved_by(&text("proof").replace('e', "f"), &nonce),
+                "{case}"
+            );
+        }
+        for case in vectors["connect"].as_array().expect("connect") {
+            let kept = KeptToken {
+                token: "t".into(),
+                listen: case["listen"]
+                    .as_str()
+                    .and_then(|listen| listen.parse().ok()),
+            };
+            let url = case["url"].as_str().expect("url");
+            assert_eq!(
+                kept.base_for(url).as_deref(),
+                case["base"].as_str(),
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_clean_stop_withdraws_what_it_recorded_and_nothing_else() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("tollgate.db.admin-token");
+        let made = read_or_make(&path).expect("made");
+        let address: SocketAddr = "127.0.0.1:7070".parse().expect("address");
+        record_listen(&path, &made, address).expect("kept");
+        // Another server has since recorded itself: left alone.
+        withdraw_listen(&path, &made, "127.0.0.1:7071".parse().expect("a")).expect("withdrawn");
+        assert_eq!(
+            read(&path).expect("read").expect("there").listen,
+            Some(address)
+        );
+        withdraw_listen(&path, &made, address).expect("withdrawn");
+        let left = read(&path).expect("read").expect("there");
+        assert_eq!((left.token, left.listen), (made.token, None));
     }
 
     #[test]

@@ -98,6 +98,7 @@ async fn every_endpoint_is_documented() {
         ("/v1/stats", &["get"]),
         ("/v1/tokens", &["get", "post"]),
         ("/v1/tokens/{name}", &["delete"]),
+        ("/v1/admin-token/proof", &["get"]),
         ("/healthz", &["get"]),
         ("/readyz", &["get"]),
         ("/metrics", &["get"]),

@@ -5,6 +5,7 @@
 //! a [`tollgate::Limiter`] over it, the rules (a SQL table or a limits file) feeding the
 //! limiter, the SQL database that remembers the store across restarts, and the router.
 
+pub mod admin_proof;
 mod api;
 mod config;
 mod error;
@@ -289,6 +290,7 @@ fn router(state: AppState) -> Router {
             get(tokens::list_tokens).post(tokens::create_token),
         )
         .route("/v1/tokens/{name}", delete(tokens::delete_token))
+        .route(admin_proof::ADMIN_PROOF_PATH, get(admin_proof::prove))
         .route("/v1/stats", get(stats::stats))
         .route("/metrics", get(api::ops::metrics))
         .route("/healthz", get(api::ops::healthz))
@@ -488,6 +490,7 @@ pub async fn run(
             source,
         })?;
     tracing::info!(%address, tls = tls.is_some(), "listening");
+    state.set_listening(address);
     on_listening(address, grpc_address);
 
     let (draining_sender, mut draining) = watch::channel(false);

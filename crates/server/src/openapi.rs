@@ -94,7 +94,7 @@ impl Modify for Security {
         crate::forward::forward_auth, crate::stats::stats,
         api::ops::healthz, api::ops::readyz, api::ops::metrics, openapi_json, crate::ui::index,
         crate::ui::asset, crate::tokens::create_token, crate::tokens::list_tokens,
-        crate::tokens::delete_token,
+        crate::tokens::delete_token, crate::admin_proof::prove,
     ),
     components(
         schemas(

@@ -1,8 +1,9 @@
 //! The state every handler shares, behind one `Arc` (cloning it per connection shares, never
 //! copies, the limiter).
 
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tollgate::Limiter;
 use tollgate_rules::Rules;
@@ -28,6 +29,8 @@ struct Inner {
     hot_keys: crate::hot::HotKeys,
     history: crate::history::History,
     shutting_down: AtomicBool,
+    /// The address bound, once it is (`listen` may ask for port 0).
+    listening: OnceLock<SocketAddr>,
 }
 
 impl AppState {
@@ -50,6 +53,7 @@ impl AppState {
                 hot_keys: crate::hot::HotKeys::default(),
                 history: crate::history::History::default(),
                 shutting_down: AtomicBool::new(false),
+                listening: OnceLock::new(),
             }),
         }
     }
@@ -87,6 +91,19 @@ impl AppState {
     /// Each limit's recent past (`/v1/stats?history=`).
     pub(crate) fn history(&self) -> &crate::history::History {
         &self.inner.history
+    }
+
+    /// The address this server listens on: the one bound, else the one configured.
+    pub(crate) fn listening(&self) -> SocketAddr {
+        self.inner
+            .listening
+            .get()
+            .copied()
+            .unwrap_or(self.inner.config.listen)
+    }
+
+    pub(crate) fn set_listening(&self, address: SocketAddr) {
+        let _ = self.inner.listening.set(address);
     }
 
     pub(crate) fn begin_shutdown(&self) {

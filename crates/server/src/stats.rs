@@ -55,7 +55,8 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
     }
 }
 
-/// A query string refused, naming the parameter at fault; `parameters` lists the known ones.
+/// A query string refused, naming the parameter at fault (unknown, repeated, missing or of the
+/// wrong type); `parameters` lists the known ones.
 /// serde names an unknown or repeated parameter in back-quotes, and the name may hold
 /// back-quotes itself: it ends where serde's own words begin. One with no name (`?=x`) cannot
 /// be named: the query string as a whole is, as `query`.
@@ -78,6 +79,12 @@ pub(crate) fn query_error(text: &str, parameters: &str) -> ApiError {
         .filter(|name| !name.is_empty());
     if let Some(name) = repeated {
         return ApiError::bad_field(name, "is given more than once");
+    }
+    let missing = after("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+        .filter(|name| !name.is_empty());
+    if let Some(name) = missing {
+        return ApiError::bad_field(name, "is required");
     }
     let reason = text.trim_start_matches("Failed to deserialize query string: ");
     // A value of the wrong type is reported as `name: reason`: the parameter is named.

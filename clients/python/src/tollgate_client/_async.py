@@ -15,13 +15,16 @@ from ._core import (
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
     Options,
+    bearer,
     decode_object,
     limit_path,
     logger,
     permit_path,
+    proof_failed,
     unreachable,
 )
 from ._errors import RateLimited, ServerError, TollgateError
+from ._kept import KeptToken, proof_nonce
 from ._models import (
     CheckResult,
     Committed,
@@ -252,16 +255,41 @@ class AsyncClient:
         admin: bool = False,
         wait: float = 0.0,
     ) -> httpx.Response:
+        url, headers = path, self._options.headers(admin)
+        kept = self._options.kept() if admin else None
+        if kept is not None and await self._proved(kept):
+            url, headers = kept.base + path, bearer(kept.token)
         try:
             return await self._http.request(
                 method,
-                path,
+                url,
                 json=body,
-                headers=self._options.headers(admin),
+                headers=headers,
                 timeout=self._options.timeout_for(wait),
             )
         except httpx.TransportError as error:
             raise unreachable(error, self._options.url) from error
+
+    async def _proved(self, kept: KeptToken) -> bool:
+        """Whether the server at the address ``kept`` records proves it holds that token:
+        asked with a fresh nonce before every call that would send it, with no token sent."""
+        nonce = proof_nonce()
+        try:
+            answer = await self._http.get(kept.proof_url(nonce), timeout=self._options.timeout)
+        except httpx.TransportError as error:
+            proof_failed(kept, f"no answer: {error or type(error).__name__}")
+            return False
+        if answer.status_code != 200:
+            proof_failed(kept, f"it answered {answer.status_code}")
+            return False
+        try:
+            proof = answer.json()
+        except ValueError:
+            proof = None
+        if not kept.proved_by(nonce, proof):
+            proof_failed(kept, "its proof does not match")
+            return False
+        return True
 
     async def _request(
         self,

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from ._errors import ServerError, ServerUnreachable, TollgateError, error_from_response
-from ._kept import kept_admin_token
+from ._kept import KeptToken, given_admin_token, kept_admin_token
 
 #: Where ``tollgate serve`` listens by default.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -31,17 +31,31 @@ class Options:
 
     def headers(self, admin: bool) -> dict[str, str]:
         """The bearer header for the data plane or, with ``admin``, the admin API: the admin
-        token given, else the data token given, else the one a local server keeps for this
-        user (``TOLLGATE_ADMIN_TOKEN``, or its copy in the user's state directory)."""
+        token given, else the data token given, else ``TOLLGATE_ADMIN_TOKEN``. A token a local
+        server keeps is not among them: it is sent only once proved (:meth:`kept`)."""
         if not admin:
-            token = self.token
-        else:
-            token = self.admin_token or self.token or kept_admin_token(self.url)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+            return bearer(self.token)
+        return bearer(self.admin_token or self.token or given_admin_token())
+
+    def kept(self) -> KeptToken | None:
+        """For an admin call with no token given: the token a local server keeps for this user
+        that belongs to ``url``, to be proved before it is sent."""
+        if self.admin_token or self.token or given_admin_token():
+            return None
+        return kept_admin_token(self.url)
 
     def timeout_for(self, wait: float) -> httpx.Timeout:
         """The HTTP timeout of a call that may wait ``wait`` seconds at the server."""
         return httpx.Timeout(self.timeout + wait)
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def proof_failed(kept: KeptToken, why: str) -> None:
+    """Say why a kept token is not sent; the call goes on without it."""
+    logger.warning("%s", kept.refusal(why))
 
 
 def permit_path(permit_id: str, action: str) -> str:

@@ -1,15 +1,31 @@
 """The admin token a local ``tollgate serve`` makes when none is configured, as the ``tollgate``
 commands find it: ``TOLLGATE_ADMIN_TOKEN``, else the copy the server keeps for its user at
-``$XDG_STATE_HOME/tollgate/servers/PORT.admin-token`` (default ``~/.local/state``), sent only to
-the server that wrote it and refused when others could have read or written it."""
+``$XDG_STATE_HOME/tollgate/servers/PORT.admin-token`` (default ``~/.local/state``), refused when
+others could have read or written it. A kept token is sent only to the server that wrote it: at
+the address it recorded (never where a name such as ``localhost`` leads now), and only once the
+server there has proved it holds it (``GET /v1/admin-token/proof``). The proof's constants are
+the server's (``tollgate_server::admin_proof``), held alike by
+``crates/cli/tests/vectors/kept_token.json``."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import os
+import secrets
 import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
+
+#: The endpoint where a server proves it holds the admin token.
+PROOF_PATH = "/v1/admin-token/proof"
+#: Its query parameter for the nonce.
+PROOF_NONCE_PARAMETER = "nonce"
+#: What the proof's key is derived under.
+PROOF_LABEL = "tollgate admin-token proof v1"
 
 
 def user_copy_path(port: int) -> Path | None:
@@ -64,11 +80,90 @@ def belongs_to(listen: str | None, url: str) -> bool:
     return _belongs_to(listen, *host_port)
 
 
-def kept_admin_token(url: str) -> str | None:
-    """The admin token for the server at ``url``, as the ``tollgate`` commands find it."""
-    token = os.environ.get("TOLLGATE_ADMIN_TOKEN")
-    if token:
-        return token
+def proof(token: str, listen: str, nonce: str) -> str:
+    """The proof, in hex, that the holder of ``token`` listening on ``listen`` answers to
+    ``nonce``: HMAC-SHA256 of ``listen``, a newline and ``nonce``, keyed by HMAC-SHA256 of the
+    label keyed by the token."""
+    key = hmac.new(token.encode(), PROOF_LABEL.encode(), hashlib.sha256).digest()
+    return hmac.new(key, f"{listen}\n{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def proof_nonce() -> str:
+    """A fresh nonce: 32 random bytes in hex."""
+    return secrets.token_hex(32)
+
+
+def proved(token: str, listen: str, nonce: str, answer: Any) -> bool:
+    """Whether ``answer`` (the proof endpoint's JSON) proves ``token`` for ``listen`` and
+    ``nonce``, compared in constant time."""
+    given = answer.get("proof") if isinstance(answer, dict) else None
+    if not isinstance(given, str):
+        return False
+    return hmac.compare_digest(given.encode(), proof(token, listen, nonce).encode())
+
+
+def connect_address(listen: str) -> str | None:
+    """Where to reach the server that recorded ``listen``: that address as written, loopback
+    for one bound to all addresses."""
+    address, _, port = listen.rpartition(":")
+    try:
+        bound = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return None
+    if not port.isdigit():
+        return None
+    if bound.is_unspecified:
+        bound = ipaddress.ip_address("::1" if bound.version == 6 else "127.0.0.1")
+    host = f"[{bound}]" if bound.version == 6 else str(bound)
+    return f"{host}:{port}"
+
+
+def base_for(listen: str | None, url: str) -> str | None:
+    """``url`` with its host and port replaced by the address the server recorded, or ``None``
+    when the token does not belong to ``url``."""
+    if listen is None or not belongs_to(listen, url):
+        return None
+    connect = connect_address(listen)
+    scheme, _, rest = url.partition("://")
+    if connect is None:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return f"{scheme}://{connect}{rest[end:]}"
+
+
+@dataclass(frozen=True)
+class KeptToken:
+    """A kept token that belongs to a URL: where it was read, and where to send it."""
+
+    token: str
+    listen: str
+    path: Path
+    #: The URL to send it to: the asked one with the recorded address in place of its host.
+    base: str
+
+    def proof_url(self, nonce: str) -> str:
+        return f"{self.base}{PROOF_PATH}?{PROOF_NONCE_PARAMETER}={nonce}"
+
+    def proved_by(self, nonce: str, answer: Any) -> bool:
+        return proved(self.token, self.listen, nonce, answer)
+
+    def refusal(self, why: str) -> str:
+        """What a client says when it does not send this token."""
+        return (
+            f"not sending the admin token kept in {self.path}: the server at {self.base} did not "
+            f"prove that it holds it ({why}); the file may be left by a server that has stopped, "
+            "and another program may listen on its port"
+        )
+
+
+def given_admin_token() -> str | None:
+    """``TOLLGATE_ADMIN_TOKEN``, sent wherever the client is told."""
+    return os.environ.get("TOLLGATE_ADMIN_TOKEN") or None
+
+
+def kept_admin_token(url: str) -> KeptToken | None:
+    """The token a local server keeps for this user that belongs to the server at ``url``, as
+    the ``tollgate`` commands find it; the caller must have it proved before sending it."""
     host_port = _host_port(url)
     if host_port is None:
         return None
@@ -89,7 +184,12 @@ def kept_admin_token(url: str) -> str | None:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return None
-    listens = [line.removeprefix("listen ") for line in lines[1:] if line.startswith("listen ")]
-    if not listens or not belongs_to(listens[-1], url):
+    listens = [
+        line.removeprefix("listen ").strip() for line in lines[1:] if line.startswith("listen ")
+    ]
+    if not listens:
         return None
-    return lines[0]
+    base = base_for(listens[-1], url)
+    if base is None:
+        return None
+    return KeptToken(token=lines[0], listen=listens[-1], path=path, base=base)

@@ -13,8 +13,7 @@ use crate::admin_token::admin_token;
 use crate::cli::{LimitsAction, Output, ServerArgs};
 use crate::config::FileConfig;
 use crate::http::{
-    CLIENT_TIMEOUT, admin_succeeded, client, print_json, report_error, segment, server_url,
-    succeeded,
+    CLIENT_TIMEOUT, admin_succeeded, print_json, report_error, segment, server_url, succeeded,
 };
 use crate::limits_file;
 use crate::tables::limits_table;
@@ -36,9 +35,10 @@ pub(crate) async fn limits(
     action: LimitsAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let (token, looked) = admin_token(&file, &server_url(&server, &file))?;
-    let had_token = token.is_some();
-    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let access = admin_token(&file, &server_url(&server, &file)).await?;
+    let had_token = access.token.is_some();
+    let looked = access.looked;
+    let client = Client::new(&access.url, access.token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         LimitsAction::Apply {
             file,

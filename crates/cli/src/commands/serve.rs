@@ -1,5 +1,6 @@
-//! `serve`: the configuration resolved, logging, the admin token kept when none is configured,
-//! the stop signals, and the server run until one arrives.
+//! `serve`: the configuration resolved, logging, the admin token kept when none is configured
+//! (and where it is recorded withdrawn at a clean stop), the stop signals, and the server run
+//! until one arrives.
 
 use std::process::ExitCode;
 
@@ -102,9 +103,14 @@ pub(crate) async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode>
     } else {
         "http"
     };
+    // Where this server listened, for withdrawing what it recorded when it stops.
+    let listened = std::sync::Arc::new(std::sync::OnceLock::new());
+    let on_listening = listened.clone();
+    let kept_while_serving = kept.clone();
     tollgate_server::run(config, shutdown_signal()?, move |address, grpc| {
+        let _ = on_listening.set(address);
         // The commands send the kept token to this address alone.
-        if let Some((path, token)) = &kept {
+        if let Some((path, token)) = &kept_while_serving {
             if let Err(error) = kept_token::record_listen(path, token, address) {
                 tracing::warn!(%error, "could not record where this server listens beside its admin token");
             }
@@ -124,5 +130,21 @@ pub(crate) async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode>
         println!("tollgate: listening on {scheme}://{address}");
     })
     .await?;
+    // A clean stop: nothing tells the commands to look for this server any more. (After a
+    // crash the files stay; the commands then find no server to prove it holds the token.)
+    if let (Some((path, token)), Some(address)) = (&kept, listened.get()) {
+        if let Err(error) = kept_token::withdraw_listen(path, token, *address) {
+            tracing::warn!(%error, "could not withdraw where this server listened from beside its admin token");
+        }
+        match kept_token::remove_user_copy(token, *address) {
+            Ok(Some(copy)) => {
+                tracing::info!(path = %copy.display(), "this user's copy of the admin token removed")
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, "could not remove this user's copy of the admin token")
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,11 +4,12 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use hyper::Method;
+use tollgate_cli::client::Client;
 
 use crate::admin_token::admin_token;
 use crate::cli::{Output, ServerArgs, TokensAction};
 use crate::config::FileConfig;
-use crate::http::{CLIENT_TIMEOUT, admin_succeeded, client, print_json, segment, server_url};
+use crate::http::{CLIENT_TIMEOUT, admin_succeeded, print_json, segment, server_url};
 use crate::tables::tokens_table;
 
 /// `tokens`: the admin API's `/v1/tokens`, with the admin token `limits` uses.
@@ -18,9 +19,10 @@ pub(crate) async fn tokens(
     action: TokensAction,
     file: FileConfig,
 ) -> Result<ExitCode> {
-    let (token, looked) = admin_token(&file, &server_url(&server, &file))?;
-    let had_token = token.is_some();
-    let client = client(server, &file, token, CLIENT_TIMEOUT)?;
+    let access = admin_token(&file, &server_url(&server, &file)).await?;
+    let had_token = access.token.is_some();
+    let looked = access.looked;
+    let client = Client::new(&access.url, access.token, CLIENT_TIMEOUT)?;
     let sent = match &action {
         TokensAction::Create {
             name,
