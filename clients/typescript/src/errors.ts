@@ -55,6 +55,15 @@ export class Unauthorized extends TollgateError {
   static override readonly code = "unauthorized";
 }
 
+/**
+ * The token is valid but its scope does not allow this: a limit outside its limits, a priority
+ * above its `priority_max`, or a pause it may not make. The message names which. A subclass of
+ * {@link Unauthorized}, which servers before `forbidden` answered these with.
+ */
+export class Forbidden extends Unauthorized {
+  static override readonly code = "forbidden";
+}
+
 /** Unknown limit, unknown (or forged) permit, or unknown endpoint. */
 export class NotFound extends TollgateError {
   static override readonly code = "not_found";
@@ -122,7 +131,7 @@ export class ServerUnreachable extends TollgateError {
 }
 
 const BY_CODE: ReadonlyMap<string, typeof TollgateError> = new Map(
-  [BadRequest, Unauthorized, NotFound, RateLimited, StoreUnavailable, TooManyKeys, Conflict, ServerError].map(
+  [BadRequest, Unauthorized, Forbidden, NotFound, RateLimited, StoreUnavailable, TooManyKeys, Conflict, ServerError].map(
     (kind) => [kind.code, kind],
   ),
 );
@@ -132,6 +141,7 @@ const BY_CODE: ReadonlyMap<string, typeof TollgateError> = new Map(
 const BY_STATUS: ReadonlyMap<number, typeof TollgateError> = new Map<number, typeof TollgateError>([
   [400, BadRequest],
   [401, Unauthorized],
+  [403, Forbidden],
   [404, NotFound],
   [405, BadRequest],
   [409, Conflict],
