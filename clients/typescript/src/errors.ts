@@ -52,7 +52,8 @@ export class BadRequest extends TollgateError {
 
 /** The bearer token is missing or wrong (or the admin API is disabled on the server). */
 export class Unauthorized extends TollgateError {
-  static override readonly code = "unauthorized";
+  // Widened: `Forbidden` extends it with a code of its own.
+  static override readonly code: string = "unauthorized";
 }
 
 /**
