@@ -102,6 +102,7 @@ impl Api {
                 reload_interval: std::time::Duration::from_secs(3600),
                 admin_token: Some(ADMIN_TOKEN.to_owned()),
                 data_token: None,
+                metrics_token: None,
                 body_bytes_max: tollgate_server::DEFAULT_BODY_BYTES_MAX,
                 // Waits are decided, but never long.
                 wait_ms_max: 1,

@@ -15,6 +15,7 @@ from tollgate_client import (
     BadRequest,
     Client,
     Conflict,
+    Forbidden,
     LimitStatus,
     NotFound,
     RateLimited,
@@ -137,6 +138,7 @@ def test_tokens_go_where_they_belong() -> None:
     [
         (400, "bad_request", BadRequest),
         (401, "unauthorized", Unauthorized),
+        (403, "forbidden", Forbidden),
         (404, "not_found", NotFound),
         (409, "conflict", Conflict),
         (503, "store_unavailable", StoreUnavailable),

@@ -52,7 +52,17 @@ export class BadRequest extends TollgateError {
 
 /** The bearer token is missing or wrong (or the admin API is disabled on the server). */
 export class Unauthorized extends TollgateError {
-  static override readonly code = "unauthorized";
+  // Widened: `Forbidden` extends it with a code of its own.
+  static override readonly code: string = "unauthorized";
+}
+
+/**
+ * The token is valid but its scope does not allow this: a limit outside its limits, a priority
+ * above its `priority_max`, or a pause it may not make. The message names which. A subclass of
+ * {@link Unauthorized}, which servers before `forbidden` answered these with.
+ */
+export class Forbidden extends Unauthorized {
+  static override readonly code = "forbidden";
 }
 
 /** Unknown limit, unknown (or forged) permit, or unknown endpoint. */
@@ -122,7 +132,7 @@ export class ServerUnreachable extends TollgateError {
 }
 
 const BY_CODE: ReadonlyMap<string, typeof TollgateError> = new Map(
-  [BadRequest, Unauthorized, NotFound, RateLimited, StoreUnavailable, TooManyKeys, Conflict, ServerError].map(
+  [BadRequest, Unauthorized, Forbidden, NotFound, RateLimited, StoreUnavailable, TooManyKeys, Conflict, ServerError].map(
     (kind) => [kind.code, kind],
   ),
 );
@@ -132,6 +142,7 @@ const BY_CODE: ReadonlyMap<string, typeof TollgateError> = new Map(
 const BY_STATUS: ReadonlyMap<number, typeof TollgateError> = new Map<number, typeof TollgateError>([
   [400, BadRequest],
   [401, Unauthorized],
+  [403, Forbidden],
   [404, NotFound],
   [405, BadRequest],
   [409, Conflict],

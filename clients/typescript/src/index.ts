@@ -42,6 +42,7 @@ export {
   Conflict,
   type DenyReason,
   type ErrorFields,
+  Forbidden,
   NotFound,
   RateLimited,
   type RateLimitedFields,

@@ -9,6 +9,7 @@ import {
   Client,
   type ClientOptions,
   Conflict,
+  Forbidden,
   NotFound,
   RateLimited,
   ServerError,
@@ -149,6 +150,7 @@ test("a waiting acquire gets its wait on top of the timeout", async () => {
 const CODES: [number, string, typeof TollgateError][] = [
   [400, "bad_request", BadRequest],
   [401, "unauthorized", Unauthorized],
+  [403, "forbidden", Forbidden],
   [404, "not_found", NotFound],
   [409, "conflict", Conflict],
   [503, "store_unavailable", StoreUnavailable],

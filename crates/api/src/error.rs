@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 pub enum Code {
     BadRequest,
     Unauthorized,
+    /// A valid token whose scope does not allow this (403).
+    Forbidden,
     NotFound,
     RateLimited,
     StoreUnavailable,
@@ -18,9 +20,10 @@ pub enum Code {
 
 impl Code {
     /// Every code, in the order the documentation lists them.
-    pub const ALL: [Code; 8] = [
+    pub const ALL: [Code; 9] = [
         Code::BadRequest,
         Code::Unauthorized,
+        Code::Forbidden,
         Code::NotFound,
         Code::RateLimited,
         Code::StoreUnavailable,
@@ -34,6 +37,7 @@ impl Code {
         match self {
             Code::BadRequest => "bad_request",
             Code::Unauthorized => "unauthorized",
+            Code::Forbidden => "forbidden",
             Code::NotFound => "not_found",
             Code::RateLimited => "rate_limited",
             Code::StoreUnavailable => "store_unavailable",

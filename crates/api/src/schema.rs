@@ -103,7 +103,7 @@ error_schema!(
     ForbiddenError,
     "A scoped data token used beyond its scope: a limit outside its limits, a priority above \
      its priority_max, or a pause it may not make. The message names which.",
-    [Code::Unauthorized],
+    [Code::Forbidden],
     false
 );
 error_schema!(
@@ -185,7 +185,7 @@ error_response!(
     "Refused before any handler (`bad_request`, `error.field` `Host`: a name this server does \
      not answer to, e.g. a DNS name rebound to loopback, see allowed_hosts; or `Origin`: a \
      browser page from an origin that is neither this server's own nor in allowed_origins), or \
-     a valid token whose scope does not allow this (`unauthorized`, with `WWW-Authenticate`).",
+     a valid token whose scope does not allow this (`forbidden`, with `WWW-Authenticate`).",
     |response| response
         .content(
             "application/json",

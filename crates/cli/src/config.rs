@@ -34,6 +34,7 @@ pub(crate) struct FileConfig {
     pub(crate) reload_interval_ms: Option<u64>,
     pub(crate) admin_token: Option<String>,
     pub(crate) data_token: Option<String>,
+    pub(crate) metrics_token: Option<String>,
     pub(crate) body_bytes_max: Option<u32>,
     pub(crate) wait_ms_max: Option<u64>,
     pub(crate) keys_tracked_max: Option<u64>,
@@ -206,6 +207,11 @@ pub(crate) fn resolve_server_config(
         reload_interval: Duration::from_millis(reload_interval_ms),
         admin_token: token_setting("TOLLGATE_ADMIN_TOKEN", "admin_token", file.admin_token)?,
         data_token: token_setting("TOLLGATE_DATA_TOKEN", "data_token", file.data_token)?,
+        metrics_token: token_setting(
+            "TOLLGATE_METRICS_TOKEN",
+            "metrics_token",
+            file.metrics_token,
+        )?,
         allowed_origins: list_setting(
             "allowed_origins",
             args.allowed_origins.or(file.allowed_origins),

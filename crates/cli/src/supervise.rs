@@ -63,9 +63,10 @@ pub(crate) async fn run_command(
 }
 
 /// What `acquire`'s command never inherits: the credentials `tollgate` itself was given.
-pub(crate) const SECRET_VARIABLES: [&str; 3] = [
+pub(crate) const SECRET_VARIABLES: [&str; 4] = [
     "TOLLGATE_ADMIN_TOKEN",
     "TOLLGATE_DATA_TOKEN",
+    "TOLLGATE_METRICS_TOKEN",
     "TOLLGATE_PERMIT_SECRET",
 ];
 

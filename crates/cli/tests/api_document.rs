@@ -296,7 +296,7 @@ async fn a_refusal_for_a_scoped_token_is_documented_as_sent() {
         r#"{"limits":["vendor-x"],"priority":"high"}"#,
     )
     .await;
-    assert_error(&answer, 403, "unauthorized", None);
+    assert_error(&answer, 403, "forbidden", None);
     let forbidden = &document["components"]["responses"]["Forbidden"];
     assert_eq!(
         forbidden["headers"]["WWW-Authenticate"]["required"], true,

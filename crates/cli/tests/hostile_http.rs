@@ -1,6 +1,7 @@
 //! Hostile callers of the HTTP listener, against the built `tollgate` binary: a web page on
 //! another site, a DNS name rebound to loopback, a server exposed without a data token, empty
-//! tokens; sockets that send half a request and hold, and floods of waiting acquires.
+//! tokens; sockets that send half a request and hold, to the HTTP listener or to the gRPC one,
+//! and floods of waiting acquires.
 
 mod common;
 
@@ -358,6 +359,121 @@ async fn healthz_answers_while_more_half_sent_requests_hold_than_the_server_has_
     assert!(server.terminate().success(), "{}", server.log());
 }
 
+/// `ShouldRateLimit`'s overall code `OK`.
+const GRPC_OK: i32 = 1;
+
+/// A `ShouldRateLimit` call to the gRPC service at `url`, on a connection of its own; its
+/// overall code, or why it failed.
+async fn should_rate_limit(url: &str) -> Result<i32, String> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let call = async {
+        let mut client = RateLimitServiceClient::connect(url.to_owned())
+            .await
+            .map_err(|error| format!("connect: {error}"))?;
+        let request = RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: "ann".into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        };
+        let answer = client
+            .should_rate_limit(request)
+            .await
+            .map_err(|status| format!("call: {status}"))?;
+        Ok(answer.into_inner().overall_code)
+    };
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .map_err(|_| "no answer within 10 s".to_owned())?
+}
+
+/// Sockets to the gRPC listener that connect and send nothing, more of them than the server has
+/// file descriptors: the HTTP listener still answers `/healthz`, Envoy's next call is answered,
+/// and the idle sockets are closed once `header_read_timeout_ms` passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_grpc_sockets_take_neither_the_http_listener_nor_envoys_next_call() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        directory.path().join("envoy.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 100}\n",
+    )
+    .expect("write");
+    let mut server = Server::start_with(Options {
+        args: vec![
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--envoy-config",
+            "envoy.yaml",
+            "--header-read-timeout-ms",
+            "1000",
+        ],
+        directory: Some(directory),
+        files_max: Some(256),
+        ..Options::default()
+    });
+    let grpc = server.grpc.clone().expect("the gRPC address");
+    let address = grpc.trim_start_matches("http://").to_owned();
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        // The kernel completes connections the server has not accepted yet: what counts is
+        // what the server does with them.
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(&address),
+        )
+        .await
+        {
+            held.push(stream);
+        }
+    }
+    assert!(held.len() > 256, "only {} sockets opened", held.len());
+    let health = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw(
+            &server.url,
+            &format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n", host_of(&server)),
+            "",
+        ),
+    )
+    .await
+    .expect("/healthz answers while idle gRPC sockets hold");
+    assert_eq!(health.status, 200, "{}", health.body);
+    // While they hold, a new gRPC connection takes the place of the longest idle one.
+    assert_eq!(
+        should_rate_limit(&grpc).await,
+        Ok(GRPC_OK),
+        "{}",
+        server.log()
+    );
+    // Every idle socket is closed by the server, none later than its head's timeout after the
+    // server took it.
+    let started = Instant::now();
+    for stream in &mut held {
+        closed_by_server(stream).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "closing the idle sockets took {:?}",
+        started.elapsed()
+    );
+    drop(held);
+    assert_eq!(
+        should_rate_limit(&grpc).await,
+        Ok(GRPC_OK),
+        "{}",
+        server.log()
+    );
+    assert!(server.terminate().success(), "{}", server.log());
+}
+
 /// Read from `stream` until the server closes it (or fail after `DEADLINE`).
 async fn closed_by_server(stream: &mut tokio::net::TcpStream) {
     use tokio::io::AsyncReadExt;
@@ -513,4 +629,66 @@ async fn a_full_waiting_line_on_one_limit_answers_at_once_and_others_still_queue
         waiter.abort();
     }
     let _ = flooded;
+}
+
+/// `/metrics` names every limit and what it counts: with `metrics_token` set it answers only a
+/// scraper showing that token (not the data or the admin token); without one it stays open,
+/// as on the default loopback listener before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_only_the_metrics_token_once_one_is_set() {
+    let mut options = Options::default();
+    options
+        .env
+        .push(("TOLLGATE_METRICS_TOKEN", "metrics-token-for-tests"));
+    options
+        .env
+        .push(("TOLLGATE_DATA_TOKEN", "data-token-for-tests"));
+    let server = Server::start_with(options);
+    put_limit(&server, "secret-vendor", ONE_AN_HOUR).await;
+    // Counted, so its name is in the metrics.
+    granted(
+        &server.with_token("data-token-for-tests"),
+        r#"{"limits":["secret-vendor"]}"#,
+    )
+    .await;
+    for client in [
+        server.anonymous(),
+        server.admin(),
+        server.with_token("data-token-for-tests"),
+        server.with_token("metrics-token-for-test"),
+    ] {
+        let answer = call(&client, hyper::Method::GET, "/metrics", "").await;
+        assert_error(&answer, 401, "unauthorized", None);
+        assert!(
+            !answer.text().contains("secret-vendor"),
+            "{}",
+            answer.text()
+        );
+        assert!(
+            answer
+                .error_message()
+                .is_some_and(|message| message.contains("metrics_token")),
+            "{}",
+            answer.text()
+        );
+    }
+    let scraper = server.with_token("metrics-token-for-tests");
+    let answer = call(&scraper, hyper::Method::GET, "/metrics", "").await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.text().contains("secret-vendor"), "{}", answer.text());
+    let open = Server::start();
+    put_limit(&open, "secret-vendor", ONE_AN_HOUR).await;
+    granted(&open.anonymous(), r#"{"limits":["secret-vendor"]}"#).await;
+    let answer = call(&open.anonymous(), hyper::Method::GET, "/metrics", "").await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.text().contains("secret-vendor"), "{}", answer.text());
+    // An empty token is refused at start, naming the setting.
+    let output = refused_start(
+        &["--listen", "127.0.0.1:0"],
+        &[
+            ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            ("TOLLGATE_METRICS_TOKEN", " "),
+        ],
+    );
+    says(&output, &["TOLLGATE_METRICS_TOKEN", "empty"]);
 }

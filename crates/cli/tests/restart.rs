@@ -754,3 +754,60 @@ async fn a_row_broken_while_the_server_was_down_keeps_its_last_valid_version() {
         ready.text()
     );
 }
+
+/// A user's record in the state database (its counter's state: grant times to the
+/// microsecond) lives only as long as its counter counts: it is gone within seconds of the
+/// counter going idle, and its bytes with it, so after a clean stop neither the key nor its
+/// hex id is anywhere in the database's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_grant_times_leave_the_state_database_when_its_counter_goes_idle() {
+    let mut server = fresh_server();
+    put_limit(
+        &server,
+        "per-user",
+        r#"{"kind":"rate","limit":4,"period_ms":1000,"per":"user"}"#,
+    )
+    .await;
+    let key = "alice-0c5e2b";
+    let answer = acquire_key(&server, "per-user", key).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let granted = Instant::now();
+    let database = server.directory.path().join("tollgate.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", database.display()))
+        .await
+        .expect("open the state database");
+    let rows = async || -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM tollgate_limits_ahead WHERE counter_key = ?")
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+    };
+    // Written before its first grant.
+    assert_eq!(rows().await, 1);
+    until("the idle counter's record goes", async || rows().await == 0).await;
+    // One period to go idle, a sweep (1 s) to forget it, the writer's next batch (1 s).
+    assert!(
+        granted.elapsed() < Duration::from_secs(5),
+        "the record stayed {:?}",
+        granted.elapsed()
+    );
+    pool.close().await;
+    assert!(server.terminate().success(), "{}", server.log());
+    let hex: String = key.bytes().map(|byte| format!("{byte:02x}")).collect();
+    for entry in std::fs::read_dir(server.directory.path()).expect("read dir") {
+        let path = entry.expect("entry").path();
+        if !path.to_string_lossy().contains("tollgate.db") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).expect("read");
+        for needle in [key.as_bytes(), hex.as_bytes()] {
+            assert!(
+                !bytes.windows(needle.len()).any(|window| window == needle),
+                "{} still holds {:?}",
+                path.display(),
+                String::from_utf8_lossy(needle)
+            );
+        }
+    }
+}

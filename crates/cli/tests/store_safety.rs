@@ -323,3 +323,58 @@ async fn an_evicted_counter_is_never_read_as_fresh() {
         );
     }
 }
+
+/// Redis paused (`CLIENT PAUSE`), with `store_fail_open`: the acquires that queue behind the
+/// calls in flight on their slot go to Redis as one batch, and that batch's timeout (or their
+/// wait for it) says Redis is slow, not unreachable: Redis may yet decide it, and callers can
+/// slow it at will. None of them is granted; only the calls that went alone may fail open, as a
+/// lone call's timeout does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_acquire_that_times_out_is_never_failed_open() {
+    let test = "a_batched_acquire_that_times_out_is_never_failed_open";
+    let Some(redis) = private_redis(test, &[]) else {
+        return;
+    };
+    let server = server_on(&redis, &["--store-timeout-ms", "300"]);
+    put_limit(
+        &server,
+        "hourly",
+        r#"{"kind":"rate","limit":1,"period_ms":3600000}"#,
+    )
+    .await;
+    let body = r#"{"limits":["hourly"]}"#;
+    let answer = post(&server.anonymous(), "/v1/acquire", body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    redis
+        .node
+        .query(&["CLIENT", "PAUSE", "3000", "ALL"])
+        .expect("client pause");
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let client = server.anonymous();
+        calls.spawn(async move { post(&client, "/v1/acquire", body).await });
+    }
+    let mut granted = 0;
+    let mut batched = 0;
+    while let Some(answer) = calls.join_next().await {
+        let answer = answer.expect("the call");
+        if answer.status == 200 {
+            granted += 1;
+            continue;
+        }
+        assert_error(&answer, 503, "store_unavailable", None);
+        if answer
+            .error_message()
+            .is_some_and(|message| message.contains("not failed open"))
+        {
+            batched += 1;
+        }
+    }
+    // CALLS_PER_SLOT calls go alone to a slot before others wait for a batch.
+    assert!(
+        granted <= 2,
+        "{granted} of 12 acquires on a used-up limit were granted while Redis was paused; log:\n{}",
+        server.log()
+    );
+    assert_eq!(granted + batched, 12, "every refusal says why");
+}

@@ -160,6 +160,46 @@ fn a_certificate_without_its_key_or_a_bad_one_stops_the_start_naming_it() {
     assert!(stderr.contains("tls_key"), "{stderr}");
 }
 
+/// A private key file that group or others may read stops the start, naming `tls_key`, the
+/// file, its mode and the fix; once `chmod 600`, the same pair serves.
+#[test]
+fn a_private_key_others_may_read_stops_the_start_naming_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let directory = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = certificate(directory.path(), "one");
+    let args = [
+        "--tls-cert",
+        cert.to_str().expect("utf-8"),
+        "--tls-key",
+        key.to_str().expect("utf-8"),
+    ];
+    for mode in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let (code, stderr) = refused_start(directory.path(), &args);
+        assert_eq!(code, Some(1), "mode {mode:o}: {stderr}");
+        for words in [
+            "tls_key",
+            key.to_str().expect("utf-8"),
+            &format!("{mode:04o}"),
+            "chmod 600",
+        ] {
+            assert!(
+                stderr.contains(words),
+                "mode {mode:o} names {words}: {stderr}"
+            );
+        }
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let server = Server::start_with(Options {
+        args: args.to_vec(),
+        ..Options::default()
+    });
+    assert_eq!(
+        curl(&cert, &format!("{}/healthz", server.url), &[]),
+        Some(200)
+    );
+}
+
 #[test]
 fn https_serves_the_certificate_and_the_one_that_replaces_it() {
     let directory = tempfile::tempdir().expect("tempdir");
@@ -286,4 +326,61 @@ fn the_grpc_listener_serves_the_same_certificate() {
         .output()
         .expect("run curl");
     assert!(!plain.status.success(), "plain HTTP/2 was answered");
+}
+
+/// Sockets that open a connection to the TLS gRPC listener and never start a handshake, more
+/// than a listener would take handshakes at once: a real client's handshake is not held up
+/// behind them, and its call is answered at once.
+#[test]
+fn stalled_handshakes_hold_up_no_new_grpc_connection() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = certificate(directory.path(), "one");
+    let server = Server::start_envoy(
+        directory,
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
+        &[
+            "--tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+    );
+    let grpc = server.grpc.clone().expect("the gRPC address");
+    let address = grpc.trim_start_matches("http://");
+    let held: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| std::net::TcpStream::connect(address).ok())
+        .collect();
+    assert_eq!(held.len(), 300);
+    // Give the server time to take them all.
+    std::thread::sleep(Duration::from_millis(500));
+    let request = server.directory.path().join("health-request");
+    std::fs::write(&request, [0u8; 5]).expect("write");
+    let started = Instant::now();
+    let output = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "--http2",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+        ])
+        .arg("--cacert")
+        .arg(&cert)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg("--data-binary")
+        .arg(format!("@{}", request.display()))
+        .arg(format!("https://{address}/grpc.health.v1.Health/Check"))
+        .output()
+        .expect("run curl");
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("grpc-status: 0"), "{text}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the call took {took:?} behind {} stalled handshakes",
+        held.len()
+    );
 }

@@ -43,16 +43,11 @@ async fn create_token(server: &Server, body: &str) -> String {
     json["secret"].as_str().expect("a secret").to_owned()
 }
 
-/// A 403 `unauthorized` whose message names `what`.
+/// A 403 `forbidden` whose message names `what`.
 #[track_caller]
 fn assert_forbidden(answer: &tollgate_cli::client::Answer, what: &str) {
     assert_eq!(answer.status.as_u16(), 403, "{}", answer.text());
-    assert_eq!(
-        answer.error_code(),
-        Some("unauthorized"),
-        "{}",
-        answer.text()
-    );
+    assert_eq!(answer.error_code(), Some("forbidden"), "{}", answer.text());
     assert!(
         answer.error_message().is_some_and(|m| m.contains(what)),
         "the message names {what}: {}",

@@ -59,6 +59,7 @@ impl Server {
             reload_interval: Duration::from_secs(2),
             admin_token: Some(ADMIN_TOKEN.into()),
             data_token: Some(DATA_TOKEN.into()),
+            metrics_token: None,
             body_bytes_max: tollgate_server::DEFAULT_BODY_BYTES_MAX,
             wait_ms_max: tollgate_server::DEFAULT_WAIT_MS_MAX,
             keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,

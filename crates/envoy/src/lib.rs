@@ -568,8 +568,9 @@ impl RateLimitService for EnvoyService {
 }
 
 /// The services `serve` answers: health (`SERVING`, the service and the server as a whole)
-/// and `ShouldRateLimit`.
-async fn services(service: EnvoyService) -> tonic::service::Routes {
+/// and `ShouldRateLimit`. A server that owns its connections (their cap, timeouts and TLS)
+/// serves these itself, over HTTP/2.
+pub async fn routes(service: EnvoyService) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<RateLimitServiceServer<EnvoyService>>()
@@ -581,92 +582,19 @@ async fn services(service: EnvoyService) -> tonic::service::Routes {
 }
 
 /// Serve `ShouldRateLimit` and `grpc.health.v1.Health` (`SERVING`, the service and the server
-/// as a whole) on `listener` until `shutdown` resolves.
+/// as a whole) on `listener` until `shutdown` resolves, with tonic's own connection handling
+/// (no cap, no timeouts): for tests and embedding behind something that bounds connections.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: EnvoyService,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .add_routes(services(service).await)
+        .add_routes(routes(service).await)
         .serve_with_incoming_shutdown(
             // Answers are small and many are in flight: Nagle's algorithm would hold them back.
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
-}
-
-/// `serve`, on connections accepted elsewhere (TLS streams, whose handshakes the caller made),
-/// each with its peer, until `shutdown` resolves or `connections` closes.
-pub async fn serve_connections<IO>(
-    connections: tokio::sync::mpsc::Receiver<(IO, std::net::SocketAddr)>,
-    service: EnvoyService,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    use tokio_stream::StreamExt;
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(connections)
-        .map(|(io, _peer)| Ok::<_, std::io::Error>(Accepted(io)));
-    tonic::transport::Server::builder()
-        .add_routes(services(service).await)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-}
-
-/// A connection accepted elsewhere, as tonic takes one: it carries no connection info.
-struct Accepted<IO>(IO);
-
-impl<IO> tonic::transport::server::Connected for Accepted<IO> {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Accepted<IO> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-        buffer: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_read(context, buffer)
-    }
-}
-
-impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Accepted<IO> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-        bytes: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write(context, bytes)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_flush(context)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.0).poll_shutdown(context)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-        buffers: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.0).poll_write_vectored(context, buffers)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
 }

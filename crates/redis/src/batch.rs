@@ -13,8 +13,13 @@
 //!
 //! A batch runs in a task of its own, so a caller that gives up (its client gone, its own
 //! deadline) never strands the others; an acquire whose caller gave up before its batch left is
-//! not decided at all. An answer that does not come within two calls' time is
-//! `StoreUnavailable`, as a call's own timeout is.
+//! not decided at all.
+//!
+//! A batch exists only because callers keep a slot busy, and callers can make it slow (many
+//! acquires, each on many counters): its timeout, and an acquire's wait for its batch beyond
+//! two calls' time, say Redis is slow, not that it cannot be reached, and Redis may yet decide a
+//! batch it was sent. Both are `StoreFailed`, never failed open; a batch whose connection
+//! fails (refused, dropped) is `StoreUnavailable`, as a lone call's timeout is.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -157,7 +162,11 @@ impl Caller {
             Ok(answered) => match tokio::time::timeout(2 * self.timeout, answered).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(_)) => Err(unavailable("the call this acquire waited for was dropped")),
-                Err(_) => Err(unavailable("Redis did not answer in time")),
+                Err(_) => Err(failed(format!(
+                    "this acquire waited {:?} for its batch behind the calls in flight on its \
+                     slot: Redis is busy, not unreachable, so it is not failed open",
+                    2 * self.timeout
+                ))),
             },
         }
     }
@@ -240,7 +249,23 @@ impl Caller {
                 .extend_from_slice(pending.numbers.get(8..).unwrap_or_default());
             keys.extend_from_slice(own);
         }
-        let answers = self.query(&keys, &[&numbers.0]).await.and_then(|value| {
+        let command = self.command(&keys, &[&numbers.0]);
+        let answered = tokio::time::timeout(
+            self.timeout,
+            self.with_library(|| self.backend.query(&command)),
+        )
+        .await;
+        let value = match answered {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) if !error.is_timeout() => Err(store_error(error)),
+            // Sent, and not answered in time: Redis may still decide it.
+            Ok(Err(_)) | Err(_) => Err(failed(format!(
+                "Redis did not answer a batch of {count} acquires within {:?}; it may yet \
+                 decide them, and callers can slow it, so they are not failed open",
+                self.timeout
+            ))),
+        };
+        let answers = value.and_then(|value| {
             let Value::Array(items) = value else {
                 return Err(failed(format!("unexpected batch reply {value:?}")));
             };

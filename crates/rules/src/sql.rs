@@ -238,6 +238,17 @@ fn keep_private(url: &str, path: &std::path::Path) -> Result<(), SourceError> {
 }
 
 impl SqlSource {
+    /// On SQLite, move what the write-ahead log holds into the database file and empty the log,
+    /// so no older copy of a deleted row stays in it; nothing on other databases.
+    pub async fn checkpoint(&self) -> Result<(), SourceError> {
+        if let Pool::Sqlite(pool) = &self.pool {
+            sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Connect by URL (`sqlite://FILE`, `postgres://...`, `mysql://...` or `mariadb://...`),
     /// creating a SQLite file if missing, and bring the table's schema up to date.
     pub async fn connect(url: &str, table: &str) -> Result<SqlSource, SourceError> {
@@ -255,6 +266,13 @@ impl SqlSource {
                     .create_if_missing(true)
                     // WAL lets an administrator's writes and our reads proceed side by side.
                     .journal_mode(SqliteJournalMode::Wal)
+                    // A deleted or replaced row is overwritten with zeros: a user's record
+                    // (its grant times, to the microsecond) leaves the file when its counter
+                    // goes idle, not whenever SQLite reuses the page.
+                    .pragma("secure_delete", "ON")
+                    // And the log of writes is cut back whenever it starts over, so that older
+                    // copies of those rows do not linger at its end.
+                    .pragma("journal_size_limit", "0")
                     .busy_timeout(SQLITE_BUSY_TIMEOUT);
                 Pool::Sqlite(
                     SqlitePoolOptions::new()

@@ -119,6 +119,9 @@ pub struct ServerConfig {
     /// Bearer token for the data plane; with none, the data plane is open. Required when
     /// `listen` is beyond loopback.
     pub data_token: Option<String>,
+    /// Bearer token for `/metrics`; with none, `/metrics` is open to whoever reaches the
+    /// listener (its text names every limit and what each counts).
+    pub metrics_token: Option<String>,
     /// Origins (`scheme://host[:port]`) whose pages may call the API from a browser, answered
     /// with CORS headers. Besides them, only the server's own origin (its dashboard) may.
     pub allowed_origins: Vec<String>,
@@ -205,6 +208,10 @@ impl ServerConfig {
         for (setting, token) in [
             ("admin_token (TOLLGATE_ADMIN_TOKEN)", &self.admin_token),
             ("data_token (TOLLGATE_DATA_TOKEN)", &self.data_token),
+            (
+                "metrics_token (TOLLGATE_METRICS_TOKEN)",
+                &self.metrics_token,
+            ),
         ] {
             if token
                 .as_deref()
@@ -270,6 +277,10 @@ impl std::fmt::Debug for ServerConfig {
             .field("reload_interval", &self.reload_interval)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<set>"))
             .field("data_token", &self.data_token.as_ref().map(|_| "<set>"))
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<set>"),
+            )
             .field("allowed_origins", &self.allowed_origins)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("header_read_timeout", &self.header_read_timeout)

@@ -50,9 +50,9 @@ impl ApiError {
     }
 
     /// A caller whose token is valid but may not do this (a scoped data token outside its
-    /// scope): 403, with the code of every refusal for a token.
+    /// scope): 403 `forbidden`; showing another token would not help, a wider one would.
     pub fn forbidden(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, Code::Unauthorized, message)
+        ApiError::new(StatusCode::FORBIDDEN, Code::Forbidden, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
@@ -75,13 +75,13 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(self.body())).into_response();
         // For the error-counting middleware.
         response.extensions_mut().insert(self.code);
-        if self.code == Code::Unauthorized {
+        let challenge = match self.code {
+            Code::Unauthorized => Some("Bearer"),
             // RFC 6750: a token that is valid but not enough is `insufficient_scope`.
-            let challenge = if self.status == StatusCode::FORBIDDEN {
-                r#"Bearer error="insufficient_scope""#
-            } else {
-                "Bearer"
-            };
+            Code::Forbidden => Some(r#"Bearer error="insufficient_scope""#),
+            _ => None,
+        };
+        if let Some(challenge) = challenge {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static(challenge),

@@ -30,7 +30,7 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
         .then(|| value[7..].trim_ascii())
 }
 
-fn check(headers: &HeaderMap, expected: &str, what: &str) -> Result<(), ApiError> {
+pub(crate) fn check(headers: &HeaderMap, expected: &str, what: &str) -> Result<(), ApiError> {
     match bearer(headers) {
         None => Err(ApiError::unauthorized(format!(
             "{what} needs the header Authorization: Bearer <token>"

@@ -52,8 +52,8 @@ pub use config::{
 pub use error::ApiError;
 pub use guard::{parse_host, parse_origin};
 pub use tls::{
-    TLS_FILE_BYTES_MAX, TLS_HANDSHAKE_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_RELOAD_CHECK_INTERVAL,
-    TlsAcceptor, TlsError, TlsFiles,
+    TLS_FILE_BYTES_MAX, TLS_HANDSHAKE_TIMEOUT, TLS_RELOAD_CHECK_INTERVAL, TlsAcceptor, TlsError,
+    TlsFiles,
 };
 pub use tollgate_api::Code;
 
@@ -335,6 +335,13 @@ pub async fn run(
              network only Envoy reaches"
         );
     }
+    if config.metrics_token.is_none() && !is_loopback(config.listen) {
+        tracing::warn!(
+            address = %config.listen,
+            "/metrics is open beyond loopback: whoever reaches the listener reads every limit's \
+             name and use; set metrics_token (TOLLGATE_METRICS_TOKEN) and give it to the scraper"
+        );
+    }
     if config.admin_token.is_none() {
         tracing::warn!(
             "no admin token is configured: the admin API (/v1/limits) answers 401 to every \
@@ -406,6 +413,17 @@ pub async fn run(
     };
     let counted = memory.as_ref().map(|(memory, _)| Arc::clone(memory));
     let (stop_sender, stop) = watch::channel(false);
+    // One budget of connections for both listeners: a flood on one cannot take the
+    // descriptors the other answers with.
+    let (connections_max, open_files_max) = listener::connections_max(config.connections_max);
+    let connections = listener::Registry::new(listener::Bounds {
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        connections_max,
+    });
+    // Stopped once both listeners have drained, so their timeouts hold while they do.
+    let (sweeper_stop, sweeper_stopped) = watch::channel(false);
+    let connection_sweeper = connections.spawn_sweeper(sweeper_stopped);
     let envoy = match envoy {
         Some((address, watch)) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -424,15 +442,19 @@ pub async fn run(
             let grpc_stopped = async move {
                 let _ = grpc_stop.wait_for(|stop| *stop).await;
             };
-            let grpc = match &tls {
-                // gRPC is HTTP/2: the only protocol offered.
-                Some(files) => tokio::spawn(tollgate_envoy::serve_connections(
-                    tls::spawn_accepting(listener, files.acceptor(&[b"h2"])?, stop.clone()),
-                    service,
-                    grpc_stopped,
-                )),
-                None => tokio::spawn(tollgate_envoy::serve(listener, service, grpc_stopped)),
+            // gRPC is HTTP/2: the only protocol offered.
+            let grpc_tls = match &tls {
+                Some(files) => Some(files.acceptor(&[b"h2"])?),
+                None => None,
             };
+            let routes = tollgate_envoy::routes(service).await.into_axum_router();
+            let grpc = tokio::spawn(listener::serve(
+                listener,
+                listener::Protocol::Grpc(routes),
+                connections.clone(),
+                grpc_tls,
+                grpc_stopped,
+            ));
             tracing::info!(address = %bound, domains = watch.current().domains().count(), tls = tls.is_some(), "envoy rate limit service listening (gRPC)");
             Some((watch, watcher, grpc, bound))
         }
@@ -451,7 +473,6 @@ pub async fn run(
     let tls_watcher = tls.as_ref().map(|files| files.spawn_watcher(stop.clone()));
     let listen = config.listen;
     let shutdown_grace = config.shutdown_grace;
-    let (connections_max, open_files_max) = listener::connections_max(config.connections_max);
     if let Some(files) = open_files_max {
         tracing::warn!(
             connections_max,
@@ -469,11 +490,6 @@ pub async fn run(
         waiters_per_token_max = config.waiters_per_token_max,
         "bounds in force"
     );
-    let bounds = listener::Bounds {
-        header_read_timeout: config.header_read_timeout,
-        idle_timeout: config.idle_timeout,
-        connections_max,
-    };
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
     let forward_auth = forward::ForwardAuth::new(&config)?;
     let state = AppState::new(config, limiter, rules, metrics, tokens, forward_auth);
@@ -514,9 +530,15 @@ pub async fn run(
         })
     };
     let serve = async move {
-        listener::serve(listener, router(state), bounds, http_tls, graceful)
-            .await
-            .map_err(ServerError::Serve)
+        listener::serve(
+            listener,
+            listener::Protocol::Http1(router(state)),
+            connections,
+            http_tls,
+            graceful,
+        )
+        .await
+        .map_err(ServerError::Serve)
     };
     let served = tokio::select! {
         served = serve => served,
@@ -535,11 +557,13 @@ pub async fn run(
     if let Some((_, watcher, grpc, _)) = envoy {
         let _ = watcher.await;
         match grpc.await {
-            Ok(Err(error)) => tracing::warn!(%error, "the gRPC server stopped with an error"),
+            Ok(Err(error)) => tracing::warn!(%error, "the gRPC listener stopped with an error"),
             Err(error) => tracing::warn!(%error, "the gRPC server task failed"),
             Ok(Ok(())) => {}
         }
     }
+    let _ = sweeper_stop.send(true);
+    let _ = connection_sweeper.await;
     if let Some(sweeper) = sweeper {
         let _ = sweeper.await;
     }

@@ -315,6 +315,11 @@ impl MemoryRun {
                  with its budget held back"
             ),
         }
+        // The records of counters gone idle were deleted; no older copy of them stays in
+        // SQLite's log once the server has stopped.
+        if let Err(error) = self.source.checkpoint().await {
+            tracing::debug!(%error, "the state database's log was not emptied");
+        }
     }
 }
 

@@ -1,19 +1,17 @@
 //! TLS on the HTTP and gRPC listeners: the certificate and key from PEM files (`tls_cert`,
 //! `tls_key`), checked at start, watched while the server runs and reloaded when either file
 //! changes on disk (a renewal by a certificate manager); a new pair that cannot be read, or
-//! whose key is not the certificate's, is refused loudly and the pair in force stays. Both
+//! whose key is not the certificate's, or whose key file group or others may read, is refused
+//! loudly and the pair in force stays; at start, any of these stops the server. Both
 //! listeners serve the same pair (one [`TlsFiles`]), with ring as rustls' crypto provider.
 //!
 //! What an accept loop calls: [`TlsAcceptor::accept`], which turns one accepted TCP stream into
-//! a TLS stream within [`TLS_HANDSHAKE_TIMEOUT`]. The HTTP listener (`listener.rs`) calls it
-//! in each connection's task, under its connection cap and timeouts; for the gRPC listener,
-//! [`spawn_accepting`] completes handshakes apart from each other (at most
-//! [`TLS_HANDSHAKES_MAX`] at once, so a client that never finishes one holds up nobody else),
-//! feeding tonic (`tollgate_envoy::serve_connections`).
+//! a TLS stream within [`TLS_HANDSHAKE_TIMEOUT`]. Both listeners (`listener.rs`) call it in
+//! each connection's task, apart from each other and under the connection cap and timeouts
+//! they share, so a client that never finishes a handshake holds up nobody else.
 //!
 //! TLS is not authentication: a server beyond loopback needs a data token all the same.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
@@ -23,22 +21,17 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::server::TlsStream;
 
 /// Longest a client may take over its handshake before its connection is dropped.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once per listener; further connections wait in the kernel's
-/// backlog until one ends.
-pub const TLS_HANDSHAKES_MAX: usize = 256;
 /// How often the certificate and key files are looked at for a change.
 pub const TLS_RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Largest certificate or key file read, in bytes: a chain is a few KiB.
 pub const TLS_FILE_BYTES_MAX: u64 = 1024 * 1024;
-/// Finished handshakes waiting for the server to take them.
-const ACCEPTED_QUEUE: usize = 64;
 
 /// Why TLS could not be set up, naming the setting at fault.
 #[derive(Debug, thiserror::Error)]
@@ -225,7 +218,37 @@ impl TlsFiles {
     }
 }
 
-/// Read and check a pair: a certificate chain, a private key, and the key the certificate's.
+/// Refuse a private key file that anyone but its owner may read or write: whoever reads it can
+/// pass for this server, and whoever writes it can choose the key it serves.
+fn check_key_mode(key: &Path) -> Result<(), TlsError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let metadata = std::fs::metadata(key).map_err(|error| TlsError::File {
+            setting: "tls_key",
+            path: key.display().to_string(),
+            reason: error.to_string(),
+        })?;
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(TlsError::File {
+                setting: "tls_key",
+                path: key.display().to_string(),
+                reason: format!(
+                    "the private key is open to group or others (mode {mode:04o}); make it \
+                     readable by the server's user alone: chmod 600 {}",
+                    key.display()
+                ),
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = key;
+    Ok(())
+}
+
+/// Read and check a pair: a certificate chain, a private key (readable by its owner alone),
+/// and the key the certificate's.
 fn load(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, TlsError> {
     let cert_error = |reason: String| TlsError::File {
         setting: "tls_cert",
@@ -245,6 +268,7 @@ fn load(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<CertifiedK
             "holds no certificate (-----BEGIN CERTIFICATE-----)".into(),
         ));
     }
+    check_key_mode(key)?;
     let private = PrivateKeyDer::from_pem_slice(&read_pem("tls_key", key)?)
         .map_err(|error| key_error(format!("not a PEM private key: {error}")))?;
     CertifiedKey::from_der(chain, private, provider).map_err(|error| {
@@ -288,51 +312,4 @@ impl TlsAcceptor {
             )),
         }
     }
-}
-
-/// Accept on `listener`, each handshake in a task of its own (at most `TLS_HANDSHAKES_MAX` at
-/// once), and hand over the TLS streams that complete, until `stop` turns true.
-pub fn spawn_accepting(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    mut stop: watch::Receiver<bool>,
-) -> mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)> {
-    let (sender, receiver) = mpsc::channel(ACCEPTED_QUEUE);
-    let handshakes = Arc::new(Semaphore::new(TLS_HANDSHAKES_MAX));
-    tokio::spawn(async move {
-        loop {
-            let Ok(permit) = handshakes.clone().acquire_owned().await else {
-                break;
-            };
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of descriptors, say: pause rather than spin.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = async {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                } => break,
-            };
-            // Answers are small and many are in flight: Nagle's algorithm would hold them back.
-            let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let sender = sender.clone();
-            tokio::spawn(async move {
-                let accepted = acceptor.accept(stream).await;
-                drop(permit);
-                match accepted {
-                    Ok(tls) => {
-                        let _ = sender.send((tls, peer)).await;
-                    }
-                    Err(error) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                }
-            });
-        }
-    });
-    receiver
 }

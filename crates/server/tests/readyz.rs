@@ -98,6 +98,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         reload_interval: Duration::from_secs(2),
         admin_token: None,
         data_token: None,
+        metrics_token: None,
         body_bytes_max: tollgate_server::DEFAULT_BODY_BYTES_MAX,
         wait_ms_max: tollgate_server::DEFAULT_WAIT_MS_MAX,
         keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,

@@ -20,6 +20,7 @@ from ._dispatch import PRIORITY_EXTENSION, Verdict, default_verdict, parse_retry
 from ._errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     NotFound,
     RateLimited,
     ServerError,
@@ -47,6 +48,7 @@ __all__ = [
     "Client",
     "Committed",
     "Conflict",
+    "Forbidden",
     "LimitList",
     "LimitStatus",
     "Limits",

@@ -16,6 +16,7 @@ from ._models import LimitStatus, parse_limits
 __all__ = [
     "BadRequest",
     "Conflict",
+    "Forbidden",
     "NotFound",
     "RateLimited",
     "ServerError",
@@ -85,6 +86,16 @@ class Unauthorized(TollgateError):
     """The bearer token is missing or wrong (or the admin API is disabled on the server)."""
 
     default_code = "unauthorized"
+
+
+class Forbidden(Unauthorized):
+    """The token is valid but its scope does not allow this: a limit outside its limits, a
+    priority above its ``priority_max``, or a pause it may not make. The message names which.
+
+    A subclass of ``Unauthorized``, which servers before ``forbidden`` answered these with.
+    """
+
+    default_code = "forbidden"
 
 
 class NotFound(TollgateError):
@@ -162,6 +173,7 @@ _BY_CODE: dict[str, type[TollgateError]] = {
     for cls in (
         BadRequest,
         Unauthorized,
+        Forbidden,
         NotFound,
         RateLimited,
         StoreUnavailable,
@@ -176,6 +188,7 @@ _BY_CODE: dict[str, type[TollgateError]] = {
 _BY_STATUS: dict[int, type[TollgateError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     405: BadRequest,
     409: Conflict,

@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 33] = [
+const SERVER_VARIABLES: [&str; 34] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -32,6 +32,7 @@ const SERVER_VARIABLES: [&str; 33] = [
     "TOLLGATE_RELOAD_INTERVAL_MS",
     "TOLLGATE_ADMIN_TOKEN",
     "TOLLGATE_DATA_TOKEN",
+    "TOLLGATE_METRICS_TOKEN",
     "TOLLGATE_BODY_BYTES_MAX",
     "TOLLGATE_WAIT_MS_MAX",
     "TOLLGATE_KEYS_TRACKED_MAX",

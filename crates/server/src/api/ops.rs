@@ -72,11 +72,18 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`: with a metrics token configured, only for a scraper that shows it.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format",
-        content_type = "text/plain", body = String)))]
-pub(crate) async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
+        content_type = "text/plain", body = String),
+        (status = 401, response = tollgate_api::schema::Unauthorized)))]
+pub(crate) async fn metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<Response> {
+    if let Some(expected) = state.config().metrics_token.as_deref() {
+        crate::extract::check(&headers, expected, "/metrics (metrics_token)")?;
+    }
     let text = state
         .metrics()
         .render()
