@@ -278,7 +278,7 @@ impl ForwardAuth {
                     &named.field,
                     format!(
                         "is not set by the proxy in front ({}: {} and {}), so the client sent \
-                         it; the request is refused unread",
+                         it; the request is refused unread (forward_auth_proxy names the proxy)",
                         self.proxy, self.method.field, self.uri.field
                     ),
                 ));
