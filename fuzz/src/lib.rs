@@ -122,6 +122,11 @@ impl Api {
                 forward_auth_user_header: None,
                 forward_auth_trusted_proxies: Vec::new(),
                 forward_auth_ipv6_prefix_len: tollgate_server::DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
+                path_encoded_slash: tollgate_server::PathEncodedSlash::default(),
+                forward_auth_proxy: None,
+                forward_auth_method_header: None,
+                forward_auth_uri_header: None,
+                forward_auth_network_keys_max: tollgate_server::DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX,
                 allowed_origins: Vec::new(),
                 allowed_hosts: Vec::new(),
                 header_read_timeout: std::time::Duration::from_millis(

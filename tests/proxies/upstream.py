@@ -1,6 +1,8 @@
-"""The application behind the proxies in scripts/proxy-test: answers every request 200 and
-counts what it receives, by method, by the `X-Api-Key` it came with and in all. Knows nothing
-of Tollgate: the count is the test's judge of what the proxy let through.
+"""The application behind the proxies in scripts/proxy-test: a WSGI application on the standard
+library's wsgiref server, which routes on PATH_INFO (the decoded path, as every WSGI and ASGI
+server gives it) and counts what it receives: requests by method, by the `X-Api-Key` they came
+with and in all, and the runs of its one handler, `^/items/\\d+/?$` (other paths get 404).
+Knows nothing of Tollgate: the counts are the test's judge of what the proxy let through.
 
 GET /__count on its own port (not through the proxy) answers the counts as JSON and is not
 counted. Usage: upstream.py PORT; prints "listening" once it accepts.
@@ -9,55 +11,61 @@ counted. Usage: upstream.py PORT; prints "listening" once it accepts.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 counts: Counter[str] = Counter()
 lock = threading.Lock()
+ITEM = re.compile(r"^/items/\d+/?$")
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def answer(self, body: bytes, send_body: bool = True) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
-    def count(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+def application(environ, start_response):
+    method = environ["REQUEST_METHOD"]
+    path = environ.get("PATH_INFO", "")
+    if path == "/__count":
         with lock:
-            counts["all"] += 1
-            counts[f"method:{self.command}"] += 1
-            counts[f"key:{self.headers.get('X-Api-Key', '')}"] += 1
-            # What reached the application of the proxy's own headers: never the token.
-            if self.headers.get("X-Tollgate-Token") is not None:
-                counts["saw-token"] += 1
-        self.answer(b'{"ok":true}\n', send_body=self.command != "HEAD")
+            body = json.dumps(dict(counts)).encode()
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [body]
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if length:
+        environ["wsgi.input"].read(length)
+    with lock:
+        counts["all"] += 1
+        counts[f"method:{method}"] += 1
+        counts[f"key:{environ.get('HTTP_X_API_KEY', '')}"] += 1
+        # What reached the application of the proxy's own headers: never the token.
+        if environ.get("HTTP_X_TOLLGATE_TOKEN") is not None:
+            counts["saw-token"] += 1
+        routed = ITEM.match(path) is not None
+        if routed:
+            # The handler ran: what a limit on /items/{id} is there to bound.
+            counts["handler:items"] += 1
+            counts[f"handler:items:{environ.get('HTTP_X_API_KEY', '')}"] += 1
+    if not routed:
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [] if method == "HEAD" else [b'{"error":"not found"}\n']
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [] if method == "HEAD" else [b'{"ok":true}\n']
 
-    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
-        if self.path == "/__count":
-            with lock:
-                body = json.dumps(dict(counts)).encode()
-            self.answer(body)
-            return
-        self.count()
 
-    do_HEAD = do_POST = do_PUT = do_DELETE = count  # noqa: N815
+class Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
+
+class Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass
 
 
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server = make_server(
+        "127.0.0.1", int(sys.argv[1]), application, server_class=Server, handler_class=Quiet
+    )
     print("listening", flush=True)
     server.serve_forever()
 

@@ -340,6 +340,34 @@ pub(crate) struct ServeArgs {
         value_name = "BITS"
     )]
     pub(crate) forward_auth_ipv6_prefix_len: Option<u8>,
+    /// How /v1/check and /v1/forward-auth read %2F in a path: `both` (counted under the rules
+    /// of the path as written and of the path decoded, as WSGI/ASGI servers and nginx's
+    /// proxy_pass with a URI read it) or `segment` (as written only) [default: both].
+    #[arg(long, env = "TOLLGATE_PATH_ENCODED_SLASH", value_name = "READING")]
+    pub(crate) path_encoded_slash: Option<String>,
+    /// /v1/forward-auth: the proxy in front, `nginx` (X-Original-Method, X-Original-URI),
+    /// `caddy` or `traefik` (X-Forwarded-Method, X-Forwarded-Uri); a request carrying such a
+    /// header the proxy does not set is refused [default: X-Forwarded-Method and
+    /// X-Forwarded-Uri, refusing X-Original-*].
+    #[arg(long, env = "TOLLGATE_FORWARD_AUTH_PROXY", value_name = "PROXY")]
+    pub(crate) forward_auth_proxy: Option<String>,
+    /// /v1/forward-auth: the header the original method is read from, instead of the
+    /// proxy's [default: the proxy's].
+    #[arg(long, env = "TOLLGATE_FORWARD_AUTH_METHOD_HEADER", value_name = "NAME")]
+    pub(crate) forward_auth_method_header: Option<String>,
+    /// /v1/forward-auth: the header the original URI is read from, instead of the proxy's
+    /// [default: the proxy's].
+    #[arg(long, env = "TOLLGATE_FORWARD_AUTH_URI_HEADER", value_name = "NAME")]
+    pub(crate) forward_auth_uri_header: Option<String>,
+    /// /v1/forward-auth: clients (IPv4 addresses, IPv6 prefixes) of one network (IPv4 /24,
+    /// IPv6 /48) with keys of their own at once; the network's further clients share one key
+    /// [default: 256].
+    #[arg(
+        long,
+        env = "TOLLGATE_FORWARD_AUTH_NETWORK_KEYS_MAX",
+        value_name = "COUNT"
+    )]
+    pub(crate) forward_auth_network_keys_max: Option<u32>,
     /// Origins whose pages may call the API from a browser (CORS), comma-separated, e.g.
     /// https://app.example [default: none; the server's own dashboard always may].
     #[arg(

@@ -12,12 +12,13 @@ use serde::Deserialize;
 use tollgate_rules::{PathCase, PathMatching, PathParams};
 use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
-    DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KEYS_TRACKED_MAX,
-    DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX, DEFAULT_REDIS_ALLOW_EVICTION,
-    DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL,
-    DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
-    DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX, RELOAD_INTERVAL_MS_MIN,
-    ServerConfig, StoreChoice, parse_host, parse_origin, parse_permit_secret,
+    DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
+    DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX,
+    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
+    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
+    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX,
+    PathEncodedSlash, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host, parse_origin,
+    parse_permit_secret,
 };
 
 use crate::cli::ServeArgs;
@@ -54,6 +55,11 @@ pub(crate) struct FileConfig {
     pub(crate) forward_auth_user_header: Option<String>,
     pub(crate) forward_auth_trusted_proxies: Option<Vec<String>>,
     pub(crate) forward_auth_ipv6_prefix_len: Option<u8>,
+    pub(crate) path_encoded_slash: Option<String>,
+    pub(crate) forward_auth_proxy: Option<String>,
+    pub(crate) forward_auth_method_header: Option<String>,
+    pub(crate) forward_auth_uri_header: Option<String>,
+    pub(crate) forward_auth_network_keys_max: Option<u32>,
     pub(crate) allowed_origins: Option<Vec<String>>,
     pub(crate) allowed_hosts: Option<Vec<String>>,
     pub(crate) header_read_timeout_ms: Option<u64>,
@@ -178,6 +184,21 @@ pub(crate) fn resolve_server_config(
             None => DEFAULT_PATH_MATCHING.params,
         },
     };
+    let path_encoded_slash = match args.path_encoded_slash.or(file.path_encoded_slash) {
+        Some(text) => PathEncodedSlash::parse(&text)
+            .map_err(|reason| anyhow!("path_encoded_slash: {reason}"))?,
+        None => PathEncodedSlash::default(),
+    };
+    let forward_auth_network_keys_max = args
+        .forward_auth_network_keys_max
+        .or(file.forward_auth_network_keys_max)
+        .unwrap_or(DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX);
+    if forward_auth_network_keys_max == 0 {
+        bail!(
+            "forward_auth_network_keys_max must be at least 1 (a network's clients then all share \
+             its one key)"
+        );
+    }
     let keys_per_limit_max = args.keys_per_limit_max.or(file.keys_per_limit_max);
     if keys_per_limit_max == Some(0) {
         bail!("keys_per_limit_max must be at least 1");
@@ -308,6 +329,20 @@ pub(crate) fn resolve_server_config(
             .forward_auth_ipv6_prefix_len
             .or(file.forward_auth_ipv6_prefix_len)
             .unwrap_or(DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN),
+        path_encoded_slash,
+        forward_auth_proxy: args
+            .forward_auth_proxy
+            .or(file.forward_auth_proxy)
+            .filter(|name| !name.trim().is_empty()),
+        forward_auth_method_header: args
+            .forward_auth_method_header
+            .or(file.forward_auth_method_header)
+            .filter(|name| !name.trim().is_empty()),
+        forward_auth_uri_header: args
+            .forward_auth_uri_header
+            .or(file.forward_auth_uri_header)
+            .filter(|name| !name.trim().is_empty()),
+        forward_auth_network_keys_max,
         tls_cert: args.tls_cert.or(file.tls_cert),
         tls_key: args.tls_key.or(file.tls_key),
     };

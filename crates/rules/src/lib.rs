@@ -19,7 +19,7 @@ pub use file::{EntryLines, FILE_BYTES_MAX, FileFormat, FileSource, parse_limits,
 pub use inbound::{Ask, InboundIndex, Matched, Positions};
 pub use path::{
     MATCH_METHOD_BYTES_MAX, MATCH_PATH_BYTES_MAX, Match, PathCase, PathError, PathMatching,
-    PathParams, method_matches, normalize_path,
+    PathParams, decoded_separators, method_matches, normalize_path,
 };
 pub use reload::{RULES_MAX, RejectedRow, RuleSet, Rules, RulesError, RulesSource, RulesStats};
 pub use rule::{RawMatch, RawReserve, RawRule, Rule, RuleError, Validate, serde_field};

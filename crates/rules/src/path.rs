@@ -183,6 +183,64 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     PathMatching::default().normalize(path)
 }
 
+/// `path` (its query cut) as a server that decodes the whole path before routing it reads
+/// its separators: every `%2F` a `/` and every `%2E` a `.`, other escapes left as they are for
+/// [`PathMatching::normalize`] to decode. `None` when the path has neither escape, so that it
+/// reads the same either way.
+///
+/// [`normalize_path`] keeps an encoded slash inside its segment, as axum and RFC 3986 do; but
+/// WSGI and ASGI servers (Flask, Django, FastAPI, Starlette) route on the decoded path, and
+/// nginx's `proxy_pass` with a URI sends the decoded, normalised path on. Matched as this
+/// returns it, `/items%2F1` is `/items/#` and `/x/..%2Fitems/1` is `/items/#`.
+///
+/// ```
+/// use tollgate_rules::{decoded_separators, normalize_path};
+/// let decoded = decoded_separators("/x/..%2fitems%2F1?q=%2F").expect("escapes");
+/// assert_eq!(decoded, "/x/../items/1");
+/// assert_eq!(normalize_path(&decoded).expect("decodable"), "/items/#");
+/// assert_eq!(decoded_separators("/items/%31"), None);
+/// ```
+pub fn decoded_separators(path: &str) -> Option<String> {
+    let path = path.split_once('?').map_or(path, |(before, _)| before);
+    let bytes = path.as_bytes();
+    let escape_at = |index: usize| -> Option<u8> {
+        match (bytes.get(index + 1), bytes.get(index + 2)) {
+            (Some(b'2'), Some(b'f' | b'F')) => Some(b'/'),
+            (Some(b'2'), Some(b'e' | b'E')) => Some(b'.'),
+            _ => None,
+        }
+    };
+    // Escapes are read left to right, three bytes each, as a decoder reads them: `%252F` is
+    // `%25` then `2F`, not an encoded slash.
+    let mut decoded: Option<Vec<u8>> = None;
+    let mut index = 0;
+    while index < bytes.len() {
+        let byte = bytes[index];
+        if byte != b'%' {
+            if let Some(out) = decoded.as_mut() {
+                out.push(byte);
+            }
+            index += 1;
+            continue;
+        }
+        match escape_at(index) {
+            Some(separator) => {
+                decoded
+                    .get_or_insert_with(|| bytes[..index].to_vec())
+                    .push(separator);
+            }
+            None => {
+                if let Some(out) = decoded.as_mut() {
+                    out.extend_from_slice(&bytes[index..(index + 3).min(bytes.len())]);
+                }
+            }
+        }
+        index += 3;
+    }
+    // Only ASCII bytes were put in place of ASCII escapes: still UTF-8.
+    decoded.and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
 /// Whether `rewrite(path, matching)` would give `path` back unchanged: `/`, or `/`-separated
 /// segments none of which is empty, a dot segment or an id, each exactly `#` or printable
 /// ASCII without `%` or `#` (nor `;` when it starts parameters, nor upper case when case is

@@ -64,6 +64,44 @@ pub const DEFAULT_WAITERS_PER_TOKEN_MAX: usize = DEFAULT_WAITERS_PER_LIMIT_MAX /
 /// tower layer counts one (`tollgate_tower::DEFAULT_IPV6_PREFIX_LEN`).
 pub const DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN: u8 = tollgate_tower::DEFAULT_IPV6_PREFIX_LEN;
 
+/// `/v1/forward-auth`: how many clients (an IPv4 address, an IPv6 client prefix) of one
+/// network (an IPv4 /24, an IPv6 /48) have keys of their own at once; the network's further
+/// clients share its one key. A /48 holds 65,536 /64s, more than half the default key budget
+/// of a limit: uncapped, two of them would fill it.
+pub const DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX: u32 = 256;
+
+/// How `/v1/check` and `/v1/forward-auth` read an encoded slash (`%2F`) in a request path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PathEncodedSlash {
+    /// Both ways: a request is counted under every rule that the path as written (`%2F`
+    /// inside its segment) or the path decoded (`%2F` and `%2E` as `/` and `.`, dot segments
+    /// removed after decoding) matches, each rule once. WSGI and ASGI servers route on the
+    /// decoded path, and nginx's `proxy_pass` with a URI sends it on decoded.
+    #[default]
+    Both,
+    /// As written only: for an application whose router keeps `%2F` inside its segment (axum,
+    /// as the tower layer reads it) behind a proxy that passes the path on as received.
+    Segment,
+}
+
+impl PathEncodedSlash {
+    /// `both` or `segment`.
+    pub fn parse(text: &str) -> Result<PathEncodedSlash, String> {
+        match text {
+            "both" => Ok(PathEncodedSlash::Both),
+            "segment" => Ok(PathEncodedSlash::Segment),
+            other => Err(format!("must be \"both\" or \"segment\", got {other:?}")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathEncodedSlash::Both => "both",
+            PathEncodedSlash::Segment => "segment",
+        }
+    }
+}
+
 /// Where counters live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -179,6 +217,22 @@ pub struct ServerConfig {
     /// How `/v1/check` reads request paths, and rule paths, before matching: as the router of
     /// the application asking reads them (case, `;` parameters).
     pub path_matching: PathMatching,
+    /// How `/v1/check` and `/v1/forward-auth` read `%2F` in a request path (the tower layer
+    /// reads it as its own router does).
+    pub path_encoded_slash: PathEncodedSlash,
+    /// `/v1/forward-auth`: the proxy in front (`nginx`, `caddy`, `traefik`), which names the
+    /// headers the original method and URI are read from; unset, `X-Forwarded-Method` and
+    /// `X-Forwarded-Uri`. A request carrying one of these headers that the proxy does not
+    /// set is refused.
+    pub forward_auth_proxy: Option<String>,
+    /// `/v1/forward-auth`: the header the original method is read from, instead of the
+    /// proxy's.
+    pub forward_auth_method_header: Option<String>,
+    /// `/v1/forward-auth`: the header the original URI is read from, instead of the proxy's.
+    pub forward_auth_uri_header: Option<String>,
+    /// `/v1/forward-auth`: clients of one network (IPv4 /24, IPv6 /48) with keys of their own
+    /// at once; further clients of that network share its key.
+    pub forward_auth_network_keys_max: u32,
     /// `/v1/forward-auth`: the request header that names the user (set by the proxy, after
     /// its own authentication); without it, or when a request lacks it, the client's address.
     pub forward_auth_user_header: Option<String>,
@@ -304,6 +358,17 @@ impl std::fmt::Debug for ServerConfig {
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)
             .field("path_matching", &self.path_matching)
+            .field("path_encoded_slash", &self.path_encoded_slash)
+            .field("forward_auth_proxy", &self.forward_auth_proxy)
+            .field(
+                "forward_auth_method_header",
+                &self.forward_auth_method_header,
+            )
+            .field("forward_auth_uri_header", &self.forward_auth_uri_header)
+            .field(
+                "forward_auth_network_keys_max",
+                &self.forward_auth_network_keys_max,
+            )
             .field("forward_auth_user_header", &self.forward_auth_user_header)
             .field(
                 "forward_auth_trusted_proxies",

@@ -48,6 +48,12 @@ pub(crate) struct CodeLabels {
     pub(crate) code: &'static str,
 }
 
+/// Why `/v1/forward-auth` refused a request before reading it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusalLabels {
+    pub(crate) reason: &'static str,
+}
+
 pub(crate) type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn wait_histogram() -> Histogram {
@@ -69,6 +75,7 @@ pub(crate) struct Metrics {
     pub(crate) waiters_by_priority: Family<WaiterLabels, Gauge>,
     pub(crate) wait_seconds: HistogramFamily<LimitLabels>,
     pub(crate) errors: Family<CodeLabels, Counter>,
+    pub(crate) forward_auth_refusals: Family<RefusalLabels, Counter>,
     /// The memory store, whose counters are counted; a shared store's are its own business.
     memory: Option<Arc<MemoryStore>>,
     envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
@@ -113,6 +120,12 @@ impl Metrics {
         );
         let errors = Family::<CodeLabels, Counter>::default();
         registry.register("http_errors", "Error answers, by code", errors.clone());
+        let forward_auth_refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "forward_auth_refusals",
+            "Forward-auth requests refused unread, by reason (unexpected_header: one the configured proxy does not set; disagreeing_headers: two values of the original method or URI)",
+            forward_auth_refusals.clone(),
+        );
         registry.register_collector(Box::new(ScrapeTime {
             rules,
             memory: memory.clone(),
@@ -128,6 +141,7 @@ impl Metrics {
             waiters_by_priority: Family::default(),
             wait_seconds,
             errors,
+            forward_auth_refusals,
             envoy,
         }
     }
@@ -522,6 +536,12 @@ mod tests {
         metrics
             .errors
             .get_or_create(&CodeLabels { code: "internal" })
+            .inc();
+        metrics
+            .forward_auth_refusals
+            .get_or_create(&RefusalLabels {
+                reason: "unexpected_header",
+            })
             .inc();
         store_seconds
             .get_or_create(&OperationLabels {

@@ -151,16 +151,28 @@ impl ClientAddress {
     /// The key of the client of a request that came from `peer`: the peer, or behind a
     /// trusted proxy the nearest untrusted address of the chain, walked from the right.
     pub fn key_of(&self, peer: IpAddr, headers: &HeaderMap) -> String {
+        self.key(self.address_of(peer, headers))
+    }
+
+    /// The address of the client of a request that came from `peer` (canonical: an
+    /// IPv4-mapped address is IPv4): the peer, or behind a trusted proxy the nearest untrusted
+    /// address of the chain, walked from the right. [`ClientAddress::key_for`] is its key.
+    pub fn address_of(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = canonical(peer);
         if !self.trusted.contains(peer) {
-            return self.key(peer);
+            return peer;
         }
         let hops = if self.forwarded {
             forwarded_hops(headers)
         } else {
             x_forwarded_for_hops(headers)
         };
-        self.key(nearest_untrusted(peer, &hops, &self.trusted))
+        nearest_untrusted(peer, &hops, &self.trusted)
+    }
+
+    /// The key of a client at `address`, as [`ClientAddress::key_of`] writes it.
+    pub fn key_for(&self, address: IpAddr) -> String {
+        self.key(canonical(address))
     }
 
     /// The key of a client at `address` (canonical: an IPv4-mapped address is IPv4): an IPv4

@@ -16,7 +16,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 34] = [
+const SERVER_VARIABLES: [&str; 38] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
@@ -51,6 +51,11 @@ const SERVER_VARIABLES: [&str; 34] = [
     "TOLLGATE_FORWARD_AUTH_USER_HEADER",
     "TOLLGATE_FORWARD_AUTH_TRUSTED_PROXIES",
     "TOLLGATE_FORWARD_AUTH_IPV6_PREFIX_LEN",
+    "TOLLGATE_FORWARD_AUTH_PROXY",
+    "TOLLGATE_FORWARD_AUTH_METHOD_HEADER",
+    "TOLLGATE_FORWARD_AUTH_URI_HEADER",
+    "TOLLGATE_FORWARD_AUTH_NETWORK_KEYS_MAX",
+    "TOLLGATE_PATH_ENCODED_SLASH",
 ];
 
 pub fn binary() -> &'static str {

@@ -11,6 +11,7 @@ use tollgate_rules::Ask;
 
 use super::data::{count_decision, count_outcome, denial, observe_key, rate_limited};
 use super::{ApiResult, ms_ceil};
+use crate::config::PathEncodedSlash;
 use crate::error::ApiError;
 use crate::extract::{Body, Data};
 use crate::state::AppState;
@@ -136,10 +137,8 @@ impl Inbound {
     }
 }
 
-/// The one decision on an inbound request, for `/v1/check` and `/v1/forward-auth` alike:
-/// every rule whose `match` meets `method` and `raw_path` (normalized as the rule set reads
-/// paths, as the tower layer does), keyed by `user` for limits counted per key, all or none,
-/// within what `grant` may use. A refusal names the input by `fields`.
+/// The one decision on an inbound request, for `/v1/check`: [`find_inbound`], then
+/// [`decide_found`] keyed by `user`, which must be a valid key.
 pub(crate) async fn decide_inbound(
     state: &AppState,
     grant: &Grant,
@@ -148,6 +147,40 @@ pub(crate) async fn decide_inbound(
     user: Option<&str>,
     fields: &InboundFields<'_>,
 ) -> ApiResult<Inbound> {
+    check_request(method, raw_path, fields)?;
+    // Refused whether or not a rule matches, so that the answer does not depend on the rules.
+    if let Some(user) = user {
+        tollgate::check_key(user).map_err(|reason| ApiError::bad_field(fields.user, reason))?;
+    }
+    let found = find_inbound(state, method, raw_path, fields)?;
+    decide_found(state, grant, found, user, fields).await
+}
+
+/// The rules an inbound request matches, found before it is decided.
+pub(crate) struct Found {
+    /// The normalized path as written.
+    path: String,
+    /// The limits whose `match` matched, by name, in order.
+    matched: Vec<String>,
+    ask: Ask,
+    /// One of them counts per key.
+    per_key: bool,
+}
+
+impl Found {
+    /// The limits matched, by name.
+    pub(crate) fn names(&self) -> &[String] {
+        &self.matched
+    }
+
+    /// Whether one of the limits matched counts per key, so the key will be counted.
+    pub(crate) fn per_key(&self) -> bool {
+        self.per_key
+    }
+}
+
+/// A method and path that can be matched at all, else a refusal naming the field.
+fn check_request(method: &str, raw_path: &str, fields: &InboundFields<'_>) -> ApiResult<()> {
     if raw_path.len() > CHECK_PATH_BYTES_MAX {
         return Err(ApiError::bad_field(
             fields.path,
@@ -157,20 +190,48 @@ pub(crate) async fn decide_inbound(
     if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(ApiError::bad_field(fields.method, "must be an HTTP method"));
     }
-    // Refused whether or not a rule matches, so that the answer does not depend on the rules.
-    if let Some(user) = user {
-        tollgate::check_key(user).map_err(|reason| ApiError::bad_field(fields.user, reason))?;
-    }
+    Ok(())
+}
+
+/// Every rule whose `match` meets `method` and `raw_path`, normalized as the rule set reads
+/// paths (as the tower layer does) and, unless `path_encoded_slash = "segment"`, also with
+/// its encoded slashes and dots decoded first, as WSGI and ASGI servers and nginx's
+/// `proxy_pass` with a URI read it: a request is counted under the rules of either reading,
+/// each once. A refusal names the input by `fields`.
+pub(crate) fn find_inbound(
+    state: &AppState,
+    method: &str,
+    raw_path: &str,
+    fields: &InboundFields<'_>,
+) -> ApiResult<Found> {
+    check_request(method, raw_path, fields)?;
     let snapshot = state.rules().snapshot();
+    let bad_path = |error| ApiError::bad_field(fields.path, error);
     // Read as the rule set reads paths, as the tower layer does.
-    let path = snapshot
-        .normalize(raw_path)
-        .map_err(|error| ApiError::bad_field(fields.path, error))?
-        .into_owned();
+    let path = snapshot.normalize(raw_path).map_err(bad_path)?.into_owned();
     // Every matching rule, as the tower layer matches: the rules in force never let one
     // request match more than it may be decided on (refused at load), so none is left out.
     let inbound = snapshot.inbound();
-    let found = inbound.matching(method, &path);
+    let mut found = inbound.matching(method, &path);
+    let decoded = match state.config().path_encoded_slash {
+        PathEncodedSlash::Both => tollgate_rules::decoded_separators(raw_path),
+        PathEncodedSlash::Segment => None,
+    };
+    if let Some(decoded) = decoded {
+        let decoded = snapshot.normalize(&decoded).map_err(bad_path)?;
+        if *decoded != *path {
+            // Two readings may match twice the rules one may; past what one request may be
+            // decided on, the limiter refuses it (a 400), which a proxy turns into a denial.
+            let also = inbound.matching(method, &decoded);
+            for position in also.positions {
+                if !found.positions.contains(&position) {
+                    found.positions.push(position);
+                }
+            }
+            found.per_user |= also.per_user;
+            found.leases |= also.leases;
+        }
+    }
     let mut matched: Vec<String> = found
         .positions
         .iter()
@@ -180,6 +241,26 @@ pub(crate) async fn decide_inbound(
     // The answer lists them by name, as it always has; the order decides nothing (one
     // request, all or nothing).
     matched.sort_unstable();
+    Ok(Found {
+        path,
+        matched,
+        ask: found.ask(),
+        per_key: found.per_user,
+    })
+}
+
+/// The decision on a request whose rules were found: keyed by `user` for limits counted per
+/// key, all or none, within what `grant` may use. A refusal names the input by `fields`.
+pub(crate) async fn decide_found(
+    state: &AppState,
+    grant: &Grant,
+    found: Found,
+    user: Option<&str>,
+    fields: &InboundFields<'_>,
+) -> ApiResult<Inbound> {
+    let Found {
+        path, matched, ask, ..
+    } = found;
     if matched.is_empty() {
         return Ok(Inbound {
             path,
@@ -210,7 +291,7 @@ pub(crate) async fn decide_inbound(
         } => ApiError::bad_field(fields.user, reason),
         other => ApiError::from(other),
     };
-    let decision = if found.ask() == Ask::Check {
+    let decision = if ask == Ask::Check {
         let checked = state.limiter().check(&request).await.map_err(user_error)?;
         let denied = match &checked {
             Check::Allowed(_) => None,
