@@ -102,11 +102,12 @@ pub struct TokenView {
     pub may_pause: bool,
     /// When it was made, in milliseconds since the Unix epoch.
     pub created_ms: i64,
-    /// The most units one of its requests may ask for; absent: no bound of its own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The most units one of its requests may ask for; `null`: no bound of its own.
+    #[serde(default)]
     pub cost_max: Option<u64>,
-    /// The longest one of its requests may wait, in milliseconds; absent: the server's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The longest one of its requests may wait, in milliseconds; `null`: the server's
+    /// `wait_ms_max`.
+    #[serde(default)]
     pub wait_max_ms: Option<u64>,
 }
 
@@ -120,9 +121,9 @@ pub struct NewToken {
     pub priority_max: String,
     pub may_pause: bool,
     pub created_ms: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cost_max: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub wait_max_ms: Option<u64>,
     /// The bearer token to give the caller. Only its hash is kept: it cannot be shown again.
     pub secret: String,

@@ -202,7 +202,7 @@ async fn tokens_are_listed_without_secrets_refused_when_malformed_and_kept_hashe
     assert_eq!(
         json["tokens"],
         serde_json::json!([{"name":"team-a","limits":["vendor-x","vendor-*"],
-            "priority_max":"low","may_pause":false}]),
+            "priority_max":"low","may_pause":false,"cost_max":null,"wait_max_ms":null}]),
         "{json}"
     );
     assert!(!list.text().contains(&secret), "the list shows no secret");
