@@ -275,3 +275,55 @@ async fn one_token_cannot_fill_the_waiting_lines() {
         task.abort();
     }
 }
+
+/// Two replicas on one Redis: one unit of an hourly limit of 10 kept and all 10 asked with a
+/// minute's wait through the first; the waiter can never be granted in time, so it holds no
+/// place in the fleet's queue, and the second replica's callers still get the nine free units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_waiter_that_cannot_be_granted_in_time_holds_back_no_replica() {
+    let Ok(redis) = std::env::var("TOLLGATE_TEST_REDIS") else {
+        tollgate::conformance::skipped(
+            "on_redis_a_waiter_that_cannot_be_granted_in_time_holds_back_no_replica: \
+             TOLLGATE_TEST_REDIS is unset, so it did not run against Redis",
+        );
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    let namespace = format!("waiting-{}-{nanos}", std::process::id());
+    let start = || {
+        Server::start_with(Options {
+            args: vec!["--store", &redis, "--redis-namespace", &namespace],
+            ..Options::default()
+        })
+    };
+    let (first, second) = (start(), start());
+    for server in [&first, &second] {
+        put_limit(
+            server,
+            "hourly",
+            r#"{"kind":"rate","limit":10,"period_ms":3600000}"#,
+        )
+        .await;
+    }
+    assert_eq!(granted_of(&first.admin(), "hourly", 1).await, 1);
+    let waiter = {
+        let client = first.admin();
+        tokio::spawn(async move {
+            post(
+                &client,
+                "/v1/acquire",
+                r#"{"limits":["hourly"],"cost":10,"wait_ms":60000}"#,
+            )
+            .await
+        })
+    };
+    until_waiting(&first, "hourly", 1).await;
+    assert_eq!(
+        granted_of(&second.admin(), "hourly", 9).await,
+        9,
+        "another replica's callers were held back by a waiter that cannot be granted"
+    );
+    waiter.abort();
+}
