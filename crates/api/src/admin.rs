@@ -87,6 +87,7 @@ pub struct TokenBody {
     /// The longest one of its requests may wait, in milliseconds (default: the server's
     /// `wait_ms_max`); a longer `wait_ms` waits this long.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub wait_max_ms: Option<u64>,
 }
 

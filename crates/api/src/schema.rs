@@ -184,10 +184,8 @@ error_response!(
     "ForbiddenError",
     "Refused before any handler (`bad_request`, `error.field` `Host`: a name this server does \
      not answer to, e.g. a DNS name rebound to loopback, see allowed_hosts; or `Origin`: a \
-     browser page from an origin that is neither this server's own nor in allowed_origins; or, \
-     on `/v1/forward-auth`, a header naming the original request that the configured proxy \
-     does not set, or two different values of one, refused unread), or a valid token whose \
-     scope does not allow this (`forbidden`, with `WWW-Authenticate`).",
+     browser page from an origin that is neither this server's own nor in allowed_origins), or \
+     a valid token whose scope does not allow this (`forbidden`, with `WWW-Authenticate`).",
     |response| response
         .content(
             "application/json",

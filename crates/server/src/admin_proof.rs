@@ -89,6 +89,7 @@ pub fn check_nonce(nonce: &str) -> Result<(), String> {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ProofQuery {
     /// A fresh random nonce: 32 to 128 hex digits.
+    #[param(pattern = "^[0-9a-fA-F]{32,128}$", min_length = 32, max_length = 128)]
     nonce: String,
 }
 

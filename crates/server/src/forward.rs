@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
 use tollgate::core::Kind;
@@ -255,15 +255,17 @@ fn parse_user_header(text: &str, read: &[&HeaderName]) -> Result<HeaderName, Str
     Ok(name)
 }
 
-/// A request refused unread: a 403 (which every proxy passes on as a refusal) naming the
-/// header, counted in `tollgate_forward_auth_refusals_total`.
+/// A request refused unread: a 400 naming the header, as any request Tollgate cannot read
+/// (a proxy refuses the original request: Caddy and Traefik pass the 400 on, the shipped
+/// nginx configuration turns it into a refusal), counted in
+/// `tollgate_forward_auth_refusals_total`.
 fn refused(state: &AppState, reason: &'static str, field: &str, message: String) -> ApiError {
     state
         .metrics()
         .forward_auth_refusals
         .get_or_create(&RefusalLabels { reason })
         .inc();
-    ApiError::bad_field(field, message).with_status(StatusCode::FORBIDDEN)
+    ApiError::bad_field(field, message)
 }
 
 impl ForwardAuth {

@@ -25,7 +25,7 @@ import schemathesis
 CODES = {
     400: {"bad_request"},
     401: {"unauthorized"},
-    403: {"bad_request", "unauthorized"},
+    403: {"bad_request", "forbidden"},
     404: {"not_found"},
     405: {"bad_request"},
     409: {"conflict"},
