@@ -81,13 +81,13 @@ pub struct TokenBody {
     pub may_pause: Option<bool>,
     /// The most units one of its requests may ask for (default: no bound of its own); a
     /// request for more is refused with 403.
-    #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1_000_000_000))]
     pub cost_max: Option<u64>,
     /// The longest one of its requests may wait, in milliseconds (default: the server's
     /// `wait_ms_max`); a longer `wait_ms` waits this long.
-    #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 9_007_199_254_740_992_u64))]
     pub wait_max_ms: Option<u64>,
 }
 

@@ -518,14 +518,17 @@ pub(crate) async fn create_token(
             )
         })?,
     };
-    // A bound past what the table's BIGINT holds bounds nothing a request can ask: kept as
-    // the largest it holds.
-    let bound = |field: &str, value: Option<u64>| match value {
-        Some(0) => Err(ApiError::bad_field(field, "must be at least 1, got 0")),
-        other => Ok(other.map(|value| value.min(i64::MAX as u64))),
+    // As the document says: a cost past UNITS_MAX is refused anyway, and 2^53 ms is longer
+    // than any wait.
+    let bound = |field: &str, value: Option<u64>, most: u64| match value {
+        Some(value) if !(1..=most).contains(&value) => Err(ApiError::bad_field(
+            field,
+            format!("must be at least 1 and at most {most}, got {value}"),
+        )),
+        other => Ok(other),
     };
-    let cost_max = bound("cost_max", body.cost_max)?;
-    let wait_max_ms = bound("wait_max_ms", body.wait_max_ms)?;
+    let cost_max = bound("cost_max", body.cost_max, tollgate::core::UNITS_MAX)?;
+    let wait_max_ms = bound("wait_max_ms", body.wait_max_ms, 1 << 53)?;
     let tokens = state.tokens();
     let source = tokens.source()?;
     let mut refused = tokens.refused.lock().await;
