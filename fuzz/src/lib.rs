@@ -138,6 +138,7 @@ impl Api {
                 connections_max: tollgate_server::DEFAULT_CONNECTIONS_MAX,
                 waiters_max: tollgate_server::DEFAULT_WAITERS_MAX,
                 waiters_per_limit_max: tollgate_server::DEFAULT_WAITERS_PER_LIMIT_MAX,
+                waiters_per_token_max: tollgate_server::DEFAULT_WAITERS_PER_TOKEN_MAX,
                 tls_cert: None,
                 tls_key: None,
             };
