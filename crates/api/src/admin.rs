@@ -87,7 +87,10 @@ pub struct TokenBody {
     /// The longest one of its requests may wait, in milliseconds (default: the server's
     /// `wait_ms_max`); a longer `wait_ms` waits this long.
     #[serde(default, deserialize_with = "crate::number::optional")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 9_007_199_254_740_992_u64))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)
+    )]
     pub wait_max_ms: Option<u64>,
 }
 
