@@ -126,7 +126,8 @@ impl Api {
                 forward_auth_proxy: None,
                 forward_auth_method_header: None,
                 forward_auth_uri_header: None,
-                forward_auth_network_keys_max: tollgate_server::DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX,
+                forward_auth_network_keys_max:
+                    tollgate_server::DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX,
                 allowed_origins: Vec::new(),
                 allowed_hosts: Vec::new(),
                 header_read_timeout: std::time::Duration::from_millis(
