@@ -43,21 +43,21 @@ async fn until_waiting(server: &Server, limit: &str, n: u64) {
     .await;
 }
 
-/// One unit of an hourly limit of 10 kept, then all 10 asked with a minute's wait: the waiter
-/// can never be granted in time, and the other callers still get the nine free units.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_that_cannot_be_granted_in_time_locks_nobody_out() {
-    let server = Server::start();
-    put_limit(
-        &server,
-        "hourly",
-        r#"{"kind":"rate","limit":10,"period_ms":3600000}"#,
-    )
-    .await;
-    let attacker = server.admin();
-    assert_eq!(granted_of(&attacker, "hourly", 1).await, 1);
+/// One unit of an hourly limit of 10 kept through `attacked`, then all 10 asked there with a
+/// minute's wait: the waiter can never be granted in time, so the callers of `others` still
+/// get the nine free units. `why`: the assertion's message.
+async fn an_hourly_waiter_holds_nobody_back(attacked: &Server, others: &Server, why: &str) {
+    for server in [attacked, others] {
+        put_limit(
+            server,
+            "hourly",
+            r#"{"kind":"rate","limit":10,"period_ms":3600000}"#,
+        )
+        .await;
+    }
+    assert_eq!(granted_of(&attacked.admin(), "hourly", 1).await, 1);
     let waiter = {
-        let client = server.admin();
+        let client = attacked.admin();
         tokio::spawn(async move {
             post(
                 &client,
@@ -67,14 +67,22 @@ async fn a_waiter_that_cannot_be_granted_in_time_locks_nobody_out() {
             .await
         })
     };
-    until_waiting(&server, "hourly", 1).await;
-    let others = server.admin();
-    assert_eq!(
-        granted_of(&others, "hourly", 9).await,
-        9,
-        "the other callers were locked out by a waiter that cannot be granted"
-    );
+    until_waiting(attacked, "hourly", 1).await;
+    assert_eq!(granted_of(&others.admin(), "hourly", 9).await, 9, "{why}");
     waiter.abort();
+}
+
+/// On one server, a waiter that cannot be granted in time locks its limit's other callers out
+/// of nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_be_granted_in_time_locks_nobody_out() {
+    let server = Server::start();
+    an_hourly_waiter_holds_nobody_back(
+        &server,
+        &server,
+        "the other callers were locked out by a waiter that cannot be granted",
+    )
+    .await;
 }
 
 /// A lease of five kept and renewed, and a waiter for all five asked again and again: the
@@ -299,31 +307,10 @@ async fn on_redis_a_waiter_that_cannot_be_granted_in_time_holds_back_no_replica(
         })
     };
     let (first, second) = (start(), start());
-    for server in [&first, &second] {
-        put_limit(
-            server,
-            "hourly",
-            r#"{"kind":"rate","limit":10,"period_ms":3600000}"#,
-        )
-        .await;
-    }
-    assert_eq!(granted_of(&first.admin(), "hourly", 1).await, 1);
-    let waiter = {
-        let client = first.admin();
-        tokio::spawn(async move {
-            post(
-                &client,
-                "/v1/acquire",
-                r#"{"limits":["hourly"],"cost":10,"wait_ms":60000}"#,
-            )
-            .await
-        })
-    };
-    until_waiting(&first, "hourly", 1).await;
-    assert_eq!(
-        granted_of(&second.admin(), "hourly", 9).await,
-        9,
-        "another replica's callers were held back by a waiter that cannot be granted"
-    );
-    waiter.abort();
+    an_hourly_waiter_holds_nobody_back(
+        &first,
+        &second,
+        "another replica's callers were held back by a waiter that cannot be granted",
+    )
+    .await;
 }

@@ -506,6 +506,13 @@ impl StorePlace {
         }
     }
 
+    /// The request was let go: it gives its place up now, as when dropped, and keeps no
+    /// other.
+    pub(crate) fn give_up(&mut self) {
+        let store = Arc::clone(&self.store);
+        *self = StorePlace::new(&store);
+    }
+
     /// The store granted the request: a grant takes the place with it.
     pub(crate) fn granted(&mut self) {
         self.counters = None;

@@ -601,8 +601,7 @@ impl Limiter {
                 !serviceable(resolved, denied, deadline.saturating_duration_since(*at))
             });
             if hopeless {
-                // It holds no place in the store's queue either.
-                place = StorePlace::new(&self.shared.store);
+                place.give_up();
             }
             // Queue behind everyone of the same or higher priority on these counters, if the
             // caps on waiting requests leave room; else the answer is the one found now.
@@ -685,7 +684,7 @@ impl Limiter {
                                 )
                             {
                                 self.shared.waiters.let_go(&mut waiter, held_to_bound);
-                                place = StorePlace::new(&self.shared.store);
+                                place.give_up();
                             }
                         }
                         let retry_at = now + denied.retry_after;
@@ -696,8 +695,11 @@ impl Limiter {
                             // Wake at the bound, to let go then if still denied.
                             wake_at = wake_at.min(since + hold_max);
                         }
-                        // Asking again keeps the place in the store's queue.
-                        if let Some(renewal) = self.shared.store.queue_renewal() {
+                        // Asking again keeps the place in the store's queue (a request let go
+                        // holds none).
+                        if !WaitQueue::is_let_go(&waiter)
+                            && let Some(renewal) = self.shared.store.queue_renewal()
+                        {
                             wake_at = wake_at.min(Instant::now() + renewal);
                         }
                         self.shared

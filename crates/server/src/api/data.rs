@@ -250,7 +250,6 @@ pub(crate) async fn acquire(
                 );
             }
             let retry_after_ms = body.retry_after_ms;
-            drop(wait_place);
             rate_limited(body, retry_after_ms)
         }
     })
