@@ -177,6 +177,24 @@ async fn a_scoped_token_bounds_the_cost_and_the_wait_of_its_requests() {
     assert_eq!(json["cost_max"], 5);
     assert_eq!(json["wait_max_ms"], 200);
     let scoped = server.with_token(json["secret"].as_str().expect("secret"));
+    // A bound that bounds nothing, or past what the document allows, is refused naming it.
+    for (body, field) in [
+        (
+            r#"{"name":"zero","limits":["search"],"cost_max":0}"#,
+            "cost_max",
+        ),
+        (
+            r#"{"name":"zero","limits":["search"],"wait_max_ms":0}"#,
+            "wait_max_ms",
+        ),
+        (
+            r#"{"name":"huge","limits":["search"],"cost_max":1000000001}"#,
+            "cost_max",
+        ),
+    ] {
+        let refused = post(&server.admin(), "/v1/tokens", body).await;
+        assert_error(&refused, 400, "bad_request", Some(field));
+    }
     let over = post(&scoped, "/v1/acquire", r#"{"limits":["search"],"cost":6}"#).await;
     assert_eq!(over.status.as_u16(), 403, "{}", over.text());
     assert!(over.text().contains("cost_max"), "{}", over.text());
