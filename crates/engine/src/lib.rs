@@ -52,5 +52,5 @@ pub use permit::reencode_permit_id;
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PERMIT_ID_CHARS_MIN, PermitId, PermitSecret};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
-    Priority, Reserve,
+    Priority, Reserve, SPAN_US_MAX,
 };

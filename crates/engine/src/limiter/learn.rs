@@ -167,7 +167,7 @@ impl Limiter {
             let config = self.shared.config.learn;
             learning.by_name.retain(|name, state| {
                 let Some(bounds) = table
-                    .get(&**name)
+                    .get(name)
                     .and_then(|limit| Bounds::of(limit.configured(), &config))
                 else {
                     return false;
@@ -241,7 +241,7 @@ impl Limiter {
             let mut learning = lock(&self.shared);
             let now_us = learning.now_us();
             for part in &parts {
-                let Some(limit) = table.get(&*part.limit) else {
+                let Some(limit) = table.get(&part.limit) else {
                     continue;
                 };
                 let Some(bounds) = Bounds::of(limit.configured(), &self.shared.config.learn) else {
