@@ -22,9 +22,14 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tollgate::{PAUSE_MS_MAX, Priority};
 
-use crate::classify::{Classifier, Classify, Verdict};
+use crate::advice::{AdvisedQuota, read_advice};
+use crate::classify::{Answer, Classifier, Classify, Verdict};
 use crate::error::DispatchError;
-use crate::quota::{Acquired, Quota, QuotaPermit};
+use crate::quota::{Acquired, Lesson, Quota, QuotaPermit};
+
+/// A vendor's quotas, unchanged, are taught again after this long, so that a server that
+/// forgot them (they expire) learns them again.
+pub const RETEACH_AFTER: Duration = Duration::from_secs(60);
 
 /// Most retries a configuration may ask for.
 pub const RETRIES_MAX_LIMIT: u32 = 100;
@@ -54,6 +59,13 @@ pub struct GateConfig {
     /// A lease whose remaining life at send time is below this is renewed first; a lease that
     /// cannot be renewed (it expired: its fence is stale) is refused before sending.
     pub lease_margin_ms: u64,
+    /// Learn from the vendor's answers (on in `conservative()`; `false` is the off switch):
+    /// the rate-limit headers of every answer teach the host's rate limit, fleet-wide, what the
+    /// vendor allows (a lower limit while it says so, a pause until its reset when it says
+    /// nothing remains), a rate-limit answer that advertises nothing halves the limit until it
+    /// climbs back, and each commit reports how long after its grant the request left, so the
+    /// limit's margin covers it (docs/outbound.md, *The vendor is the judge*).
+    pub learn: bool,
 }
 
 impl GateConfig {
@@ -70,6 +82,7 @@ impl GateConfig {
             retry_after_ms_max: 15 * 60 * 1_000,
             resume_jitter_ms_max: 250,
             lease_margin_ms: 1_000,
+            learn: true,
         }
     }
 
@@ -123,6 +136,8 @@ pub struct GateStats {
     pub held_for_pause: u64,
     /// Grants refused unsent because their lease's fence was stale.
     pub refused_stale: u64,
+    /// Lessons sent to the quota source (the vendor said something new).
+    pub lessons: u64,
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +147,7 @@ struct Counters {
     retried: AtomicU64,
     held_for_pause: AtomicU64,
     refused_stale: AtomicU64,
+    lessons: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -141,6 +157,8 @@ struct Inner {
     config: GateConfig,
     /// The end of the latest pause this process recorded or was told of, on its own clock.
     paused_until: Mutex<Option<Instant>>,
+    /// The quotas last taught and when: a lesson goes only when it says something new.
+    last_taught: Mutex<Option<(Vec<AdvisedQuota>, Instant)>>,
     counters: Counters,
 }
 
@@ -154,12 +172,20 @@ pub struct Gate {
 #[derive(Debug)]
 pub struct Admission {
     permit: QuotaPermit,
+    /// When the grant's answer came, and when the request left (`sending`).
+    granted_at: Instant,
+    sent_at: Option<Instant>,
 }
 
 impl Admission {
     /// The lease's fencing number, if the host has a concurrency limit.
     pub fn fence(&self) -> Option<u64> {
         self.permit.fence()
+    }
+
+    /// The request is leaving now: the time since the grant is what the commit reports.
+    pub fn sending(&mut self) {
+        self.sent_at.get_or_insert_with(Instant::now);
     }
 }
 
@@ -189,6 +215,7 @@ impl Gate {
                 classifier,
                 config,
                 paused_until: Mutex::new(None),
+                last_taught: Mutex::new(None),
                 counters: Counters::default(),
             }),
         })
@@ -206,6 +233,7 @@ impl Gate {
             retried: counters.retried.load(Ordering::Relaxed),
             held_for_pause: counters.held_for_pause.load(Ordering::Relaxed),
             refused_stale: counters.refused_stale.load(Ordering::Relaxed),
+            lessons: counters.lessons.load(Ordering::Relaxed),
         }
     }
 
@@ -286,13 +314,17 @@ impl Gate {
                             .counters
                             .held_for_pause
                             .fetch_add(1, Ordering::Relaxed);
-                        if let Err(error) = permit.commit(0).await {
+                        if let Err(error) = permit.commit(0, None).await {
                             tracing::debug!(%error, "refund of a grant held for a pause failed; its unit stays used");
                         }
                         continue;
                     }
                     self.check_lease(&mut permit).await?;
-                    return Ok(Admission { permit });
+                    return Ok(Admission {
+                        permit,
+                        granted_at: Instant::now(),
+                        sent_at: None,
+                    });
                 }
             }
         }
@@ -399,8 +431,12 @@ impl Gate {
     }
 
     async fn commit(&self, admission: Admission) {
+        let sent_after = admission
+            .sent_at
+            .filter(|_| self.inner.config.learn)
+            .map(|sent| sent.saturating_duration_since(admission.granted_at));
         // The call happened (or may have): its unit stays used; a lease is released.
-        if let Err(error) = admission.permit.commit(1).await {
+        if let Err(error) = admission.permit.commit(1, sent_after).await {
             tracing::debug!(%error, "commit failed; the unit stays used and a lease runs to its TTL");
         }
     }
@@ -419,10 +455,13 @@ impl Gate {
     {
         let mut attempts = 0;
         loop {
-            let admission = self.admit(priority).await?;
+            let mut admission = self.admit(priority).await?;
             self.count_sent();
+            admission.sending();
             let output = attempt().await;
             let verdict = self.classify(&output);
+            let lesson = self.lesson_of(&output.answer(), verdict);
+            self.teach(lesson).await;
             match self.settle(admission, verdict, attempts).await {
                 Settled::Return => return Ok(output),
                 Settled::Retry => attempts += 1,
@@ -431,8 +470,84 @@ impl Gate {
     }
 
     /// For callers that run the attempt themselves (the middleware): count it as sent.
-    pub(crate) fn sending(&self) {
+    pub(crate) fn sending(&self, admission: &mut Admission) {
         self.count_sent();
+        admission.sending();
+    }
+
+    /// What the vendor's answer teaches, if anything new: its advertised quotas (sent when
+    /// they differ from the last ones sent, or a minute after), a `remaining` of 0 with its
+    /// reset, or a rate-limit answer that advertised no quota.
+    fn lesson_of(&self, answer: &Answer<'_>, verdict: Verdict) -> Option<Lesson> {
+        if !self.inner.config.learn {
+            return None;
+        }
+        let advice = match answer {
+            Answer::Http { headers, .. } => read_advice(headers, SystemTime::now()),
+            _ => None,
+        };
+        let rate_limited = matches!(verdict, Verdict::RateLimited { .. });
+        let Some(advice) = advice else {
+            return rate_limited.then(|| Lesson {
+                source: "a rate-limit answer without quota headers".to_owned(),
+                quotas: Vec::new(),
+                remaining: None,
+                reset: None,
+                rate_limited: true,
+            });
+        };
+        let exhausted = advice.remaining == Some(0) && advice.reset.is_some_and(|r| !r.is_zero());
+        let new_quotas = {
+            let last = match self.inner.last_taught.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            last.as_ref().is_none_or(|(quotas, at)| {
+                *quotas != advice.quotas || at.elapsed() >= RETEACH_AFTER
+            })
+        };
+        let rate_limited = rate_limited && advice.quotas.is_empty();
+        if !(exhausted || rate_limited || (new_quotas && !advice.quotas.is_empty())) {
+            return None;
+        }
+        Some(Lesson {
+            source: format!("{} headers", advice.family.as_str()),
+            quotas: advice.quotas,
+            remaining: advice.remaining,
+            reset: advice.reset,
+            rate_limited,
+        })
+    }
+
+    /// Teach the quota source what the answer said (see `lesson_of`); a pause it puts in force
+    /// holds this process's grants at once. A lesson that fails changes nothing for the call.
+    pub(crate) async fn learn<R: Classify + ?Sized>(&self, output: &R, verdict: Verdict) {
+        // Read before any await: the answer need not be shared between threads.
+        let lesson = self.lesson_of(&output.answer(), verdict);
+        self.teach(lesson).await;
+    }
+
+    async fn teach(&self, lesson: Option<Lesson>) {
+        let Some(lesson) = lesson else {
+            return;
+        };
+        self.inner.counters.lessons.fetch_add(1, Ordering::Relaxed);
+        if !lesson.quotas.is_empty() {
+            let mut last = match self.inner.last_taught.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *last = Some((lesson.quotas.clone(), Instant::now()));
+        }
+        if let Some(reset) = lesson.reset.filter(|_| lesson.remaining == Some(0)) {
+            // Locally first: this process's grants not yet sent wait for the vendor's reset.
+            self.note_pause(Instant::now() + reset);
+        }
+        match self.inner.quota.learn(&lesson).await {
+            Ok(paused) if !paused.is_zero() => self.note_pause(Instant::now() + paused),
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "the vendor's lesson was not taken"),
+        }
     }
 }
 

@@ -85,14 +85,15 @@ impl Middleware for TollgateMiddleware {
         let mut request = request;
         let mut attempt = 0u32;
         loop {
-            let admission = gate
+            let mut admission = gate
                 .admit(priority)
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             let copy = request.try_clone();
-            gate.sending();
+            gate.sending(&mut admission);
             let output = next.clone().run(request, extensions).await;
             let mut verdict = gate.classify(&output);
+            gate.learn(&output, verdict).await;
             if verdict == Verdict::Retry && !retry_transient {
                 verdict = Verdict::Done;
             }

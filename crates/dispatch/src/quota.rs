@@ -36,6 +36,16 @@ impl HostLimits {
     }
 }
 
+/// What a vendor's answer taught about the host's rate limit (see `Gate`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lesson {
+    pub source: String,
+    pub quotas: Vec<crate::advice::AdvisedQuota>,
+    pub remaining: Option<u64>,
+    pub reset: Option<Duration>,
+    pub rate_limited: bool,
+}
+
 /// The host's quota source.
 #[derive(Clone, Debug)]
 pub enum Quota {
@@ -59,7 +69,8 @@ pub(crate) enum Acquired {
 
 #[derive(Debug)]
 enum Held {
-    Local(tollgate::Permit),
+    /// The permit, and the limiter a grant-to-send delay is told to.
+    Local(tollgate::Permit, Limiter),
     Remote(RemotePermit),
 }
 
@@ -84,12 +95,22 @@ impl QuotaPermit {
     }
 
     /// `used` units were used: the rest of the rate units are refunded, the lease released.
-    pub(crate) async fn commit(self, used: u64) -> Result<(), DispatchError> {
+    /// `sent_after`: how long after its grant the request left, reported so that the host's
+    /// margin covers it.
+    pub(crate) async fn commit(
+        self,
+        used: u64,
+        sent_after: Option<Duration>,
+    ) -> Result<(), DispatchError> {
         match self.held {
-            Held::Local(permit) => {
+            Held::Local(permit, limiter) => {
+                let id = permit.id();
                 permit.commit(used).await?;
+                if let Some(delay) = sent_after {
+                    limiter.note_sent(id.as_str(), delay)?;
+                }
             }
-            Held::Remote(permit) => permit.commit(used).await?,
+            Held::Remote(permit) => permit.commit(used, sent_after).await?,
         }
         Ok(())
     }
@@ -97,7 +118,7 @@ impl QuotaPermit {
     /// Extend the lease. Fails when the lease expired: its fence is stale.
     pub(crate) async fn renew(&mut self) -> Result<(), DispatchError> {
         let expires_in = match &mut self.held {
-            Held::Local(permit) => permit.renew().await?,
+            Held::Local(permit, _) => permit.renew().await?,
             Held::Remote(permit) => permit.renew().await?,
         };
         self.lease_expires_at = Some(Instant::now() + expires_in);
@@ -158,7 +179,7 @@ impl Quota {
                             .and_then(|limit| limit.lease_expires_in)
                             .map(|expires_in| Instant::now() + expires_in);
                         Ok(Acquired::Granted(QuotaPermit {
-                            held: Held::Local(permit),
+                            held: Held::Local(permit, limiter.clone()),
                             fence,
                             lease_expires_at,
                         }))
@@ -188,6 +209,42 @@ impl Quota {
                     paused,
                 }),
             },
+        }
+    }
+
+    /// Teach the host's rate limit what the vendor said (`Limiter::learn`, and a pause until
+    /// the vendor's reset when it said nothing remains). Returns the pause in force after it
+    /// (zero: none).
+    pub(crate) async fn learn(&self, lesson: &Lesson) -> Result<Duration, DispatchError> {
+        match self {
+            Quota::Local { limiter, limits } => {
+                let Some(target) = limits.rate.as_deref() else {
+                    return Ok(Duration::ZERO);
+                };
+                let quotas: Vec<tollgate::AdvertisedQuota> = lesson
+                    .quotas
+                    .iter()
+                    .map(|quota| tollgate::AdvertisedQuota {
+                        quota: quota.quota,
+                        window: quota.window,
+                    })
+                    .collect();
+                limiter.learn(
+                    target,
+                    &tollgate::Lesson {
+                        source: &lesson.source,
+                        quotas: &quotas,
+                        rate_limited: lesson.rate_limited,
+                    },
+                )?;
+                match (lesson.remaining, lesson.reset) {
+                    (Some(0), Some(reset)) if !reset.is_zero() => {
+                        Ok(limiter.pause(target, None, reset).await?)
+                    }
+                    _ => Ok(Duration::ZERO),
+                }
+            }
+            Quota::Remote(remote) => remote.learn(lesson).await,
         }
     }
 

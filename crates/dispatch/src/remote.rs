@@ -12,6 +12,7 @@ use tollgate_api::data::{
 use tollgate_api::{Code, ErrorBody};
 
 use crate::error::DispatchError;
+use crate::quota::Lesson;
 use crate::quota::{HostLimits, check_limits};
 
 /// Longest answer body read from the server, in bytes.
@@ -229,11 +230,45 @@ impl RemoteQuota {
 }
 
 impl RemoteQuota {
-    async fn commit(&self, id: &str, used: u64) -> Result<(), DispatchError> {
+    /// Tell the server what the vendor's answer said of the host's rate limit; returns the
+    /// pause it put in force (none: zero).
+    pub(crate) async fn learn(&self, lesson: &Lesson) -> Result<Duration, DispatchError> {
+        let Some(target) = self.limits.rate.as_deref() else {
+            return Ok(Duration::ZERO);
+        };
+        let body = tollgate_api::data::LearnBody {
+            limit: target.to_owned(),
+            source: lesson.source.clone(),
+            quotas: lesson
+                .quotas
+                .iter()
+                .map(|quota| tollgate_api::data::QuotaBody {
+                    quota: quota.quota,
+                    window_ms: quota.window.map(tollgate_api::ms_ceil),
+                })
+                .collect(),
+            remaining: lesson.remaining,
+            reset_ms: lesson.reset.map(tollgate_api::ms_ceil),
+            rate_limited: lesson.rate_limited,
+        };
+        let (status, bytes) = self.post("/v1/learn", &body, self.timeout).await?;
+        if status != reqwest::StatusCode::OK {
+            return Err(RemoteQuota::failure(status, &bytes));
+        }
+        let learned: tollgate_api::data::LearnAnswer = RemoteQuota::parse(&bytes)?;
+        Ok(Duration::from_millis(learned.paused_ms))
+    }
+
+    async fn commit(
+        &self,
+        id: &str,
+        used: u64,
+        sent_after: Option<Duration>,
+    ) -> Result<(), DispatchError> {
         let path = format!("/v1/permits/{id}/commit");
         let body = CommitBody {
             used: Some(used),
-            sent_after_ms: None,
+            sent_after_ms: sent_after.map(tollgate_api::ms_ceil),
         };
         let (status, bytes) = self.post(&path, &body, self.timeout).await?;
         if status != reqwest::StatusCode::OK {
@@ -244,11 +279,15 @@ impl RemoteQuota {
 }
 
 impl RemotePermit {
-    pub(crate) async fn commit(mut self, used: u64) -> Result<(), DispatchError> {
+    pub(crate) async fn commit(
+        mut self,
+        used: u64,
+        sent_after: Option<Duration>,
+    ) -> Result<(), DispatchError> {
         // Settled whatever the answer: a commit that failed is not tried again from the drop
         // (its lease, if the server never heard of the commit, runs to its TTL).
         self.settled = true;
-        self.quota.commit(&self.id, used).await
+        self.quota.commit(&self.id, used, sent_after).await
     }
 
     pub(crate) async fn renew(&mut self) -> Result<Duration, DispatchError> {
@@ -281,7 +320,7 @@ impl Drop for RemotePermit {
         let id = std::mem::take(&mut self.id);
         runtime.spawn(async move {
             // One unit per grant: every acquire of the remote quota asks for cost 1.
-            if let Err(error) = quota.commit(&id, 1).await {
+            if let Err(error) = quota.commit(&id, 1, None).await {
                 tracing::debug!(%error, "releasing a dropped lease failed; it runs to its TTL");
             }
         });

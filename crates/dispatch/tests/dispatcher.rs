@@ -24,6 +24,8 @@ fn config() -> GateConfig {
         retry_after_ms_max: 60_000,
         resume_jitter_ms_max: 100,
         lease_margin_ms: 1_000,
+        // These cases measure the pause protocol alone; learning has its own.
+        learn: false,
     }
 }
 

@@ -223,6 +223,8 @@ fn gate_config() -> GateConfig {
         retry_after_ms_max: 30_000,
         resume_jitter_ms_max: 200,
         lease_margin_ms: 1_000,
+        // These cases measure the pause protocol alone; `tests/learn.rs` covers learning.
+        learn: false,
     }
 }
 
