@@ -539,10 +539,6 @@ impl Gate {
             };
             *last = Some((lesson.quotas.clone(), Instant::now()));
         }
-        if let Some(reset) = lesson.reset.filter(|_| lesson.remaining == Some(0)) {
-            // Locally first: this process's grants not yet sent wait for the vendor's reset.
-            self.note_pause(Instant::now() + reset);
-        }
         match self.inner.quota.learn(&lesson).await {
             Ok(paused) if !paused.is_zero() => self.note_pause(Instant::now() + paused),
             Ok(_) => {}

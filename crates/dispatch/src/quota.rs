@@ -238,9 +238,7 @@ impl Quota {
                     },
                 )?;
                 match (lesson.remaining, lesson.reset) {
-                    (Some(0), Some(reset)) if !reset.is_zero() => {
-                        Ok(limiter.pause(target, None, reset).await?)
-                    }
+                    (Some(0), Some(reset)) => Ok(limiter.vendor_exhausted(target, reset).await?),
                     _ => Ok(Duration::ZERO),
                 }
             }
