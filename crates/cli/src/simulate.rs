@@ -263,8 +263,8 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
         };
         // Only a rate limit of one counter learns; pausing alone works on any limit.
         let limit = rule.limit();
-        let learns = matches!(limit.policy().kind(), tollgate::core::Kind::Rate(_))
-            && limit.per().is_none();
+        let learns =
+            matches!(limit.policy().kind(), tollgate::core::Kind::Rate(_)) && limit.per().is_none();
         if workload.learn && !learns {
             return Err(invalid(format!(
                 "vendor.guarded_by: limit {:?} cannot learn (only a rate limit not counted per key does); name one or set learn = false",

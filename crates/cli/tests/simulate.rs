@@ -381,7 +381,10 @@ fn refusals_without_headers_teach_a_lower_limit() {
     let pausing = virtual_run(&behind_a_vendor(20, 4, vendor, false));
     let (on, off) = (vendor_of(&learning), vendor_of(&pausing));
     eprintln!("learning: {on:?}\npausing only: {off:?}");
-    assert!(on.limited < off.limited, "learning: {on:?}\npausing only: {off:?}");
+    assert!(
+        on.limited < off.limited,
+        "learning: {on:?}\npausing only: {off:?}"
+    );
     assert!(on.lessons > 0, "{on:?}");
 }
 
@@ -397,7 +400,10 @@ fn the_vendor_counts_its_own_windows_and_capacity() {
     // 8 a second for 10 s, then 4, over 60 s.
     assert_eq!(seen.capacity, 360.0, "{seen:?}");
     assert_eq!(seen.calls, seen.ok + seen.limited, "{seen:?}");
-    assert!(seen.over_limit >= seen.limited && seen.limited > 0, "{seen:?}");
+    assert!(
+        seen.over_limit >= seen.limited && seen.limited > 0,
+        "{seen:?}"
+    );
     assert!(seen.ok as f64 <= seen.capacity, "{seen:?}");
 }
 
@@ -407,27 +413,45 @@ fn a_bad_vendor_is_refused_naming_the_field() {
     parse(&good).expect("valid");
     for (change, says) in [
         (
-            ("limit = 10\n", "limit = 10\nsteps = [{at_s = 20, limit = 5}, {at_s = 10, limit = 8}]\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 20, limit = 5}, {at_s = 10, limit = 8}]\n",
+            ),
             "vendor.steps[1].at_s",
         ),
         (
-            ("limit = 10\n", "limit = 10\nsteps = [{at_s = 20, limit = 0}]\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 20, limit = 0}]\n",
+            ),
             "vendor.steps[0].limit",
         ),
         (
-            ("limit = 10\n", "limit = 10\nsteps = [{at_s = 61, limit = 5}]\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 61, limit = 5}]\n",
+            ),
             "vendor.steps[0].at_s",
         ),
         (
-            ("limit = 10\n", "limit = 10\nload_curve = {every_s = 10, low = 0, high = 8}\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 10, low = 0, high = 8}\n",
+            ),
             "vendor.load_curve.low",
         ),
         (
-            ("limit = 10\n", "limit = 10\nload_curve = {every_s = 10, low = 9, high = 8}\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 10, low = 9, high = 8}\n",
+            ),
             "vendor.load_curve.high",
         ),
         (
-            ("limit = 10\n", "limit = 10\nload_curve = {every_s = 0.0, low = 4, high = 8}\n"),
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 0.0, low = 4, high = 8}\n",
+            ),
             "vendor.load_curve.every_s",
         ),
         (

@@ -195,11 +195,7 @@ impl Vendor {
                 if curve.high < curve.low {
                     return Err("vendor.load_curve.high: must be at least low".to_owned());
                 }
-                Some((
-                    seconds_to_us(curve.every_s).max(1),
-                    curve.low,
-                    curve.high,
-                ))
+                Some((seconds_to_us(curve.every_s).max(1), curve.low, curve.high))
             }
         };
         Ok(Model {
@@ -261,7 +257,7 @@ impl Model {
             .find(|(from, _)| *from <= at_us)
             .map_or(self.limit, |(_, limit)| *limit);
         match self.curve {
-            Some((every, low, high)) => stepped.min(if (at_us / every) % 2 == 0 {
+            Some((every, low, high)) => stepped.min(if (at_us / every).is_multiple_of(2) {
                 high
             } else {
                 low
@@ -433,9 +429,7 @@ impl Log {
         let teach = match answer.headers {
             Some(headers) => {
                 let new = match self.taught {
-                    Some((quota, at)) => {
-                        quota != headers.limit || now_us >= at + LESSON_REPEAT_US
-                    }
+                    Some((quota, at)) => quota != headers.limit || now_us >= at + LESSON_REPEAT_US,
                     None => true,
                 };
                 if !new && headers.remaining > 0 {
@@ -478,10 +472,18 @@ mod tests {
         assert_eq!(model.limit_at(0), 8, "high first, under the limit");
         assert_eq!(model.limit_at(10_000_000), 4);
         assert_eq!(model.limit_at(20_000_000), 8);
-        assert_eq!(model.limit_at(30_000_000), 4, "the step lowers, the curve is low");
-        assert_eq!(model.limit_at(40_000_000), 5, "the step caps the high phase");
-        // Over 100 s: 8, 4, 8 for 10 s each, then 4, 5, 4, 5, 4, 5, 4.
-        assert_eq!(model.capacity(100_000_000), 10.0 * (20.0 + 32.0 + 18.0));
+        assert_eq!(
+            model.limit_at(30_000_000),
+            4,
+            "the step lowers, the curve is low"
+        );
+        assert_eq!(
+            model.limit_at(40_000_000),
+            5,
+            "the step caps the high phase"
+        );
+        // Over 100 s, 10 s each: 8, 4, 8, then 4, 5, 4, 5, 4, 5, 4.
+        assert_eq!(model.capacity(100_000_000), 10.0 * (20.0 + 31.0));
     }
 
     #[test]
@@ -495,9 +497,13 @@ mod tests {
         let refused = sliding.arrive(&mut log, 900_000);
         assert!(!refused.ok);
         assert_eq!(sliding.retry_after_us(&refused, 900_000), Some(1_000_000));
-        assert!(sliding.arrive(&mut log, 1_100_000).ok, "the first left its window");
+        assert!(
+            sliding.arrive(&mut log, 1_100_000).ok,
+            "the first left its window"
+        );
         let report = sliding.report(&log, 2_000_000, true);
-        assert_eq!((report.ok, report.limited, report.over_limit), (3, 1, 1));
+        // The refused arrival still counts in the window of the one at 1.1 s: three in it.
+        assert_eq!((report.ok, report.limited, report.over_limit), (3, 1, 2));
 
         let fixed = vendor("guarded_by = \"x\"\nlimit = 2\nperiod_ms = 1000\nwindow = \"fixed\"");
         let mut log = Log::default();
@@ -522,7 +528,11 @@ mod tests {
         let mut log = Log::default();
         assert_eq!(log.lesson(&answer(5), 0), Some(Teach::Quota(10)));
         assert_eq!(log.lesson(&answer(4), 1), None, "nothing new");
-        assert_eq!(log.lesson(&answer(0), 2), Some(Teach::Quota(10)), "none remains");
+        assert_eq!(
+            log.lesson(&answer(0), 2),
+            Some(Teach::Quota(10)),
+            "none remains"
+        );
         assert_eq!(
             log.lesson(&answer(3), 2 + LESSON_REPEAT_US),
             Some(Teach::Quota(10)),
