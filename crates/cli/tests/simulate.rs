@@ -291,6 +291,14 @@ fn the_shipped_workloads_run_without_overdrawing() {
         }
         let svg = std::fs::read_to_string(&chart).expect("the chart");
         assert!(svg.starts_with("<svg") && svg.contains("<line"), "{name}");
+        if name == "vendor-learning.toml" {
+            // The callers learn the vendor's 10 a second (and its 5 for a minute) from its
+            // headers: few refusals, nearly all of its capacity used.
+            let vendor = &report["vendor"];
+            assert!(vendor["limited"].as_u64() <= Some(10), "{vendor}");
+            assert!(vendor["used_share"].as_f64() >= Some(0.95), "{vendor}");
+            assert_eq!(vendor["window"], "sliding", "{vendor}");
+        }
     }
     let missing = command(directory.path())
         .args(["simulate", "nowhere.toml"])
