@@ -244,10 +244,6 @@ impl Model {
         self.period_us
     }
 
-    pub fn headers(&self) -> bool {
-        self.headers
-    }
-
     /// The vendor's limit in force `at_us` into the run.
     pub fn limit_at(&self, at_us: u64) -> u64 {
         let stepped = self
