@@ -1,12 +1,16 @@
 //! `tollgate simulate`: capacity planning on the real engine. A workload (limits with the admin
 //! API's fields, and callers: closed-loop workers or open-loop Poisson arrivals, with priority,
-//! cost, call duration and wait deadline, and optionally a vendor that answers 429 when its own
-//! limit is overdrawn) runs through the same `Limiter` and `MemoryStore` the server uses, on a
-//! virtual clock: tokio's paused time, which the store's clock follows, so an hour of traffic
-//! runs in seconds and the same seed gives the same figures.
+//! cost, call duration and wait deadline, and optionally a vendor (`vendor`) behind one limit,
+//! with a true limit of its own that the callers pause on and learn from as outbound clients
+//! do) runs through the same `Limiter` and `MemoryStore` the server uses, on a virtual clock:
+//! tokio's paused time, which the store's clock follows, so an hour of traffic runs in seconds
+//! and the same seed gives the same figures.
 //!
 //! The report counts independently of the store: every grant is recorded by the callers, and
-//! the most units in any window of each limit's period is computed from those records.
+//! the most units in any window of each limit's period is computed from those records; the
+//! vendor's figures come from the vendor's own arrival log.
+
+mod vendor;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,8 @@ use tollgate::{
     Outcome, PermitSecret, Priority, Request,
 };
 use tollgate_rules::{RawRule, Validate};
+
+pub use vendor::{LoadCurve, Step, Vendor, VendorReport, VendorWindow};
 
 /// Longest simulated span: a week.
 pub const DURATION_S_MAX: f64 = 7.0 * 86_400.0;
@@ -39,6 +45,11 @@ pub struct Workload {
     /// A vendor behind one limit that refuses (429) when called more than its own limit.
     #[serde(default)]
     pub vendor: Option<Vendor>,
+    /// Whether the callers teach the limiter what the vendor answers (its advertised limit,
+    /// none remaining until its reset, a 429 that advertised nothing), as outbound clients do
+    /// by default; `false`: they only pause the limit for a 429's `Retry-After`.
+    #[serde(default = "yes")]
+    pub learn: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -66,23 +77,16 @@ pub struct Caller {
     pub wait_ms: u64,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Vendor {
-    /// The Tollgate limit that guards the vendor; a 429 pauses it for `retry_after_ms`.
-    pub guarded_by: String,
-    /// The vendor's own limit: calls in any `period_ms`.
-    pub limit: u64,
-    pub period_ms: u64,
-    pub retry_after_ms: u64,
-}
-
 fn normal() -> String {
     "normal".to_owned()
 }
 
 fn one() -> u64 {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Percentiles of waits, in milliseconds.
@@ -146,9 +150,9 @@ pub struct Report {
     pub duration_s: f64,
     pub limits: Vec<LimitReport>,
     pub callers: Vec<CallerReport>,
-    /// Calls the vendor refused (429), when there is a vendor.
+    /// What the vendor counted, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub vendor_refusals: Option<u64>,
+    pub vendor: Option<VendorReport>,
     /// For the chart: per limit, units granted in each window (its period, or a hundredth of
     /// the run for a concurrency limit) by priority: high, normal, low.
     #[serde(skip)]
@@ -184,9 +188,8 @@ struct Record {
     grants: BTreeMap<String, Vec<(u64, u64, u64, Priority)>>,
     /// Per limit: the instants a call waited or gave up.
     contended: BTreeMap<String, Vec<u64>>,
-    /// The vendor's calls (instants), and its refusals.
-    vendor_calls: Vec<u64>,
-    vendor_refusals: u64,
+    /// The vendor's own record.
+    vendor: vendor::Log,
 }
 
 fn invalid(text: String) -> anyhow::Error {
@@ -252,17 +255,23 @@ pub fn parse(text: &str) -> anyhow::Result<Workload> {
         )));
     }
     if let Some(vendor) = &workload.vendor {
-        if !workload.limits.contains_key(&vendor.guarded_by) {
+        let Some(rule) = rules.get(vendor.guarded_by.as_str()) else {
             return Err(invalid(format!(
                 "vendor.guarded_by: no limit named {:?}",
                 vendor.guarded_by
             )));
+        };
+        // Only a rate limit of one counter learns; pausing alone works on any limit.
+        let limit = rule.limit();
+        let learns =
+            matches!(limit.policy().kind(), tollgate::core::Kind::Rate(_)) && limit.per().is_none();
+        if workload.learn && !learns {
+            return Err(invalid(format!(
+                "vendor.guarded_by: limit {:?} cannot learn (only a rate limit not counted per key does); name one or set learn = false",
+                vendor.guarded_by
+            )));
         }
-        if vendor.limit == 0 || vendor.period_ms == 0 || vendor.retry_after_ms == 0 {
-            return Err(invalid(
-                "vendor: limit, period_ms and retry_after_ms must be at least 1".to_owned(),
-            ));
-        }
+        vendor.check(workload.duration_s).map_err(invalid)?;
     }
     Ok(workload)
 }
@@ -354,6 +363,12 @@ pub async fn run(
         callers: vec![CallerRecord::default(); workload.callers.len()],
         ..Record::default()
     }));
+    let vendor = match &workload.vendor {
+        Some(vendor) => Some(Arc::new(
+            vendor.check(workload.duration_s).map_err(invalid)?,
+        )),
+        None => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut rng = fastrand::Rng::with_seed(workload.seed);
     for (index, caller) in workload.callers.iter().enumerate() {
@@ -362,8 +377,10 @@ pub async fn run(
             caller: Arc::new(caller.clone()),
             limiter: limiter.clone(),
             record: record.clone(),
-            vendor: workload.vendor.clone(),
+            vendor: vendor.clone(),
+            learn: workload.learn,
             clock: clock.clone(),
+            started_us,
         };
         if let Some(count) = caller.count {
             for _ in 0..count {
@@ -414,7 +431,13 @@ pub async fn run(
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()),
     );
-    Ok(report(workload, &limiter, record, started_us))
+    Ok(report(
+        workload,
+        &limiter,
+        vendor.as_deref(),
+        record,
+        started_us,
+    ))
 }
 
 #[derive(Clone)]
@@ -423,9 +446,12 @@ struct Call {
     caller: Arc<Caller>,
     limiter: Limiter,
     record: Arc<Mutex<Record>>,
-    vendor: Option<Vendor>,
+    vendor: Option<Arc<vendor::Model>>,
+    learn: bool,
     /// The store's clock: grants are recorded at their decision's instant on it.
     clock: Arc<MonotonicClock>,
+    /// The run's start on that clock: the vendor's own clock starts there.
+    started_us: u64,
 }
 
 impl Call {
@@ -482,7 +508,7 @@ impl Call {
             }
             Outcome::Granted(permit) => {
                 let granted_at = permit.decided_at_us();
-                let refused = self.call_vendor(now);
+                let answer = self.call_vendor(now);
                 {
                     let mut record = self.record();
                     record.callers[self.index].granted += 1;
@@ -497,17 +523,12 @@ impl Call {
                         }
                     }
                 }
-                if let (Some(vendor), true) = (&self.vendor, refused) {
-                    let _ = self
-                        .limiter
-                        .pause(
-                            &vendor.guarded_by,
-                            None,
-                            Duration::from_millis(vendor.retry_after_ms),
-                        )
-                        .await;
-                }
+                // The call is the request to the vendor: its answer comes back when it ends,
+                // and is acted on before the permit is given back, as outbound clients do.
                 tokio::time::sleep(Duration::from_millis(caller.call_ms)).await;
+                if let Some(answer) = answer {
+                    self.answered(&answer).await;
+                }
                 let released = self.clock.now_us();
                 {
                     let mut record = self.record();
@@ -525,24 +546,71 @@ impl Call {
         }
     }
 
-    /// Whether the vendor refuses a call made now: it counts the calls of the limit it is
-    /// guarded by, in any window of its own period.
-    fn call_vendor(&self, now: u64) -> bool {
-        let Some(vendor) = &self.vendor else {
-            return false;
-        };
+    /// The call reaches the vendor now, if this caller's calls go through the limit that
+    /// guards it; the vendor counts it and answers.
+    fn call_vendor(&self, now: u64) -> Option<vendor::Answer> {
+        let vendor = self.vendor.as_deref()?;
         if !self.caller.limits.contains(&vendor.guarded_by) {
-            return false;
+            return None;
         }
-        let mut record = self.record();
-        let window = vendor.period_ms * 1_000;
-        record.vendor_calls.retain(|&at| at + window > now);
-        if record.vendor_calls.len() as u64 >= vendor.limit {
-            record.vendor_refusals += 1;
-            return true;
+        let at = now.saturating_sub(self.started_us);
+        Some(vendor.arrive(&mut self.record().vendor, at))
+    }
+
+    /// The vendor's answer reached this caller: as an outbound client, teach the limiter what
+    /// it said (when learning), pause the limit until the vendor's reset when none remains
+    /// (what the server's `/v1/learn` does), and pause it for a 429's `Retry-After`.
+    async fn answered(&self, answer: &vendor::Answer) {
+        let Some(vendor) = self.vendor.as_deref() else {
+            return;
+        };
+        let now = self.clock.now_us().saturating_sub(self.started_us);
+        let mut pauses = Vec::new();
+        let lesson = {
+            let mut record = self.record();
+            if self.learn {
+                record.vendor.lesson(answer, now)
+            } else {
+                record.vendor.answered(now);
+                None
+            }
+        };
+        if let Some(teach) = lesson {
+            let (quotas, rate_limited, source) = match teach {
+                vendor::Teach::Quota(quota) => (
+                    vec![tollgate::AdvertisedQuota {
+                        quota,
+                        window: Some(Duration::from_micros(vendor.period_us())),
+                    }],
+                    false,
+                    vendor::SOURCE_HEADERS,
+                ),
+                vendor::Teach::RateLimited => (Vec::new(), true, vendor::SOURCE_REFUSAL),
+            };
+            // A lesson that fails is dropped, as clients drop it: the call itself stands.
+            let _ = self.limiter.learn(
+                &vendor.guarded_by,
+                &tollgate::Lesson {
+                    source,
+                    quotas: &quotas,
+                    rate_limited,
+                },
+            );
+            if let Some(headers) = answer.headers.filter(|headers| headers.remaining == 0) {
+                pauses.push(headers.reset_at_us.saturating_sub(now));
+            }
         }
-        record.vendor_calls.push(now);
-        false
+        pauses.extend(vendor.retry_after_us(answer, now));
+        for pause in pauses.into_iter().filter(|us| *us > 0) {
+            if self
+                .limiter
+                .pause(&vendor.guarded_by, None, Duration::from_micros(pause))
+                .await
+                .is_ok()
+            {
+                self.record().vendor.paused();
+            }
+        }
     }
 }
 
@@ -568,7 +636,13 @@ fn percentile(sorted: &[u64], fraction: f64) -> f64 {
     sorted[index] as f64 / 1_000.0
 }
 
-fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u64) -> Report {
+fn report(
+    workload: &Workload,
+    limiter: &Limiter,
+    vendor: Option<&vendor::Model>,
+    record: Record,
+    started_us: u64,
+) -> Report {
     let table = limiter.limits();
     let duration_us = (workload.duration_s * 1e6) as u64;
     let mut windows = BTreeMap::new();
@@ -576,7 +650,7 @@ fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u6
         let Some(limit) = table.get(name) else {
             continue;
         };
-        let width = match limit.policy().kind() {
+        let width = match limit.configured().kind() {
             tollgate::core::Kind::Rate(rate) => rate.window_us(),
             tollgate::core::Kind::Concurrency(_) => duration_us.div_ceil(100),
         }
@@ -604,7 +678,7 @@ fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u6
         .filter_map(|name| {
             let limit = table.get(name)?;
             let grants = record.grants.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            let (bound, max_in_window, utilization) = match limit.policy().kind() {
+            let (bound, max_in_window, utilization) = match limit.configured().kind() {
                 tollgate::core::Kind::Rate(rate) => {
                     let mut times: Vec<(u64, u64)> = grants.iter().map(|g| (g.0, g.2)).collect();
                     times.sort_unstable();
@@ -704,7 +778,14 @@ fn report(workload: &Workload, limiter: &Limiter, record: Record, started_us: u6
         duration_s: workload.duration_s,
         limits,
         callers,
-        vendor_refusals: workload.vendor.as_ref().map(|_| record.vendor_refusals),
+        vendor: vendor.map(|model| {
+            let mut report = model.report(&record.vendor, duration_us, workload.learn);
+            if let Some(learned) = limiter.learned(&model.guarded_by) {
+                report.effective_at_end = Some(learned.effective);
+                report.configured = Some(learned.configured);
+            }
+            report
+        }),
         windows,
     }
 }
@@ -828,9 +909,53 @@ pub fn table(report: &Report) -> String {
             }
         ));
     }
-    if let Some(refusals) = report.vendor_refusals {
-        out.push_str(&format!("\nvendor refusals (429): {refusals}\n"));
+    if let Some(vendor) = &report.vendor {
+        out.push_str(&vendor_text(vendor));
     }
+    out
+}
+
+/// The vendor's figures in a few lines.
+fn vendor_text(vendor: &VendorReport) -> String {
+    let mut out = format!(
+        "\nVENDOR behind {} ({} window, {}, {})\n",
+        vendor.guarded_by,
+        vendor.window.as_str(),
+        if vendor.headers {
+            "rate-limit headers"
+        } else {
+            "no rate-limit headers"
+        },
+        if vendor.learn {
+            "callers learn from its answers"
+        } else {
+            "callers only pause on a 429"
+        }
+    );
+    out.push_str(&format!(
+        "calls {}, admitted {}, refused (429) {} ({} after the first answer), arrivals over its limit {}\n",
+        vendor.calls,
+        vendor.ok,
+        vendor.limited,
+        vendor.limited_after_first_answer,
+        vendor.over_limit
+    ));
+    out.push_str(&format!(
+        "its capacity used: {:.1} % ({} admitted of {:.0} it would admit over the run)\n",
+        vendor.used_share * 100.0,
+        vendor.ok,
+        vendor.capacity
+    ));
+    out.push_str(&format!(
+        "lessons taught {}, pauses {}",
+        vendor.lessons, vendor.pauses
+    ));
+    if let (Some(effective), Some(configured)) = (vendor.effective_at_end, vendor.configured) {
+        out.push_str(&format!(
+            ", limit in force at the end {effective} (configured {configured})"
+        ));
+    }
+    out.push('\n');
     out
 }
 

@@ -261,7 +261,11 @@ fn the_shipped_workloads_run_without_overdrawing() {
     let directory = tempfile::tempdir().expect("tempdir");
     let examples =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads");
-    for name in ["bulk-and-interactive.toml", "escalating-vendor.toml"] {
+    for name in [
+        "bulk-and-interactive.toml",
+        "escalating-vendor.toml",
+        "vendor-learning.toml",
+    ] {
         let chart = directory.path().join(format!("{name}.svg"));
         let output = command(directory.path())
             .args(["simulate", "--json", "--chart"])
@@ -287,6 +291,14 @@ fn the_shipped_workloads_run_without_overdrawing() {
         }
         let svg = std::fs::read_to_string(&chart).expect("the chart");
         assert!(svg.starts_with("<svg") && svg.contains("<line"), "{name}");
+        if name == "vendor-learning.toml" {
+            // The callers learn the vendor's 10 a second (and its 5 for a minute) from its
+            // headers: few refusals, nearly all of its capacity used.
+            let vendor = &report["vendor"];
+            assert!(vendor["limited"].as_u64() <= Some(10), "{vendor}");
+            assert!(vendor["used_share"].as_f64() >= Some(0.95), "{vendor}");
+            assert_eq!(vendor["window"], "sliding", "{vendor}");
+        }
     }
     let missing = command(directory.path())
         .args(["simulate", "nowhere.toml"])
@@ -294,4 +306,195 @@ fn the_shipped_workloads_run_without_overdrawing() {
         .expect("runs");
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("nowhere.toml"));
+}
+
+/// Sync workers behind a limit of `configured` a second, calling a vendor described by
+/// `vendor` (the `[vendor]` table's fields beyond `guarded_by`), learning from it or not.
+fn behind_a_vendor(configured: u64, workers: u64, vendor: &str, learn: bool) -> String {
+    format!(
+        r#"
+duration_s = 60
+seed = 3
+learn = {learn}
+
+[limits.vendor-x]
+kind = "rate"
+limit = {configured}
+period_ms = 1000
+algorithm = "sliding"
+
+[[callers]]
+name = "sync"
+limits = ["vendor-x"]
+count = {workers}
+call_ms = 50
+wait_ms = 30000
+
+[vendor]
+guarded_by = "vendor-x"
+{vendor}
+"#
+    )
+}
+
+fn vendor_of(report: &Report) -> &tollgate_cli::simulate::VendorReport {
+    report.vendor.as_ref().expect("a vendor report")
+}
+
+/// Configured for 20 a second, the vendor allows 10 and says so in its headers: callers that
+/// learn teach the limiter 10 from the first answer, so the vendor refuses at most one call
+/// after it while most of its capacity is used; callers that only pause on a 429 keep calling
+/// into refusals.
+#[test]
+fn callers_that_learn_the_advertised_limit_stop_meeting_refusals() {
+    let vendor = "limit = 10\nperiod_ms = 1000\nheaders = true";
+    let learning = virtual_run(&behind_a_vendor(20, 4, vendor, true));
+    let pausing = virtual_run(&behind_a_vendor(20, 4, vendor, false));
+    assert_eq!(learning, virtual_run(&behind_a_vendor(20, 4, vendor, true)));
+    let (on, off) = (vendor_of(&learning), vendor_of(&pausing));
+    eprintln!("learning: {on:?}\npausing only: {off:?}");
+    assert!(learning.overshoots().is_empty() && pausing.overshoots().is_empty());
+    assert!(on.limited_after_first_answer <= 1, "{on:?}");
+    assert!(on.used_share >= 0.9, "{on:?}");
+    assert!(on.lessons > 0 && on.effective_at_end == Some(10), "{on:?}");
+    assert!(
+        off.limited_after_first_answer > on.limited_after_first_answer,
+        "pausing only: {off:?}"
+    );
+    assert_eq!(off.lessons, 0, "{off:?}");
+}
+
+/// The vendor halves its limit from 10 to 5 in the middle of the run, and its headers say so:
+/// the callers learn it from the first refusal and meet at most two.
+#[test]
+fn a_vendor_that_lowers_its_limit_mid_run_is_followed() {
+    let vendor = "limit = 10\nperiod_ms = 1000\nheaders = true\nsteps = [{at_s = 30.5, limit = 5}]";
+    let learning = virtual_run(&behind_a_vendor(10, 2, vendor, true));
+    let pausing = virtual_run(&behind_a_vendor(10, 2, vendor, false));
+    let (on, off) = (vendor_of(&learning), vendor_of(&pausing));
+    eprintln!("learning: {on:?}\npausing only: {off:?}");
+    assert!(on.limited <= 2, "{on:?}");
+    assert_eq!(on.effective_at_end, Some(5), "{on:?}");
+    // 10 a second for 30.5 s, then 5: 457.5 calls; all but the refusals' pauses used.
+    assert!(on.used_share >= 0.85, "{on:?}");
+    assert!(off.limited > on.limited, "pausing only: {off:?}");
+}
+
+/// A vendor that says nothing but 429 with `Retry-After`: callers that learn halve the limit
+/// on a refusal and meet fewer than callers that only pause.
+#[test]
+fn refusals_without_headers_teach_a_lower_limit() {
+    let vendor = "limit = 10\nperiod_ms = 1000";
+    let learning = virtual_run(&behind_a_vendor(20, 4, vendor, true));
+    let pausing = virtual_run(&behind_a_vendor(20, 4, vendor, false));
+    let (on, off) = (vendor_of(&learning), vendor_of(&pausing));
+    eprintln!("learning: {on:?}\npausing only: {off:?}");
+    assert!(
+        on.limited < off.limited,
+        "learning: {on:?}\npausing only: {off:?}"
+    );
+    assert!(on.lessons > 0, "{on:?}");
+}
+
+/// The vendor counts arrivals itself: in fixed windows, with a load curve, every arrival past
+/// its limit in its window is counted whether admitted or not, and the capacity follows the
+/// curve.
+#[test]
+fn the_vendor_counts_its_own_windows_and_capacity() {
+    let vendor = "limit = 10\nperiod_ms = 1000\nwindow = \"fixed\"\nload_curve = {every_s = 10, low = 4, high = 8}";
+    let report = virtual_run(&behind_a_vendor(10, 4, vendor, false));
+    let seen = vendor_of(&report);
+    eprintln!("{seen:?}");
+    // 8 a second for 10 s, then 4, over 60 s.
+    assert_eq!(seen.capacity, 360.0, "{seen:?}");
+    assert_eq!(seen.calls, seen.ok + seen.limited, "{seen:?}");
+    assert!(
+        seen.over_limit >= seen.limited && seen.limited > 0,
+        "{seen:?}"
+    );
+    assert!(seen.ok as f64 <= seen.capacity, "{seen:?}");
+}
+
+#[test]
+fn a_bad_vendor_is_refused_naming_the_field() {
+    let good = behind_a_vendor(20, 4, "limit = 10\nperiod_ms = 1000", true);
+    parse(&good).expect("valid");
+    for (change, says) in [
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 20, limit = 5}, {at_s = 10, limit = 8}]\n",
+            ),
+            "vendor.steps[1].at_s",
+        ),
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 20, limit = 0}]\n",
+            ),
+            "vendor.steps[0].limit",
+        ),
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nsteps = [{at_s = 61, limit = 5}]\n",
+            ),
+            "vendor.steps[0].at_s",
+        ),
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 10, low = 0, high = 8}\n",
+            ),
+            "vendor.load_curve.low",
+        ),
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 10, low = 9, high = 8}\n",
+            ),
+            "vendor.load_curve.high",
+        ),
+        (
+            (
+                "limit = 10\n",
+                "limit = 10\nload_curve = {every_s = 0.0, low = 4, high = 8}\n",
+            ),
+            "vendor.load_curve.every_s",
+        ),
+        (
+            ("limit = 10\n", "limit = 10\nwindow = \"rolling\"\n"),
+            "unknown variant `rolling`",
+        ),
+        (
+            ("limit = 10\n", "limit = 10\nretry_after_ms = 0\n"),
+            "vendor.retry_after_ms",
+        ),
+        (("limit = 10\n", "limit = 0\n"), "vendor.limit"),
+    ] {
+        let text = replace_last(&good, change.0, change.1);
+        assert_ne!(text, good, "{change:?} changed nothing");
+        let error = parse(&text).expect_err("refused").to_string();
+        assert!(error.contains(says), "{change:?}: {error}");
+    }
+    // Only a rate limit learns; pausing alone works on any limit.
+    let concurrency = good.replace(
+        "kind = \"rate\"\nlimit = 20\nperiod_ms = 1000\nalgorithm = \"sliding\"",
+        "kind = \"concurrency\"\nlimit = 20\nlease_ttl_ms = 30000",
+    );
+    assert_ne!(concurrency, good);
+    let error = parse(&concurrency).expect_err("refused").to_string();
+    assert!(
+        error.contains("vendor.guarded_by: limit \"vendor-x\" cannot learn"),
+        "{error}"
+    );
+    parse(&concurrency.replace("learn = true", "learn = false")).expect("pausing only");
+}
+
+/// `text` with the last `from` replaced: the vendor's fields come last in these workloads.
+fn replace_last(text: &str, from: &str, to: &str) -> String {
+    match text.rfind(from) {
+        Some(at) => format!("{}{to}{}", &text[..at], &text[at + from.len()..]),
+        None => text.to_owned(),
+    }
 }
