@@ -104,8 +104,10 @@ pub struct CommitBody {
     #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(value_type = u64, required = true))]
     pub used: Option<u64>,
-    /// Milliseconds from the grant's answer reaching the caller to its request leaving for
-    /// the vendor (0 to 3,600,000). The server widens each rate limit's margin to cover the
+    /// Milliseconds from the grant to the request leaving for the vendor (0 to 3,600,000):
+    /// the caller's time from sending its acquire to sending the vendor's request, less the
+    /// time the server held the acquire (its answer's `Server-Timing: acquire;dur=MS`), so
+    /// that the answer's own way back is counted. The server widens each rate limit's margin to cover the
     /// most it has seen lately, so that arrivals at the vendor keep the limit on its clock
     /// (docs/outbound.md, *The vendor's clock*).
     #[serde(default, deserialize_with = "crate::number::optional")]

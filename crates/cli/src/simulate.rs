@@ -565,7 +565,6 @@ impl Call {
             return;
         };
         let now = self.clock.now_us().saturating_sub(self.started_us);
-        let mut pauses = Vec::new();
         let lesson = {
             let mut record = self.record();
             if self.learn {
@@ -597,19 +596,26 @@ impl Call {
                 },
             );
             if let Some(headers) = answer.headers.filter(|headers| headers.remaining == 0) {
-                pauses.push(headers.reset_at_us.saturating_sub(now));
+                // As `/v1/learn` does: a pause to the reset where the limit has room itself.
+                let reset = Duration::from_micros(headers.reset_at_us.saturating_sub(now));
+                if self
+                    .limiter
+                    .vendor_exhausted(&vendor.guarded_by, reset)
+                    .await
+                    .is_ok_and(|paused| !paused.is_zero())
+                {
+                    self.record().vendor.paused();
+                }
             }
         }
-        pauses.extend(vendor.retry_after_us(answer, now));
-        for pause in pauses.into_iter().filter(|us| *us > 0) {
-            if self
+        if let Some(pause) = vendor.retry_after_us(answer, now).filter(|us| *us > 0)
+            && self
                 .limiter
                 .pause(&vendor.guarded_by, None, Duration::from_micros(pause))
                 .await
                 .is_ok()
-            {
-                self.record().vendor.paused();
-            }
+        {
+            self.record().vendor.paused();
         }
     }
 }

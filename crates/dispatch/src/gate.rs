@@ -320,9 +320,10 @@ impl Gate {
                         continue;
                     }
                     self.check_lease(&mut permit).await?;
+                    let granted_at = permit.granted_at;
                     return Ok(Admission {
                         permit,
-                        granted_at: Instant::now(),
+                        granted_at,
                         sent_at: None,
                     });
                 }

@@ -79,6 +79,9 @@ enum Held {
 pub struct QuotaPermit {
     held: Held,
     fence: Option<u64>,
+    /// When the grant was made, on this process's clock: the grant-to-send delay counts from
+    /// it.
+    pub(crate) granted_at: Instant,
     /// When the lease runs out unless renewed, on this process's clock (measured from the
     /// answer's arrival, so it errs early by the answer's transit).
     lease_expires_at: Option<Instant>,
@@ -181,6 +184,7 @@ impl Quota {
                         Ok(Acquired::Granted(QuotaPermit {
                             held: Held::Local(permit, limiter.clone()),
                             fence,
+                            granted_at: Instant::now(),
                             lease_expires_at,
                         }))
                     }
@@ -194,10 +198,12 @@ impl Quota {
                 crate::remote::RemoteAcquired::Granted {
                     permit,
                     fence,
+                    granted_at,
                     lease_expires_in,
                 } => Ok(Acquired::Granted(QuotaPermit {
                     held: Held::Remote(permit),
                     fence,
+                    granted_at,
                     lease_expires_at: lease_expires_in
                         .map(|expires_in| Instant::now() + expires_in),
                 })),

@@ -48,6 +48,8 @@ pub(crate) enum RemoteAcquired {
     Granted {
         permit: RemotePermit,
         fence: Option<u64>,
+        /// When the server made the grant, on this process's clock (as near as can be known).
+        granted_at: tokio::time::Instant,
         lease_expires_in: Option<Duration>,
     },
     Denied {
@@ -112,6 +114,17 @@ impl RemoteQuota {
         body: &impl serde::Serialize,
         timeout: Duration,
     ) -> Result<(reqwest::StatusCode, Vec<u8>), DispatchError> {
+        let (status, bytes, _) = self.post_timed(path, body, timeout).await?;
+        Ok((status, bytes))
+    }
+
+    /// `post`, with the time the server says it held the request (`Server-Timing`).
+    async fn post_timed(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<(reqwest::StatusCode, Vec<u8>, Option<Duration>), DispatchError> {
         let mut request = self
             .client
             .post(format!("{}{path}", self.base_url))
@@ -121,6 +134,11 @@ impl RemoteQuota {
             request = request.bearer_auth(token);
         }
         let mut response = request.send().await.map_err(transport)?;
+        let held = response
+            .headers()
+            .get("server-timing")
+            .and_then(|value| value.to_str().ok())
+            .and_then(server_held);
         let status = response.status();
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(transport)? {
@@ -132,7 +150,7 @@ impl RemoteQuota {
             }
             bytes.extend_from_slice(&chunk);
         }
-        Ok((status, bytes))
+        Ok((status, bytes, held))
     }
 
     fn failure(status: reqwest::StatusCode, bytes: &[u8]) -> DispatchError {
@@ -181,9 +199,15 @@ impl RemoteQuota {
             refundable: None,
         };
         let timeout = wait + self.timeout + Duration::from_millis(REMOTE_SLACK_MS);
-        let (status, bytes) = self.post("/v1/acquire", &body, timeout).await?;
+        let asked_at = tokio::time::Instant::now();
+        let (status, bytes, held) = self.post_timed("/v1/acquire", &body, timeout).await?;
         if status == reqwest::StatusCode::OK {
             let granted: Granted = RemoteQuota::parse(&bytes)?;
+            // The grant was made when the server let the request go: the time since is the
+            // answer's way back, which the margin must cover too. Without the server's
+            // figure, the answer's arrival (the answer's way back goes unseen).
+            let now = tokio::time::Instant::now();
+            let granted_at = held.map_or(now, |held| (asked_at + held).min(now));
             let lease = granted.limits.iter().find(|limit| limit.fence.is_some());
             return Ok(RemoteAcquired::Granted {
                 permit: RemotePermit {
@@ -193,6 +217,7 @@ impl RemoteQuota {
                     settled: false,
                 },
                 fence: lease.and_then(|limit| limit.fence),
+                granted_at,
                 lease_expires_in: lease
                     .and_then(|limit| limit.expires_ms)
                     .map(Duration::from_millis),
@@ -324,5 +349,47 @@ impl Drop for RemotePermit {
                 tracing::debug!(%error, "releasing a dropped lease failed; it runs to its TTL");
             }
         });
+    }
+}
+
+/// The time a Tollgate server held an acquire, from its `Server-Timing: acquire;dur=MS`.
+pub(crate) fn server_held(value: &str) -> Option<Duration> {
+    value.split(',').find_map(|metric| {
+        let mut parts = metric.split(';').map(str::trim);
+        if parts.next()? != "acquire" {
+            return None;
+        }
+        let ms: f64 = parts
+            .find_map(|part| part.strip_prefix("dur="))?
+            .parse()
+            .ok()?;
+        (ms.is_finite() && (0.0..=86_400_000.0).contains(&ms))
+            .then(|| Duration::from_secs_f64(ms / 1_000.0))
+    })
+}
+
+#[cfg(test)]
+mod server_timing_tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_hold_is_read_from_server_timing() {
+        assert_eq!(
+            server_held("acquire;dur=12.5"),
+            Some(Duration::from_micros(12_500))
+        );
+        assert_eq!(
+            server_held("db;dur=1, acquire; dur=3"),
+            Some(Duration::from_millis(3))
+        );
+        for bad in [
+            "",
+            "acquire",
+            "acquire;dur=-1",
+            "acquire;dur=NaN",
+            "other;dur=3",
+        ] {
+            assert_eq!(server_held(bad), None, "{bad}");
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! one nor below the floor (`LearnConfig::floor_percent` of it, at least 1); an advertised one
 //! expires after `LearnConfig::ttl` unless taught again; one lowered by rate-limit answers
 //! climbs back by `step` every `LearnConfig::raise_every` without another; a learned margin is
-//! at most a tenth of the period and a second, and is forgotten two minutes after the last
+//! at most a quarter of the period and a second, and is forgotten two minutes after the last
 //! delay reported.
 
 use std::sync::Arc;
@@ -21,7 +21,8 @@ pub const LEARNED_MARGIN_ALLOWANCE_US: u64 = 10_000;
 /// Learned margins are whole multiples of this, so that delays that wobble do not change the
 /// limit on every report.
 pub const LEARNED_MARGIN_STEP_US: u64 = 5_000;
-/// The most a learned margin may be: also never more than a tenth of the period.
+/// The most a learned margin may be: also never more than a quarter of the period, so that
+/// delays reported (truly or not) cost at most a fifth of the limit's throughput.
 pub const LEARNED_MARGIN_MAX_US: u64 = 1_000_000;
 /// Delays are kept per minute; the most of this minute's and the last is the delay seen.
 const DELAY_BUCKET_US: u64 = 60_000_000;
@@ -297,7 +298,7 @@ impl LimitLearning {
     }
 
     /// The margin that covers the delay seen: the delay plus the allowance, rounded up to a
-    /// step, at most a tenth of the period and `LEARNED_MARGIN_MAX_US`; 0 with no delay seen.
+    /// step, at most a quarter of the period and `LEARNED_MARGIN_MAX_US`; 0 with no delay seen.
     pub fn margin_us(&self, period_us: u64, now_us: u64) -> u64 {
         let delay = self.delay_us(now_us);
         if delay == 0 {
@@ -307,7 +308,7 @@ impl LimitLearning {
             .saturating_add(LEARNED_MARGIN_ALLOWANCE_US)
             .div_ceil(LEARNED_MARGIN_STEP_US)
             .saturating_mul(LEARNED_MARGIN_STEP_US);
-        wanted.min(period_us / 10).min(LEARNED_MARGIN_MAX_US)
+        wanted.min(period_us / 4).min(LEARNED_MARGIN_MAX_US)
     }
 
     /// When the limit or margin in force next changes by itself, if ever.
@@ -331,13 +332,17 @@ impl LimitLearning {
         let mut copy = self.clone();
         copy.expire(bounds, config, now_us);
         let effective = copy.limit(bounds, config, now_us);
+        let raise_every = us(config.raise_every).max(1);
         let learned = copy.lowered.as_ref().map(|lowered| LearnedLimit {
             limit: effective,
             kind: lowered.kind,
             source: lowered.source.to_string(),
             changes_in: Duration::from_micros(
-                copy.next_change_us(bounds.period_us, config, now_us)
-                    .map_or(0, |at| at.saturating_sub(now_us)),
+                match lowered.kind {
+                    LearnedKind::Advertised => lowered.at_us,
+                    LearnedKind::RateLimited => lowered.at_us.saturating_add(raise_every),
+                }
+                .saturating_sub(now_us),
             ),
         });
         Learned {
@@ -527,12 +532,12 @@ mod tests {
         state.note_delay(500_000, 1);
         assert_eq!(
             state.margin_us(SECOND, 1),
-            100_000,
-            "at most a tenth of the period"
+            250_000,
+            "at most a quarter of the period"
         );
         assert_eq!(
             state.margin_us(SECOND, DELAY_BUCKET_US + 1),
-            100_000,
+            250_000,
             "kept a minute more"
         );
         assert_eq!(

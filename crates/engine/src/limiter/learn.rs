@@ -231,7 +231,7 @@ impl Limiter {
     /// each of the permit's rate limits widens its margin to cover the most delay seen in the
     /// last minute or two (plus an allowance for the answer's own way), so that grants a
     /// period apart never arrive at the vendor less than a period apart. Bounded: at most a
-    /// tenth of the period and a second, forgotten two minutes after the last report.
+    /// quarter of the period and a second, forgotten two minutes after the last report.
     pub fn note_sent(&self, id: &str, delay: Duration) -> Result<()> {
         let parts = decode(&self.shared.config.permit_secret, id)?;
         let delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);

@@ -24,6 +24,10 @@ use crate::extract::{Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
 
+/// The `Server-Timing` field of a granted acquire, and its metric's name.
+const SERVER_TIMING: header::HeaderName = header::HeaderName::from_static("server-timing");
+pub const SERVER_TIMING_METRIC: &str = "acquire";
+
 pub(super) fn denial(denied: &Denied) -> RateLimited {
     let retry_after_ms = ms_ceil(denied.retry_after);
     let reason = Reason::from(denied.reason);
@@ -161,6 +165,9 @@ pub(super) fn count_decision(state: &AppState, names: &[&str], denied: Option<&D
     request_body = AcquireBody,
     responses(
         (status = 200, description = "granted: commit the permit when done", body = Granted,
+            headers(("Server-Timing" = String, description = "`acquire;dur=MS`: how long the \
+                server held the request, in milliseconds (fractional). A caller subtracts it \
+                from its round trip to know when the grant was made, for `sent_after_ms`")),
             links(
                 ("Commit" = (operation_id = "commit",
                     parameters(("permit" = "$response.body#/permit")))),
@@ -179,6 +186,7 @@ pub(crate) async fn acquire(
     State(state): State<AppState>,
     Body(body): Body<AcquireBody>,
 ) -> ApiResult<Response> {
+    let received = Instant::now();
     for (index, name) in body.limits.iter().enumerate() {
         check_limit_name(name)
             .map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
@@ -234,11 +242,20 @@ pub(crate) async fn acquire(
         Outcome::Granted(permit) => {
             let limits: Vec<LimitView> = permit.limits().iter().map(LimitView::from).collect();
             let id = permit.detach();
-            Json(Granted {
+            let mut response = Json(Granted {
                 permit: id.to_string(),
                 limits,
             })
-            .into_response()
+            .into_response();
+            // How long the server held the request: the caller subtracts it from its round
+            // trip to learn how long the answer took to reach it (docs/outbound.md).
+            let held_ms = received.elapsed().as_secs_f64() * 1_000.0;
+            if let Ok(value) =
+                HeaderValue::from_str(&format!("{SERVER_TIMING_METRIC};dur={held_ms:.3}"))
+            {
+                response.headers_mut().insert(SERVER_TIMING, value);
+            }
+            response
         }
         Outcome::Denied(denied) => {
             let mut body = denial(&denied);
