@@ -63,170 +63,168 @@ function kept(quotas: AdvisedQuota[]): AdvisedQuota[] {
   return quotas.filter((item) => item.quota > 0).slice(0, ADVICE_QUOTAS_MAX);
 }
 
-// ---- structured fields (RFC 8941, the part the ratelimit headers use) ----------------------
+// ---- structured fields (the part of RFC 8941 the ratelimit headers use) --------------------
 
-type Parameter = { kind: "int"; value: number } | { kind: "string"; value: string } | { kind: "other" };
-
-interface Item {
+/** One list member: its name and its parameters (raw values, the last of a repeated key). */
+interface Member {
   name: string;
-  parameters: Map<string, Parameter>;
+  parameters: Map<string, string>;
 }
 
-const TOKEN = /^[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*/;
-const KEY = /^[a-z*][a-z0-9_\-.*]*/;
-const BARE_VALUE = /^[^;,"]+/;
+const TOKEN = /^[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*$/;
+/** Milliseconds above this are unreadable: no integer type of any implementation loses them. */
+const MS_MAX = 2 ** 53;
 
-/** A list of items with parameters; `null` if it cannot be read. */
-function structuredList(text: string): Item[] | null {
-  const items: Item[] = [];
-  let rest = text;
-  const skip = (): void => {
-    rest = rest.replace(/^[ \t]+/, "");
-  };
-  /** A quoted string at the start of `rest`, unescaped; `null` if there is none. */
-  const quoted = (): string | null => {
-    if (!rest.startsWith('"')) {
-      return null;
-    }
-    let out = "";
-    for (let index = 1; index < rest.length; index += 1) {
-      const char = rest[index]!;
-      if (char === "\\") {
-        const next = rest[index + 1];
-        if (next !== '"' && next !== "\\") {
-          return null;
-        }
-        out += next;
+/** `text` split at `separator` outside quoted strings; `null` if a quoted string is unterminated. */
+function splitOutsideQuotes(text: string, separator: string): string[] | null {
+  const parts: string[] = [];
+  let current = "";
+  let quoted = false;
+  for (let index = 0; index < text.length; index += 1) {
+    const char = text[index]!;
+    if (quoted) {
+      current += char;
+      if (char === "\\" && index + 1 < text.length) {
         index += 1;
+        current += text[index];
       } else if (char === '"') {
-        rest = rest.slice(index + 1);
-        return out;
-      } else if (char < " " || char > "~") {
-        return null;
-      } else {
-        out += char;
+        quoted = false;
       }
-    }
-    return null;
-  };
-  for (;;) {
-    skip();
-    let name: string | null;
-    if (rest.startsWith('"')) {
-      name = quoted();
+    } else if (char === '"') {
+      quoted = true;
+      current += char;
+    } else if (char === separator) {
+      parts.push(current);
+      current = "";
     } else {
-      const token = TOKEN.exec(rest);
-      name = token === null ? null : token[0];
-      if (token !== null) {
-        rest = rest.slice(token[0].length);
-      }
+      current += char;
     }
-    if (name === null) {
-      return null;
-    }
-    const parameters = new Map<string, Parameter>();
-    for (;;) {
-      skip();
-      if (!rest.startsWith(";")) {
-        break;
-      }
-      rest = rest.slice(1);
-      skip();
-      const key = KEY.exec(rest);
-      if (key === null) {
+  }
+  if (quoted) {
+    return null;
+  }
+  parts.push(current);
+  return parts;
+}
+
+function trim(text: string): string {
+  return text.replace(/^[ \t]+|[ \t]+$/g, "");
+}
+
+/** The content of a quoted string (printable ASCII, `\\` and `\"` escapes only), or `null`. */
+function quotedString(text: string): string | null {
+  if (text.length < 2 || !text.startsWith('"') || !text.endsWith('"')) {
+    return null;
+  }
+  let out = "";
+  for (let index = 1; index < text.length - 1; index += 1) {
+    const char = text[index]!;
+    if (char === "\\") {
+      const next = text[index + 1];
+      if ((next !== '"' && next !== "\\") || index + 1 >= text.length - 1) {
         return null;
       }
-      rest = rest.slice(key[0].length);
-      let parameter: Parameter = { kind: "other" };
-      if (rest.startsWith("=")) {
-        rest = rest.slice(1);
-        if (rest.startsWith('"')) {
-          const text = quoted();
-          if (text === null) {
-            return null;
-          }
-          parameter = { kind: "string", value: text };
-        } else {
-          const bare = BARE_VALUE.exec(rest);
-          if (bare === null) {
-            return null;
-          }
-          rest = rest.slice(bare[0].length);
-          const word = bare[0].replace(/[ \t]+$/, "");
-          if (/[ \t]/.test(word)) {
-            return null;
-          }
-          const number = int(word);
-          parameter = number === null ? { kind: "other" } : { kind: "int", value: number };
-        }
-      }
-      parameters.set(key[0], parameter);
-    }
-    items.push({ name, parameters });
-    skip();
-    if (rest === "") {
-      return items;
-    }
-    if (!rest.startsWith(",")) {
+      out += next;
+      index += 1;
+    } else if (char === '"' || char < " " || char > "~") {
       return null;
+    } else {
+      out += char;
     }
-    rest = rest.slice(1);
   }
+  return out;
+}
+
+/** A quoted string's content or a token; `null` if it is neither. */
+function stringOrToken(text: string): string | null {
+  return TOKEN.test(text) ? text : quotedString(text);
+}
+
+/** The members of a list field; `null` if it cannot be read. Members without a name are skipped. */
+function members(text: string | null): Member[] | null {
+  if (text === null) {
+    return null;
+  }
+  const raw = splitOutsideQuotes(text, ",");
+  if (raw === null) {
+    return null;
+  }
+  const out: Member[] = [];
+  for (const member of raw) {
+    if (trim(member) === "") {
+      continue;
+    }
+    const [head = "", ...rest] = splitOutsideQuotes(member, ";") ?? [];
+    const name = stringOrToken(trim(head));
+    if (name === null) {
+      continue;
+    }
+    const parameters = new Map<string, string>();
+    for (const parameter of rest) {
+      const equals = parameter.indexOf("=");
+      if (equals >= 0) {
+        parameters.set(trim(parameter.slice(0, equals)), trim(parameter.slice(equals + 1)));
+      }
+    }
+    out.push({ name, parameters });
+  }
+  return out;
 }
 
 /** An int parameter: `undefined` when absent, `null` when present but not an int. */
-function intParameter(item: Item, key: string): number | null | undefined {
-  const parameter = item.parameters.get(key);
-  if (parameter === undefined) {
-    return undefined;
-  }
-  return parameter.kind === "int" ? parameter.value : null;
+function intParameter(member: Member, key: string): number | null | undefined {
+  const raw = member.parameters.get(key);
+  return raw === undefined ? undefined : int(raw);
+}
+
+/** Seconds as milliseconds; `null` beyond {@link MS_MAX}. */
+function secondsMs(seconds: number | null | undefined): number | null {
+  return typeof seconds === "number" && seconds * 1000 <= MS_MAX ? seconds * 1000 : null;
 }
 
 function ietf(policy: string | null, state: string | null): Omit<Advice, "family"> {
   const quotas: AdvisedQuota[] = [];
-  const policies = policy === null ? null : structuredList(policy);
-  for (const item of policies ?? []) {
-    const unit = item.parameters.get("qu");
-    if (unit !== undefined && !(unit.kind === "string" && unit.value === "requests")) {
+  for (const member of members(policy) ?? []) {
+    const unit = member.parameters.get("qu");
+    if (unit !== undefined && stringOrToken(unit) !== "requests") {
       continue;
     }
-    const quota = intParameter(item, "q");
-    const window = intParameter(item, "w");
-    if (quota === null || quota === undefined || window === null || window === 0) {
+    const quota = intParameter(member, "q");
+    const window = intParameter(member, "w");
+    const windowMs = secondsMs(window);
+    if (typeof quota !== "number" || (window !== undefined && (windowMs === null || windowMs < 1))) {
       continue;
     }
-    quotas.push({ quota, windowMs: window === undefined ? null : window * 1000 });
+    quotas.push({ quota, windowMs });
   }
   let remaining: number | null = null;
-  let resetMs: number | null = null;
-  const states = state === null ? null : structuredList(state);
-  if (states !== null) {
-    let leastReset: number | null = null;
-    let exhaustedReset: number | null = null;
-    for (const item of states) {
-      const left = intParameter(item, "r");
-      const reset = intParameter(item, "t");
-      if (typeof left === "number") {
-        remaining = remaining === null ? left : Math.min(remaining, left);
-      }
-      if (typeof reset === "number") {
-        const ms = reset * 1000;
-        leastReset = leastReset === null ? ms : Math.min(leastReset, ms);
-        if (left === 0) {
-          exhaustedReset = exhaustedReset === null ? ms : Math.max(exhaustedReset, ms);
-        }
+  let leastReset: number | null = null;
+  let exhausted = false;
+  let exhaustedReset: number | null = null;
+  for (const member of members(state) ?? []) {
+    const left = intParameter(member, "r");
+    const reset = secondsMs(intParameter(member, "t"));
+    if (typeof left === "number") {
+      remaining = remaining === null ? left : Math.min(remaining, left);
+    }
+    if (reset !== null) {
+      leastReset = leastReset === null ? reset : Math.min(leastReset, reset);
+    }
+    if (left === 0) {
+      exhausted = true;
+      if (reset !== null) {
+        exhaustedReset = exhaustedReset === null ? reset : Math.max(exhaustedReset, reset);
       }
     }
-    resetMs = exhaustedReset ?? leastReset;
   }
-  return { quotas: kept(quotas), remaining, resetMs };
+  // Nothing left: the wait is until the last exhausted window resets, never a guess.
+  return { quotas: kept(quotas), remaining, resetMs: exhausted ? exhaustedReset : leastReset };
 }
 
 // ---- durations and dates ------------------------------------------------------------------
 
 const DURATION_UNITS_MS: Record<string, bigint> = { h: 3_600_000n, m: 60_000n, s: 1000n, ms: 1n };
-const DURATION_PART = /^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|h|m|s)/;
+const DURATION_PART = /^([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)/;
 
 /** Milliseconds of a Go duration (`1h2m3.5s`, `20ms`, `0s`), rounded up; `null` if unreadable. */
 export function goDurationMs(text: string): number | null {
@@ -252,11 +250,11 @@ export function goDurationMs(text: string): number | null {
     denominator *= scale;
   }
   const rounded = (numerator + denominator - 1n) / denominator;
-  return rounded <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(rounded) : null;
+  return rounded <= BigInt(MS_MAX) ? Number(rounded) : null;
 }
 
 const RFC3339 =
-  /^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))$/;
+  /^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))$/;
 
 /** Epoch milliseconds of an RFC 3339 date-time, as a fraction-free ceiling; `null` if unreadable. */
 export function rfc3339Ms(text: string): number | null {
@@ -274,8 +272,11 @@ export function rfc3339Ms(text: string): number | null {
   if (h > 23 || mi > 59 || s > 59) {
     return null;
   }
-  const at = Date.UTC(y, mo, d, h, mi, s);
-  const date = new Date(at);
+  // Date.UTC reads years 0-99 as 1900-1999; setUTCFullYear takes them as given.
+  const date = new Date(0);
+  date.setUTCFullYear(y, mo, d);
+  date.setUTCHours(h, mi, s, 0);
+  const at = date.getTime();
   // Date.UTC rolls 30 Feb over to March; such a date is malformed, not another day.
   if (date.getUTCFullYear() !== y || date.getUTCMonth() !== mo || date.getUTCDate() !== d) {
     return null;
@@ -335,12 +336,11 @@ export function readAdvice(headers: Headers, nowMs: number): Advice | null {
       },
     ) ??
     simple("github", ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"], (text) => {
-      const at = int(text);
-      return at === null ? null : Math.max(0, at * 1000 - nowMs);
+      const at = secondsMs(int(text));
+      return at === null ? null : Math.max(0, at - nowMs);
     }) ??
     simple("ietf-draft", ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"], (text) => {
-      const seconds = int(text);
-      return seconds === null ? null : seconds * 1000;
+      return secondsMs(int(text));
     })
   );
 }
