@@ -111,7 +111,8 @@ export interface LearnBody {
 /** The limit the server learned, while it holds. */
 export interface Learned {
   limit: number;
-  kind: "advertised" | "rate_limited";
+  /** `advertised` or `rate_limited`. */
+  kind: string;
   source: string;
   expires_in_ms: number;
 }
@@ -123,6 +124,9 @@ export interface LearnAnswer {
   effective: number;
   paused_ms: number;
   learned?: Learned | null;
+  /** The most grant-to-send delay reported lately, and the margin learned from it. */
+  delay_ms?: number;
+  margin_ms?: number;
 }
 
 /** `POST /v1/check`. */
