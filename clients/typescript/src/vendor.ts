@@ -224,7 +224,8 @@ function ietf(policy: string | null, state: string | null): Omit<Advice, "family
 // ---- durations and dates ------------------------------------------------------------------
 
 const DURATION_UNITS_MS: Record<string, bigint> = { h: 3_600_000n, m: 60_000n, s: 1000n, ms: 1n };
-const DURATION_PART = /^([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)/;
+// A number is 1-16 digits, with 1-9 more after a point.
+const DURATION_PART = /^([0-9]{1,16}(?:\.[0-9]{1,9})?)(ms|h|m|s)/;
 
 /** Milliseconds of a Go duration (`1h2m3.5s`, `20ms`, `0s`), rounded up; `null` if unreadable. */
 export function goDurationMs(text: string): number | null {
