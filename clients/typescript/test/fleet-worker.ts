@@ -6,13 +6,15 @@
 //     the vendor while holding it;
 //   node fleet-worker.js fetch TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY CALLS
 //     each call goes through tollgateFetch, the vendor's host mapped to LIMITS;
-//   node fleet-worker.js saturate TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY SECONDS [nolearn]
-//     each task calls through tollgateFetch on its defaults (learning unless `nolearn`) until
-//     SECONDS have passed.
+//   node fleet-worker.js saturate TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY SECONDS LEARN START
+//     each task calls through tollgateFetch on its defaults (learning unless LEARN is
+//     `nolearn`) from START (ms since the epoch) until SECONDS have passed. Before START, the
+//     process opens its connections (to the vendor's report, which the vendor does not count)
+//     so that the fleet starts together, warm, rather than as each process boots.
 
 import { Client, tollgateFetch } from "../src/index.js";
 
-const [mode, tollgateUrl, limits, vendorUrl, concurrency, calls, learn] = process.argv.slice(2);
+const [mode, tollgateUrl, limits, vendorUrl, concurrency, calls, learn, start] = process.argv.slice(2);
 const names = limits!.split(",");
 const client = new Client({ url: tollgateUrl!, timeout: 30 });
 const host = new URL(vendorUrl!).host;
@@ -25,6 +27,15 @@ const call =
           await using _permit = await client.acquire(names, { wait: 60 });
           return fetch(url);
         };
+if (mode === "saturate") {
+  await Promise.all(
+    Array.from({ length: Number(concurrency) }, async () => {
+      await (await fetch(new URL("/_vendor/report", vendorUrl))).arrayBuffer();
+      await (await fetch(new URL("/readyz", tollgateUrl))).arrayBuffer();
+    }),
+  );
+  await new Promise((wake) => setTimeout(wake, Math.max(0, Number(start) - Date.now())));
+}
 const until = mode === "saturate" ? performance.now() + Number(calls) * 1000 : Infinity;
 const more = (index: number): boolean => (mode === "saturate" ? performance.now() < until : index < Number(calls));
 
