@@ -117,6 +117,8 @@ interface Answer {
   status: number;
   headers: Headers;
   text: string;
+  /** When its head arrived, monotonic seconds: before its body is read and other work queued. */
+  at: number;
 }
 
 function permitPath(id: string, action: "commit" | "renew"): string {
@@ -170,12 +172,15 @@ export class Permit implements AsyncDisposable {
   readonly cost: number;
   /** Units to commit when the permit is disposed; `undefined` means all of `cost`. */
   used: number | undefined = undefined;
+  /** @internal When the grant's answer reached this process, monotonic seconds. */
+  readonly grantedAt: number;
   readonly #client: Client;
   #settled = false;
 
   /** @internal Made by {@link Client}. */
-  constructor(client: Client, id: string, limits: LimitStatus[], cost: number) {
+  constructor(client: Client, id: string, limits: LimitStatus[], cost: number, grantedAt = performance.now() / 1000) {
     this.#client = client;
+    this.grantedAt = grantedAt;
     this.id = id;
     this.limits = limits;
     this.cost = cost;
@@ -343,7 +348,8 @@ export class Client {
         body: body === null ? null : JSON.stringify(body),
         signal: AbortSignal.timeout(Math.ceil((this.#timeout + wait) * 1000)),
       });
-      return { status: response.status, headers: response.headers, text: await response.text() };
+      const at = performance.now() / 1000;
+      return { status: response.status, headers: response.headers, text: await response.text(), at };
     } catch (error) {
       const detail =
         error instanceof Error && error.name === "TimeoutError"
@@ -415,11 +421,12 @@ export class Client {
       wait_ms: waitMs,
       ...(options.key === undefined ? {} : { key: options.key }),
     };
-    const answer: Fields<Wire.Granted> = await this.request("POST", "/v1/acquire", body, { wait: waitMs / 1000 });
+    const raw = await this.#send("POST", "/v1/acquire", body, false, waitMs / 1000);
+    const answer: Fields<Wire.Granted> = decode(raw);
     if (typeof answer.permit !== "string") {
       throw new ServerError("the grant carries no permit id");
     }
-    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost);
+    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, raw.at);
   }
 
   /** Like {@link acquire}, but `null` instead of rejecting with {@link RateLimited}. */

@@ -166,7 +166,9 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
       let grantedAt: number;
       try {
         permit = await client.acquire(host.names, { priority, wait: remaining });
-        grantedAt = monotonic();
+        // From the answer's arrival, not from here: reading it and the work queued meanwhile
+        // are part of the delay the vendor sees.
+        grantedAt = permit.grantedAt;
       } catch (error) {
         if (!(error instanceof RateLimited)) {
           throw error;

@@ -6,15 +6,16 @@
 //     the vendor while holding it;
 //   node fleet-worker.js fetch TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY CALLS
 //     each call goes through tollgateFetch, the vendor's host mapped to LIMITS;
-//   node fleet-worker.js saturate TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY SECONDS LEARN START
+//   node fleet-worker.js saturate TOLLGATE_URL LIMITS VENDOR_URL CONCURRENCY SECONDS LEARN START WARM
 //     each task calls through tollgateFetch on its defaults (learning unless LEARN is
-//     `nolearn`) from START (ms since the epoch) until SECONDS have passed. Before START, the
-//     process opens its connections (to the vendor's report, which the vendor does not count)
-//     so that the fleet starts together, warm, rather than as each process boots.
+//     `nolearn`) from START (ms since the epoch) until SECONDS have passed. Before START, each
+//     task makes one call through another tollgateFetch that maps the vendor to the limit WARM,
+//     to the vendor's report (which the vendor does not count): the fleet starts together,
+//     its connections open and its code warm, rather than as each process boots.
 
 import { Client, tollgateFetch } from "../src/index.js";
 
-const [mode, tollgateUrl, limits, vendorUrl, concurrency, calls, learn, start] = process.argv.slice(2);
+const [mode, tollgateUrl, limits, vendorUrl, concurrency, calls, learn, start, warm] = process.argv.slice(2);
 const names = limits!.split(",");
 const client = new Client({ url: tollgateUrl!, timeout: 30 });
 const host = new URL(vendorUrl!).host;
@@ -28,10 +29,10 @@ const call =
           return fetch(url);
         };
 if (mode === "saturate") {
+  const warmUp = tollgateFetch({ client, hosts: { [host]: warm! }, learn: learn !== "nolearn" });
   await Promise.all(
     Array.from({ length: Number(concurrency) }, async () => {
-      await (await fetch(new URL("/_vendor/report", vendorUrl))).arrayBuffer();
-      await (await fetch(new URL("/readyz", tollgateUrl))).arrayBuffer();
+      await (await warmUp(new URL("/_vendor/report", vendorUrl))).arrayBuffer();
     }),
   );
   await new Promise((wake) => setTimeout(wake, Math.max(0, Number(start) - Date.now())));

@@ -17,6 +17,7 @@ import { ADMIN_TOKEN, MockVendor, type MockVendorOptions, Server, unique, type V
 
 const PROCESSES = 3;
 const WORKER = join(dirname(fileURLToPath(import.meta.url)), "fleet-worker.js");
+import * as fsModule from "node:fs";
 const LEARN = process.env["TOLLGATE_TEST_LEARN"] !== "off";
 const run = promisify(execFile);
 /** Time for the fleet's processes to boot, on a small, busy machine. */
@@ -38,11 +39,13 @@ after(async () => {
 async function saturate(limits: string[], vendor: MockVendor, concurrency: number, seconds: number) {
   // Together, once every process has booted: a process's start-up is not the fleet's pace.
   const start = Date.now() + START_AFTER_MS;
+  const warm = unique("warm");
+  await client.limits.put(warm, { kind: "rate", limit: 1000, period_ms: 1000 });
   const outputs = await Promise.all(
     Array.from({ length: PROCESSES }, () =>
       run(
         process.execPath,
-        [WORKER, "saturate", server.url, limits.join(","), vendor.url, String(concurrency), String(seconds), LEARN ? "learn" : "nolearn", String(start)],
+        [WORKER, "saturate", server.url, limits.join(","), vendor.url, String(concurrency), String(seconds), LEARN ? "learn" : "nolearn", String(start), warm],
         { timeout: 120_000 },
       ),
     ),
@@ -62,6 +65,7 @@ async function withVendor(options: MockVendorOptions, work: (vendor: MockVendor)
 
 /** The vendor's figures, as the test's diagnostics. */
 function record(t: TestContext, report: VendorReport, statuses: number[]): void {
+  if (process.env["DUMP_REPORT"]) { fsModule.writeFileSync(process.env["DUMP_REPORT"] + "-" + Date.now(), JSON.stringify(report)); }
   const { calls, ok, limited, most_in_any_window, windows_over, capacity, used_share } = report;
   t.diagnostic(
     `learn ${LEARN ? "on" : "off"}: ${JSON.stringify({ calls, ok, limited, most_in_any_window, windows_over, capacity, used_share, answers: statuses.length })}`,
@@ -75,6 +79,7 @@ test("3 processes saturating on the defaults never put more than the limit into 
     const { statuses, errors } = await saturate([name], vendor, 5, 20);
     const report = await vendor.report();
     record(t, report, statuses);
+    t.diagnostic(`the limit's state after: ${JSON.stringify(await learnedState(name))}`);
     assert.deepEqual(errors, []);
     // Saturated: the fleet asked for more than the vendor allows over the whole run.
     assert.ok(report.calls >= 100, `${report.calls} calls`);
