@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use tollgate_api::data::LearnedView;
 use tollgate_api::stats::{EnvoyView, Stats};
 use tollgate_server::human_duration;
 
@@ -99,6 +100,10 @@ pub fn table(stats: &Stats) -> String {
         if let Some(error) = &limit.usage_error {
             out.push_str(&format!("{}: usage unknown: {error}\n", limit.name));
         }
+        if let Some(learned) = &limit.learned {
+            let margin_ms = limit.rule.margin_ms.and_then(|ms| u64::try_from(ms).ok());
+            out.push_str(&learned_lines(&limit.name, margin_ms, learned));
+        }
     }
     let rules = &stats.rules;
     let rejected = rules.rejected.len();
@@ -121,6 +126,43 @@ pub fn table(stats: &Stats) -> String {
     out.push('\n');
     if let Some(envoy) = &stats.envoy {
         out.push_str(&envoy_table(envoy));
+    }
+    out
+}
+
+/// What vendors taught of a limit, and a warning when callers send later after their grant
+/// than the margin covers: a vendor counting arrivals on its own clock may then see more than
+/// the limit in one of its windows.
+fn learned_lines(name: &str, configured_margin_ms: Option<u64>, learned: &LearnedView) -> String {
+    let mut out = String::new();
+    if let Some(limit) = &learned.learned {
+        let what = match limit.kind.as_str() {
+            "rate_limited" => "lowered by rate-limit answers, climbing back a step in",
+            _ => "advertised, expires in",
+        };
+        out.push_str(&format!(
+            "{name}: {} of {} in force, from {} ({what} {})\n",
+            learned.effective,
+            learned.configured,
+            limit.source,
+            duration_ms(limit.expires_in_ms)
+        ));
+    }
+    if learned.delay_ms > 0 {
+        let margin_ms = configured_margin_ms.unwrap_or(0).max(learned.margin_ms);
+        out.push_str(&format!(
+            "{name}: callers send up to {} after their grant; margin in force {}\n",
+            duration_ms(learned.delay_ms),
+            duration_ms(margin_ms)
+        ));
+        if margin_ms < learned.delay_ms {
+            out.push_str(&format!(
+                "{name}: WARNING: the margin is below the grant-to-send delay seen: a vendor \
+                 counting arrivals may see more than the limit in one of its windows; set \
+                 margin_ms to at least {}\n",
+                learned.delay_ms + tollgate::LEARNED_MARGIN_ALLOWANCE_US / 1_000
+            ));
+        }
     }
     out
 }
@@ -228,6 +270,41 @@ mod tests {
         assert!(shown.contains("1 rejected"), "{shown}");
         assert!(shown.contains("store: memory, 5 counters tracked of at most 100"));
         assert!(!shown.contains("envoy"), "{shown}");
+    }
+
+    #[test]
+    fn what_was_learned_is_shown_and_a_margin_below_the_delay_is_warned_of() {
+        let mut vendor = limit(
+            "vendor-x",
+            json!({"kind": "rate", "limit": 20, "margin_ms": 0}),
+        );
+        vendor["learned"] = json!({"configured": 20, "effective": 10, "delay_ms": 12,
+            "margin_ms": 25, "learned": {"limit": 10, "kind": "advertised",
+            "source": "x-ratelimit-limit", "expires_in_ms": 540000}});
+        let mut slow = limit("slow", json!({"kind": "rate", "limit": 5}));
+        slow["learned"] = json!({"configured": 5, "effective": 5, "delay_ms": 300,
+            "margin_ms": 100, "learned": null});
+        let shown = table(&stats(json!({
+            "limits": [vendor, slow], "rules": rules(), "store": {"kind": "memory"}
+        })));
+        assert!(
+            shown.contains(
+                "vendor-x: 10 of 20 in force, from x-ratelimit-limit (advertised, expires in 9 min)"
+            ),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(
+                "vendor-x: callers send up to 12 ms after their grant; margin in force 25 ms"
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("vendor-x: WARNING"), "{shown}");
+        assert!(
+            shown.contains("slow: WARNING: the margin is below"),
+            "{shown}"
+        );
+        assert!(shown.contains("set margin_ms to at least 310"), "{shown}");
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
 pub use learned::{
-    AdvertisedQuota, LESSON_QUOTAS_MAX, LESSON_SOURCE_BYTES_MAX, LearnConfig, Learned, LearnedKind,
-    LearnedLimit, Lesson,
+    AdvertisedQuota, LEARNED_MARGIN_ALLOWANCE_US, LESSON_QUOTAS_MAX, LESSON_SOURCE_BYTES_MAX,
+    LearnConfig, Learned, LearnedKind, LearnedLimit, Lesson,
 };
 pub use limiter::{
     Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied,

@@ -238,6 +238,52 @@ fn encode_one(
     metric.encode(metric_encoder)
 }
 
+impl ScrapeTime {
+    /// What vendors taught, for the rate limits that learned something: the limit in force
+    /// and the grant-to-send delay callers report (docs/outbound.md).
+    fn encode_learned(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        snapshot: &tollgate_rules::RuleSet,
+    ) -> Result<(), std::fmt::Error> {
+        let limiter = self.rules.limiter();
+        let learned: Vec<(String, tollgate::Learned)> = snapshot
+            .iter()
+            .filter_map(|rule| {
+                let name = rule.name();
+                let learned = limiter.learned(name)?;
+                (learned.learned.is_some() || !learned.delay.is_zero())
+                    .then(|| (name.to_owned(), learned))
+            })
+            .collect();
+        if learned.is_empty() {
+            return Ok(());
+        }
+        let gauge = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "limit_in_force",
+            "The limit a rate limit decides under now, lower than its configured limit while a vendor's lesson holds (POST /v1/learn)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (name, learned) in &learned {
+            ConstGauge::new(i64::try_from(learned.effective).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("limit", name.as_str())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "send_delay_ms",
+            "The most time callers reported between a grant's answer and their send in the last minute or two (sent_after_ms)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (name, learned) in &learned {
+            ConstGauge::new(i64::try_from(learned.delay.as_millis()).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("limit", name.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
 impl prometheus_client::collector::Collector for ScrapeTime {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
@@ -302,6 +348,7 @@ impl prometheus_client::collector::Collector for ScrapeTime {
                 &ConstCounter::new(stats.store_failures.load(Relaxed)),
             )?;
         }
+        self.encode_learned(&mut encoder, &snapshot)?;
         if let Some(memory) = &self.memory {
             encode_one(
                 &mut encoder,
@@ -495,11 +542,27 @@ mod tests {
     async fn exported() -> BTreeMap<String, String> {
         let directory = tempfile::tempdir().expect("tempdir");
         let file = directory.path().join("limits.toml");
-        std::fs::write(&file, "[limits]\n").expect("write the limits file");
+        std::fs::write(
+            &file,
+            "[limits]\nvendor-x = { kind = \"rate\", limit = 10, period_ms = 1000 }\n",
+        )
+        .expect("write the limits file");
         let source = FileSource::new(file).expect("a limits file");
         let rules = Rules::start(source, tollgate::Limiter::in_memory())
             .await
             .expect("rules");
+        // A lesson, so that the learned limit's families have samples.
+        rules
+            .limiter()
+            .learn(
+                "vendor-x",
+                &tollgate::Lesson {
+                    source: "test",
+                    quotas: &[],
+                    rate_limited: true,
+                },
+            )
+            .expect("learned");
         let memory = Arc::new(MemoryStore::new(
             MemoryStoreConfig {
                 keys_tracked_max: 10,

@@ -858,6 +858,20 @@ function renderDetail() {
     });
     items.push(["Most asked-for keys", hottest.join("; ")]);
   }
+  // What a vendor taught (POST /v1/learn), and the grant-to-send delay callers report.
+  const learned = limit.learned;
+  if (learned && learned.learned) {
+    const taught = learned.learned;
+    const how = taught.kind === "rate_limited"
+      ? `lowered by rate-limit answers, a step back up in ${fmtDuration(taught.expires_in_ms)}`
+      : `advertised, expires in ${fmtDuration(taught.expires_in_ms)}`;
+    items.push(["Learned from the vendor", `${fmtInt(learned.effective)} of ${fmtInt(learned.configured)} in force, from ${taught.source} (${how})`]);
+  }
+  if (learned && learned.delay_ms > 0) {
+    const margin = Math.max(rule.margin_ms || 0, learned.margin_ms);
+    const warn = margin < learned.delay_ms ? " — below the delay: the vendor may count more than the limit" : "";
+    items.push(["Grant-to-send delay", `up to ${fmtDuration(learned.delay_ms)}; margin in force ${fmtDuration(margin)}${warn}`]);
+  }
   // The server counts waiters, grants and denials per limit, never per key.
   const allKeys = perKey ? " (all keys)" : "";
   const denied = Object.values(limit.denials).reduce((sum, n) => sum + n, 0);

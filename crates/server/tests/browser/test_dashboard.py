@@ -211,6 +211,24 @@ def test_admin_pauses_a_limit_and_the_page_shows_its_end(
     assert harness.console_errors(page) == []
 
 
+def test_what_a_vendor_taught_is_shown_with_its_source(
+    page: WebDriver, server: harness.Server
+) -> None:
+    server.put_limit("taught", {"kind": "rate", "limit": 20, "period_ms": 1000})
+    status, answer = server.call("POST", "/v1/learn", {
+        "limit": "taught", "source": "x-ratelimit-limit from vendor.test",
+        "quotas": [{"quota": 10}]})
+    assert status == 200 and answer["effective"] == 10, answer
+    wait_for(page, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-limit="taught"]'),
+             "the new limit")
+    open_limit(page, "taught")
+    wait_for(page, lambda d: "Learned from the vendor" in text(d, "#detail-stats"),
+             "the learned limit")
+    shown_text = text(page, "#detail-stats")
+    assert "10 of 20 in force, from x-ratelimit-limit from vendor.test" in shown_text, shown_text
+    assert harness.console_errors(page) == []
+
+
 def test_a_key_with_markup_is_shown_as_text(page: WebDriver, server: harness.Server) -> None:
     for _ in range(2):
         assert server.acquire("per-user", key=MARKUP) == 200
