@@ -17,7 +17,6 @@ import { ADMIN_TOKEN, MockVendor, type MockVendorOptions, Server, unique, type V
 
 const PROCESSES = 3;
 const WORKER = join(dirname(fileURLToPath(import.meta.url)), "fleet-worker.js");
-import * as fsModule from "node:fs";
 const LEARN = process.env["TOLLGATE_TEST_LEARN"] !== "off";
 const run = promisify(execFile);
 /** Time for the fleet's processes to boot, on a small, busy machine. */
@@ -65,7 +64,6 @@ async function withVendor(options: MockVendorOptions, work: (vendor: MockVendor)
 
 /** The vendor's figures, as the test's diagnostics. */
 function record(t: TestContext, report: VendorReport, statuses: number[]): void {
-  if (process.env["DUMP_REPORT"]) { fsModule.writeFileSync(process.env["DUMP_REPORT"] + "-" + Date.now(), JSON.stringify(report)); }
   const { calls, ok, limited, most_in_any_window, windows_over, capacity, used_share } = report;
   t.diagnostic(
     `learn ${LEARN ? "on" : "off"}: ${JSON.stringify({ calls, ok, limited, most_in_any_window, windows_over, capacity, used_share, answers: statuses.length })}`,
