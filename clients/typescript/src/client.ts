@@ -18,6 +18,8 @@ import {
   type Committed,
   type Fields,
   isObject,
+  type Learnt,
+  type Lesson,
   type Limits,
   limitNames,
   type LimitStatus,
@@ -67,6 +69,15 @@ export interface PauseOptions {
   key?: string;
 }
 
+/** How a commit reports the call it stands for. */
+export interface CommitOptions {
+  /**
+   * Seconds from the grant's answer reaching this process to the request leaving for the
+   * vendor: the server widens the limit's margin to cover the longest it sees.
+   */
+  sentAfter?: number;
+}
+
 /** An inbound request to decide on (`/v1/check`). */
 export interface CheckRequest {
   /** Who makes the request: the key for limits counted `per` key. */
@@ -106,6 +117,8 @@ interface Answer {
   status: number;
   headers: Headers;
   text: string;
+  /** When its head arrived, monotonic seconds: before its body is read and other work queued. */
+  at: number;
 }
 
 function permitPath(id: string, action: "commit" | "renew"): string {
@@ -159,12 +172,15 @@ export class Permit implements AsyncDisposable {
   readonly cost: number;
   /** Units to commit when the permit is disposed; `undefined` means all of `cost`. */
   used: number | undefined = undefined;
+  /** @internal When the grant's answer reached this process, monotonic seconds. */
+  readonly grantedAt: number;
   readonly #client: Client;
   #settled = false;
 
   /** @internal Made by {@link Client}. */
-  constructor(client: Client, id: string, limits: LimitStatus[], cost: number) {
+  constructor(client: Client, id: string, limits: LimitStatus[], cost: number, grantedAt = performance.now() / 1000) {
     this.#client = client;
+    this.grantedAt = grantedAt;
     this.id = id;
     this.limits = limits;
     this.cost = cost;
@@ -183,12 +199,13 @@ export class Permit implements AsyncDisposable {
   /**
    * Say `used` units were used (default: `this.used`, else all of `cost`). The rest of the
    * rate units are refunded and leases released. Once per permit: a second commit throws
-   * {@link Conflict}.
+   * {@link Conflict}. `sentAfter` reports how long after the grant the call left.
    */
-  async commit(used?: number): Promise<Committed> {
+  async commit(used?: number, options: CommitOptions = {}): Promise<Committed> {
     const units = used ?? this.used ?? this.cost;
+    const sentAfterMs = options.sentAfter === undefined ? undefined : milliseconds(options.sentAfter, "sentAfter");
     this.#settled = true;
-    const body: Wire.CommitBody = { used: units };
+    const body: Wire.CommitBody = { used: units, ...(sentAfterMs === undefined ? {} : { sent_after_ms: sentAfterMs }) };
     const answer: Fields<Wire.CommitAnswer> = await this.#client.request("POST", permitPath(this.id, "commit"), body);
     return { refunded: count(answer.refunded), released: count(answer.released) };
   }
@@ -331,7 +348,8 @@ export class Client {
         body: body === null ? null : JSON.stringify(body),
         signal: AbortSignal.timeout(Math.ceil((this.#timeout + wait) * 1000)),
       });
-      return { status: response.status, headers: response.headers, text: await response.text() };
+      const at = performance.now() / 1000;
+      return { status: response.status, headers: response.headers, text: await response.text(), at };
     } catch (error) {
       const detail =
         error instanceof Error && error.name === "TimeoutError"
@@ -403,11 +421,12 @@ export class Client {
       wait_ms: waitMs,
       ...(options.key === undefined ? {} : { key: options.key }),
     };
-    const answer: Fields<Wire.Granted> = await this.request("POST", "/v1/acquire", body, { wait: waitMs / 1000 });
+    const raw = await this.#send("POST", "/v1/acquire", body, false, waitMs / 1000);
+    const answer: Fields<Wire.Granted> = decode(raw);
     if (typeof answer.permit !== "string") {
       throw new ServerError("the grant carries no permit id");
     }
-    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost);
+    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, raw.at);
   }
 
   /** Like {@link acquire}, but `null` instead of rejecting with {@link RateLimited}. */
@@ -434,6 +453,45 @@ export class Client {
     };
     const answer: Fields<Wire.PauseAnswer> = await this.request("POST", "/v1/pause", body);
     return secondsOf(answer.paused_ms);
+  }
+
+  /**
+   * Teach the server what a vendor's answer said of its limits (`POST /v1/learn`): the rate
+   * limit `limit` in front of that vendor is lowered to the least quota advertised (converted
+   * to its period, never above its configured value) for a while, and paused fleet-wide when
+   * the vendor has nothing left (`remaining` 0 with a `reset`). `rateLimited` says the vendor
+   * refused a call without advertising a quota: the server lowers the limit step by step.
+   * Needs the admin token or a data token that may pause the limit.
+   */
+  async learn(limit: string, lesson: Lesson): Promise<Learnt> {
+    const body: Wire.LearnBody = {
+      limit,
+      source: lesson.source,
+      quotas: (lesson.quotas ?? []).map((item, index) => ({
+        quota: item.quota,
+        ...(item.window === undefined ? {} : { window_ms: milliseconds(item.window, `quotas[${index}].window`) }),
+      })),
+      ...(lesson.remaining === undefined ? {} : { remaining: lesson.remaining }),
+      ...(lesson.reset === undefined ? {} : { reset_ms: milliseconds(lesson.reset, "reset") }),
+      ...(lesson.rateLimited === undefined ? {} : { rate_limited: lesson.rateLimited }),
+    };
+    const answer: Fields<Wire.LearnAnswer> = await this.request("POST", "/v1/learn", body);
+    const learned: Fields<Wire.Learned> | null = isObject(answer.learned) ? answer.learned : null;
+    return {
+      limit: String(answer.limit ?? limit),
+      configured: count(answer.configured),
+      effective: count(answer.effective),
+      paused: secondsOf(answer.paused_ms),
+      learned:
+        learned === null
+          ? null
+          : {
+              limit: count(learned.limit),
+              kind: learned.kind === "rate_limited" ? "rate_limited" : "advertised",
+              source: String(learned.source ?? ""),
+              expiresIn: secondsOf(learned.expires_in_ms),
+            },
+    };
   }
 
   /**

@@ -13,9 +13,17 @@
  *    to `retryAfterMax`, plus jitter, never less than asked), so that every process of the
  *    fleet holds its requests until the vendor's cessation ends, and retries; on a transient
  *    failure it retries an idempotent request after a jittered, doubling backoff;
- * 4. commits the unit (the call happened) and releases the lease of a concurrency limit,
- *    after recording a pause, so that with a concurrency limit of 1 no other request leaves
- *    before the pause is in force.
+ * 4. unless `learn` is off, reads the vendor's rate-limit headers (see `vendor.ts`) and teaches
+ *    the server what they say of the host's first limit (`Client.learn`) when it is news: the
+ *    quotas advertised differ from the last taught (or that was a minute ago), the vendor has
+ *    nothing left, or it refused a call without advertising a quota. The server lowers the
+ *    limit to the vendor's, or pauses it fleet-wide until the vendor's window resets, and that
+ *    pause holds this process at once. A lesson that fails is logged (`NODE_DEBUG=tollgate`)
+ *    and never fails the request;
+ * 5. commits the unit (the call happened), with the time from the grant to the request's
+ *    leaving unless `learn` is off (the server widens the limit's margin to cover it), and
+ *    releases the lease of a concurrency limit, after recording a pause, so that with a
+ *    concurrency limit of 1 no other request leaves before the pause is in force.
  *
  * Retries (for rate limiting and transient failures together) stop after `retriesMax`; the
  * last answer then goes back to the caller as the vendor gave it. A body given as a
@@ -26,6 +34,8 @@
  * was sent); failures of the Tollgate server reject with the other {@link TollgateError}
  * classes. Set one request's priority with `init.tollgate.priority`.
  */
+
+import { debuglog } from "node:util";
 
 import type { Client, Permit } from "./client.js";
 import {
@@ -38,11 +48,23 @@ import {
   transient,
   Verdict,
 } from "./dispatch.js";
-import { RateLimited, TollgateError } from "./errors.js";
-import type { Priority } from "./models.js";
+import { BadRequest, RateLimited, TollgateError } from "./errors.js";
+import type { Lesson, Priority, Quota } from "./models.js";
+import { type Advice, readAdvice } from "./vendor.js";
+
+const debug = debuglog("tollgate");
 
 /** The shortest sleep between two asks when the server answers before the deadline, seconds. */
 const ASK_INTERVAL_MIN = 0.01;
+/** Quotas already taught are taught again after this long, seconds: the server forgets. */
+const LESSON_REFRESH = 60;
+/** The longest grant-to-send delay the server takes, seconds. */
+const SENT_AFTER_MAX = 3600;
+/** The longest source of a lesson, bytes. */
+const SOURCE_BYTES_MAX = 128;
+/** The largest quota and the longest window a lesson carries; beyond, the vendor says nothing usable. */
+const QUOTA_MAX = 2 ** 53;
+const WINDOW_MS_MAX = 366 * 86_400_000;
 
 /** How {@link tollgateFetch} is configured; times in seconds. */
 export interface TollgateFetchOptions extends PolicyOptions {
@@ -52,6 +74,11 @@ export interface TollgateFetchOptions extends PolicyOptions {
   fetch?: typeof fetch;
   /** Told what could not be done and did not fail the request (a pause the server refused). */
   onWarning?: (message: string, error: unknown) => void;
+  /**
+   * Teach the server the vendor's rate-limit headers and report each request's grant-to-send
+   * delay (default true). Off: neither; pauses on rate-limit answers stay.
+   */
+  learn?: boolean;
 }
 
 /** `fetch`'s options, and this request's priority. */
@@ -99,14 +126,27 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
   const { client } = options;
   const inner = options.fetch ?? globalThis.fetch;
   const policy = new Policy(options);
+  const learn = options.learn ?? true;
+  if (typeof learn !== "boolean") {
+    throw new TypeError(`learn: true or false, got ${JSON.stringify(learn)}`);
+  }
+  /** Per limit taught: the quotas last taught (as JSON) and when (monotonic seconds). */
+  const taught = new Map<string, { quotas: string; at: number }>();
   const warn =
     options.onWarning ??
     ((message: string, error: unknown): void => {
       process.emitWarning(`${message}: ${error instanceof Error ? error.message : String(error)}`, "TollgateWarning");
     });
 
-  /** Wait for leave to send one attempt: no pause known, one unit of the host's limits. */
-  async function admit(host: Host, priority: Priority, signal: AbortSignal | null): Promise<Permit> {
+  /**
+   * Wait for leave to send one attempt: no pause known, one unit of the host's limits. Also
+   * when the grant's answer came (monotonic seconds).
+   */
+  async function admit(
+    host: Host,
+    priority: Priority,
+    signal: AbortSignal | null,
+  ): Promise<{ permit: Permit; grantedAt: number }> {
     const deadline = monotonic() + policy.waitMax;
     let last: RateLimited | null = null;
     for (;;) {
@@ -123,8 +163,12 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
         throw timedOut(host, policy, false, last, 0);
       }
       let permit: Permit;
+      let grantedAt: number;
       try {
         permit = await client.acquire(host.names, { priority, wait: remaining });
+        // From the answer's arrival, not from here: reading it and the work queued meanwhile
+        // are part of the delay the vendor sees.
+        grantedAt = permit.grantedAt;
       } catch (error) {
         if (!(error instanceof RateLimited)) {
           throw error;
@@ -145,7 +189,7 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
         await permit.commit(0).catch(() => undefined);
         continue;
       }
-      return permit;
+      return { permit, grantedAt };
     }
   }
 
@@ -170,10 +214,66 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
     }
   }
 
-  /** The call happened (or may have): its unit stays used; a lease is released. */
-  async function settle(permit: Permit): Promise<void> {
+  /**
+   * Teach the server what the vendor's answer says of the host's first limit, when that is
+   * news (see the module documentation); note the pause it answers with. Never throws.
+   */
+  async function teach(host: Host, url: URL, status: number, advice: Advice | null, rateLimited: boolean): Promise<void> {
+    const quotas: Quota[] = (advice?.quotas ?? [])
+      .filter((item) => item.quota <= QUOTA_MAX && (item.windowMs ?? 0) <= WINDOW_MS_MAX)
+      .map((item) => ({ quota: item.quota, ...(item.windowMs === null ? {} : { window: item.windowMs / 1000 }) }));
+    // A refusal says something of the limit only when the vendor did not say it itself.
+    const refused = rateLimited && quotas.length === 0;
+    const key = JSON.stringify(quotas);
+    const last = taught.get(host.pauseTarget);
+    const now = monotonic();
+    const news =
+      refused ||
+      advice?.remaining === 0 ||
+      (quotas.length > 0 && (last === undefined || last.quotas !== key || now - last.at > LESSON_REFRESH));
+    if (!news) {
+      return;
+    }
+    // Noted before the answer: concurrent answers saying the same teach it once.
+    taught.set(host.pauseTarget, { quotas: key, at: now });
+    const from = advice === null ? `HTTP ${status}` : `${advice.family} headers`;
+    const lesson: Lesson = {
+      source: `${from} from ${url.host}`.slice(0, SOURCE_BYTES_MAX),
+      quotas,
+      ...(advice?.remaining == null ? {} : { remaining: advice.remaining }),
+      ...(advice?.resetMs == null ? {} : { reset: advice.resetMs / 1000 }),
+      ...(refused ? { rateLimited: true } : {}),
+    };
     try {
-      await permit.commit();
+      const answer = await client.learn(host.pauseTarget, lesson);
+      if (answer.paused > 0) {
+        policy.notePause(host.pauseTarget, monotonic() + answer.paused);
+      }
+    } catch (error) {
+      debug("lesson for %s not taken: %s", host.pauseTarget, error instanceof Error ? error.message : String(error));
+    }
+  }
+
+  /**
+   * The call happened (or may have): its unit stays used; a lease is released. `sentAfter`:
+   * seconds from the grant to the request's leaving, reported when learning.
+   */
+  async function settle(permit: Permit, sentAfter?: number): Promise<void> {
+    try {
+      if (sentAfter === undefined) {
+        await permit.commit();
+        return;
+      }
+      try {
+        await permit.commit(undefined, { sentAfter: Math.min(sentAfter, SENT_AFTER_MAX) });
+      } catch (error) {
+        if (!(error instanceof BadRequest)) {
+          throw error;
+        }
+        // A server that does not take the delay still takes the commit itself.
+        debug("commit with sent_after_ms refused: %s", error.message);
+        await permit.commit();
+      }
     } catch (error) {
       if (!(error instanceof TollgateError)) {
         throw error;
@@ -195,12 +295,14 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
     const retryTransient = mayReplay && idempotent(request.method);
     let attempt = 0;
     for (;;) {
-      const permit = await admit(host, priority, request.signal);
+      const { permit, grantedAt } = await admit(host, priority, request.signal);
+      const sending = mayReplay ? request.clone() : request;
+      const sentAfter = learn ? monotonic() - grantedAt : undefined;
       let response: Response;
       try {
-        response = await inner(mayReplay ? request.clone() : request);
+        response = await inner(sending);
       } catch (error) {
-        await settle(permit);
+        await settle(permit, sentAfter);
         if (retryTransient && transient(error) && attempt < policy.retriesMax) {
           await sleep(policy.backoff(attempt), request.signal);
           attempt += 1;
@@ -215,7 +317,10 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
       if (verdict.kind === "rate_limited") {
         await pauseHost(host, verdict.retryAfter);
       }
-      await settle(permit);
+      if (learn) {
+        await teach(host, url, response.status, readAdvice(response.headers, Date.now()), verdict.kind === "rate_limited");
+      }
+      await settle(permit, sentAfter);
       if (verdict.kind === "done" || attempt >= policy.retriesMax || !mayReplay) {
         return response;
       }

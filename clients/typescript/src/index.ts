@@ -20,6 +20,7 @@ export {
   type CheckRequest,
   type CheckResult,
   Client,
+  type CommitOptions,
   type ClientOptions,
   DEFAULT_TIMEOUT,
   DEFAULT_URL,
@@ -54,7 +55,24 @@ export {
   Unauthorized,
 } from "./errors.js";
 export { type TollgateFetch, tollgateFetch, type TollgateFetchOptions, type TollgateRequestInit } from "./fetch.js";
-export type { Committed, Limits, LimitStatus, Priority } from "./models.js";
+export type {
+  Committed,
+  LearnedLimit,
+  Learnt,
+  Lesson,
+  Limits,
+  LimitStatus,
+  Priority,
+  Quota,
+} from "./models.js";
+export {
+  ADVICE_QUOTAS_MAX,
+  ADVICE_VALUE_BYTES_MAX,
+  type Advice,
+  type AdviceFamily,
+  type AdvisedQuota,
+  readAdvice,
+} from "./vendor.js";
 export type {
   ConcurrencyRule,
   LimitRule,

@@ -38,6 +38,47 @@ export interface Committed {
  */
 export type Fields<T> = { readonly [K in keyof T]?: unknown };
 
+/** One quota a vendor advertises: `quota` calls per `window` seconds (absent: not said). */
+export interface Quota {
+  readonly quota: number;
+  readonly window?: number;
+}
+
+/** What a vendor's answer said of its limits, to teach the server (`Client.learn`). */
+export interface Lesson {
+  /** Where the lesson comes from (`openai headers from api.vendor.example`): 1-128 printable ASCII. */
+  readonly source: string;
+  /** The quotas advertised (at most 8); none when the answer advertised none. */
+  readonly quotas?: readonly Quota[];
+  /** Calls the vendor has left in its window. */
+  readonly remaining?: number;
+  /** Seconds until the vendor's window resets. */
+  readonly reset?: number;
+  /** The vendor answered "rate limited" and advertised no quota. */
+  readonly rateLimited?: boolean;
+}
+
+/** The limit the server learned from lessons, while it holds. */
+export interface LearnedLimit {
+  readonly limit: number;
+  /** `advertised` (the vendor's headers) or `rate_limited` (lowered after rate-limit answers). */
+  readonly kind: "advertised" | "rate_limited";
+  readonly source: string;
+  /** Seconds until it is forgotten unless taught again. */
+  readonly expiresIn: number;
+}
+
+/** The server's answer to a lesson. */
+export interface Learnt {
+  readonly limit: string;
+  /** The limit as configured, and as in force after the lesson. */
+  readonly configured: number;
+  readonly effective: number;
+  /** Seconds the limit is paused fleet-wide (0: none): a vendor with nothing left. */
+  readonly paused: number;
+  readonly learned: LearnedLimit | null;
+}
+
 /** Whether `value` is a plain JSON object. */
 export function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);

@@ -63,6 +63,8 @@ export interface RateLimitedBody {
 /** `POST /v1/permits/{permit}/commit`. */
 export interface CommitBody {
   used: number;
+  /** From the grant's answer reaching the client to the request leaving for the vendor. */
+  sent_after_ms?: number;
 }
 
 /** 200 from a commit. */
@@ -88,6 +90,43 @@ export interface PauseAnswer {
   limit: string;
   key?: string | null;
   paused_ms: number;
+}
+
+/** One quota a vendor advertises: `quota` calls per `window_ms`. */
+export interface LearnQuota {
+  quota: number;
+  window_ms?: number;
+}
+
+/** `POST /v1/learn`: what a vendor's answer said of its limits. */
+export interface LearnBody {
+  limit: string;
+  source: string;
+  quotas: LearnQuota[];
+  remaining?: number;
+  reset_ms?: number;
+  rate_limited?: boolean;
+}
+
+/** The limit the server learned, while it holds. */
+export interface Learned {
+  limit: number;
+  /** `advertised` or `rate_limited`. */
+  kind: string;
+  source: string;
+  expires_in_ms: number;
+}
+
+/** 200 from `/v1/learn`. */
+export interface LearnAnswer {
+  limit: string;
+  configured: number;
+  effective: number;
+  paused_ms: number;
+  learned?: Learned | null;
+  /** The most grant-to-send delay reported lately, and the margin learned from it. */
+  delay_ms?: number;
+  margin_ms?: number;
 }
 
 /** `POST /v1/check`. */

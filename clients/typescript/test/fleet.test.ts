@@ -1,6 +1,6 @@
-// A fleet of 4 Node processes on one server. The vendors are HTTP servers in this process that
-// count arrivals on their own clock: never more than the limit in any window, and a vendor
-// that escalates its Retry-After for calls during its cessation sees none.
+// A fleet of 4 Node processes on one server. The vendors count arrivals on their own clock: the
+// judging mock vendor (`tollgate-mock-vendor`) sees never more than the limit in any window,
+// and a vendor that escalates its Retry-After for calls during its cessation sees none.
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import { Client } from "../src/index.js";
-import { ADMIN_TOKEN, CountingVendor, EscalatingVendor, Server, serveVendor, unique } from "./support.js";
+import { ADMIN_TOKEN, EscalatingVendor, MockVendor, Server, serveVendor, unique } from "./support.js";
 
 const PROCESSES = 4;
 const WORKER = join(dirname(fileURLToPath(import.meta.url)), "fleet-worker.js");
@@ -50,18 +50,19 @@ test("4 processes of 20 concurrent calls never exceed the limit at the vendor", 
   const MARGIN_MS = 1_000;
   const name = unique("fleet");
   await client.limits.put(name, { kind: "rate", limit: LIMIT, period_ms: PERIOD_MS, margin_ms: MARGIN_MS });
-  const vendor = new CountingVendor();
-  const served = await serveVendor(vendor.answer);
+  const vendor = await MockVendor.start({ limit: LIMIT, periodMs: PERIOD_MS, window: "sliding", headers: "none" });
   try {
-    const { statuses, errors } = await fleet("acquire", [name], served.url, 20, 1);
+    const { statuses, errors } = await fleet("acquire", [name], vendor.url, 20, 1);
     assert.deepEqual(errors, []);
     assert.equal(statuses.length, PROCESSES * 20);
-    assert.equal(vendor.arrivals.length, PROCESSES * 20, "every call arrived");
+    const report = await vendor.report();
+    assert.equal(report.calls, PROCESSES * 20, "every call arrived");
     // The demand was four times the limit: the limiter had to hold calls back.
     assert.ok(PROCESSES * 20 >= 4 * LIMIT);
-    assert.ok(vendor.maxInWindow(PERIOD_MS) <= LIMIT, `${vendor.maxInWindow(PERIOD_MS)} calls in one window`);
+    assert.ok(report.most_in_any_window <= LIMIT, `${report.most_in_any_window} calls in one window`);
+    assert.equal(report.limited, 0);
   } finally {
-    await served.close();
+    await vendor.stop();
   }
 });
 

@@ -1,6 +1,6 @@
 /**
- * Test support: Tollgate servers started from the real binary ($TOLLGATE_BIN), and mock
- * vendors that count what reaches them on their own clock.
+ * Test support: Tollgate servers started from the real binary ($TOLLGATE_BIN), the judging mock
+ * vendor (`tollgate-mock-vendor`, beside it), and scripted vendors in this process.
  */
 
 import { type ChildProcess, spawn } from "node:child_process";
@@ -58,6 +58,120 @@ export function findBinary(): string {
   throw new Error(
     "no tollgate binary: set TOLLGATE_BIN to the path of a built `tollgate` (cargo build -p tollgate-cli)",
   );
+}
+
+/**
+ * The judging mock vendor, `tollgate-mock-vendor`: $TOLLGATE_MOCK_VENDOR_BIN, else beside the
+ * `tollgate` binary.
+ */
+export function findMockVendor(): string {
+  const given = process.env["TOLLGATE_MOCK_VENDOR_BIN"];
+  const path = given || join(dirname(findBinary()), "tollgate-mock-vendor");
+  if (!executable(path)) {
+    throw new Error(
+      `${given ? `TOLLGATE_MOCK_VENDOR_BIN=${given}` : path} is not an executable file: set TOLLGATE_MOCK_VENDOR_BIN to a built \`tollgate-mock-vendor\` (cargo build -p tollgate-fleet --bin tollgate-mock-vendor)`,
+    );
+  }
+  return path;
+}
+
+/** What the judging mock vendor counted (`GET /_vendor/report`). */
+export interface VendorReport {
+  calls: number;
+  ok: number;
+  limited: number;
+  most_in_any_window: number;
+  most_in_fixed_window: number;
+  windows_over: number;
+  capacity: number;
+  used_share: number;
+  limit_changes: unknown[];
+  arrivals_ms: number[];
+}
+
+/** How the judging mock vendor limits and which rate-limit headers it answers with. */
+export interface MockVendorOptions {
+  limit: number;
+  periodMs: number;
+  window: "sliding" | "fixed";
+  headers: "none" | "ietf" | "openai" | "anthropic" | "github" | "ietf-draft";
+  retryAfterS?: number;
+}
+
+/** A `tollgate-mock-vendor` process: a vendor that counts every arrival and judges the fleet. */
+export class MockVendor {
+  readonly url: string;
+  readonly #process: ChildProcess;
+
+  private constructor(url: string, child: ChildProcess) {
+    this.url = url;
+    this.#process = child;
+  }
+
+  static async start(options: MockVendorOptions): Promise<MockVendor> {
+    const args = [
+      "--listen",
+      "127.0.0.1:0",
+      "--limit",
+      String(options.limit),
+      "--period-ms",
+      String(options.periodMs),
+      "--window",
+      options.window,
+      "--headers",
+      options.headers,
+      ...(options.retryAfterS === undefined ? [] : ["--retry-after-s", String(options.retryAfterS)]),
+    ];
+    const child = spawn(findMockVendor(), args, { stdio: ["ignore", "pipe", "pipe"] });
+    let log = "";
+    child.stderr?.on("data", (chunk: Buffer) => {
+      log += chunk.toString();
+    });
+    const url = await new Promise<string>((resolveUrl, reject) => {
+      let stdout = "";
+      const timer = setTimeout(() => reject(new Error(`tollgate-mock-vendor printed no address:\n${log}`)), START_TIMEOUT_MS);
+      child.stdout?.on("data", (chunk: Buffer) => {
+        stdout += chunk.toString();
+        const found = /listening on (\S+)/.exec(stdout);
+        if (found) {
+          clearTimeout(timer);
+          resolveUrl(found[1]!);
+        }
+      });
+      child.on("exit", (code) => {
+        clearTimeout(timer);
+        reject(new Error(`tollgate-mock-vendor exited early (${code}):\n${log}`));
+      });
+    });
+    return new MockVendor(url.replace(/\/+$/, ""), child);
+  }
+
+  /** Its `host:port`, as tollgateFetch maps hosts. */
+  get host(): string {
+    return new URL(this.url).host;
+  }
+
+  async report(): Promise<VendorReport> {
+    const response = await fetch(`${this.url}/_vendor/report`);
+    if (response.status !== 200) {
+      throw new Error(`the vendor's report: HTTP ${response.status}`);
+    }
+    return (await response.json()) as VendorReport;
+  }
+
+  /** Forget everything counted. */
+  async reset(): Promise<void> {
+    await (await fetch(`${this.url}/_vendor/reset`, { method: "POST" })).arrayBuffer();
+  }
+
+  async stop(): Promise<void> {
+    const child = this.#process;
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((done) => child.once("exit", done));
+      child.kill("SIGKILL");
+      await exited;
+    }
+  }
 }
 
 /** A `tollgate serve` process on a free loopback port, in a directory of its own. */
@@ -194,30 +308,6 @@ export async function serveVendor(
         server.close(() => closed());
       }),
   };
-}
-
-/** Records when each call arrives, on the vendor's own monotonic clock (milliseconds). */
-export class CountingVendor {
-  readonly arrivals: number[] = [];
-
-  answer = (): VendorAnswer => {
-    this.arrivals.push(performance.now());
-    return { status: 200 };
-  };
-
-  /** The most calls that arrived within any half-open interval of `windowMs`. */
-  maxInWindow(windowMs: number): number {
-    const times = [...this.arrivals].sort((a, b) => a - b);
-    let best = 0;
-    let start = 0;
-    for (let end = 0; end < times.length; end += 1) {
-      while (times[end]! - times[start]! >= windowMs) {
-        start += 1;
-      }
-      best = Math.max(best, end - start + 1);
-    }
-    return best;
-  }
 }
 
 /**

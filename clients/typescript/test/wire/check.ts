@@ -38,6 +38,8 @@ export const reasons: Same<(typeof Wire.DENY_REASONS)[number], Schemas["RateLimi
 export const acquire: Sends<Wire.AcquireBody, Schemas["AcquireBody"]> = true;
 export const commit: Sends<Wire.CommitBody, Schemas["CommitBody"]> = true;
 export const pause: Sends<Wire.PauseBody, Schemas["PauseBody"]> = true;
+export const learn: Sends<Wire.LearnBody, Schemas["LearnBody"]> = true;
+export const learnQuota: Sends<Wire.LearnQuota, Schemas["QuotaBody"]> = true;
 export const check: Sends<Wire.CheckBody, Schemas["CheckBody"]> = true;
 export const rateRule: Sends<Wire.RateRule, Schemas["RateLimitBody"]> = true;
 export const concurrencyRule: Sends<Wire.ConcurrencyRule, Schemas["ConcurrencyLimitBody"]> = true;
@@ -51,6 +53,8 @@ export const rateLimited: Reads<Wire.RateLimitedBody, Schemas["RateLimited"]> = 
 export const committed: Reads<Wire.CommitAnswer, Schemas["CommitAnswer"]> = true;
 export const renewed: Reads<Wire.RenewAnswer, Schemas["RenewAnswer"]> = true;
 export const paused: Reads<Wire.PauseAnswer, Schemas["PauseAnswer"]> = true;
+export const learnt: Reads<Wire.LearnAnswer, Schemas["LearnAnswer"]> = true;
+export const learned: Reads<Wire.Learned, Schemas["LearnedLimitView"]> = true;
 export const checked: Reads<Wire.CheckAnswer, Schemas["CheckAnswer"]> = true;
 export const checkDenied: Reads<Wire.CheckDenied, Schemas["CheckDenied"]> = true;
 export const limitList: Reads<Wire.LimitList, Schemas["LimitList"]> = true;
