@@ -119,6 +119,8 @@ interface Answer {
   text: string;
   /** When its head arrived, monotonic seconds: before its body is read and other work queued. */
   at: number;
+  /** When the request was sent, monotonic seconds. */
+  asked: number;
 }
 
 function permitPath(id: string, action: "commit" | "renew"): string {
@@ -341,6 +343,7 @@ export class Client {
     if (body !== null) {
       headers["content-type"] = "application/json";
     }
+    const asked = performance.now() / 1000;
     try {
       const response = await this.#fetch(url, {
         method,
@@ -349,7 +352,7 @@ export class Client {
         signal: AbortSignal.timeout(Math.ceil((this.#timeout + wait) * 1000)),
       });
       const at = performance.now() / 1000;
-      return { status: response.status, headers: response.headers, text: await response.text(), at };
+      return { status: response.status, headers: response.headers, text: await response.text(), at, asked };
     } catch (error) {
       const detail =
         error instanceof Error && error.name === "TimeoutError"
@@ -426,7 +429,11 @@ export class Client {
     if (typeof answer.permit !== "string") {
       throw new ServerError("the grant carries no permit id");
     }
-    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, raw.at);
+    // The grant was made when the server let the request go (its Server-Timing says how long
+    // it held it): the time since is the answer's way back, which the margin must cover too.
+    const held = serverHeld(raw.headers.get("server-timing"));
+    const grantedAt = held === null ? raw.at : Math.min(raw.asked + held, raw.at);
+    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, grantedAt);
   }
 
   /** Like {@link acquire}, but `null` instead of rejecting with {@link RateLimited}. */
@@ -585,4 +592,26 @@ function describe(error: unknown): string {
     return `${error.message}: ${cause.message}`;
   }
   return error.message || error.name;
+}
+
+/**
+ * How long a Tollgate server held an acquire, in seconds, from its
+ * `Server-Timing: acquire;dur=MS`; `null` when it says nothing readable.
+ */
+export function serverHeld(value: string | null): number | null {
+  if (value === null) {
+    return null;
+  }
+  for (const metric of value.split(",")) {
+    const [name, ...parameters] = metric.split(";").map((part) => part.trim());
+    if (name !== "acquire") {
+      continue;
+    }
+    const duration = parameters.find((part) => part.startsWith("dur="));
+    const ms = duration === undefined ? NaN : Number(duration.slice(4));
+    if (Number.isFinite(ms) && ms >= 0 && ms <= 86_400_000 && duration!.slice(4).trim() !== "") {
+      return ms / 1000;
+    }
+  }
+  return null;
 }

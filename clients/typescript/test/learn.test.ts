@@ -8,6 +8,7 @@ import { after, before, beforeEach, test } from "node:test";
 
 import { BadRequest, Client, RateLimited, tollgateFetch, type TollgateFetchOptions } from "../src/index.js";
 import { ADMIN_TOKEN, json, ScriptedVendor, Server, unique } from "./support.js";
+import { serverHeld } from "../src/client.js";
 
 const VENDOR = "api.vendor.test";
 const FAST = { backoff: 0.01, backoffMax: 0.05, resumeJitterMax: 0.05 };
@@ -188,4 +189,12 @@ test("Client.learn sends seconds as milliseconds, and a bad lesson names its fie
   assert.ok(bad instanceof BadRequest);
   assert.equal(bad.field, "source");
   await assert.rejects(client.learn(name, { source: "x", reset: -1 }), /^RangeError: reset:/);
+});
+
+test("the server's hold of an acquire is read from its Server-Timing", () => {
+  assert.equal(serverHeld("acquire;dur=12.5"), 0.0125);
+  assert.equal(serverHeld("db;dur=1, acquire; dur=3"), 0.003);
+  for (const bad of [null, "", "acquire", "acquire;dur=-1", "acquire;dur=NaN", "acquire;dur=", "other;dur=3"]) {
+    assert.equal(serverHeld(bad), null, String(bad));
+  }
 });

@@ -183,8 +183,7 @@ pub struct LearnBody {
     #[serde(default, deserialize_with = "crate::number::optional")]
     pub remaining: Option<u64>,
     /// Milliseconds until the vendor's window gives calls back; with `remaining` 0, the limit
-    /// is paused this long for every caller (cut to the server's `pause_ms_max`), unless its
-    /// own counter is full too: then the limit already holds every caller.
+    /// is paused this long for every caller (cut to the server's `pause_ms_max`).
     #[serde(default, deserialize_with = "crate::number::optional")]
     pub reset_ms: Option<u64>,
     /// The vendor answered "rate limited" and advertised no quota: the limit in force is

@@ -596,7 +596,7 @@ impl Call {
                 },
             );
             if let Some(headers) = answer.headers.filter(|headers| headers.remaining == 0) {
-                // As `/v1/learn` does: a pause to the reset where the limit has room itself.
+                // As `/v1/learn` does: a pause to the vendor's reset.
                 let reset = Duration::from_micros(headers.reset_at_us.saturating_sub(now));
                 if self
                     .limiter

@@ -118,7 +118,7 @@ async fn an_advertised_quota_lowers_what_every_caller_is_granted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remaining_zero_pauses_the_limit_until_the_reset_unless_it_is_full_itself() {
+async fn remaining_zero_pauses_the_limit_until_the_reset() {
     let server = server();
     put_limit(
         &server,
@@ -141,23 +141,6 @@ async fn remaining_zero_pauses_the_limit_until_the_reset_unless_it_is_full_itsel
     let refused = post(&data, "/v1/acquire", r#"{"limits":["vendor"]}"#).await;
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(refused.json.expect("json")["reason"], "paused");
-
-    // A limit whose own counter is full agrees with the vendor: it holds every caller until a
-    // unit comes back, and a pause to the vendor's (rounded) reset would only idle them.
-    put_limit(
-        &server,
-        "agreed",
-        r#"{"kind":"rate","limit":2,"period_ms":600000}"#,
-    )
-    .await;
-    assert_eq!(burst(&data, "agreed").await, 2);
-    let answer = post(
-        &data,
-        "/v1/learn",
-        r#"{"limit":"agreed","source":"ratelimit","remaining":0,"reset_ms":60000}"#,
-    )
-    .await;
-    assert_eq!(answer.json.expect("json")["paused_ms"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

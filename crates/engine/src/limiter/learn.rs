@@ -262,26 +262,11 @@ impl Limiter {
     }
 
     /// The vendor said no call remains until `reset`: pause `limit` that long for every caller
-    /// (cut to `pause_max`), unless its own counter is full too. Then the two agree, and the
-    /// limit already holds every caller until a unit comes back; a pause to the vendor's reset,
-    /// which vendors round up to whole seconds, would only idle the fleet. Where they disagree
-    /// (the vendor counts calls this limit never saw, such as another user of the same key),
-    /// the pause stops the next call before the vendor refuses it. Returns the pause in force
-    /// (zero: none).
+    /// (cut to `pause_max`), before the vendor refuses one. The limit's own counter cannot say
+    /// otherwise: it may count in a shorter window than the vendor's, or miss calls the vendor
+    /// counts (another user of the same key). Returns the pause in force (zero: none).
     pub async fn vendor_exhausted(&self, limit: &str, reset: Duration) -> Result<Duration> {
         if reset.is_zero() {
-            return Ok(Duration::ZERO);
-        }
-        let capacity = self
-            .shared
-            .table()
-            .get(limit)
-            .map(|target| target.policy().capacity())
-            .ok_or_else(|| Error::UnknownLimit {
-                name: limit.to_owned(),
-            })?;
-        let usage = self.usage(limit, None).await?;
-        if usage.used >= capacity {
             return Ok(Duration::ZERO);
         }
         self.pause(limit, None, reset).await

@@ -390,8 +390,7 @@ pub(crate) async fn pause(
         (status = 404, description = "the limit is unknown", body = tollgate_api::schema::NotFoundError),
         (status = 503, response = Unavailable)))]
 /// A vendor's answer about a limit, told by an outbound client: its advertised quotas lower
-/// the limit in force, `remaining` 0 pauses it until `reset_ms` (unless the limit's own
-/// counter is full too, and holds every caller already), and a rate-limit answer that
+/// the limit in force, `remaining` 0 pauses it until `reset_ms`, and a rate-limit answer that
 /// advertised nothing halves it. Lowering a limit is a power like pausing it: a data token
 /// needs `may_pause`. Bounded: never above the configured limit nor below the floor, and it
 /// runs out (docs/outbound.md).
