@@ -61,21 +61,52 @@ class Advice:
         }
 
 
+#: The headers of an answer: httpx's, a mapping, or ``(name, value)`` pairs (a name may
+#: repeat).
 Headers = Union[httpx.Headers, Mapping[str, str], Sequence[tuple[str, str]]]
 
+#: The largest millisecond value read (2^53); above, a value is unreadable.
+_MS_MAX = 2**53
 
-def _value(headers: httpx.Headers, name: str) -> str | None:
-    """The header's value trimmed, or ``None`` if absent or too long."""
-    raw: str | None = headers.get(name)
-    if raw is None or len(raw.encode("utf-8", "surrogateescape")) > HEADER_BYTES_MAX:
-        return None
-    return raw.strip(_OWS)
+
+class _Fields:
+    """An answer's headers by lower-case name, each field's lines joined with ``", "``, as
+    bytes (the 256-byte bound counts bytes on the wire)."""
+
+    def __init__(self, headers: Headers) -> None:
+        pairs: list[tuple[bytes, bytes]]
+        if isinstance(headers, httpx.Headers):
+            pairs = [(name.lower(), value) for name, value in headers.raw]
+        else:
+            items = headers.items() if isinstance(headers, Mapping) else headers
+            pairs = [(name.lower().encode(), value.encode()) for name, value in items]
+        self._lines: dict[str, list[bytes]] = {}
+        for name, value in pairs:
+            self._lines.setdefault(name.decode("latin-1"), []).append(value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._lines
+
+    def get(self, name: str) -> str | None:
+        """The field trimmed, or ``None`` if absent or longer than the bound."""
+        lines = self._lines.get(name)
+        if lines is None:
+            return None
+        raw = b", ".join(lines)
+        if len(raw) > HEADER_BYTES_MAX:
+            return None
+        # Latin-1 maps each byte to one character: bytes beyond ASCII stay unreadable.
+        return raw.decode("latin-1").strip(_OWS)
 
 
 def _int(text: str | None) -> int | None:
     if text is None or not _INT.fullmatch(text):
         return None
     return int(text)
+
+
+def _ms(value: int | None) -> int | None:
+    return value if value is not None and value <= _MS_MAX else None
 
 
 def _quotas(*pairs: tuple[int | None, int | None]) -> tuple[AdvisedQuota, ...]:
@@ -86,157 +117,125 @@ def _quotas(*pairs: tuple[int | None, int | None]) -> tuple[AdvisedQuota, ...]:
 # ---- ietf: structured-field lists ------------------------------------------------------------
 
 _TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*")
-_KEY = re.compile(r"[a-z*][a-z0-9_\-.*]*")
-_BARE = re.compile(
-    r"-?[0-9]+(?:\.[0-9]+)?|[A-Za-z*][A-Za-z0-9!#$%&\'*+\-.^_`|~:/]*|\?[01]|:[A-Za-z0-9+/=]*:"
-)
-
-# One parameter's value: an int (digits), a string, or something else this reader skips.
-_Param = Union[int, str, None]
+_QUOTED = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"')
 
 
-class _Unreadable(Exception):
+class _Unterminated(Exception):
     pass
 
 
-def _string(text: str, at: int) -> tuple[str, int]:
-    """A quoted string starting at ``text[at] == '"'``; returns it and the index after."""
-    out = []
-    at += 1
+def _split(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` outside quoted strings, each part trimmed."""
+    parts = []
+    start = 0
+    quoted = False
+    at = 0
     while at < len(text):
         char = text[at]
-        if char == "\\":
-            if at + 1 >= len(text) or text[at + 1] not in '"\\':
-                raise _Unreadable
-            out.append(text[at + 1])
-            at += 2
-        elif char == '"':
-            return "".join(out), at + 1
-        elif not " " <= char <= "~":
-            raise _Unreadable
-        else:
-            out.append(char)
-            at += 1
-    raise _Unreadable
-
-
-def _bare_item(text: str, at: int) -> tuple[_Param, int]:
-    if at < len(text) and text[at] == '"':
-        return _string(text, at)
-    match = _BARE.match(text, at)
-    if match is None:
-        raise _Unreadable
-    item = match.group()
-    return (int(item) if _INT.fullmatch(item) else None), match.end()
-
-
-def _list(text: str) -> list[tuple[str, dict[str, _Param]]]:
-    """A structured-field list of items, each a name (string or token) with parameters."""
-    items: list[tuple[str, dict[str, _Param]]] = []
-    at = 0
-    size = len(text)
-    while at < size:
-        if text[at] == '"':
-            name, at = _string(text, at)
-        else:
-            match = _TOKEN.match(text, at)
-            if match is None:
-                raise _Unreadable
-            name, at = match.group(), match.end()
-        params: dict[str, _Param] = {}
-        while at < size and text[at] == ";":
-            at += 1
-            while at < size and text[at] == " ":
+        if quoted:
+            if char == "\\":
                 at += 1
-            match = _KEY.match(text, at)
-            if match is None:
-                raise _Unreadable
-            key, at = match.group(), match.end()
-            value: _Param = None
-            if at < size and text[at] == "=":
-                value, at = _bare_item(text, at + 1)
-            params[key] = value
-        items.append((name, params))
-        while at < size and text[at] in _OWS:
-            at += 1
-        if at == size:
-            break
-        if text[at] != ",":
-            raise _Unreadable
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char == separator:
+            parts.append(text[start:at].strip(_OWS))
+            start = at + 1
         at += 1
-        while at < size and text[at] in _OWS:
-            at += 1
-        if at == size:
-            raise _Unreadable  # a trailing comma
-    return items
+    if quoted:
+        raise _Unterminated
+    parts.append(text[start:].strip(_OWS))
+    return parts
 
 
-def _read_list(text: str | None) -> list[tuple[str, dict[str, _Param]]] | None:
+def _name(text: str) -> str | None:
+    """A member's name or a ``qu`` value: a quoted string or a token, else ``None``."""
+    if (match := _QUOTED.fullmatch(text)) is not None:
+        return re.sub(r"\\(.)", r"\1", match.group(1))
+    if _TOKEN.fullmatch(text):
+        return text
+    return None
+
+
+def _members(text: str | None) -> list[dict[str, str]]:
+    """The parameters of each member of a structured-field list whose name reads; none
+    when the field is absent or unreadable."""
     if text is None:
-        return None
+        return []
     try:
-        return _list(text)
-    except _Unreadable:
-        return None
+        members = [member for member in _split(text, ",") if member]
+        parsed = []
+        for member in members:
+            name, *params = _split(member, ";")
+            if _name(name) is None:
+                continue
+            values: dict[str, str] = {}
+            for param in params:
+                key, equals, value = param.partition("=")
+                if equals:
+                    values[key.strip(_OWS)] = value.strip(_OWS)
+            parsed.append(values)
+        return parsed
+    except _Unterminated:
+        return []
 
 
-def _int_param(params: dict[str, _Param], key: str) -> int | None:
-    value = params.get(key)
-    return value if isinstance(value, int) else None
-
-
-def _ietf(headers: httpx.Headers) -> Advice:
+def _ietf(fields: _Fields) -> Advice:
     quotas: list[tuple[int | None, int | None]] = []
-    for _, params in _read_list(_value(headers, "ratelimit-policy")) or []:
-        unit = params.get("qu", "requests")
-        if unit != "requests":
+    for params in _members(fields.get("ratelimit-policy")):
+        if "qu" in params and _name(params["qu"]) != "requests":
             continue
-        quota = _int_param(params, "q")
-        window = _int_param(params, "w")
-        quotas.append((quota, None if window is None else window * 1000))
-    remaining: int | None = None
-    reset_ms: int | None = None
-    items = _read_list(_value(headers, "ratelimit")) or []
-    pairs = [(_int_param(params, "r"), _int_param(params, "t")) for _, params in items]
+        quota = _int(params.get("q"))
+        if not quota:
+            continue
+        window_ms: int | None = None
+        if "w" in params:
+            window = _int(params["w"])
+            window_ms = _ms(window * 1000) if window else None
+            if window_ms is None:
+                continue
+        quotas.append((quota, window_ms))
+    pairs = [
+        (_int(params.get("r")), _ms(t * 1000) if (t := _int(params.get("t"))) is not None else None)
+        for params in _members(fields.get("ratelimit"))
+    ]
     rs = [r for r, _ in pairs if r is not None]
-    if rs:
-        remaining = min(rs)
-    # With a quota exhausted, no call may go until every exhausted one comes back.
-    exhausted = [t for r, t in pairs if r == 0 and t is not None]
-    ts = [t for _, t in pairs if t is not None]
-    if exhausted:
-        reset_ms = max(exhausted) * 1000
-    elif ts:
-        reset_ms = min(ts) * 1000
+    remaining = min(rs) if rs else None
+    reset_ms: int | None = None
+    if 0 in rs:
+        # With a quota exhausted, no call may go until every exhausted one comes back.
+        exhausted = [t for r, t in pairs if r == 0 and t is not None]
+        reset_ms = max(exhausted) if exhausted else None
+    else:
+        resets = [t for _, t in pairs if t is not None]
+        reset_ms = min(resets) if resets else None
     return Advice("ietf", _quotas(*quotas), remaining, reset_ms)
 
 
 # ---- openai: Go durations --------------------------------------------------------------------
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|h|m|s)")
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|h|m|s))+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)")
 _UNIT_MS = {"h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 
 
 def _go_duration_ms(text: str | None) -> int | None:
-    """A Go duration (``1h2m3.5s``, ``20ms``, ``0s``) in milliseconds, rounded up."""
-    if not text:
+    """A Go duration (``1h2m3.5s``, ``20ms``, ``0s``) in milliseconds, rounded up; exact
+    decimal arithmetic, so that ``1.1s`` is 1100."""
+    if text is None or not _DURATION.fullmatch(text):
         return None
-    total = Fraction(0)
-    at = 0
-    while at < len(text):
-        match = _DURATION_PART.match(text, at)
-        if match is None:
-            return None
-        number, unit = match.groups()
-        total += Fraction(number if not number.endswith(".") else number[:-1]) * _UNIT_MS[unit]
-        at = match.end()
-    return math.ceil(total)
+    total = sum(
+        (Fraction(number) * _UNIT_MS[unit] for number, unit in _DURATION_PART.findall(text)),
+        Fraction(0),
+    )
+    return _ms(math.ceil(total))
 
 
 # ---- anthropic: RFC 3339 date-times ----------------------------------------------------------
 
 _RFC3339 = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -244,16 +243,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def _rfc3339_ms(text: str | None) -> Fraction | None:
     """Milliseconds since the epoch of an RFC 3339 date-time, exactly."""
-    if text is None:
-        return None
-    match = _RFC3339.fullmatch(text)
-    if match is None:
+    if text is None or (match := _RFC3339.fullmatch(text)) is None:
         return None
     year, month, day, hour, minute, second, fraction, offset = match.groups()
     try:
-        if offset in ("Z", "z"):
-            zone = timezone.utc
-        else:
+        zone = timezone.utc
+        if offset not in ("Z", "z"):
             hours, minutes = int(offset[1:3]), int(offset[4:6])
             if hours > 23 or minutes > 59:
                 return None
@@ -262,12 +257,12 @@ def _rfc3339_ms(text: str | None) -> Fraction | None:
         when = datetime(
             int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=zone
         )
-    except ValueError:
+    except ValueError:  # 29 February of a common year, hour 24, second 60 and the like
         return None
-    whole = when - _EPOCH
-    millis = Fraction(whole.days * 86_400 + whole.seconds) * 1000
+    since = when - _EPOCH
+    millis = Fraction(since.days * 86_400 + since.seconds) * 1000
     if fraction:
-        millis += Fraction(fraction[1:]) / 10 ** (len(fraction) - 1) * 1000
+        millis += Fraction(int(fraction), 10 ** len(fraction)) * 1000
     return millis
 
 
@@ -296,30 +291,31 @@ _FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def _reset_ms(family: str, text: str | None, now_ms: int) -> int | None:
+    if family == "openai":
+        return _go_duration_ms(text)
+    if family == "anthropic":
+        at = _rfc3339_ms(text)
+        return None if at is None else _ms(max(0, math.ceil(at - now_ms)))
+    value = _int(text)
+    if value is None or value * 1000 > _MS_MAX:
+        return None
+    if family == "github":  # epoch seconds
+        return max(0, value * 1000 - now_ms)
+    return value * 1000  # ietf-draft: seconds from now
+
+
 def read_advice(headers: Headers, now_ms: int) -> Advice | None:
     """What an answer's ``headers`` say of the vendor's limits, read at the wall-clock time
     ``now_ms`` (milliseconds since the epoch); ``None`` when no family is present."""
-    if not isinstance(headers, httpx.Headers):
-        headers = httpx.Headers(headers)
+    fields = _Fields(headers)
     for family, names in _FAMILIES:
-        if not any(name in headers for name in names):
+        if not any(name in fields for name in names):
             continue
         if family == "ietf":
-            return _ietf(headers)
-        limit = _int(_value(headers, names[0]))
-        remaining = _int(_value(headers, names[1]))
-        reset_text = _value(headers, names[2])
-        reset_ms: int | None
-        if family == "openai":
-            reset_ms = _go_duration_ms(reset_text)
-        elif family == "anthropic":
-            at = _rfc3339_ms(reset_text)
-            reset_ms = None if at is None else max(0, math.ceil(at - now_ms))
-        elif family == "github":
-            epoch = _int(reset_text)
-            reset_ms = None if epoch is None else max(0, epoch * 1000 - now_ms)
-        else:
-            seconds = _int(reset_text)
-            reset_ms = None if seconds is None else seconds * 1000
-        return Advice(family, _quotas((limit, None)), remaining, reset_ms)
+            return _ietf(fields)
+        limit, remaining, reset = (fields.get(name) for name in names)
+        return Advice(
+            family, _quotas((_int(limit), None)), _int(remaining), _reset_ms(family, reset, now_ms)
+        )
     return None
