@@ -37,6 +37,8 @@ class Tollgate:
     def __init__(self) -> None:
         self.requests: list[httpx.Request] = []
         self.learned: httpx.Response = httpx.Response(200, json=LEARNED)
+        # A server older than learning: no sent_after_ms, no /v1/learn.
+        self.old = False
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -44,8 +46,19 @@ class Tollgate:
         if path == "/v1/acquire":
             return httpx.Response(200, json={"permit": f"p-{len(self.requests)}", "limits": []})
         if path.endswith("/commit"):
+            if self.old and "sent_after_ms" in json.loads(request.content):
+                return httpx.Response(
+                    400,
+                    json={
+                        "error": {
+                            "code": "bad_request",
+                            "message": "sent_after_ms: unknown field `sent_after_ms`, expected `used`",
+                            "field": "sent_after_ms",
+                        }
+                    },
+                )
             return httpx.Response(200, json={"refunded": 0, "released": 0})
-        if path == "/v1/learn":
+        if path == "/v1/learn" and not self.old:
             return self.learned
         if path == "/v1/pause":
             return httpx.Response(
@@ -273,3 +286,14 @@ async def test_the_async_transport_teaches_and_reports_the_delay() -> None:
     lessons = tollgate.bodies("/v1/learn")
     assert [lesson.get("rate_limited", False) for lesson in lessons] == [False, True]
     assert all("sent_after_ms" in commit for commit in tollgate.bodies("/commit"))
+
+
+def test_a_server_older_than_learning_still_gets_every_commit() -> None:
+    tollgate = Tollgate()
+    tollgate.old = True
+    with transport_over(tollgate, Vendor(github(10, 0, reset_in=0))) as http:
+        for _ in range(3):
+            assert http.get(f"https://{VENDOR}/").status_code == 200
+    commits = tollgate.bodies("/commit")
+    assert [("sent_after_ms" in commit) for commit in commits] == [True, False, False, False]
+    assert len(tollgate.bodies("/v1/learn")) == 1, "a lesson refused (404) is not repeated"

@@ -264,6 +264,8 @@ class Policy:
             )
         self.user_classify = classify
         self.learn = learn
+        # Cleared when the server does not know ``sent_after_ms`` (one older than it).
+        self.report_delay = learn
         self._paused_until: dict[str, float] = {}
         # Per limit: the quotas last taught and when (monotonic); and refusals' ends.
         self._taught: dict[str, tuple[tuple[AdvisedQuota, ...], float]] = {}
@@ -324,7 +326,7 @@ class Policy:
 
     def sent_after(self, granted_at: float, sent_at: float) -> float | None:
         """The grant-to-send delay a commit reports (seconds), ``None`` when not learning."""
-        if not self.learn:
+        if not self.report_delay:
             return None
         return min(max(0.0, sent_at - granted_at), SENT_AFTER_SECONDS_MAX)
 

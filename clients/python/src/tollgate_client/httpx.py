@@ -76,7 +76,7 @@ from ._dispatch import (
     timed_out_message,
     transient,
 )
-from ._errors import RateLimited, TollgateError
+from ._errors import BadRequest, RateLimited, TollgateError
 from ._models import Limits
 from ._sync import Client, Permit
 
@@ -116,6 +116,17 @@ def _lesson_failed(policy: Policy, lesson: dict[str, Any], error: Exception) -> 
         # refused again.
         policy.lesson_refused(limit)
     logger.debug("lesson for %s not taught: %s", limit, error)
+
+
+def _delay_unknown(policy: Policy, error: BadRequest) -> bool:
+    """Whether a commit was refused for its ``sent_after_ms`` (a server older than it): then
+    the delay is not reported again, and the commit is sent without it."""
+    if error.field != "sent_after_ms":
+        return False
+    if policy.report_delay:
+        policy.report_delay = False
+        logger.debug("the Tollgate server does not take sent_after_ms; not reported: %s", error)
+    return True
 
 
 class TollgateTransport(httpx.BaseTransport):
@@ -279,11 +290,15 @@ class TollgateTransport(httpx.BaseTransport):
         if taught.paused > 0:
             self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
 
-    @staticmethod
-    def _settle(permit: Permit, sent_after: float | None) -> None:
+    def _settle(self, permit: Permit, sent_after: float | None) -> None:
         # The call happened (or may have): its unit stays used; a lease is released.
         try:
-            permit.commit(sent_after=sent_after)
+            try:
+                permit.commit(sent_after=sent_after)
+            except BadRequest as error:
+                if not _delay_unknown(self._policy, error):
+                    raise
+                permit.commit()
         except TollgateError as error:
             logger.debug(
                 "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
@@ -434,10 +449,14 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         if taught.paused > 0:
             self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
 
-    @staticmethod
-    async def _settle(permit: AsyncPermit, sent_after: float | None) -> None:
+    async def _settle(self, permit: AsyncPermit, sent_after: float | None) -> None:
         try:
-            await permit.commit(sent_after=sent_after)
+            try:
+                await permit.commit(sent_after=sent_after)
+            except BadRequest as error:
+                if not _delay_unknown(self._policy, error):
+                    raise
+                await permit.commit()
         except TollgateError as error:
             logger.debug(
                 "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
