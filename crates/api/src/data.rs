@@ -104,7 +104,17 @@ pub struct CommitBody {
     #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(value_type = u64, required = true))]
     pub used: Option<u64>,
+    /// Milliseconds from the grant's answer reaching the caller to its request leaving for
+    /// the vendor (0 to 3,600,000). The server widens each rate limit's margin to cover the
+    /// most it has seen lately, so that arrivals at the vendor keep the limit on its clock
+    /// (docs/outbound.md, *The vendor's clock*).
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 3_600_000))]
+    pub sent_after_ms: Option<u64>,
 }
+
+/// The longest `sent_after_ms` a commit may report: an hour.
+pub const SENT_AFTER_MS_MAX: u64 = 3_600_000;
 
 /// What a commit gave back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,6 +158,126 @@ pub struct PauseBody {
     #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     #[serde(deserialize_with = "crate::number::integer")]
     pub retry_after_ms: u64,
+}
+
+/// `POST /v1/learn`: what a vendor's answer said of a limit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", schema(example = json!({"limit": "vendor-x", "source": "x-ratelimit-limit from api.vendor.example", "quotas": [{"quota": 10, "window_ms": 1000}], "remaining": 3, "reset_ms": 400})))]
+pub struct LearnBody {
+    /// A rate limit not counted per key.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::LimitName))]
+    pub limit: String,
+    /// Where it was read (a header's name, a host): printable ASCII, 1 to 128 bytes, shown
+    /// beside what was learned.
+    pub source: String,
+    /// The quotas the vendor advertised (at most 8): the limit in force becomes the least of
+    /// them, converted to the limit's period, between the floor and the configured limit.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_items = 8))]
+    pub quotas: Vec<QuotaBody>,
+    /// Calls the vendor says are left in its window.
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    pub remaining: Option<u64>,
+    /// Milliseconds until the vendor's window gives calls back; with `remaining` 0, the limit
+    /// is paused this long for every caller (cut to the server's `pause_ms_max`).
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    pub reset_ms: Option<u64>,
+    /// The vendor answered "rate limited" and advertised no quota: the limit in force is
+    /// halved (once for a burst of such answers) and climbs back by itself.
+    #[serde(default)]
+    pub rate_limited: bool,
+}
+
+/// One quota a vendor advertised.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct QuotaBody {
+    #[serde(deserialize_with = "crate::number::integer")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub quota: u64,
+    /// The window the vendor counts the quota in, in milliseconds; absent: the limit's period.
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub window_ms: Option<u64>,
+}
+
+/// A rate limit's learned state: the limit in force beside the configured one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LearnedView {
+    pub configured: u64,
+    /// The limit in force.
+    pub effective: u64,
+    /// A limit learned and in force, if any.
+    pub learned: Option<LearnedLimitView>,
+    /// The most grant-to-send delay callers reported in the last minute or two (`sent_after_ms`).
+    pub delay_ms: u64,
+    /// The margin learned from it (added to the configured margin when larger).
+    pub margin_ms: u64,
+}
+
+/// A learned limit in force.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LearnedLimitView {
+    pub limit: u64,
+    /// `advertised` (a vendor's quota, until it expires) or `rate_limited` (halved by
+    /// rate-limit answers, climbing back a step at a time).
+    pub kind: String,
+    pub source: String,
+    /// Milliseconds until this value ends: an advertised limit expires, a lowered one takes
+    /// its next step back up.
+    pub expires_in_ms: u64,
+}
+
+impl From<tollgate::Learned> for LearnedView {
+    fn from(learned: tollgate::Learned) -> LearnedView {
+        LearnedView {
+            configured: learned.configured,
+            effective: learned.effective,
+            learned: learned.learned.map(|limit| LearnedLimitView {
+                limit: limit.limit,
+                kind: limit.kind.as_str().to_owned(),
+                source: limit.source,
+                expires_in_ms: ms_ceil(limit.changes_in),
+            }),
+            delay_ms: ms_ceil(learned.delay),
+            margin_ms: ms_ceil(learned.margin),
+        }
+    }
+}
+
+/// What a lesson left in force.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LearnAnswer {
+    pub limit: String,
+    pub configured: u64,
+    /// The limit in force after the lesson.
+    pub effective: u64,
+    pub learned: Option<LearnedLimitView>,
+    pub delay_ms: u64,
+    pub margin_ms: u64,
+    /// Milliseconds the limit is paused for every caller after this lesson (0: none): the
+    /// vendor said `remaining` 0.
+    pub paused_ms: u64,
+}
+
+impl LearnAnswer {
+    pub fn new(limit: String, view: LearnedView, paused_ms: u64) -> LearnAnswer {
+        LearnAnswer {
+            limit,
+            configured: view.configured,
+            effective: view.effective,
+            learned: view.learned,
+            delay_ms: view.delay_ms,
+            margin_ms: view.margin_ms,
+            paused_ms,
+        }
+    }
 }
 
 /// A pause in force.

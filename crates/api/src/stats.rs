@@ -100,6 +100,10 @@ pub struct LimitStats {
     /// (it keeps the first 1,000 limits by name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<crate::stats::Series>,
+    /// For a rate limit: the limit in force beside the configured one, what a vendor taught
+    /// (`POST /v1/learn`) and the grant-to-send delay callers report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<crate::data::LearnedView>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

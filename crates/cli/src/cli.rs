@@ -275,6 +275,18 @@ pub(crate) struct ServeArgs {
     /// [default: 3600000].
     #[arg(long, env = "TOLLGATE_PAUSE_MS_MAX", value_name = "MS")]
     pub(crate) pause_ms_max: Option<u64>,
+    /// The lowest an outbound client's lesson (`POST /v1/learn`) may take a limit, in percent
+    /// of its configured limit (1 to 100; 100 lets nothing lower it) [default: 10].
+    #[arg(long, env = "TOLLGATE_LEARN_FLOOR_PERCENT", value_name = "PERCENT")]
+    pub(crate) learn_floor_percent: Option<u64>,
+    /// How long a quota a vendor advertised holds unless taught again, ms (1000 to 86400000)
+    /// [default: 600000].
+    #[arg(long, env = "TOLLGATE_LEARN_TTL_MS", value_name = "MS")]
+    pub(crate) learn_ttl_ms: Option<u64>,
+    /// How often a limit halved by rate-limit answers climbs back a twentieth of its
+    /// configured limit, ms (1000 to 86400000) [default: 60000].
+    #[arg(long, env = "TOLLGATE_LEARN_RAISE_EVERY_MS", value_name = "MS")]
+    pub(crate) learn_raise_every_ms: Option<u64>,
     /// Memory store: after an unclean stop, put back each counter's last record with its
     /// budget held back, and hold concurrency limits until one lease TTL after the previous run
     /// last granted, since what it granted may still count

@@ -41,6 +41,9 @@ pub(crate) struct FileConfig {
     pub(crate) keys_tracked_max: Option<u64>,
     pub(crate) keys_per_limit_max: Option<u64>,
     pub(crate) pause_ms_max: Option<u64>,
+    pub(crate) learn_floor_percent: Option<u64>,
+    pub(crate) learn_ttl_ms: Option<u64>,
+    pub(crate) learn_raise_every_ms: Option<u64>,
     pub(crate) recover_on_start: Option<bool>,
     pub(crate) permit_secret: Option<String>,
     pub(crate) shutdown_grace_ms: Option<u64>,
@@ -126,6 +129,7 @@ pub(crate) fn resolve_server_config(
     args: ServeArgs,
     file: FileConfig,
 ) -> Result<(ServerConfig, String, String)> {
+    let learn = learn_config(&args, &file)?;
     let listen_text = args
         .listen
         .or(file.listen)
@@ -284,6 +288,7 @@ pub(crate) fn resolve_server_config(
             .unwrap_or(DEFAULT_KEYS_TRACKED_MAX),
         keys_per_limit_max,
         pause_ms_max,
+        learn,
         recover_on_start: args
             .recover_on_start
             .or(file.recover_on_start)
@@ -361,6 +366,38 @@ fn positive<T: PartialEq + Default>(key: &str, value: T) -> Result<T> {
         bail!("{key} must be above 0");
     }
     Ok(value)
+}
+
+/// The learning bounds: each setting from the flags, the environment or the file, checked.
+fn learn_config(args: &ServeArgs, file: &FileConfig) -> Result<tollgate::LearnConfig> {
+    let defaults = tollgate::LearnConfig::default();
+    let floor_percent = args
+        .learn_floor_percent
+        .or(file.learn_floor_percent)
+        .unwrap_or(defaults.floor_percent);
+    if !(1..=100).contains(&floor_percent) {
+        bail!("learn_floor_percent must be between 1 and 100");
+    }
+    let span = |name: &str, value: Option<u64>, default: Duration| -> Result<Duration> {
+        let ms = value.unwrap_or(u64::try_from(default.as_millis()).unwrap_or(u64::MAX));
+        if !(1_000..=86_400_000).contains(&ms) {
+            bail!("{name} must be between 1000 and 86400000 (a day)");
+        }
+        Ok(Duration::from_millis(ms))
+    };
+    Ok(tollgate::LearnConfig {
+        floor_percent,
+        ttl: span(
+            "learn_ttl_ms",
+            args.learn_ttl_ms.or(file.learn_ttl_ms),
+            defaults.ttl,
+        )?,
+        raise_every: span(
+            "learn_raise_every_ms",
+            args.learn_raise_every_ms.or(file.learn_raise_every_ms),
+            defaults.raise_every,
+        )?,
+    })
 }
 
 #[cfg(test)]

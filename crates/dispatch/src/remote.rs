@@ -231,7 +231,10 @@ impl RemoteQuota {
 impl RemoteQuota {
     async fn commit(&self, id: &str, used: u64) -> Result<(), DispatchError> {
         let path = format!("/v1/permits/{id}/commit");
-        let body = CommitBody { used: Some(used) };
+        let body = CommitBody {
+            used: Some(used),
+            sent_after_ms: None,
+        };
         let (status, bytes) = self.post(&path, &body, self.timeout).await?;
         if status != reqwest::StatusCode::OK {
             return Err(RemoteQuota::failure(status, &bytes));

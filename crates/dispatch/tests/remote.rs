@@ -65,6 +65,7 @@ impl Server {
             keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,
             keys_per_limit_max: None,
             pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
+            learn: tollgate::LearnConfig::default(),
             // A fresh server: nothing granted before it started can still count.
             recover_on_start: false,
             permit_secret: None,

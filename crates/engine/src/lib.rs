@@ -16,6 +16,7 @@ mod clock;
 pub mod conformance;
 mod error;
 mod hot;
+mod learned;
 mod limiter;
 mod limits;
 mod memory;
@@ -30,6 +31,10 @@ mod loom_tests;
 pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
 pub use error::{Error, Result};
+pub use learned::{
+    AdvertisedQuota, LESSON_QUOTAS_MAX, LESSON_SOURCE_BYTES_MAX, LearnConfig, Learned, LearnedKind,
+    LearnedLimit, Lesson,
+};
 pub use limiter::{
     Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied,
     LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Status,
@@ -47,5 +52,5 @@ pub use permit::reencode_permit_id;
 pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PERMIT_ID_CHARS_MIN, PermitId, PermitSecret};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
-    Priority, Reserve,
+    Priority, Reserve, SPAN_US_MAX,
 };

@@ -53,7 +53,11 @@ pub fn check_key(key: &str) -> Result<(), String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
     name: Arc<str>,
+    /// The policy decided under: the configured one, or what a vendor taught of it
+    /// (`Limiter::learn`).
     policy: Policy,
+    /// The policy as configured.
+    configured: Policy,
     per: Option<Arc<str>>,
     /// Keys this limit may have counted at once (`with_keys_max`); `None`: the store's own
     /// per-limit budget.
@@ -83,6 +87,7 @@ impl Limit {
         Ok(Limit {
             name: name.into(),
             policy,
+            configured: policy,
             per: per.map(Into::into),
             keys_max: None,
         })
@@ -103,8 +108,23 @@ impl Limit {
         &self.name
     }
 
+    /// The policy in force: as configured, unless a vendor taught a lower limit or a wider
+    /// margin (`Limiter::learn`, `Limiter::note_sent`).
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The policy as configured.
+    pub fn configured(&self) -> &Policy {
+        &self.configured
+    }
+
+    /// This limit deciding under `policy`, learned from its configured one.
+    pub(crate) fn learned(&self, policy: Policy) -> Limit {
+        Limit {
+            policy,
+            ..self.clone()
+        }
     }
 
     pub fn per(&self) -> Option<&str> {
@@ -159,6 +179,11 @@ impl LimitTable {
         next.version += 1;
         next.by_name.insert(limit.name.clone(), Arc::new(limit));
         next
+    }
+
+    /// Put `limit` in place of the limit of its name, in this same version.
+    pub(crate) fn set(&mut self, limit: Limit) {
+        self.by_name.insert(limit.name.clone(), Arc::new(limit));
     }
 
     pub(crate) fn without(&self, name: &str) -> Option<LimitTable> {

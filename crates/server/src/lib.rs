@@ -185,6 +185,7 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
             pause_max: Duration::from_millis(config.pause_ms_max),
             waiters_max: config.waiters_max.min(connections_max / 2),
             waiters_per_limit_max: config.waiters_per_limit_max,
+            learn: config.learn,
         },
     )
 }
@@ -285,6 +286,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/permits/{permit}/commit", post(api::data::commit))
         .route("/v1/permits/{permit}/renew", post(api::data::renew))
         .route("/v1/pause", post(api::data::pause))
+        .route("/v1/learn", post(api::data::learn))
         .route("/v1/check", post(api::inbound::check))
         .route("/v1/forward-auth", get(forward::forward_auth))
         .route(

@@ -208,6 +208,7 @@ pub(crate) async fn stats(
             grants: metrics.grants_of(&name),
             denials,
             history,
+            learned: state.limiter().learned(&name).map(Into::into),
             name,
         });
     }

@@ -104,6 +104,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         keys_tracked_max: tollgate_server::DEFAULT_KEYS_TRACKED_MAX,
         keys_per_limit_max: None,
         pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
+        learn: tollgate::LearnConfig::default(),
         recover_on_start: false,
         permit_secret: None,
         shutdown_grace: Duration::from_secs(1),

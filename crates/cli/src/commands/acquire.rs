@@ -114,7 +114,10 @@ pub(crate) async fn acquire(
         .send(
             Method::POST,
             &format!("/v1/permits/{permit}/commit"),
-            Some(&serde_json::to_value(CommitBody { used: Some(used) })?),
+            Some(&serde_json::to_value(CommitBody {
+                used: Some(used),
+                sent_after_ms: None,
+            })?),
         )
         .await;
     match commit {

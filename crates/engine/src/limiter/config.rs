@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::learned::LearnConfig;
 use crate::permit::PermitSecret;
 
 // Only for the link in `waiters_max`'s documentation.
@@ -38,6 +39,8 @@ pub struct LimiterConfig {
     pub waiters_max: usize,
     /// Requests waiting at once on any one limit (a request on several counts on each).
     pub waiters_per_limit_max: usize,
+    /// How far and how long what vendors teach (`Limiter::learn`) may lower a limit.
+    pub learn: LearnConfig,
 }
 
 impl Default for LimiterConfig {
@@ -50,6 +53,7 @@ impl Default for LimiterConfig {
             waiters_max: DEFAULT_WAITERS_MAX,
             waiters_per_limit_max: DEFAULT_WAITERS_PER_LIMIT_MAX,
             pause_max: Duration::from_millis(DEFAULT_PAUSE_MS_MAX),
+            learn: LearnConfig::default(),
         }
     }
 }

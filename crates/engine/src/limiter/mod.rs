@@ -4,6 +4,7 @@
 
 mod config;
 mod handle;
+mod learn;
 mod permit;
 mod request;
 
@@ -56,6 +57,9 @@ struct Shared {
     /// Whether the store has answered every decision at once so far (it is in-process):
     /// cleared by the first that it did not.
     answers_now: AtomicBool,
+    /// What vendors taught of the limits (`learn.rs`), laid over the configured limits on
+    /// every change of the table.
+    learning: Mutex<learn::Learning>,
 }
 
 impl Shared {
@@ -265,6 +269,7 @@ impl Limiter {
             config,
             shutting_down: AtomicBool::new(false),
             answers_now: AtomicBool::new(true),
+            learning: Mutex::new(learn::Learning::new()),
         });
         // Weak: the store lives inside `Shared`, and must not keep it alive.
         let weak = Arc::downgrade(&shared);
@@ -318,6 +323,7 @@ impl Limiter {
             };
             match change(&self.shared.limits.load()) {
                 Some(next) => {
+                    let next = self.overlay_learned(next);
                     // Told under the writer lock, so the store sees the tables in order.
                     self.shared.store.set_limits(&next);
                     self.shared.limits.store(Arc::new(next));

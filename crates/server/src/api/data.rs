@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate::{Denied, DenyReason, Outcome, Priority, Request, check_limit_name};
 use tollgate_api::data::{
-    AcquireBody, CommitAnswer, CommitBody, Granted, LimitView, PauseAnswer, PauseBody, RateLimited,
-    RenewAnswer, RenewBody,
+    AcquireBody, CommitAnswer, CommitBody, Granted, LearnAnswer, LearnBody, LimitView, PauseAnswer,
+    PauseBody, RateLimited, RenewAnswer, RenewBody, SENT_AFTER_MS_MAX,
 };
 use tollgate_api::schema::{BadRequest, Forbidden, PermitText, Unauthorized, Unavailable};
 use tollgate_api::{Code, ErrorDetail, Reason};
@@ -281,7 +281,23 @@ pub(crate) async fn commit(
     let used = body
         .used
         .ok_or_else(|| ApiError::bad_field("used", "is required: the units used, 0 to cost"))?;
+    if body.sent_after_ms.is_some_and(|ms| ms > SENT_AFTER_MS_MAX) {
+        return Err(ApiError::bad_field(
+            "sent_after_ms",
+            format!("must be at most {SENT_AFTER_MS_MAX} (an hour)"),
+        ));
+    }
     let committed = state.limiter().commit(&permit, used).await?;
+    if let Some(sent_after_ms) = body.sent_after_ms {
+        // The permit was just settled by this id, so it decodes; a failure here changes nothing
+        // the commit did.
+        if let Err(error) = state
+            .limiter()
+            .note_sent(&permit, Duration::from_millis(sent_after_ms))
+        {
+            tracing::debug!(%error, "grant-to-send delay not noted");
+        }
+    }
     Ok(Json(CommitAnswer {
         refunded: committed.refunded,
         released: committed.released,
@@ -346,6 +362,73 @@ pub(crate) async fn pause(
         key: body.key,
         paused_ms: ms_ceil(remaining),
     }))
+}
+
+#[utoipa::path(post, path = "/v1/learn", tag = "data",
+    security(("data" = [])),
+    request_body = LearnBody,
+    responses((status = 200, description = "what the limit decides under now", body = LearnAnswer),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "the limit is unknown", body = tollgate_api::schema::NotFoundError),
+        (status = 503, response = Unavailable)))]
+/// A vendor's answer about a limit, told by an outbound client: its advertised quotas lower
+/// the limit in force, `remaining` 0 pauses it until `reset_ms`, and a rate-limit answer that
+/// advertised nothing halves it. Lowering a limit is a power like pausing it: a data token
+/// needs `may_pause`. Bounded: never above the configured limit nor below the floor, and it
+/// runs out (docs/outbound.md).
+pub(crate) async fn learn(
+    Data(grant): Data,
+    State(state): State<AppState>,
+    Body(body): Body<LearnBody>,
+) -> ApiResult<Json<LearnAnswer>> {
+    check_limit_name(&body.limit).map_err(|reason| ApiError::bad_field("limit", reason))?;
+    grant.pause(&body.limit)?;
+    let mut quotas = Vec::with_capacity(body.quotas.len());
+    for (index, quota) in body.quotas.iter().enumerate() {
+        let window = match quota.window_ms {
+            Some(0) => {
+                return Err(ApiError::bad_field(
+                    format!("quotas[{index}].window_ms"),
+                    "must be at least 1",
+                ));
+            }
+            Some(ms) if ms > tollgate::SPAN_US_MAX / 1_000 => {
+                return Err(ApiError::bad_field(
+                    format!("quotas[{index}].window_ms"),
+                    "must be at most 366 days",
+                ));
+            }
+            other => other.map(Duration::from_millis),
+        };
+        quotas.push(tollgate::AdvertisedQuota {
+            quota: quota.quota,
+            window,
+        });
+    }
+    let lesson = tollgate::Lesson {
+        source: &body.source,
+        quotas: &quotas,
+        rate_limited: body.rate_limited,
+    };
+    let learned = state.limiter().learn(&body.limit, &lesson)?;
+    let mut paused_ms = 0;
+    if body.remaining == Some(0)
+        && let Some(reset_ms) = body.reset_ms.filter(|ms| *ms > 0)
+    {
+        let left = state
+            .limiter()
+            .pause(&body.limit, None, Duration::from_millis(reset_ms))
+            .await?;
+        paused_ms = ms_ceil(left);
+    }
+    tracing::info!(limit = %body.limit, source = %body.source, effective = learned.effective,
+        configured = learned.configured, paused_ms, "learned");
+    Ok(Json(LearnAnswer::new(
+        body.limit,
+        learned.into(),
+        paused_ms,
+    )))
 }
 
 #[cfg(test)]
