@@ -52,7 +52,7 @@ class Tollgate:
                     json={
                         "error": {
                             "code": "bad_request",
-                            "message": "sent_after_ms: unknown field `sent_after_ms`, expected `used`",
+                            "message": "sent_after_ms: unknown field `sent_after_ms`",
                             "field": "sent_after_ms",
                         }
                     },

@@ -231,13 +231,17 @@ class Learned:
 @dataclass(frozen=True)
 class LearnResult:
     """The answer to a lesson: the limit's ``configured`` and ``effective`` value, the seconds
-    the server paused it for (``paused``, 0 for none) and what it holds as ``learned``."""
+    the server paused it for (``paused``, 0 for none), what it holds as ``learned``, the
+    longest grant-to-send ``delay`` callers reported lately and the ``margin`` it learned from
+    it (seconds)."""
 
     limit: str
     configured: int
     effective: int
     paused: float
     learned: Learned | None
+    delay: float = 0.0
+    margin: float = 0.0
 
 
 def _quota_ms(quota: Quota | tuple[int, float | None] | int) -> dict[str, Any]:
@@ -301,6 +305,8 @@ def learn_result(body: dict[str, Any]) -> LearnResult:
             if isinstance(learned, dict)
             else None
         ),
+        delay=_seconds(body.get("delay_ms")),
+        margin=_seconds(body.get("margin_ms")),
     )
 
 
