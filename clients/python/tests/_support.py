@@ -313,31 +313,6 @@ class _QuietHandler(BaseHTTPRequestHandler):
 
 
 @dataclass
-class CountingVendor:
-    """Records when each call arrives (monotonic seconds, shared by every process here)."""
-
-    arrivals: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def handle(self, handler: _QuietHandler) -> None:
-        with self.lock:
-            self.arrivals.append(time.monotonic())
-        handler.answer(200)
-
-    def max_in_window(self, window: float) -> int:
-        """The most calls that arrived within any half-open interval of ``window`` seconds."""
-        with self.lock:
-            times = sorted(self.arrivals)
-        best = 0
-        start = 0
-        for end, arrived in enumerate(times):
-            while arrived - times[start] >= window:
-                start += 1
-            best = max(best, end - start + 1)
-        return best
-
-
-@dataclass
 class EscalatingVendor:
     """A vendor that, like Google Ads, answers 429 with a ``Retry-After`` and escalates the
     wait for every call that arrives during the cessation it announced.
@@ -383,7 +358,7 @@ class EscalatingVendor:
 
 
 @contextlib.contextmanager
-def serve_vendor(vendor: CountingVendor | EscalatingVendor) -> Iterator[str]:
+def serve_vendor(vendor: EscalatingVendor) -> Iterator[str]:
     """Serve ``vendor`` over HTTP on a free loopback port; yields its URL."""
 
     class Handler(_QuietHandler):
