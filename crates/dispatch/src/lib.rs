@@ -8,10 +8,12 @@
 //! - [`Dispatcher`]: a priority fan-in queue and a bounded pool of connections keyed by a
 //!   selector, on top of a gate, runnable on a dedicated runtime.
 //! - [`TollgateMiddleware`]: the gate as a `reqwest-middleware` middleware.
+//! - [`read_advice`]: a vendor's rate-limit headers (five families) read into [`Advice`].
 //!
 //! No rate arithmetic lives here: priorities, waiting, pauses that only extend, and sharing
 //! across processes are the engine's.
 
+mod advice;
 mod classify;
 mod dispatcher;
 mod error;
@@ -22,6 +24,9 @@ mod quota;
 mod remote;
 mod retry_after;
 
+pub use advice::{
+    ADVICE_QUOTAS_MAX, ADVICE_VALUE_BYTES_MAX, Advice, AdvisedQuota, Family, read_advice,
+};
 pub use classify::{
     Answer, Classifier, Classify, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Plain, Rule, Verdict,
     default_verdict,

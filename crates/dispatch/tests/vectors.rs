@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::Value;
-use tollgate_dispatch::{Answer, Classifier, Verdict, parse_retry_after};
+use tollgate_dispatch::{Advice, Answer, Classifier, Verdict, parse_retry_after, read_advice};
 
 const VECTORS: &str = include_str!("vectors/retry_after.json");
 
@@ -93,4 +93,53 @@ fn default_verdicts_are_as_the_vectors_say() {
         };
         assert_eq!(classifier.classify(&answer, now), expected, "{case}");
     }
+}
+
+// The shared vectors of reading a vendor's rate-limit headers (`tests/vectors/vendor_headers.json`).
+
+const VENDOR_HEADERS: &str = include_str!("vectors/vendor_headers.json");
+
+/// An advice as the vectors spell it.
+fn advice_json(advice: &Advice) -> Value {
+    let ms = |duration: Duration| u64::try_from(duration.as_millis()).expect("ms in u64");
+    serde_json::json!({
+        "family": advice.family.as_str(),
+        "quotas": advice.quotas.iter().map(|quota| serde_json::json!({
+            "quota": quota.quota,
+            "window_ms": quota.window.map(ms),
+        })).collect::<Vec<_>>(),
+        "remaining": advice.remaining,
+        "reset_ms": advice.reset.map(ms),
+    })
+}
+
+#[test]
+fn vendor_headers_read_as_the_vectors_say() {
+    let vectors: Value = serde_json::from_str(VENDOR_HEADERS).expect("the vectors file is JSON");
+    let cases = vectors["cases"].as_array().expect("cases");
+    assert!(cases.len() > 40, "the vectors were read");
+    let mut failures = Vec::new();
+    for case in cases {
+        let mut headers = HeaderMap::new();
+        for pair in case["headers"].as_array().expect("headers") {
+            let name = pair[0].as_str().expect("a header name");
+            let value = pair[1].as_str().expect("a header value");
+            headers.append(
+                http::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+                HeaderValue::from_bytes(value.as_bytes()).expect("a header value"),
+            );
+        }
+        let now = SystemTime::UNIX_EPOCH
+            + Duration::from_millis(case["now_ms"].as_u64().expect("now_ms"));
+        let read = read_advice(&headers, now)
+            .as_ref()
+            .map_or(Value::Null, advice_json);
+        if read != case["advice"] {
+            failures.push(format!(
+                "{}: read {read}, expected {}",
+                case["name"], case["advice"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
