@@ -215,8 +215,8 @@ def _ietf(fields: _Fields) -> Advice:
 
 # ---- openai: Go durations --------------------------------------------------------------------
 
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|h|m|s))+")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)")
+_DURATION = re.compile(r"(?:[0-9]{1,16}(?:\.[0-9]{1,9})?(?:ms|h|m|s))+")
+_DURATION_PART = re.compile(r"([0-9]{1,16}(?:\.[0-9]{1,9})?)(ms|h|m|s)")
 _UNIT_MS = {"h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 
 
