@@ -297,3 +297,39 @@ def test_a_server_older_than_learning_still_gets_every_commit() -> None:
     commits = tollgate.bodies("/commit")
     assert [("sent_after_ms" in commit) for commit in commits] == [True, False, False, False]
     assert len(tollgate.bodies("/v1/learn")) == 1, "a lesson refused (404) is not repeated"
+
+
+class Connecting(httpx.BaseTransport):
+    """An inner transport that takes ``setup`` seconds (a connection, a TLS handshake) before
+    writing the request's headers, reporting its steps as httpcore does."""
+
+    def __init__(self, setup: float) -> None:
+        self.setup = setup
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        trace = request.extensions.get("trace")
+        time.sleep(self.setup)
+        if trace is not None:
+            trace("http11.send_request_headers.complete", {"request": request})
+        return httpx.Response(200)
+
+
+def test_the_delay_runs_until_the_request_is_written_and_a_callers_trace_stays() -> None:
+    tollgate = Tollgate()
+    seen: list[str] = []
+
+    def own(name: str, info: dict[str, Any]) -> None:
+        seen.append(name)
+
+    client = Client("http://tollgate.test", transport=httpx.MockTransport(tollgate))
+    transport = TollgateTransport(client, {VENDOR: "x"}, transport=Connecting(0.05))
+    with httpx.Client(transport=transport) as http:
+        answer = http.get(
+            f"https://{VENDOR}/",
+            extensions={"trace": own},
+        )
+    assert answer.status_code == 200
+    (commit,) = tollgate.bodies("/commit")
+    assert commit["sent_after_ms"] >= 50, "from the grant until the headers were written"
+    assert seen == ["http11.send_request_headers.complete"], "the caller's trace is called"
+    assert answer.request.extensions["trace"] is own, "and given back"

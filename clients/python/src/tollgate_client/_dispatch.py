@@ -324,11 +324,18 @@ class Policy:
             if self._paused_until.get(limit, 0.0) < until:
                 self._paused_until[limit] = until
 
-    def sent_after(self, granted_at: float, sent_at: float) -> float | None:
-        """The grant-to-send delay a commit reports (seconds), ``None`` when not learning."""
+    def departure(self, request: httpx.Request, *, asynchronous: bool) -> Departure | None:
+        """A clock of when ``request`` leaves, started now; ``None`` when not learning."""
         if not self.report_delay:
             return None
-        return min(max(0.0, sent_at - granted_at), SENT_AFTER_SECONDS_MAX)
+        return Departure(request, asynchronous=asynchronous)
+
+    @staticmethod
+    def sent_after(granted_at: float, departure: Departure | None) -> float | None:
+        """The grant-to-send delay a commit reports (seconds), ``None`` when not learning."""
+        if departure is None:
+            return None
+        return min(max(0.0, departure.at - granted_at), SENT_AFTER_SECONDS_MAX)
 
     def lesson(
         self, host: Host, request: httpx.Request, response: httpx.Response, verdict: Verdict
@@ -379,6 +386,49 @@ class Policy:
         """The server will not be taught for ``limit``: leave it alone for a while."""
         with self._lock:
             self._refused_until[limit] = time.monotonic() + LESSON_REFUSED_SECONDS
+
+
+_HEADERS_SENT = ".send_request_headers.complete"
+
+
+class Departure:
+    """When a request left for the vendor: when it was handed to the inner transport, then,
+    if that transport is httpx's own (httpcore reports its steps through the ``trace``
+    request extension), when its headers were written, after any connection set-up and TLS
+    handshake. A caller's own ``trace`` is still called, and put back by :meth:`done`."""
+
+    def __init__(self, request: httpx.Request, *, asynchronous: bool) -> None:
+        #: ``time.monotonic()`` of the departure as known so far.
+        self.at = time.monotonic()
+        self._request = request
+        self._had_trace = "trace" in request.extensions
+        own = request.extensions.get("trace")
+        if asynchronous:
+
+            async def atrace(name: str, info: dict[str, Any]) -> None:
+                if name.endswith(_HEADERS_SENT):
+                    self.at = time.monotonic()
+                if own is not None:
+                    await own(name, info)
+
+            request.extensions["trace"] = atrace
+        else:
+
+            def trace(name: str, info: dict[str, Any]) -> None:
+                if name.endswith(_HEADERS_SENT):
+                    self.at = time.monotonic()
+                if own is not None:
+                    own(name, info)
+
+            request.extensions["trace"] = trace
+        self._own = own
+
+    def done(self) -> None:
+        """Give the request its own ``trace`` back (the request may be sent again)."""
+        if self._had_trace:
+            self._request.extensions["trace"] = self._own
+        else:
+            self._request.extensions.pop("trace", None)
 
 
 def wire_quota(quota: AdvisedQuota) -> dict[str, Any]:

@@ -196,23 +196,26 @@ class TollgateTransport(httpx.BaseTransport):
         attempt = 0
         while True:
             permit = self._admit(host, priority)
-            sent_after = policy.sent_after(permit.granted_at, time.monotonic())
+            departure = policy.departure(request, asynchronous=False)
             try:
                 response = self._inner.handle_request(request)
             except BaseException as error:
-                self._settle(permit, sent_after)
+                self._settle(permit, policy.sent_after(permit.granted_at, departure))
                 if retry_transient and transient(error) and attempt < policy.retries_max:
                     time.sleep(policy.backoff(attempt))
                     attempt += 1
                     continue
                 raise
+            finally:
+                if departure is not None:
+                    departure.done()
             verdict = policy.classify(response)
             if verdict.kind == "retry" and not retry_transient:
                 verdict = Verdict.done()
             if verdict.kind == "rate_limited":
                 self._pause(host, verdict.retry_after)
             self._teach(host, request, response, verdict)
-            self._settle(permit, sent_after)
+            self._settle(permit, policy.sent_after(permit.granted_at, departure))
             if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
                 return response
             response.close()
@@ -357,23 +360,26 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         attempt = 0
         while True:
             permit = await self._admit(host, priority)
-            sent_after = policy.sent_after(permit.granted_at, time.monotonic())
+            departure = policy.departure(request, asynchronous=True)
             try:
                 response = await self._inner.handle_async_request(request)
             except BaseException as error:
-                await self._settle(permit, sent_after)
+                await self._settle(permit, policy.sent_after(permit.granted_at, departure))
                 if retry_transient and transient(error) and attempt < policy.retries_max:
                     await asyncio.sleep(policy.backoff(attempt))
                     attempt += 1
                     continue
                 raise
+            finally:
+                if departure is not None:
+                    departure.done()
             verdict = policy.classify(response)
             if verdict.kind == "retry" and not retry_transient:
                 verdict = Verdict.done()
             if verdict.kind == "rate_limited":
                 await self._pause(host, verdict.retry_after)
             await self._teach(host, request, response, verdict)
-            await self._settle(permit, sent_after)
+            await self._settle(permit, policy.sent_after(permit.granted_at, departure))
             if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
                 return response
             await response.aclose()
