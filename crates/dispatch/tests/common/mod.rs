@@ -1,9 +1,11 @@
 //! What the dispatcher's tests share, the fleet of dispatchers in `crates/fleet` included: a
 //! mock vendor on a real socket that counts every call itself, enforces N calls per fixed
 //! window, and answers 429 with a `Retry-After` that doubles (up to a cap) for every request
-//! arriving during a cessation, as Google Ads does.
+//! arriving during a cessation, as Google Ads does; and the judging mock vendor (`judge`).
 
 #![allow(dead_code)]
+
+pub mod judge;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
