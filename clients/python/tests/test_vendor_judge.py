@@ -10,6 +10,7 @@ Safety (never over) is asserted exactly; throughput only with generous room for 
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
 from typing import Any
@@ -19,8 +20,8 @@ import pytest
 
 from _fleet import saturate
 from _support import ADMIN_TOKEN, MockVendor, MockVendorFactory, Server, summary, unique
-from tollgate_client import Client, Forbidden, Quota
-from tollgate_client.httpx import TollgateTransport
+from tollgate_client import AsyncClient, Client, Forbidden, Quota
+from tollgate_client.httpx import AsyncTollgateTransport, TollgateTransport
 
 PERIOD_MS = 1_000
 VENDOR_LIMIT = 10
@@ -108,6 +109,32 @@ def test_a_configured_limit_above_the_vendors_is_lowered_by_its_headers(
     print(f"{family}, configured 20/s, vendor 10/s, 15 s: {statuses} {summary(report)}")
     assert report["limited"] <= 1, summary(report)
     assert report["used_share"] >= 0.85, summary(report)
+    assert stats_of(server, name)["learned"]["effective"] == VENDOR_LIMIT
+
+
+async def test_the_async_transport_learns_the_same(
+    client: Client, server: Server, mock_vendors: MockVendorFactory
+) -> None:
+    name = unique("judge")
+    client.limits.put(name, kind="rate", limit=2 * VENDOR_LIMIT, period_ms=PERIOD_MS)
+    vendor = mock_vendors.start(
+        limit=VENDOR_LIMIT, period_ms=PERIOD_MS, window="sliding", headers="ietf"
+    )
+    async with AsyncClient(server.url) as tollgate:
+        transport = AsyncTollgateTransport(tollgate, {vendor.host: name})
+        async with httpx.AsyncClient(transport=transport) as http:
+            assert (await http.get(f"{vendor.url}/first")).status_code == 200
+            deadline = time.monotonic() + 8.0
+
+            async def caller() -> None:
+                while time.monotonic() < deadline:
+                    await http.get(f"{vendor.url}/call")
+
+            await asyncio.gather(*(caller() for _ in range(6)))
+    report = vendor.report()
+    print(f"async, ietf, configured 20/s, vendor 10/s, 8 s: {summary(report)}")
+    assert report["limited"] <= 1, summary(report)
+    assert report["most_in_any_window"] <= VENDOR_LIMIT, summary(report)
     assert stats_of(server, name)["learned"]["effective"] == VENDOR_LIMIT
 
 
