@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+import time
+from collections import Counter
+from typing import Any, Callable
 
 import httpx
 
@@ -66,3 +68,31 @@ def call_through_transport(
 
             errors = _run_threads(threads, body)
     return statuses, errors
+
+
+def saturate(
+    tollgate_url: str,
+    limits: list[str],
+    vendor_host: str,
+    threads: int,
+    seconds: float,
+    options: dict[str, Any],
+) -> tuple[dict[int, int], list[str]]:
+    """Each thread calls the vendor through a TollgateTransport (``options`` its keywords,
+    else the defaults) back to back for ``seconds``. Returns the count of each final status
+    and the errors."""
+    statuses: Counter[int] = Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    with Client(tollgate_url) as tollgate:
+        transport = TollgateTransport(tollgate, {vendor_host: limits}, **options)
+        with httpx.Client(transport=transport, timeout=30.0) as vendor:
+
+            def body() -> None:
+                while time.monotonic() < deadline:
+                    status = vendor.get(f"http://{vendor_host}/call").status_code
+                    with lock:
+                        statuses[status] += 1
+
+            errors = _run_threads(threads, body)
+    return dict(statuses), errors

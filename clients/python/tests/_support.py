@@ -1,10 +1,12 @@
-"""Test support: Tollgate servers started from the real binary, and mock vendors that count
-what reaches them. Shared by the fixtures and by the worker processes of the fleet tests.
+"""Test support: Tollgate servers started from the real binary, the judging mock vendor
+(``tollgate-mock-vendor``, also a real binary), and in-process mock vendors for what it does
+not do. Shared by the fixtures and by the worker processes of the fleet tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -53,6 +56,19 @@ def find_binary() -> str:
         "no tollgate binary: set TOLLGATE_BIN to the path of a built `tollgate` "
         "(cargo build -p tollgate-cli), or put one on PATH"
     )
+
+
+def find_mock_vendor_binary() -> str:
+    """The `tollgate-mock-vendor` binary: $TOLLGATE_MOCK_VENDOR_BIN, else beside `tollgate`."""
+    given = os.environ.get("TOLLGATE_MOCK_VENDOR_BIN")
+    candidate = given or str(Path(find_binary()).parent / "tollgate-mock-vendor")
+    if not os.access(candidate, os.X_OK):
+        raise RuntimeError(
+            f"no tollgate-mock-vendor at {candidate!r}: build it "
+            "(cargo build -p tollgate-fleet --bin tollgate-mock-vendor) or set "
+            "TOLLGATE_MOCK_VENDOR_BIN"
+        )
+    return candidate
 
 
 @dataclass
@@ -158,7 +174,125 @@ class ServerFactory:
             server.stop()
 
 
-# ---- mock vendors ---------------------------------------------------------------------------
+# ---- the judging mock vendor -----------------------------------------------------------------
+
+
+class MockVendor:
+    """A `tollgate-mock-vendor` process: a vendor with a true limit that counts every arrival
+    on its own clock and judges the callers (:meth:`report`)."""
+
+    def __init__(
+        self,
+        binary: str,
+        directory: Path,
+        *,
+        limit: int,
+        period_ms: int,
+        window: str,
+        headers: str,
+        retry_after_s: int | None = None,
+    ) -> None:
+        command = [
+            binary,
+            "--listen",
+            "127.0.0.1:0",
+            "--limit",
+            str(limit),
+            "--period-ms",
+            str(period_ms),
+            "--window",
+            window,
+            "--headers",
+            headers,
+        ]
+        if retry_after_s is not None:
+            command += ["--retry-after-s", str(retry_after_s)]
+        directory.mkdir(parents=True, exist_ok=True)
+        self._stderr = directory / "vendor-stderr.log"
+        with open(self._stderr, "wb") as stderr:
+            self.process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=stderr, cwd=directory
+            )
+        self.url = self._wait_for_address()
+        self._http = httpx.Client(base_url=self.url, timeout=30.0)
+
+    def _wait_for_address(self) -> str:
+        # The first stdout line is "listening on http://127.0.0.1:PORT".
+        stdout = self.process.stdout
+        assert stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(
+            target=lambda: result.append(stdout.readline().decode()), daemon=True
+        )
+        reader.start()
+        reader.join(START_TIMEOUT)
+        line = result[0] if result else ""
+        marker = "listening on "
+        if marker not in line:
+            self.stop()
+            raise RuntimeError(
+                f"tollgate-mock-vendor printed {line!r}, not its address:\n"
+                + self._stderr.read_text(errors="replace")
+            )
+        return line.split(marker, 1)[1].strip()
+
+    @property
+    def host(self) -> str:
+        """``host:port``, as a transport's host map names it."""
+        url = httpx.URL(self.url)
+        return f"{url.host}:{url.port}"
+
+    def report(self) -> dict[str, Any]:
+        """The vendor's judgement: calls, ok, limited, most_in_any_window, used_share, ..."""
+        answer = self._http.get("/_vendor/report")
+        answer.raise_for_status()
+        report: dict[str, Any] = answer.json()
+        return report
+
+    def set_limit(self, limit: int) -> None:
+        self._http.post("/_vendor/limit", json={"limit": limit}).raise_for_status()
+
+    def reset(self) -> None:
+        self._http.post("/_vendor/reset").raise_for_status()
+
+    def stop(self) -> None:
+        if hasattr(self, "_http"):
+            self._http.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A report's figures, without its arrival log, for assertion messages."""
+    return json.dumps({k: v for k, v in report.items() if k != "arrivals_ms"})
+
+
+class MockVendorFactory:
+    """Starts judging mock vendors and stops them all at the end."""
+
+    def __init__(self, binary: str, root: Path) -> None:
+        self._binary = binary
+        self._root = root
+        self._vendors: list[MockVendor] = []
+
+    def start(self, **options: Any) -> MockVendor:
+        vendor = MockVendor(self._binary, self._root / uuid.uuid4().hex[:8], **options)
+        self._vendors.append(vendor)
+        return vendor
+
+    def close(self) -> None:
+        for vendor in self._vendors:
+            vendor.stop()
+
+
+# ---- in-process mock vendors ----------------------------------------------------------------
 
 
 class _QuietHandler(BaseHTTPRequestHandler):
@@ -176,31 +310,6 @@ class _QuietHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-
-@dataclass
-class CountingVendor:
-    """Records when each call arrives (monotonic seconds, shared by every process here)."""
-
-    arrivals: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def handle(self, handler: _QuietHandler) -> None:
-        with self.lock:
-            self.arrivals.append(time.monotonic())
-        handler.answer(200)
-
-    def max_in_window(self, window: float) -> int:
-        """The most calls that arrived within any half-open interval of ``window`` seconds."""
-        with self.lock:
-            times = sorted(self.arrivals)
-        best = 0
-        start = 0
-        for end, arrived in enumerate(times):
-            while arrived - times[start] >= window:
-                start += 1
-            best = max(best, end - start + 1)
-        return best
 
 
 @dataclass
@@ -249,7 +358,7 @@ class EscalatingVendor:
 
 
 @contextlib.contextmanager
-def serve_vendor(vendor: CountingVendor | EscalatingVendor) -> Iterator[str]:
+def serve_vendor(vendor: EscalatingVendor) -> Iterator[str]:
     """Serve ``vendor`` over HTTP on a free loopback port; yields its URL."""
 
     class Handler(_QuietHandler):

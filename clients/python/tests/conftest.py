@@ -1,5 +1,6 @@
 """Fixtures: a real `tollgate serve` (from $TOLLGATE_BIN) on a free loopback port, shared by
-the session, clients bound to it, and a factory for servers with settings of their own."""
+the session, clients bound to it, a factory for servers with settings of their own, and one for
+judging mock vendors (from $TOLLGATE_MOCK_VENDOR_BIN)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from _support import ADMIN_TOKEN, Server, ServerFactory, find_binary
+from _support import (
+    ADMIN_TOKEN,
+    MockVendorFactory,
+    Server,
+    ServerFactory,
+    find_binary,
+    find_mock_vendor_binary,
+)
 from tollgate_client import AsyncClient, Client
 
 
@@ -39,6 +47,18 @@ def tollgate_bin() -> str:
 @pytest.fixture(scope="session")
 def servers(tollgate_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
     factory = ServerFactory(tollgate_bin, Path(tmp_path_factory.mktemp("servers")))
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="session")
+def mock_vendors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockVendorFactory]:
+    """Judging mock vendors (`tollgate-mock-vendor`), each started by the test that needs it."""
+    try:
+        binary = find_mock_vendor_binary()
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)
+    factory = MockVendorFactory(binary, Path(tmp_path_factory.mktemp("vendors")))
     yield factory
     factory.close()
 

@@ -75,6 +75,17 @@ def test_every_field_the_client_reads_is_in_the_answers_schema(server: Server) -
         "CheckAnswer": {"allowed", "path", "matched", "limits", "permit"},
         "CheckDenied": {"allowed", "path", "matched", "limits", "retry_after_ms", "reason"},
         "RateLimited": {"error", "retry_after_ms", "reason", "limits"},
+        # What _models.learn_result reads.
+        "LearnAnswer": {
+            "limit",
+            "configured",
+            "effective",
+            "paused_ms",
+            "learned",
+            "delay_ms",
+            "margin_ms",
+        },
+        "LearnedLimitView": {"limit", "kind", "source", "expires_in_ms"},
     }
     for name, fields in read.items():
         properties = set(schemas[name]["properties"])

@@ -30,8 +30,18 @@ from ._errors import (
     TooManyKeys,
     Unauthorized,
 )
-from ._models import CheckResult, Committed, LimitList, Limits, LimitStatus
+from ._models import (
+    CheckResult,
+    Committed,
+    Learned,
+    LearnResult,
+    LimitList,
+    Limits,
+    LimitStatus,
+    Quota,
+)
 from ._sync import Client, LimitsAdmin, Permit
+from ._vendor import Advice, AdvisedQuota, read_advice
 
 __version__ = "0.1.0"
 
@@ -40,6 +50,8 @@ __all__ = [
     "DEFAULT_URL",
     "PRIORITY_EXTENSION",
     "AcquireCall",
+    "Advice",
+    "AdvisedQuota",
     "AsyncClient",
     "AsyncLimitsAdmin",
     "AsyncPermit",
@@ -49,12 +61,15 @@ __all__ = [
     "Committed",
     "Conflict",
     "Forbidden",
+    "LearnResult",
+    "Learned",
     "LimitList",
     "LimitStatus",
     "Limits",
     "LimitsAdmin",
     "NotFound",
     "Permit",
+    "Quota",
     "RateLimited",
     "ServerError",
     "ServerUnreachable",
@@ -66,4 +81,5 @@ __all__ = [
     "__version__",
     "default_verdict",
     "parse_retry_after",
+    "read_advice",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Generator, Mapping
+import time
+from collections.abc import Awaitable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Callable, TypeVar, cast
 
@@ -28,10 +29,15 @@ from ._kept import KeptToken, proof_nonce
 from ._models import (
     CheckResult,
     Committed,
+    LearnResult,
     LimitList,
     Limits,
     LimitStatus,
+    Quota,
     acquire_body,
+    commit_body,
+    learn_body,
+    learn_result,
     parse_limits,
     pause_body,
     rule_body,
@@ -62,6 +68,8 @@ class AsyncPermit:
         self.cost: int = cost
         #: Units to commit on a clean exit from the ``async with`` block; ``None`` means all.
         self.used: int | None = None
+        #: When the grant's answer arrived (``time.monotonic()``).
+        self.granted_at: float = time.monotonic()
         self._settled = False
 
     def __repr__(self) -> str:
@@ -77,16 +85,20 @@ class AsyncPermit:
         """Whether the permit was committed or released (or that was attempted)."""
         return self._settled
 
-    async def commit(self, used: int | None = None) -> Committed:
-        """Say ``used`` units were used (default: ``self.used``, else all of ``cost``).
+    async def commit(
+        self, used: int | None = None, *, sent_after: float | None = None
+    ) -> Committed:
+        """Say ``used`` units were used (default: ``self.used``, else all of ``cost``);
+        ``sent_after`` as for :meth:`Permit.commit`.
 
         The rest of the rate units are refunded and leases released. Once per permit: a second
         commit raises :class:`Conflict`.
         """
         if used is None:
             used = self.used if self.used is not None else self.cost
+        wire = commit_body(used, sent_after)
         self._settled = True
-        body = await self._client._post(permit_path(self.id, "commit"), {"used": used})
+        body = await self._client._post(permit_path(self.id, "commit"), wire)
         return Committed(
             refunded=int(body.get("refunded", 0)), released=int(body.get("released", 0))
         )
@@ -355,6 +367,30 @@ class AsyncClient:
         fleet-wide. Pauses only extend: returns the seconds until the pause in force ends."""
         body = await self._post("/v1/pause", pause_body(limit, seconds, key))
         return float(body.get("paused_ms", 0)) / 1000.0
+
+    async def learn(
+        self,
+        limit: str,
+        *,
+        source: str,
+        quotas: Sequence[Quota | tuple[int, float | None] | int] = (),
+        remaining: int | None = None,
+        reset: float | None = None,
+        rate_limited: bool = False,
+    ) -> LearnResult:
+        """Teach the server what a vendor said of its limits (see :meth:`Client.learn`)."""
+        wire = learn_body(
+            limit,
+            source=source,
+            quotas=quotas,
+            remaining=remaining,
+            reset=reset,
+            rate_limited=rate_limited,
+        )
+        return await self._learn(wire)
+
+    async def _learn(self, body: dict[str, Any]) -> LearnResult:
+        return learn_result(await self._post("/v1/learn", body))
 
     async def check(self, user: str | None, method: str, path: str) -> CheckResult[AsyncPermit]:
         """May ``user`` make the inbound request ``method path`` now?

@@ -10,6 +10,9 @@ The classification, in order (a user rule, if given, runs first):
 - HTTP 500, 502, 503 (without ``Retry-After``), 504 and 408, and connection failures and
   timeouts: transient; retried after a jittered backoff, for idempotent methods only.
 - anything else: the answer goes back to the caller unchanged.
+
+It also decides the lessons a transport teaches the server from a vendor's rate-limit headers
+(see :mod:`tollgate_client._vendor`): one only when it says something new.
 """
 
 from __future__ import annotations
@@ -21,11 +24,19 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import httpx
 
-from ._models import PRIORITIES, Limits, limit_names
+from ._models import (
+    LESSON_QUOTA_MAX,
+    LESSON_WINDOW_MS_MAX,
+    PRIORITIES,
+    SENT_AFTER_SECONDS_MAX,
+    Limits,
+    limit_names,
+)
+from ._vendor import AdvisedQuota, read_advice
 
 __all__ = [
     "PRIORITY_EXTENSION",
@@ -54,6 +65,15 @@ _TIME = r"(\d{2}):(\d{2}):(\d{2})"
 _IMF_FIXDATE = re.compile(rf"{_DAYS}, (\d{{2}}) {_MONTH} (\d{{4}}) {_TIME} GMT")
 _RFC850_DATE = re.compile(rf"{_LONG_DAYS}, (\d{{2}})-{_MONTH}-(\d{{2}}) {_TIME} GMT")
 _ASCTIME_DATE = re.compile(rf"{_DAYS} {_MONTH} ( \d|\d{{2}}) {_TIME} (\d{{4}})")
+
+#: A lesson that says nothing new is sent again after this long (seconds), so that the
+#: server, which forgets what it learned after a while, keeps it while the vendor says it.
+LESSON_REPEAT_SECONDS = 60.0
+#: How long a limit the server refused to be taught for (no ``may_pause``, not a rate limit,
+#: unknown) is left alone, in seconds.
+LESSON_REFUSED_SECONDS = 60.0
+#: Longest lesson source, in bytes.
+LESSON_SOURCE_BYTES_MAX = 128
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 _TRANSIENT_STATUSES = frozenset({500, 502, 503, 504, 408})
@@ -209,7 +229,10 @@ class Policy:
         retry_after_max: float,
         resume_jitter_max: float,
         classify: Classifier | None,
+        learn: bool = True,
     ) -> None:
+        if not isinstance(learn, bool):
+            raise TypeError(f"learn: True or False, got {learn!r}")
         if priority not in PRIORITIES:
             raise ValueError(f"priority: must be high, normal or low, got {priority!r}")
         if not hosts:
@@ -240,7 +263,13 @@ class Policy:
                 "retry_after_max: with resume_jitter_max, must be at most a day (86400 s)"
             )
         self.user_classify = classify
+        self.learn = learn
+        # Cleared when the server does not know ``sent_after_ms`` (one older than it).
+        self.report_delay = learn
         self._paused_until: dict[str, float] = {}
+        # Per limit: the quotas last taught and when (monotonic); and refusals' ends.
+        self._taught: dict[str, tuple[tuple[AdvisedQuota, ...], float]] = {}
+        self._refused_until: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def host_for(self, url: httpx.URL) -> Host | None:
@@ -294,6 +323,126 @@ class Policy:
         with self._lock:
             if self._paused_until.get(limit, 0.0) < until:
                 self._paused_until[limit] = until
+
+    def departure(self, request: httpx.Request, *, asynchronous: bool) -> Departure | None:
+        """A clock of when ``request`` leaves, started now; ``None`` when not learning."""
+        if not self.report_delay:
+            return None
+        return Departure(request, asynchronous=asynchronous)
+
+    @staticmethod
+    def sent_after(granted_at: float, departure: Departure | None) -> float | None:
+        """The grant-to-send delay a commit reports (seconds), ``None`` when not learning."""
+        if departure is None:
+            return None
+        return min(max(0.0, departure.at - granted_at), SENT_AFTER_SECONDS_MAX)
+
+    def lesson(
+        self, host: Host, request: httpx.Request, response: httpx.Response, verdict: Verdict
+    ) -> dict[str, Any] | None:
+        """The body of the lesson to teach after a vendor's answer, or ``None`` when there is
+        nothing new to say: taught for the host's first limit when the quotas advertised
+        differ from the last taught (or those are older than :data:`LESSON_REPEAT_SECONDS`),
+        when no call remains, or when the vendor refused a call without advertising a quota.
+        Marked as taught here, so that concurrent answers do not teach it twice."""
+        if not self.learn:
+            return None
+        advice = read_advice(response.headers, time.time_ns() // 1_000_000)
+        quotas = advice.quotas if advice is not None else ()
+        rate_limited = verdict.kind == "rate_limited" and not quotas
+        if advice is None and not rate_limited:
+            return None
+        remaining = advice.remaining if advice is not None else None
+        target = host.pause_target
+        now = time.monotonic()
+        with self._lock:
+            if self._refused_until.get(target, 0.0) > now:
+                return None
+            last = self._taught.get(target)
+            fresh = bool(quotas) and (
+                last is None or last[0] != quotas or now - last[1] > LESSON_REPEAT_SECONDS
+            )
+            if not (fresh or remaining == 0 or rate_limited):
+                return None
+            self._taught[target] = (quotas, now)
+        said = [f"HTTP {response.status_code}"] if rate_limited else []
+        if advice is not None:
+            said.append(f"{advice.family} headers")
+        source = f"{', '.join(said)} from {request.url.netloc.decode('ascii', 'replace')}"
+        body: dict[str, Any] = {
+            "limit": target,
+            "source": lesson_source(source),
+            "quotas": [wire_quota(quota) for quota in quotas],
+        }
+        if remaining is not None:
+            body["remaining"] = remaining
+        if advice is not None and advice.reset_ms is not None:
+            body["reset_ms"] = advice.reset_ms
+        if rate_limited:
+            body["rate_limited"] = True
+        return body
+
+    def lesson_refused(self, limit: str) -> None:
+        """The server will not be taught for ``limit``: leave it alone for a while."""
+        with self._lock:
+            self._refused_until[limit] = time.monotonic() + LESSON_REFUSED_SECONDS
+
+
+_HEADERS_SENT = ".send_request_headers.complete"
+
+
+class Departure:
+    """When a request left for the vendor: when it was handed to the inner transport, then,
+    if that transport is httpx's own (httpcore reports its steps through the ``trace``
+    request extension), when its headers were written, after any connection set-up and TLS
+    handshake. A caller's own ``trace`` is still called, and put back by :meth:`done`."""
+
+    def __init__(self, request: httpx.Request, *, asynchronous: bool) -> None:
+        #: ``time.monotonic()`` of the departure as known so far.
+        self.at = time.monotonic()
+        self._request = request
+        self._had_trace = "trace" in request.extensions
+        own = request.extensions.get("trace")
+        if asynchronous:
+
+            async def atrace(name: str, info: dict[str, Any]) -> None:
+                if name.endswith(_HEADERS_SENT):
+                    self.at = time.monotonic()
+                if own is not None:
+                    await own(name, info)
+
+            request.extensions["trace"] = atrace
+        else:
+
+            def trace(name: str, info: dict[str, Any]) -> None:
+                if name.endswith(_HEADERS_SENT):
+                    self.at = time.monotonic()
+                if own is not None:
+                    own(name, info)
+
+            request.extensions["trace"] = trace
+        self._own = own
+
+    def done(self) -> None:
+        """Give the request its own ``trace`` back (the request may be sent again)."""
+        if self._had_trace:
+            self._request.extensions["trace"] = self._own
+        else:
+            self._request.extensions.pop("trace", None)
+
+
+def wire_quota(quota: AdvisedQuota) -> dict[str, Any]:
+    """A quota as ``POST /v1/learn`` takes it, within the ranges the server takes."""
+    item: dict[str, Any] = {"quota": min(quota.quota, LESSON_QUOTA_MAX)}
+    if quota.window_ms:  # a window of 0 says nothing
+        item["window_ms"] = min(quota.window_ms, LESSON_WINDOW_MS_MAX)
+    return item
+
+
+def lesson_source(text: str) -> str:
+    """``text`` as a lesson's source: printable ASCII, at most 128 bytes."""
+    printable = "".join(char if " " <= char <= "~" else "?" for char in text)
+    return printable[:LESSON_SOURCE_BYTES_MAX]
 
 
 def timed_out_message(host: Host, wait_max: float, paused: bool) -> str:

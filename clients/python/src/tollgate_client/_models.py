@@ -12,10 +12,16 @@ from typing import Any, Generic, TypeVar, Union
 __all__ = [
     "CheckResult",
     "Committed",
+    "LearnResult",
+    "Learned",
     "LimitList",
     "LimitStatus",
     "Limits",
+    "Quota",
     "acquire_body",
+    "commit_body",
+    "learn_body",
+    "learn_result",
     "parse_limits",
     "pause_body",
 ]
@@ -181,6 +187,127 @@ def pause_body(limit: str, seconds: float, key: str | None) -> dict[str, Any]:
     if key is not None:
         body["key"] = key
     return body
+
+
+#: Longest grant-to-send delay a commit reports, in seconds (an hour).
+SENT_AFTER_SECONDS_MAX = 3600.0
+#: Most quotas one lesson carries.
+LESSON_QUOTAS_MAX = 8
+#: Largest quota a lesson carries (2^53); a larger one says no more.
+LESSON_QUOTA_MAX = 2**53
+#: Longest quota window a lesson carries, in milliseconds (366 days).
+LESSON_WINDOW_MS_MAX = 366 * 86_400_000
+
+
+def commit_body(used: int, sent_after: float | None) -> dict[str, Any]:
+    """The body of ``POST /v1/permits/{id}/commit``; ``sent_after`` in seconds."""
+    body: dict[str, Any] = {"used": used}
+    if sent_after is not None:
+        body["sent_after_ms"] = milliseconds(sent_after, "sent_after")
+    return body
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A quota a vendor advertises: ``quota`` calls per ``window`` seconds (``None``: the
+    vendor does not say; the limit's own period is assumed)."""
+
+    quota: int
+    window: float | None = None
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What the server holds as learned for a limit: the ``limit`` in force, whether it was
+    ``advertised`` by the vendor or lowered after it answered ``rate_limited``, the lesson's
+    ``source``, and the seconds until it is forgotten unless taught again."""
+
+    limit: int
+    kind: str
+    source: str
+    expires_after: float
+
+
+@dataclass(frozen=True)
+class LearnResult:
+    """The answer to a lesson: the limit's ``configured`` and ``effective`` value, the seconds
+    the server paused it for (``paused``, 0 for none), what it holds as ``learned``, the
+    longest grant-to-send ``delay`` callers reported lately and the ``margin`` it learned from
+    it (seconds)."""
+
+    limit: str
+    configured: int
+    effective: int
+    paused: float
+    learned: Learned | None
+    delay: float = 0.0
+    margin: float = 0.0
+
+
+def _quota_ms(quota: Quota | tuple[int, float | None] | int) -> dict[str, Any]:
+    if isinstance(quota, Quota):
+        count, window = quota.quota, quota.window
+    elif isinstance(quota, tuple):
+        count, window = quota
+    else:
+        count, window = quota, None
+    item: dict[str, Any] = {"quota": count}
+    if window is not None:
+        # A window is a length, not a wait: the nearest millisecond.
+        if isinstance(window, bool) or not isinstance(window, (int, float)):
+            raise TypeError(f"quotas: a window in seconds as a number, got {window!r}")
+        if math.isnan(window) or math.isinf(window) or window < 0:
+            raise ValueError(f"quotas: a window must be a finite number of seconds, got {window!r}")
+        item["window_ms"] = round(window * 1000)
+    return item
+
+
+def learn_body(
+    limit: str,
+    *,
+    source: str,
+    quotas: Sequence[Quota | tuple[int, float | None] | int],
+    remaining: int | None,
+    reset: float | None,
+    rate_limited: bool,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/learn`` from seconds (``window``, ``reset``); the ranges are the
+    server's to judge, so that its ``bad_request`` names the field."""
+    body: dict[str, Any] = {
+        "limit": limit,
+        "source": source,
+        "quotas": [_quota_ms(quota) for quota in quotas],
+    }
+    if remaining is not None:
+        body["remaining"] = remaining
+    if reset is not None:
+        body["reset_ms"] = milliseconds(reset, "reset")
+    if rate_limited:
+        body["rate_limited"] = True
+    return body
+
+
+def learn_result(body: dict[str, Any]) -> LearnResult:
+    """The answer of ``POST /v1/learn`` (milliseconds become seconds)."""
+    learned = body.get("learned")
+    return LearnResult(
+        limit=str(body.get("limit", "")),
+        configured=int(body.get("configured", 0)),
+        effective=int(body.get("effective", 0)),
+        paused=_seconds(body.get("paused_ms")),
+        learned=(
+            Learned(
+                limit=int(learned.get("limit", 0)),
+                kind=str(learned.get("kind", "")),
+                source=str(learned.get("source", "")),
+                expires_after=_seconds(learned.get("expires_in_ms")),
+            )
+            if isinstance(learned, dict)
+            else None
+        ),
+        delay=_seconds(body.get("delay_ms")),
+        margin=_seconds(body.get("margin_ms")),
+    )
 
 
 def rule_body(rule: Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:

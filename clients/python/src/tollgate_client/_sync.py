@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Callable, TypeVar, cast
 
@@ -28,11 +29,16 @@ from ._kept import KeptToken, proof_nonce
 from ._models import (
     CheckResult,
     Committed,
+    LearnResult,
     LimitList,
     Limits,
     LimitStatus,
+    Quota,
     acquire_body,
     check_answer,
+    commit_body,
+    learn_body,
+    learn_result,
     parse_limits,
     pause_body,
     rule_body,
@@ -60,6 +66,9 @@ class Permit:
         self.cost: int = cost
         #: Units to commit on a clean exit from the ``with`` block; ``None`` means all.
         self.used: int | None = None
+        #: When the grant's answer arrived (``time.monotonic()``), to measure the delay until
+        #: the call it pays for is sent.
+        self.granted_at: float = time.monotonic()
         self._settled = False
 
     def __repr__(self) -> str:
@@ -75,16 +84,21 @@ class Permit:
         """Whether the permit was committed or released (or that was attempted)."""
         return self._settled
 
-    def commit(self, used: int | None = None) -> Committed:
+    def commit(self, used: int | None = None, *, sent_after: float | None = None) -> Committed:
         """Say ``used`` units were used (default: ``self.used``, else all of ``cost``).
+
+        ``sent_after`` is the seconds from the grant to the call leaving for the vendor (at
+        most an hour): the server widens the limit's margin to cover such delays, so that
+        calls granted in one period do not reach the vendor crowded into one of its windows.
 
         The rest of the rate units are refunded and leases released. Once per permit: a second
         commit raises :class:`Conflict`.
         """
         if used is None:
             used = self.used if self.used is not None else self.cost
+        wire = commit_body(used, sent_after)
         self._settled = True
-        body = self._client._post(permit_path(self.id, "commit"), {"used": used})
+        body = self._client._post(permit_path(self.id, "commit"), wire)
         return Committed(
             refunded=int(body.get("refunded", 0)), released=int(body.get("released", 0))
         )
@@ -315,6 +329,40 @@ class Client:
         fleet-wide. Pauses only extend: returns the seconds until the pause in force ends."""
         body = self._post("/v1/pause", pause_body(limit, seconds, key))
         return float(body.get("paused_ms", 0)) / 1000.0
+
+    def learn(
+        self,
+        limit: str,
+        *,
+        source: str,
+        quotas: Sequence[Quota | tuple[int, float | None] | int] = (),
+        remaining: int | None = None,
+        reset: float | None = None,
+        rate_limited: bool = False,
+    ) -> LearnResult:
+        """Teach the server what a vendor said of its limits, for rate limit ``limit``.
+
+        ``source`` says where it was read (printable ASCII, at most 128 bytes). ``quotas``
+        are the vendor's advertised quotas (:class:`Quota`, ``(quota, window_seconds)`` or a
+        bare count); the server holds the least of them, converted to the limit's period,
+        between a floor and the configured limit, for a while. ``remaining`` 0 with ``reset``
+        seconds pauses the limit fleet-wide for that long. ``rate_limited`` says the vendor
+        refused a call without advertising a quota: the server lowers the limit.
+
+        Needs the admin token or a data token with ``may_pause`` whose scope covers the limit.
+        """
+        wire = learn_body(
+            limit,
+            source=source,
+            quotas=quotas,
+            remaining=remaining,
+            reset=reset,
+            rate_limited=rate_limited,
+        )
+        return self._learn(wire)
+
+    def _learn(self, body: dict[str, Any]) -> LearnResult:
+        return learn_result(self._post("/v1/learn", body))
 
     def check(self, user: str | None, method: str, path: str) -> CheckResult[Permit]:
         """May ``user`` make the inbound request ``method path`` now?

@@ -24,9 +24,20 @@ For each request to a mapped host the transport:
    to ``retry_after_max``, plus jitter, never less than asked), so that every process of the
    fleet holds its requests until the vendor's cessation ends, and retries; on a transient
    failure it retries an idempotent request after a jittered, doubling backoff;
-4. commits the unit (the call happened) and releases the lease of a concurrency limit, after
-   recording a pause, so that with a concurrency limit of 1 no other request leaves before the
-   pause is in force.
+4. reads the vendor's rate-limit headers (the IETF ``RateLimit``/``RateLimit-Policy`` fields,
+   or OpenAI's, Anthropic's, GitHub's or the older ``RateLimit-Limit`` ones) and, when they say
+   something new (other quotas than last taught, none taught for a minute, no call remaining,
+   or a 429 with no quota advertised), teaches the server (``POST /v1/learn``) for the host's
+   first limit: the server then holds the limit at most at what the vendor advertises, pauses
+   it fleet-wide until the vendor's reset when nothing remains, and lowers it after a 429
+   that advertised nothing;
+5. commits the unit (the call happened), reporting how long after the grant the request left
+   (so that the server's margin covers that delay), and releases the lease of a concurrency
+   limit, after recording a pause, so that with a concurrency limit of 1 no other request
+   leaves before the pause is in force.
+
+``learn=False`` turns step 4 and the delay report off. A lesson that fails (the token lacks
+``may_pause``, the first limit is not a rate limit) is logged at debug level and fails nothing.
 
 Retries (for rate limiting and transient failures together) stop after ``retries_max``; the
 last answer then goes back to the caller as the vendor gave it. A request whose body is a
@@ -46,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -64,7 +76,7 @@ from ._dispatch import (
     timed_out_message,
     transient,
 )
-from ._errors import RateLimited, TollgateError
+from ._errors import BadRequest, RateLimited, TollgateError
 from ._models import Limits
 from ._sync import Client, Permit
 
@@ -93,6 +105,30 @@ def _timed_out(
     )
 
 
+# What a lesson may fail with: the server's refusals and failures, or an answer not understood.
+_LESSON_ERRORS = (TollgateError, ValueError, TypeError)
+
+
+def _lesson_failed(policy: Policy, lesson: dict[str, Any], error: Exception) -> None:
+    limit = lesson["limit"]
+    if isinstance(error, TollgateError) and error.status in (400, 403, 404):
+        # Not a rate limit, unknown, or the token may not teach: asking again soon would be
+        # refused again.
+        policy.lesson_refused(limit)
+    logger.debug("lesson for %s not taught: %s", limit, error)
+
+
+def _delay_unknown(policy: Policy, error: BadRequest) -> bool:
+    """Whether a commit was refused for its ``sent_after_ms`` (a server older than it): then
+    the delay is not reported again, and the commit is sent without it."""
+    if error.field != "sent_after_ms":
+        return False
+    if policy.report_delay:
+        policy.report_delay = False
+        logger.debug("the Tollgate server does not take sent_after_ms; not reported: %s", error)
+    return True
+
+
 class TollgateTransport(httpx.BaseTransport):
     """A blocking httpx transport that takes each mapped host's quota from a Tollgate server
     before every request (see the module documentation).
@@ -110,7 +146,10 @@ class TollgateTransport(httpx.BaseTransport):
     - ``retry_after_max`` (900): the longest pause a vendor can cause;
     - ``resume_jitter_max`` (0.25): a random extra added to every pause;
     - ``classify``: a function of the response returning a :class:`Verdict` to override the
-      defaults, or ``None`` to let them decide.
+      defaults, or ``None`` to let them decide;
+    - ``learn`` (True): teach the server what the vendor's rate-limit headers say, and report
+      each call's grant-to-send delay on its commit (``False``: neither; pauses on a
+      rate-limit answer stay).
     """
 
     def __init__(
@@ -128,6 +167,7 @@ class TollgateTransport(httpx.BaseTransport):
         retry_after_max: float = 900.0,
         resume_jitter_max: float = 0.25,
         classify: Classifier | None = None,
+        learn: bool = True,
     ) -> None:
         self._client = client
         self._inner = transport if transport is not None else httpx.HTTPTransport()
@@ -142,6 +182,7 @@ class TollgateTransport(httpx.BaseTransport):
             retry_after_max=retry_after_max,
             resume_jitter_max=resume_jitter_max,
             classify=classify,
+            learn=learn,
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -155,21 +196,26 @@ class TollgateTransport(httpx.BaseTransport):
         attempt = 0
         while True:
             permit = self._admit(host, priority)
+            departure = policy.departure(request, asynchronous=False)
             try:
                 response = self._inner.handle_request(request)
             except BaseException as error:
-                self._settle(permit)
+                self._settle(permit, policy.sent_after(permit.granted_at, departure))
                 if retry_transient and transient(error) and attempt < policy.retries_max:
                     time.sleep(policy.backoff(attempt))
                     attempt += 1
                     continue
                 raise
+            finally:
+                if departure is not None:
+                    departure.done()
             verdict = policy.classify(response)
             if verdict.kind == "retry" and not retry_transient:
                 verdict = Verdict.done()
             if verdict.kind == "rate_limited":
                 self._pause(host, verdict.retry_after)
-            self._settle(permit)
+            self._teach(host, request, response, verdict)
+            self._settle(permit, policy.sent_after(permit.granted_at, departure))
             if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
                 return response
             response.close()
@@ -231,11 +277,31 @@ class TollgateTransport(httpx.BaseTransport):
             return
         self._policy.note_pause(target, time.monotonic() + left)
 
-    @staticmethod
-    def _settle(permit: Permit) -> None:
+    def _teach(
+        self, host: Host, request: httpx.Request, response: httpx.Response, verdict: Verdict
+    ) -> None:
+        """Teach the server what the vendor's answer says, if it says something new; a pause
+        the server puts in force is noted here at once. A failed lesson fails nothing."""
+        lesson = self._policy.lesson(host, request, response, verdict)
+        if lesson is None:
+            return
+        try:
+            taught = self._client._learn(lesson)
+        except _LESSON_ERRORS as error:
+            _lesson_failed(self._policy, lesson, error)
+            return
+        if taught.paused > 0:
+            self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
+
+    def _settle(self, permit: Permit, sent_after: float | None) -> None:
         # The call happened (or may have): its unit stays used; a lease is released.
         try:
-            permit.commit()
+            try:
+                permit.commit(sent_after=sent_after)
+            except BadRequest as error:
+                if not _delay_unknown(self._policy, error):
+                    raise
+                permit.commit()
         except TollgateError as error:
             logger.debug(
                 "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
@@ -265,6 +331,7 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         retry_after_max: float = 900.0,
         resume_jitter_max: float = 0.25,
         classify: Classifier | None = None,
+        learn: bool = True,
     ) -> None:
         self._client = client
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -279,6 +346,7 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
             retry_after_max=retry_after_max,
             resume_jitter_max=resume_jitter_max,
             classify=classify,
+            learn=learn,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -292,21 +360,26 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         attempt = 0
         while True:
             permit = await self._admit(host, priority)
+            departure = policy.departure(request, asynchronous=True)
             try:
                 response = await self._inner.handle_async_request(request)
             except BaseException as error:
-                await self._settle(permit)
+                await self._settle(permit, policy.sent_after(permit.granted_at, departure))
                 if retry_transient and transient(error) and attempt < policy.retries_max:
                     await asyncio.sleep(policy.backoff(attempt))
                     attempt += 1
                     continue
                 raise
+            finally:
+                if departure is not None:
+                    departure.done()
             verdict = policy.classify(response)
             if verdict.kind == "retry" and not retry_transient:
                 verdict = Verdict.done()
             if verdict.kind == "rate_limited":
                 await self._pause(host, verdict.retry_after)
-            await self._settle(permit)
+            await self._teach(host, request, response, verdict)
+            await self._settle(permit, policy.sent_after(permit.granted_at, departure))
             if verdict.kind == "done" or attempt >= policy.retries_max or not may_replay:
                 return response
             await response.aclose()
@@ -368,10 +441,28 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
             return
         self._policy.note_pause(target, time.monotonic() + left)
 
-    @staticmethod
-    async def _settle(permit: AsyncPermit) -> None:
+    async def _teach(
+        self, host: Host, request: httpx.Request, response: httpx.Response, verdict: Verdict
+    ) -> None:
+        lesson = self._policy.lesson(host, request, response, verdict)
+        if lesson is None:
+            return
         try:
-            await permit.commit()
+            taught = await self._client._learn(lesson)
+        except _LESSON_ERRORS as error:
+            _lesson_failed(self._policy, lesson, error)
+            return
+        if taught.paused > 0:
+            self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
+
+    async def _settle(self, permit: AsyncPermit, sent_after: float | None) -> None:
+        try:
+            try:
+                await permit.commit(sent_after=sent_after)
+            except BadRequest as error:
+                if not _delay_unknown(self._policy, error):
+                    raise
+                await permit.commit()
         except TollgateError as error:
             logger.debug(
                 "commit of permit %s failed; a lease runs to its TTL: %s", permit.id, error
