@@ -333,3 +333,13 @@ def test_the_delay_runs_until_the_request_is_written_and_a_callers_trace_stays()
     assert commit["sent_after_ms"] >= 50, "from the grant until the headers were written"
     assert seen == ["http11.send_request_headers.complete"], "the caller's trace is called"
     assert answer.request.extensions["trace"] is own, "and given back"
+
+
+def test_the_servers_hold_of_an_acquire_is_read_from_server_timing() -> None:
+    from tollgate_client._core import server_held
+
+    assert server_held("acquire;dur=12.5") == 0.0125
+    assert server_held("db;dur=1, acquire; dur=3") == 0.003
+    bad_values = [None, "", "acquire", "acquire;dur=-1", "acquire;dur=nan", "acquire;dur="]
+    for bad in [*bad_values, "other;dur=3"]:
+        assert server_held(bad) is None, bad

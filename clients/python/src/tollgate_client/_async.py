@@ -18,6 +18,7 @@ from ._core import (
     Options,
     bearer,
     decode_object,
+    granted_at,
     limit_path,
     logger,
     permit_path,
@@ -338,12 +339,15 @@ class AsyncClient:
         args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait)
 
         async def send() -> AsyncPermit:
+            asked = time.monotonic()
             response = await self._send("POST", "/v1/acquire", args.body, wait=args.wait)
             body = decode_object(response)
             permit_id = body.get("permit")
             if not isinstance(permit_id, str):
                 raise ServerError("the grant carries no permit id", status=response.status_code)
-            return AsyncPermit(self, permit_id, parse_limits(body.get("limits")), cost)
+            permit = AsyncPermit(self, permit_id, parse_limits(body.get("limits")), cost)
+            permit.granted_at = granted_at(asked, response)
+            return permit
 
         return AcquireCall(send)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -94,3 +95,34 @@ def decode_object(response: httpx.Response) -> dict[str, Any]:
             status=response.status_code,
         )
     return body
+
+
+def server_held(value: str | None) -> float | None:
+    """How long a Tollgate server held an acquire, in seconds, from its
+    ``Server-Timing: acquire;dur=MS``; ``None`` when it says nothing readable."""
+    if value is None:
+        return None
+    for metric in value.split(","):
+        name, *parameters = (part.strip() for part in metric.split(";"))
+        if name != "acquire":
+            continue
+        for parameter in parameters:
+            if not parameter.startswith("dur="):
+                continue
+            try:
+                ms = float(parameter[4:])
+            except ValueError:
+                return None
+            if ms == ms and 0.0 <= ms <= 86_400_000.0:
+                return ms / 1000.0
+            return None
+    return None
+
+
+def granted_at(asked: float, response: httpx.Response) -> float:
+    """When the server made the grant of ``response``, on this process's monotonic clock: the
+    request's departure plus the time the server held it, so that the answer's way back counts
+    in the delay until the call is sent; its arrival when the server says nothing."""
+    now = time.monotonic()
+    held = server_held(response.headers.get("server-timing"))
+    return now if held is None else min(asked + held, now)

@@ -18,6 +18,7 @@ from ._core import (
     Options,
     bearer,
     decode_object,
+    granted_at,
     limit_path,
     logger,
     permit_path,
@@ -300,8 +301,11 @@ class Client:
         ``normal`` or ``low``. Raises :class:`RateLimited` when nothing was granted in time.
         """
         args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait)
-        body = decode_object(self._send("POST", "/v1/acquire", args.body, wait=args.wait))
-        return self._permit(body, cost)
+        asked = time.monotonic()
+        response = self._send("POST", "/v1/acquire", args.body, wait=args.wait)
+        permit = self._permit(decode_object(response), cost)
+        permit.granted_at = granted_at(asked, response)
+        return permit
 
     def try_acquire(
         self,
