@@ -262,3 +262,86 @@ async fn teaching_is_a_power_held_to_its_bounds() {
     .await;
     assert_eq!(unknown.status, 404, "{}", unknown.text());
 }
+
+/// Two replicas on one Redis namespace: what one is taught, and a margin a delay widens on
+/// one, the other puts in force, counted by acquiring through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_what_one_replica_learns_the_other_puts_in_force() {
+    let Ok(redis) = std::env::var("TOLLGATE_TEST_REDIS") else {
+        tollgate::conformance::skipped(
+            "on_redis_what_one_replica_learns_the_other_puts_in_force: TOLLGATE_TEST_REDIS is \
+             unset, so it did not run against Redis",
+        );
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    let namespace = format!("learn-{}-{nanos}", std::process::id());
+    let start = || {
+        Server::start_with(Options {
+            env: vec![
+                ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+                ("TOLLGATE_DATA_TOKEN", DATA_TOKEN),
+                ("TOLLGATE_PERMIT_SECRET", "00112233445566778899aabbccddeeff"),
+            ],
+            args: vec!["--store", &redis, "--redis-namespace", &namespace],
+            ..Options::default()
+        })
+    };
+    let (first, second) = (start(), start());
+    for server in [&first, &second] {
+        put_limit(
+            server,
+            "vendor",
+            r#"{"kind":"rate","limit":20,"period_ms":600000}"#,
+        )
+        .await;
+    }
+    let taught = post(
+        &first.with_token(DATA_TOKEN),
+        "/v1/learn",
+        r#"{"limit":"vendor","source":"x-ratelimit-limit from vendor.test","quotas":[{"quota":8}]}"#,
+    )
+    .await;
+    assert_eq!(taught.status, 200, "{}", taught.text());
+    until("the second replica puts the lesson in force", async || {
+        stats(&second).await["limits"][0]["learned"]["effective"] == 8
+    })
+    .await;
+    assert_eq!(burst(&second.with_token(DATA_TOKEN), "vendor").await, 8);
+
+    let data = first.with_token(DATA_TOKEN);
+    put_limit(
+        &first,
+        "fast",
+        r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
+    )
+    .await;
+    put_limit(
+        &second,
+        "fast",
+        r#"{"kind":"rate","limit":10,"period_ms":1000}"#,
+    )
+    .await;
+    let grant = granted(&data, r#"{"limits":["fast"]}"#).await;
+    let commit = post(
+        &data,
+        &format!("/v1/permits/{}/commit", permit_of(&grant)),
+        r#"{"used":1,"sent_after_ms":40}"#,
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.text());
+    until("the second replica widens its margin", async || {
+        let stats = stats(&second).await;
+        let fast = stats["limits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|limit| limit["name"] == "fast")
+            .cloned()
+            .unwrap_or_default();
+        fast["learned"]["margin_ms"] == 50
+    })
+    .await;
+}

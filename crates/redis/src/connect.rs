@@ -73,11 +73,13 @@ impl RedisStore {
         let keys = keys::Keys::new(&config.namespace, target.is_cluster());
         let backend = Arc::new(backend);
         let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
+        let lessons: Arc<Mutex<Option<crate::store::LessonFn>>> = Arc::new(Mutex::new(None));
         let subscriber = tokio::spawn(subscribe(
             backend.clone(),
             target.clone(),
             keys.clone(),
             wake.clone(),
+            lessons.clone(),
         ));
         let caller = Arc::new(Caller::new(
             backend,
@@ -94,6 +96,7 @@ impl RedisStore {
             config,
             place_ttl_us: crate::store::PLACE_TTL_US,
             wake,
+            lessons,
             subscriber: Some(subscriber),
             limits: Mutex::new(std::collections::HashMap::new()),
             admitting: Mutex::new(std::collections::HashMap::new()),
@@ -109,6 +112,7 @@ async fn subscribe(
     target: Target,
     keys: keys::Keys,
     wake: Arc<Mutex<Option<WakeFn>>>,
+    lessons: Arc<Mutex<Option<crate::store::LessonFn>>>,
 ) {
     let mut backoff = Duration::from_millis(50);
     let mut attempt = 0;
@@ -118,7 +122,11 @@ async fn subscribe(
         match client {
             Ok(client) => match client.get_async_pubsub().await {
                 Ok(mut pubsub) => {
-                    if pubsub.subscribe(keys.wake_channel()).await.is_ok() {
+                    if pubsub
+                        .subscribe(&[keys.wake_channel(), keys.learn_channel()])
+                        .await
+                        .is_ok()
+                    {
                         backoff = Duration::from_millis(50);
                         let mut messages = pubsub.on_message();
                         while let Some(message) = messages.next().await {
@@ -126,6 +134,13 @@ async fn subscribe(
                             let Ok(text) = String::from_utf8(payload) else {
                                 continue;
                             };
+                            if message.get_channel_name() == keys.learn_channel() {
+                                let handler = lessons.lock().ok().and_then(|slot| slot.clone());
+                                if let Some(handler) = handler {
+                                    handler(&text);
+                                }
+                                continue;
+                            }
                             if let Some((limit, key)) = keys.parse_counter(&text) {
                                 let handler = wake.lock().ok().and_then(|slot| slot.clone());
                                 if let Some(handler) = handler {

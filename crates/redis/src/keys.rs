@@ -71,6 +71,7 @@ pub(crate) struct Keys {
     /// for the namespace (one Redis, lost or kept whole).
     per_slot_generation: bool,
     wake_channel: String,
+    learn_channel: String,
 }
 
 impl Keys {
@@ -79,11 +80,17 @@ impl Keys {
             namespace: namespace.to_owned(),
             per_slot_generation,
             wake_channel: format!("tg:{namespace}:wake"),
+            learn_channel: format!("tg:{namespace}:learn"),
         }
     }
 
     pub(crate) fn wake_channel(&self) -> &str {
         &self.wake_channel
+    }
+
+    /// Where the processes of a namespace tell each other what a vendor taught (opaque text).
+    pub(crate) fn learn_channel(&self) -> &str {
+        &self.learn_channel
     }
 
     /// The slot of `counter`'s keys.

@@ -63,6 +63,6 @@ mod queue_tests;
 
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
-pub use store::{RedisStore, RedisStoreConfig};
+pub use store::{LessonFn, RedisStore, RedisStoreConfig};
 /// The cross-slot plan and the loss check this store runs, as plain functions.
 pub use tollgate_redis_protocol::{loss, plan, queue};

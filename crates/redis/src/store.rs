@@ -58,6 +58,9 @@ pub struct RedisStoreConfig {
     pub keys_per_limit_max: u64,
 }
 
+/// Called with the text another process published with `RedisStore::publish_lesson`.
+pub type LessonFn = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Counters in Redis, shared by every process on the same namespace.
 pub struct RedisStore {
     /// What sends the script, and the acquires waiting per slot (`batch.rs`).
@@ -69,6 +72,8 @@ pub struct RedisStore {
     /// tests that watch places expire.
     pub(crate) place_ttl_us: u64,
     pub(crate) wake: Arc<Mutex<Option<WakeFn>>>,
+    /// Who hears what other processes of the namespace publish with `publish_lesson`.
+    pub(crate) lessons: Arc<Mutex<Option<LessonFn>>>,
     pub(crate) subscriber: Option<tokio::task::JoinHandle<()>>,
     /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
     /// its own budget of keys.
@@ -96,6 +101,29 @@ impl Drop for RedisStore {
 }
 
 impl RedisStore {
+    /// Tell every process on this namespace (this one included) `text`: what a vendor taught,
+    /// for servers that share learning through their store. Fire and forget: a process that
+    /// is not subscribed at that moment does not hear it.
+    pub async fn publish_lesson(&self, text: &str) -> Result<()> {
+        self.caller
+            .backend
+            .query(
+                redis::cmd("PUBLISH")
+                    .arg(self.keys.learn_channel())
+                    .arg(text),
+            )
+            .await
+            .map(|_| ())
+            .map_err(crate::errors::store_error)
+    }
+
+    /// Hear what processes of this namespace publish with `publish_lesson`.
+    pub fn on_lesson(&self, handler: LessonFn) {
+        if let Ok(mut slot) = self.lessons.lock() {
+            *slot = Some(handler);
+        }
+    }
+
     pub fn namespace(&self) -> &str {
         &self.config.namespace
     }

@@ -14,6 +14,7 @@ mod forward;
 mod guard;
 mod history;
 mod hot;
+mod learning;
 mod listener;
 mod metrics;
 mod networks;
@@ -220,6 +221,8 @@ pub async fn memory_router(
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let metrics = Metrics::new(rules.clone(), Some(memory), None, store_seconds, None);
     let forward_auth = forward::ForwardAuth::new(&config)?;
+    // One server on its own memory store: nothing to share.
+    let learning = learning::SharedLearning::none();
     Ok(router(AppState::new(
         config,
         limiter,
@@ -227,6 +230,7 @@ pub async fn memory_router(
         metrics,
         tokens,
         forward_auth,
+        learning,
     )))
 }
 
@@ -395,8 +399,9 @@ pub async fn run(
     );
     let (store, memory) = build_store(&config, &state).await?;
     let store_seconds = metrics::store_seconds_family();
-    let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store, store_seconds.clone()));
+    let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(store.clone(), store_seconds.clone()));
     let limiter = new_limiter(&config, metered);
+    let learning = learning::SharedLearning::start(&store, &limiter);
     let rules = Rules::start_with(source, limiter.clone(), config.path_matching).await?;
     let memory_run = match &memory {
         Some((memory, clock)) => Some(
@@ -496,7 +501,15 @@ pub async fn run(
     );
     let grpc_address = envoy.as_ref().map(|(.., bound)| *bound);
     let forward_auth = forward::ForwardAuth::new(&config)?;
-    let state = AppState::new(config, limiter, rules, metrics, tokens, forward_auth);
+    let state = AppState::new(
+        config,
+        limiter,
+        rules,
+        metrics,
+        tokens,
+        forward_auth,
+        learning,
+    );
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServerError::Listen {

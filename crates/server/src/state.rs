@@ -26,6 +26,7 @@ struct Inner {
     metrics: Metrics,
     tokens: Arc<Tokens>,
     forward_auth: ForwardAuth,
+    learning: crate::learning::SharedLearning,
     hot_keys: crate::hot::HotKeys,
     history: crate::history::History,
     shutting_down: AtomicBool,
@@ -41,6 +42,7 @@ impl AppState {
         metrics: Metrics,
         tokens: Arc<Tokens>,
         forward_auth: ForwardAuth,
+        learning: crate::learning::SharedLearning,
     ) -> AppState {
         AppState {
             inner: Arc::new(Inner {
@@ -50,6 +52,7 @@ impl AppState {
                 metrics,
                 tokens,
                 forward_auth,
+                learning,
                 hot_keys: crate::hot::HotKeys::default(),
                 history: crate::history::History::default(),
                 shutting_down: AtomicBool::new(false),
@@ -60,6 +63,11 @@ impl AppState {
 
     pub(crate) fn config(&self) -> &ServerConfig {
         &self.inner.config
+    }
+
+    /// Sharing what vendors teach with the other replicas (on Redis).
+    pub(crate) fn learning(&self) -> &crate::learning::SharedLearning {
+        &self.inner.learning
     }
 
     pub(crate) fn limiter(&self) -> &Limiter {

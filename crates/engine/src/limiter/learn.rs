@@ -227,38 +227,44 @@ impl Limiter {
         Ok(view)
     }
 
-    /// A caller sent the request of permit `id` `delay` after its grant's answer reached it:
-    /// each of the permit's rate limits widens its margin to cover the most delay seen in the
-    /// last minute or two (plus an allowance for the answer's own way), so that grants a
-    /// period apart never arrive at the vendor less than a period apart. Bounded: at most a
-    /// quarter of the period and a second, forgotten two minutes after the last report.
-    pub fn note_sent(&self, id: &str, delay: Duration) -> Result<()> {
+    /// A caller sent the request of permit `id` `delay` after its grant: each of the permit's
+    /// rate limits widens its margin to cover the most delay seen in the last minute or two
+    /// (plus an allowance for the call's own way to the vendor), so that grants a period apart
+    /// never arrive at the vendor less than a period apart. Bounded: at most a quarter of the
+    /// period and a second, forgotten two minutes after the last report. Returns the limits
+    /// whose margin this changed.
+    pub fn note_sent(&self, id: &str, delay: Duration) -> Result<Vec<String>> {
         let parts = decode(&self.shared.config.permit_secret, id)?;
+        Ok(parts
+            .iter()
+            .filter(|part| self.note_delay(&part.limit, delay))
+            .map(|part| part.limit.to_string())
+            .collect())
+    }
+
+    /// `note_sent` for one limit by name (what another process reported): whether it changed
+    /// the limit's margin. A name that is not a rate limit in force changes nothing.
+    pub fn note_delay(&self, limit: &str, delay: Duration) -> bool {
         let delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
         let table = self.shared.table();
-        let mut changed = Vec::new();
-        {
+        let Some(target) = table.get(limit) else {
+            return false;
+        };
+        let Some(bounds) = Bounds::of(target.configured(), &self.shared.config.learn) else {
+            return false;
+        };
+        let changed = {
             let mut learning = lock(&self.shared);
             let now_us = learning.now_us();
-            for part in &parts {
-                let Some(limit) = table.get(&part.limit) else {
-                    continue;
-                };
-                let Some(bounds) = Bounds::of(limit.configured(), &self.shared.config.learn) else {
-                    continue;
-                };
-                let state = learning.by_name.entry(part.limit.clone()).or_default();
-                let before = state.margin_us(bounds.period_us, now_us);
-                state.note_delay(delay_us, now_us);
-                if state.margin_us(bounds.period_us, now_us) != before {
-                    changed.push(part.limit.clone());
-                }
-            }
+            let state = learning.by_name.entry(limit.into()).or_default();
+            let before = state.margin_us(bounds.period_us, now_us);
+            state.note_delay(delay_us, now_us);
+            state.margin_us(bounds.period_us, now_us) != before
+        };
+        if changed {
+            self.relearn(limit);
         }
-        for name in changed {
-            self.relearn(&name);
-        }
-        Ok(())
+        changed
     }
 
     /// The vendor said no call remains until `reset`: pause `limit` that long for every caller

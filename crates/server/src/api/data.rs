@@ -308,11 +308,14 @@ pub(crate) async fn commit(
     if let Some(sent_after_ms) = body.sent_after_ms {
         // The permit was just settled by this id, so it decodes; a failure here changes nothing
         // the commit did.
-        if let Err(error) = state
-            .limiter()
-            .note_sent(&permit, Duration::from_millis(sent_after_ms))
-        {
-            tracing::debug!(%error, "grant-to-send delay not noted");
+        let delay = Duration::from_millis(sent_after_ms);
+        match state.limiter().note_sent(&permit, delay) {
+            Ok(widened) => {
+                for limit in widened {
+                    state.learning().delay(&limit, delay).await;
+                }
+            }
+            Err(error) => tracing::debug!(%error, "grant-to-send delay not noted"),
         }
     }
     Ok(Json(CommitAnswer {
@@ -429,6 +432,7 @@ pub(crate) async fn learn(
         rate_limited: body.rate_limited,
     };
     let learned = state.limiter().learn(&body.limit, &lesson)?;
+    state.learning().lesson(&body.limit, &lesson).await;
     let mut paused_ms = 0;
     if body.remaining == Some(0)
         && let Some(reset_ms) = body.reset_ms.filter(|ms| *ms > 0)
