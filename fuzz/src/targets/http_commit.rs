@@ -110,7 +110,11 @@ fn check_commit(body: &[u8], answer: &crate::Answer) {
     };
     if sent_after_ms.is_some_and(|ms| ms > SENT_AFTER_MS_MAX) {
         assert_eq!(answer.status, 400, "{answer:?}");
-        assert_eq!(answer.text("/error/field"), Some("sent_after_ms"), "{answer:?}");
+        assert_eq!(
+            answer.text("/error/field"),
+            Some("sent_after_ms"),
+            "{answer:?}"
+        );
     } else if used <= 1 {
         assert_eq!(answer.status, 200, "{answer:?}");
     }

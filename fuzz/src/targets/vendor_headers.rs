@@ -184,7 +184,11 @@ fn rfc3339(epoch_ms: i64, offset_min: i64, form: u8) -> Option<String> {
         0 | 1 => format!(".{ms:03}"),
         _ => format!(".{:09}", ms * 1_000_000),
     };
-    let (t, z) = if form & 4 == 0 { ('T', 'Z') } else { ('t', 'z') };
+    let (t, z) = if form & 4 == 0 {
+        ('T', 'Z')
+    } else {
+        ('t', 'z')
+    };
     let zone = if offset_min == 0 && form & 8 == 0 {
         z.to_string()
     } else {
@@ -261,17 +265,26 @@ fn written(params: &[u8], now_ms: i64) -> (Family, Vec<(&'static str, String)>, 
     };
     let mut headers = Vec::new();
     if family == Family::Ietf {
-        // Up to 10 members, some of quota 0, some in other units: the first 8 of requests kept.
+        // Up to 12 members, some of quota 0, some in other units: the first 8 of requests kept.
         let mut members = Vec::new();
-        for index in 0..u32::from(lines % 11) {
-            let quota = limit.rotate_left(index * 7) % (INT_MAX + 1) * u64::from((zeros >> (index % 8)) & 1);
-            let window_s = 1 + extra.rotate_left(index * 5) % (MS_MAX / 1000);
+        for index in 0..u32::from(lines % 13) {
+            // Small numbers, so that more than 8 members fit in a field that can be read.
+            let (quota_max, window_max) = if form & 0x40 == 0 {
+                (INT_MAX, MS_MAX / 1000)
+            } else {
+                (99, 9)
+            };
+            let quota = limit.rotate_left(index * 7) % (quota_max + 1)
+                * u64::from((zeros >> (index % 8)) & 1);
+            let window_s = 1 + extra.rotate_left(index * 5) % window_max;
             let name = if index % 2 == 0 {
                 format!("\"q{index}\"")
             } else {
                 format!("p{index}")
             };
+            // Small members without a unit fit more than 8 in one field.
             let unit = match (form >> 4).wrapping_add(index as u8) % 4 {
+                _ if form & 0x60 == 0x40 => "",
                 0 => "",
                 1 => ";qu=\"requests\"",
                 2 => ";qu=requests",
@@ -312,7 +325,8 @@ fn written(params: &[u8], now_ms: i64) -> (Family, Vec<(&'static str, String)>, 
                 let past = form & 16 != 0;
                 let when = if past { now_ms - ahead } else { now_ms + ahead };
                 let when = when.clamp(FIRST_MS, LAST_MS);
-                let offset_min = i64::from(zeros) * 11 % (24 * 60) * if lines & 1 == 0 { 1 } else { -1 };
+                let offset_min =
+                    i64::from(zeros) * 11 % (24 * 60) * if lines & 1 == 0 { 1 } else { -1 };
                 let text = rfc3339(when, offset_min, form >> 1)
                     .or_else(|| rfc3339(when, 0, form >> 1))
                     .unwrap_or_default();
