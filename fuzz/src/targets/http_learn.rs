@@ -1,10 +1,10 @@
 //! `POST /v1/learn` through the server's router: any sequence of lessons gets documented
 //! answers, every refusal names its field, and what is learned stays within its bounds. An
-//! answer's `effective` is between the floor (`floor_percent` of the configured limit, at least
-//! 1) and the configured limit, `paused_ms` is never above the server's `pause_ms_max` (and is
-//! at least the vendor's reset, cut to it, when it said none remain); and however the lessons
-//! lower and restore the limit, the acquires granted never exceed the configured limit, nor
-//! the limit in force at each moment.
+//! answer's `effective` is between the floor (`floor_percent` of the configured limit, and
+//! at least one unit) and the configured limit, `paused_ms` is never above the server's
+//! `pause_ms_max` (and is at least the vendor's reset, cut to it, when it said none remain);
+//! and however the lessons lower and restore the limit, the acquires granted never exceed the
+//! configured limit, nor the limit in force at each moment.
 //!
 //! Input: 3 bytes that make a fresh rate limit (its limit, GCRA or sliding, its burst, its
 //! reserve), then bodies separated by `0xff` (never in UTF-8 text), each with `$L` standing for
