@@ -290,6 +290,20 @@ pub fn check_answer(answer: &Answer, documented: &[u16]) {
     }
 }
 
+/// A body as the server reads it (`None` when it refuses it as a body): empty reads as `{}`,
+/// and only an object is read.
+pub fn read_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
+    let body: &[u8] = if body.trim_ascii().is_empty() {
+        b"{}"
+    } else {
+        body
+    };
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
+}
+
 /// `input` split in two at its first `0xff` byte (never part of UTF-8 text), or all in the
 /// second part when there is none.
 pub fn split(input: &[u8]) -> (&[u8], &[u8]) {

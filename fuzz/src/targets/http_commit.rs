@@ -1,9 +1,11 @@
 //! `POST /v1/permits/{permit}/commit` and `/renew` through the server's router, with ids the
 //! server granted, the same ids altered, and ids made up: only a granted id is ever accepted,
-//! every refusal names its field, and a granted id is accepted with any body that is valid.
+//! every refusal names its field, and a granted id is accepted with any body that is valid. A
+//! commit's `sent_after_ms` above `SENT_AFTER_MS_MAX` (an hour) is refused naming it.
 
-use crate::{Api, check_answer, segment, split, uri_with};
+use crate::{Api, check_answer, read_body, segment, split, uri_with};
 use http::Method;
+use tollgate_api::data::{CommitBody, SENT_AFTER_MS_MAX};
 
 const DOCUMENTED: &[u16] = &[200, 400, 404, 409];
 
@@ -33,6 +35,9 @@ pub fn run_input(input: &[u8]) {
                 body,
             );
             check_answer(&answer, DOCUMENTED);
+            if !renew {
+                check_commit(body, &answer);
+            }
             if answer.status == 200 && !renew {
                 let refunded = answer.number("/refunded").expect("refunded");
                 let released = answer.number("/released").expect("released");
@@ -89,5 +94,28 @@ pub fn run_input(input: &[u8]) {
             check_answer(&answer, DOCUMENTED);
             assert_ne!(answer.status, 200, "a made-up id was accepted: {id:?}");
         }
+    }
+}
+
+/// What a commit of a granted, unsettled permit of cost 1 answers to a body that reads: a
+/// `sent_after_ms` above the bound is refused naming it, and within it, with `used` 0 or 1, the
+/// commit is accepted.
+fn check_commit(body: &[u8], answer: &crate::Answer) {
+    let Some(CommitBody {
+        used: Some(used),
+        sent_after_ms,
+    }) = read_body::<CommitBody>(body)
+    else {
+        return;
+    };
+    if sent_after_ms.is_some_and(|ms| ms > SENT_AFTER_MS_MAX) {
+        assert_eq!(answer.status, 400, "{answer:?}");
+        assert_eq!(
+            answer.text("/error/field"),
+            Some("sent_after_ms"),
+            "{answer:?}"
+        );
+    } else if used <= 1 {
+        assert_eq!(answer.status, 200, "{answer:?}");
     }
 }

@@ -7,6 +7,7 @@ pub mod envoy_descriptors;
 pub mod http_acquire;
 pub mod http_check;
 pub mod http_commit;
+pub mod http_learn;
 pub mod http_limits;
 pub mod http_pause;
 pub mod limits_file;
@@ -16,6 +17,7 @@ pub mod retry_after;
 pub mod simulate_workload;
 pub mod sql_rows;
 pub mod stats_query;
+pub mod vendor_headers;
 
 /// A target's body: one input, as libFuzzer hands it over; a failed check panics.
 pub type Target = fn(&[u8]);
@@ -27,6 +29,7 @@ pub const ALL: &[(&str, Target)] = &[
     ("http_acquire", http_acquire::run_input),
     ("http_check", http_check::run_input),
     ("http_commit", http_commit::run_input),
+    ("http_learn", http_learn::run_input),
     ("http_limits", http_limits::run_input),
     ("http_pause", http_pause::run_input),
     ("limits_file", limits_file::run_input),
@@ -36,4 +39,5 @@ pub const ALL: &[(&str, Target)] = &[
     ("simulate_workload", simulate_workload::run_input),
     ("sql_rows", sql_rows::run_input),
     ("stats_query", stats_query::run_input),
+    ("vendor_headers", vendor_headers::run_input),
 ];
