@@ -295,6 +295,14 @@ async fn run(
     (report, sent, learned)
 }
 
+/// The same fleet pause-only, then learning: the vendor's two reports, and what the server
+/// learned in the second.
+async fn both(rule: &str, vendor_args: &[&str], mid_run: Option<u64>) -> (Value, Value, Value) {
+    let (paused, _, _) = run(rule, vendor_args, false, mid_run).await;
+    let (learned, _, state) = run(rule, vendor_args, true, mid_run).await;
+    (paused, learned, state)
+}
+
 fn number(report: &Value, field: &str) -> u64 {
     report[field]
         .as_u64()
@@ -344,8 +352,7 @@ async fn an_advertised_limit_below_the_configured_one_is_obeyed() {
         "--headers",
         "ietf",
     ];
-    let (paused, _, _) = run(rule, &vendor, false, None).await;
-    let (learned, _, state) = run(rule, &vendor, true, None).await;
+    let (paused, learned, state) = both(rule, &vendor, None).await;
     // The first calls go before any answer: three processes of three callers, nine, below the
     // vendor's ten. Every refusal comes after an answer.
     assert!(number(&learned, "limited") <= 1, "{learned}");
@@ -381,8 +388,7 @@ async fn a_vendor_that_lowers_its_limit_mid_run_is_followed() {
         "--headers",
         "openai",
     ];
-    let (paused, _, _) = run(rule, &vendor, false, Some(5)).await;
-    let (learned, _, _) = run(rule, &vendor, true, Some(5)).await;
+    let (paused, learned, _) = both(rule, &vendor, Some(5)).await;
     assert!(number(&learned, "limited") <= 2, "{learned}");
     assert!(
         number(&paused, "limited") > number(&learned, "limited"),
@@ -403,8 +409,7 @@ async fn a_vendor_that_only_refuses_is_learned_from_its_refusals() {
         "--headers",
         "none",
     ];
-    let (paused, _, _) = run(rule, &vendor, false, None).await;
-    let (learned, _, _) = run(rule, &vendor, true, None).await;
+    let (paused, learned, _) = both(rule, &vendor, None).await;
     let (refused, refused_before) = (number(&learned, "limited"), number(&paused, "limited"));
     // A vendor that says nothing can only be learned by going over it once: the refusals are
     // those of the calls in flight when the first one came back, then none.
