@@ -130,8 +130,11 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
   if (typeof learn !== "boolean") {
     throw new TypeError(`learn: true or false, got ${JSON.stringify(learn)}`);
   }
-  /** Per limit taught: the quotas last taught (as JSON) and when (monotonic seconds). */
-  const taught = new Map<string, { quotas: string; at: number }>();
+  /**
+   * Per limit taught: the quotas last taught (as JSON), when (monotonic seconds), and whether
+   * the server has yet to take them.
+   */
+  const taught = new Map<string, { quotas: string; at: number; pending: boolean }>();
   const warn =
     options.onWarning ??
     ((message: string, error: unknown): void => {
@@ -230,12 +233,16 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
     const news =
       refused ||
       advice?.remaining === 0 ||
-      (quotas.length > 0 && (last === undefined || last.quotas !== key || now - last.at > LESSON_REFRESH));
+      (quotas.length > 0 &&
+        (last === undefined || last.quotas !== key || last.pending || now - last.at > LESSON_REFRESH));
     if (!news) {
       return;
     }
-    // Noted before the answer: concurrent answers saying the same teach it once.
-    taught.set(host.pauseTarget, { quotas: key, at: now });
+    // Quotas on their way to the server are taught again by every call that reads them, each
+    // waiting for the answer, rather than asking for its next grant under the limit the vendor
+    // just refused.
+    const entry = { quotas: key, at: now, pending: quotas.length > 0 };
+    taught.set(host.pauseTarget, entry);
     const from = advice === null ? `HTTP ${status}` : `${advice.family} headers`;
     const lesson: Lesson = {
       source: `${from} from ${url.host}`.slice(0, SOURCE_BYTES_MAX),
@@ -246,6 +253,7 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
     };
     try {
       const answer = await client.learn(host.pauseTarget, lesson);
+      entry.pending = false;
       if (answer.paused > 0) {
         policy.notePause(host.pauseTarget, monotonic() + answer.paused);
       }

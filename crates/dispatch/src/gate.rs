@@ -533,16 +533,22 @@ impl Gate {
             return;
         };
         self.inner.counters.lessons.fetch_add(1, Ordering::Relaxed);
-        if !lesson.quotas.is_empty() {
-            let mut last = match self.inner.last_taught.lock() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            *last = Some((lesson.quotas.clone(), Instant::now()));
-        }
         match self.inner.quota.learn(&lesson).await {
-            Ok(paused) if !paused.is_zero() => self.note_pause(Instant::now() + paused),
-            Ok(_) => {}
+            Ok(paused) => {
+                // Marked taught only once it is in force: a caller that read the same quotas
+                // while this lesson was on its way teaches them too, and waits for it, rather
+                // than asking for its next grant under the limit the vendor just refused.
+                if !lesson.quotas.is_empty() {
+                    let mut last = match self.inner.last_taught.lock() {
+                        Ok(guard) => guard,
+                        Err(poisoned) => poisoned.into_inner(),
+                    };
+                    *last = Some((lesson.quotas.clone(), Instant::now()));
+                }
+                if !paused.is_zero() {
+                    self.note_pause(Instant::now() + paused);
+                }
+            }
             Err(error) => tracing::debug!(%error, "the vendor's lesson was not taken"),
         }
     }

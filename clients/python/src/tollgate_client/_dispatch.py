@@ -269,6 +269,8 @@ class Policy:
         self._paused_until: dict[str, float] = {}
         # Per limit: the quotas last taught and when (monotonic); and refusals' ends.
         self._taught: dict[str, tuple[tuple[AdvisedQuota, ...], float]] = {}
+        # Limits whose last quotas were sent and not yet taken.
+        self._pending: set[str] = set()
         self._refused_until: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -337,6 +339,12 @@ class Policy:
             return None
         return min(max(0.0, departure.at - granted_at), SENT_AFTER_SECONDS_MAX)
 
+    def taught(self, lesson: dict[str, Any]) -> None:
+        """The server took ``lesson``: its quotas are in force, and not taught again until they
+        change or :data:`LESSON_REPEAT_SECONDS` pass."""
+        with self._lock:
+            self._pending.discard(lesson["limit"])
+
     def lesson(
         self, host: Host, request: httpx.Request, response: httpx.Response, verdict: Verdict
     ) -> dict[str, Any] | None:
@@ -344,7 +352,8 @@ class Policy:
         nothing new to say: taught for the host's first limit when the quotas advertised
         differ from the last taught (or those are older than :data:`LESSON_REPEAT_SECONDS`),
         when no call remains, or when the vendor refused a call without advertising a quota.
-        Marked as taught here, so that concurrent answers do not teach it twice."""
+        Until the server takes it (:meth:`taught`), a caller that reads the same quotas teaches
+        them too."""
         if not self.learn:
             return None
         advice = read_advice(response.headers, time.time_ns() // 1_000_000)
@@ -362,9 +371,15 @@ class Policy:
             fresh = bool(quotas) and (
                 last is None or last[0] != quotas or now - last[1] > LESSON_REPEAT_SECONDS
             )
+            # Quotas on their way to the server are taught again by every caller that reads
+            # them, each waiting for its answer, rather than asking for its next grant under the
+            # limit the vendor just refused.
+            fresh = fresh or (bool(quotas) and target in self._pending)
             if not (fresh or remaining == 0 or rate_limited):
                 return None
             self._taught[target] = (quotas, now)
+            if quotas:
+                self._pending.add(target)
         said = [f"HTTP {response.status_code}"] if rate_limited else []
         if advice is not None:
             said.append(f"{advice.family} headers")

@@ -290,6 +290,7 @@ class TollgateTransport(httpx.BaseTransport):
         except _LESSON_ERRORS as error:
             _lesson_failed(self._policy, lesson, error)
             return
+        self._policy.taught(lesson)
         if taught.paused > 0:
             self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
 
@@ -452,6 +453,7 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         except _LESSON_ERRORS as error:
             _lesson_failed(self._policy, lesson, error)
             return
+        self._policy.taught(lesson)
         if taught.paused > 0:
             self._policy.note_pause(lesson["limit"], time.monotonic() + taught.paused)
 
