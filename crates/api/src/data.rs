@@ -173,6 +173,10 @@ pub struct LearnBody {
     pub limit: String,
     /// Where it was read (a header's name, a host): printable ASCII, 1 to 128 bytes, shown
     /// beside what was learned.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 128, pattern = "^[ -~]+$")
+    )]
     pub source: String,
     /// The quotas the vendor advertised (at most 8): the limit in force becomes the least of
     /// them, converted to the limit's period, between the floor and the configured limit.
@@ -202,7 +206,7 @@ pub struct QuotaBody {
     pub quota: u64,
     /// The window the vendor counts the quota in, in milliseconds; absent: the limit's period.
     #[serde(default, deserialize_with = "crate::number::optional")]
-    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 31_622_400_000_u64))]
     pub window_ms: Option<u64>,
 }
 
