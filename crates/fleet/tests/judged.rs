@@ -8,7 +8,7 @@
 //! - A vendor stricter than the configured limit, advertising its limit in headers, is obeyed
 //!   after its first answer; one that lowers its limit mid-run is followed; one that says
 //!   nothing but 429 is learned from its refusals. Each beside pause-only (learning off) in the
-//!   same run, and judged by the bounds.
+//!   same run, and held to the bounds `docs/outbound.md` states.
 //!
 //! Each run lasts `TOLLGATE_JUDGE_SECONDS` (default 15); `docs/lab.md` has the figures of 60 s
 //! runs. The `tollgate` binary is package `tollgate-cli`'s, found beside this package's
