@@ -1369,3 +1369,17 @@ async fn check_matches(
     assert_eq!(answer["path"], normal, "{path}");
     assert_eq!(answer["matched"], serde_json::json!([rule]), "{path}");
 }
+
+/// Someone who opens the server's address in a browser (or any unknown path) is told where the
+/// dashboard and the API's description are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_leads_to_the_dashboard_and_the_description() {
+    let server = Server::start();
+    let answer = call(&server.anonymous(), Method::GET, "/", "").await;
+    assert_error(&answer, 404, "not_found", None);
+    let message = answer.error_message().unwrap_or_default();
+    assert!(
+        message.contains("/ui") && message.contains("/openapi.json"),
+        "{message}"
+    );
+}

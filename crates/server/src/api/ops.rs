@@ -96,8 +96,11 @@ pub(crate) async fn metrics(
     Ok(response)
 }
 
+/// An unknown path (`GET /` among them): the answer says where people and programs start.
 pub(crate) async fn not_found() -> ApiError {
-    ApiError::not_found("no such endpoint; see /openapi.json")
+    ApiError::not_found(
+        "no such endpoint; the dashboard is at /ui, and the API's description at /openapi.json",
+    )
 }
 
 pub(crate) async fn method_not_allowed() -> ApiError {
