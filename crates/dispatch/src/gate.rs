@@ -253,6 +253,14 @@ impl Gate {
         }
     }
 
+    fn last_taught_guard(&self) -> std::sync::MutexGuard<'_, Option<(Vec<AdvisedQuota>, Instant)>> {
+        // A plain value, whole whatever panicked while it was held.
+        match self.inner.last_taught.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     /// Remember a pause ending at `until`; pauses only extend.
     fn note_pause(&self, until: Instant) {
         let mut paused_until = self.paused_until_guard();
@@ -499,10 +507,7 @@ impl Gate {
         };
         let exhausted = advice.remaining == Some(0) && advice.reset.is_some_and(|r| !r.is_zero());
         let new_quotas = {
-            let last = match self.inner.last_taught.lock() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let last = self.last_taught_guard();
             last.as_ref().is_none_or(|(quotas, at)| {
                 *quotas != advice.quotas || at.elapsed() >= RETEACH_AFTER
             })
@@ -539,10 +544,7 @@ impl Gate {
                 // while this lesson was on its way teaches them too, and waits for it, rather
                 // than asking for its next grant under the limit the vendor just refused.
                 if !lesson.quotas.is_empty() {
-                    let mut last = match self.inner.last_taught.lock() {
-                        Ok(guard) => guard,
-                        Err(poisoned) => poisoned.into_inner(),
-                    };
+                    let mut last = self.last_taught_guard();
                     *last = Some((lesson.quotas.clone(), Instant::now()));
                 }
                 if !paused.is_zero() {

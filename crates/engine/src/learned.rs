@@ -123,6 +123,16 @@ struct Lowered {
     decreased_us: u64,
 }
 
+impl Lowered {
+    /// When this value ends: an advertised limit expires, a lowered one takes its next step up.
+    fn ends_us(&self, config: &LearnConfig) -> u64 {
+        match self.kind {
+            LearnedKind::Advertised => self.at_us,
+            LearnedKind::RateLimited => self.at_us.saturating_add(us(config.raise_every).max(1)),
+        }
+    }
+}
+
 /// One limit's learned state; times in microseconds on the limiter's monotonic clock.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LimitLearning {
@@ -313,10 +323,7 @@ impl LimitLearning {
 
     /// When the limit or margin in force next changes by itself, if ever.
     pub fn next_change_us(&self, period_us: u64, config: &LearnConfig, now_us: u64) -> Option<u64> {
-        let lowered = self.lowered.as_ref().map(|lowered| match lowered.kind {
-            LearnedKind::Advertised => lowered.at_us,
-            LearnedKind::RateLimited => lowered.at_us.saturating_add(us(config.raise_every).max(1)),
-        });
+        let lowered = self.lowered.as_ref().map(|lowered| lowered.ends_us(config));
         let delay = (self.margin_us(period_us, now_us) > 0)
             .then(|| (now_us / DELAY_BUCKET_US + 1) * DELAY_BUCKET_US);
         lowered.into_iter().chain(delay).min()
@@ -332,18 +339,11 @@ impl LimitLearning {
         let mut copy = self.clone();
         copy.expire(bounds, config, now_us);
         let effective = copy.limit(bounds, config, now_us);
-        let raise_every = us(config.raise_every).max(1);
         let learned = copy.lowered.as_ref().map(|lowered| LearnedLimit {
             limit: effective,
             kind: lowered.kind,
             source: lowered.source.to_string(),
-            changes_in: Duration::from_micros(
-                match lowered.kind {
-                    LearnedKind::Advertised => lowered.at_us,
-                    LearnedKind::RateLimited => lowered.at_us.saturating_add(raise_every),
-                }
-                .saturating_sub(now_us),
-            ),
+            changes_in: Duration::from_micros(lowered.ends_us(config).saturating_sub(now_us)),
         });
         Learned {
             configured: bounds.configured,

@@ -14,12 +14,14 @@
 //! runs. The `tollgate` binary is package `tollgate-cli`'s, found beside this package's
 //! binaries: build it first (`cargo build -p tollgate-cli -p tollgate-fleet --bins`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+mod processes;
+
+use std::io::Write;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use processes::{Killed, lines_of, server_binary};
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
@@ -34,28 +36,6 @@ fn seconds() -> f64 {
         .unwrap_or(15.0)
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn lines_of(child: &mut Child) -> Receiver<String> {
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (sender, receiver) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
-}
-
 fn first_line(lines: &Receiver<String>, what: &str, prefix: &str) -> String {
     loop {
         match lines.recv_timeout(Duration::from_secs(120)) {
@@ -67,17 +47,6 @@ fn first_line(lines: &Receiver<String>, what: &str, prefix: &str) -> String {
             Err(error) => panic!("no {what}: {error}"),
         }
     }
-}
-
-fn server_binary() -> PathBuf {
-    let worker = PathBuf::from(env!("CARGO_BIN_EXE_tollgate-outbound-worker"));
-    let binary = worker.with_file_name(format!("tollgate{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.exists(),
-        "{} is not built: run `cargo build -p tollgate-cli -p tollgate-fleet --bins` first",
-        binary.display()
-    );
-    binary
 }
 
 struct Server {

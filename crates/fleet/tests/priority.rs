@@ -26,16 +26,16 @@
 #[path = "../../redis/tests/common.rs"]
 mod common;
 mod fleets;
+mod processes;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleets::{most_in_a_window, wall_clock_us};
+use processes::{Killed, lines_of, server_binary};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tollgate_core::{Algorithm, Kind, Policy, Reserve};
 
@@ -85,31 +85,6 @@ fn most_decided_within(policy: &Policy, span_us: u64) -> u64 {
     policy.capacity() + span_us.div_ceil(rate.emission_us()) - 1
 }
 
-/// A child process, killed and reaped when dropped, so none outlives the test, pass or fail.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Every line `child` prints, read on a thread of its own until the child ends.
-fn lines_of(child: &mut Child) -> Receiver<String> {
-    let stdout = child.stdout.take().expect("piped");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
-}
-
 /// The next line of `lines` that `wanted` accepts, within `DEADLINE`.
 fn wait_for(
     lines: &Receiver<String>,
@@ -129,18 +104,6 @@ fn wait_for(
             Err(RecvTimeoutError::Disconnected) => panic!("the process ended before {what}"),
         }
     }
-}
-
-/// Package `tollgate-cli`'s server binary, beside this package's worker.
-fn server_binary() -> PathBuf {
-    let worker = PathBuf::from(env!("CARGO_BIN_EXE_tollgate-fleet-worker"));
-    let binary = worker.with_file_name(format!("tollgate{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        binary.exists(),
-        "{} is not built: run `cargo build -p tollgate-cli -p tollgate-fleet --bins` first",
-        binary.display()
-    );
-    binary
 }
 
 /// A `tollgate serve` on Redis, in a directory of its own, serving `LIMITS_FILE`.
