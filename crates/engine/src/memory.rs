@@ -254,6 +254,29 @@ fn cost_error(take: Take<'_>) -> impl FnOnce(tollgate_core::CostError) -> Error 
 /// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
 /// `granted_next` says the request is granted right after if this allows it, so the grant will
 /// report what remains and working it out here would be wasted.
+/// `takes` under the policies of `table` (the limits in force, when the store was told them):
+/// a limit no longer there is unknown, as it would be to a request asked now.
+fn in_force_now<'t>(
+    table: Option<&'t LimitTable>,
+    takes: &[Take<'t>],
+) -> Result<SmallVec<[Take<'t>; COUNTERS_PER_REQUEST_MAX]>> {
+    takes
+        .iter()
+        .map(|take| match table {
+            None => Ok(*take),
+            Some(table) => match table.get(take.counter.limit) {
+                Some(limit) => Ok(Take {
+                    counter: take.counter,
+                    policy: limit.policy(),
+                }),
+                None => Err(Error::UnknownLimit {
+                    name: take.counter.limit.to_owned(),
+                }),
+            },
+        })
+        .collect()
+}
+
 fn check_entry(
     entry: &mut Entry,
     take: Take<'_>,
@@ -473,6 +496,9 @@ pub struct MemoryStore {
     wake: WakeHandlers,
     /// The write-ahead of budgets to a state database, when on (`with_write_ahead`).
     ahead: Option<Ahead>,
+    /// The limits in force as last told (`set_limits`), kept with write-ahead on: a request
+    /// that waited for a record is decided under them, not under those it was asked under.
+    in_force: Mutex<Option<Arc<LimitTable>>>,
 }
 
 #[derive(Default)]
@@ -518,6 +544,7 @@ impl MemoryStore {
             tracked: AtomicUsize::new(0),
             budgets: Mutex::new(Budgets::default()),
             pauses: Mutex::new(Vec::new()),
+            in_force: Mutex::new(None),
             limit_pauses_end: Arc::new(OwnLine(AtomicU64::new(0))),
             hold: Mutex::new(Hold::new()),
             hold_ends: AtomicU64::new(0),
@@ -1223,7 +1250,11 @@ impl MemoryStore {
         loop {
             ahead.wait_after(seen, deadline).await?;
             seen = ahead.batches();
-            if let Some(decision) = self.attempt(takes, cost, priority, refundable)? {
+            // The limits may have changed while it waited (an administrator, a vendor's
+            // lesson): a lowered limit must not grant under its old policy for this long.
+            let table = lock(&self.in_force).clone();
+            let takes = in_force_now(table.as_deref(), takes)?;
+            if let Some(decision) = self.attempt(&takes, cost, priority, refundable)? {
                 return Ok(decision);
             }
             if let Some(error) = ahead.failure() {
@@ -1613,6 +1644,9 @@ impl Store for MemoryStore {
     }
 
     fn set_limits(&self, limits: &LimitTable) {
+        if self.ahead.is_some() {
+            *lock(&self.in_force) = Some(Arc::new(limits.clone()));
+        }
         let gone: Vec<Box<str>> = {
             let mut budgets = lock(&self.budgets);
             let gone = budgets

@@ -235,3 +235,36 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn grants_taken_before_a_lesson_count_against_the_limit_it_lowers() {
+    for algorithm in [
+        Algorithm::Sliding,
+        Algorithm::Fixed,
+        Algorithm::Gcra { burst: 20 },
+    ] {
+        let limiter = Limiter::in_memory();
+        let policy = Policy::rate(20, SECOND_US, 0, algorithm, Reserve::default()).expect("policy");
+        limiter.set_limit(Limit::new("vendor", policy, None).expect("limit"));
+        let mut held = Vec::new();
+        for _ in 0..9 {
+            held.push(
+                limiter
+                    .try_acquire(&Request::new("vendor"))
+                    .await
+                    .expect("asked")
+                    .granted()
+                    .expect("room"),
+            );
+        }
+        limiter
+            .learn("vendor", &lesson(&advertised(10), false))
+            .expect("learned");
+        assert!(limiter.note_delay("vendor", Duration::from_millis(5)));
+        assert_eq!(
+            burst(&limiter, "vendor").await,
+            1,
+            "{algorithm:?}: nine of the vendor's ten were taken before the lesson"
+        );
+    }
+}

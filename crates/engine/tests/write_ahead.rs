@@ -328,3 +328,60 @@ fn without_write_ahead_nothing_is_recorded_or_waited_for() {
     assert!(answer.expect("decided").is_granted());
     assert!(store.ahead_batch(100).is_none());
 }
+
+/// A request that waits for a record is decided under the limits in force when it is decided:
+/// a limit lowered while it waited (an administrator, a vendor's lesson) does not grant under
+/// its old policy, and a limit removed meanwhile is unknown to it, as to a request asked now.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_waited_for_a_record_is_decided_under_the_limits_in_force() {
+    let clock = Arc::new(ManualClock::new(HOUR_US));
+    let (store, limiter) = ahead_store(&clock);
+    limiter.set_limit(limit("hourly", 16, Algorithm::Sliding, None));
+    let mut database = Database::default();
+    let request = Request::new("hourly");
+    let mut held = Vec::new();
+    // Eight units taken, each record landing as it is due.
+    while held.len() < 8 {
+        let mut pending = pin!(limiter.try_acquire(&request));
+        let permit = loop {
+            if let Poll::Ready(outcome) = poll_once(pending.as_mut()) {
+                break outcome.expect("answered").granted().expect("room under 16");
+            }
+            database.drain(&store);
+        };
+        held.push(permit);
+    }
+    // Spend the budget until a request waits for its record.
+    let mut pending = pin!(limiter.try_acquire(&request));
+    while let Poll::Ready(outcome) = poll_once(pending.as_mut()) {
+        held.push(outcome.expect("answered").granted().expect("room under 16"));
+        pending.set(limiter.try_acquire(&request));
+    }
+    let taken = held.len();
+    assert!(taken < 16, "the budget ran out before the limit: {taken}");
+    // Lowered to what is taken, while that request waits: once its record lands, no room.
+    limiter.set_limit(limit("hourly", taken as u64, Algorithm::Sliding, None));
+    database.drain(&store);
+    let Poll::Ready(outcome) = poll_once(pending.as_mut()) else {
+        panic!("answered once the record landed");
+    };
+    assert!(
+        !outcome.expect("answered").is_granted(),
+        "granted under the limit in force when it was asked, not the one in force now"
+    );
+
+    // Removed while a request waits: unknown, as to a request asked now.
+    limiter.set_limit(limit("daily", 8, Algorithm::Sliding, None));
+    let daily = Request::new("daily");
+    let mut pending = pin!(limiter.try_acquire(&daily));
+    assert!(poll_once(pending.as_mut()).is_pending(), "no record yet");
+    assert!(limiter.remove_limit("daily"));
+    database.drain(&store);
+    let Poll::Ready(outcome) = poll_once(pending.as_mut()) else {
+        panic!("answered once the record landed");
+    };
+    assert!(
+        matches!(outcome, Err(Error::UnknownLimit { ref name }) if name == "daily"),
+        "{outcome:?}"
+    );
+}
