@@ -254,25 +254,24 @@ fn cost_error(take: Take<'_>) -> impl FnOnce(tollgate_core::CostError) -> Error 
 /// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
 /// `granted_next` says the request is granted right after if this allows it, so the grant will
 /// report what remains and working it out here would be wasted.
-/// `takes` under the policies of `table` (the limits in force, when the store was told them):
-/// a limit no longer there is unknown, as it would be to a request asked now.
+/// `takes` under the policies of `table` (the limits in force, when the store was told them).
+/// A limit the table does not name keeps the policy it was asked under: the store also
+/// decides for callers with limits of their own (Envoy's service asks it directly), and a
+/// limit removed meanwhile is at worst decided once more as it was.
 fn in_force_now<'t>(
     table: Option<&'t LimitTable>,
     takes: &[Take<'t>],
-) -> Result<SmallVec<[Take<'t>; COUNTERS_PER_REQUEST_MAX]>> {
+) -> SmallVec<[Take<'t>; COUNTERS_PER_REQUEST_MAX]> {
     takes
         .iter()
-        .map(|take| match table {
-            None => Ok(*take),
-            Some(table) => match table.get(take.counter.limit) {
-                Some(limit) => Ok(Take {
+        .map(|take| {
+            match table.and_then(|table| table.get(take.counter.limit)) {
+                Some(limit) => Take {
                     counter: take.counter,
                     policy: limit.policy(),
-                }),
-                None => Err(Error::UnknownLimit {
-                    name: take.counter.limit.to_owned(),
-                }),
-            },
+                },
+                None => *take,
+            }
         })
         .collect()
 }
@@ -1253,7 +1252,7 @@ impl MemoryStore {
             // The limits may have changed while it waited (an administrator, a vendor's
             // lesson): a lowered limit must not grant under its old policy for this long.
             let table = lock(&self.in_force).clone();
-            let takes = in_force_now(table.as_deref(), takes)?;
+            let takes = in_force_now(table.as_deref(), takes);
             if let Some(decision) = self.attempt(&takes, cost, priority, refundable)? {
                 return Ok(decision);
             }
