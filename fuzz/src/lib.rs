@@ -110,6 +110,7 @@ impl Api {
                 keys_per_limit_max: None,
                 pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
                 learn: tollgate::LearnConfig::default(),
+                shares: tollgate::Shares::default(),
                 recover_on_start: false,
                 permit_secret: Some([7; 16]),
                 shutdown_grace: std::time::Duration::from_secs(1),

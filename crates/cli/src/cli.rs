@@ -287,6 +287,18 @@ pub(crate) struct ServeArgs {
     /// configured limit, ms (1000 to 86400000) [default: 60000].
     #[arg(long, env = "TOLLGATE_LEARN_RAISE_EVERY_MS", value_name = "MS")]
     pub(crate) learn_raise_every_ms: Option<u64>,
+    /// Percent of each rate limit's period that `normal` requests get while they wait, ahead
+    /// of `high` when they were granted less over the last period (0 to 100, with
+    /// `--min-share-low-percent` at most 100) [default: 0, strict priority].
+    #[arg(
+        long,
+        env = "TOLLGATE_MIN_SHARE_NORMAL_PERCENT",
+        value_name = "PERCENT"
+    )]
+    pub(crate) min_share_normal_percent: Option<u8>,
+    /// The same for `low`, ahead of `high` and `normal` [default: 0, strict priority].
+    #[arg(long, env = "TOLLGATE_MIN_SHARE_LOW_PERCENT", value_name = "PERCENT")]
+    pub(crate) min_share_low_percent: Option<u8>,
     /// Memory store: after an unclean stop, put back each counter's last record with its
     /// budget held back, and hold concurrency limits until one lease TTL after the previous run
     /// last granted, since what it granted may still count

@@ -44,6 +44,8 @@ pub(crate) struct FileConfig {
     pub(crate) learn_floor_percent: Option<u64>,
     pub(crate) learn_ttl_ms: Option<u64>,
     pub(crate) learn_raise_every_ms: Option<u64>,
+    pub(crate) min_share_normal_percent: Option<u8>,
+    pub(crate) min_share_low_percent: Option<u8>,
     pub(crate) recover_on_start: Option<bool>,
     pub(crate) permit_secret: Option<String>,
     pub(crate) shutdown_grace_ms: Option<u64>,
@@ -130,6 +132,17 @@ pub(crate) fn resolve_server_config(
     file: FileConfig,
 ) -> Result<(ServerConfig, String, String)> {
     let learn = learn_config(&args, &file)?;
+    let shares = tollgate::Shares::new(
+        args.min_share_normal_percent
+            .or(file.min_share_normal_percent)
+            .unwrap_or(0),
+        args.min_share_low_percent
+            .or(file.min_share_low_percent)
+            .unwrap_or(0),
+    )
+    .map_err(|_| {
+        anyhow!("min_share_normal_percent and min_share_low_percent together must be at most 100")
+    })?;
     let listen_text = args
         .listen
         .or(file.listen)
@@ -289,6 +302,7 @@ pub(crate) fn resolve_server_config(
         keys_per_limit_max,
         pause_ms_max,
         learn,
+        shares,
         recover_on_start: args
             .recover_on_start
             .or(file.recover_on_start)

@@ -348,6 +348,7 @@ pub async fn run(
             waiters_per_limit_max: usize::MAX,
             pause_max: std::time::Duration::from_millis(tollgate::PAUSE_MS_MAX),
             learn: tollgate::LearnConfig::default(),
+            shares: tollgate::Shares::default(),
         },
     );
     for (name, rule) in &workload.limits {

@@ -332,3 +332,90 @@ async fn on_redis_a_waiter_that_cannot_be_granted_in_time_holds_back_no_replica(
     )
     .await;
 }
+
+/// One closed-loop caller at `priority` on `limit`, each acquire waiting up to a minute, until
+/// `stop`: the grants it got.
+async fn closed_loop(
+    client: tollgate_cli::client::Client,
+    limit: &'static str,
+    priority: &'static str,
+    stop: std::time::Instant,
+) -> u64 {
+    let mut granted = 0;
+    while std::time::Instant::now() < stop {
+        let answer = post(
+            &client,
+            "/v1/acquire",
+            &format!(r#"{{"limits":["{limit}"],"priority":"{priority}","wait_ms":60000}}"#),
+        )
+        .await;
+        match answer.status.as_u16() {
+            200 => granted += 1,
+            429 => {}
+            other => panic!("acquire answered {other}: {}", answer.text()),
+        }
+    }
+    granted
+}
+
+/// `high` callers that ask again as soon as they are granted keep a saturated limit to
+/// themselves under strict priority; with `--min-share-low-percent`, a waiting `low` caller gets its
+/// share of every period all the same. The share's exact figures are the engine's tests'
+/// (on a paused clock); here, on the wall clock, that `low` is served at all, and never past
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimum_share_serves_a_waiting_low_level_that_strict_priority_starves() {
+    let server = Server::start_with(Options {
+        args: vec!["--min-share-low-percent", "25"],
+        ..Options::default()
+    });
+    put_limit(
+        &server,
+        "shared",
+        r#"{"kind":"rate","limit":8,"period_ms":1000}"#,
+    )
+    .await;
+    let stop = std::time::Instant::now() + Duration::from_secs(4);
+    // Three of them, so that one always waits while another is being answered.
+    let highs: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(closed_loop(server.admin(), "shared", "high", stop)))
+        .collect();
+    let low = tokio::spawn(closed_loop(server.admin(), "shared", "low", stop));
+    let mut high = 0;
+    for caller in highs {
+        high += caller.await.expect("high");
+    }
+    let low = low.await.expect("low");
+    println!("high {high} low {low}");
+    // At most 8 a second over about 4 s, and the first period's 8 at once: 5 periods at most,
+    // with a second of slack for a slow machine's late answers.
+    assert!(high + low <= 8 * 6, "high {high} low {low}");
+    assert!(
+        low >= 2,
+        "the low level got {low} grants beside high's {high}"
+    );
+}
+
+/// Shares over a whole period stop `serve` before it listens, naming both settings.
+#[test]
+fn serve_refuses_minimum_shares_over_the_whole_period() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let output = command(directory.path())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--min-share-normal-percent",
+            "60",
+            "--min-share-low-percent",
+            "50",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("min_share_normal_percent") && said.contains("min_share_low_percent"),
+        "{said}"
+    );
+}

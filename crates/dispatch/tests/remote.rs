@@ -66,6 +66,7 @@ impl Server {
             keys_per_limit_max: None,
             pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
             learn: tollgate::LearnConfig::default(),
+            shares: tollgate::Shares::default(),
             // A fresh server: nothing granted before it started can still count.
             recover_on_start: false,
             permit_secret: None,

@@ -37,8 +37,8 @@ pub use learned::{
 };
 pub use limiter::{
     Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied,
-    LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Status,
-    Statuses,
+    LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Shares,
+    Status, Statuses,
 };
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,

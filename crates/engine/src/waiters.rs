@@ -20,6 +20,15 @@
 //! back. A counter whose queue was held to the bound remembers the cost that was let go
 //! (`Queues::marks`), and a later waiter of that cost or more starts let go, until a waiting
 //! request of that cost is granted on the counter: asking again does not buy a new hold.
+//!
+//! With minimum shares on (`LimiterConfig::shares`), priority stays strict but for one thing: a
+//! level below `high` that has been granted less than its share of a rate limit's units over
+//! the last period, and waits on that limit alone, is owed, and its first waiter heads the
+//! queue ahead of every priority until the level has its share (`Served`). The waiter is not
+//! moved: which waiter heads a queue is worked out whenever it is asked (`head`), and only a
+//! waiter on one counter can be owed, so the heads still follow one total order and no two
+//! waiters block each other. A head that finds it no longer heads (a level became owed as
+//! time passed) wakes the one that does.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -123,9 +132,17 @@ fn queue_key(counter: CounterId<'_>) -> QueueKey {
     (counter.limit.into(), counter.key.map(Into::into))
 }
 
+/// A waiter in one counter's queue: its wake-up, and whether this is the only counter it
+/// waits on (only such a waiter can be owed a share).
+#[derive(Clone, Debug)]
+struct Entry {
+    signal: Arc<Signal>,
+    single: bool,
+}
+
 #[derive(Debug, Default)]
 struct CounterQueue {
-    waiters: BTreeMap<Order, Arc<Signal>>,
+    waiters: BTreeMap<Order, Entry>,
     /// When the head expects to be granted, from its last denial (monotonic micros).
     head_retry_at_us: u64,
 }
@@ -140,6 +157,125 @@ struct Queues {
     /// highest rank let go at it: a waiter of that cost or more, at that priority or lower,
     /// starts let go. Oldest first, at most `MARKS_MAX`.
     marks: IndexMap<QueueKey, Mark>,
+    /// Per counter, what the levels below `high` were granted over its last period, while
+    /// minimum shares are on. Oldest first, at most `SERVED_MAX`.
+    served: IndexMap<QueueKey, Served>,
+}
+
+/// Counters whose grants to the levels below `high` are remembered at most; past it the one
+/// noted least recently is forgotten, which can owe its levels one more share, never a grant
+/// past a limit.
+pub(crate) const SERVED_MAX: usize = 4096;
+
+/// What one counter granted to `normal` (index 0) and `low` (index 1) over its last period,
+/// against each level's share of it.
+#[derive(Debug, Default)]
+struct Served {
+    window_us: u64,
+    share_units: [u64; 2],
+    /// Grants as (when, units), oldest first; only as many as can still decide "owed".
+    grants: [std::collections::VecDeque<(u64, u64)>; 2],
+}
+
+impl Served {
+    /// Whether `level` was granted less than its share over the period up to `now_us`.
+    fn owed(&self, level: usize, now_us: u64) -> bool {
+        let share = self.share_units[level];
+        if share == 0 {
+            return false;
+        }
+        let mut granted = 0;
+        for &(at_us, units) in self.grants[level].iter().rev() {
+            if at_us.saturating_add(self.window_us) <= now_us {
+                break;
+            }
+            granted += units;
+            if granted >= share {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn note(&mut self, level: usize, units: u64, now_us: u64) {
+        if units == 0 {
+            return;
+        }
+        let grants = &mut self.grants[level];
+        grants.push_back((now_us, units));
+        // What fell out of the period, and what the newer grants already cover, decides
+        // nothing any more.
+        let mut newer = 0;
+        let mut keep = 0;
+        for &(at_us, units) in grants.iter().rev() {
+            if at_us.saturating_add(self.window_us) <= now_us || newer >= self.share_units[level] {
+                break;
+            }
+            newer += units;
+            keep += 1;
+        }
+        let drop = grants.len() - keep.max(1);
+        grants.drain(..drop);
+    }
+}
+
+/// The level index of `Served` for `priority`; `high` has no share.
+fn share_level(priority: Priority) -> Option<usize> {
+    match priority {
+        Priority::High => None,
+        Priority::Normal => Some(0),
+        Priority::Low => Some(1),
+    }
+}
+
+/// Who heads `queue` now, and whether as owed: the first waiter of the highest level owed its
+/// share (by `served`), else the first in priority order.
+fn head<'q>(
+    queue: &'q CounterQueue,
+    served: Option<&Served>,
+    now_us: u64,
+) -> Option<(&'q Order, &'q Entry, bool)> {
+    if let Some(served) = served {
+        for (level, priority) in [(0, Priority::Normal), (1, Priority::Low)] {
+            if !served.owed(level, now_us) {
+                continue;
+            }
+            let level_rank = rank(priority);
+            let first = Order {
+                rank: level_rank,
+                ticket: 0,
+            };
+            let past = Order {
+                rank: level_rank + 1,
+                ticket: 0,
+            };
+            if let Some((order, entry)) = queue
+                .waiters
+                .range(first..past)
+                .find(|(_, entry)| entry.single)
+            {
+                return Some((order, entry, true));
+            }
+        }
+    }
+    queue
+        .waiters
+        .first_key_value()
+        .map(|(order, entry)| (order, entry, false))
+}
+
+impl Queues {
+    /// Who heads `key`'s queue now, and whether as owed (see `head`).
+    fn head_of(&self, key: &QueueKey) -> Option<(&Order, &Entry, bool)> {
+        let queue = self.by_counter.get(key)?;
+        let served = self.served.get(key);
+        let now_us = if served.is_some() {
+            crate::limiter::origin_us()
+        } else {
+            0
+        };
+        head(queue, served, now_us)
+    }
 }
 
 /// The caps on waiting requests (`LimiterConfig`).
@@ -199,8 +335,9 @@ impl WaitQueue {
         for counter in counters {
             let key = queue_key(counter);
             if let Some(queue) = queues.by_counter.get(&key)
-                && let Some((order, _)) = queue.waiters.first_key_value()
-                && order.rank <= rank(priority)
+                && let Some((order, _, owed)) = queues.head_of(&key)
+                // A head ranked below the request holds it back only when owed its share.
+                && (owed || order.rank <= rank(priority))
             {
                 blocked_until = Some(blocked_until.unwrap_or(0).max(queue.head_retry_at_us));
             }
@@ -261,13 +398,20 @@ impl WaitQueue {
         };
         queues.next_ticket += 1;
         let signal = Arc::new(Signal::default());
+        let single = keys.len() == 1;
         for key in &keys {
             queues
                 .by_counter
                 .entry(key.clone())
                 .or_default()
                 .waiters
-                .insert(order, signal.clone());
+                .insert(
+                    order,
+                    Entry {
+                        signal: signal.clone(),
+                        single,
+                    },
+                );
         }
         self.waiting.fetch_add(1, Ordering::Release);
         Ok(Waiter {
@@ -293,11 +437,57 @@ impl WaitQueue {
         let queues = lock(&self.queues);
         waiter.keys.iter().all(|key| {
             queues
-                .by_counter
-                .get(key)
-                .and_then(|queue| queue.waiters.first_key_value())
-                .is_some_and(|(order, _)| *order == waiter.order)
+                .head_of(key)
+                .is_some_and(|(order, _, _)| *order == waiter.order)
         })
+    }
+
+    /// For a waiter that found it does not head its queues: wake whoever heads them, which
+    /// may have changed with no one told (a level became owed its share as time passed).
+    pub(crate) fn wake_heads_of(&self, waiter: &Waiter<'_>) {
+        let heads: Vec<Arc<Signal>> = {
+            let queues = lock(&self.queues);
+            if queues.served.is_empty() {
+                return;
+            }
+            waiter
+                .keys
+                .iter()
+                .filter_map(|key| queues.head_of(key))
+                .filter(|(order, _, _)| **order != waiter.order)
+                .map(|(_, entry, _)| entry.signal.clone())
+                .collect()
+        };
+        for signal in heads {
+            signal.notify();
+        }
+    }
+
+    /// A grant of `units` at `priority` on `counter`, a rate limit whose window is
+    /// `window_us` and whose levels' shares are `share_units` (normal, low): counted towards
+    /// the level's share. Only with minimum shares on. With `units` 0 (a request about to
+    /// wait), the counter's shares are only kept from now on: a level never granted is owed.
+    pub(crate) fn note_grant(
+        &self,
+        counter: CounterId<'_>,
+        priority: Priority,
+        units: u64,
+        window_us: u64,
+        share_units: [u64; 2],
+    ) {
+        let Some(level) = share_level(priority) else {
+            return;
+        };
+        let now_us = crate::limiter::origin_us();
+        let mut queues = lock(&self.queues);
+        let key = queue_key(counter);
+        if !queues.served.contains_key(&key) && queues.served.len() >= SERVED_MAX {
+            queues.served.shift_remove_index(0);
+        }
+        let served = queues.served.entry(key).or_default();
+        served.window_us = window_us;
+        served.share_units = share_units;
+        served.note(level, units, now_us);
     }
 
     /// Whether `waiter` was let go: it holds nobody back.
@@ -321,14 +511,14 @@ impl WaitQueue {
             let mut queues = lock(&self.queues);
             for key in &waiter.keys {
                 if let Some(queue) = queues.by_counter.get_mut(key)
-                    && let Some(signal) = queue.waiters.remove(&waiter.order)
+                    && let Some(entry) = queue.waiters.remove(&waiter.order)
                 {
-                    queue.waiters.insert(moved, signal);
-                    if let Some((order, next)) = queue.waiters.first_key_value()
-                        && *order != moved
-                    {
-                        heads.push(next.clone());
-                    }
+                    queue.waiters.insert(moved, entry);
+                }
+                if let Some((order, next, _)) = queues.head_of(key)
+                    && *order != moved
+                {
+                    heads.push(next.signal.clone());
                 }
                 if held_to_bound {
                     let mark = match queues.marks.get(key) {
@@ -392,10 +582,8 @@ impl WaitQueue {
         let head = {
             let queues = lock(&self.queues);
             queues
-                .by_counter
-                .get(&queue_key(counter))
-                .and_then(|queue| queue.waiters.first_key_value())
-                .map(|(_, signal)| signal.clone())
+                .head_of(&queue_key(counter))
+                .map(|(_, entry, _)| entry.signal.clone())
         };
         if let Some(signal) = head {
             signal.notify();
@@ -409,7 +597,7 @@ impl WaitQueue {
             queues
                 .by_counter
                 .values()
-                .flat_map(|queue| queue.waiters.values().cloned())
+                .flat_map(|queue| queue.waiters.values().map(|entry| entry.signal.clone()))
                 .collect()
         };
         for signal in signals {
@@ -422,19 +610,21 @@ impl WaitQueue {
         {
             let mut queues = lock(&self.queues);
             for key in &waiter.keys {
-                if let Some(queue) = queues.by_counter.get_mut(key) {
-                    let was_head = queue
-                        .waiters
-                        .first_key_value()
-                        .is_some_and(|(order, _)| *order == waiter.order);
-                    queue.waiters.remove(&waiter.order);
-                    match queue.waiters.first_key_value() {
-                        None => {
-                            queues.by_counter.remove(key);
-                        }
-                        Some((_, next)) if was_head => heads.push(next.clone()),
-                        Some(_) => {}
-                    }
+                let was_head = queues
+                    .head_of(key)
+                    .is_some_and(|(order, _, _)| *order == waiter.order);
+                let Some(queue) = queues.by_counter.get_mut(key) else {
+                    continue;
+                };
+                queue.waiters.remove(&waiter.order);
+                if queue.waiters.is_empty() {
+                    queues.by_counter.remove(key);
+                } else if (was_head || queues.served.contains_key(key))
+                    && let Some((_, next, _)) = queues.head_of(key)
+                {
+                    // With shares, the grant that ends a wait may end its level's debt as
+                    // well, so who heads next can change even when it did not head: tell them.
+                    heads.push(next.signal.clone());
                 }
             }
             for limit in &waiter.limits {

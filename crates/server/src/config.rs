@@ -192,6 +192,9 @@ pub struct ServerConfig {
     /// How far and how long what outbound clients teach (`POST /v1/learn`) may lower a limit:
     /// `learn_floor_percent`, `learn_ttl_ms`, `learn_raise_every_ms`.
     pub learn: tollgate::LearnConfig,
+    /// The least share of each rate limit's period `normal` and `low` get while they wait
+    /// (`min_share_normal_percent`, `min_share_low_percent`); off by default: strict priority.
+    pub shares: tollgate::Shares,
     /// Memory store: after a start that finds the previous run did not stop cleanly, hold each
     /// limit it had until one period after that run was last known to grant (its heartbeat in
     /// the rules database), since units it granted may still count. A clean stop saves the
@@ -352,6 +355,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("keys_per_limit_max", &self.keys_per_limit_max())
             .field("pause_ms_max", &self.pause_ms_max)
             .field("learn", &self.learn)
+            .field("shares", &self.shares)
             .field("recover_on_start", &self.recover_on_start)
             .field("permit_secret", &self.permit_secret.map(|_| "<set>"))
             .field("shutdown_grace", &self.shutdown_grace)

@@ -187,6 +187,7 @@ fn new_limiter(config: &ServerConfig, store: Arc<dyn Store>) -> Limiter {
             waiters_max: config.waiters_max.min(connections_max / 2),
             waiters_per_limit_max: config.waiters_per_limit_max,
             learn: config.learn,
+            shares: config.shares,
         },
     )
 }

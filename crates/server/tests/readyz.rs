@@ -105,6 +105,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         keys_per_limit_max: None,
         pause_ms_max: tollgate_server::DEFAULT_PAUSE_MS_MAX,
         learn: tollgate::LearnConfig::default(),
+        shares: tollgate::Shares::default(),
         recover_on_start: false,
         permit_secret: None,
         shutdown_grace: Duration::from_secs(1),

@@ -1,8 +1,9 @@
-//! How a limiter behaves (`LimiterConfig`), its bounds and defaults, and why a request that
+//! How a limiter behaves (`LimiterConfig`, with `Shares`), its bounds and defaults, and why a request that
 //! would have waited was answered at once (`QueueFull`).
 
 use std::time::Duration;
 
+use crate::error::{Error, Result};
 use crate::learned::LearnConfig;
 use crate::permit::PermitSecret;
 
@@ -41,6 +42,9 @@ pub struct LimiterConfig {
     pub waiters_per_limit_max: usize,
     /// How far and how long what vendors teach (`Limiter::learn`) may lower a limit.
     pub learn: LearnConfig,
+    /// The least share of each rate limit's period the levels below `high` get while they
+    /// wait; off (strict priority) by default.
+    pub shares: Shares,
 }
 
 impl Default for LimiterConfig {
@@ -54,7 +58,53 @@ impl Default for LimiterConfig {
             waiters_per_limit_max: DEFAULT_WAITERS_PER_LIMIT_MAX,
             pause_max: Duration::from_millis(DEFAULT_PAUSE_MS_MAX),
             learn: LearnConfig::default(),
+            shares: Shares::default(),
         }
+    }
+}
+
+/// Minimum shares: `normal` and `low` each get at least this percent of a rate limit's units
+/// in every period while they wait for it, ahead of higher levels, when they were granted
+/// less over the last period. Priority is strict otherwise. Off (0, 0) by default, which is
+/// strict priority: a level waits as long as higher levels keep the limit busy. Counted by
+/// the process that decides (a server, or a library's limiter), for requests on one limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shares {
+    normal: u8,
+    low: u8,
+}
+
+impl Shares {
+    /// Percentages of each period, together at most 100.
+    pub fn new(normal: u8, low: u8) -> Result<Shares> {
+        if u16::from(normal) + u16::from(low) > 100 {
+            return Err(Error::invalid(
+                "shares",
+                format!("normal ({normal}%) and low ({low}%) together must be at most 100%"),
+            ));
+        }
+        Ok(Shares { normal, low })
+    }
+
+    pub fn normal(&self) -> u8 {
+        self.normal
+    }
+
+    pub fn low(&self) -> u8 {
+        self.low
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.normal == 0 && self.low == 0
+    }
+
+    /// The units of a period of `limit` units owed to `normal` and `low`: their percent of
+    /// it, rounded up, so that a share that is on is at least one unit.
+    pub(crate) fn units_of(&self, limit: u64) -> [u64; 2] {
+        let of = |percent: u8| {
+            u64::try_from((u128::from(limit) * u128::from(percent)).div_ceil(100)).unwrap_or(limit)
+        };
+        [of(self.normal), of(self.low)]
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tollgate_core::{Committed, DenyReason, Priority, UNITS_MAX};
+use tollgate_core::{Committed, DenyReason, Kind, Priority, UNITS_MAX};
 
 use crate::clock::MonotonicClock;
 use crate::error::{Error, Result};
@@ -29,7 +29,7 @@ use crate::waiters::{Caps, StorePlace, WaitQueue};
 
 pub use config::{
     DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, LimiterConfig,
-    PAUSE_MS_MAX, QueueFull,
+    PAUSE_MS_MAX, QueueFull, Shares,
 };
 pub use handle::LimitHandle;
 pub use permit::Permit;
@@ -414,6 +414,7 @@ impl Limiter {
                 Step::Ask(asking) => asking,
             };
         let decision = self.ask(&asking, request, A::refundable(request)).await?;
+        self.note_shares(&asking.resolved, request, &decision);
         Ok(A::decided(self, &asking.resolved, request, decision))
     }
 
@@ -435,7 +436,10 @@ impl Limiter {
         let decision = self
             .ask(&asking, request, A::refundable(request))
             .into_ready()?;
-        Some(decision.map(|decision| A::decided(self, &asking.resolved, request, decision)))
+        Some(decision.map(|decision| {
+            self.note_shares(&asking.resolved, request, &decision);
+            A::decided(self, &asking.resolved, request, decision)
+        }))
     }
 
     /// The limiter's part of every decision, written once: the request's limits resolved
@@ -588,6 +592,7 @@ impl Limiter {
                 .is_none()
             {
                 let decision = self.ask_waiting(&asking, request, &mut place).await?;
+                self.note_shares(resolved, request, &decision);
                 match self.outcome(resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         place.granted();
@@ -611,6 +616,7 @@ impl Limiter {
             }
             // Queue behind everyone of the same or higher priority on these counters, if the
             // caps on waiting requests leave room; else the answer is the one found now.
+            self.keep_shares(resolved, request, 0);
             let caps = Caps {
                 waiters_max: self.shared.config.waiters_max,
                 waiters_per_limit_max: self.shared.config.waiters_per_limit_max,
@@ -666,6 +672,7 @@ impl Limiter {
                     self.ask_waiting(&asking, request, &mut place).await?
                 };
                 let hold_max = hold_bound(&asking.resolved);
+                self.note_shares(&asking.resolved, request, &decision);
                 match self.outcome(&asking.resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         place.granted();
@@ -717,6 +724,7 @@ impl Limiter {
             } else {
                 // Someone went ahead of it: it holds nothing until it heads its queues again.
                 holding_since = None;
+                self.shared.waiters.wake_heads_of(&waiter);
             }
             let _ = tokio::time::timeout_at(wake_at, waiter.signal.notified()).await;
         }
@@ -734,6 +742,34 @@ impl Limiter {
             }
         };
         Ok(Outcome::Denied(denied))
+    }
+
+    /// With minimum shares on, a grant to a level below `high` counts towards its share of
+    /// each rate limit it took (`waiters.rs`).
+    fn note_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, decision: &Decision) {
+        if decision.is_granted() {
+            self.keep_shares(resolved, request, request.cost);
+        }
+    }
+
+    /// `units` granted to `request` (0: it is about to wait) on the rate limits of
+    /// `resolved`, for their shares, with minimum shares on and below `high`.
+    fn keep_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, units: u64) {
+        let shares = self.shared.config.shares;
+        if shares.is_off() || request.priority == Priority::High {
+            return;
+        }
+        for (index, limit) in resolved.limits.iter().enumerate() {
+            if let Kind::Rate(rate) = limit.policy().kind() {
+                self.shared.waiters.note_grant(
+                    resolved.counter(index, request.key),
+                    request.priority,
+                    units,
+                    rate.window_us(),
+                    shares.units_of(rate.limit()),
+                );
+            }
+        }
     }
 
     fn queued_denial(&self, resolved: &Resolved<'_>, retry_at_us: u64) -> Denied {
@@ -935,6 +971,11 @@ impl Limiter {
         self.shared.shutting_down.store(true, Ordering::Release);
         self.shared.waiters.wake_all();
     }
+}
+
+/// Monotonic microseconds since the process-wide origin of queue hints.
+pub(crate) fn origin_us() -> u64 {
+    micros(Instant::now().elapsed_since_origin())
 }
 
 trait ElapsedSinceOrigin {
