@@ -23,10 +23,12 @@ from tollgate_client import AsyncClient, Client
 
 @pytest.fixture(scope="session", autouse=True)
 def no_kept_admin_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The clients find a local server's admin token in the environment or the user's state
-    directory: neither is the developer's during the tests."""
-    saved = {name: os.environ.get(name) for name in ("TOLLGATE_ADMIN_TOKEN", "XDG_STATE_HOME")}
-    os.environ.pop("TOLLGATE_ADMIN_TOKEN", None)
+    """The clients find their server and tokens in the environment and a local server's admin
+    token in the user's state directory: none of them is the developer's during the tests."""
+    read = ("TOLLGATE_ADMIN_TOKEN", "TOLLGATE_DATA_TOKEN", "TOLLGATE_SERVER", "XDG_STATE_HOME")
+    saved = {name: os.environ.get(name) for name in read}
+    for name in read:
+        os.environ.pop(name, None)
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
     yield
     for name, value in saved.items():

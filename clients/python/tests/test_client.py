@@ -13,6 +13,7 @@ import pytest
 
 from _support import ADMIN_TOKEN, Server, ServerFactory, unique
 from tollgate_client import (
+    AsyncClient,
     BadRequest,
     Client,
     Conflict,
@@ -523,6 +524,65 @@ def test_data_and_admin_tokens(servers: ServerFactory) -> None:
         no_data_token.limits.get(name)
     with Client(guarded.url, token="data-token") as no_admin_token, pytest.raises(Unauthorized):
         no_admin_token.limits.get(name)
+
+
+def test_the_server_and_the_data_token_come_from_the_environment(
+    servers: ServerFactory, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the README's quick start meets it: a server that keeps its admin token for this
+    # user, a data token set, and a client made with no arguments.
+    state = str(tmp_path)
+    guarded = servers.start(
+        env={
+            "TOLLGATE_ADMIN_TOKEN": None,
+            "TOLLGATE_DATA_TOKEN": "data-token",
+            "XDG_STATE_HOME": state,
+        }
+    )
+    monkeypatch.setenv("XDG_STATE_HOME", state)
+    monkeypatch.setenv("TOLLGATE_SERVER", guarded.url + "/")
+    monkeypatch.setenv("TOLLGATE_DATA_TOKEN", "data-token")
+    with Client() as tollgate:
+        assert tollgate.url == guarded.url
+        name = unique()
+        # The admin call sends the kept admin token, not the data token.
+        tollgate.limits.put(name, kind="rate", limit=5, period_ms=1000)
+        with tollgate.acquire(name):
+            pass
+    # A token given wins over the environment's.
+    with Client(token="wrong") as given, pytest.raises(Unauthorized):
+        given.acquire(name)
+    # So does a URL given.
+    monkeypatch.setenv("TOLLGATE_SERVER", "http://127.0.0.1:1")
+    with Client(guarded.url) as given:
+        given.acquire(name).commit()
+    monkeypatch.delenv("TOLLGATE_SERVER")
+    monkeypatch.delenv("TOLLGATE_DATA_TOKEN")
+    with Client() as default:
+        assert default.url == "http://127.0.0.1:7070"
+    with Client(guarded.url) as no_data_token, pytest.raises(Unauthorized):
+        no_data_token.acquire(name)
+
+
+async def test_the_async_client_reads_the_environment_too(
+    servers: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guarded = servers.start(env={"TOLLGATE_DATA_TOKEN": "data-token"})
+    monkeypatch.setenv("TOLLGATE_SERVER", guarded.url)
+    monkeypatch.setenv("TOLLGATE_DATA_TOKEN", "data-token")
+    async with AsyncClient(admin_token=ADMIN_TOKEN) as tollgate:
+        assert tollgate.url == guarded.url
+        name = unique()
+        await tollgate.limits.put(name, kind="rate", limit=5, period_ms=1000)
+        async with tollgate.acquire(name):
+            pass
+
+        # The blocking twin behind decorated plain functions has the same settings.
+        @tollgate.limited(name)
+        def work() -> str:
+            return "done"
+
+        assert await asyncio.to_thread(work) == "done"
 
 
 def test_too_many_keys(servers: ServerFactory) -> None:

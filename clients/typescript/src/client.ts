@@ -30,18 +30,30 @@ import {
 } from "./models.js";
 import type * as Wire from "./wire.js";
 
-/** Where `tollgate serve` listens by default. */
+/** Where `tollgate serve` listens by default: the URL of a client given none and no `TOLLGATE_SERVER`. */
 export const DEFAULT_URL = "http://127.0.0.1:7070";
 /** Seconds one call may take; a waiting acquire gets its wait on top. */
 export const DEFAULT_TIMEOUT = 10;
 
-/** How a {@link Client} reaches its server. */
+/**
+ * How a {@link Client} reaches its server. What is not given is read as the `tollgate`
+ * commands read it, the first found winning: the URL is `url`, else `TOLLGATE_SERVER`, else
+ * `http://127.0.0.1:7070`; the data plane's token is `token`, else `TOLLGATE_DATA_TOKEN`, else
+ * none (a server with no data token set needs none); the admin API's is `adminToken`, else
+ * `token`, else `TOLLGATE_ADMIN_TOKEN`, else the token a local server keeps for this user, sent
+ * to that server alone once it has proved it holds it. `TOLLGATE_DATA_TOKEN` is never sent to
+ * the admin API. The environment is read when the client is made, but for
+ * `TOLLGATE_ADMIN_TOKEN`, read at each admin call.
+ */
 export interface ClientOptions {
-  /** The server's URL (default `http://127.0.0.1:7070`). */
+  /** The server's URL (else `TOLLGATE_SERVER`, else `http://127.0.0.1:7070`). */
   url?: string;
-  /** The data plane's bearer token and, unless `adminToken` is given, the admin API's. */
+  /**
+   * The data plane's bearer token (else `TOLLGATE_DATA_TOKEN`) and, unless `adminToken` is
+   * given, the admin API's.
+   */
   token?: string;
-  /** The admin API's bearer token. */
+  /** The admin API's bearer token (else `token`, else `TOLLGATE_ADMIN_TOKEN`, else a kept one). */
   adminToken?: string;
   /** Seconds one call may take (default 10); a waiting acquire gets its wait on top. */
   timeout?: number;
@@ -303,13 +315,16 @@ export class Client {
   /** The admin API. */
   readonly limits: LimitsAdmin;
   readonly #token: string | undefined;
+  /** `TOLLGATE_DATA_TOKEN` when no token was given: for the data plane alone. */
+  readonly #dataTokenFromEnvironment: string | undefined;
   readonly #adminToken: string | undefined;
   readonly #timeout: number;
   readonly #fetch: typeof fetch;
 
   constructor(options: ClientOptions = {}) {
-    this.url = (options.url ?? DEFAULT_URL).replace(/\/+$/, "");
+    this.url = (options.url || process.env["TOLLGATE_SERVER"] || DEFAULT_URL).replace(/\/+$/, "");
     this.#token = options.token;
+    this.#dataTokenFromEnvironment = options.token ? undefined : process.env["TOLLGATE_DATA_TOKEN"] || undefined;
     this.#adminToken = options.adminToken;
     const timeout = options.timeout ?? DEFAULT_TIMEOUT;
     if (!(timeout > 0) || !Number.isFinite(timeout)) {
@@ -326,10 +341,13 @@ export class Client {
   async #send(method: string, path: string, body: object | null, admin: boolean, wait: number): Promise<Answer> {
     const headers: Record<string, string> = {};
     let url = this.url + path;
-    // For the admin API: the admin token given, else the data token given, else
-    // TOLLGATE_ADMIN_TOKEN, else the one a local server keeps for this user, sent to the
-    // address it recorded once the server there has proved it holds it.
-    let token = admin ? (this.#adminToken ?? this.#token ?? givenAdminToken()) : this.#token;
+    // For the data plane: the token given, else TOLLGATE_DATA_TOKEN. For the admin API: the
+    // admin token given, else the data token given, else TOLLGATE_ADMIN_TOKEN, else the one a
+    // local server keeps for this user, sent to the address it recorded once the server there
+    // has proved it holds it.
+    let token = admin
+      ? (this.#adminToken ?? this.#token ?? givenAdminToken())
+      : this.#token || this.#dataTokenFromEnvironment;
     if (admin && token === undefined) {
       const kept = keptAdminToken(this.url);
       if (kept !== undefined && (await this.#proved(kept))) {

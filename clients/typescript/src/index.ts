@@ -4,9 +4,13 @@
  * ```ts
  * import { Client } from "@tollgate/client";
  *
- * const tollgate = new Client({ url: "http://127.0.0.1:7070" });
- * await using permit = await tollgate.acquire("vendor-x", { wait: 5 });
- * await callTheVendor();
+ * const tollgate = new Client(); // TOLLGATE_SERVER, else http://127.0.0.1:7070
+ * const permit = await tollgate.acquire("vendor-x", { wait: 5 });
+ * try {
+ *   await callTheVendor();
+ * } finally {
+ *   await permit.commit();
+ * }
  * ```
  *
  * Every failure the server answers with is a {@link TollgateError} subclass carrying `code`,

@@ -27,9 +27,11 @@ const MINUTE_MS = 60_000;
 let server: Server;
 let client: Client;
 
-// A client with no token looks for a local server's in the environment and the user's state
-// directory: neither is the developer's here.
+// A client with no URL or token looks for them in the environment, and for a local server's
+// admin token in the user's state directory: none of them is the developer's here.
 delete process.env["TOLLGATE_ADMIN_TOKEN"];
+delete process.env["TOLLGATE_DATA_TOKEN"];
+delete process.env["TOLLGATE_SERVER"];
 const isolatedState = mkdtempSync(join(tmpdir(), "tollgate-ts-state-"));
 process.env["XDG_STATE_HOME"] = isolatedState;
 
@@ -375,6 +377,41 @@ test("data and admin tokens", async () => {
     await noDataToken.limits.get(name);
     await assert.rejects(new Client({ url: guarded.url, token: "data-token" }).limits.get(name), Unauthorized);
   } finally {
+    await guarded.stop();
+  }
+});
+
+test("the server and the data token come from the environment", async () => {
+  // As the README's quick start meets it: a server that keeps its admin token for this user,
+  // a data token set, and a client made with no options.
+  const state = mkdtempSync(join(tmpdir(), "tollgate-ts-state-"));
+  const guarded = await Server.start([], {
+    TOLLGATE_ADMIN_TOKEN: undefined,
+    TOLLGATE_DATA_TOKEN: "data-token",
+    XDG_STATE_HOME: state,
+  });
+  try {
+    process.env["XDG_STATE_HOME"] = state;
+    process.env["TOLLGATE_SERVER"] = `${guarded.url}/`;
+    process.env["TOLLGATE_DATA_TOKEN"] = "data-token";
+    const tollgate = new Client();
+    assert.equal(tollgate.url, guarded.url);
+    const name = unique();
+    // The admin call sends the kept admin token, not the data token.
+    await tollgate.limits.put(name, { kind: "rate", limit: 5, period_ms: 1000 });
+    await (await tollgate.acquire(name)).commit();
+    // A token given wins over the environment's, and so does a URL given.
+    await assert.rejects(new Client({ token: "wrong" }).acquire(name), Unauthorized);
+    process.env["TOLLGATE_SERVER"] = "http://127.0.0.1:1";
+    await (await new Client({ url: guarded.url }).acquire(name)).commit();
+    delete process.env["TOLLGATE_SERVER"];
+    delete process.env["TOLLGATE_DATA_TOKEN"];
+    assert.equal(new Client().url, "http://127.0.0.1:7070");
+    await assert.rejects(new Client({ url: guarded.url }).acquire(name), Unauthorized);
+  } finally {
+    delete process.env["TOLLGATE_SERVER"];
+    delete process.env["TOLLGATE_DATA_TOKEN"];
+    process.env["XDG_STATE_HOME"] = isolatedState;
     await guarded.stop();
   }
 });

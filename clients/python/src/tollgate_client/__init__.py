@@ -4,7 +4,7 @@
 
     from tollgate_client import Client
 
-    with Client("http://127.0.0.1:7070") as tollgate:
+    with Client() as tollgate:  # TOLLGATE_SERVER, else http://127.0.0.1:7070
         with tollgate.acquire("vendor-x", wait=5) as permit:
             call_the_vendor()
 

@@ -14,7 +14,6 @@ import httpx
 
 from ._core import (
     DEFAULT_TIMEOUT,
-    DEFAULT_URL,
     Options,
     bearer,
     decode_object,
@@ -208,25 +207,20 @@ class AsyncLimitsAdmin:
 
 
 class AsyncClient:
-    """An asyncio client of a Tollgate server; the twin of :class:`Client`.
-
-    ``token`` is the data plane's bearer token (and the admin API's unless ``admin_token``
-    is given); ``timeout`` bounds each call in seconds, a waiting acquire getting its wait on
-    top. ``transport`` replaces httpx's (for tests, or a custom network setup).
+    """An asyncio client of a Tollgate server; the twin of :class:`Client`, and made with the
+    same arguments, read the same way (see :class:`Client`).
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         *,
         admin_token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._options = Options(
-            url=url.rstrip("/"), token=token, admin_token=admin_token, timeout=timeout
-        )
+        self._options = Options.made(url, token, admin_token, timeout)
         self._http = httpx.AsyncClient(
             base_url=self._options.url, timeout=timeout, transport=transport
         )
@@ -424,6 +418,8 @@ class AsyncClient:
                     options.timeout,
                     admin_token=options.admin_token,
                 )
+                # The same settings, not the environment read again.
+                self._blocking._options = options
             return self._blocking
 
     def limited(

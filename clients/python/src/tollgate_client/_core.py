@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,8 @@ import httpx
 from ._errors import ServerError, ServerUnreachable, TollgateError, error_from_response
 from ._kept import KeptToken, given_admin_token, kept_admin_token
 
-#: Where ``tollgate serve`` listens by default.
+#: Where ``tollgate serve`` listens by default: the URL of a client given none and no
+#: ``TOLLGATE_SERVER``.
 DEFAULT_URL = "http://127.0.0.1:7070"
 #: Seconds one call may take; a waiting acquire gets its wait on top.
 DEFAULT_TIMEOUT = 10.0
@@ -21,21 +23,47 @@ DEFAULT_TIMEOUT = 10.0
 logger = logging.getLogger("tollgate_client")
 
 
+def server_url(url: str | None) -> str:
+    """The server a client talks to: ``url`` given, else ``TOLLGATE_SERVER`` (as the
+    ``tollgate`` commands read it), else :data:`DEFAULT_URL`."""
+    return (url or os.environ.get("TOLLGATE_SERVER") or DEFAULT_URL).rstrip("/")
+
+
 @dataclass(frozen=True)
 class Options:
     """A client's settings, kept so that a companion client can be made with the same."""
 
     url: str
+    #: The token given, for the data plane and, with no ``admin_token``, the admin API.
     token: str | None
     admin_token: str | None
     timeout: float
+    #: ``TOLLGATE_DATA_TOKEN`` when the client was made with no token; for the data plane
+    #: alone, since a data token opens no admin call.
+    data_token_from_environment: str | None = None
+
+    @staticmethod
+    def made(
+        url: str | None, token: str | None, admin_token: str | None, timeout: float
+    ) -> Options:
+        """The settings of a client made with these arguments, the environment filling in
+        those not given."""
+        from_environment = None if token else os.environ.get("TOLLGATE_DATA_TOKEN") or None
+        return Options(
+            url=server_url(url),
+            token=token,
+            admin_token=admin_token,
+            timeout=timeout,
+            data_token_from_environment=from_environment,
+        )
 
     def headers(self, admin: bool) -> dict[str, str]:
-        """The bearer header for the data plane or, with ``admin``, the admin API: the admin
-        token given, else the data token given, else ``TOLLGATE_ADMIN_TOKEN``. A token a local
+        """The bearer header for the data plane or, with ``admin``, the admin API. The data
+        plane: the token given, else ``TOLLGATE_DATA_TOKEN``. The admin API: the admin token
+        given, else the data token given, else ``TOLLGATE_ADMIN_TOKEN``. A token a local
         server keeps is not among them: it is sent only once proved (:meth:`kept`)."""
         if not admin:
-            return bearer(self.token)
+            return bearer(self.token or self.data_token_from_environment)
         return bearer(self.admin_token or self.token or given_admin_token())
 
     def kept(self) -> KeptToken | None:

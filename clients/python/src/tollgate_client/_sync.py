@@ -14,7 +14,6 @@ import httpx
 
 from ._core import (
     DEFAULT_TIMEOUT,
-    DEFAULT_URL,
     Options,
     bearer,
     decode_object,
@@ -183,23 +182,31 @@ class LimitsAdmin:
 class Client:
     """A blocking client of a Tollgate server. Thread-safe; use one per process.
 
-    ``token`` is the data plane's bearer token (and the admin API's unless ``admin_token``
-    is given); ``timeout`` bounds each call in seconds, a waiting acquire getting its wait on
-    top. ``transport`` replaces httpx's (for tests, or a custom network setup).
+    ``url`` is the server's; when none is given, ``TOLLGATE_SERVER``, else
+    ``http://127.0.0.1:7070``. ``token`` is the data plane's bearer token and, unless
+    ``admin_token`` is given, the admin API's too. Each is read in this order, the first found
+    winning, as the ``tollgate`` commands read them:
+
+    - the data plane: ``token``, else ``TOLLGATE_DATA_TOKEN`` (read when the client is made),
+      else none (a server with no data token set needs none);
+    - the admin API: ``admin_token``, else ``token``, else ``TOLLGATE_ADMIN_TOKEN``, else the
+      token a local server keeps for this user, sent to that server alone once it has proved
+      it holds it. ``TOLLGATE_DATA_TOKEN`` is never sent to the admin API.
+
+    ``timeout`` bounds each call in seconds, a waiting acquire getting its wait on top.
+    ``transport`` replaces httpx's (for tests, or a custom network setup).
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         *,
         admin_token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._options = Options(
-            url=url.rstrip("/"), token=token, admin_token=admin_token, timeout=timeout
-        )
+        self._options = Options.made(url, token, admin_token, timeout)
         self._http = httpx.Client(base_url=self._options.url, timeout=timeout, transport=transport)
         #: The admin API.
         self.limits = LimitsAdmin(self)

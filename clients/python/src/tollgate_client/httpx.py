@@ -7,7 +7,7 @@ vendor's "rate limited, retry after N" into a pause for the whole fleet.
     from tollgate_client import Client
     from tollgate_client.httpx import TollgateTransport
 
-    tollgate = Client("http://127.0.0.1:7070")
+    tollgate = Client()  # TOLLGATE_SERVER, else http://127.0.0.1:7070
     vendor = httpx.Client(
         transport=TollgateTransport(tollgate, {"api.vendor.example": "vendor-x"})
     )
