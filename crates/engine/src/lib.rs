@@ -29,7 +29,7 @@ mod waiters;
 mod loom_tests;
 
 pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
-pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, TscClock, utc_now_text, utc_text};
 pub use error::{Error, Result};
 pub use learned::{
     AdvertisedQuota, LEARNED_MARGIN_ALLOWANCE_US, LESSON_QUOTAS_MAX, LESSON_SOURCE_BYTES_MAX,
