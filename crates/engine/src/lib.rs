@@ -36,7 +36,7 @@ pub use learned::{
     LearnConfig, Learned, LearnedKind, LearnedLimit, Lesson,
 };
 pub use limiter::{
-    Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied,
+    Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied, Kept,
     LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Status,
     Statuses,
 };

@@ -62,7 +62,15 @@ pub(crate) async fn acquire(
             .clone()
             .and_then(|json| serde_json::from_value::<RateLimited>(json).ok());
         let retry = denied.as_ref().map_or(0, |denied| denied.retry_after_ms);
-        let why = denied.map_or("the limit is used up", |denied| denied.reason.0.meaning());
+        // The server's own clause where it says more than the reason's meaning: units left
+        // but kept for higher priority are not a used-up limit.
+        let why = denied.map_or_else(
+            || "the limit is used up".to_owned(),
+            |denied| match kept_clause(&denied.error.message) {
+                Some(clause) => clause.to_owned(),
+                None => denied.reason.0.meaning().to_owned(),
+            },
+        );
         eprintln!(
             "tollgate: not granted within {}: {why}; retry in {}",
             tollgate_server::human_duration(args.wait),
@@ -299,4 +307,12 @@ fn lease_lost(
         ),
     }
     EXIT_LEASE_LOST
+}
+
+/// From a denial's message, the clause saying the units left are kept for higher priority.
+fn kept_clause(message: &str) -> Option<&str> {
+    let clause = message
+        .split("; ")
+        .find(|clause| clause.contains("kept for higher priority"))?;
+    Some(clause.strip_prefix("not granted: ").unwrap_or(clause))
 }
