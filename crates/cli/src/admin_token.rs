@@ -146,7 +146,7 @@ pub(crate) fn hint_unauthorized(code: ExitCode, sent: bool, looked: &str) -> Exi
         );
     } else {
         eprintln!(
-            "tollgate: no admin token found (looked in {looked}): set TOLLGATE_ADMIN_TOKEN to \
+            "tollgate: no admin token found; looked in {looked}: set TOLLGATE_ADMIN_TOKEN to \
              the server's admin token"
         );
     }
