@@ -120,6 +120,11 @@ pub struct UsageView {
     pub reset_after_ms: u64,
     /// Milliseconds until a pause (or a hold after a loss of state) ends; 0 when none is on.
     pub paused_ms: u64,
+    /// Of `paused_ms`, milliseconds until the store's hold after a loss of state ends (after a
+    /// crash, or a Redis that came back empty: see `recovering`); 0 when none is on. A hold is
+    /// not a pause: nobody asked for it, and resuming the limit does not lift it.
+    #[serde(default)]
+    pub held_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

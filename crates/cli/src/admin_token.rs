@@ -140,9 +140,15 @@ async fn prove(kept: &KeptToken, url: &str) -> Result<(), String> {
 /// After a 401 from an admin command: where the token sent (or none) came from.
 pub(crate) fn hint_unauthorized(code: ExitCode, sent: bool, looked: &str) -> ExitCode {
     if sent {
-        eprintln!("tollgate: the admin token sent came from {looked}; it is not this server's");
+        eprintln!(
+            "tollgate: the admin token sent came from {looked}; it is not this server's: set \
+             TOLLGATE_ADMIN_TOKEN to the server's admin token"
+        );
     } else {
-        eprintln!("tollgate: no admin token found; looked in {looked}");
+        eprintln!(
+            "tollgate: no admin token found; looked in {looked}: set TOLLGATE_ADMIN_TOKEN to \
+             the server's admin token"
+        );
     }
     code
 }

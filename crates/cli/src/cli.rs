@@ -33,6 +33,8 @@ use tollgate_cli::parse_duration;
         69   the server failed or could not be reached\n  \
         70   simulate: a limit was overdrawn (a defect; please report it)\n  \
         75   acquire: no permit granted within --wait\n  \
+        79   acquire: the lease was lost while the command ran (the command was stopped, \
+        unless --on-lease-lost keep-running)\n  \
         127  acquire: the command could not be started"
 )]
 pub(crate) struct Cli {
@@ -125,6 +127,7 @@ pub(crate) enum Command {
     /// be reached, 127 if COMMAND could not be started. Leases are renewed while COMMAND runs.
     /// COMMAND is run directly, not through a shell: use `-- sh -c '...'` for pipelines.
     /// SIGTERM and SIGHUP are passed on to COMMAND; the permit is committed once it has ended.
+    /// A lost lease stops COMMAND (see --on-lease-lost) and exits 79.
     Acquire(AcquireArgs),
 }
 
@@ -230,6 +233,14 @@ pub(crate) struct AcquireArgs {
     /// How long to wait for a permit: 0, 500ms, 2s, 1m (capped by the server's wait_ms_max).
     #[arg(short, long, default_value = "0", value_parser = parse_duration)]
     pub(crate) wait: Duration,
+    /// What to do with COMMAND when its lease is lost (the server no longer knows the permit,
+    /// as after a restart, or renewals failed until the lease expired): `stop` it (SIGTERM,
+    /// then SIGKILL after --kill-grace), or let it `keep-running`; either way acquire exits 79.
+    #[arg(long, value_enum, default_value = "stop", value_name = "WHAT")]
+    pub(crate) on_lease_lost: crate::supervise::OnLeaseLost,
+    /// After a lost lease, how long COMMAND gets between SIGTERM and SIGKILL: 0, 500ms, 2s, 1m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub(crate) kill_grace: Duration,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,

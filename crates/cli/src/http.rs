@@ -68,6 +68,36 @@ pub(crate) fn admin_succeeded(
     })
 }
 
+/// `succeeded` for a data-plane command (`acquire`, `status`), saying after a 401 which
+/// environment variable holds the data token: the server's message names only the header.
+pub(crate) fn data_succeeded(
+    sent: std::result::Result<Answer, tollgate_cli::client::ClientError>,
+    had_token: bool,
+) -> std::result::Result<Answer, ExitCode> {
+    let unauthorized = matches!(&sent, Ok(answer) if answer.status.as_u16() == 401);
+    succeeded(sent).inspect_err(|_| {
+        if unauthorized {
+            hint_data_unauthorized(had_token);
+        }
+    })
+}
+
+/// After a 401 on the data plane: set TOLLGATE_DATA_TOKEN, or the one sent is not accepted.
+pub(crate) fn hint_data_unauthorized(had_token: bool) {
+    if had_token {
+        eprintln!(
+            "tollgate: the server does not accept the data token sent (from TOLLGATE_DATA_TOKEN \
+             or the config file's data_token): set TOLLGATE_DATA_TOKEN to its data token or a \
+             scoped token that covers this limit"
+        );
+    } else {
+        eprintln!(
+            "tollgate: the server needs a data token: set TOLLGATE_DATA_TOKEN (or data_token \
+             in the config file) to its data token or a scoped token"
+        );
+    }
+}
+
 /// Print an error answer; returns the exit code for it.
 pub(crate) fn report_error(answer: &Answer) -> ExitCode {
     let code = answer.error_code().unwrap_or("unknown");

@@ -1,5 +1,5 @@
 //! `tollgate status [LIMIT]`: a running server at a glance, from `GET /v1/stats` read as the
-//! wire contract's `Stats`: each limit's usage now, pauses and holds, waiters, grants and
+//! wire contract's `Stats`: each limit's usage now, pauses and (apart) holds, waiters, grants and
 //! denials; the rules' reload state; the store; the limits of an Envoy configuration. Denial
 //! reasons come from the answer's `denials`, which lists every reason the core has.
 
@@ -47,6 +47,7 @@ pub fn table(stats: &Stats) -> String {
             "USED",
             "RESETS IN",
             "PAUSED FOR",
+            "HELD FOR",
             "WAITING",
             "GRANTS",
             "DENIED",
@@ -63,16 +64,30 @@ pub fn table(stats: &Stats) -> String {
             Some(key) => format!("{} [{key}]", limit.name),
             None => limit.name.clone(),
         };
-        let (used, resets, paused) = match &limit.usage {
+        let (used, resets, paused, held) = match &limit.usage {
             Some(usage) => (
                 format!("{}/{}", usage.used, usage.used + usage.remaining),
                 duration_ms(usage.reset_after_ms),
-                duration_ms(usage.paused_ms),
+                // `paused_ms` counts a hold too: a pause is shown only where it outlasts it.
+                duration_ms(if usage.paused_ms > usage.held_ms {
+                    usage.paused_ms
+                } else {
+                    0
+                }),
+                duration_ms(usage.held_ms),
             ),
-            None if limit.usage_error.is_some() => {
-                ("unknown".to_owned(), "-".to_owned(), "-".to_owned())
-            }
-            None => ("(per key)".to_owned(), "-".to_owned(), "-".to_owned()),
+            None if limit.usage_error.is_some() => (
+                "unknown".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ),
+            None => (
+                "(per key)".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ),
         };
         let denied: Vec<String> = limit
             .denials
@@ -86,6 +101,7 @@ pub fn table(stats: &Stats) -> String {
             used,
             resets,
             paused,
+            held,
             limit.waiting.to_string(),
             limit.grants.to_string(),
             if denied.is_empty() {
@@ -96,6 +112,17 @@ pub fn table(stats: &Stats) -> String {
         ]);
     }
     let mut out = columns(&rows);
+    if stats
+        .limits
+        .iter()
+        .any(|limit| limit.usage.as_ref().is_some_and(|usage| usage.held_ms > 0))
+    {
+        out.push_str(
+            "HELD FOR: a hold after the store lost what it counted (an unclean stop, or a Redis \
+             that came back empty), until what was granted before can no longer count; not a \
+             pause, and `limits resume` does not lift it (setting recover_on_start)\n",
+        );
+    }
     for limit in &stats.limits {
         if let Some(error) = &limit.usage_error {
             out.push_str(&format!("{}: usage unknown: {error}\n", limit.name));

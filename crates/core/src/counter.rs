@@ -202,6 +202,10 @@ pub struct Denial {
     /// Units open to the request's priority now.
     pub remaining: u64,
     pub reason: DenyReason,
+    /// For a `Capacity` denial: the units left unused to every priority (0 otherwise). Above
+    /// `remaining` when the limit's `reserve` keeps what is left for higher priorities: the
+    /// limit is not used up, it is kept.
+    pub left: u64,
 }
 
 #[must_use]
@@ -619,13 +623,19 @@ impl Counter {
             return Ok(None);
         }
         let used = self.used(policy, now);
+        let reason = if pause_after_us > 0 {
+            DenyReason::Paused
+        } else {
+            DenyReason::Capacity
+        };
         Ok(Some(Denial {
             retry_after_us: room_after_us.max(pause_after_us),
             remaining: open.saturating_sub(used),
-            reason: if pause_after_us > 0 {
-                DenyReason::Paused
+            reason,
+            left: if reason == DenyReason::Capacity {
+                policy.capacity().saturating_sub(used)
             } else {
-                DenyReason::Capacity
+                0
             },
         }))
     }

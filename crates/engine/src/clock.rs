@@ -136,3 +136,52 @@ mod tests {
         assert!(tsc.now_us() >= second);
     }
 }
+
+/// A time in microseconds since the Unix epoch, as people read it: `2024-05-01 12:34:56 UTC`
+/// (seconds truncated). For logs and messages that would otherwise print a raw reading.
+pub fn utc_text(unix_us: u64) -> String {
+    let seconds = unix_us / 1_000_000;
+    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+    // Howard Hinnant's civil-from-days, for days since 1970-01-01 (never negative here).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        of_day / 3_600,
+        of_day / 60 % 60,
+        of_day % 60
+    )
+}
+
+/// Now, as `utc_text` writes it.
+pub fn utc_now_text() -> String {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    utc_text(whole_micros(since_epoch))
+}
+
+#[cfg(test)]
+mod utc_tests {
+    use super::utc_text;
+
+    #[test]
+    fn utc_text_reads_as_a_calendar_time() {
+        assert_eq!(utc_text(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_text(951_782_400_000_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_text(1_714_566_896_500_000), "2024-05-01 12:34:56 UTC");
+        assert_eq!(utc_text(4_102_444_799_000_000), "2099-12-31 23:59:59 UTC");
+    }
+}

@@ -29,14 +29,14 @@ mod waiters;
 mod loom_tests;
 
 pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
-pub use clock::{Clock, ManualClock, MonotonicClock, TscClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, TscClock, utc_now_text, utc_text};
 pub use error::{Error, Result};
 pub use learned::{
     AdvertisedQuota, LEARNED_MARGIN_ALLOWANCE_US, LESSON_QUOTAS_MAX, LESSON_SOURCE_BYTES_MAX,
     LearnConfig, Learned, LearnedKind, LearnedLimit, Lesson,
 };
 pub use limiter::{
-    Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied,
+    Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied, Kept,
     LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Shares,
     Status, Statuses,
 };

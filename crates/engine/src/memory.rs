@@ -297,6 +297,7 @@ fn check_entry(
             if limit_pause_until > now {
                 denial.retry_after_us = denial.retry_after_us.max(limit_pause_until - now);
                 denial.reason = DenyReason::Paused;
+                denial.left = 0;
             }
             CounterOutcome::Denied(denial)
         }
@@ -306,6 +307,7 @@ fn check_entry(
                 retry_after_us: limit_pause_until - now,
                 remaining,
                 reason: DenyReason::Paused,
+                left: 0,
             })
         }
         None => {
@@ -1479,12 +1481,14 @@ impl MemoryStore {
             self.limit_paused_until(limit, now)
                 .max(self.hold_end(limit, now).unwrap_or(0))
         };
+        let held_for = |now: u64| self.hold_end(limit, now).unwrap_or(0).saturating_sub(now);
         self.with_existing(
             take,
             || {
                 let now = self.clock.now_us();
                 Ok(Usage {
                     paused_for_us: limit_paused_until(now).saturating_sub(now),
+                    held_for_us: held_for(now),
                     ..Usage::default()
                 })
             },
@@ -1495,6 +1499,7 @@ impl MemoryStore {
                     used,
                     reset_after_us,
                     paused_for_us: paused_until.saturating_sub(now),
+                    held_for_us: held_for(now),
                 })
             },
         )

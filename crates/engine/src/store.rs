@@ -184,6 +184,10 @@ pub struct Usage {
     /// Until nothing is granted any more because of a pause (the counter's, its limit's, or a
     /// hold after a loss of state), in microseconds; 0 when none is on.
     pub paused_for_us: u64,
+    /// Of that, until the store's hold after a loss of state ends (a crash of the memory
+    /// store's server, a Redis that came back empty), in microseconds; 0 when none is on.
+    /// A hold is not a pause: nobody asked for it, and `resume` does not lift it.
+    pub held_for_us: u64,
 }
 
 /// A waiting request, as a store that queues waiters across processes knows it: random, so

@@ -179,6 +179,7 @@ impl ExternalStore {
                     if paused_until > now {
                         denial.retry_after_us = denial.retry_after_us.max(paused_until - now);
                         denial.reason = DenyReason::Paused;
+                        denial.left = 0;
                     }
                     CounterOutcome::Denied(denial)
                 }
@@ -189,6 +190,7 @@ impl ExternalStore {
                             retry_after_us: paused_until - now,
                             remaining,
                             reason: DenyReason::Paused,
+                            left: 0,
                         })
                     } else {
                         CounterOutcome::Allowed { remaining }
@@ -323,6 +325,7 @@ impl ExternalStore {
                 .paused_until()
                 .max(limit_paused_until)
                 .saturating_sub(now),
+            held_for_us: 0,
         }
     }
 }

@@ -384,8 +384,9 @@ impl Caller {
             tracing::warn!(
                 namespace = %self.namespace,
                 "Redis lost Tollgate's state, or may have (a restart, a flush, a failover); \
-                 granting nothing on a counter kept there until one period after {}",
-                head.born_us
+                 granting nothing on a counter kept there until one period after {} (Redis's \
+                 clock)",
+                tollgate::utc_text(head.born_us)
             );
         }
     }

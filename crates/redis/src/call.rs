@@ -216,6 +216,7 @@ pub(crate) fn slot_answer(head: Head, reply: &Reply, group: &plan::Group) -> Res
                 retry_after_us: u(outcome[1]),
                 remaining: u(outcome[2]),
                 reason: abi::reason(u(outcome[3])),
+                left: u(outcome[4]),
             }),
         })
         .collect();

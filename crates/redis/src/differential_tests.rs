@@ -664,6 +664,7 @@ fn queue_reference(
                 },
                 remaining: counter.status(policy, now, priority).0,
                 reason: DenyReason::Queued,
+                left: 0,
             });
         }
     }

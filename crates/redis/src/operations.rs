@@ -416,6 +416,7 @@ impl RedisStore {
                     used: number(3),
                     reset_after_us: number(4),
                     paused_for_us: number(5).saturating_sub(head.now_us),
+                    held_for_us: number(6).saturating_sub(head.now_us),
                 })
             }
             other => Err(failed(format!("unexpected script status {other}"))),

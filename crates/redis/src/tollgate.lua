@@ -484,16 +484,19 @@ function T.idle_at(c, p)
 end
 
 -- Returns nil when allowed, or {retry_after, remaining, reason (capacity or paused; the caller
--- tells a hold after a loss apart, recovering)}.
+-- tells a hold after a loss apart, recovering), left (capacity: the units left to every
+-- priority, as the core's Denial.left; else 0)}.
 function T.check(c, p, now, cost, priority, limit_paused_until)
   local open = T.capacity_for(p, priority)
   T.normalise(c, p, now)
   local room_after = T.wait_for_room(c, p, now, cost, open)
   local pause_after = T.sub0(math.max(c.p, limit_paused_until), now)
   if room_after == 0 and pause_after == 0 then return nil end
-  local reason = __REASON_CAPACITY__
-  if pause_after > 0 then reason = __REASON_PAUSED__ end
-  return { math.max(room_after, pause_after), T.sub0(open, T.used(c, p, now)), reason }
+  local used = T.used(c, p, now)
+  if pause_after > 0 then
+    return { math.max(room_after, pause_after), T.sub0(open, used), __REASON_PAUSED__, 0 }
+  end
+  return { room_after, T.sub0(open, used), __REASON_CAPACITY__, T.sub0(p.capacity, used) }
 end
 
 -- `record` 0: a final grant (the core's grant_final), whose permit is never committed: no
@@ -899,7 +902,7 @@ end
 -- its queue is (KEYS[x]); then the waiter's id (0: the request does not wait) and how long a
 -- place it takes lives (us). Reply: ok now born lost, then per counter 5 numbers (outcome
 -- granted: seq remaining reset_after lease_expires_at; allowed: _ remaining; denied:
--- retry_after remaining reason); or cost now born lost i open; or admit now born lost, then
+-- retry_after remaining reason left); or cost now born lost i open; or admit now born lost, then
 -- (i cover need) for each counter whose key the caller must have admitted in its budget's
 -- slot, before anything is written; or keys now born lost i budget.
 -- T.acquire decides one: its numbers from a[s] (its cost, [2] above), every key it names at
@@ -1030,8 +1033,11 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
     local at = 5 * i
     if denial then
       all_allowed = false
+      -- A denial no longer for capacity (queued, recovering) carries nothing left.
+      local left = 0
+      if denial[3] == __REASON_CAPACITY__ then left = denial[4] or 0 end
       reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-        __OUTCOME_DENIED__, denial[1], denial[2], denial[3], 0
+        __OUTCOME_DENIED__, denial[1], denial[2], denial[3], left
     else
       reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
         __OUTCOME_ALLOWED__, 0, T.sub0(open, T.used(c, p, now)), 0, 0
@@ -1402,7 +1408,8 @@ function T.decide(KEYS, ARGV)
 
   if op == __OP_USAGE__ then
     -- usage, counting nothing: [15] where the limit's pause is (as for acquire). Reply: ok now
-    -- born lost used reset_after paused_until. A counter is held as acquire would hold it; one
+    -- born lost used reset_after paused_until held_until (a hold after a loss, as acquire
+    -- tells `recovering` apart; 0 when none). A counter is held as acquire would hold it; one
     -- not kept is not made.
     local p = T.read_policy(a, 2, ARGV[1])
     local raw, limit_paused_until = values[2], -a[15]
@@ -1418,6 +1425,11 @@ function T.decide(KEYS, ARGV)
     reply[5] = T.used(c, p, now)
     reply[6] = math.min(T.sub0(T.counted_until(c, p), now), p.memory)
     reply[7] = math.max(c.p, limit_paused_until)
+    reply[8] = 0
+    if c.p > now and c.p >= limit_paused_until
+        and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
+      reply[8] = c.p
+    end
     -- Normalising may have dropped expired state: keep the store as small as the core's.
     if raw then T.save(c, p, now) end
     return reply

@@ -333,6 +333,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_listening: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServerError> {
+    let (_no_reloads, reloads) = tokio::sync::mpsc::unbounded_channel();
+    run_with_reloads(config, shutdown, reloads, on_listening).await
+}
+
+/// `run`, and reload the rules (and the scoped tokens) at once each time `reloads` receives
+/// what asked for it (`tollgate serve` sends "SIGHUP"), besides every `reload_interval`.
+pub async fn run_with_reloads(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    mut reloads: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    on_listening: impl FnOnce(SocketAddr, Option<SocketAddr>),
+) -> Result<(), ServerError> {
     config.check()?;
     if let Some(address) = config.grpc_listen
         && !is_loopback(address)
@@ -479,6 +491,38 @@ pub async fn run(
     );
     let reloader = rules.spawn_reloader(config.reload_interval, stop.clone());
     let tokens_reloader = tokens.spawn_reloader(config.reload_interval, stop.clone());
+    let asked_reloader = {
+        let (rules, tokens) = (rules.clone(), tokens.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let asker = tokio::select! {
+                    asker = reloads.recv() => match asker {
+                        Some(asker) => asker,
+                        None => break,
+                    },
+                    _ = stop.changed() => break,
+                };
+                match rules.reload().await {
+                    Ok(rules) => tracing::info!(
+                        asked_by = asker,
+                        version = rules.version(),
+                        limits = rules.len(),
+                        rejected = rules.rejected().len(),
+                        "rules reloaded"
+                    ),
+                    Err(error) => tracing::warn!(
+                        asked_by = asker,
+                        %error,
+                        "rules reload failed; the previous rules stay in force"
+                    ),
+                }
+                if let Err(error) = tokens.reload().await {
+                    tracing::warn!(asked_by = asker, %error, "scoped tokens reload failed");
+                }
+            }
+        })
+    };
     let sweeper = memory.map(|(memory, _)| spawn_sweeper(memory, stop.clone()));
     let tls_watcher = tls.as_ref().map(|files| files.spawn_watcher(stop.clone()));
     let listen = config.listen;
@@ -572,6 +616,7 @@ pub async fn run(
     let _ = sampler.await;
     let _ = reloader.await;
     let _ = tokens_reloader.await;
+    asked_reloader.abort();
     if let Some((_, watcher, grpc, _)) = envoy {
         let _ = watcher.await;
         match grpc.await {

@@ -52,6 +52,7 @@ fn usage_view(rule: &tollgate_rules::Rule, usage: tollgate::store::Usage) -> Usa
         remaining: capacity.saturating_sub(usage.used),
         reset_after_ms: ms_ceil(std::time::Duration::from_micros(usage.reset_after_us)),
         paused_ms: ms_ceil(std::time::Duration::from_micros(usage.paused_for_us)),
+        held_ms: ms_ceil(std::time::Duration::from_micros(usage.held_for_us)),
     }
 }
 

@@ -9,12 +9,10 @@ use hyper::Method;
 use tollgate_cli::client::Client;
 
 use crate::EXIT_SERVER_FAILED;
-use crate::admin_token::admin_token;
+use crate::admin_token::{admin_token, hint_unauthorized};
 use crate::cli::{LimitsAction, Output, ServerArgs};
 use crate::config::FileConfig;
-use crate::http::{
-    CLIENT_TIMEOUT, admin_succeeded, print_json, report_error, segment, server_url, succeeded,
-};
+use crate::http::{CLIENT_TIMEOUT, admin_succeeded, print_json, report_error, segment, server_url};
 use crate::limits_file;
 use crate::tables::limits_table;
 
@@ -44,7 +42,7 @@ pub(crate) async fn limits(
             file,
             dry_run,
             prune,
-        } => return apply(&client, file, *dry_run, *prune).await,
+        } => return apply(&client, file, *dry_run, *prune, had_token, &looked).await,
         LimitsAction::List | LimitsAction::Export { .. } => {
             client.send(Method::GET, "/v1/limits", None).await
         }
@@ -114,9 +112,17 @@ pub(crate) async fn check_limits(path: &Path) -> Result<ExitCode> {
 
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the
 /// difference, and (unless a dry run) make it so.
-async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Result<ExitCode> {
+async fn apply(
+    client: &Client,
+    path: &Path,
+    dry_run: bool,
+    prune: bool,
+    had_token: bool,
+    looked: &str,
+) -> Result<ExitCode> {
     let wanted = limits_file::read_limits_file(path).await?;
-    let answer = match succeeded(client.send(Method::GET, "/v1/limits", None).await) {
+    let sent = client.send(Method::GET, "/v1/limits", None).await;
+    let answer = match admin_succeeded(sent, had_token, looked) {
         Ok(answer) => answer,
         Err(code) => return Ok(code),
     };
@@ -127,6 +133,9 @@ async fn apply(client: &Client, path: &Path, dry_run: bool, prune: bool) -> Resu
     }
     match limits_file::carry_out(client, &plan, prune).await {
         Ok(None) => Ok(ExitCode::SUCCESS),
+        Ok(Some(refused)) if refused.status.as_u16() == 401 => {
+            Ok(hint_unauthorized(report_error(&refused), had_token, looked))
+        }
         Ok(Some(refused)) => Ok(report_error(&refused)),
         Err(error) => {
             eprintln!("tollgate: {error}");

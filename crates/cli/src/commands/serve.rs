@@ -1,6 +1,6 @@
 //! `serve`: the configuration resolved, logging, the admin token kept when none is configured
-//! (and where it is recorded withdrawn at a clean stop), the stop signals, and the server run
-//! until one arrives.
+//! (and where it is recorded withdrawn at a clean stop), the stop signals and SIGHUP's reload,
+//! and the server run until a stop signal arrives.
 
 use std::process::ExitCode;
 
@@ -38,22 +38,42 @@ fn init_logging(filter: &str, format: &str) -> Result<()> {
     Ok(())
 }
 
-/// Waits for SIGINT or SIGTERM. The handlers are installed when this is called, not when the
-/// future is first polled: a signal sent as soon as the server says it listens must stop it
-/// gracefully, not kill it by the default action.
+/// Asks the server to reload its rules on each SIGHUP, as daemons do. Installed when this is
+/// called, before the server starts, so a SIGHUP never meets the default action (death).
+fn reload_signal() -> Result<tokio::sync::mpsc::UnboundedReceiver<&'static str>> {
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                tracing::info!(signal = "SIGHUP", "reloading the rules");
+                if sender.send("SIGHUP").is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(sender);
+    Ok(receiver)
+}
+
+/// Waits for SIGINT, SIGTERM or SIGQUIT. The handlers are installed when this is called, not
+/// when the future is first polled: a signal sent as soon as the server says it listens must
+/// stop it gracefully, not kill it by the default action.
 fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        // Every ordinary stop is a clean one: a closed terminal (SIGHUP) or Ctrl-\ (SIGQUIT)
-        // saves the counters like SIGTERM, rather than dying and leaving the next start to
-        // hold every limit as after a crash. Rules reload by themselves, so SIGHUP has no
-        // reload to ask for.
+        // Every ordinary stop is a clean one: Ctrl-\ (SIGQUIT) saves the counters like
+        // SIGTERM, rather than dying and leaving the next start to hold every limit as after a
+        // crash. SIGHUP reloads the rules (`reload_signal`).
         let mut stops = Vec::new();
         for (kind, name) in [
             (SignalKind::interrupt(), "SIGINT"),
             (SignalKind::terminate(), "SIGTERM"),
-            (SignalKind::hangup(), "SIGHUP"),
             (SignalKind::quit(), "SIGQUIT"),
         ] {
             let stream = signal(kind).with_context(|| format!("installing {name} handler"))?;
@@ -107,7 +127,8 @@ pub(crate) async fn serve(args: ServeArgs, file: FileConfig) -> Result<ExitCode>
     let listened = std::sync::Arc::new(std::sync::OnceLock::new());
     let on_listening = listened.clone();
     let kept_while_serving = kept.clone();
-    tollgate_server::run(config, shutdown_signal()?, move |address, grpc| {
+    let reloads = reload_signal()?;
+    tollgate_server::run_with_reloads(config, shutdown_signal()?, reloads, move |address, grpc| {
         let _ = on_listening.set(address);
         // The commands send the kept token to this address alone.
         if let Some((path, token)) = &kept_while_serving {

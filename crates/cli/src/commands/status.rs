@@ -7,7 +7,7 @@ use hyper::Method;
 
 use crate::cli::{Output, ServerArgs};
 use crate::config::{FileConfig, env_text};
-use crate::http::{CLIENT_TIMEOUT, client, print_json, segment, succeeded};
+use crate::http::{CLIENT_TIMEOUT, client, data_succeeded, print_json, segment};
 use crate::status;
 
 pub(crate) async fn status(
@@ -18,6 +18,7 @@ pub(crate) async fn status(
     file: FileConfig,
 ) -> Result<ExitCode> {
     let token = env_text("TOLLGATE_DATA_TOKEN").or_else(|| file.data_token.clone());
+    let had_token = token.is_some();
     let client = client(server, &file, token, CLIENT_TIMEOUT)?;
     let mut path = "/v1/stats".to_owned();
     if let Some(limit) = &limit {
@@ -26,7 +27,7 @@ pub(crate) async fn status(
             path.push_str(&format!("&key={}", segment(key)));
         }
     }
-    let answer = match succeeded(client.send(Method::GET, &path, None).await) {
+    let answer = match data_succeeded(client.send(Method::GET, &path, None).await, had_token) {
         Ok(answer) => answer,
         Err(code) => return Ok(code),
     };

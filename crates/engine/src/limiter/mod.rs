@@ -33,7 +33,7 @@ pub use config::{
 };
 pub use handle::LimitHandle;
 pub use permit::Permit;
-pub use request::{Check, Denied, Outcome, Request, Status, Statuses};
+pub use request::{Check, Denied, Kept, Outcome, Request, Status, Statuses};
 
 use permit::{GrantedPart, renew_parts, settle_parts};
 use request::{Answer, status};
@@ -790,6 +790,7 @@ impl Limiter {
                 })
                 .collect(),
             not_queued: None,
+            kept: None,
         }
     }
 
@@ -836,6 +837,7 @@ impl Limiter {
     /// What a caller sees of a denial.
     fn denied(resolved: &Resolved<'_>, decision: &Decision) -> Denied {
         let mut reason = DenyReason::Capacity;
+        let mut kept: Option<Kept> = None;
         let limits = decision
             .outcomes()
             .iter()
@@ -857,6 +859,16 @@ impl Limiter {
                             }
                             _ => {}
                         }
+                        // Units left beyond what is open to the request: a reserve keeps them.
+                        if denial.reason == DenyReason::Capacity
+                            && denial.left > denial.remaining
+                            && kept.is_none()
+                        {
+                            kept = Some(Kept {
+                                limit: limit.name().to_owned(),
+                                left: denial.left,
+                            });
+                        }
                         (denial.remaining, denial.retry_after_us)
                     }
                     CounterOutcome::Allowed { remaining } => (*remaining, 0),
@@ -873,6 +885,8 @@ impl Limiter {
             .collect();
         Denied {
             retry_after: Duration::from_micros(decision.retry_after_us()),
+            // Only when capacity is the reason given: a pause or hold is the news otherwise.
+            kept: kept.filter(|_| reason == DenyReason::Capacity),
             reason,
             limits,
             not_queued: None,

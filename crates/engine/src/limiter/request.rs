@@ -87,6 +87,17 @@ pub struct Denied {
     /// Set when the request asked to wait but a cap on waiting requests was full, so it was
     /// decided at once instead.
     pub not_queued: Option<QueueFull>,
+    /// A `Capacity` denial on a limit that is not used up: the units it has left are kept by
+    /// its `reserve` for higher priorities than the request's.
+    pub kept: Option<Kept>,
+}
+
+/// Units a limit has left but keeps for higher priorities (its `reserve`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub limit: String,
+    /// Units left unused to every priority (at most what the reserve keeps from the request's).
+    pub left: u64,
 }
 
 /// The answer to an acquire.

@@ -46,6 +46,12 @@ pub(super) fn denial(denied: &Denied) -> RateLimited {
                      recover_on_start); retry after {retry_after_ms} ms",
                 crate::human_duration(denied.retry_after)
             ),
+            // Not used up: what is left is kept for higher priorities, and `remaining` (open
+            // to this priority) would otherwise read as an empty limit.
+            DenyReason::Capacity if denied.kept.is_some() => format!(
+                "not granted: {}; retry after {retry_after_ms} ms",
+                denied.kept.as_ref().map(kept_clause).unwrap_or_default()
+            ),
             _ => format!(
                 "not granted: {}; retry after {retry_after_ms} ms",
                 denied.reason.as_str()
@@ -57,6 +63,20 @@ pub(super) fn denial(denied: &Denied) -> RateLimited {
         reason,
         limits: denied.limits.iter().map(LimitView::from).collect(),
     }
+}
+
+/// A capacity denial's clause when the limit is not used up: its units left are kept by its
+/// `reserve` for higher priorities.
+pub(crate) fn kept_clause(kept: &tollgate::Kept) -> String {
+    let (units, are) = if kept.left == 1 {
+        ("1 unit".to_owned(), "is")
+    } else {
+        (format!("{} units", kept.left), "are")
+    };
+    format!(
+        "the {units} left of limit {:?} {are} kept for higher priority (its reserve)",
+        kept.limit
+    )
 }
 
 /// A 429 with `body`, and `Retry-After` in whole seconds, rounded up.
