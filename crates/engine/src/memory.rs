@@ -264,15 +264,15 @@ fn in_force_now<'t>(
 ) -> SmallVec<[Take<'t>; COUNTERS_PER_REQUEST_MAX]> {
     takes
         .iter()
-        .map(|take| {
-            match table.and_then(|table| table.get(take.counter.limit)) {
+        .map(
+            |take| match table.and_then(|table| table.get(take.counter.limit)) {
                 Some(limit) => Take {
                     counter: take.counter,
                     policy: limit.policy(),
                 },
                 None => *take,
-            }
-        })
+            },
+        )
         .collect()
 }
 

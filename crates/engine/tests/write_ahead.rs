@@ -370,4 +370,3 @@ async fn a_request_that_waited_for_a_record_is_decided_under_the_limits_in_force
         "granted under the limit in force when it was asked, not the one in force now"
     );
 }
-
