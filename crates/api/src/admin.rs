@@ -58,6 +58,17 @@ pub struct Resumed {
     pub resumed: bool,
 }
 
+/// A counter forgotten by an administrator (`DELETE /v1/limits/{name}/usage`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Reset {
+    pub limit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Whether the store held the counter (false: it counted nothing to forget).
+    pub reset: bool,
+}
+
 /// `POST /v1/tokens`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

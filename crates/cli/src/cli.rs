@@ -163,6 +163,15 @@ pub(crate) enum LimitsAction {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Forget what a rate limit counts, after a mistaken lockout: its usage, open reservations
+    /// and own pause (with --key, that key's; required for a limit counted per key), in every
+    /// replica sharing the store. Not for a concurrency limit, whose leases end by themselves.
+    Reset {
+        name: String,
+        /// For a limit counted per key: the key whose usage to forget.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Make the server's limits those of a limits file (TOML or YAML, as `export` writes).
     ///
     /// Every limit in the file is validated first: one bad limit and nothing is written.

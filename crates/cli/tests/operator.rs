@@ -1,7 +1,8 @@
 //! What an operator meets, over the real binary: a denial whose units left are kept for higher
 //! priority says so rather than "used up"; `status` shows a hold after a crash as a hold, not a
 //! pause; the commands name the environment variable to set after a 401; SIGHUP reloads the
-//! rules at once; a Redis that lost Tollgate's state is logged with a readable time.
+//! rules at once; a Redis that lost Tollgate's state is logged with a readable time; an
+//! administrator undoes a mistaken lockout of one key.
 
 mod common;
 
@@ -349,4 +350,88 @@ async fn a_redis_state_loss_is_logged_with_a_readable_time() {
         .max()
         .unwrap_or(0);
     assert!(digits_in_a_row < 10, "a raw reading in: {line}");
+}
+
+/// A mistaken lockout undone: `tollgate limits reset` forgets one user's usage of a per-user
+/// limit, so that user is granted again while another user stays locked out; only the admin
+/// token may; a concurrency limit, or a per-user limit without its key, is refused naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_administrator_resets_one_users_usage_and_nobody_elses() {
+    let server = Server::start();
+    put_limit(
+        &server,
+        "logins",
+        r#"{"kind":"rate","limit":2,"period_ms":3600000,"per":"user"}"#,
+    )
+    .await;
+    let client = server.anonymous();
+    let body = |user: &str| format!(r#"{{"limits":["logins"],"key":"{user}"}}"#);
+    for user in ["alice", "bob"] {
+        for _ in 0..2 {
+            granted(&client, &body(user)).await;
+        }
+        let denied = post(&client, "/v1/acquire", &body(user)).await;
+        assert_eq!(denied.status, 429, "{user}: {}", denied.text());
+    }
+
+    // Not with the data plane's access: an administrator's power.
+    let refused = call(
+        &client,
+        Method::DELETE,
+        "/v1/limits/logins/usage?key=alice",
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+
+    let output = run(
+        &server,
+        &["limits", "reset", "logins", "--key", "alice"],
+        &[("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let said: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(said["reset"], true, "{said}");
+    for _ in 0..2 {
+        granted(&client, &body("alice")).await;
+    }
+    let denied = post(&client, "/v1/acquire", &body("alice")).await;
+    assert_eq!(
+        denied.status,
+        429,
+        "alice past the limit again: {}",
+        denied.text()
+    );
+    let denied = post(&client, "/v1/acquire", &body("bob")).await;
+    assert_eq!(denied.status, 429, "bob was not reset: {}", denied.text());
+    assert!(
+        server.log().contains("usage reset by an administrator"),
+        "the reset is logged"
+    );
+
+    let admin = server.admin();
+    let without_key = call(&admin, Method::DELETE, "/v1/limits/logins/usage", "").await;
+    assert_eq!(without_key.status, 400, "{}", without_key.text());
+    assert_eq!(
+        without_key
+            .json
+            .as_ref()
+            .map(|json| json["error"]["field"].clone()),
+        Some("key".into()),
+        "{}",
+        without_key.text()
+    );
+    put_limit(
+        &server,
+        "exports",
+        r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":30000}"#,
+    )
+    .await;
+    let lease = call(&admin, Method::DELETE, "/v1/limits/exports/usage", "").await;
+    assert_eq!(lease.status, 400, "{}", lease.text());
+    assert!(
+        lease.text().contains("concurrency limit"),
+        "{}",
+        lease.text()
+    );
 }

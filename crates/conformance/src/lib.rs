@@ -517,6 +517,10 @@ impl Store for Watched {
         self.inner.resume(take)
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.reset(take)
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         self.inner.usage(take)
     }
@@ -1193,6 +1197,98 @@ pub async fn usage_shows_what_is_counted_and_takes_nothing(stores: Stores) {
     }
 }
 
+/// A reset forgets one counter in every process sharing the store, and nothing else: another
+/// key of the limit, and other limits, count on; a reset counter grants again from nothing,
+/// its own pause lifted, and a permit granted before it refunds nothing. A concurrency limit
+/// is refused, and a per-key limit needs its key.
+pub async fn a_reset_forgets_one_counter_and_nothing_else(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    for (name, algorithm) in [
+        ("sliding", Algorithm::Sliding),
+        ("fixed", Algorithm::Fixed),
+        ("gcra", Algorithm::Gcra { burst: 3 }),
+    ] {
+        add(
+            &[&limiter, &other],
+            name,
+            rate(3, HOUR_MS, algorithm),
+            Some("user"),
+        );
+        let mut before = None;
+        for user in ["alice", "bob"] {
+            for _ in 0..3 {
+                let permit = limiter
+                    .try_acquire(&Request::new(name).key(user))
+                    .await
+                    .expect("answers")
+                    .granted()
+                    .expect("room");
+                before.get_or_insert(permit);
+            }
+            let outcome = limiter
+                .try_acquire(&Request::new(name).key(user))
+                .await
+                .expect("answers");
+            assert!(!outcome.is_granted(), "{name}: {user} past the limit");
+        }
+        limiter
+            .pause(name, Some("alice"), Duration::from_secs(600))
+            .await
+            .expect("pause");
+        assert!(
+            other.reset(name, Some("alice")).await.expect("reset"),
+            "{name}: the counter was there"
+        );
+        for _ in 0..3 {
+            let outcome = limiter
+                .try_acquire(&Request::new(name).key("alice"))
+                .await
+                .expect("answers");
+            assert!(outcome.is_granted(), "{name}: alice after her reset");
+        }
+        let outcome = limiter
+            .try_acquire(&Request::new(name).key("alice"))
+            .await
+            .expect("answers");
+        assert!(!outcome.is_granted(), "{name}: alice past the limit again");
+        let outcome = limiter
+            .try_acquire(&Request::new(name).key("bob"))
+            .await
+            .expect("answers");
+        assert!(!outcome.is_granted(), "{name}: bob was not reset");
+        if let Some(permit) = before {
+            // Granted before the reset: nothing of it is left to refund.
+            let _ = permit.commit(0).await;
+            let outcome = limiter
+                .try_acquire(&Request::new(name).key("alice"))
+                .await
+                .expect("answers");
+            assert!(
+                !outcome.is_granted(),
+                "{name}: a refund from before the reset"
+            );
+        }
+        assert!(
+            !other.reset(name, Some("carol")).await.expect("reset"),
+            "{name}: carol had no counter"
+        );
+        match other.reset(name, None).await {
+            Err(Error::InvalidRequest { field: "key", .. }) => {}
+            answer => panic!("{name}: a per-key limit without its key: {answer:?}"),
+        }
+    }
+    let lease = Policy::concurrency(2, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", lease, None);
+    match other.reset("pool", None).await {
+        Err(Error::InvalidRequest { field: "limit", .. }) => {}
+        answer => panic!("a concurrency limit: {answer:?}"),
+    }
+    match other.reset("nowhere", None).await {
+        Err(Error::UnknownLimit { .. }) => {}
+        answer => panic!("an unknown limit: {answer:?}"),
+    }
+}
+
 /// One `#[tokio::test]` per conformance case, each given fresh stores by `$factory`, an
 /// `async fn(&'static str) -> Option<Stores>` (None: skipped, having said why).
 #[macro_export]
@@ -1213,6 +1309,7 @@ macro_rules! conformance_tests {
             unrefundable_grants_count_the_same_and_refund_nothing,
             check_counts_rate_units_and_refuses_leases,
             usage_shows_what_is_counted_and_takes_nothing,
+            a_reset_forgets_one_counter_and_nothing_else,
         );
     };
     (@each $factory:path, $($name:ident),* $(,)?) => {

@@ -400,6 +400,15 @@ impl Counter {
         lifted
     }
 
+    /// Forget what this counter counts, as an administrator's reset of a key does: its usage,
+    /// its open reservations (a permit granted before finds nothing to refund) and its own
+    /// pause. The sequence goes on, so permit numbers and fences still only grow.
+    pub fn forget(&mut self) {
+        self.body = Body::Empty;
+        self.reservations = Reservations(None);
+        self.paused_until = 0;
+    }
+
     /// The instant from which this counter is indistinguishable from `Counter::new`: nothing
     /// counts, nothing is paused, no permit can still be committed, and the clock has passed
     /// every number it handed out. A store may forget the counter from then on.

@@ -1639,6 +1639,17 @@ impl Store for MemoryStore {
         StoreFuture::ready(self.pause_now(take, duration_us))
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::ready(self.with_existing(
+            take,
+            || Ok(false),
+            |counter, _| {
+                counter.forget();
+                Ok(true)
+            },
+        ))
+    }
+
     fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
         StoreFuture::ready(self.resume_now(take))
     }

@@ -290,6 +290,12 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     /// What the counter holds now, changing nothing it counts.
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage>;
 
+    /// Forget what this rate counter counts (`Counter::forget`: its usage, its open
+    /// reservations, its own pause), in every process sharing the store: an administrator's
+    /// reset after a mistaken lockout. A hold after a loss of state stays. Returns whether the
+    /// store held the counter.
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool>;
+
     /// The limits in force, told by the limiter after every change. A store that bounds keys
     /// per limit reads each limit's budget here (`Limit::keys_max`), and a limit that is gone
     /// or changed kind loses its pauses, so that a limit made again under an old name starts

@@ -357,6 +357,19 @@ impl Store for ExternalStore {
         StoreFuture::ready(Ok(self.resume_now(take)))
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        let mut state = lock(&self.state);
+        let id: Id = (
+            take.counter.limit.to_owned(),
+            take.counter.key.map(str::to_owned),
+        );
+        let held = state
+            .counters
+            .get_mut(&id)
+            .map(|entry| entry.counter.forget());
+        StoreFuture::ready(Ok(held.is_some()))
+    }
+
     fn set_limits(&self, limits: &LimitTable) {
         let mut state = lock(&self.state);
         let now = self.clock.now_us();

@@ -56,6 +56,10 @@ impl Store for Counting {
         self.inner.resume(take)
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.reset(take)
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         self.inner.usage(take)
     }

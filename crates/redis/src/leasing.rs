@@ -540,6 +540,10 @@ impl Store for LeasingStore {
         self.inner.resume(take)
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.reset(take)
+    }
+
     fn set_limits(&self, limits: &tollgate::LimitTable) {
         self.inner.set_limits(limits);
     }

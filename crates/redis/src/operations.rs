@@ -396,6 +396,22 @@ impl RedisStore {
         }
     }
 
+    /// Forget a counter (`Store::reset`): its three keys go, in one command (they share a
+    /// slot). Made again, it is a new counter: its numbers start at Redis's clock, past any it
+    /// handed out (`Counter::new`), and it starts under the namespace's hold, if one is on.
+    pub(crate) async fn reset_remote(&self, take: Take<'_>) -> Result<bool> {
+        let slot = self.keys.counter_slot(take.counter);
+        let mut command = redis::cmd("DEL");
+        for key in self.keys.counter_keys(slot, take.counter) {
+            command.arg(key);
+        }
+        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(store_error)?;
+        Ok(matches!(value, Value::Int(deleted) if deleted > 0))
+    }
+
     pub(crate) async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
         let (mut keys, admission) = self.counter_call(take);
         let pause = if !self.is_cluster()

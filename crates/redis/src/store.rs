@@ -248,6 +248,10 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.usage_remote(take))
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        StoreFuture::boxed(self.reset_remote(take))
+    }
+
     /// Each limit's own budget of keys is read here (`Limit::keys_max`), for the admissions
     /// that follow. A limit gone or changed kind loses its limit-wide pause, deleted in the
     /// background (this is called under the limiter's lock, and must not wait on Redis). Its

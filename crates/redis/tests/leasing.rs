@@ -349,6 +349,10 @@ impl Store for HeldAnswer {
     fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
         self.inner.resume(take)
     }
+
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.reset(take)
+    }
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         self.inner.usage(take)
     }

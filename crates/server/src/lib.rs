@@ -287,6 +287,7 @@ fn router(state: AppState) -> Router {
                 .delete(api::admin::delete_limit),
         )
         .route("/v1/limits/{name}/pause", delete(api::admin::resume))
+        .route("/v1/limits/{name}/usage", delete(api::admin::reset))
         .route("/v1/acquire", post(api::data::acquire))
         .route("/v1/permits/{permit}/commit", post(api::data::commit))
         .route("/v1/permits/{permit}/renew", post(api::data::renew))

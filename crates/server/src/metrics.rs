@@ -492,6 +492,11 @@ impl Store for MeteredStore {
         self.timed("resume", started, self.inner.resume(take))
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        let started = Instant::now();
+        self.timed("reset", started, self.inner.reset(take))
+    }
+
     fn set_limits(&self, limits: &tollgate::LimitTable) {
         self.inner.set_limits(limits);
     }

@@ -88,7 +88,7 @@ impl Modify for Security {
             path 404."),
     paths(
         api::admin::list_limits, api::admin::get_limit, api::admin::put_limit,
-        api::admin::delete_limit, api::admin::resume,
+        api::admin::delete_limit, api::admin::resume, api::admin::reset,
         api::data::acquire, api::data::commit, api::data::renew, api::data::pause,
         api::data::learn,
         api::inbound::check,

@@ -85,6 +85,10 @@ impl Store for Counted {
         self.inner.resume(take)
     }
 
+    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+        self.inner.reset(take)
+    }
+
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
         self.inner.usage(take)
     }

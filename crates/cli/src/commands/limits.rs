@@ -79,6 +79,13 @@ pub(crate) async fn limits(
             }
             client.send(Method::DELETE, &path, None).await
         }
+        LimitsAction::Reset { name, key } => {
+            let mut path = format!("/v1/limits/{}/usage", segment(name));
+            if let Some(key) = key {
+                path.push_str(&format!("?key={}", segment(key)));
+            }
+            client.send(Method::DELETE, &path, None).await
+        }
     };
     let answer = match admin_succeeded(sent, had_token, &looked) {
         Ok(answer) => answer,

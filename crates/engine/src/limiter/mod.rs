@@ -969,6 +969,33 @@ impl Limiter {
         Ok((target, key))
     }
 
+    /// Forget what `limit`'s counter (the key's, for a limit counted per key, which must be
+    /// given) counts, in every process sharing the store: its usage, its open reservations
+    /// and the key's own pause (`Store::reset`), after a mistaken lockout. An administrator's
+    /// power: it grants what the limit had counted. A rate limit only: a concurrency limit's
+    /// leases end when released or when their TTL runs out, and forgetting them would let
+    /// more holders in than it allows. Returns whether the store held the counter.
+    pub async fn reset(&self, limit: &str, key: Option<&str>) -> Result<bool> {
+        let table = self.shared.table();
+        let resolved = resolve(&table, &[limit], key)?;
+        let target = resolved.limits[0];
+        if target.policy().is_concurrency() {
+            return Err(Error::invalid(
+                "limit",
+                format!(
+                    "limit {limit:?} is a concurrency limit: its leases end when released or \
+                     when their TTL runs out, and a reset would let more holders in than it \
+                     allows"
+                ),
+            ));
+        }
+        let take = target.take(key.filter(|_| target.per().is_some()));
+        let held = self.shared.store.reset(take).await?;
+        // Its units are free: whoever waits on it may be granted now.
+        self.shared.waiters.wake_head(take.counter);
+        Ok(held)
+    }
+
     /// What `limit`'s counter (the key's, for a limit counted per key) holds now, for people
     /// and dashboards: it changes nothing, and may be stale by the time it is read.
     pub async fn usage(&self, limit: &str, key: Option<&str>) -> Result<Usage> {

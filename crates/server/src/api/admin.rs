@@ -5,7 +5,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use tollgate_api::RawRule;
-use tollgate_api::admin::{Deleted, LimitList, RejectedRow, Resumed};
+use tollgate_api::admin::{Deleted, LimitList, RejectedRow, Reset, Resumed};
 use tollgate_api::schema::{BadRequest, Key, LimitName, NotFound, Unauthorized, Unavailable};
 use utoipa::IntoParams;
 
@@ -143,5 +143,49 @@ pub(crate) async fn resume(
         limit: name,
         key: query.key,
         resumed,
+    }))
+}
+
+/// `DELETE /v1/limits/{name}/usage`: whose usage to forget.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ResetQuery {
+    /// The key whose counter to forget: required for a limit counted per key, refused for
+    /// one that is not.
+    #[param(value_type = Option<Key>)]
+    key: Option<String>,
+}
+
+#[utoipa::path(delete, path = "/v1/limits/{name}/usage", tag = "admin",
+    security(("admin" = [])),
+    params(("name" = LimitName, Path, description = "the limit's name"), ResetQuery),
+    responses(
+        (status = 200, description = "the counter is forgotten in every replica sharing the \
+            store: its usage, its open reservations (their commits refund nothing) and the \
+            key's own pause; a hold after a loss of state stays. For a mistaken lockout: it \
+            grants again what the limit had counted", body = Reset),
+        (status = 400, description = "a concurrency limit (its leases end by themselves), a \
+            key missing for a limit counted per key, or given for one that is not",
+            body = tollgate_api::schema::BadRequestError),
+        (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable)))]
+/// Forget one counter's usage, after a mistaken lockout.
+pub(crate) async fn reset(
+    _: Admin,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<ResetQuery>, QueryRejection>,
+) -> ApiResult<Json<Reset>> {
+    let name = limit_name(name)?;
+    let Query(query) =
+        query.map_err(|rejection| crate::stats::query_error(&rejection.body_text(), "key"))?;
+    let reset = state.limiter().reset(&name, query.key.as_deref()).await?;
+    tracing::warn!(limit = %name, key = ?query.key, reset, "usage reset by an administrator");
+    Ok(Json(Reset {
+        limit: name,
+        key: query.key,
+        reset,
     }))
 }
