@@ -751,8 +751,9 @@ pub async fn random_traffic_never_exceeds_the_limit(stores: Stores) {
     }
 }
 
-/// Seed 000 on the wall clock: a bulk caller and three priority callers on N in 5..=7 per
-/// period; never an overshoot, and every priority call is served.
+/// The shared call counter (docs/models.md) on the wall clock: a bulk caller and three
+/// priority callers on N in 5..=7 per period; never an overshoot, and every priority call is
+/// served.
 pub async fn bulk_and_priority_callers_never_overshoot(stores: Stores) {
     let (limiter, other) = pair(&stores);
     for limit in 5..=7u64 {

@@ -1,5 +1,6 @@
-//! Seeds 000 and 003: processes calling a third-party API against one central counter of
-//! `max_calls`, in the designs the seeds walk through, each a small state machine.
+//! The shared call counter (docs/models.md): processes calling a third-party API against one
+//! central counter of `max_calls`, in the designs that scenario walks through, each a small
+//! state machine.
 //!
 //! One bulk process makes arbitrarily many calls (after each call it may go again or stop),
 //! and three priority processes make one or two calls each. `max_calls` is a nondeterministic
@@ -26,16 +27,16 @@ pub const PRIORITY_ALL_DONE: &str = "every priority process can finish";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Design {
-    /// Seed 000's first model: call without looking at the counter.
+    /// The first design: call without looking at the counter.
     Naive,
-    /// Seed 003's workers on different machines: read "enough left" from the central counter in
+    /// Workers on different machines: read "enough left" from the central counter in
     /// one step, make the calls in a later one. Has the reset process.
     CheckThenAct,
-    /// Seed 000: wait until enough is left and call in the same atomic step; nothing resets.
+    /// Wait until enough is left and call in the same atomic step; nothing resets.
     AwaitNoReset,
     /// The same with the reset process, the design's answer to the deadlock.
     AwaitWithReset,
-    /// Seed 000's final design: reserve (atomically wait for and count the calls as made),
+    /// The final design: reserve (atomically wait for and count the calls as made),
     /// call, then give the reservation back. Has the reset process.
     Reservation,
 }
@@ -288,7 +289,7 @@ impl Model for CallsModel {
             CallsAction::PriorityCall { process, calls } => {
                 next.made_calls += calls;
                 if state.priority[process] == Step::Reserved {
-                    // The seed gives back the whole reservation of two, whatever was made.
+                    // The design gives back the whole reservation of two, whatever was made.
                     next.reserved_calls -= 2;
                 }
                 next.priority[process] = Step::Done;

@@ -1,5 +1,5 @@
-//! Seed 001: a prepaid pool of `max_tokens` concurrent vendor tokens, shared by instances that
-//! each loop forever fetching a token or returning one.
+//! The prepaid token pool (docs/models.md): `max_tokens` concurrent vendor tokens, shared by
+//! instances that each loop forever fetching a token or returning one.
 //!
 //! Two designs:
 //! - `LockWithTimeout`, the scenario's existing service: an instance takes a shared lock (Redlock),
@@ -170,7 +170,7 @@ impl Model for TokensModel {
                 next.instances[index] = Pc::Locked;
             }
             TokensAction::Check(index) => {
-                // The seed tests `MaxTokens - fetched + returned > 1`; room for one more token
+                // The design tests `MaxTokens - fetched + returned > 1`; room for one more token
                 // is `>= 1`, the tightest check, which makes the design's flaw the lock alone.
                 next.instances[index] = Pc::Checked {
                     room: state.tokens_out < self.max_tokens,

@@ -1,7 +1,8 @@
-//! Seed 002's worry, measured: M users x N endpoints through the layer. Drives USERS distinct
-//! users over ENDPOINTS per-user endpoint rules in-process (`Service::call`), then reports the
-//! counters tracked, the process's resident memory per tracked counter, and what is left once
-//! every counter has gone idle and been swept.
+//! The endpoint throttle table's worry (docs/inbound.md, *The rules*), measured: M users x N
+//! endpoints through the layer. Drives USERS distinct users over ENDPOINTS per-user endpoint
+//! rules in-process (`Service::call`), then reports the counters tracked, the process's
+//! resident memory per tracked counter, and what is left once every counter has gone idle and
+//! been swept.
 //!
 //! Run: `cargo bench -p tollgate-tower --bench memory` (env `USERS` overrides 1,000,000).
 //!

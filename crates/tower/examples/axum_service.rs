@@ -59,7 +59,7 @@ const SEED_RULES: [(&str, &str); 3] = [
         r#"{"kind":"rate","limit":600,"period_ms":60000,"algorithm":"fixed","per":"user",
             "match":{"method":"*","path":"*"}}"#,
     ),
-    // Seed 002's row: NORMALIZED_URI, MAX_CALLS, CALL_PERIOD_IN_SECONDS.
+    // An endpoint throttle row (docs/inbound.md, *The rules*): normalized URI, max calls, period.
     (
         "entity-bundle",
         r#"{"kind":"rate","limit":10,"period_ms":60000,"algorithm":"fixed","per":"user",

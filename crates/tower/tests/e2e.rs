@@ -41,7 +41,8 @@ fn rule(name: &str, json: &str) -> Rule {
     raw.validate(name).expect("test rule is valid")
 }
 
-/// Seed 002's chain: per-user concurrency, per-user frequency, then the endpoint rule.
+/// The endpoint throttle chain (docs/inbound.md, *The rules*): per-user concurrency, per-user
+/// frequency, then the endpoint rule.
 fn throttle_table_rules() -> Vec<Rule> {
     vec![
         rule(

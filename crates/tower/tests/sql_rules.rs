@@ -1,6 +1,7 @@
-//! Seed 002's table as Tollgate rules in the rules crate's SQLite source: rows written by an
-//! administrator with plain SQL (normalized URI, max calls, period in seconds) become `fixed`
-//! limits counted per user with a `match`, and an edit applies within the reload interval.
+//! The endpoint throttle table (docs/inbound.md, *The rules*) as Tollgate rules in the rules
+//! crate's SQLite source: rows written by an administrator with plain SQL (normalized URI, max
+//! calls, period in seconds) become `fixed` limits counted per user with a `match`, and an edit
+//! applies within the reload interval.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
