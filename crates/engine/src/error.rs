@@ -1,6 +1,6 @@
 //! The engine's error type. A denial is not an error (see `Outcome`); these are failures: bad
-//! input, unknown names, a store that cannot be reached or that answered with a failure. Only
-//! the server maps them to HTTP codes. `fails_open` is the one place that says which of them a
+//! input, unknown names, a store that cannot be reached or that answered with a failure. The
+//! server and the tower layer map them to HTTP codes. `fails_open` is the one place that says which of them a
 //! caller that chose availability over its limits may grant through.
 
 use tollgate_core::{CostError, PermitError, PolicyError};

@@ -22,7 +22,8 @@
 //! the Redis process that owns it. Every call reads it; a missing hash or another owner
 //! (restart, flush, failover to a replica that may have missed writes) starts a new generation,
 //! and every counter not written since waits out whatever it may have counted. A slot moved by
-//! resharding keeps its generation. Unreachable Redis: `store_unavailable`, unless `fail_open`
+//! resharding is held too: nothing a script can see tells it from a stale copy after a failover
+//! (`loss.rs`). Unreachable Redis: `store_unavailable`, unless `fail_open`
 //! is set. A Redis that answered with a failure (out of memory, a script error, `READONLY`) is
 //! `StoreFailed` and never failed open: a caller who can fill Redis must not gain by it
 //! (`store_error` tells the two apart).

@@ -1,5 +1,6 @@
 //! The Tollgate server: HTTP API v1 (admin and data plane), Prometheus metrics, health and
-//! readiness, graceful shutdown. The only crate that knows HTTP status codes.
+//! readiness, graceful shutdown. With the tower layer, one of the two crates that map the
+//! engine's errors to HTTP status codes.
 //!
 //! [`run`] wires the parts: a store (memory, or later a shared one, behind `Arc<dyn Store>`),
 //! a [`tollgate::Limiter`] over it, the rules (a SQL table or a limits file) feeding the
