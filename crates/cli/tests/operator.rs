@@ -429,6 +429,15 @@ async fn an_administrator_resets_one_users_usage_and_nobody_elses() {
     .await;
     let lease = call(&admin, Method::DELETE, "/v1/limits/exports/usage", "").await;
     assert_eq!(lease.status, 400, "{}", lease.text());
+    assert_eq!(
+        lease
+            .json
+            .as_ref()
+            .map(|json| json["error"]["field"].clone()),
+        Some("name".into()),
+        "the path names the limit: {}",
+        lease.text()
+    );
     assert!(
         lease.text().contains("concurrency limit"),
         "{}",

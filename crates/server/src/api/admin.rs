@@ -181,7 +181,18 @@ pub(crate) async fn reset(
     let name = limit_name(name)?;
     let Query(query) =
         query.map_err(|rejection| crate::stats::query_error(&rejection.body_text(), "key"))?;
-    let reset = state.limiter().reset(&name, query.key.as_deref()).await?;
+    // The engine names the limit `limit`; here it is the path's `name`.
+    let reset = state
+        .limiter()
+        .reset(&name, query.key.as_deref())
+        .await
+        .map_err(|error| match error {
+            tollgate::Error::InvalidRequest {
+                field: "limit",
+                reason,
+            } => ApiError::bad_field("name", reason),
+            other => other.into(),
+        })?;
     tracing::warn!(limit = %name, key = ?query.key, reset, "usage reset by an administrator");
     Ok(Json(Reset {
         limit: name,
