@@ -211,6 +211,46 @@ async fn a_lease_that_runs_out_while_the_server_is_down_stops_even_a_command_tha
     }
 }
 
+/// The server hangs (stopped, as a frozen process or a partition that drops packets looks):
+/// a renewal gets no answer at all, and the lease must still be counted out at its TTL, not
+/// waited on forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_renewals_go_unanswered_stops_the_command_at_its_ttl() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let server = server_in(directory, "127.0.0.1:0");
+    concurrency_pool(&server, LEASE_TTL_MS).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut child = acquire(&server, work.path(), &[], STOPPABLE);
+    wait_for_file(&work.path().join("started"), &mut child);
+    let pid = server.pid().to_string();
+    let frozen = Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("kill");
+    assert!(frozen.success());
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        exit_within(
+            &mut child,
+            work.path(),
+            Duration::from_millis(LEASE_TTL_MS) + Duration::from_secs(1) + MARGIN,
+            "server frozen",
+        )
+    }));
+    // Thawed either way, so that dropping the server stops it.
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let (status, stderr) = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    assert_eq!(status.code(), Some(79), "{stderr}");
+    assert!(
+        std::fs::read_to_string(work.path().join("stopped")).is_ok_and(|text| text == "stopped\n"),
+        "the command never saw SIGTERM; stderr:\n{stderr}"
+    );
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("the lease on pool was lost at"))
+        .unwrap_or_else(|| panic!("no sentence on the lost lease: {stderr}"));
+    assert!(line.contains("renewals failed"), "{stderr}");
+}
+
 /// `--on-lease-lost keep-running`: the command runs to its own end, and `acquire` still exits
 /// 79 and says the lease was lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

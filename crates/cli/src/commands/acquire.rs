@@ -220,7 +220,10 @@ async fn keep_leases(
             match tokio::time::timeout_at(deadline, client.send(Method::POST, &path, None)).await {
                 Ok(answer) => answer,
                 Err(_) => {
+                    // Unanswered until the lease's end: it is over (asking again now would
+                    // only time out at once, over and over).
                     last_error = "the server did not answer".to_owned();
+                    next = deadline;
                     continue;
                 }
             };
