@@ -76,14 +76,13 @@ pub fn table(stats: &Stats) -> String {
                 }),
                 duration_ms(usage.held_ms),
             ),
-            None if limit.usage_error.is_some() => (
-                "unknown".to_owned(),
-                "-".to_owned(),
-                "-".to_owned(),
-                "-".to_owned(),
-            ),
             None => (
-                "(per key)".to_owned(),
+                if limit.usage_error.is_some() {
+                    "unknown"
+                } else {
+                    "(per key)"
+                }
+                .to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),

@@ -251,9 +251,6 @@ fn cost_error(take: Take<'_>) -> impl FnOnce(tollgate_core::CostError) -> Error 
     }
 }
 
-/// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
-/// `granted_next` says the request is granted right after if this allows it, so the grant will
-/// report what remains and working it out here would be wasted.
 /// `takes` under the policies of `table` (the limits in force, when the store was told them).
 /// A limit the table does not name keeps the policy it was asked under: the store also
 /// decides for callers with limits of their own (Envoy's service asks it directly), and a
@@ -276,6 +273,9 @@ fn in_force_now<'t>(
         .collect()
 }
 
+/// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
+/// `granted_next` says the request is granted right after if this allows it, so the grant will
+/// report what remains and working it out here would be wasted.
 fn check_entry(
     entry: &mut Entry,
     take: Take<'_>,

@@ -36,6 +36,9 @@ use indexmap::IndexMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tollgate_core::Priority;
 
@@ -169,24 +172,25 @@ pub(crate) const SERVED_MAX: usize = 4096;
 
 /// What one counter granted to `normal` (index 0) and `low` (index 1) over its last period,
 /// against each level's share of it.
+/// Times are tokio's `Instant`s: the runtime's own clock (paused in tests), as waiting sleeps.
 #[derive(Debug, Default)]
 struct Served {
-    window_us: u64,
+    window: Duration,
     share_units: [u64; 2],
     /// Grants as (when, units), oldest first; only as many as can still decide "owed".
-    grants: [std::collections::VecDeque<(u64, u64)>; 2],
+    grants: [std::collections::VecDeque<(Instant, u64)>; 2],
 }
 
 impl Served {
-    /// Whether `level` was granted less than its share over the period up to `now_us`.
-    fn owed(&self, level: usize, now_us: u64) -> bool {
+    /// Whether `level` was granted less than its share over the period up to `now`.
+    fn owed(&self, level: usize, now: Instant) -> bool {
         let share = self.share_units[level];
         if share == 0 {
             return false;
         }
         let mut granted = 0;
-        for &(at_us, units) in self.grants[level].iter().rev() {
-            if at_us.saturating_add(self.window_us) <= now_us {
+        for &(at, units) in self.grants[level].iter().rev() {
+            if at + self.window <= now {
                 break;
             }
             granted += units;
@@ -197,18 +201,18 @@ impl Served {
         true
     }
 
-    fn note(&mut self, level: usize, units: u64, now_us: u64) {
+    fn note(&mut self, level: usize, units: u64, now: Instant) {
         if units == 0 {
             return;
         }
         let grants = &mut self.grants[level];
-        grants.push_back((now_us, units));
+        grants.push_back((now, units));
         // What fell out of the period, and what the newer grants already cover, decides
         // nothing any more.
         let mut newer = 0;
         let mut keep = 0;
-        for &(at_us, units) in grants.iter().rev() {
-            if at_us.saturating_add(self.window_us) <= now_us || newer >= self.share_units[level] {
+        for &(at, units) in grants.iter().rev() {
+            if at + self.window <= now || newer >= self.share_units[level] {
                 break;
             }
             newer += units;
@@ -219,13 +223,9 @@ impl Served {
     }
 }
 
-/// The level index of `Served` for `priority`; `high` has no share.
+/// The level index of `Served` for `priority` (its rank less one); `high` has no share.
 fn share_level(priority: Priority) -> Option<usize> {
-    match priority {
-        Priority::High => None,
-        Priority::Normal => Some(0),
-        Priority::Low => Some(1),
-    }
+    usize::from(rank(priority)).checked_sub(1)
 }
 
 /// Who heads `queue` now, and whether as owed: the first waiter of the highest level owed its
@@ -233,11 +233,11 @@ fn share_level(priority: Priority) -> Option<usize> {
 fn head<'q>(
     queue: &'q CounterQueue,
     served: Option<&Served>,
-    now_us: u64,
 ) -> Option<(&'q Order, &'q Entry, bool)> {
     if let Some(served) = served {
-        for (level, priority) in [(0, Priority::Normal), (1, Priority::Low)] {
-            if !served.owed(level, now_us) {
+        let now = Instant::now();
+        for priority in [Priority::Normal, Priority::Low] {
+            if !share_level(priority).is_some_and(|level| served.owed(level, now)) {
                 continue;
             }
             let level_rank = rank(priority);
@@ -268,13 +268,7 @@ impl Queues {
     /// Who heads `key`'s queue now, and whether as owed (see `head`).
     fn head_of(&self, key: &QueueKey) -> Option<(&Order, &Entry, bool)> {
         let queue = self.by_counter.get(key)?;
-        let served = self.served.get(key);
-        let now_us = if served.is_some() {
-            crate::limiter::origin_us()
-        } else {
-            0
-        };
-        head(queue, served, now_us)
+        head(queue, self.served.get(key))
     }
 }
 
@@ -464,7 +458,7 @@ impl WaitQueue {
     }
 
     /// A grant of `units` at `priority` on `counter`, a rate limit whose window is
-    /// `window_us` and whose levels' shares are `share_units` (normal, low): counted towards
+    /// `window` and whose levels' shares are `share_units` (normal, low): counted towards
     /// the level's share. Only with minimum shares on. With `units` 0 (a request about to
     /// wait), the counter's shares are only kept from now on: a level never granted is owed.
     pub(crate) fn note_grant(
@@ -472,22 +466,22 @@ impl WaitQueue {
         counter: CounterId<'_>,
         priority: Priority,
         units: u64,
-        window_us: u64,
+        window: Duration,
         share_units: [u64; 2],
     ) {
         let Some(level) = share_level(priority) else {
             return;
         };
-        let now_us = crate::limiter::origin_us();
+        let now = Instant::now();
         let mut queues = lock(&self.queues);
         let key = queue_key(counter);
         if !queues.served.contains_key(&key) && queues.served.len() >= SERVED_MAX {
             queues.served.shift_remove_index(0);
         }
         let served = queues.served.entry(key).or_default();
-        served.window_us = window_us;
+        served.window = window;
         served.share_units = share_units;
-        served.note(level, units, now_us);
+        served.note(level, units, now);
     }
 
     /// Whether `waiter` was let go: it holds nobody back.

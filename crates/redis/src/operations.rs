@@ -269,12 +269,18 @@ impl RedisStore {
 
     /// The end of `limit`'s pause, read from its own slot (0 for none): for a counter in
     /// another slot, whose call cannot read it.
-    pub(crate) async fn read_pause(&self, limit: &str) -> Result<u64> {
-        let command = redis::cmd("GET").arg(self.keys.limit_pause(limit)).clone();
-        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
+    /// One plain command (no script), within the store's timeout.
+    pub(crate) async fn query(&self, command: &redis::Cmd) -> Result<Value> {
+        tokio::time::timeout(self.config.timeout, self.caller.backend.query(command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(store_error)?;
+            .map_err(store_error)
+    }
+
+    pub(crate) async fn read_pause(&self, limit: &str) -> Result<u64> {
+        let value = self
+            .query(redis::cmd("GET").arg(self.keys.limit_pause(limit)))
+            .await?;
         Ok(match value {
             Value::BulkString(bytes) => std::str::from_utf8(&bytes)
                 .ok()
@@ -405,10 +411,7 @@ impl RedisStore {
         for key in self.keys.counter_keys(slot, take.counter) {
             command.arg(key);
         }
-        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
-            .await
-            .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(store_error)?;
+        let value = self.query(&command).await?;
         Ok(matches!(value, Value::Int(deleted) if deleted > 0))
     }
 

@@ -158,11 +158,9 @@ impl RedisStore {
     /// The generation that guards `counter`, as Redis holds it now: `None` when there is none
     /// (for tests and operators; deciding reads it inside the script).
     pub async fn generation(&self, counter: CounterId<'_>) -> Result<Option<loss::Generation>> {
-        let command = redis::cmd("GET").arg(self.generation_key(counter)).clone();
-        let value = tokio::time::timeout(self.config.timeout, self.caller.backend.query(&command))
-            .await
-            .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(store_error)?;
+        let value = self
+            .query(redis::cmd("GET").arg(self.generation_key(counter)))
+            .await?;
         let Value::BulkString(bytes) = value else {
             return Ok(None);
         };

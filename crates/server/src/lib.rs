@@ -700,6 +700,10 @@ where
     })
 }
 
+/// What a capacity denial's message says of units left but kept by a limit's `reserve`:
+/// the words the commands look for to say the limit is not used up.
+pub const KEPT_FOR_HIGHER_PRIORITY: &str = "kept for higher priority";
+
 /// A duration as people read it, to the second above a minute ("23 h 26 min 15 s",
 /// "1.5 s", "250 ms"), for messages and logs.
 pub fn human_duration(duration: Duration) -> String {

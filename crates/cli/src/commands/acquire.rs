@@ -316,6 +316,6 @@ fn lease_lost(
 fn kept_clause(message: &str) -> Option<&str> {
     let clause = message
         .split("; ")
-        .find(|clause| clause.contains("kept for higher priority"))?;
+        .find(|clause| clause.contains(tollgate_server::KEPT_FOR_HIGHER_PRIORITY))?;
     Some(clause.strip_prefix("not granted: ").unwrap_or(clause))
 }

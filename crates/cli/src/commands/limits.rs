@@ -73,17 +73,11 @@ pub(crate) async fn limits(
                 .await
         }
         LimitsAction::Resume { name, key } => {
-            let mut path = format!("/v1/limits/{}/pause", segment(name));
-            if let Some(key) = key {
-                path.push_str(&format!("?key={}", segment(key)));
-            }
+            let path = keyed_path(name, "pause", key.as_deref());
             client.send(Method::DELETE, &path, None).await
         }
         LimitsAction::Reset { name, key } => {
-            let mut path = format!("/v1/limits/{}/usage", segment(name));
-            if let Some(key) = key {
-                path.push_str(&format!("?key={}", segment(key)));
-            }
+            let path = keyed_path(name, "usage", key.as_deref());
             client.send(Method::DELETE, &path, None).await
         }
     };
@@ -115,6 +109,15 @@ pub(crate) async fn limits(
 pub(crate) async fn check_limits(path: &Path) -> Result<ExitCode> {
     print!("{}", limits_file::check(path).await?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `/v1/limits/{name}/{part}`, with `?key=` for one key of a limit counted per key.
+fn keyed_path(name: &str, part: &str, key: Option<&str>) -> String {
+    let mut path = format!("/v1/limits/{}/{part}", segment(name));
+    if let Some(key) = key {
+        path.push_str(&format!("?key={}", segment(key)));
+    }
+    path
 }
 
 /// `limits apply`: validate the whole file, compare it with the limits in force, show the

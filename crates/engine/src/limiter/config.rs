@@ -1,5 +1,5 @@
-//! How a limiter behaves (`LimiterConfig`, with `Shares`), its bounds and defaults, and why a request that
-//! would have waited was answered at once (`QueueFull`).
+//! How a limiter behaves (`LimiterConfig`, with `Shares`), its bounds and defaults, and why a
+//! request that would have waited was answered at once (`QueueFull`).
 
 use std::time::Duration;
 

@@ -414,7 +414,6 @@ impl Limiter {
                 Step::Ask(asking) => asking,
             };
         let decision = self.ask(&asking, request, A::refundable(request)).await?;
-        self.note_shares(&asking.resolved, request, &decision);
         Ok(A::decided(self, &asking.resolved, request, decision))
     }
 
@@ -436,10 +435,7 @@ impl Limiter {
         let decision = self
             .ask(&asking, request, A::refundable(request))
             .into_ready()?;
-        Some(decision.map(|decision| {
-            self.note_shares(&asking.resolved, request, &decision);
-            A::decided(self, &asking.resolved, request, decision)
-        }))
+        Some(decision.map(|decision| A::decided(self, &asking.resolved, request, decision)))
     }
 
     /// The limiter's part of every decision, written once: the request's limits resolved
@@ -592,7 +588,6 @@ impl Limiter {
                 .is_none()
             {
                 let decision = self.ask_waiting(&asking, request, &mut place).await?;
-                self.note_shares(resolved, request, &decision);
                 match self.outcome(resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         place.granted();
@@ -672,7 +667,6 @@ impl Limiter {
                     self.ask_waiting(&asking, request, &mut place).await?
                 };
                 let hold_max = hold_bound(&asking.resolved);
-                self.note_shares(&asking.resolved, request, &decision);
                 match self.outcome(&asking.resolved, request, decision) {
                     Outcome::Granted(permit) => {
                         place.granted();
@@ -745,7 +739,8 @@ impl Limiter {
     }
 
     /// With minimum shares on, a grant to a level below `high` counts towards its share of
-    /// each rate limit it took (`waiters.rs`).
+    /// each rate limit it took (`waiters.rs`). Every decision reaches its answer through
+    /// `outcome` or `Check`'s `decided`, which call this.
     fn note_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, decision: &Decision) {
         if decision.is_granted() {
             self.keep_shares(resolved, request, request.cost);
@@ -765,7 +760,7 @@ impl Limiter {
                     resolved.counter(index, request.key),
                     request.priority,
                     units,
-                    rate.window_us(),
+                    Duration::from_micros(rate.window_us()),
                     shares.units_of(rate.limit()),
                 );
             }
@@ -800,6 +795,7 @@ impl Limiter {
         request: &Request<'_>,
         decision: Decision,
     ) -> Outcome {
+        self.note_shares(resolved, request, &decision);
         let key = request.key;
         if decision.is_granted() {
             // Sized once: a chain's parts spill from the one held inline, and growing by
@@ -1012,11 +1008,6 @@ impl Limiter {
         self.shared.shutting_down.store(true, Ordering::Release);
         self.shared.waiters.wake_all();
     }
-}
-
-/// Monotonic microseconds since the process-wide origin of queue hints.
-pub(crate) fn origin_us() -> u64 {
-    micros(Instant::now().elapsed_since_origin())
 }
 
 trait ElapsedSinceOrigin {

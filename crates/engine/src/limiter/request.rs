@@ -236,7 +236,13 @@ impl Answer for Check {
         false
     }
 
-    fn decided(_: &Limiter, resolved: &Resolved<'_>, _: &Request<'_>, decision: Decision) -> Check {
+    fn decided(
+        limiter: &Limiter,
+        resolved: &Resolved<'_>,
+        request: &Request<'_>,
+        decision: Decision,
+    ) -> Check {
+        limiter.note_shares(resolved, request, &decision);
         if !decision.is_granted() {
             return Check::Denied(Limiter::denied(resolved, &decision));
         }

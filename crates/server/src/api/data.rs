@@ -74,8 +74,9 @@ pub(crate) fn kept_clause(kept: &tollgate::Kept) -> String {
         (format!("{} units", kept.left), "are")
     };
     format!(
-        "the {units} left of limit {:?} {are} kept for higher priority (its reserve)",
-        kept.limit
+        "the {units} left of limit {:?} {are} {} (its reserve)",
+        kept.limit,
+        crate::KEPT_FOR_HIGHER_PRIORITY
     )
 }
 
