@@ -166,8 +166,8 @@ struct Queues {
 }
 
 /// Counters whose grants to the levels below `high` are remembered at most; past it the one
-/// noted least recently is forgotten, which can owe its levels one more share, never a grant
-/// past a limit.
+/// kept longest is forgotten, which can owe its levels one more share, never a grant past a
+/// limit.
 pub(crate) const SERVED_MAX: usize = 4096;
 
 /// What one counter granted to `normal` (index 0) and `low` (index 1) over its last period,
@@ -723,5 +723,41 @@ impl Drop for StorePlace {
             // A place that cannot be given up (the store is down) lapses on its own.
             let _ = store.leave_queue(&ids, id).await;
         });
+    }
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+
+    /// The counters whose shares are kept are bounded, whatever the keys callers bring: past
+    /// `SERVED_MAX` the one kept longest goes.
+    #[test]
+    fn the_shares_kept_are_bounded_by_served_max() {
+        let queue = WaitQueue::default();
+        for key in 0..SERVED_MAX + 100 {
+            let key = key.to_string();
+            queue.note_grant(
+                CounterId {
+                    limit: "per-user",
+                    key: Some(&key),
+                },
+                Priority::Low,
+                1,
+                Duration::from_secs(60),
+                [0, 1],
+            );
+        }
+        let queues = lock(&queue.queues);
+        assert_eq!(queues.served.len(), SERVED_MAX);
+        assert!(
+            !queues
+                .served
+                .contains_key(&("per-user".into(), Some("0".into())))
+        );
+        assert!(queues.served.contains_key(&(
+            "per-user".into(),
+            Some((SERVED_MAX + 99).to_string().into())
+        )));
     }
 }
