@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn};
+use tollgate::store::{Ask, Decision, Forward, Store, StoreFuture};
 use tollgate::{
-    Algorithm, Check, Committed, DenyReason, Error, Limit, LimitTable, Limiter, LimiterConfig,
-    Outcome, PermitError, PermitSecret, Policy, Priority, Request, Reserve,
+    Algorithm, Check, DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError,
+    PermitSecret, Policy, Priority, Request, Reserve,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,
@@ -479,62 +479,22 @@ impl Watched {
     }
 }
 
-impl Store for Watched {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+/// Counts denials while a request waits; everything else is the inner store's.
+impl Forward for Watched {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         StoreFuture::boxed(async move {
             let queued = self.queued();
-            let decision = self
-                .inner
-                .acquire(takes, cost, priority, refundable)
-                .await?;
+            let decision = self.inner.acquire(ask).await?;
             if queued > 0 && !decision.is_granted() {
                 self.denied_while_queued
                     .fetch_add(1, AtomicOrdering::SeqCst);
             }
             Ok(decision)
         })
-    }
-
-    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        self.inner.commit(take, seq, used)
-    }
-
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        self.inner.renew(take, fence)
-    }
-
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        self.inner.pause(take, duration_us)
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.resume(take)
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.reset(take)
-    }
-
-    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
-        self.inner.usage(take)
-    }
-
-    fn set_limits(&self, limits: &LimitTable) {
-        self.inner.set_limits(limits);
-    }
-
-    fn on_wake(&self, wake: WakeFn) {
-        self.inner.on_wake(wake);
-    }
-
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        self.inner.ping()
     }
 }
 

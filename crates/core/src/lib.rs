@@ -22,6 +22,7 @@
 
 mod counter;
 mod policy;
+mod stops;
 
 pub use counter::{
     Committed, CostError, Counter, CounterWordsError, Denial, DenyReason, GcraStep, Grant,
@@ -31,3 +32,4 @@ pub use policy::{
     Algorithm, Concurrency, Kind, Policy, PolicyError, Priority, Rate, Reserve, SPAN_US_MAX,
     SPAN_US_MIN, UNITS_MAX,
 };
+pub use stops::Around;

@@ -154,9 +154,13 @@ fn grant(limiter: &Limiter, request: &Request<'_>) {
 /// the wait queue, building the permit): the same grant, asked of the store directly.
 fn store_grant(limiter: &Limiter, counter: CounterId<'_>, policy: &Policy) {
     let takes = [Take { counter, policy }];
-    let decision = now_or_never(limiter.store().acquire(&takes, 1, Priority::Normal, true))
-        .expect("the memory store answers at once")
-        .expect("a valid request");
+    let decision = now_or_never(
+        limiter
+            .store()
+            .acquire(tollgate::store::Ask::new(&takes, 1, Priority::Normal).refundable(true)),
+    )
+    .expect("the memory store answers at once")
+    .expect("a valid request");
     assert!(decision.is_granted(), "a limit this large never denies");
     drop(black_box(decision));
 }

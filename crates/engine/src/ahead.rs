@@ -23,7 +23,7 @@
 //! budget. That request's answer is a pending future, resolved once a batch lands (or failed
 //! with `StoreFailed` when the state database cannot take it, or takes longer than
 //! `AHEAD_WAIT_MAX`): never a denial the limit did not make. Once its record lands it is decided
-//! under the limits in force then (the store keeps the last table `set_limits` told it), not
+//! under the limits in force then (the store keeps the last table `News::Limits` told it), not
 //! those it was asked under: a limit lowered meanwhile does not grant under its old policy.
 //! Concurrency counters have no budget: a renewal moves a lease without a grant, so a store
 //! holds leases back after a crash instead, for one lease TTL.

@@ -43,7 +43,7 @@ const SEIZED: u64 = 1 << 63;
 
 /// One GCRA counter, decided without the store's lock (see the module docs).
 #[derive(Debug)]
-pub(crate) struct HotCounter {
+pub struct HotCounter {
     word: OwnLine<AtomicU64>,
     clock: Arc<dyn Clock>,
     /// The end of the store's latest limit-wide pause: no decision here before it.

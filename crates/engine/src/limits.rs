@@ -95,7 +95,7 @@ impl Limit {
 
     /// At most `keys_max` keys of this limit counted at once, in place of the store's
     /// per-limit budget (a store that bounds keys per limit reads it through
-    /// `Store::set_limits`). Meaningful for a limit counted per key; at least 1.
+    /// `News::Limits`). Meaningful for a limit counted per key; at least 1.
     pub fn with_keys_max(mut self, keys_max: Option<u64>) -> Result<Limit> {
         if keys_max == Some(0) {
             return Err(Error::invalid("keys_max", "must be at least 1"));

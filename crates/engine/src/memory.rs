@@ -23,14 +23,13 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
 use smallvec::SmallVec;
-use tollgate_core::{
-    Committed, Counter, DenyReason, GcraStep, Grant, Policy, Priority, gcra_admit,
-};
+use tollgate_core::{Around, Committed, Counter, GcraStep, Grant, Policy, Priority, gcra_admit};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
+    Adjust, Adjusted, Ask, CounterId, CounterOutcome, Decision, InProcess, News, Offers, Renewed,
+    Store, StoreFuture, Take, Usage, WakeFn,
 };
 use std::sync::Arc;
 
@@ -157,7 +156,7 @@ impl KeyTally {
     }
 }
 
-/// Each limit's budget of keys, and the limits in force as last told (`Store::set_limits`).
+/// Each limit's budget of keys, and the limits in force as last told (`News::Limits`).
 #[derive(Debug, Default)]
 struct Budgets {
     /// Every limit's tally, kept for the store's life (limit names are bounded by what is
@@ -273,14 +272,14 @@ fn in_force_now<'t>(
         .collect()
 }
 
-/// Check one counter of a request; `limit_pause_until` is the limit-wide pause, if any.
+/// Check one counter of a request, with what the store knows `around` it (the core decides).
 /// `granted_next` says the request is granted right after if this allows it, so the grant will
 /// report what remains and working it out here would be wasted.
 fn check_entry(
     entry: &mut Entry,
     take: Take<'_>,
     asked: Asked,
-    limit_pause_until: u64,
+    around: Around,
     granted_next: bool,
 ) -> Result<CounterOutcome> {
     let Asked {
@@ -290,26 +289,10 @@ fn check_entry(
     } = asked;
     let check = entry
         .counter
-        .check(take.policy, now, cost, priority)
+        .check_around(take.policy, now, cost, priority, around)
         .map_err(cost_error(take))?;
     Ok(match check {
-        Some(mut denial) => {
-            if limit_pause_until > now {
-                denial.retry_after_us = denial.retry_after_us.max(limit_pause_until - now);
-                denial.reason = DenyReason::Paused;
-                denial.left = 0;
-            }
-            CounterOutcome::Denied(denial)
-        }
-        None if limit_pause_until > now => {
-            let (remaining, _) = entry.counter.status(take.policy, now, priority);
-            CounterOutcome::Denied(tollgate_core::Denial {
-                retry_after_us: limit_pause_until - now,
-                remaining,
-                reason: DenyReason::Paused,
-                left: 0,
-            })
-        }
+        Some(denial) => CounterOutcome::Denied(denial),
         None => {
             let remaining = if granted_next {
                 0
@@ -497,7 +480,7 @@ pub struct MemoryStore {
     wake: WakeHandlers,
     /// The write-ahead of budgets to a state database, when on (`with_write_ahead`).
     ahead: Option<Ahead>,
-    /// The limits in force as last told (`set_limits`), kept with write-ahead on: a request
+    /// The limits in force as last told (`News::Limits`), kept with write-ahead on: a request
     /// that waited for a record is decided under them, not under those it was asked under.
     in_force: Mutex<Option<Arc<LimitTable>>>,
 }
@@ -596,25 +579,11 @@ impl MemoryStore {
             .filter(|&end| now < end)
     }
 
-    /// A denial for a pause, told apart: `Recovering` when what keeps the counter waiting is
-    /// this store's hold after a loss of state, not a pause someone asked for.
-    fn labelled(
-        &self,
-        take: Take<'_>,
-        counter: &Counter,
-        now: u64,
-        outcome: CounterOutcome,
-    ) -> CounterOutcome {
-        match outcome {
-            CounterOutcome::Denied(mut denial)
-                if denial.reason == DenyReason::Paused
-                    && self.hold_end(take.counter.limit, now) == Some(counter.paused_until())
-                    && now.saturating_add(denial.retry_after_us) <= counter.paused_until() =>
-            {
-                denial.reason = DenyReason::Recovering;
-                CounterOutcome::Denied(denial)
-            }
-            other => other,
+    /// What this store knows of `limit` beyond a counter at `now` (`tollgate_core::Around`).
+    fn around(&self, limit: &str, now: u64) -> Around {
+        Around {
+            limit_paused_until: self.limit_paused_until(limit, now),
+            held_until: self.hold_end(limit, now),
         }
     }
 
@@ -1105,7 +1074,7 @@ impl MemoryStore {
         let mut all_allowed = true;
         let mut index_of_take = [0usize; COUNTERS_PER_REQUEST_MAX];
         for (position, take) in takes.iter().enumerate() {
-            let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+            let around = self.around(take.counter.limit, now);
             let shard = &mut guards[guard_of_take[position]];
             let hash = located[position].hash;
             // At the cap, no sweep of a shard this request holds: its own new counters are
@@ -1116,8 +1085,7 @@ impl MemoryStore {
             // The last counter, when every one allows the request, is granted next, and the
             // grant reports what remains.
             let granted_next = all_allowed && position + 1 == count;
-            let outcome = check_entry(entry, *take, asked, limit_pause_until, granted_next)?;
-            let outcome = self.labelled(*take, &entry.counter, now, outcome);
+            let outcome = check_entry(entry, *take, asked, around, granted_next)?;
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
@@ -1205,8 +1173,11 @@ impl MemoryStore {
                 })
             }
             None => {
-                let checked = check_entry(entry, take, asked, limit_pause_until, true)?;
-                match self.labelled(take, &entry.counter, now, checked) {
+                let around = Around {
+                    limit_paused_until: limit_pause_until,
+                    held_until: self.hold_end(take.counter.limit, now),
+                };
+                match check_entry(entry, take, asked, around, true)? {
                     CounterOutcome::Allowed { .. } => match &mut shard.ahead {
                         Some(ahead) if !take.policy.is_concurrency() => {
                             let id = || OwnedCounterId::new(take.counter);
@@ -1566,18 +1537,33 @@ fn decided(attempt: Result<Option<Decision>>) -> Result<Decision> {
     }
 }
 
-impl Store for MemoryStore {
-    fn memory_store(&self) -> Option<&MemoryStore> {
-        Some(self)
+impl InProcess for MemoryStore {
+    fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
+        MemoryStore::hot_counter(self, take)
     }
 
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+    fn grant_tracked(&self, take: Take<'_>, cost: u64, priority: Priority) -> Option<GcraStep> {
+        MemoryStore::grant_tracked(self, take, cost, priority)
+    }
+}
+
+impl Store for MemoryStore {
+    fn offers(&self) -> Offers<'_> {
+        Offers {
+            queue: None,
+            in_process: Some(self),
+        }
+    }
+
+    /// The waiter is not needed: every waiter on this store is in this process's queue.
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        let Ask {
+            takes,
+            cost,
+            priority,
+            refundable,
+            waiter: _,
+        } = ask;
         let Some(ahead) = &self.ahead else {
             return StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable));
         };
@@ -1635,29 +1621,57 @@ impl Store for MemoryStore {
         ))
     }
 
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        StoreFuture::ready(self.pause_now(take, duration_us))
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        StoreFuture::ready(self.with_existing(
-            take,
-            || Ok(false),
-            |counter, _| {
-                counter.forget();
-                Ok(true)
-            },
-        ))
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        StoreFuture::ready(self.resume_now(take))
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        StoreFuture::ready(match adjust {
+            Adjust::Pause { for_us } => {
+                self.pause_now(take, for_us).map(|paused_for_us| Adjusted {
+                    changed: true,
+                    paused_for_us,
+                })
+            }
+            Adjust::Resume => self.resume_now(take).map(|changed| Adjusted {
+                changed,
+                paused_for_us: 0,
+            }),
+            Adjust::Reset => self
+                .with_existing(
+                    take,
+                    || Ok(false),
+                    |counter, _| {
+                        counter.forget();
+                        Ok(true)
+                    },
+                )
+                .map(|changed| Adjusted {
+                    changed,
+                    paused_for_us: 0,
+                }),
+        })
     }
 
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         StoreFuture::ready(self.usage_now(take))
     }
 
+    fn tell(&self, news: News<'_>) {
+        match news {
+            News::Limits(limits) => self.set_limits(limits),
+            News::Wake(wake) => lock(&self.wake.0).push(wake),
+        }
+    }
+
+    /// With write-ahead on, a store whose last batch of records failed is failing: requests
+    /// that need a record are refused until one lands.
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(match self.ahead.as_ref().and_then(Ahead::failure) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        })
+    }
+}
+
+impl MemoryStore {
+    /// The limits in force, as the limiter tells them (`News::Limits`).
     fn set_limits(&self, limits: &LimitTable) {
         if self.ahead.is_some() {
             *lock(&self.in_force) = Some(Arc::new(limits.clone()));
@@ -1691,18 +1705,5 @@ impl Store for MemoryStore {
         for limit in &gone {
             self.lift_all_pauses(limit);
         }
-    }
-
-    fn on_wake(&self, wake: WakeFn) {
-        lock(&self.wake.0).push(wake);
-    }
-
-    /// With write-ahead on, a store whose last batch of records failed is failing: requests
-    /// that need a record are refused until one lands.
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(match self.ahead.as_ref().and_then(Ahead::failure) {
-            Some(error) => Err(error),
-            None => Ok(()),
-        })
     }
 }

@@ -11,12 +11,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
-use tollgate_core::{Committed, Denial, Grant, Policy, Priority};
+use tollgate_core::{Committed, Denial, GcraStep, Grant, Policy, Priority};
 
 use crate::error::Result;
+use crate::hot::HotCounter;
 use crate::limits::LimitTable;
-use crate::memory::MemoryStore;
 
 /// One counter: a limit, and the key for limits counted `per` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,55 +223,144 @@ impl WaiterId {
 /// Called with a counter on which capacity came back.
 pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
+/// One request to a store: check every take, and grant `cost` on all of them only if all allow
+/// it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    pub takes: &'a [Take<'a>],
+    pub cost: u64,
+    pub priority: Priority,
+    /// Record the rate reservations, so that `commit` can refund what was not used; a request
+    /// that will never be committed for a refund says `false`, and its units count the same.
+    pub refundable: bool,
+    /// A request that waits (`Limiter::acquire` with a wait) asks again as this waiter: a store
+    /// that keeps a queue across processes (`Offers::queue`) keeps its place, so that a lower
+    /// priority elsewhere leaves it the units it waits for. Other stores ignore it.
+    pub waiter: Option<WaiterId>,
+}
+
+impl<'a> Ask<'a> {
+    /// `cost` on every take, at `priority`, not refundable and not waiting.
+    pub fn new(takes: &'a [Take<'a>], cost: u64, priority: Priority) -> Ask<'a> {
+        Ask {
+            takes,
+            cost,
+            priority,
+            refundable: false,
+            waiter: None,
+        }
+    }
+
+    pub fn refundable(self, refundable: bool) -> Ask<'a> {
+        Ask { refundable, ..self }
+    }
+
+    pub fn waiter(self, waiter: WaiterId) -> Ask<'a> {
+        Ask {
+            waiter: Some(waiter),
+            ..self
+        }
+    }
+}
+
+/// An administrator's or a vendor's change to one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adjust {
+    /// Grant nothing on this counter for this long from the store's now; with no key on a limit
+    /// counted per key, on every key of the limit. Pauses only extend.
+    Pause { for_us: u64 },
+    /// Lift the pause on this counter; with no key, the limit-wide pause (a limit counted per
+    /// key keeps its keys' own pauses: lift each by its key). A hold after a loss of state is
+    /// not a pause and stays.
+    Resume,
+    /// Forget what this rate counter counts (`Counter::forget`: its usage, its open
+    /// reservations, its own pause), in every process sharing the store: a reset after a
+    /// mistaken lockout. A hold after a loss of state stays.
+    Reset,
+}
+
+/// What an `Adjust` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Adjusted {
+    /// A pause: always; a resume: whether a pause was on; a reset: whether the store held the
+    /// counter.
+    pub changed: bool,
+    /// After a pause, the time until it ends; otherwise 0.
+    pub paused_for_us: u64,
+}
+
+/// What the limiter tells its store.
+#[derive(Clone)]
+pub enum News<'a> {
+    /// The limits in force, after every change. A store that bounds keys per limit reads each
+    /// limit's budget here (`Limit::keys_max`), and a limit that is gone or changed kind loses
+    /// its pauses, so that a limit made again under an old name starts unpaused. Limits decided
+    /// on the store outside a limiter (Envoy's counters) are never named, and get the store's
+    /// own budget.
+    Limits(&'a LimitTable),
+    /// The limiter's wake-up: a store shared between processes calls it when another process
+    /// gave capacity back on a counter (a refund, a release), so that waiters here ask again at
+    /// once instead of sleeping out their retry hint. The in-process store calls it on its own
+    /// refunds and releases.
+    Wake(WakeFn),
+}
+
+impl fmt::Debug for News<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            News::Limits(limits) => f.debug_tuple("Limits").field(limits).finish(),
+            News::Wake(_) => f.write_str("Wake"),
+        }
+    }
+}
+
+/// A queue of waiting requests that a store keeps across processes.
+pub trait Queue: Send + Sync {
+    /// How often a waiter must ask again to keep its place: it stops counting three times this
+    /// after its last ask.
+    fn renewal(&self) -> Duration;
+
+    /// A waiting request gives up (its deadline passed, it was cancelled): its place goes at
+    /// once, and whoever it held back may be woken.
+    fn leave<'a>(&'a self, counters: &'a [CounterId<'a>], waiter: WaiterId) -> StoreFuture<'a, ()>;
+}
+
+/// Decisions a store makes on the calling thread, with no lock a decision elsewhere could hold
+/// for long: the limiter's synchronous ways in (a `LimitHandle` on a hot path). Only a store
+/// that keeps its counters in this process offers them.
+pub trait InProcess: Send + Sync {
+    /// The word an unkeyed GCRA counter is decided on by a handle alone; `None` when this
+    /// counter cannot be (another algorithm, a full store).
+    fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>>;
+
+    /// Grant `cost` on a keyed counter the store tracks by itself, when the counter needs
+    /// nothing but its GCRA backlog; `None` sends the caller the store's full way.
+    fn grant_tracked(&self, take: Take<'_>, cost: u64, priority: Priority) -> Option<GcraStep>;
+}
+
+/// What a store offers beyond the decisions every store makes.
+#[derive(Clone, Copy, Default)]
+pub struct Offers<'a> {
+    pub queue: Option<&'a dyn Queue>,
+    pub in_process: Option<&'a dyn InProcess>,
+}
+
+impl fmt::Debug for Offers<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Offers")
+            .field("queue", &self.queue.is_some())
+            .field("in_process", &self.in_process.is_some())
+            .finish()
+    }
+}
+
 /// Where counters live. Every method is one atomic step on the store's side, on the store's
 /// clock. A store written anywhere implements all of it and can prove itself with
-/// `tollgate_conformance::conformance_tests!`.
+/// `tollgate_conformance::conformance_tests!`; a store that wraps another implements `Forward`
+/// instead, and writes only what it changes.
 pub trait Store: Any + Send + Sync + fmt::Debug {
-    /// Check every take, and grant `cost` on all of them only if all allow it. `refundable`:
-    /// record the rate reservations, so that `commit` can refund what was not used; a request
-    /// that will never be committed for a refund says `false`, and its units count the same.
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision>;
-
-    /// `acquire` for a request that waits (`Limiter::acquire` with a wait), asking again as
-    /// `waiter`: a store shared between processes may keep the request's place in a queue
-    /// of its own, so that a lower priority elsewhere leaves it the units it waits for (until
-    /// it is granted, `leave_queue`, or stops asking for `queue_renewal` times three). A store
-    /// that keeps no such queue answers as `acquire` does.
-    fn acquire_waiting<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, Decision> {
-        let _ = waiter;
-        self.acquire(takes, cost, priority, refundable)
-    }
-
-    /// A waiting request gives up (its deadline passed, it was cancelled): its place in the
-    /// store's queue, if it has one, goes at once, and whoever it held back may be woken.
-    fn leave_queue<'a>(
-        &'a self,
-        counters: &'a [CounterId<'a>],
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, ()> {
-        let _ = (counters, waiter);
-        StoreFuture::ready(Ok(()))
-    }
-
-    /// How often a request that waits must ask again to keep its place in the store's queue
-    /// (it stops counting three times this after its last ask); `None` for a store that keeps
-    /// no queue.
-    fn queue_renewal(&self) -> Option<Duration> {
-        None
-    }
+    /// Check every take of `ask`, and grant its cost on all of them only if all allow it.
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision>;
 
     /// Commit a reservation (refund `cost - used`) or release a lease.
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed>;
@@ -277,55 +368,99 @@ pub trait Store: Any + Send + Sync + fmt::Debug {
     /// Extend a lease by its policy's TTL from the store's now.
     fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed>;
 
-    /// Grant nothing on this counter for `duration_us` from the store's now; with no key on a
-    /// limit counted per key, on every key of the limit. Pauses only extend. Returns the time
-    /// until the pause ends.
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64>;
-
-    /// Lift the pause on this counter; with no key, the limit-wide pause (a limit counted per
-    /// key keeps its keys' own pauses: lift each by its key). A hold after a loss of state is
-    /// not a pause and stays. Returns whether a pause was on.
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool>;
+    /// Pause, resume or reset one counter.
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted>;
 
     /// What the counter holds now, changing nothing it counts.
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage>;
 
-    /// Forget what this rate counter counts (`Counter::forget`: its usage, its open
-    /// reservations, its own pause), in every process sharing the store: an administrator's
-    /// reset after a mistaken lockout. A hold after a loss of state stays. Returns whether the
-    /// store held the counter.
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool>;
-
-    /// The limits in force, told by the limiter after every change. A store that bounds keys
-    /// per limit reads each limit's budget here (`Limit::keys_max`), and a limit that is gone
-    /// or changed kind loses its pauses, so that a limit made again under an old name starts
-    /// unpaused. Limits decided on the store outside a limiter (Envoy's counters) are never
-    /// named, and get the store's own budget.
-    fn set_limits(&self, limits: &LimitTable) {
-        let _ = limits;
+    /// Take in what the limiter tells (`News`). A store that needs none of it ignores it.
+    fn tell(&self, news: News<'_>) {
+        let _ = news;
     }
 
-    /// Register the limiter's wake-up: a store shared between processes calls it when another
-    /// process gave capacity back on a counter (a refund, a release), so that waiters here ask
-    /// again at once instead of sleeping out their retry hint. In-process stores need not: the
-    /// limiter sees their refunds and releases itself.
-    fn on_wake(&self, wake: WakeFn) {
-        let _ = wake;
-    }
-
-    /// The memory store that decides for this store, if one does: the limiter's synchronous ways
-    /// in (a `LimitHandle` deciding on a counter's word) are the memory store's own. The memory
-    /// store answers itself. A wrapper that changes nothing a decision depends on (one that
-    /// meters or logs) forwards its inner store's answer, and keeps those ways; a wrapper that
-    /// decides differently (one that leases blocks of units) must not, and keeps the default:
-    /// `None`, every decision through `acquire`.
-    fn memory_store(&self) -> Option<&MemoryStore> {
-        None
+    /// What the store offers beyond decisions: none by default.
+    fn offers(&self) -> Offers<'_> {
+        Offers::default()
     }
 
     /// Whether the store answers: one round trip for a remote store (readiness checks), nothing
     /// for an in-process one.
     fn ping(&self) -> StoreFuture<'_, ()> {
         StoreFuture::ready(Ok(()))
+    }
+}
+
+/// A store that wraps another: every method forwards to `inner` unless the wrapper writes it, so
+/// a wrapper writes only what it changes and cannot drop a capability by forgetting a method.
+/// A wrapper that decides differently from its inner store (one that leases blocks of units)
+/// must write `offers`, and keep no `in_process` way, which would decide without it.
+pub trait Forward: Any + Send + Sync + fmt::Debug {
+    fn inner(&self) -> &dyn Store;
+
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        self.inner().acquire(ask)
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        self.inner().commit(take, seq, used)
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        self.inner().renew(take, fence)
+    }
+
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        self.inner().adjust(take, adjust)
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        self.inner().usage(take)
+    }
+
+    fn tell(&self, news: News<'_>) {
+        self.inner().tell(news);
+    }
+
+    fn offers(&self) -> Offers<'_> {
+        self.inner().offers()
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        self.inner().ping()
+    }
+}
+
+impl<F: Forward> Store for F {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        Forward::acquire(self, ask)
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        Forward::commit(self, take, seq, used)
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        Forward::renew(self, take, fence)
+    }
+
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        Forward::adjust(self, take, adjust)
+    }
+
+    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
+        Forward::usage(self, take)
+    }
+
+    fn tell(&self, news: News<'_>) {
+        Forward::tell(self, news);
+    }
+
+    fn offers(&self) -> Offers<'_> {
+        Forward::offers(self)
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Forward::ping(self)
     }
 }

@@ -644,7 +644,7 @@ impl Drop for Waiter<'_> {
 }
 
 /// A waiting request's place in the store's own queue (a store shared between processes may
-/// keep one, `Store::acquire_waiting`): the counters it last asked for, and whether the store
+/// keep one, `Offers::queue`): the counters it last asked for, and whether the store
 /// may hold a place for it. Dropped without a grant (the deadline passed, the caller went
 /// away), it gives the place up in a task of its own, so a cancelled request holds nothing in
 /// the store either; with no runtime to run that task, the place lapses on its own.
@@ -669,7 +669,7 @@ impl StorePlace {
 
     /// About to ask for `takes`: a denial may leave a place on each.
     pub(crate) fn stand(&mut self, takes: &[crate::store::Take<'_>]) {
-        if self.store.queue_renewal().is_none() {
+        if self.store.offers().queue.is_none() {
             return;
         }
         let same = self.counters.as_ref().is_some_and(|counters| {
@@ -721,7 +721,9 @@ impl Drop for StorePlace {
                 })
                 .collect();
             // A place that cannot be given up (the store is down) lapses on its own.
-            let _ = store.leave_queue(&ids, id).await;
+            if let Some(queue) = store.offers().queue {
+                let _ = queue.leave(&ids, id).await;
+            }
         });
     }
 }

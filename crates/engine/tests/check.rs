@@ -522,7 +522,8 @@ fn a_decision_under_a_policy_just_replaced_cannot_open_the_new_one_s_hot_word() 
         },
         policy: &fast,
     }];
-    let straggler = now(store.acquire(&takes, 1, Priority::Normal, false)).expect("answers");
+    let straggler = now(store.acquire(tollgate::store::Ask::new(&takes, 1, Priority::Normal)))
+        .expect("answers");
     assert!(!straggler.is_granted());
     assert!(
         !now(after.check(None, 1, Priority::Normal))

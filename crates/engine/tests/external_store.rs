@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tollgate::core::{Counter, Denial};
 use tollgate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, Usage, WakeFn,
+    Adjust, Adjusted, Ask, CounterId, CounterOutcome, Decision, News, Renewed, Store, StoreFuture,
+    Take, Usage, WakeFn,
 };
 use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, LimitTable, MonotonicClock,
@@ -330,34 +331,8 @@ impl ExternalStore {
     }
 }
 
-impl Store for ExternalStore {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable))
-    }
-
-    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        StoreFuture::ready(self.commit_now(take, seq, used))
-    }
-
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        StoreFuture::ready(self.renew_now(take, fence))
-    }
-
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        StoreFuture::ready(self.pause_now(take, duration_us))
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        StoreFuture::ready(Ok(self.resume_now(take)))
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
+impl ExternalStore {
+    fn reset_now(&self, take: Take<'_>) -> bool {
         let mut state = lock(&self.state);
         let id: Id = (
             take.counter.limit.to_owned(),
@@ -367,7 +342,7 @@ impl Store for ExternalStore {
             .counters
             .get_mut(&id)
             .map(|entry| entry.counter.forget());
-        StoreFuture::ready(Ok(held.is_some()))
+        held.is_some()
     }
 
     fn set_limits(&self, limits: &LimitTable) {
@@ -395,13 +370,49 @@ impl Store for ExternalStore {
         }
         *known = next;
     }
+}
+
+impl Store for ExternalStore {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        StoreFuture::ready(self.acquire_now(ask.takes, ask.cost, ask.priority, ask.refundable))
+    }
+
+    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
+        StoreFuture::ready(self.commit_now(take, seq, used))
+    }
+
+    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
+        StoreFuture::ready(self.renew_now(take, fence))
+    }
+
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        StoreFuture::ready(match adjust {
+            Adjust::Pause { for_us } => {
+                self.pause_now(take, for_us).map(|paused_for_us| Adjusted {
+                    changed: true,
+                    paused_for_us,
+                })
+            }
+            Adjust::Resume => Ok(Adjusted {
+                changed: self.resume_now(take),
+                paused_for_us: 0,
+            }),
+            Adjust::Reset => Ok(Adjusted {
+                changed: self.reset_now(take),
+                paused_for_us: 0,
+            }),
+        })
+    }
 
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         StoreFuture::ready(Ok(self.usage_now(take)))
     }
 
-    fn on_wake(&self, wake: WakeFn) {
-        lock(&self.wake).push(wake);
+    fn tell(&self, news: News<'_>) {
+        match news {
+            News::Limits(limits) => self.set_limits(limits),
+            News::Wake(wake) => lock(&self.wake).push(wake),
+        }
     }
 }
 
@@ -444,16 +455,10 @@ fn forgotten_counters_answer_as_the_trait_says() {
         other => panic!("expected one grant, got {other:?}"),
     };
     let reservation = seq(ready(store.acquire(
-        &[take("rate", &rate)],
-        1,
-        Priority::Normal,
-        true,
+        Ask::new(&[take("rate", &rate)], 1, Priority::Normal).refundable(true),
     )));
     let fence = seq(ready(store.acquire(
-        &[take("pool", &lease)],
-        1,
-        Priority::Normal,
-        true,
+        Ask::new(&[take("pool", &lease)], 1, Priority::Normal).refundable(true),
     )));
 
     // Past the period and the lease's TTL both counters are idle; new keys make the sweep due.
@@ -467,7 +472,7 @@ fn forgotten_counters_answer_as_the_trait_says() {
             },
             policy: &rate,
         };
-        assert!(ready(store.acquire(&[keyed], 1, Priority::Normal, false)).is_granted());
+        assert!(ready(store.acquire(Ask::new(&[keyed], 1, Priority::Normal))).is_granted());
     }
     let tracked = lock(&store.state).counters.len();
     assert!(

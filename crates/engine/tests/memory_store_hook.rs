@@ -1,4 +1,4 @@
-//! The limiter finds the memory store's synchronous ways through `Store::memory_store`, which a
+//! The limiter finds the memory store's synchronous ways through `Store::offers`, which a
 //! wrapper forwards or not: a wrapper that forwards (as the server's metering does) keeps a
 //! `LimitHandle`'s grants on the counter's word, off the store's `acquire`; one that does not
 //! sends every decision through `acquire`. Both decide alike.
@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take, Usage};
+use tollgate::store::{Ask, Decision, Forward, Offers, Store, StoreFuture};
 use tollgate::{
-    Algorithm, Check, Committed, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
+    Algorithm, Check, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
     MonotonicClock, Policy, Priority, Reserve,
 };
 
@@ -20,52 +20,26 @@ struct Counting {
     acquires: AtomicU64,
 }
 
-impl Store for Counting {
-    fn memory_store(&self) -> Option<&MemoryStore> {
+impl Forward for Counting {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    fn offers(&self) -> Offers<'_> {
+        let inner = self.inner.offers();
         if self.forwards {
-            self.inner.memory_store()
+            inner
         } else {
-            None
+            Offers {
+                in_process: None,
+                ..inner
+            }
         }
     }
 
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(takes, cost, priority, refundable)
-    }
-
-    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        self.inner.commit(take, seq, used)
-    }
-
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        self.inner.renew(take, fence)
-    }
-
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        self.inner.pause(take, duration_us)
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.resume(take)
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.reset(take)
-    }
-
-    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
-        self.inner.usage(take)
-    }
-
-    fn set_limits(&self, limits: &tollgate::LimitTable) {
-        self.inner.set_limits(limits);
+        self.inner.acquire(ask)
     }
 }
 

@@ -10,7 +10,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use tollgate::store::{CounterId, Store, Take};
+use tollgate::store::{Ask, CounterId, Store, Take};
 use tollgate::{
     AheadBatch, Algorithm, Error, Limit, Limiter, LimiterConfig, ManualClock, MemorySnapshot,
     MemoryStore, MemoryStoreConfig, Outcome, Policy, Priority, Request, Reserve, SavedCounter,
@@ -322,7 +322,7 @@ fn without_write_ahead_nothing_is_recorded_or_waited_for() {
         policy: &policy,
     }];
     let answer = store
-        .acquire(&takes, 1, Priority::Normal, false)
+        .acquire(Ask::new(&takes, 1, Priority::Normal))
         .into_ready()
         .expect("answered at once");
     assert!(answer.expect("decided").is_granted());

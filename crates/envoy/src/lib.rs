@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tokio::sync::watch;
-use tollgate::store::{CounterId, CounterOutcome, Store, Take};
+use tollgate::store::{Ask, CounterId, CounterOutcome, Store, Take};
 use tollgate::{COUNTERS_PER_REQUEST_MAX, Priority};
 use tonic::{Request, Response, Status};
 
@@ -431,7 +431,7 @@ impl EnvoyService {
         if !takes.is_empty() && !refused {
             match self
                 .store
-                .acquire(&takes, hits, Priority::Normal, false)
+                .acquire(Ask::new(&takes, hits, Priority::Normal))
                 .await
             {
                 Ok(decision) => {
@@ -535,7 +535,7 @@ impl EnvoyService {
         let remaining = if allowed {
             match self
                 .store
-                .acquire(&[take], hits, Priority::Normal, false)
+                .acquire(Ask::new(&[take], hits, Priority::Normal))
                 .await
             {
                 Ok(decision) => match decision.outcomes().first() {

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::Result;
 use tollgate::store::{
-    CounterId, CounterOutcome, Decision, Renewed, Store, StoreFuture, Take, WaiterId, WakeFn,
+    Adjust, Adjusted, Ask, CounterOutcome, Decision, Forward, Offers, Store, StoreFuture, Take,
 };
 use tollgate_core::{Algorithm, Committed, Grant, Kind, Policy, Priority};
 
@@ -291,12 +291,18 @@ impl LeasingStore {
             .min((take.policy.capacity_for(priority) / 4).max(1));
         let block = next_block.clamp(cost, cap.max(cost));
         self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-        let mut decision = self.inner.acquire(takes, block, priority, true).await?;
+        let mut decision = self
+            .inner
+            .acquire(Ask::new(takes, block, priority).refundable(true))
+            .await?;
         let mut granted_units = block;
         if !decision.is_granted() && block > cost {
             // Not room for a whole block: ask for just this request.
             self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-            decision = self.inner.acquire(takes, cost, priority, true).await?;
+            decision = self
+                .inner
+                .acquire(Ask::new(takes, cost, priority).refundable(true))
+                .await?;
             granted_units = cost;
         }
         let CounterOutcome::Granted(grant) = decision.outcomes()[0] else {
@@ -450,59 +456,28 @@ async fn return_expired_blocks(store: Weak<LeasingStore>, period: Duration) {
     }
 }
 
-impl Store for LeasingStore {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
-        if !leasable(takes) {
-            // Counted when asked, not when the future is made: an unpolled one asks nothing.
-            return StoreFuture::boxed(async move {
-                self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-                self.inner.acquire(takes, cost, priority, refundable).await
-            });
-        }
-        // A block is committed back when it retires, so it is always refundable; a local
-        // grant from it records its permit either way.
-        StoreFuture::boxed(self.acquire_leased(takes, cost, priority))
+/// Only what leasing changes: acquires that blocks can serve, commits of local grants, pauses
+/// that drop blocks. The rest is the inner store's.
+impl Forward for LeasingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     /// A request that waits on a limit passed through waits in the inner store's queue; one
     /// served from blocks waits in this process's own order, and the block it may fetch is a
     /// request of its priority like any other (it leaves room for every place ahead of it in
     /// the inner store's queue).
-    fn acquire_waiting<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, Decision> {
-        if !leasable(takes) {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        if !leasable(ask.takes) {
+            // Counted when asked, not when the future is made: an unpolled one asks nothing.
             return StoreFuture::boxed(async move {
                 self.stats.store_acquires.fetch_add(1, Ordering::Relaxed);
-                self.inner
-                    .acquire_waiting(takes, cost, priority, refundable, waiter)
-                    .await
+                self.inner.acquire(ask).await
             });
         }
-        StoreFuture::boxed(self.acquire_leased(takes, cost, priority))
-    }
-
-    fn leave_queue<'a>(
-        &'a self,
-        counters: &'a [CounterId<'a>],
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, ()> {
-        self.inner.leave_queue(counters, waiter)
-    }
-
-    fn queue_renewal(&self) -> Option<Duration> {
-        self.inner.queue_renewal()
+        // A block is committed back when it retires, so it is always refundable; a local
+        // grant from it records its permit either way.
+        StoreFuture::boxed(self.acquire_leased(ask.takes, ask.cost, ask.priority))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -512,54 +487,34 @@ impl Store for LeasingStore {
         self.inner.commit(take, seq, used)
     }
 
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        self.inner.renew(take, fence)
-    }
-
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        // A paused limit must stop at once here too: drop its block (its units stay counted).
-        let key: PoolKey = (
-            take.counter.limit.to_owned(),
-            take.counter.key.map(str::to_owned),
-        );
-        self.pauses.fetch_add(1, Ordering::SeqCst);
-        match take.counter.key {
-            Some(_) => {
-                self.pools().remove(&key);
+    /// A paused limit must stop at once here too: its block is dropped (its units stay
+    /// counted). A lifted pause lets this process's blocks be fetched again, as they would be
+    /// after the pause ran out.
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        if let Adjust::Pause { .. } = adjust {
+            let key: PoolKey = (
+                take.counter.limit.to_owned(),
+                take.counter.key.map(str::to_owned),
+            );
+            self.pauses.fetch_add(1, Ordering::SeqCst);
+            match take.counter.key {
+                Some(_) => {
+                    self.pools().remove(&key);
+                }
+                None => self
+                    .pools()
+                    .retain(|(limit, _), _| limit != take.counter.limit),
             }
-            None => self
-                .pools()
-                .retain(|(limit, _), _| limit != take.counter.limit),
         }
-        self.inner.pause(take, duration_us)
+        self.inner.adjust(take, adjust)
     }
 
-    /// A lifted pause lets this process's blocks be fetched again, as they would be after the
-    /// pause ran out.
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.resume(take)
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.reset(take)
-    }
-
-    fn set_limits(&self, limits: &tollgate::LimitTable) {
-        self.inner.set_limits(limits);
-    }
-
-    /// The shared counter's usage: units leased to blocks here and not yet handed out count as
-    /// used, as they do for every other process.
-    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
-        self.inner.usage(take)
-    }
-
-    fn on_wake(&self, wake: WakeFn) {
-        self.inner.on_wake(wake);
-    }
-
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        self.inner.ping()
+    /// The inner store's queue; no in-process way, which would decide without the blocks.
+    fn offers(&self) -> Offers<'_> {
+        Offers {
+            queue: self.inner.offers().queue,
+            in_process: None,
+        }
     }
 }
 
@@ -619,10 +574,12 @@ mod tests {
                 },
                 policy: &policy,
             };
-            let decision = store
-                .acquire(&[take], 1, Priority::Normal, true)
-                .await
-                .expect("answers");
+            let decision = Store::acquire(
+                &*store,
+                Ask::new(&[take], 1, Priority::Normal).refundable(true),
+            )
+            .await
+            .expect("answers");
             assert!(decision.is_granted());
         }
         assert!(store.refills().is_empty(), "no gate left after 100 keys");

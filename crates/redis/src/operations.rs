@@ -402,7 +402,7 @@ impl RedisStore {
         }
     }
 
-    /// Forget a counter (`Store::reset`): its three keys go, in one command (they share a
+    /// Forget a counter (`Adjust::Reset`): its three keys go, in one command (they share a
     /// slot). Made again, it is a new counter: its numbers start at Redis's clock, past any it
     /// handed out (`Counter::new`), and it starts under the namespace's hold, if one is on.
     pub(crate) async fn reset_remote(&self, take: Take<'_>) -> Result<bool> {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::{CounterId, Store, Take, WaiterId};
+use tollgate::store::{Ask, CounterId, Store, Take, WaiterId};
 use tollgate::{DenyReason, Limit, Limiter, LimiterConfig, Outcome, PermitSecret, Policy};
 use tollgate::{Priority, Request, Reserve};
 
@@ -150,7 +150,7 @@ fn a_lower_priority_elsewhere_leaves_a_waiting_higher_one_the_unit() {
         // A high request in the other process waits (it asked while the pool was held, and
         // will ask again when it is woken): the unit freed is kept for it.
         let held = hold(&bulk).await;
-        let asked = two.acquire_waiting(&takes, 1, Priority::High, false, high);
+        let asked = two.acquire(Ask::new(&takes, 1, Priority::High).waiter(high));
         assert!(!asked.await.expect("answers").is_granted());
         held.release().await.expect("release");
         for _ in 0..3 {
@@ -159,7 +159,7 @@ fn a_lower_priority_elsewhere_leaves_a_waiting_higher_one_the_unit() {
                 Outcome::Granted(_) => panic!("a low request took the unit a high one waits for"),
             }
         }
-        let asked = two.acquire_waiting(&takes, 1, Priority::High, false, high);
+        let asked = two.acquire(Ask::new(&takes, 1, Priority::High).waiter(high));
         let decision = asked.await.expect("answers");
         assert!(decision.is_granted(), "the high waiter is served");
         assert!(
@@ -250,13 +250,7 @@ fn a_dead_waiter_holds_no_one_back_past_its_place_s_expiry() {
         let bulk = limiter(Arc::new(one), policy);
         let held = hold(&bulk).await;
         let dead = two
-            .acquire_waiting(
-                &takes,
-                1,
-                Priority::High,
-                false,
-                WaiterId::new(99).expect("an id"),
-            )
+            .acquire(Ask::new(&takes, 1, Priority::High).waiter(WaiterId::new(99).expect("an id")))
             .await
             .expect("answers");
         assert!(!dead.is_granted());
@@ -310,7 +304,7 @@ fn a_counter_s_queue_keeps_its_best_places_and_no_more() {
         let max = tollgate_redis_protocol::queue::PLACES_MAX as u64;
         for id in 1..=max + 8 {
             let waiter = WaiterId::new(id).expect("an id");
-            let asked = one.acquire_waiting(&takes, 1, Priority::Low, false, waiter);
+            let asked = one.acquire(Ask::new(&takes, 1, Priority::Low).waiter(waiter));
             assert!(!asked.await.expect("answers").is_granted());
         }
         let kept = places(&one).await;
@@ -320,7 +314,7 @@ fn a_counter_s_queue_keeps_its_best_places_and_no_more() {
             "the first come are kept"
         );
         let high = WaiterId::new(10_000).expect("an id");
-        let asked = one.acquire_waiting(&takes, 1, Priority::High, false, high);
+        let asked = one.acquire(Ask::new(&takes, 1, Priority::High).waiter(high));
         assert!(!asked.await.expect("answers").is_granted());
         let kept = places(&one).await;
         assert_eq!(kept.len() as u64, max);

@@ -10,9 +10,10 @@ use redis::Value;
 use tokio::sync::OnceCell;
 use tollgate::Result;
 use tollgate::store::{
-    CounterId, Decision, Renewed, Store, StoreFuture, Take, Usage, WaiterId, WakeFn,
+    Adjust, Adjusted, Ask, CounterId, Decision, News, Offers, Queue, Renewed, Store, StoreFuture,
+    Take, Usage, WaiterId, WakeFn,
 };
-use tollgate_core::{Committed, Priority};
+use tollgate_core::Committed;
 
 use crate::backend::Target;
 use crate::batch::Caller;
@@ -75,7 +76,7 @@ pub struct RedisStore {
     /// Who hears what other processes of the namespace publish with `publish_lesson`.
     pub(crate) lessons: Arc<Mutex<Option<LessonFn>>>,
     pub(crate) subscriber: Option<tokio::task::JoinHandle<()>>,
-    /// The limits in force as last told (`Store::set_limits`): whether each counts leases, and
+    /// The limits in force as last told (`News::Limits`): whether each counts leases, and
     /// its own budget of keys.
     pub(crate) limits: Mutex<std::collections::HashMap<String, (bool, Option<u64>)>>,
     /// The admissions of keys in flight to their budget's slot, by counter (`admit_key`).
@@ -189,41 +190,35 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable, None))
+/// A waiting request denied takes, or renews, its place in each counter's queue across the
+/// fleet (`tollgate_redis_protocol::queue`): until it is granted, leaves, or stops asking for
+/// `PLACE_TTL_US`.
+impl Queue for RedisStore {
+    fn renewal(&self) -> Duration {
+        PLACE_RENEWAL
     }
 
-    /// A waiting request denied takes, or renews, its place in each counter's queue across the
-    /// fleet (`tollgate_redis_protocol::queue`): until it is granted, leaves, or stops asking
-    /// for `PLACE_TTL_US`.
-    fn acquire_waiting<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, Decision> {
-        StoreFuture::boxed(self.acquire_remote(takes, cost, priority, refundable, Some(waiter)))
-    }
-
-    fn leave_queue<'a>(
-        &'a self,
-        counters: &'a [CounterId<'a>],
-        waiter: WaiterId,
-    ) -> StoreFuture<'a, ()> {
+    fn leave<'a>(&'a self, counters: &'a [CounterId<'a>], waiter: WaiterId) -> StoreFuture<'a, ()> {
         StoreFuture::boxed(self.leave_remote(counters, waiter))
     }
+}
 
-    fn queue_renewal(&self) -> Option<Duration> {
-        Some(PLACE_RENEWAL)
+impl Store for RedisStore {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        StoreFuture::boxed(self.acquire_remote(
+            ask.takes,
+            ask.cost,
+            ask.priority,
+            ask.refundable,
+            ask.waiter,
+        ))
+    }
+
+    fn offers(&self) -> Offers<'_> {
+        Offers {
+            queue: Some(self),
+            in_process: None,
+        }
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -234,22 +229,73 @@ impl Store for RedisStore {
         StoreFuture::boxed(self.renew_remote(take, fence))
     }
 
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        StoreFuture::boxed(self.pause_remote(take, duration_us))
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        StoreFuture::boxed(self.resume_remote(take))
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        StoreFuture::boxed(async move {
+            Ok(match adjust {
+                Adjust::Pause { for_us } => Adjusted {
+                    changed: true,
+                    paused_for_us: self.pause_remote(take, for_us).await?,
+                },
+                Adjust::Resume => Adjusted {
+                    changed: self.resume_remote(take).await?,
+                    paused_for_us: 0,
+                },
+                Adjust::Reset => Adjusted {
+                    changed: self.reset_remote(take).await?,
+                    paused_for_us: 0,
+                },
+            })
+        })
     }
 
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
         StoreFuture::boxed(self.usage_remote(take))
     }
 
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        StoreFuture::boxed(self.reset_remote(take))
+    fn tell(&self, news: News<'_>) {
+        match news {
+            News::Limits(limits) => self.set_limits(limits),
+            News::Wake(wake) => {
+                if let Ok(mut slot) = self.wake.lock() {
+                    *slot = Some(wake);
+                }
+            }
+        }
     }
 
+    /// Redis answers, and its eviction policy is still one the store was started on: a policy
+    /// changed to one that may evict is a failure unless eviction is allowed (and from then on
+    /// every call watches evictions either way).
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::boxed(async move {
+            let policies = tokio::time::timeout(
+                self.config.timeout,
+                eviction::policies(&self.caller.backend),
+            )
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?
+            .map_err(store_error)?;
+            let evicting = eviction::evicting(&policies);
+            if evicting.is_empty() {
+                return Ok(());
+            }
+            if !self.caller.watch_evictions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    policy = %evicting.join(", "),
+                    "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \
+                     evictions from now on"
+                );
+            }
+            if self.config.allow_eviction {
+                Ok(())
+            } else {
+                Err(failed(eviction::refusal(&evicting)))
+            }
+        })
+    }
+}
+
+impl RedisStore {
     /// Each limit's own budget of keys is read here (`Limit::keys_max`), for the admissions
     /// that follow. A limit gone or changed kind loses its limit-wide pause, deleted in the
     /// background (this is called under the limiter's lock, and must not wait on Redis). Its
@@ -294,43 +340,6 @@ impl Store for RedisStore {
                     Err(_) => tracing::warn!(key, "the pause of a limit gone could not be lifted"),
                 }
             });
-        }
-    }
-
-    /// Redis answers, and its eviction policy is still one the store was started on: a policy
-    /// changed to one that may evict is a failure unless eviction is allowed (and from then on
-    /// every call watches evictions either way).
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        StoreFuture::boxed(async move {
-            let policies = tokio::time::timeout(
-                self.config.timeout,
-                eviction::policies(&self.caller.backend),
-            )
-            .await
-            .map_err(|_| unavailable("Redis did not answer in time"))?
-            .map_err(store_error)?;
-            let evicting = eviction::evicting(&policies);
-            if evicting.is_empty() {
-                return Ok(());
-            }
-            if !self.caller.watch_evictions.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    policy = %evicting.join(", "),
-                    "Redis's maxmemory-policy now may evict Tollgate's keys: every call watches \
-                     evictions from now on"
-                );
-            }
-            if self.config.allow_eviction {
-                Ok(())
-            } else {
-                Err(failed(eviction::refusal(&evicting)))
-            }
-        })
-    }
-
-    fn on_wake(&self, wake: WakeFn) {
-        if let Ok(mut slot) = self.wake.lock() {
-            *slot = Some(wake);
         }
     }
 }

@@ -20,7 +20,7 @@ mod nodes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::{CounterId, Store, Take, WaiterId};
+use tollgate::store::{Ask, CounterId, Store, Take, WaiterId};
 use tollgate::{DenyReason, Error, Outcome, Priority};
 use tollgate_conformance::Stores;
 
@@ -319,7 +319,7 @@ fn places_across_the_fleet_hold_on_every_master() {
         let held = runtime.block_on(bulk.try_acquire(&low)).expect("answers");
         let held = held.granted().expect("the key's pool is free");
         let ask =
-            || runtime.block_on(other.acquire_waiting(&takes, 1, Priority::High, false, high));
+            || runtime.block_on(other.acquire(Ask::new(&takes, 1, Priority::High).waiter(high)));
         assert!(!ask().expect("answers").is_granted());
         assert_eq!(
             places(),

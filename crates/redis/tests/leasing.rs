@@ -10,11 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take, Usage};
-use tollgate::{
-    Algorithm, Committed, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Priority, Request,
-    Reserve,
-};
+use tollgate::store::{Ask, Decision, Forward, Store, StoreFuture};
+use tollgate::{Algorithm, Limit, Limiter, LimiterConfig, PermitSecret, Policy, Request, Reserve};
 use tollgate_redis::{LeasingConfig, LeasingStore};
 
 /// A leasing store on `namespace` (blocks of at most 16 units living `block_lifetime`) and a
@@ -320,41 +317,20 @@ struct HeldAnswer {
     answer: Notify,
 }
 
-impl Store for HeldAnswer {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+impl Forward for HeldAnswer {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         StoreFuture::boxed(async move {
-            let decision = self.inner.acquire(takes, cost, priority, refundable).await;
+            let decision = self.inner.acquire(ask).await;
             if self.armed.swap(false, Ordering::SeqCst) {
                 self.decided.notify_one();
                 self.answer.notified().await;
             }
             decision
         })
-    }
-    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        self.inner.commit(take, seq, used)
-    }
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        self.inner.renew(take, fence)
-    }
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        self.inner.pause(take, duration_us)
-    }
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.resume(take)
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.reset(take)
-    }
-    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, Usage> {
-        self.inner.usage(take)
     }
 }
 

@@ -15,7 +15,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take};
+use tollgate::store::{
+    Adjust, Adjusted, Ask, Decision, Forward, Renewed, Store, StoreFuture, Take,
+};
 use tollgate::{Committed, DenyReason, MemoryStore, Priority};
 use tollgate_rules::Rules;
 
@@ -425,51 +427,18 @@ impl MeteredStore {
     }
 }
 
-impl Store for MeteredStore {
-    // Metering changes no decision: the memory store's synchronous ways stay open (a decision
-    // on a counter's word makes no round trip to time).
-    fn memory_store(&self) -> Option<&MemoryStore> {
-        self.inner.memory_store()
+/// Times every decision and change; the rest (what the limiter tells, what the store offers,
+/// readiness) is the inner store's. Metering changes no decision, so the in-process ways stay
+/// open: a decision on a counter's word makes no round trip to time.
+impl Forward for MeteredStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     // A ready answer stays ready: the limiter decides on the calling thread as before.
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         let started = Instant::now();
-        let answer = self.inner.acquire(takes, cost, priority, refundable);
-        self.timed("acquire", started, answer)
-    }
-
-    fn acquire_waiting<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-        waiter: tollgate::store::WaiterId,
-    ) -> StoreFuture<'a, Decision> {
-        let started = Instant::now();
-        let answer = self
-            .inner
-            .acquire_waiting(takes, cost, priority, refundable, waiter);
-        self.timed("acquire", started, answer)
-    }
-
-    fn leave_queue<'a>(
-        &'a self,
-        counters: &'a [tollgate::store::CounterId<'a>],
-        waiter: tollgate::store::WaiterId,
-    ) -> StoreFuture<'a, ()> {
-        self.inner.leave_queue(counters, waiter)
-    }
-
-    fn queue_renewal(&self) -> Option<std::time::Duration> {
-        self.inner.queue_renewal()
+        self.timed("acquire", started, self.inner.acquire(ask))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
@@ -482,37 +451,19 @@ impl Store for MeteredStore {
         self.timed("renew", started, self.inner.renew(take, fence))
     }
 
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
+    fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
         let started = Instant::now();
-        self.timed("pause", started, self.inner.pause(take, duration_us))
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        let started = Instant::now();
-        self.timed("resume", started, self.inner.resume(take))
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        let started = Instant::now();
-        self.timed("reset", started, self.inner.reset(take))
-    }
-
-    fn set_limits(&self, limits: &tollgate::LimitTable) {
-        self.inner.set_limits(limits);
+        let operation = match adjust {
+            Adjust::Pause { .. } => "pause",
+            Adjust::Resume => "resume",
+            Adjust::Reset => "reset",
+        };
+        self.timed(operation, started, self.inner.adjust(take, adjust))
     }
 
     fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
         let started = Instant::now();
         self.timed("usage", started, self.inner.usage(take))
-    }
-
-    // Readiness asks the real store: the default would answer for it, always "reachable".
-    fn ping(&self) -> StoreFuture<'_, ()> {
-        self.inner.ping()
-    }
-
-    fn on_wake(&self, wake: tollgate::store::WakeFn) {
-        self.inner.on_wake(wake);
     }
 }
 
@@ -700,10 +651,10 @@ mod tests {
             Arc::new(MonotonicClock::new()),
         ));
         let metered = MeteredStore::new(memory.clone(), store_seconds_family());
-        let found = metered
-            .memory_store()
-            .expect("the memory store, through the wrapper");
-        assert!(std::ptr::eq(found, memory.as_ref()));
+        let found = Store::offers(&metered)
+            .in_process
+            .expect("the memory store's in-process ways, through the wrapper");
+        assert!(std::ptr::addr_eq(found, memory.as_ref()));
         let policy = tollgate::Policy::rate(
             10,
             1_000_000,
@@ -719,7 +670,7 @@ mod tests {
             },
             policy: &policy,
         }];
-        let answer = metered.acquire(&takes, 1, Priority::Normal, false);
+        let answer = Store::acquire(&metered, Ask::new(&takes, 1, Priority::Normal));
         assert!(
             matches!(answer, StoreFuture::Ready(Some(Ok(_)))),
             "{answer:?}"

@@ -12,11 +12,8 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tollgate::store::{Decision, Renewed, Store, StoreFuture, Take};
-use tollgate::{
-    Committed, Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret,
-    Priority,
-};
+use tollgate::store::{Ask, Decision, Forward, Offers, Store, StoreFuture};
+use tollgate::{Limiter, LimiterConfig, ManualClock, MemoryStore, MemoryStoreConfig, PermitSecret};
 use tollgate_redis::{RedisStore, RedisStoreConfig};
 use tollgate_rules::{RawRule, Rule, Validate};
 use tollgate_tower::{
@@ -50,55 +47,34 @@ impl Counted {
     }
 }
 
-impl Store for Counted {
-    fn acquire<'a>(
-        &'a self,
-        takes: &'a [Take<'a>],
-        cost: u64,
-        priority: Priority,
-        refundable: bool,
-    ) -> StoreFuture<'a, Decision> {
+impl Forward for Counted {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         StoreFuture::boxed(async move {
             self.acquires_asked.fetch_add(1, Ordering::Relaxed);
             if self.yields {
                 tokio::task::yield_now().await;
             }
-            let decision = self.inner.acquire(takes, cost, priority, refundable).await;
+            let decision = self.inner.acquire(ask).await;
             self.acquires_decided.fetch_add(1, Ordering::Relaxed);
             decision
         })
     }
 
-    fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {
-        self.inner.commit(take, seq, used)
+    /// No in-process way: every decision is counted here, as a remote store makes them.
+    fn offers(&self) -> Offers<'_> {
+        Offers {
+            in_process: None,
+            ..self.inner.offers()
+        }
     }
 
-    fn renew<'a>(&'a self, take: Take<'a>, fence: u64) -> StoreFuture<'a, Renewed> {
-        self.inner.renew(take, fence)
-    }
-
-    fn pause<'a>(&'a self, take: Take<'a>, duration_us: u64) -> StoreFuture<'a, u64> {
-        self.inner.pause(take, duration_us)
-    }
-
-    fn resume<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.resume(take)
-    }
-
-    fn reset<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, bool> {
-        self.inner.reset(take)
-    }
-
-    fn usage<'a>(&'a self, take: Take<'a>) -> StoreFuture<'a, tollgate::store::Usage> {
-        self.inner.usage(take)
-    }
-
-    fn set_limits(&self, limits: &tollgate::LimitTable) {
-        self.inner.set_limits(limits);
-    }
-
-    fn on_wake(&self, wake: tollgate::store::WakeFn) {
-        self.inner.on_wake(wake);
+    /// A remote store that always answers.
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        StoreFuture::ready(Ok(()))
     }
 }
 

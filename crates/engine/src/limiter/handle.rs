@@ -69,7 +69,7 @@ impl LimitHandle {
         let shared = &self.limiter.shared;
         if !shared.waiters.anyone_waiting() && self.in_force() {
             let policy = self.limit.policy();
-            let step = match (key, &self.hot, shared.store.memory_store()) {
+            let step = match (key, &self.hot, shared.store.offers().in_process) {
                 (None, Some(hot), _) => hot.decide(policy, cost, priority),
                 (Some(key), _, Some(memory)) if self.limit.per().is_some() => {
                     let counter = CounterId {

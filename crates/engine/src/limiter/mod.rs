@@ -22,7 +22,9 @@ use crate::error::{Error, Result};
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
 use crate::permit::{LimitStatus, Part, decode};
-use crate::store::{CounterId, CounterOutcome, Decision, Store, StoreFuture, Take, Usage};
+use crate::store::{
+    Adjust, Ask, CounterId, CounterOutcome, Decision, News, Store, StoreFuture, Take, Usage,
+};
 
 use crate::sync::Ordering;
 use crate::waiters::{Caps, StorePlace, WaitQueue};
@@ -40,7 +42,7 @@ use request::{Answer, status};
 
 #[derive(Debug)]
 struct Shared {
-    /// A `LimitHandle` on a store that `Store::memory_store` names decides on the counter's
+    /// A `LimitHandle` on a store that offers an `InProcess` way decides on the counter's
     /// word (`HotCounter`) of its GCRA limits without the store's lock.
     store: Arc<dyn Store>,
     /// Read on every decision, replaced whole on a change: readers take no lock and write no
@@ -273,11 +275,11 @@ impl Limiter {
         });
         // Weak: the store lives inside `Shared`, and must not keep it alive.
         let weak = Arc::downgrade(&shared);
-        shared.store.on_wake(Arc::new(move |counter| {
+        shared.store.tell(News::Wake(Arc::new(move |counter| {
             if let Some(shared) = weak.upgrade() {
                 shared.waiters.wake_head(counter);
             }
-        }));
+        })));
         Limiter { shared }
     }
 
@@ -325,7 +327,7 @@ impl Limiter {
                 Some(next) => {
                     let next = self.overlay_learned(next);
                     // Told under the writer lock, so the store sees the tables in order.
-                    self.shared.store.set_limits(&next);
+                    self.shared.store.tell(News::Limits(&next));
                     self.shared.limits.store(Arc::new(next));
                     self.shared.generation.fetch_add(1, Ordering::Release);
                     true
@@ -470,7 +472,7 @@ impl Limiter {
     ) -> StoreFuture<'s, Decision> {
         self.shared
             .store
-            .acquire(&asking.takes, request.cost, request.priority, refundable)
+            .acquire(Ask::new(&asking.takes, request.cost, request.priority).refundable(refundable))
     }
 
     /// The store's part for a request that waits: as `ask`, and a denial keeps the request's
@@ -483,12 +485,10 @@ impl Limiter {
         place: &mut StorePlace,
     ) -> StoreFuture<'s, Decision> {
         place.stand(&asking.takes);
-        self.shared.store.acquire_waiting(
-            &asking.takes,
-            request.cost,
-            request.priority,
-            request.refundable,
-            place.id,
+        self.shared.store.acquire(
+            Ask::new(&asking.takes, request.cost, request.priority)
+                .refundable(request.refundable)
+                .waiter(place.id),
         )
     }
 
@@ -537,7 +537,7 @@ impl Limiter {
             name: name.to_owned(),
         })?;
         // Only an unkeyed limit has one counter a handle can hold.
-        let hot = match (self.shared.store.memory_store(), limit.per()) {
+        let hot = match (self.shared.store.offers().in_process, limit.per()) {
             (Some(memory), None) => memory.hot_counter(Take {
                 counter: CounterId {
                     limit: limit.name(),
@@ -705,7 +705,12 @@ impl Limiter {
                         // Asking again keeps the place in the store's queue (a request let go
                         // holds none).
                         if !WaitQueue::is_let_go(&waiter)
-                            && let Some(renewal) = self.shared.store.queue_renewal()
+                            && let Some(renewal) = self
+                                .shared
+                                .store
+                                .offers()
+                                .queue
+                                .map(|queue| queue.renewal())
                         {
                             wake_at = wake_at.min(Instant::now() + renewal);
                         }
@@ -841,20 +846,7 @@ impl Limiter {
             .map(|(outcome, limit)| {
                 let (remaining, wait_us) = match outcome {
                     CounterOutcome::Denied(denial) => {
-                        // A pause someone asked for is the news; a hold, the next; then
-                        // waiters elsewhere in the fleet that the store keeps ahead.
-                        match denial.reason {
-                            DenyReason::Paused => reason = DenyReason::Paused,
-                            DenyReason::Recovering
-                                if matches!(reason, DenyReason::Capacity | DenyReason::Queued) =>
-                            {
-                                reason = DenyReason::Recovering;
-                            }
-                            DenyReason::Queued if reason == DenyReason::Capacity => {
-                                reason = DenyReason::Queued;
-                            }
-                            _ => {}
-                        }
+                        reason = reason.most_telling(denial.reason);
                         // Units left beyond what is open to the request: a reserve keeps them.
                         if denial.reason == DenyReason::Capacity
                             && denial.left > denial.remaining
@@ -916,8 +908,17 @@ impl Limiter {
         let duration = duration.min(self.pause_max());
         let (target, key) = self.pause_target(limit, key)?;
         let take = target.take(key);
-        let remaining_us = self.shared.store.pause(take, micros(duration)).await?;
-        Ok(Duration::from_micros(remaining_us))
+        let paused = self
+            .shared
+            .store
+            .adjust(
+                take,
+                Adjust::Pause {
+                    for_us: micros(duration),
+                },
+            )
+            .await?;
+        Ok(Duration::from_micros(paused.paused_for_us))
     }
 
     /// The longest pause this limiter grants: its configured `pause_max`, at most a day.
@@ -934,7 +935,12 @@ impl Limiter {
     pub async fn resume(&self, limit: &str, key: Option<&str>) -> Result<bool> {
         let (target, key) = self.pause_target(limit, key)?;
         let take = target.take(key);
-        self.shared.store.resume(take).await
+        Ok(self
+            .shared
+            .store
+            .adjust(take, Adjust::Resume)
+            .await?
+            .changed)
     }
 
     /// The limit a pause or resume is about, and its key, checked: a key only for a limit
@@ -967,7 +973,7 @@ impl Limiter {
 
     /// Forget what `limit`'s counter (the key's, for a limit counted per key, which must be
     /// given) counts, in every process sharing the store: its usage, its open reservations
-    /// and the key's own pause (`Store::reset`), after a mistaken lockout. An administrator's
+    /// and the key's own pause (`Adjust::Reset`), after a mistaken lockout. An administrator's
     /// power: it grants what the limit had counted. A rate limit only: a concurrency limit's
     /// leases end when released or when their TTL runs out, and forgetting them would let
     /// more holders in than it allows. Returns whether the store held the counter.
@@ -986,7 +992,7 @@ impl Limiter {
             ));
         }
         let take = target.take(key.filter(|_| target.per().is_some()));
-        let held = self.shared.store.reset(take).await?;
+        let held = self.shared.store.adjust(take, Adjust::Reset).await?.changed;
         // Its units are free: whoever waits on it may be granted now.
         self.shared.waiters.wake_head(take.counter);
         Ok(held)
