@@ -83,6 +83,9 @@ class TollgateClient(
     private val http: HttpClient = httpClient
         ?: HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(timeout.toJavaDuration()).build()
 
+    /** Where the kept admin token is looked for: the environment (tests give their own). */
+    internal var environment: (String) -> String? = System::getenv
+
     /** The scope of the Java faces' futures and of settling grants given up by their caller. */
     internal val scope = CoroutineScope(SupervisorJob() + Dispatchers.Default)
 
@@ -123,7 +126,7 @@ class TollgateClient(
         var target = url + path
         var bearer = if (admin) adminToken ?: token ?: Kept.givenAdminToken() else token?.ifEmpty { null } ?: dataTokenFromEnvironment
         if (admin && bearer == null) {
-            val kept = Kept.keptAdminToken(url)
+            val kept = Kept.keptAdminToken(url, environment)
             if (kept != null && proved(kept)) {
                 target = kept.base + path
                 bearer = kept.token
