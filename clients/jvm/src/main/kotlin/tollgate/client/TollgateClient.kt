@@ -12,6 +12,9 @@ import kotlinx.coroutines.launch
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withContext
 import kotlinx.coroutines.withTimeout
+import kotlinx.coroutines.suspendCancellableCoroutine
+import kotlin.coroutines.resume
+import kotlin.coroutines.resumeWithException
 import kotlinx.coroutines.TimeoutCancellationException
 import java.net.URI
 import java.net.URLEncoder
@@ -134,14 +137,22 @@ class TollgateClient(
         }
         val request = build(target, method, body, bearer, wait)
         val asked = System.nanoTime()
-        val future = http.sendAsync(request, HttpResponse.BodyHandlers.ofString())
-            .thenApply { Answer(it.statusCode(), it.headers(), it.body(), asked, System.nanoTime()) }
+        val exchange = http.sendAsync(request, HttpResponse.BodyHandlers.ofString())
         try {
-            return future.await()
+            val response = suspendCancellableCoroutine { continuation ->
+                exchange.whenComplete { value, error ->
+                    if (error == null) continuation.resume(value) else continuation.resumeWithException(error)
+                }
+                continuation.invokeOnCancellation { exchange.cancel(true) }
+            }
+            return Answer(response.statusCode(), response.headers(), response.body(), asked, System.nanoTime())
         } catch (cancelled: CancellationException) {
-            // Gives the exchange up: the server sees its connection close and forgets a wait.
-            future.cancel(true)
-            if (onLate != null) future.thenAccept(onLate)
+            // Gives the exchange itself up (not a stage after it): its connection closes, and
+            // the server forgets a request still waiting there. One answered meanwhile is late.
+            exchange.cancel(true)
+            if (onLate != null) {
+                exchange.thenAccept { onLate(Answer(it.statusCode(), it.headers(), it.body(), asked, System.nanoTime())) }
+            }
             throw cancelled
         } catch (error: Exception) {
             val cause = if (error is java.util.concurrent.CompletionException) error.cause ?: error else error
