@@ -16,6 +16,8 @@ import java.util.concurrent.Executors
 class CountingVendor(
     private val refuseAfterMs: Long = Long.MAX_VALUE,
     private val retryAfterS: Long = 2,
+    /** How long each call takes at the vendor after its arrival is counted. */
+    private val latencyMs: Long = 0,
     private val answer: ((HttpExchange, Int) -> Pair<Int, Map<String, String>>)? = null,
 ) : AutoCloseable {
     private val started = System.nanoTime()
@@ -37,7 +39,7 @@ class CountingVendor(
     val host: String
 
     init {
-        server.executor = Executors.newFixedThreadPool(8)
+        server.executor = Executors.newFixedThreadPool(16)
         server.createContext("/") { exchange -> handle(exchange) }
         server.start()
         host = "127.0.0.1:${server.address.port}"
@@ -65,6 +67,7 @@ class CountingVendor(
                 else -> 200 to emptyMap()
             }
         }
+        if (latencyMs > 0) Thread.sleep(latencyMs)
         for ((name, value) in headers) exchange.responseHeaders.add(name, value)
         val body = "{}".toByteArray()
         exchange.sendResponseHeaders(status, body.size.toLong())
