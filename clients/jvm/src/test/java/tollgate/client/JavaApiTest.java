@@ -104,6 +104,17 @@ class JavaApiTest {
     assertEquals(4, left);
   }
 
+  /** The README's Java quick start, as written there but for the server's address and token. */
+  @Test
+  void theJavaQuickStartRuns() throws Exception {
+    var tollgate = TollgateClient.builder().url(server.getUrl()).token(Support.ADMIN_TOKEN).build();
+    var timeout = Duration.ofSeconds(10);
+    tollgate.limits().putBlocking("vendor-x", LimitRule.rate(10, Duration.ofSeconds(1)), timeout);
+    Permit permit = tollgate.acquireBlocking(List.of("vendor-x"), AcquireOptions.defaults().waitFor(Duration.ofSeconds(5)), timeout);
+    try { /* call the vendor */ } finally { permit.commitBlocking(null, timeout); }
+    tollgate.acquireAsync(List.of("vendor-x"), AcquireOptions.defaults()).thenCompose(p -> p.commitAsync(null)).join();
+  }
+
   @Test
   void pauseAndCheck() throws Exception {
     String name = rate(10);

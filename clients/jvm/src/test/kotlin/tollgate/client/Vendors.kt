@@ -77,15 +77,19 @@ class CountingVendor(
     /** Arrivals in [from, to) ms. */
     fun between(from: Double, to: Double): Int = synchronized(lock) { arrivals.count { it >= from && it < to } }
 
-    /** The most arrivals in any window of `periodMs`. */
-    fun mostInAnyWindow(periodMs: Double): Int = synchronized(lock) {
+    /** The most arrivals in any window of `periodMs`, and when (ms) the first such window began. */
+    fun mostInAnyWindow(periodMs: Double): Pair<Int, Double> = synchronized(lock) {
         var most = 0
+        var at = 0.0
         var first = 0
         for (index in arrivals.indices) {
             while (arrivals[index] - arrivals[first] >= periodMs) first++
-            most = maxOf(most, index + 1 - first)
+            if (index + 1 - first > most) {
+                most = index + 1 - first
+                at = arrivals[first]
+            }
         }
-        most
+        most to at
     }
 
     fun calls(): Int = synchronized(lock) { arrivals.size }
