@@ -163,10 +163,21 @@ fn print_line(line: &str) {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let steps_mode = args.first().is_some_and(|flag| flag == "--steps");
+    // A stepped worker runs everything on this one thread, so a burst's asks all reach the
+    // store before its connection sends the first: whatever the machine's load, the store
+    // finds the first calls in flight and batches the rest.
+    let runtime = if steps_mode {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -174,16 +185,15 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
-        Some((flag, rest)) if flag == "--steps" => steps(&runtime, &Shared::parse(rest, 5)),
+        Some((_, rest)) if steps_mode => steps(&runtime, &Shared::parse(rest, 5)),
         Some((flag, rest)) if flag == "--priority" => runtime.block_on(priority(rest)),
         _ => runtime.block_on(run(&args)),
     }
 }
 
-/// The `--steps` mode: one `take N` or `burst N` line at a time, read on this thread while the
-/// runtime's own threads keep the store's connections going.
+/// The `--steps` mode: one `take N` or `burst N` line at a time, read on this thread, which
+/// runs the store's connections only while a step is being answered.
 fn steps(runtime: &tokio::runtime::Runtime, shared: &Shared) {
     let (limiter, store) = runtime.block_on(shared.limiter_and_store());
     print_line("ready\n");
@@ -236,8 +246,9 @@ async fn take(limiter: &Limiter, name: &str, count: u64) -> u64 {
 }
 
 /// Ask `count` times for one unit of `name` at once, without waiting; the grants. The asks are
-/// polled together in this task: each reaches the store in the first pass, before any reply is
-/// read, so the store finds its slot busy with the first calls and batches the rest.
+/// polled together in this task: on a runtime of one thread, each reaches the store in the
+/// first pass, before any call is sent, so the store finds its slot busy with the first calls
+/// and batches the rest.
 async fn burst(limiter: &Limiter, name: &str, count: u64) -> u64 {
     let request = Request::new(name);
     let asks = (0..count).map(|_| limiter.try_acquire(&request));
