@@ -74,7 +74,13 @@ fn a_paused_denial_leaves_nothing_whatever_the_limit_holds() {
             .expect("paused");
         assert_eq!(denial.reason, DenyReason::Paused, "{algorithm:?}");
         assert_eq!(denial.retry_after_us, 3_000, "{algorithm:?}");
-        assert_eq!(denial.remaining, 4, "{algorithm:?}: open to normal, once resumed");
-        assert_eq!(denial.left, 0, "{algorithm:?}: `left` speaks of capacity only");
+        assert_eq!(
+            denial.remaining, 4,
+            "{algorithm:?}: open to normal, once resumed"
+        );
+        assert_eq!(
+            denial.left, 0,
+            "{algorithm:?}: `left` speaks of capacity only"
+        );
     }
 }
