@@ -5,8 +5,10 @@
 //!
 //! - four processes x 50 acquirers over 200 periods: zero overshoot (the utilisation printed);
 //! - Redis flushed, then killed and restarted (a private server on its own port), mid-run: G6;
-//! - processes whose clocks are off by seconds (libfaketime), stepped by this test and every
-//!   grant timed on this test's own clock: G1 holds, as decisions use Redis's clock (G5);
+//! - processes whose clocks are off by seconds (libfaketime), stepped by this test, each step
+//!   many asks at once so the Redis store batches them, and every grant timed on this test's
+//!   own clock: G1 holds for sliding, fixed and GCRA limits, as decisions, alone or batched,
+//!   use Redis's clock (G5);
 //! - afterwards, no Tollgate key without a TTL.
 
 #[path = "../../redis/tests/common.rs"]
@@ -14,7 +16,8 @@ mod common;
 mod fleets;
 
 use fleets::{
-    Bracket, Fleet, Run, SteppedFleet, faketime_library, most_certainly_within, most_in_a_window,
+    Asks, Bracket, Fleet, Run, SteppedFleet, faketime_library, most_certainly_within,
+    most_in_a_window,
 };
 
 use std::process::{Child, Command, Stdio};
@@ -87,13 +90,17 @@ fn four_processes_of_fifty_acquirers_never_overshoot() {
 const SKEWS: [Option<&str>; 4] = [Some("-5s"), None, Some("+3s"), Some("+7s")];
 
 /// Processes whose clocks are seconds apart, judged by this test's own clock (G1, G5). Each
-/// round asks every worker for the whole limit: first in turn (the slowest clock first in the
-/// first round, then rotated, so each worker leads once), then all at once. Every grant is
-/// bracketed by this process's monotonic clock (`SteppedFleet`), and a round starts a period
-/// after the last one ended, so each round finds the limit empty. Decided on Redis's clock,
-/// the leading worker gets the whole limit and nobody else a unit; decided on each worker's
-/// clock, a slower worker's grants look a period old to every faster one, and each worker of
-/// the first round would get the whole limit again.
+/// round has every worker ask for four times the limit, all at once, so that its store sends
+/// the first asks alone and batches the rest (`tollgate_redis`'s `batch.rs`: two calls in
+/// flight per slot, then the next call takes what waits); every step's batches are counted by
+/// the worker and must not be none, so this test cannot stop driving batches unseen. Workers
+/// ask first in turn (the slowest clock first in the first round, then rotated, so each worker
+/// leads once), then all at once. Every grant is bracketed by this process's monotonic clock
+/// (`SteppedFleet`), and a round starts a period after the last one ended, so each round finds
+/// the limit empty. Decided on Redis's clock, the leading worker gets the whole limit and nobody
+/// else a unit; decided on each worker's clock (alone or in a batch), a slower worker's grants
+/// look a period old to every faster one, and each worker of the first round would get the
+/// whole limit again.
 ///
 /// `per_span_max`: the most units one interval shorter than a period may hold by the
 /// algorithm's bound.
@@ -111,6 +118,7 @@ fn skewed_fleet_in_rounds(test: &str, algorithm: &'static str, per_span_max: fn(
     let namespace = common::namespace(test);
     declare_fresh_blocking(&url, &namespace);
     let (limit, period_ms) = (5, 1_000);
+    let asks = 4 * limit;
     let period_us = period_ms * 1_000;
     // Redis reads the realtime clock, this test the monotonic one; their rates differ by at most
     // NTP's slew (500 ppm): a period measured here is taken a thousandth shorter, or longer.
@@ -134,37 +142,55 @@ fn skewed_fleet_in_rounds(test: &str, algorithm: &'static str, per_span_max: fn(
             std::thread::sleep(Duration::from_micros(wait_us));
         }
         let started_us = fleet.now_us();
-        let grants = if round < SKEWS.len() {
-            let mut order: Vec<usize> = (0..SKEWS.len()).collect();
-            order.rotate_left(round);
-            let grants = fleet.in_turn(&order, limit);
-            let first = grants.iter().filter(|b| b.worker == order[0]).count() as u64;
-            assert_eq!(
-                first, limit,
-                "round {round}: the worker with clock {:?} found the limit empty but got {first}",
-                SKEWS[order[0]]
-            );
-            grants
+        let mut order: Vec<usize> = (0..SKEWS.len()).collect();
+        order.rotate_left(round % SKEWS.len());
+        let step = if round < SKEWS.len() {
+            fleet.in_turn(&order, Asks::AtOnce, asks)
         } else {
-            fleet.together(limit)
+            fleet.together(Asks::AtOnce, asks)
         };
         let took_us = fleet.now_us() - started_us;
-        // A round as long as a period could span two windows legitimately; it never comes near.
-        assert!(
-            took_us < judged_us,
-            "round {round} took {took_us} us: too slow to be judged against a {period_ms} ms period"
+        let units = step.brackets.len() as u64;
+        let batched: Vec<u64> = step.batched.iter().map(|&(_, batched)| batched).collect();
+        eprintln!(
+            "{test}: round {round}, {units} grants in {took_us} us, acquires batched per worker \
+             {batched:?}"
         );
-        let units = grants.len() as u64;
-        eprintln!("{test}: round {round}, {units} grants in {took_us} us");
-        for bracket in &grants {
+        for &(worker, batched) in &step.batched {
+            assert!(
+                batched > 0,
+                "round {round}: the worker with clock {:?} asked {asks} times at once and its \
+                 store batched none of them: this test no longer drives batches",
+                SKEWS[worker]
+            );
+        }
+        for bracket in &step.brackets {
             served[bracket.worker] += 1;
         }
-        all.extend(grants);
+        all.extend(step.brackets.iter().copied());
+        // Safety first: a count above the bound is an overshoot however slow the round was.
         let most = most_certainly_within(&all, judged_us) as u64;
         assert!(
             most <= per_span_max(limit),
             "after round {round}: {most} grants certainly decided within one period on this \
              test's clock, limit {limit} per {period_ms} ms ({algorithm})"
+        );
+        if round < SKEWS.len() {
+            let first = step
+                .brackets
+                .iter()
+                .filter(|b| b.worker == order[0])
+                .count() as u64;
+            assert_eq!(
+                first, limit,
+                "round {round}: the worker with clock {:?} found the limit empty but got {first}",
+                SKEWS[order[0]]
+            );
+        }
+        // A round as long as a period could span two windows legitimately; it never comes near.
+        assert!(
+            took_us < judged_us,
+            "round {round} took {took_us} us: too slow to be judged against a {period_ms} ms period"
         );
         assert!(
             units >= limit,
@@ -191,6 +217,14 @@ fn skewed_worker_clocks_never_put_more_than_the_limit_in_a_sliding_window_on_the
 fn skewed_worker_clocks_never_put_more_than_two_fixed_windows_in_a_period_on_the_test_clock() {
     // Fixed: an interval shorter than a period meets at most two of the store's windows.
     skewed_fleet_in_rounds("skewed_worker_clocks_fixed", "fixed", |limit| 2 * limit);
+}
+
+#[test]
+fn skewed_worker_clocks_never_put_more_than_a_burst_and_its_refill_in_a_gcra_period() {
+    // GCRA with its burst at the limit (the worker's policy): the whole burst at once, then one
+    // unit every period / limit, so an interval shorter than a period holds at most the burst
+    // and limit - 1 more.
+    skewed_fleet_in_rounds("skewed_worker_clocks_gcra", "gcra", |limit| 2 * limit - 1);
 }
 
 /// A Redis server of this test's own, so it can be flushed and killed without disturbing

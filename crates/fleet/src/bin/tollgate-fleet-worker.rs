@@ -11,11 +11,14 @@
 //!   store's clock, then `done <grants> <errors>`. Store errors (Redis restarting, a failover)
 //!   are printed and waited out.
 //! - `--steps URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS [ALGORITHM]`, LIMIT_NAME one limit:
-//!   prints `ready` once connected, then for each line `take N` read from standard input asks
-//!   N times, one after another and without waiting, printing a `grant` line (as above) per
-//!   grant and `error ...` per failure, then `taken <grants>`. It ends at the end of its input.
-//!   This lets a test bracket every decision between two readings of a clock of its own: the
-//!   moment it sent the line and the moment it read `taken`.
+//!   prints `ready` once connected, then for each line read from standard input, `take N` or
+//!   `burst N`, asks N times without waiting: `take` one after another, `burst` all at once
+//!   (polled together, so all but the first calls on the slot wait and the store sends them in
+//!   batches). It prints a `grant` line (as above) per grant and `error ...` per failure, then
+//!   `taken <grants> <batched>`, `batched` the step's acquires the store decided in a call with
+//!   others (`RedisStore::batched_acquires`). It ends at the end of its input. This lets a test
+//!   bracket every decision between two readings of a clock of its own: the moment it sent the
+//!   line and the moment it read `taken`.
 //! - `--priority URL NAMESPACE LIMIT_NAME LIMIT PERIOD_MS ALGORITHM PRIORITY MODE VENDOR_ADDR
 //!   DURATION_MS`, LIMIT_NAME one limit: one side of a vendor's quota, asking at PRIORITY
 //!   (`low`, `normal` or `high`) until DURATION_MS has passed. MODE `loops:N` runs N loops, each
@@ -99,6 +102,11 @@ impl Shared {
 
     /// A limiter on Redis with every limit set, retrying the connection until Redis answers.
     async fn limiter(&self) -> Limiter {
+        self.limiter_and_store().await.0
+    }
+
+    /// `limiter`, and the store it asks (whose counts a step reports).
+    async fn limiter_and_store(&self) -> (Limiter, Arc<RedisStore>) {
         let store = loop {
             match RedisStore::connect(RedisStoreConfig {
                 url: self.url.clone(),
@@ -117,8 +125,9 @@ impl Shared {
                 }
             }
         };
+        let store = Arc::new(store);
         let limiter = Limiter::new(
-            Arc::new(store),
+            store.clone(),
             LimiterConfig {
                 wait_max: Duration::from_secs(60),
                 permit_secret: PermitSecret::random(),
@@ -145,7 +154,7 @@ impl Shared {
                 std::process::exit(2);
             }));
         }
-        limiter
+        (limiter, store)
     }
 }
 
@@ -154,10 +163,21 @@ fn print_line(line: &str) {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let steps_mode = args.first().is_some_and(|flag| flag == "--steps");
+    // A stepped worker runs everything on this one thread, so a burst's asks all reach the
+    // store before its connection sends the first: whatever the machine's load, the store
+    // finds the first calls in flight and batches the rest.
+    let runtime = if steps_mode {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -165,30 +185,53 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
-        Some((flag, rest)) if flag == "--steps" => steps(&runtime, &Shared::parse(rest, 5)),
+        Some((_, rest)) if steps_mode => steps(&runtime, &Shared::parse(rest, 5)),
         Some((flag, rest)) if flag == "--priority" => runtime.block_on(priority(rest)),
         _ => runtime.block_on(run(&args)),
     }
 }
 
-/// The `--steps` mode: one `take N` line at a time, read on this thread while the runtime's
-/// own threads keep the store's connections going.
+/// The `--steps` mode: one `take N` or `burst N` line at a time, read on this thread, which
+/// runs the store's connections only while a step is being answered.
 fn steps(runtime: &tokio::runtime::Runtime, shared: &Shared) {
-    let limiter = runtime.block_on(shared.limiter());
+    let (limiter, store) = runtime.block_on(shared.limiter_and_store());
     print_line("ready\n");
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        let count = match line.strip_prefix("take ").map(|count| count.trim().parse()) {
-            Some(Ok(count)) => count,
-            _ => {
-                eprintln!("expected `take N`, read {line:?}");
-                std::process::exit(2);
-            }
+        let step = line.split_once(' ').and_then(|(verb, count)| {
+            let count: u64 = count.trim().parse().ok()?;
+            matches!(verb, "take" | "burst").then_some((verb == "burst", count))
+        });
+        let Some((at_once, count)) = step else {
+            eprintln!("expected `take N` or `burst N`, read {line:?}");
+            std::process::exit(2);
         };
-        let granted = runtime.block_on(take(&limiter, &shared.names[0], count));
-        print_line(&format!("taken {granted}\n"));
+        let batched_before = store.batched_acquires();
+        let granted = if at_once {
+            runtime.block_on(burst(&limiter, &shared.names[0], count))
+        } else {
+            runtime.block_on(take(&limiter, &shared.names[0], count))
+        };
+        let batched = store.batched_acquires() - batched_before;
+        print_line(&format!("taken {granted} {batched}\n"));
+    }
+}
+
+/// Print one answer's line; whether it was a grant.
+fn print_answer(name: &str, answer: tollgate::Result<Outcome>) -> bool {
+    match answer {
+        Ok(outcome) => match outcome.granted() {
+            Some(permit) => {
+                print_line(&format!("grant {} 1 {name}\n", permit.decided_at_us()));
+                true
+            }
+            None => false,
+        },
+        Err(error) => {
+            print_line(&format!("error {error}\n"));
+            false
+        }
     }
 }
 
@@ -196,17 +239,24 @@ fn steps(runtime: &tokio::runtime::Runtime, shared: &Shared) {
 async fn take(limiter: &Limiter, name: &str, count: u64) -> u64 {
     let mut granted = 0;
     for _ in 0..count {
-        match limiter.try_acquire(&Request::new(name)).await {
-            Ok(outcome) => {
-                if let Some(permit) = outcome.granted() {
-                    granted += 1;
-                    print_line(&format!("grant {} 1 {name}\n", permit.decided_at_us()));
-                }
-            }
-            Err(error) => print_line(&format!("error {error}\n")),
-        }
+        let answer = limiter.try_acquire(&Request::new(name)).await;
+        granted += u64::from(print_answer(name, answer));
     }
     granted
+}
+
+/// Ask `count` times for one unit of `name` at once, without waiting; the grants. The asks are
+/// polled together in this task: on a runtime of one thread, each reaches the store in the
+/// first pass, before any call is sent, so the store finds its slot busy with the first calls
+/// and batches the rest.
+async fn burst(limiter: &Limiter, name: &str, count: u64) -> u64 {
+    let request = Request::new(name);
+    let asks = (0..count).map(|_| limiter.try_acquire(&request));
+    let answers = futures_util::future::join_all(asks).await;
+    answers
+        .into_iter()
+        .map(|answer| u64::from(print_answer(name, answer)))
+        .sum()
 }
 
 async fn run(args: &[String]) {

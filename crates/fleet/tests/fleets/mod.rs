@@ -147,14 +147,19 @@ impl Stepper {
         line.trim_end().to_owned()
     }
 
-    fn ask(&mut self, count: u64) {
-        writeln!(self.input, "take {count}").expect("write to a worker");
+    fn ask(&mut self, asks: Asks, count: u64) {
+        let verb = match asks {
+            Asks::OneByOne => "take",
+            Asks::AtOnce => "burst",
+        };
+        writeln!(self.input, "{verb} {count}").expect("write to a worker");
         self.input.flush().expect("write to a worker");
     }
 
-    /// The grants of the step asked last, once the worker says it is over. Redis is up for
-    /// every stepped test: an error fails it.
-    fn grants(&mut self) -> u64 {
+    /// The grants of the step asked last, and how many of its asks the worker's store decided
+    /// in a batch, once the worker says it is over. Redis is up for every stepped test: an
+    /// error fails it.
+    fn grants(&mut self) -> (u64, u64) {
         let mut grants = 0;
         loop {
             let line = self.line();
@@ -162,17 +167,34 @@ impl Stepper {
             match words.next() {
                 Some("grant") => grants += 1,
                 Some("taken") => {
-                    let said: u64 = words.next().and_then(|w| w.parse().ok()).expect("count");
+                    let mut number =
+                        || -> u64 { words.next().and_then(|w| w.parse().ok()).expect("count") };
+                    let (said, batched) = (number(), number());
                     assert_eq!(
                         said, grants,
                         "worker printed {grants} grant lines, said {said}"
                     );
-                    return grants;
+                    return (grants, batched);
                 }
                 _ => panic!("worker (clock {:?}) failed: {line}", self.skew),
             }
         }
     }
+}
+
+/// How a worker makes a step's asks: one after another (each its own call to Redis), or all at
+/// once (the first calls alone, the rest batched by the store: `tollgate_redis`'s `batch.rs`).
+#[derive(Clone, Copy, Debug)]
+pub enum Asks {
+    OneByOne,
+    AtOnce,
+}
+
+/// What a stepped fleet's step gave: every grant bracketed, and for each worker asked, how many
+/// of its asks its store decided in a call with others (as the worker reported).
+pub struct Step {
+    pub brackets: Vec<Bracket>,
+    pub batched: Vec<(usize, u64)>,
 }
 
 /// Workers driven one step at a time (`tollgate-fleet-worker --steps`). Each step is bracketed
@@ -229,43 +251,54 @@ impl SteppedFleet {
         self.started.elapsed().as_micros() as u64
     }
 
-    /// Workers `order`, one after another, each asking `count` times: every grant bracketed by
-    /// its own worker's step.
-    pub fn in_turn(&mut self, order: &[usize], count: u64) -> Vec<Bracket> {
-        let mut brackets = Vec::new();
+    /// Workers `order`, one after another, each asking `count` times as `asks` says: every
+    /// grant bracketed by its own worker's step.
+    pub fn in_turn(&mut self, order: &[usize], asks: Asks, count: u64) -> Step {
+        let mut step = Step {
+            brackets: Vec::new(),
+            batched: Vec::new(),
+        };
         for &worker in order {
             let after_us = self.now_us();
-            self.workers[worker].ask(count);
-            let grants = self.workers[worker].grants();
+            self.workers[worker].ask(asks, count);
+            let (grants, batched) = self.workers[worker].grants();
             let before_us = self.now_us();
-            brackets.extend((0..grants).map(|_| Bracket {
+            step.brackets.extend((0..grants).map(|_| Bracket {
                 after_us,
                 before_us,
                 worker,
             }));
+            step.batched.push((worker, batched));
         }
-        brackets
+        step
     }
 
-    /// Every worker at once, each asking `count` times: every grant bracketed by the whole step.
-    pub fn together(&mut self, count: u64) -> Vec<Bracket> {
+    /// Every worker at once, each asking `count` times as `asks` says: every grant bracketed by
+    /// the whole step.
+    pub fn together(&mut self, asks: Asks, count: u64) -> Step {
         let after_us = self.now_us();
         for worker in &mut self.workers {
-            worker.ask(count);
+            worker.ask(asks, count);
         }
-        let grants: Vec<u64> = self.workers.iter_mut().map(Stepper::grants).collect();
+        let answers: Vec<(u64, u64)> = self.workers.iter_mut().map(Stepper::grants).collect();
         let before_us = self.now_us();
-        grants
-            .into_iter()
+        let brackets = answers
+            .iter()
             .enumerate()
-            .flat_map(|(worker, grants)| {
+            .flat_map(|(worker, &(grants, _))| {
                 (0..grants).map(move |_| Bracket {
                     after_us,
                     before_us,
                     worker,
                 })
             })
-            .collect()
+            .collect();
+        let batched = answers
+            .iter()
+            .enumerate()
+            .map(|(worker, &(_, batched))| (worker, batched))
+            .collect();
+        Step { brackets, batched }
     }
 }
 
