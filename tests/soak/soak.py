@@ -44,10 +44,11 @@ from common import (
 )
 
 HERE = Path(__file__).resolve().parent
-FAKETIME_LIBRARIES = (
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-    "/usr/lib/faketime/libfaketimeMT.so.1",
+#: Where libfaketime's library may be: the list every script reads.
+FAKETIME_LIBRARIES = tuple(
+    line.strip()
+    for line in (HERE.parent / "faketime-libraries").read_text().splitlines()
+    if line.strip()
 )
 #: The link impairment, as netem takes it.
 NETEM = ("delay", "20ms", "10ms", "loss", "2%")

@@ -329,14 +329,13 @@ pub fn most_certainly_within(brackets: &[Bracket], span_us: u64) -> usize {
         .unwrap_or(0)
 }
 
+/// libfaketime's library, at the first of the paths every script looks at
+/// (`tests/faketime-libraries`) that holds it.
 pub fn faketime_library() -> Option<&'static str> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-    ]
-    .into_iter()
-    .find(|path| std::path::Path::new(path).exists())
+    include_str!("../../../../tests/faketime-libraries")
+        .lines()
+        .map(str::trim)
+        .find(|path| !path.is_empty() && std::path::Path::new(path).exists())
 }
 
 /// The most grants in any half-open window `[t, t + period)` (sliding) or aligned window
