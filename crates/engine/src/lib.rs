@@ -11,7 +11,6 @@
 //!
 //! The arithmetic lives in [`tollgate_core`], re-exported here.
 
-mod ahead;
 mod clock;
 pub mod conformance;
 mod error;
@@ -20,15 +19,15 @@ mod learned;
 mod limiter;
 mod limits;
 mod memory;
-mod permit;
+mod permit_id;
 pub mod store;
 mod sync;
 mod waiters;
+mod write_ahead;
 
 #[cfg(all(test, tollgate_loom))]
 mod loom_tests;
 
-pub use ahead::{AHEAD_SHARE_OF_CAPACITY, AHEAD_WAIT_MAX, AheadBatch, budget_of};
 pub use clock::{Clock, ManualClock, MonotonicClock, TscClock, utc_now_text, utc_text};
 pub use error::{Error, Result};
 pub use learned::{
@@ -48,9 +47,12 @@ pub use memory::{
     SavedCounter,
 };
 #[doc(hidden)]
-pub use permit::reencode_permit_id;
-pub use permit::{LimitStatus, PERMIT_ID_CHARS_MAX, PERMIT_ID_CHARS_MIN, PermitId, PermitSecret};
+pub use permit_id::reencode_permit_id;
+pub use permit_id::{
+    LimitStatus, PERMIT_ID_CHARS_MAX, PERMIT_ID_CHARS_MIN, PermitId, PermitSecret,
+};
 pub use tollgate_core::{
     self as core, Algorithm, Committed, CostError, DenyReason, PermitError, Policy, PolicyError,
     Priority, Reserve, SPAN_US_MAX,
 };
+pub use write_ahead::{RECORD_WAIT_MAX, RecordBatch, WRITE_AHEAD_SHARE_OF_CAPACITY, budget_of};

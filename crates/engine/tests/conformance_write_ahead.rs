@@ -20,10 +20,10 @@ async fn write_ahead_stores(_test: &'static str) -> Option<Stores> {
     // The state database: every batch committed as soon as it is taken.
     tokio::spawn(async move {
         loop {
-            while let Some(batch) = writer.ahead_batch(1_000) {
-                writer.ahead_landed(batch);
+            while let Some(batch) = writer.record_batch(1_000) {
+                writer.records_landed(batch);
             }
-            writer.ahead_due().await;
+            writer.records_due().await;
         }
     });
     let store: Arc<dyn Store> = memory;

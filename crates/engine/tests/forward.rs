@@ -71,8 +71,8 @@ async fn a_bare_wrapper_fails_its_ping_when_its_store_does() {
     }];
     let asked = Store::acquire(&bare, Ask::new(&takes, 1, Priority::Normal));
     assert!(asked.into_ready().is_none(), "waits for a record");
-    let batch = inner.ahead_batch(10).expect("a batch is due");
-    inner.ahead_failed(batch, "disk full");
+    let batch = inner.record_batch(10).expect("a batch is due");
+    inner.records_failed(batch, "disk full");
     // The store says it is failing; a wrapper that answered `ping` itself would not.
     assert!(Store::ping(&*inner).await.is_err());
     assert!(Store::ping(&bare).await.is_err());

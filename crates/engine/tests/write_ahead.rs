@@ -1,5 +1,5 @@
 //! The memory store's write-ahead (`MemoryStore::with_write_ahead`), with the test as the
-//! state database: it drains `ahead_batch`, keeps what it commits, and says how each batch
+//! state database: it drains `record_batch`, keeps what it commits, and says how each batch
 //! went. A grant never spends past a landed budget; a request that needs a record waits for
 //! it (never denied for it), or fails when the database does; a restore from the committed
 //! records after a crash keeps the limit over both runs, counted by the test.
@@ -12,8 +12,8 @@ use std::task::{Context, Poll, Waker};
 
 use tollgate::store::{Ask, CounterId, Store, Take};
 use tollgate::{
-    AheadBatch, Algorithm, Error, Limit, Limiter, LimiterConfig, ManualClock, MemorySnapshot,
-    MemoryStore, MemoryStoreConfig, Outcome, Policy, Priority, Request, Reserve, SavedCounter,
+    Algorithm, Error, Limit, Limiter, LimiterConfig, ManualClock, MemorySnapshot, MemoryStore,
+    MemoryStoreConfig, Outcome, Policy, Priority, RecordBatch, Request, Reserve, SavedCounter,
     budget_of,
 };
 
@@ -47,7 +47,7 @@ struct Database {
 }
 
 impl Database {
-    fn commit(&mut self, batch: &AheadBatch) {
+    fn commit(&mut self, batch: &RecordBatch) {
         for forgotten in &batch.forgotten {
             self.records.remove(forgotten);
         }
@@ -63,10 +63,10 @@ impl Database {
     /// Write every batch the store has due; returns how many counters were written.
     fn drain(&mut self, store: &MemoryStore) -> usize {
         let mut written = 0;
-        while let Some(batch) = store.ahead_batch(100) {
+        while let Some(batch) = store.record_batch(100) {
             written += batch.counters.len();
             self.commit(&batch);
-            store.ahead_landed(batch);
+            store.records_landed(batch);
         }
         written
     }
@@ -96,12 +96,12 @@ async fn a_new_counter_waits_for_its_first_record_and_is_not_denied() {
     let mut pending = pin!(limiter.try_acquire(&request));
     assert!(poll_once(pending.as_mut()).is_pending(), "no record yet");
     // The record asked for: the counter as it is (nothing counted), with its budget.
-    let batch = store.ahead_batch(100).expect("a record is due");
+    let batch = store.record_batch(100).expect("a record is due");
     assert_eq!(batch.counters.len(), 1);
     assert_eq!(batch.counters[0].budget, 13);
     database.commit(&batch);
     assert!(poll_once(pending.as_mut()).is_pending(), "not landed yet");
-    store.ahead_landed(batch);
+    store.records_landed(batch);
     let Poll::Ready(outcome) = poll_once(pending.as_mut()) else {
         panic!("granted once the record landed");
     };
@@ -145,7 +145,7 @@ async fn a_counter_never_spends_past_its_landed_budget() {
         }
         if granted == 7 {
             // Held in flight while the counter spends on.
-            in_flight = Some(store.ahead_batch(100).expect("due at half the budget"));
+            in_flight = Some(store.record_batch(100).expect("due at half the budget"));
         }
         assert!(granted <= 13, "past the budget");
     };
@@ -155,7 +155,7 @@ async fn a_counter_never_spends_past_its_landed_budget() {
     assert!(handle.check_now(None, 1, Priority::Normal).is_none());
     let mut held = held;
     database.commit(in_flight.as_ref().expect("taken"));
-    store.ahead_landed(in_flight.take().expect("taken"));
+    store.records_landed(in_flight.take().expect("taken"));
     // Landed: 7 units were in the record, 6 spent past it, 7 of its budget left; the
     // waiting request goes at once.
     assert!(matches!(
@@ -191,8 +191,8 @@ async fn a_failed_batch_fails_only_the_requests_that_need_it() {
     database.drain(&store);
     let mut waiting = pin!(limiter.try_acquire(&new));
     assert!(poll_once(waiting.as_mut()).is_pending());
-    let batch = store.ahead_batch(100).expect("the new counter's record");
-    store.ahead_failed(batch, "disk full");
+    let batch = store.record_batch(100).expect("the new counter's record");
+    store.records_failed(batch, "disk full");
     match poll_once(waiting.as_mut()) {
         Poll::Ready(Err(Error::StoreFailed { reason })) => {
             assert!(reason.contains("state database"), "{reason}");
@@ -219,7 +219,7 @@ async fn a_failed_batch_fails_only_the_requests_that_need_it() {
     ));
     assert!(store.ping().await.is_ok());
     // Once no batch will be written any more, a request that needs a record fails at once.
-    store.ahead_close("another server took over");
+    store.close_records("another server took over");
     let third = Request::new("per-user").key("third");
     let mut closed = pin!(limiter.try_acquire(&third));
     match poll_once(closed.as_mut()) {
@@ -263,7 +263,7 @@ async fn a_crash_keeps_the_limit_over_both_runs() {
                 clock.advance_us(1_000);
             }
             // The process dies; batches taken but not landed are lost with it.
-            let _lost = store.ahead_batch(100);
+            let _lost = store.record_batch(100);
             let (restored_store, restored) = ahead_store(&clock);
             restored.set_limit(hourly.clone());
             clock.advance_us(5_000_000);
@@ -326,7 +326,7 @@ fn without_write_ahead_nothing_is_recorded_or_waited_for() {
         .into_ready()
         .expect("answered at once");
     assert!(answer.expect("decided").is_granted());
-    assert!(store.ahead_batch(100).is_none());
+    assert!(store.record_batch(100).is_none());
 }
 
 /// A request that waits for a record is decided under the limits in force when it is decided:

@@ -4,7 +4,7 @@
 //! that row, naming its column), writing the admin API's changes, and PostgreSQL's change feed
 //! (a trigger that NOTIFYs, so an edit reloads at once rather than at the next poll). Beside
 //! the rules table it keeps the server's state: its runs (`runs.rs`), the memory store's
-//! write-ahead records (`ahead.rs`), its scoped data tokens (`tokens.rs`) and the last valid
+//! write-ahead records (`write_ahead.rs`), its scoped data tokens (`tokens.rs`) and the last valid
 //! version of each rule (`valid.rs`).
 //!
 //! The table name is configurable so that several deployments (or tests) share one database;
@@ -125,10 +125,10 @@ macro_rules! on_pool {
     };
 }
 
-mod ahead;
 mod runs;
 mod tokens;
 mod valid;
+mod write_ahead;
 
 pub use runs::PreviousRun;
 pub use tokens::TokenRow;

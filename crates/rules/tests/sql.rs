@@ -685,7 +685,7 @@ fn rejections(snapshot: &tollgate_rules::RuleSet) -> Vec<(&str, &str, bool)> {
 /// first off, whose writes then change nothing; a clean stop replacing every record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_and_write_ahead_records_round_trip() {
-    use tollgate::{AheadBatch, MemorySnapshot, SavedCounter};
+    use tollgate::{MemorySnapshot, RecordBatch, SavedCounter};
     use tollgate_rules::{PreviousRun, SourceError};
 
     fn sorted(mut snapshot: MemorySnapshot) -> MemorySnapshot {
@@ -741,7 +741,7 @@ async fn runs_and_write_ahead_records_round_trip() {
                 budget: 3,
             });
         }
-        let mut batch = AheadBatch::default();
+        let mut batch = RecordBatch::default();
         batch.counters = counters.clone();
         batch.pauses = Some(vec![("vendor".into(), 900), ("other".into(), 950)]);
         writer
@@ -759,7 +759,7 @@ async fn runs_and_write_ahead_records_round_trip() {
             "{url}"
         );
         // A later batch replaces one record, forgets another, and leaves the pauses.
-        let mut batch = AheadBatch::default();
+        let mut batch = RecordBatch::default();
         batch.counters = vec![SavedCounter {
             limit: "case".into(),
             key: Some("User".into()),

@@ -14,7 +14,7 @@ mod extract;
 mod forward;
 mod guard;
 mod history;
-mod hot;
+mod hot_keys;
 mod learning;
 mod listener;
 mod metrics;

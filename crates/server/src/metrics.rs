@@ -89,7 +89,7 @@ impl Metrics {
     pub(crate) fn new(
         rules: Rules,
         memory: Option<Arc<MemoryStore>>,
-        ahead: Option<Arc<crate::runs::AheadStats>>,
+        ahead: Option<Arc<crate::runs::WriteAheadStats>>,
         store_seconds: HistogramFamily<OperationLabels>,
         envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
     ) -> Metrics {
@@ -225,7 +225,7 @@ struct ScrapeTime {
     /// The memory store, whose counters are counted; a shared store's are its own business.
     memory: Option<Arc<MemoryStore>>,
     /// The memory store's write-ahead to the state database.
-    ahead: Option<Arc<crate::runs::AheadStats>>,
+    ahead: Option<Arc<crate::runs::WriteAheadStats>>,
     /// Envoy's rate limit service, when it is on.
     envoy: Option<Arc<tollgate_envoy::ConfigWatch>>,
 }

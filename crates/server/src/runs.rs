@@ -2,7 +2,7 @@
 //! server's memory store (`tollgate_rules::PreviousRun`, `<table>_ahead`).
 //!
 //! - While it runs, the memory store grants on a rate counter only within a budget recorded
-//!   ahead (`tollgate`'s `ahead.rs`): `spawn_writer` writes the records it asks for, in
+//!   ahead (`tollgate`'s `write_ahead.rs`): `spawn_writer` writes the records it asks for, in
 //!   batches, one transaction each, on SQLite without waiting for the disk (a killed process
 //!   loses nothing SQLite was handed; the host's boot is recorded, since a host that goes
 //!   down may lose the last commits). A heartbeat records every few seconds up to when it may
@@ -77,7 +77,7 @@ fn new_owner() -> Result<String, SourceError> {
 
 /// What the write-ahead has written, for `/metrics`.
 #[derive(Debug, Default)]
-pub(crate) struct AheadStats {
+pub(crate) struct WriteAheadStats {
     /// Transactions committed.
     pub(crate) batches: AtomicU64,
     /// Counter records in them.
@@ -92,7 +92,7 @@ pub(crate) struct MemoryRun {
     source: SqlSource,
     owner: String,
     memory: Arc<MemoryStore>,
-    stats: Arc<AheadStats>,
+    stats: Arc<WriteAheadStats>,
     heartbeat: JoinHandle<()>,
     writer: JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -261,7 +261,7 @@ impl MemoryRun {
             memory.hold(carried, limits.iter());
         }
         let (stop, stopped) = watch::channel(false);
-        let stats = Arc::new(AheadStats::default());
+        let stats = Arc::new(WriteAheadStats::default());
         let heartbeat = spawn_heartbeat(
             source.clone(),
             owner.clone(),
@@ -288,7 +288,7 @@ impl MemoryRun {
     }
 
     /// What the write-ahead has written so far.
-    pub(crate) fn stats(&self) -> Arc<AheadStats> {
+    pub(crate) fn stats(&self) -> Arc<WriteAheadStats> {
         self.stats.clone()
     }
 
@@ -297,7 +297,7 @@ impl MemoryRun {
         let _ = self.stop.send(true);
         let _ = self.heartbeat.await;
         let _ = self.writer.await;
-        self.memory.ahead_close("the server is stopping");
+        self.memory.close_records("the server is stopping");
         let snapshot = self.memory.snapshot();
         let at = snapshot.taken_at_us;
         match self
@@ -392,7 +392,7 @@ fn fenced(memory: &MemoryStore, error: &SourceError) {
          this server grants only what its recorded budgets allow, then refuses with \
          store_unavailable; stop it"
     );
-    memory.ahead_close(&error.to_string());
+    memory.close_records(&error.to_string());
 }
 
 /// Write the records the memory store asks for, batch after batch, until `stopped`.
@@ -400,13 +400,13 @@ fn spawn_writer(
     source: SqlSource,
     owner: String,
     memory: Arc<MemoryStore>,
-    stats: Arc<AheadStats>,
+    stats: Arc<WriteAheadStats>,
     mut stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut retry = AHEAD_RETRY_MIN;
         loop {
-            while let Some(batch) = memory.ahead_batch(AHEAD_ROWS_PER_BATCH) {
+            while let Some(batch) = memory.record_batch(AHEAD_ROWS_PER_BATCH) {
                 let written = tokio::time::timeout(
                     AHEAD_WRITE_TIMEOUT,
                     source.write_ahead(MEMORY_STORE, &owner, &batch),
@@ -418,11 +418,11 @@ fn spawn_writer(
                         stats
                             .records
                             .fetch_add(batch.counters.len() as u64, Ordering::Relaxed);
-                        memory.ahead_landed(batch);
+                        memory.records_landed(batch);
                         retry = AHEAD_RETRY_MIN;
                     }
                     Ok(Err(error @ SourceError::Fenced { .. })) => {
-                        memory.ahead_failed(batch, &error.to_string());
+                        memory.records_failed(batch, &error.to_string());
                         fenced(&memory, &error);
                         return;
                     }
@@ -432,7 +432,7 @@ fn spawn_writer(
                             _ => format!("no commit within {} s", AHEAD_WRITE_TIMEOUT.as_secs()),
                         };
                         stats.failures.fetch_add(1, Ordering::Relaxed);
-                        memory.ahead_failed(batch, &reason);
+                        memory.records_failed(batch, &reason);
                         if retry == AHEAD_RETRY_MIN {
                             tracing::warn!(
                                 error = %reason,
@@ -450,7 +450,7 @@ fn spawn_writer(
                 }
             }
             tokio::select! {
-                () = memory.ahead_due() => {}
+                () = memory.records_due() => {}
                 () = tokio::time::sleep(AHEAD_IDLE_INTERVAL) => {}
                 _ = stopped.changed() => return,
             }

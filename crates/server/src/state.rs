@@ -27,7 +27,7 @@ struct Inner {
     tokens: Arc<Tokens>,
     forward_auth: ForwardAuth,
     learning: crate::learning::SharedLearning,
-    hot_keys: crate::hot::HotKeys,
+    hot_keys: crate::hot_keys::HotKeys,
     history: crate::history::History,
     shutting_down: AtomicBool,
     /// The address bound, once it is (`listen` may ask for port 0).
@@ -53,7 +53,7 @@ impl AppState {
                 tokens,
                 forward_auth,
                 learning,
-                hot_keys: crate::hot::HotKeys::default(),
+                hot_keys: crate::hot_keys::HotKeys::default(),
                 history: crate::history::History::default(),
                 shutting_down: AtomicBool::new(false),
                 listening: OnceLock::new(),
@@ -92,7 +92,7 @@ impl AppState {
         &self.inner.forward_auth
     }
 
-    pub(crate) fn hot_keys(&self) -> &crate::hot::HotKeys {
+    pub(crate) fn hot_keys(&self) -> &crate::hot_keys::HotKeys {
         &self.inner.hot_keys
     }
 

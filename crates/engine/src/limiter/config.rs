@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::learned::LearnConfig;
-use crate::permit::PermitSecret;
+use crate::permit_id::PermitSecret;
 
 // Only for the link in `waiters_max`'s documentation.
 #[cfg(doc)]

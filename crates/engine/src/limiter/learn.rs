@@ -15,7 +15,7 @@ use crate::learned::{
     lowered_policy,
 };
 use crate::limits::{Limit, LimitTable};
-use crate::permit::decode;
+use crate::permit_id::decode;
 
 #[derive(Debug)]
 pub(super) struct Learning {

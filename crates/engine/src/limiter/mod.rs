@@ -21,7 +21,7 @@ use crate::clock::MonotonicClock;
 use crate::error::{Error, Result};
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::memory::{COUNTERS_PER_REQUEST_MAX, MemoryStore, MemoryStoreConfig};
-use crate::permit::{LimitStatus, Part, decode};
+use crate::permit_id::{LimitStatus, Part, decode};
 use crate::store::{
     Adjust, Ask, CounterId, CounterOutcome, Decision, News, Store, StoreFuture, Take, Usage,
 };

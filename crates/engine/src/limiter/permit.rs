@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use tollgate_core::Committed;
 
 use crate::error::{Error, Result};
-use crate::permit::{LimitStatus, Part, PermitId, encode};
+use crate::permit_id::{LimitStatus, Part, PermitId, encode};
 use crate::store::{CounterId, Take};
 
 use super::{Shared, micros};

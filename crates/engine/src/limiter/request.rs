@@ -9,7 +9,7 @@ use tollgate_core::{DenyReason, Priority};
 
 use crate::error::{Error, Result};
 use crate::limits::Limit;
-use crate::permit::LimitStatus;
+use crate::permit_id::LimitStatus;
 use crate::store::{CounterOutcome, Decision};
 
 use super::{Limiter, Permit, QueueFull, Resolved};

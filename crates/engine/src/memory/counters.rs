@@ -188,8 +188,8 @@ pub(super) struct Shard {
     /// sweep's cost, and most decisions find their counter).
     pub(super) sweep_owed: usize,
     /// With write-ahead on: each counter's spending since its record, and the counters due
-    /// for one (`ahead.rs`).
-    pub(super) ahead: Option<ShardAhead>,
+    /// for one (`write_ahead.rs`).
+    pub(super) write_ahead: Option<ShardRecords>,
 }
 
 impl Shard {
@@ -218,17 +218,17 @@ impl Shard {
                 .get_index_mut(self.cursor)
                 .is_some_and(|(_, entry)| entry.idle(now))
                 && !self
-                    .ahead
+                    .write_ahead
                     .as_ref()
-                    .is_some_and(|ahead| ahead.waited_on(self.cursor));
+                    .is_some_and(|write_ahead| write_ahead.waited_on(self.cursor));
             if idle {
                 // The last counter moves into the cursor's place and is examined next.
                 if let Some((id, entry)) = self.counters.swap_remove_index(self.cursor) {
                     if let Some(tally) = entry.tally {
                         tally.release();
                     }
-                    if let Some(ahead) = &mut self.ahead {
-                        ahead.removed(self.cursor, id);
+                    if let Some(write_ahead) = &mut self.write_ahead {
+                        write_ahead.removed(self.cursor, id);
                     }
                 }
                 dropped += 1;
@@ -326,8 +326,8 @@ impl MemoryStore {
                 tally,
             },
         );
-        if let Some(ahead) = &mut shard.ahead {
-            ahead.pushed();
+        if let Some(write_ahead) = &mut shard.write_ahead {
+            write_ahead.pushed();
         }
         Ok(index)
     }

@@ -200,16 +200,16 @@ impl MemoryStore {
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
-        if all_allowed && self.ahead.is_some() {
+        if all_allowed && self.write_ahead.is_some() {
             // Every counter short of budget asks for its record, so that one batch serves them.
             let mut short = false;
             for (position, take) in takes.iter().enumerate() {
                 let shard = &mut guards[guard_of_take[position]];
-                if let Some(ahead) = &mut shard.ahead
+                if let Some(write_ahead) = &mut shard.write_ahead
                     && !take.policy.is_concurrency()
                 {
                     let id = || OwnedCounterId::new(take.counter);
-                    short |= !ahead.allows(index_of_take[position], id, take.policy, cost);
+                    short |= !write_ahead.allows(index_of_take[position], id, take.policy, cost);
                 }
             }
             if short {
@@ -229,11 +229,11 @@ impl MemoryStore {
                 let index = index_of_take[position];
                 let entry = &mut shard.counters[index];
                 *outcome = grant_entry(entry, *take, asked, refundable);
-                if let Some(ahead) = &mut shard.ahead
+                if let Some(write_ahead) = &mut shard.write_ahead
                     && !take.policy.is_concurrency()
                 {
                     let id = || OwnedCounterId::new(take.counter);
-                    due |= ahead.spent(index, id, take.policy, cost);
+                    due |= write_ahead.spent(index, id, take.policy, cost);
                 }
             }
             if due {
@@ -270,7 +270,7 @@ impl MemoryStore {
         // A grant nobody will refund on a counter that needs nothing but its GCRA backlog is
         // decided as its hot word would decide it (with write-ahead on, the general way spends
         // the budget).
-        let admitted = (!refundable && limit_pause_until <= now && shard.ahead.is_none())
+        let admitted = (!refundable && limit_pause_until <= now && shard.write_ahead.is_none())
             .then(|| entry.grant_backlog_alone(take.policy, now, cost, priority))
             .flatten();
         let outcome = match admitted {
@@ -289,16 +289,16 @@ impl MemoryStore {
                     held_until: self.hold_end(take.counter.limit, now),
                 };
                 match check_entry(entry, take, asked, around, true)? {
-                    CounterOutcome::Allowed { .. } => match &mut shard.ahead {
-                        Some(ahead) if !take.policy.is_concurrency() => {
+                    CounterOutcome::Allowed { .. } => match &mut shard.write_ahead {
+                        Some(write_ahead) if !take.policy.is_concurrency() => {
                             let id = || OwnedCounterId::new(take.counter);
-                            if !ahead.allows(index, id, take.policy, cost) {
+                            if !write_ahead.allows(index, id, take.policy, cost) {
                                 self.wake_writer();
                                 self.sweep_after(shard, now);
                                 return Ok(None);
                             }
                             let granted = grant_entry(entry, take, asked, refundable);
-                            if ahead.spent(index, id, take.policy, cost) {
+                            if write_ahead.spent(index, id, take.policy, cost) {
                                 self.wake_writer();
                             }
                             granted
@@ -317,7 +317,7 @@ impl MemoryStore {
     }
 
     /// The decision on a request that needs a record first: tried again after each batch
-    /// settles, until it is decided, the state database fails, or `AHEAD_WAIT_MAX` passes.
+    /// settles, until it is decided, the state database fails, or `RECORD_WAIT_MAX` passes.
     pub(super) async fn acquire_after_record(
         &self,
         takes: &[Take<'_>],
@@ -326,13 +326,13 @@ impl MemoryStore {
         refundable: bool,
         mut seen: u64,
     ) -> Result<Decision> {
-        let Some(ahead) = &self.ahead else {
+        let Some(write_ahead) = &self.write_ahead else {
             return self.acquire_now(takes, cost, priority, refundable);
         };
-        let deadline = tokio::time::Instant::now() + AHEAD_WAIT_MAX;
+        let deadline = tokio::time::Instant::now() + RECORD_WAIT_MAX;
         loop {
-            ahead.wait_after(seen, deadline).await?;
-            seen = ahead.batches();
+            write_ahead.wait_after(seen, deadline).await?;
+            seen = write_ahead.batches();
             // The limits may have changed while it waited (an administrator, a vendor's
             // lesson): a lowered limit must not grant under its old policy for this long.
             let table = lock(&self.in_force).clone();
@@ -340,7 +340,7 @@ impl MemoryStore {
             if let Some(decision) = self.attempt(&takes, cost, priority, refundable)? {
                 return Ok(decision);
             }
-            if let Some(error) = ahead.failure() {
+            if let Some(error) = write_ahead.failure() {
                 return Err(error);
             }
         }
@@ -357,7 +357,7 @@ impl MemoryStore {
         priority: Priority,
     ) -> Option<GcraStep> {
         // With write-ahead on, every grant spends a budget: the general way.
-        if self.ahead.is_some() {
+        if self.write_ahead.is_some() {
             return None;
         }
         let located = self.locate(take.counter);
@@ -379,7 +379,7 @@ impl MemoryStore {
     /// kept for as long as a handle holds its word. `None`: the handle asks the store.
     pub(crate) fn hot_counter(&self, take: Take<'_>) -> Option<Arc<HotCounter>> {
         // A word decides without the store, so without spending a budget: not with write-ahead.
-        if !take.policy.is_gcra() || self.ahead.is_some() {
+        if !take.policy.is_gcra() || self.write_ahead.is_some() {
             return None;
         }
         let located = self.locate(take.counter);

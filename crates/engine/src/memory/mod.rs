@@ -26,7 +26,7 @@
 //!   hot ways a `LimitHandle` takes;
 //! - `pauses.rs`: pauses (a counter's, a limit's), holds after a loss of state, usage;
 //! - `snapshot.rs`: carrying every counter to a later process (`snapshot`, `restore`);
-//! - `records.rs`: the write-ahead record keeper's side (`ahead.rs` holds the budgets).
+//! - `records.rs`: the write-ahead record keeper's side (`write_ahead.rs` holds the budgets).
 
 use std::hash::{BuildHasher, Hash, Hasher};
 
@@ -43,10 +43,10 @@ use crate::store::{
 };
 use std::sync::Arc;
 
-use crate::ahead::{AHEAD_WAIT_MAX, Ahead, AheadBatch, Flight, List, ShardAhead};
 use crate::hot::HotCounter;
 use crate::limits::{Limit, LimitTable, check_key};
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering, OwnLine, lock};
+use crate::write_ahead::{Flight, List, RECORD_WAIT_MAX, RecordBatch, ShardRecords, WriteAhead};
 
 mod counters;
 mod decide;
@@ -124,7 +124,7 @@ pub struct MemoryStore {
     /// The wake-ups of every limiter on this store.
     wake: WakeHandlers,
     /// The write-ahead of budgets to a state database, when on (`with_write_ahead`).
-    ahead: Option<Ahead>,
+    write_ahead: Option<WriteAhead>,
     /// The limits in force as last told (`News::Limits`), kept with write-ahead on: a request
     /// that waited for a record is decided under them, not under those it was asked under.
     in_force: Mutex<Option<Arc<LimitTable>>>,
@@ -141,19 +141,23 @@ impl std::fmt::Debug for WakeHandlers {
 
 impl MemoryStore {
     pub fn new(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
-        MemoryStore::with_ahead(config, clock, false)
+        MemoryStore::with_records(config, clock, false)
     }
 
     /// A store that grants on a rate counter only within a budget recorded ahead in a state
-    /// database (`ahead.rs`): whoever keeps that database drains `ahead_batch`, writes each
-    /// batch, and reports `ahead_landed` or `ahead_failed`. A request that needs a record
+    /// database (`write_ahead.rs`): whoever keeps that database drains `record_batch`, writes each
+    /// batch, and reports `records_landed` or `records_failed`. A request that needs a record
     /// waits for one (its answer is pending until then); the lock-free paths of `LimitHandle`
     /// step aside. After a crash, `restore` of the last records charges each its budget.
     pub fn with_write_ahead(config: MemoryStoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
-        MemoryStore::with_ahead(config, clock, true)
+        MemoryStore::with_records(config, clock, true)
     }
 
-    fn with_ahead(config: MemoryStoreConfig, clock: Arc<dyn Clock>, ahead: bool) -> MemoryStore {
+    fn with_records(
+        config: MemoryStoreConfig,
+        clock: Arc<dyn Clock>,
+        write_ahead: bool,
+    ) -> MemoryStore {
         let hasher = foldhash::fast::RandomState::default();
         MemoryStore {
             shards: (0..SHARDS)
@@ -162,7 +166,7 @@ impl MemoryStore {
                         counters: IndexMap::with_hasher(hasher.clone()),
                         cursor: 0,
                         sweep_owed: 0,
-                        ahead: ahead.then(ShardAhead::default),
+                        write_ahead: write_ahead.then(ShardRecords::default),
                     }))
                 })
                 .collect(),
@@ -178,7 +182,7 @@ impl MemoryStore {
             hold: Mutex::new(Hold::new()),
             hold_ends: AtomicU64::new(0),
             wake: WakeHandlers::default(),
-            ahead: ahead.then(Ahead::new),
+            write_ahead: write_ahead.then(WriteAhead::new),
         }
     }
 
@@ -227,13 +231,13 @@ impl Store for MemoryStore {
             refundable,
             waiter: _,
         } = ask;
-        let Some(ahead) = &self.ahead else {
+        let Some(write_ahead) = &self.write_ahead else {
             return StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable));
         };
         // Counted before the attempt, so a batch that lands after it is not missed.
-        let seen = ahead.batches();
+        let seen = write_ahead.batches();
         match self.attempt(takes, cost, priority, refundable) {
-            Ok(None) => match ahead.closed() {
+            Ok(None) => match write_ahead.closed() {
                 Some(error) => StoreFuture::ready(Err(error)),
                 None => StoreFuture::boxed(
                     self.acquire_after_record(takes, cost, priority, refundable, seen),
@@ -326,17 +330,19 @@ impl Store for MemoryStore {
     /// With write-ahead on, a store whose last batch of records failed is failing: requests
     /// that need a record are refused until one lands.
     fn ping(&self) -> StoreFuture<'_, ()> {
-        StoreFuture::ready(match self.ahead.as_ref().and_then(Ahead::failure) {
-            Some(error) => Err(error),
-            None => Ok(()),
-        })
+        StoreFuture::ready(
+            match self.write_ahead.as_ref().and_then(WriteAhead::failure) {
+                Some(error) => Err(error),
+                None => Ok(()),
+            },
+        )
     }
 }
 
 impl MemoryStore {
     /// The limits in force, as the limiter tells them (`News::Limits`).
     fn set_limits(&self, limits: &LimitTable) {
-        if self.ahead.is_some() {
+        if self.write_ahead.is_some() {
             *lock(&self.in_force) = Some(Arc::new(limits.clone()));
         }
         let gone: Vec<Box<str>> = {

@@ -83,8 +83,8 @@ impl MemoryStore {
         let end = pauses.iter().map(|(_, until)| *until).max().unwrap_or(0);
         self.limit_pauses_end.store(end, Ordering::Release);
         drop(pauses);
-        if lifted && let Some(ahead) = &self.ahead {
-            ahead.pauses_changed();
+        if lifted && let Some(write_ahead) = &self.write_ahead {
+            write_ahead.pauses_changed();
         }
         lifted
     }
@@ -183,8 +183,8 @@ impl MemoryStore {
                 // Hot words read this end before each decision: from here on none grants.
                 self.limit_pauses_end.fetch_max(until, Ordering::AcqRel);
                 drop(pauses);
-                if let Some(ahead) = &self.ahead {
-                    ahead.pauses_changed();
+                if let Some(write_ahead) = &self.write_ahead {
+                    write_ahead.pauses_changed();
                 }
                 Ok(until - now)
             }
@@ -199,8 +199,8 @@ impl MemoryStore {
                 entry.idle_at = entry.counter.idle_at(take.policy);
                 let paused_for_us = entry.counter.paused_until().saturating_sub(now);
                 // The pause is kept with the counter's next record.
-                if let Some(ahead) = &mut shard.ahead
-                    && ahead.touch(index, || OwnedCounterId::new(take.counter))
+                if let Some(write_ahead) = &mut shard.write_ahead
+                    && write_ahead.touch(index, || OwnedCounterId::new(take.counter))
                 {
                     self.wake_writer();
                 }

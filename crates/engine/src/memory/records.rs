@@ -1,32 +1,32 @@
 //! The write-ahead record keeper's side of the memory store: batches of records due
-//! (`ahead_batch`), and what landed or failed; `ahead.rs` keeps the budgets themselves.
+//! (`record_batch`), and what landed or failed; `write_ahead.rs` keeps the budgets themselves.
 
 use super::*;
 
 impl MemoryStore {
     pub(super) fn wake_writer(&self) {
-        if let Some(ahead) = &self.ahead {
-            ahead.wake_writer();
+        if let Some(write_ahead) = &self.write_ahead {
+            write_ahead.wake_writer();
         }
     }
 
     /// Wait until some counter is due for a record (with write-ahead on; never otherwise).
-    pub async fn ahead_due(&self) {
-        match &self.ahead {
-            Some(ahead) => ahead.work().await,
+    pub async fn records_due(&self) {
+        match &self.write_ahead {
+            Some(write_ahead) => write_ahead.work().await,
             None => std::future::pending().await,
         }
     }
 
     /// The next records to write ahead, at most `rows_max` counters (those a request waits
     /// on first), or `None` when nothing is due, write-ahead is off, or a batch is still out:
-    /// one batch at a time, each settled by `ahead_landed` or `ahead_failed` before the next.
-    pub fn ahead_batch(&self, rows_max: usize) -> Option<AheadBatch> {
-        let ahead = self.ahead.as_ref()?;
-        if !ahead.begin_batch() {
+    /// one batch at a time, each settled by `records_landed` or `records_failed` before the next.
+    pub fn record_batch(&self, rows_max: usize) -> Option<RecordBatch> {
+        let write_ahead = self.write_ahead.as_ref()?;
+        if !write_ahead.begin_batch() {
             return None;
         }
-        let mut batch = AheadBatch::default();
+        let mut batch = RecordBatch::default();
         for list in [List::Urgent, List::Due] {
             for (shard_index, shard) in self.shards.iter().enumerate() {
                 let room = rows_max.saturating_sub(batch.counters.len());
@@ -36,7 +36,7 @@ impl MemoryStore {
                 let mut guard = lock(shard);
                 let Shard {
                     counters,
-                    ahead: Some(shard_ahead),
+                    write_ahead: Some(shard_ahead),
                     ..
                 } = &mut *guard
                 else {
@@ -60,37 +60,37 @@ impl MemoryStore {
                 });
             }
         }
-        if ahead.take_pauses_changed() {
+        if write_ahead.take_pauses_changed() {
             let now = self.clock.now_us();
             batch.pauses = Some(self.limit_pauses(now));
         }
         if batch.is_empty() {
-            ahead.abandon_batch();
+            write_ahead.abandon_batch();
             return None;
         }
         Some(batch)
     }
 
     /// The state database committed `batch`: its budgets may be spent.
-    pub fn ahead_landed(&self, batch: AheadBatch) {
-        self.settle_ahead(batch, None);
+    pub fn records_landed(&self, batch: RecordBatch) {
+        self.settle_records(batch, None);
     }
 
     /// The state database did not take `batch` (`reason`): its counters are due again, and
     /// requests that wait for one of them fail with `StoreFailed` naming the reason.
-    pub fn ahead_failed(&self, batch: AheadBatch, reason: &str) {
-        self.settle_ahead(batch, Some(reason));
+    pub fn records_failed(&self, batch: RecordBatch, reason: &str) {
+        self.settle_records(batch, Some(reason));
     }
 
-    pub(super) fn settle_ahead(&self, batch: AheadBatch, failure: Option<&str>) {
-        let Some(ahead) = &self.ahead else {
+    pub(super) fn settle_records(&self, batch: RecordBatch, failure: Option<&str>) {
+        let Some(write_ahead) = &self.write_ahead else {
             return;
         };
         for Flight { shard, id } in batch.flights {
             let mut guard = lock(&self.shards[shard]);
             let Shard {
                 counters,
-                ahead: Some(shard_ahead),
+                write_ahead: Some(shard_ahead),
                 ..
             } = &mut *guard
             else {
@@ -101,16 +101,16 @@ impl MemoryStore {
             }
         }
         if failure.is_some() && batch.pauses.is_some() {
-            ahead.pauses_changed();
+            write_ahead.pauses_changed();
         }
-        ahead.settle(failure);
+        write_ahead.settle(failure);
     }
 
     /// No batch will be written any more (`reason`): requests waiting for a record fail, and
     /// so does every later request that needs one. Counters within their budget still grant.
-    pub fn ahead_close(&self, reason: &str) {
-        if let Some(ahead) = &self.ahead {
-            ahead.close(reason);
+    pub fn close_records(&self, reason: &str) {
+        if let Some(write_ahead) = &self.write_ahead {
+            write_ahead.close(reason);
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 
 /// One counter as `MemoryStore::snapshot` saw it, or a record of write-ahead
-/// (`AheadBatch`): its limit, its key, and its state in the core's words
+/// (`RecordBatch`): its limit, its key, and its state in the core's words
 /// (`Counter::to_words`), times on the store's clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedCounter {
@@ -12,7 +12,7 @@ pub struct SavedCounter {
     pub key: Option<String>,
     pub state: Vec<u64>,
     /// Units the store may have granted on the counter past `state`: its write-ahead budget
-    /// (`ahead.rs`); 0 in a snapshot, taken once nothing decides any more. `restore` charges
+    /// (`write_ahead.rs`); 0 in a snapshot, taken once nothing decides any more. `restore` charges
     /// them (`Counter::charge`).
     pub budget: u64,
 }
@@ -130,8 +130,8 @@ impl MemoryStore {
                             tally,
                         };
                         let (index, _) = shard.counters.insert_full(OwnedCounterId::new(id), entry);
-                        if let Some(ahead) = &mut shard.ahead {
-                            ahead.pushed();
+                        if let Some(write_ahead) = &mut shard.write_ahead {
+                            write_ahead.pushed();
                         }
                         index
                     }
@@ -141,8 +141,8 @@ impl MemoryStore {
                     }
                 },
             };
-            if let Some(ahead) = &mut shard.ahead {
-                ahead.restored(
+            if let Some(write_ahead) = &mut shard.write_ahead {
+                write_ahead.restored(
                     index,
                     OwnedCounterId::new(id),
                     &policy,

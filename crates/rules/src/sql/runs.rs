@@ -2,7 +2,7 @@
 //! what was granted nor holds back what never was: `<table>_runs`, one row per store (the
 //! memory store of a server, or a Redis namespace) with its last heartbeat, whether it
 //! stopped cleanly and, for the memory store, the server that owns the run and whether it
-//! writes its budgets ahead (`ahead.rs`, which keeps its records); and `<table>_saved`, the
+//! writes its budgets ahead (`write_ahead.rs`, which keeps its records); and `<table>_saved`, the
 //! counters and pauses an older server's clean stop left (read once, then replaced by
 //! records).
 

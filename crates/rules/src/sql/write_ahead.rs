@@ -1,4 +1,4 @@
-//! `<table>_ahead`: the memory store's records of write-ahead (`tollgate`'s `ahead.rs`), one row
+//! `<table>_ahead`: the memory store's records of write-ahead (`tollgate`'s `write_ahead.rs`), one row
 //! per counter with its state and the budget it may spend past it, and one per limit-wide
 //! pause. A counter's budget is spent only once its row is committed, so after a crash the rows
 //! bound what the crashed run can have granted; a clean stop replaces them all with the final
@@ -10,7 +10,7 @@
 //! same counter on every backend, whatever its collation does with case and trailing spaces.
 
 use sqlx::Row;
-use tollgate::{AheadBatch, MemorySnapshot, SavedCounter};
+use tollgate::{MemorySnapshot, RecordBatch, SavedCounter};
 
 use super::runs::{PreviousRun, words};
 use super::{Pool, SourceError, SqlSource};
@@ -301,7 +301,7 @@ impl SqlSource {
         &self,
         store: &str,
         owner: &str,
-        batch: &AheadBatch,
+        batch: &RecordBatch,
     ) -> Result<(), SourceError> {
         let rows: Vec<AheadRow<'_>> = batch.counters.iter().map(counter_row).collect();
         let pauses: Option<Vec<AheadRow<'_>>> = batch

@@ -13,8 +13,8 @@
 //! (`Spend`), and lists the counters due for a new record: those that have spent half their
 //! budget (so a record usually lands before the budget runs out), and, first, those a request
 //! waits on. Whoever keeps the state database drains the lists in batches
-//! (`MemoryStore::ahead_batch`), writes each batch in one transaction, and says how it went
-//! (`ahead_landed`, `ahead_failed`). A record in flight limits grants twice: by the last
+//! (`MemoryStore::record_batch`), writes each batch in one transaction, and says how it went
+//! (`records_landed`, `records_failed`). A record in flight limits grants twice: by the last
 //! record's budget, and by the new one's counted from when its state was taken, so either
 //! outcome of the write leaves the store within a durable budget.
 //!
@@ -22,7 +22,7 @@
 //! (a counter that counts nothing, and a budget), as does any grant that would spend past a
 //! budget. That request's answer is a pending future, resolved once a batch lands (or failed
 //! with `StoreFailed` when the state database cannot take it, or takes longer than
-//! `AHEAD_WAIT_MAX`): never a denial the limit did not make. Once its record lands it is decided
+//! `RECORD_WAIT_MAX`): never a denial the limit did not make. Once its record lands it is decided
 //! under the limits in force then (the store keeps the last table `News::Limits` told it), not
 //! those it was asked under: a limit lowered meanwhile does not grant under its old policy.
 //! Concurrency counters have no budget: a renewal moves a lease without a grant, so a store
@@ -39,15 +39,15 @@ use crate::memory::{OwnedCounterId, SavedCounter};
 use crate::sync::{Mutex, lock};
 
 /// The share of a counter's capacity it may grant past its record: one eighth.
-pub const AHEAD_SHARE_OF_CAPACITY: u64 = 8;
+pub const WRITE_AHEAD_SHARE_OF_CAPACITY: u64 = 8;
 
 /// Longest a request waits for the record it needs before it fails with `StoreFailed`.
-pub const AHEAD_WAIT_MAX: Duration = Duration::from_secs(10);
+pub const RECORD_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// What a counter of `policy` may grant past its record: its capacity (the limit, or the burst
-/// for GCRA) over `AHEAD_SHARE_OF_CAPACITY`, rounded up so that every counter has one unit.
+/// for GCRA) over `WRITE_AHEAD_SHARE_OF_CAPACITY`, rounded up so that every counter has one unit.
 pub fn budget_of(policy: &Policy) -> u64 {
-    policy.capacity().div_ceil(AHEAD_SHARE_OF_CAPACITY)
+    policy.capacity().div_ceil(WRITE_AHEAD_SHARE_OF_CAPACITY)
 }
 
 /// One counter's spending since its record.
@@ -88,7 +88,7 @@ impl Spend {
 /// A shard's write-ahead bookkeeping: each counter's `Spend`, at the same index as the counter
 /// in the shard's map, and the counters due for a record.
 #[derive(Debug, Default)]
-pub(crate) struct ShardAhead {
+pub(crate) struct ShardRecords {
     spends: Vec<Spend>,
     /// Counters a request waits on: taken into a batch before the others.
     urgent: Vec<OwnedCounterId>,
@@ -98,7 +98,7 @@ pub(crate) struct ShardAhead {
     forgotten: Vec<OwnedCounterId>,
 }
 
-impl ShardAhead {
+impl ShardRecords {
     /// A counter was added at the end of the shard's map.
     pub(crate) fn pushed(&mut self) {
         self.spends.push(Spend::default());
@@ -204,7 +204,7 @@ pub(crate) enum List {
     Due,
 }
 
-impl ShardAhead {
+impl ShardRecords {
     /// Move records of up to `room` counters of the `list` into `batch`, with `record` giving
     /// each one's id and state (`None` for a counter no longer tracked).
     pub(crate) fn take(
@@ -212,7 +212,7 @@ impl ShardAhead {
         list: List,
         room: usize,
         shard: usize,
-        batch: &mut AheadBatch,
+        batch: &mut RecordBatch,
         mut record: impl FnMut(&OwnedCounterId) -> Option<(usize, SavedCounter)>,
     ) {
         if list == List::Urgent {
@@ -294,10 +294,10 @@ pub(crate) struct Flight {
 }
 
 /// Records for the state database to make durable in one transaction, before the budgets they
-/// carry may be spent (`MemoryStore::ahead_batch`). Hand it back with `ahead_landed` once
-/// committed, or `ahead_failed`.
+/// carry may be spent (`MemoryStore::record_batch`). Hand it back with `records_landed` once
+/// committed, or `records_failed`.
 #[derive(Debug, Default)]
-pub struct AheadBatch {
+pub struct RecordBatch {
     /// Each counter's state with the budget it may spend past it; insert or replace by
     /// limit and key.
     pub counters: Vec<SavedCounter>,
@@ -309,7 +309,7 @@ pub struct AheadBatch {
     pub(crate) flights: Vec<Flight>,
 }
 
-impl AheadBatch {
+impl RecordBatch {
     pub(crate) fn is_empty(&self) -> bool {
         self.counters.is_empty() && self.forgotten.is_empty() && self.pauses.is_none()
     }
@@ -318,7 +318,7 @@ impl AheadBatch {
 /// The store-wide part of the write-ahead: the writer's wake-up, the batch count that requests
 /// waiting for a record watch, and the last failure.
 #[derive(Debug)]
-pub(crate) struct Ahead {
+pub(crate) struct WriteAhead {
     /// Woken when a counter becomes due.
     work: Notify,
     /// Moves on after every batch, landed or failed.
@@ -332,9 +332,9 @@ pub(crate) struct Ahead {
     pauses_changed: AtomicBool,
 }
 
-impl Ahead {
-    pub(crate) fn new() -> Ahead {
-        Ahead {
+impl WriteAhead {
+    pub(crate) fn new() -> WriteAhead {
+        WriteAhead {
             work: Notify::new(),
             settled: watch::Sender::new(0),
             failing: Mutex::new(None),
@@ -407,10 +407,10 @@ impl Ahead {
         }
         match tokio::time::timeout_at(deadline, settled.changed()).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(self.failed("the write-ahead writer is gone")),
+            Ok(Err(_)) => Err(self.failed("the write-write_ahead writer is gone")),
             Err(_) => Err(self.failed(&format!(
                 "no record of the budget landed in the state database within {} s",
-                AHEAD_WAIT_MAX.as_secs()
+                RECORD_WAIT_MAX.as_secs()
             ))),
         }
     }
@@ -434,7 +434,7 @@ impl Ahead {
     fn failed(&self, reason: &str) -> Error {
         Error::StoreFailed {
             reason: format!(
-                "the state database could not record this counter's budget ahead of the grant: \
+                "the state database could not record this counter's budget write_ahead of the grant: \
                  {reason}"
             ),
         }
@@ -461,7 +461,7 @@ mod tests {
     fn a_failed_record_still_bounds_what_is_spent() {
         let policy = Policy::rate(64, 1_000_000, 0, Algorithm::Sliding, Reserve::default())
             .expect("valid policy");
-        let mut shard = ShardAhead::default();
+        let mut shard = ShardRecords::default();
         shard.pushed();
         // A record with room for one large request landed earlier, and 5 were spent past it;
         // the next record asks for the policy's budget, 8.
@@ -473,7 +473,7 @@ mod tests {
             ..Spend::default()
         };
         shard.due.push(id());
-        let mut batch = AheadBatch::default();
+        let mut batch = RecordBatch::default();
         shard.take(List::Due, 10, 0, &mut batch, |_| {
             Some((
                 0,
