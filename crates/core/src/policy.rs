@@ -58,15 +58,18 @@ pub enum Algorithm {
     Fixed,
     /// Generic cell rate algorithm: sustained `limit / period`, bursts up to `burst` units.
     Gcra { burst: u64 },
+    /// A fixed window of the period alone: the margin is not added.
+    Bare,
 }
 
 impl Algorithm {
     /// One of each algorithm (GCRA with a burst of 1), in the order documents list them: what
     /// every list and parser of algorithm names is made from.
-    pub const EACH: [Algorithm; 3] = [
+    pub const EACH: [Algorithm; 4] = [
         Algorithm::Sliding,
         Algorithm::Fixed,
         Algorithm::Gcra { burst: 1 },
+        Algorithm::Bare,
     ];
 
     /// The algorithm's one name, as every interface spells it.
@@ -75,6 +78,7 @@ impl Algorithm {
             Algorithm::Sliding => "sliding",
             Algorithm::Fixed => "fixed",
             Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Bare => "bare",
         }
     }
 
@@ -152,7 +156,7 @@ impl Rate {
     pub fn capacity(&self) -> u64 {
         match self.algorithm {
             Algorithm::Gcra { burst } => burst,
-            Algorithm::Sliding | Algorithm::Fixed => self.limit,
+            Algorithm::Sliding | Algorithm::Fixed | Algorithm::Bare => self.limit,
         }
     }
 }
@@ -369,6 +373,7 @@ impl Policy {
         match &self.kind {
             Kind::Rate(rate) => match rate.algorithm {
                 Algorithm::Sliding | Algorithm::Fixed => rate.window_us(),
+                Algorithm::Bare => rate.period_us(),
                 // TAT runs at most `burst * T` ahead of now.
                 Algorithm::Gcra { burst } => rate.emission_us().saturating_mul(burst),
             },
@@ -389,6 +394,7 @@ mod tests {
                 Algorithm::Sliding => 0,
                 Algorithm::Fixed => 1,
                 Algorithm::Gcra { .. } => 2,
+                Algorithm::Bare => 3,
             };
             assert_eq!(place, expected, "{algorithm:?}");
             assert_eq!(Algorithm::named(algorithm.name(), 1), Some(algorithm));
