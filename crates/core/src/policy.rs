@@ -58,18 +58,15 @@ pub enum Algorithm {
     Fixed,
     /// Generic cell rate algorithm: sustained `limit / period`, bursts up to `burst` units.
     Gcra { burst: u64 },
-    /// A fixed window of the period alone: the margin is not added.
-    Bare,
 }
 
 impl Algorithm {
     /// One of each algorithm (GCRA with a burst of 1), in the order documents list them: what
     /// every list and parser of algorithm names is made from.
-    pub const EACH: [Algorithm; 4] = [
+    pub const EACH: [Algorithm; 3] = [
         Algorithm::Sliding,
         Algorithm::Fixed,
         Algorithm::Gcra { burst: 1 },
-        Algorithm::Bare,
     ];
 
     /// The algorithm's one name, as every interface spells it.
@@ -78,7 +75,6 @@ impl Algorithm {
             Algorithm::Sliding => "sliding",
             Algorithm::Fixed => "fixed",
             Algorithm::Gcra { .. } => "gcra",
-            Algorithm::Bare => "bare",
         }
     }
 
@@ -156,7 +152,7 @@ impl Rate {
     pub fn capacity(&self) -> u64 {
         match self.algorithm {
             Algorithm::Gcra { burst } => burst,
-            Algorithm::Sliding | Algorithm::Fixed | Algorithm::Bare => self.limit,
+            Algorithm::Sliding | Algorithm::Fixed => self.limit,
         }
     }
 }
@@ -373,7 +369,6 @@ impl Policy {
         match &self.kind {
             Kind::Rate(rate) => match rate.algorithm {
                 Algorithm::Sliding | Algorithm::Fixed => rate.window_us(),
-                Algorithm::Bare => rate.period_us(),
                 // TAT runs at most `burst * T` ahead of now.
                 Algorithm::Gcra { burst } => rate.emission_us().saturating_mul(burst),
             },
@@ -394,7 +389,6 @@ mod tests {
                 Algorithm::Sliding => 0,
                 Algorithm::Fixed => 1,
                 Algorithm::Gcra { .. } => 2,
-                Algorithm::Bare => 3,
             };
             assert_eq!(place, expected, "{algorithm:?}");
             assert_eq!(Algorithm::named(algorithm.name(), 1), Some(algorithm));

@@ -41,7 +41,6 @@ pub(crate) const KIND_CONCURRENCY: u64 = 2;
 pub(crate) const ALG_SLIDING: u64 = 1;
 pub(crate) const ALG_FIXED: u64 = 2;
 pub(crate) const ALG_GCRA: u64 = 3;
-pub(crate) const ALG_BARE: u64 = 4;
 
 pub(crate) const PRIORITY_LOW: u64 = 0;
 pub(crate) const PRIORITY_NORMAL: u64 = 1;
@@ -64,7 +63,6 @@ pub(crate) const BODY_SLIDING: u64 = 1;
 pub(crate) const BODY_FIXED: u64 = 2;
 pub(crate) const BODY_GCRA: u64 = 3;
 pub(crate) const BODY_LEASES: u64 = 4;
-pub(crate) const BODY_BARE: u64 = 5;
 
 /// Every number the script holds is a big-endian double.
 pub(crate) const NUMBER_BYTES: u64 = 8;
@@ -122,7 +120,7 @@ pub(crate) const REPLY_AT: u64 = REPLY_HEAD + 1;
 pub(crate) const OUTCOME_NUMBERS: usize = 5;
 
 /// Every number by the name the script's text gives it.
-const CODES: [(&str, u64); 73] = [
+const CODES: [(&str, u64); 71] = [
     ("OP_ACQUIRE", OP_ACQUIRE),
     ("OP_COMMIT", OP_COMMIT),
     ("OP_RENEW", OP_RENEW),
@@ -139,8 +137,6 @@ const CODES: [(&str, u64); 73] = [
     ("ALG_SLIDING", ALG_SLIDING),
     ("ALG_FIXED", ALG_FIXED),
     ("ALG_GCRA", ALG_GCRA),
-    ("ALG_BARE", ALG_BARE),
-    ("BODY_BARE", BODY_BARE),
     ("PRIORITY_LOW", PRIORITY_LOW),
     ("PRIORITY_NORMAL", PRIORITY_NORMAL),
     ("PRIORITY_HIGH", PRIORITY_HIGH),
@@ -202,7 +198,7 @@ const CODES: [(&str, u64); 73] = [
 /// every other part fills), `entry.lua` last (it registers the function, or decides, once
 /// every helper is made). Between them the order only groups what belongs together: every
 /// helper is a field of `T`, looked up when called.
-pub(crate) const PARTS: [(&str, &str); 17] = [
+pub(crate) const PARTS: [(&str, &str); 16] = [
     ("common.lua", include_str!("lua/common.lua")),
     ("words.lua", include_str!("lua/words.lua")),
     ("logs.lua", include_str!("lua/logs.lua")),
@@ -210,7 +206,6 @@ pub(crate) const PARTS: [(&str, &str); 17] = [
     ("sliding.lua", include_str!("lua/sliding.lua")),
     ("fixed.lua", include_str!("lua/fixed.lua")),
     ("gcra.lua", include_str!("lua/gcra.lua")),
-    ("bare.lua", include_str!("lua/bare.lua")),
     ("leases.lua", include_str!("lua/leases.lua")),
     ("counter.lua", include_str!("lua/counter.lua")),
     ("keys.lua", include_str!("lua/keys.lua")),

@@ -23,7 +23,6 @@ pub(crate) fn policy_args(policy: &Policy) -> [u64; abi::POLICY_NUMBERS] {
                 Algorithm::Sliding => (ALG_SLIDING, 0),
                 Algorithm::Fixed => (ALG_FIXED, 0),
                 Algorithm::Gcra { burst } => (ALG_GCRA, burst),
-                Algorithm::Bare => (abi::ALG_BARE, 0),
             };
             [
                 KIND_RATE,

@@ -132,7 +132,7 @@ fn leasable(takes: &[Take<'_>]) -> bool {
         [take] => match take.policy.kind() {
             Kind::Rate(rate) => match rate.algorithm() {
                 Algorithm::Sliding => rate.margin_us() > 0,
-                Algorithm::Fixed | Algorithm::Bare => true,
+                Algorithm::Fixed => true,
                 Algorithm::Gcra { .. } => false,
             },
             Kind::Concurrency(_) => false,

@@ -95,23 +95,6 @@ pub(crate) const LUA_TWINS: &[(&str, Twin)] = &[
     ("gcra_carried", rust(GCRA, "gcra_carried")),
     ("gcra_wait_for_room", rust(GCRA, "gcra_wait_for_room")),
     ("gcra_refund", rust(GCRA, "gcra_refund")),
-    // bare.lua
-    (
-        "bare_roll",
-        rust("crates/core/src/counter/bare.rs", "bare_roll"),
-    ),
-    (
-        "bare_carried",
-        rust("crates/core/src/counter/bare.rs", "bare_carried"),
-    ),
-    (
-        "bare_wait_for_room",
-        rust("crates/core/src/counter/bare.rs", "bare_wait_for_room"),
-    ),
-    (
-        "bare_refund",
-        rust("crates/core/src/counter/bare.rs", "bare_refund"),
-    ),
     // leases.lua
     ("leases_expire", rust(LEASES, "leases_expire")),
     ("leases_used", rust(LEASES, "leases_used")),

@@ -15,7 +15,6 @@
 //! numbers in `words.rs`. The Redis store's script has the same files
 //! (`crates/redis/src/lua/`).
 
-mod bare;
 mod fixed;
 mod gcra;
 mod leases;
@@ -27,7 +26,6 @@ use std::collections::VecDeque;
 
 use crate::policy::{Algorithm, Kind, Policy, Priority};
 
-use bare::{bare_carried, bare_counted_until, bare_refund, bare_roll, bare_wait_for_room};
 use fixed::{fixed_carried, fixed_counted_until, fixed_refund, fixed_roll, fixed_wait_for_room};
 pub use gcra::{GcraStep, gcra_admit};
 use gcra::{gcra_carried, gcra_refund, gcra_used, gcra_wait_for_room};
@@ -68,11 +66,6 @@ enum Body {
     },
     Leases {
         leases: Vec<Lease>,
-    },
-    Bare {
-        window: u64,
-        period_us: u64,
-        used: u64,
     },
 }
 
@@ -332,11 +325,6 @@ impl Counter {
             } => fixed_counted_until(*index, *window_us, *used),
             Body::Gcra { tat, .. } => *tat,
             Body::Leases { leases } => leases_counted_until(leases),
-            Body::Bare {
-                window: index,
-                period_us,
-                used,
-            } => bare_counted_until(*index, *period_us, *used),
         }
     }
 
@@ -359,16 +347,6 @@ impl Counter {
                             used,
                         },
                     ) if *window_us == window => fixed_roll(index, used, window, now),
-                    (
-                        Algorithm::Bare,
-                        Body::Bare {
-                            window: index,
-                            period_us,
-                            used,
-                        },
-                    ) if *period_us == rate.period_us() => {
-                        bare_roll(index, used, rate.period_us(), now)
-                    }
                     (Algorithm::Gcra { .. }, Body::Gcra { emission_us, .. })
                         if *emission_us == rate.emission_us() => {}
                     (algorithm, _) => {
@@ -379,7 +357,6 @@ impl Counter {
                             Algorithm::Gcra { .. } => {
                                 gcra_carried(used_before, rate.emission_us(), now)
                             }
-                            Algorithm::Bare => bare_carried(used_before, rate.period_us(), now),
                         };
                     }
                 }
@@ -403,7 +380,7 @@ impl Counter {
             Body::Empty | Body::Leases { .. } => 0,
             // Callers prune first when the policy matches; across a change, count every bucket.
             Body::Sliding { units, .. } => *units,
-            Body::Fixed { used, .. } | Body::Bare { used, .. } => *used,
+            Body::Fixed { used, .. } => *used,
             Body::Gcra {
                 tat, emission_us, ..
             } => gcra_used(*tat, *emission_us, now),
@@ -414,7 +391,7 @@ impl Counter {
     fn used(&self, policy: &Policy, now: u64) -> u64 {
         match (&self.body, policy.kind()) {
             (Body::Sliding { buckets, units }, _) => sliding_used(buckets, *units),
-            (Body::Fixed { used, .. }, _) | (Body::Bare { used, .. }, _) => *used,
+            (Body::Fixed { used, .. }, _) => *used,
             (Body::Gcra { tat, .. }, Kind::Rate(rate)) => gcra_used(*tat, rate.emission_us(), now),
             (Body::Leases { leases }, _) => leases_used(leases),
             _ => 0,
@@ -440,9 +417,6 @@ impl Counter {
                 gcra_wait_for_room(*tat, rate.emission_us(), now, cost, open)
             }
             (Body::Leases { leases }, _) => leases_wait_for_room(leases, now, excess),
-            (Body::Bare { window: index, .. }, Kind::Rate(rate)) => {
-                bare_wait_for_room(*index, rate.period_us(), now)
-            }
             _ => 0,
         }
     }
@@ -508,8 +482,7 @@ impl Counter {
                 reserved_at =
                     sliding_grant(buckets, units, rate.window_us(), rate.limit(), now, cost);
             }
-            (Body::Fixed { used, .. }, Kind::Rate(_))
-            | (Body::Bare { used, .. }, Kind::Rate(_)) => *used += cost,
+            (Body::Fixed { used, .. }, Kind::Rate(_)) => *used += cost,
             (Body::Gcra { tat, last_seq, .. }, Kind::Rate(_)) => {
                 let step = gcra_admit(*tat, policy, now, cost, priority);
                 *tat = step
@@ -668,17 +641,6 @@ impl Counter {
                     Body::Gcra { tat, last_seq, .. } => {
                         gcra_refund(tat, *last_seq, seq, give_back, rate.emission_us())
                     }
-                    Body::Bare {
-                        window: index,
-                        used: window_used,
-                        ..
-                    } => bare_refund(
-                        *index,
-                        window_used,
-                        rate.period_us(),
-                        reservation.at,
-                        give_back,
-                    ),
                     Body::Empty | Body::Leases { .. } => 0,
                 };
                 Ok(Committed {

@@ -28,7 +28,6 @@ const BODY_SLIDING: u64 = 1;
 const BODY_FIXED: u64 = 2;
 const BODY_GCRA: u64 = 3;
 const BODY_LEASES: u64 = 4;
-const BODY_BARE: u64 = 5;
 
 /// Reads words in order, refusing a short input.
 struct Words<'a>(std::slice::Iter<'a, u64>);
@@ -80,11 +79,6 @@ impl Counter {
                 emission_us,
                 last_seq,
             } => words.extend([BODY_GCRA, *tat, *emission_us, *last_seq]),
-            Body::Bare {
-                window,
-                period_us,
-                used,
-            } => words.extend([BODY_BARE, *window, *period_us, *used]),
             Body::Leases { leases } => {
                 words.extend([BODY_LEASES, leases.len() as u64]);
                 for l in leases {
@@ -153,17 +147,6 @@ impl Counter {
                 Body::Fixed {
                     window,
                     window_us,
-                    used,
-                }
-            }
-            BODY_BARE => {
-                let (window, period_us, used) = (input.next()?, input.next()?, input.next()?);
-                if period_us == 0 || used > UNITS_MAX {
-                    return Err(CounterWordsError("bare window out of range"));
-                }
-                Body::Bare {
-                    window,
-                    period_us,
                     used,
                 }
             }

@@ -99,7 +99,6 @@ function T.read_policy(a, at, packed)
     p.emission = T.div_ceil(p.window, p.limit)
     if p.alg == __ALG_GCRA__ then p.capacity = p.burst else p.capacity = p.limit end
     if p.alg == __ALG_GCRA__ then p.memory = p.emission * p.burst else p.memory = p.window end
-    if p.alg == __ALG_BARE__ then p.memory = p.period end
   else
     p.capacity = p.limit
     p.memory = p.ttl

@@ -7,7 +7,7 @@
 
 function T.units_counted(c, now)
   if c.k == __BODY_SLIDING__ then return c.qu
-  elseif c.k == __BODY_FIXED__ or c.k == __BODY_BARE__ then return c.u
+  elseif c.k == __BODY_FIXED__ then return c.u
   elseif c.k == __BODY_GCRA__ then return T.div_ceil(T.sub0(c.t, now), c.e)
   end
   return 0
@@ -21,8 +21,6 @@ function T.normalise(c, p, now)
       T.sliding_expire(c, p, now)
     elseif p.alg == __ALG_FIXED__ and c.k == __BODY_FIXED__ and c.wu == window then
       T.fixed_roll(c, now, window)
-    elseif p.alg == __ALG_BARE__ and c.k == __BODY_BARE__ and c.wu == p.period then
-      T.bare_roll(c, now, p.period)
     elseif p.alg == __ALG_GCRA__ and c.k == __BODY_GCRA__ and c.e == p.emission then
       -- nothing expires in a TAT
     else
@@ -35,8 +33,6 @@ function T.normalise(c, p, now)
         T.sliding_carried(c, now, used_before)
       elseif p.alg == __ALG_FIXED__ then
         T.fixed_carried(c, now, window, used_before)
-      elseif p.alg == __ALG_BARE__ then
-        T.bare_carried(c, now, p.period, used_before)
       else
         T.gcra_carried(c, p, now, used_before)
       end
@@ -57,7 +53,7 @@ end
 
 function T.used(c, p, now)
   if c.k == __BODY_SLIDING__ then return c.qu
-  elseif c.k == __BODY_FIXED__ or c.k == __BODY_BARE__ then return c.u
+  elseif c.k == __BODY_FIXED__ then return c.u
   elseif c.k == __BODY_GCRA__ then return T.div_ceil(T.sub0(c.t, now), p.emission)
   elseif c.k == __BODY_LEASES__ then return T.leases_used(c)
   end
@@ -76,8 +72,6 @@ function T.wait_for_room(c, p, now, cost, open)
     return T.gcra_wait_for_room(c, p, now, cost, open)
   elseif c.k == __BODY_LEASES__ then
     return T.leases_wait_for_room(c, now, excess)
-  elseif c.k == __BODY_BARE__ then
-    return T.bare_wait_for_room(c, p, now)
   end
   return 0
 end
@@ -86,7 +80,7 @@ function T.counted_until(c, p)
   if c.k == __BODY_SLIDING__ then
     if c.lu == 0 then return 0 end
     return c.ls + p.window
-  elseif c.k == __BODY_FIXED__ or c.k == __BODY_BARE__ then
+  elseif c.k == __BODY_FIXED__ then
     if c.u == 0 then return 0 end
     return (c.w + 1) * c.wu
   elseif c.k == __BODY_GCRA__ then return c.t
@@ -129,7 +123,7 @@ function T.grant(c, p, now, cost, priority, record)
   local slack = math.floor(p.window / __LOG_SLACK_PER_WINDOW__)
   if c.k == __BODY_SLIDING__ then
     reserved_at = T.sliding_grant(c, p, now, cost, slack)
-  elseif c.k == __BODY_FIXED__ or c.k == __BODY_BARE__ then
+  elseif c.k == __BODY_FIXED__ then
     c.u = c.u + cost
   elseif c.k == __BODY_GCRA__ then
     -- gcra_admit's step: the backlog grows by the cost's emission intervals.

@@ -52,8 +52,6 @@ function T.commit_op(KEYS, ARGV, a, now, gen, values, adm)
     refunded = T.fixed_refund(c, p, at, give_back)
   elseif c.k == __BODY_GCRA__ then
     refunded = T.gcra_refund(c, p, seq, give_back)
-  elseif c.k == __BODY_BARE__ then
-    refunded = T.bare_refund(c, p, at, give_back)
   end
   T.save(c, p, now)
   if refunded > 0 then T.wake(channel, KEYS[2]) end

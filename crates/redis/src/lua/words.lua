@@ -42,7 +42,7 @@ function T.decode(raw, KEYS, j, now)
   if k == __BODY_SLIDING__ then
     c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw, at =
       struct.unpack('>dddddddddd', raw, at)
-  elseif k == __BODY_FIXED__ or k == __BODY_BARE__ then
+  elseif k == __BODY_FIXED__ then
     c.w, c.wu, c.u, at = struct.unpack('>ddd', raw, at)
   elseif k == __BODY_GCRA__ then
     c.t, c.e, c.l, at = struct.unpack('>ddd', raw, at)
@@ -72,7 +72,7 @@ function T.encode(c)
   if k == __BODY_SLIDING__ then
     return struct.pack('>Bdddddddddddddddddddd', __COUNTER_TAG__, c.g, c.p, c.s, k, c.ro, c.re,
       c.ra, c.rl, c.rx, c.a, c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw)
-  elseif k == __BODY_FIXED__ or k == __BODY_BARE__ then
+  elseif k == __BODY_FIXED__ then
     return struct.pack('>Bddddddddddddd', __COUNTER_TAG__, c.g, c.p, c.s, k, c.ro, c.re, c.ra,
       c.rl, c.rx, c.a, c.w, c.wu, c.u)
   elseif k == __BODY_GCRA__ then
