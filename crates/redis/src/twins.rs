@@ -255,4 +255,60 @@ mod tests {
         assert!(defines("pub fn commit(&mut self)", "commit"));
         assert!(!defines("fn committed(&self)", "commit"));
     }
+
+    /// The files under `directory` (from the workspace's root) whose text holds or dispatches
+    /// to an algorithm's arithmetic: each algorithm has its wait for room, `<name>_wait_for_room`.
+    fn algorithm_files(root: &str, directory: &str) -> Vec<String> {
+        let mut files: Vec<String> = std::fs::read_dir(format!("{root}/{directory}"))
+            .unwrap_or_else(|error| panic!("{directory}: {error}"))
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .map(|name| format!("{directory}/{name}"))
+            .filter(|path| {
+                std::fs::read_to_string(format!("{root}/{path}"))
+                    .is_ok_and(|text| text.contains("_wait_for_room("))
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn the_recipe_for_an_algorithm_names_every_file_it_touches_and_only_files_that_exist() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let architecture =
+            std::fs::read_to_string(format!("{root}/ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+        let start = architecture
+            .find("\n## Add an algorithm\n")
+            .expect("ARCHITECTURE.md has the recipe");
+        let recipe = &architecture[start + 1..];
+        let recipe = &recipe[..recipe.find("\n## ").unwrap_or(recipe.len())];
+        let named: Vec<&str> = recipe
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|quoted| quoted.starts_with("crates/"))
+            .collect();
+        let mut problems = Vec::new();
+        for path in &named {
+            if !std::path::Path::new(&format!("{root}/{path}")).exists() {
+                problems.push(format!("the recipe names {path}, which does not exist"));
+            }
+        }
+        let algorithm_files = [
+            algorithm_files(root, "crates/core/src/counter"),
+            algorithm_files(root, "crates/redis/src/lua"),
+        ];
+        for (directory, files) in ["counter", "lua"].iter().zip(&algorithm_files) {
+            assert!(
+                files.len() >= 5,
+                "{directory}: the algorithms and their dispatch"
+            );
+        }
+        for path in algorithm_files.iter().flatten() {
+            if !named.contains(&path.as_str()) {
+                problems.push(format!("the recipe does not name {path}"));
+            }
+        }
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
 }

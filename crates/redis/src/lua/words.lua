@@ -8,7 +8,8 @@
 --     kind (BODY_EMPTY, BODY_SLIDING, BODY_FIXED, BODY_GCRA or BODY_LEASES, numbered as the
 --     core's words.rs numbers them); the reservations log: ro, re its live bytes [ro, re), ra
 --     the oldest live one's `at` (-1: not read yet), rl the newest one's `at`, rx the log key's
---     expiry (us); a the counter's cover (until when its limit's key budget counts it, T.cover; 0 none)
+--     expiry (us); a the counter's cover (until when its limit's key budget counts it,
+--     T.cover; 0 none)
 --   sliding '>dddddddddd': qu units of every bucket; the newest bucket kept here: lo opened,
 --     ls stamp, lu units (0: no bucket at all); older (closed) buckets in the bucket log: qo, qe
 --     its live bytes, fs, fu the oldest closed one's stamp and units (fs -1: not read yet), qx
