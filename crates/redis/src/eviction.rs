@@ -2,7 +2,7 @@
 //! what the store makes of it. Every key Tollgate writes has a TTL (so no counter outlives its
 //! use), so `volatile-*` policies can evict them as surely as `allkeys-*`: only `noeviction` is
 //! safe. A store that allows eviction watches Redis's `evicted_keys` on every call instead
-//! (`tollgate.lua`, `T.evictions`), and holds a counter found missing after an eviction.
+//! (`lua/loss.lua`, `T.evictions`), and holds a counter found missing after an eviction.
 
 use redis::Value;
 

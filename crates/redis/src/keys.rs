@@ -58,7 +58,7 @@ fn slot_tags() -> &'static [u32] {
 }
 
 /// The evictions record of the slot whose generation is `generation`: the same key with
-/// `evicted` for `gen`, so the same hash tag and slot (`tollgate.lua`, `T.evictions`).
+/// `evicted` for `gen`, so the same hash tag and slot (`lua/loss.lua`, `T.evictions`).
 pub(crate) fn evictions_beside(generation: &str) -> String {
     let stem = generation.strip_suffix("gen").unwrap_or(generation);
     format!("{stem}evicted")
@@ -147,7 +147,11 @@ impl Keys {
     }
 
     /// A counter's three keys: its state, its open reservations and its older sliding buckets.
-    pub(crate) fn counter_keys(&self, slot: u16, counter: CounterId<'_>) -> [String; 3] {
+    pub(crate) fn counter_keys(
+        &self,
+        slot: u16,
+        counter: CounterId<'_>,
+    ) -> [String; crate::abi::KEYS_PER_COUNTER] {
         [
             self.counter_part('c', slot, counter),
             self.counter_part('r', slot, counter),

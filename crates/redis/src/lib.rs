@@ -1,14 +1,14 @@
 //! The Redis store: counters shared by any number of processes and machines.
 //!
-//! Every operation (acquire over several counters, commit, renew, pause) is one call of
-//! `tollgate.lua` per Redis Cluster slot it touches, which decides atomically with the same
-//! arithmetic as the decision core, on Redis's clock (`TIME`), never a worker's (G5). On Redis 7
-//! and later the script is loaded as a function library named after its hash and each call is
-//! one `FCALL` (its helpers are then made once, not on every call); where `FUNCTION LOAD` is
-//! refused (older Redis, ACLs) it is one `EVALSHA`. A Redis that lost the library (restart
-//! without persistence, a node new to a cluster) gets it again on the first call that misses it.
-//! Under load, acquires on one slot share calls (`batch.rs`), decided in order, each all or
-//! nothing, as they would be one by one.
+//! Every operation (acquire over several counters, commit, renew, pause) is one call of the
+//! script (`lua/*.lua`, joined by `abi.rs`) per Redis Cluster slot it touches, which decides
+//! atomically with the same arithmetic as the decision core, on Redis's clock (`TIME`), never a
+//! worker's (G5). On Redis 7 and later the script is loaded as a function library named after
+//! its hash and each call is one `FCALL` (its helpers are then made once, not on every call);
+//! where `FUNCTION LOAD` is refused (older Redis, ACLs) it is one `EVALSHA`. A Redis that lost
+//! the library (restart without persistence, a node new to a cluster) gets it again on the
+//! first call that misses it. Under load, acquires on one slot share calls (`batch.rs`),
+//! decided in order, each all or nothing, as they would be one by one.
 //!
 //! Where: one Redis (`redis://`), a Redis Cluster (`redis-cluster://`), or the master a set of
 //! Sentinels names (`redis-sentinel://`), see `backend.rs`. Keys (`keys.rs`): each counter's
@@ -54,6 +54,8 @@ mod leasing;
 mod operations;
 mod store;
 pub mod tally;
+#[cfg(test)]
+mod twins;
 
 #[cfg(test)]
 mod batch_tests;

@@ -390,16 +390,26 @@ impl RedisStore {
     }
 
     pub(crate) async fn resume_remote(&self, take: Take<'_>) -> Result<bool> {
+        self.resume_at(take).await.1
+    }
+
+    /// Resume, and the store's clock at the decision (0 when Redis did not answer).
+    pub(crate) async fn resume_at(&self, take: Take<'_>) -> (u64, Result<bool>) {
         let keyed = take.counter.key.is_some();
         let (keys, admission) = self.pause_call(take);
         let own = [f64::from(u8::from(keyed))];
-        let (_, reply) = self
+        let answer = self
             .run_counter(take, RESUME, &keys, admission, &own, &[])
-            .await?;
-        match reply.status.as_str() {
+            .await;
+        let (head, reply) = match answer {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
             "ok" => Ok(reply.numbers.get(3).copied().unwrap_or(0) >= 1),
             other => Err(unavailable(format!("unexpected script status {other}"))),
-        }
+        };
+        (head.now_us, result)
     }
 
     /// Forget a counter (`Adjust::Reset`): its three keys go, in one command (they share a
@@ -416,6 +426,11 @@ impl RedisStore {
     }
 
     pub(crate) async fn usage_remote(&self, take: Take<'_>) -> Result<Usage> {
+        self.usage_at(take).await.1
+    }
+
+    /// Usage, and the store's clock at the decision (0 when Redis did not answer).
+    pub(crate) async fn usage_at(&self, take: Take<'_>) -> (u64, Result<Usage>) {
         let (mut keys, admission) = self.counter_call(take);
         let pause = if !self.is_cluster()
             || self.keys.pause_slot(take.counter.limit) == self.keys.counter_slot(take.counter)
@@ -423,12 +438,19 @@ impl RedisStore {
             keys.push(self.keys.limit_pause(take.counter.limit));
             PauseRef::Key(keys.len())
         } else {
-            PauseRef::Read(self.read_pause(take.counter.limit).await?)
+            match self.read_pause(take.counter.limit).await {
+                Ok(until) => PauseRef::Read(until),
+                Err(error) => return (0, Err(error)),
+            }
         };
-        let (head, reply) = self
+        let answer = self
             .run_counter(take, USAGE, &keys, admission, &[pause.arg()], &[])
-            .await?;
-        match reply.status.as_str() {
+            .await;
+        let (head, reply) = match answer {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
             "ok" => {
                 let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
                 Ok(Usage {
@@ -439,7 +461,8 @@ impl RedisStore {
                 })
             }
             other => Err(failed(format!("unexpected script status {other}"))),
-        }
+        };
+        (head.now_us, result)
     }
 
     /// A waiting request gives up its place in each counter's queue: one call per counter (a

@@ -1,4 +1,4 @@
-//! A limit's key budget on Redis, as plain functions: what `T.admit` in `tollgate.lua` decides,
+//! A limit's key budget on Redis, as plain functions: what `T.admit` in `lua/keys.lua` decides,
 //! written once more in Rust as its reference (`differential_tests.rs` drives the script's tally
 //! through random admissions and compares every answer with `Tally::admit`) and as the model
 //! whose invariant the tests below check: however admissions, moves, races, losses and time
@@ -44,18 +44,23 @@ pub const COVER_SPANS: u64 = 2;
 /// A tally found lost admits no new key for this many spans: past every ordinary cover.
 pub const HOLD_SPANS: u64 = 3;
 /// A cover end is rounded up on a grid of at least an eighth of its distance from now.
-const GRID_PER_DISTANCE: u64 = 8;
+pub(crate) const GRID_PER_DISTANCE: u64 = 8;
+/// A log's expiry is pushed a sixteenth of the window past what it needs, so that a grant does
+/// not move it every time; a log outlives its counter by at most that.
+pub(crate) const LOG_SLACK_PER_WINDOW: u64 = 16;
+/// An expiry is set in whole milliseconds, rounded up, plus one: 2 ms past what it needs.
+pub(crate) const EXPIRY_SLACK_US: u64 = 2_000;
 
 /// The longest one write can make a counter of `policy` live, its logs included: its window
 /// (or its memory, when longer: a GCRA burst beyond the limit, a lease TTL), the logs' slack
-/// of a sixteenth of the window (`tollgate.lua`), and 2 ms for an expiry set in whole
+/// of a sixteenth of the window (`lua/sliding.lua`), and 2 ms for an expiry set in whole
 /// milliseconds, rounded up, plus one.
 pub fn span_us(policy: &Policy) -> u64 {
     let window_us = match policy.kind() {
         Kind::Rate(rate) => rate.window_us(),
         Kind::Concurrency(_) => 0,
     };
-    window_us.max(policy.memory_us()) + window_us / 16 + 2_000
+    window_us.max(policy.memory_us()) + window_us / LOG_SLACK_PER_WINDOW + EXPIRY_SLACK_US
 }
 
 /// The cover given at `now_us` to a counter that must live until `need_us`.

@@ -7,101 +7,41 @@
 //! (no units move), then `grant` on every counter only if all allowed. `check` may normalise
 //! the state (drop what has expired, adapt to a changed policy); normalising never changes a
 //! decision, so a denied request leaves the counters as good as untouched.
+//!
+//! This file holds the counter and what every algorithm shares (its pause, its numbers, the
+//! verdicts and errors) and dispatches on the body's kind; each algorithm's arithmetic is in a
+//! file of its own: `sliding.rs`, `fixed.rs`, `gcra.rs`, `leases.rs` (concurrency), with the
+//! open reservations rate grants keep for refunds in `reservations.rs` and the state as plain
+//! numbers in `words.rs`. The Redis store's script has the same files
+//! (`crates/redis/src/lua/`).
+
+mod fixed;
+mod gcra;
+mod leases;
+mod reservations;
+mod sliding;
+mod words;
 
 use std::collections::VecDeque;
 
-use crate::policy::{Algorithm, Kind, Policy, Priority, UNITS_MAX};
+use crate::policy::{Algorithm, Kind, Policy, Priority};
 
-/// A sliding log keeps at most this many buckets; grants closer together than
-/// `window / SLIDING_BUCKETS_MAX` share a bucket stamped with the latest grant's time, which
-/// counts the earlier ones a little longer than needed (never shorter). Steady-state
-/// utilisation is therefore at least 64/65 of the limit, and memory per key is bounded.
-pub const SLIDING_BUCKETS_MAX: u64 = 64;
-
-/// Open reservations remembered per counter for `commit` refunds. Past this the oldest are
-/// forgotten: their units stay used (safe) and committing them reports them gone. Callers that
-/// commit promptly hold few open at once; the cap keeps a counter's state small (a shared store
-/// reads and writes it whole on every decision) when permits are dropped uncommitted.
-pub const RESERVATIONS_TRACKED_MAX: usize = 256;
-
-/// Outstanding leases per counter; a concurrency limit above this cannot be written.
-pub const LEASES_MAX: u64 = 100_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Bucket {
-    opened_at: u64,
-    stamp: u64,
-    units: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Reservation {
-    seq: u64,
-    units: u64,
-    at: u64,
-}
-
-/// Open reservations, oldest first, on the heap only while there is one: most counters have
-/// none (callers that never commit, GCRA decided on its backlog alone), and a store keeps many
-/// counters, so an empty list costs one word instead of a `VecDeque`'s four. Empty is always
-/// `None`, so equal lists are equal values.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-// The box is the point: `Option<Box<_>>` is one word where `VecDeque` is four.
-#[allow(clippy::box_collection)]
-struct Reservations(Option<Box<VecDeque<Reservation>>>);
-
-impl Reservations {
-    fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |list| list.len())
-    }
-
-    fn front(&self) -> Option<&Reservation> {
-        self.0.as_ref().and_then(|list| list.front())
-    }
-
-    fn back(&self) -> Option<&Reservation> {
-        self.0.as_ref().and_then(|list| list.back())
-    }
-
-    fn push_back(&mut self, reservation: Reservation) {
-        self.0.get_or_insert_default().push_back(reservation);
-    }
-
-    fn pop_front(&mut self) {
-        self.remove(0);
-    }
-
-    /// The reservation numbered `seq` and where it is.
-    fn find(&self, seq: u64) -> Option<(usize, Reservation)> {
-        let list = self.0.as_ref()?;
-        let index = list.binary_search_by_key(&seq, |r| r.seq).ok()?;
-        Some((index, list[index]))
-    }
-
-    fn remove(&mut self, index: usize) {
-        if let Some(list) = &mut self.0 {
-            list.remove(index);
-            if list.is_empty() {
-                self.0 = None;
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        self.0 = None;
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Lease {
-    fence: u64,
-    slots: u64,
-    expires_at: u64,
-}
+use fixed::{fixed_carried, fixed_counted_until, fixed_refund, fixed_roll, fixed_wait_for_room};
+pub use gcra::{GcraStep, gcra_admit};
+use gcra::{gcra_carried, gcra_refund, gcra_used, gcra_wait_for_room};
+pub use leases::LEASES_MAX;
+use leases::{
+    Lease, leases_counted_until, leases_expire, leases_find, leases_grant, leases_release,
+    leases_used, leases_wait_for_room,
+};
+pub use reservations::RESERVATIONS_TRACKED_MAX;
+use reservations::{Reservation, Reservations};
+pub use sliding::SLIDING_BUCKETS_MAX;
+use sliding::{
+    Bucket, sliding_carried, sliding_counted_until, sliding_expire, sliding_grant, sliding_refund,
+    sliding_used, sliding_wait_for_room,
+};
+pub use words::CounterWordsError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Body {
@@ -297,15 +237,6 @@ pub struct Committed {
     pub released: u64,
 }
 
-fn sliding_bucket_span(policy_window_us: u64, limit: u64) -> u64 {
-    if limit <= SLIDING_BUCKETS_MAX {
-        // Fewer units than buckets: every grant fits a bucket of its own; stay exact.
-        0
-    } else {
-        policy_window_us / SLIDING_BUCKETS_MAX
-    }
-}
-
 /// Units open to `priority`, if a request of `cost` can ever be granted at it.
 fn open_for(policy: &Policy, cost: u64, priority: Priority) -> Result<u64, CostError> {
     let open = policy.capacity_for(priority);
@@ -316,51 +247,6 @@ fn open_for(policy: &Policy, cost: u64, priority: Priority) -> Result<u64, CostE
         });
     }
     Ok(open)
-}
-
-/// A GCRA grant worked out from the backlog's end alone (`gcra_admit`).
-#[must_use]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GcraStep {
-    /// The backlog's end after the grant.
-    pub tat: u64,
-    /// Units still open to the request's priority after the grant.
-    pub remaining: u64,
-    /// Time until every unit counted now stops counting.
-    pub reset_after_us: u64,
-}
-
-/// GCRA admission: the grant of `cost` at `priority` on a backlog ending at `tat`, or `None`
-/// when it does not fit (or the cost can never be granted, or the policy is not GCRA). Every
-/// GCRA decision is this one: a counter's (`Counter::decide`) and a lock-free word's, which
-/// holds nothing but `tat` (for a counter `Counter::gcra_alone` allows). The test is
-/// `backlog <= (open - cost) * T`, GCRA's `max(tat, now) + cost * T <= now + open * T`.
-#[inline]
-pub fn gcra_admit(
-    tat: u64,
-    policy: &Policy,
-    now: u64,
-    cost: u64,
-    priority: Priority,
-) -> Option<GcraStep> {
-    let open = open_for(policy, cost, priority).ok()?;
-    let Kind::Rate(rate) = policy.kind() else {
-        return None;
-    };
-    if !matches!(rate.algorithm(), Algorithm::Gcra { .. }) {
-        return None;
-    }
-    let emission = rate.emission_us();
-    let backlog = tat.saturating_sub(now);
-    if backlog > (open - cost) * emission {
-        return None;
-    }
-    let tat = tat.max(now) + cost * emission;
-    Some(GcraStep {
-        tat,
-        remaining: open - backlog.div_ceil(emission) - cost,
-        reset_after_us: (tat - now).min(policy.memory_us()),
-    })
 }
 
 impl Counter {
@@ -431,26 +317,14 @@ impl Counter {
         };
         match &self.body {
             Body::Empty => 0,
-            Body::Sliding { buckets, .. } => buckets
-                .back()
-                .map_or(0, |bucket| bucket.stamp.saturating_add(window)),
+            Body::Sliding { buckets, .. } => sliding_counted_until(buckets, window),
             Body::Fixed {
                 window: index,
                 window_us,
                 used,
-            } => {
-                if *used == 0 {
-                    0
-                } else {
-                    index.saturating_add(1).saturating_mul(*window_us)
-                }
-            }
+            } => fixed_counted_until(*index, *window_us, *used),
             Body::Gcra { tat, .. } => *tat,
-            Body::Leases { leases } => leases
-                .iter()
-                .map(|lease| lease.expires_at)
-                .max()
-                .unwrap_or(0),
+            Body::Leases { leases } => leases_counted_until(leases),
         }
     }
 
@@ -460,22 +334,10 @@ impl Counter {
         match policy.kind() {
             Kind::Rate(rate) => {
                 let window = rate.window_us();
-                while self
-                    .reservations
-                    .front()
-                    .is_some_and(|r| r.at.saturating_add(window) <= now)
-                {
-                    self.reservations.pop_front();
-                }
+                self.reservations.expire(window, now);
                 match (rate.algorithm(), &mut self.body) {
                     (Algorithm::Sliding, Body::Sliding { buckets, units }) => {
-                        while let Some(expired) = buckets
-                            .front()
-                            .filter(|b| b.stamp.saturating_add(window) <= now)
-                        {
-                            *units -= expired.units;
-                            buckets.pop_front();
-                        }
+                        sliding_expire(buckets, units, window, now)
                     }
                     (
                         Algorithm::Fixed,
@@ -484,43 +346,17 @@ impl Counter {
                             window_us,
                             used,
                         },
-                    ) if *window_us == window => {
-                        let current = now / window;
-                        if *index < current {
-                            *index = current;
-                            *used = 0;
-                        }
-                    }
+                    ) if *window_us == window => fixed_roll(index, used, window, now),
                     (Algorithm::Gcra { .. }, Body::Gcra { emission_us, .. })
                         if *emission_us == rate.emission_us() => {}
                     (algorithm, _) => {
                         let used_before = self.rate_units_counted(now);
                         self.body = match algorithm {
-                            Algorithm::Sliding => {
-                                let mut buckets = VecDeque::new();
-                                if used_before > 0 {
-                                    buckets.push_back(Bucket {
-                                        opened_at: now,
-                                        stamp: now,
-                                        units: used_before,
-                                    });
-                                }
-                                Body::Sliding {
-                                    buckets,
-                                    units: used_before,
-                                }
+                            Algorithm::Sliding => sliding_carried(used_before, now),
+                            Algorithm::Fixed => fixed_carried(used_before, window, now),
+                            Algorithm::Gcra { .. } => {
+                                gcra_carried(used_before, rate.emission_us(), now)
                             }
-                            Algorithm::Fixed => Body::Fixed {
-                                window: now / window,
-                                window_us: window,
-                                used: used_before,
-                            },
-                            Algorithm::Gcra { .. } => Body::Gcra {
-                                tat: now
-                                    .saturating_add(used_before.saturating_mul(rate.emission_us())),
-                                emission_us: rate.emission_us(),
-                                last_seq: 0,
-                            },
                         };
                     }
                 }
@@ -528,7 +364,7 @@ impl Counter {
             Kind::Concurrency(_) => {
                 self.reservations.clear();
                 match &mut self.body {
-                    Body::Leases { leases } => leases.retain(|lease| lease.expires_at > now),
+                    Body::Leases { leases } => leases_expire(leases, now),
                     _ => {
                         self.body = Body::Leases { leases: Vec::new() };
                     }
@@ -547,25 +383,17 @@ impl Counter {
             Body::Fixed { used, .. } => *used,
             Body::Gcra {
                 tat, emission_us, ..
-            } => tat.saturating_sub(now).div_ceil(*emission_us),
+            } => gcra_used(*tat, *emission_us, now),
         }
     }
 
     /// Units in use (rate units counted, or lease slots held) after `normalise`.
     fn used(&self, policy: &Policy, now: u64) -> u64 {
         match (&self.body, policy.kind()) {
-            (Body::Sliding { buckets, units }, _) => {
-                debug_assert_eq!(*units, buckets.iter().map(|b| b.units).sum::<u64>());
-                *units
-            }
+            (Body::Sliding { buckets, units }, _) => sliding_used(buckets, *units),
             (Body::Fixed { used, .. }, _) => *used,
-            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
-                // Units the bucket holds: the backlog in emission intervals, rounded up. A grant
-                // of `cost` fits when this plus `cost` is within the burst, which is GCRA's own
-                // test `max(tat, now) + cost * T <= now + burst * T`.
-                tat.saturating_sub(now).div_ceil(rate.emission_us())
-            }
-            (Body::Leases { leases }, _) => leases.iter().map(|lease| lease.slots).sum(),
+            (Body::Gcra { tat, .. }, Kind::Rate(rate)) => gcra_used(*tat, rate.emission_us(), now),
+            (Body::Leases { leases }, _) => leases_used(leases),
             _ => 0,
         }
     }
@@ -580,38 +408,15 @@ impl Counter {
         let excess = used + cost - open;
         match (&self.body, policy.kind()) {
             (Body::Sliding { buckets, .. }, Kind::Rate(rate)) => {
-                let mut freed = 0;
-                for bucket in buckets {
-                    freed += bucket.units;
-                    if freed >= excess {
-                        return (bucket.stamp + rate.window_us()).saturating_sub(now);
-                    }
-                }
-                unreachable!("cost is at most the capacity, so expiring every bucket makes room")
+                sliding_wait_for_room(buckets, rate.window_us(), now, excess)
             }
-            (Body::Fixed { window: index, .. }, Kind::Rate(rate)) => (index + 1)
-                .saturating_mul(rate.window_us())
-                .saturating_sub(now),
+            (Body::Fixed { window: index, .. }, Kind::Rate(rate)) => {
+                fixed_wait_for_room(*index, rate.window_us(), now)
+            }
             (Body::Gcra { tat, .. }, Kind::Rate(rate)) => {
-                // Fits once the backlog `tat - t` is at most `(open - cost) * T`.
-                tat.saturating_sub((open - cost) * rate.emission_us())
-                    .saturating_sub(now)
+                gcra_wait_for_room(*tat, rate.emission_us(), now, cost, open)
             }
-            (Body::Leases { leases }, _) => {
-                let mut expiries: Vec<(u64, u64)> = leases
-                    .iter()
-                    .map(|lease| (lease.expires_at, lease.slots))
-                    .collect();
-                expiries.sort_unstable();
-                let mut freed = 0;
-                for (expires_at, slots) in expiries {
-                    freed += slots;
-                    if freed >= excess {
-                        return expires_at.saturating_sub(now);
-                    }
-                }
-                unreachable!("cost is at most the capacity, so expiring every lease makes room")
-            }
+            (Body::Leases { leases }, _) => leases_wait_for_room(leases, now, excess),
             _ => 0,
         }
     }
@@ -674,25 +479,8 @@ impl Counter {
         let mut reserved_at = now;
         match (&mut self.body, policy.kind()) {
             (Body::Sliding { buckets, units }, Kind::Rate(rate)) => {
-                *units += cost;
-                let span = sliding_bucket_span(rate.window_us(), rate.limit());
-                // Never stamp earlier than the newest bucket, so stamps stay ordered even if
-                // the deciding clock steps back.
-                let at = buckets.back().map_or(now, |last| last.stamp.max(now));
-                reserved_at = at;
-                // `opened_at <= stamp <= at`: with a span of 0 a grant joins the newest bucket
-                // only at that bucket's own instant.
-                match buckets.back_mut() {
-                    Some(last) if at - last.opened_at <= span => {
-                        last.stamp = at;
-                        last.units += cost;
-                    }
-                    _ => buckets.push_back(Bucket {
-                        opened_at: at,
-                        stamp: at,
-                        units: cost,
-                    }),
-                }
+                reserved_at =
+                    sliding_grant(buckets, units, rate.window_us(), rate.limit(), now, cost);
             }
             (Body::Fixed { used, .. }, Kind::Rate(_)) => *used += cost,
             (Body::Gcra { tat, last_seq, .. }, Kind::Rate(_)) => {
@@ -704,20 +492,13 @@ impl Counter {
             }
             (Body::Leases { leases }, Kind::Concurrency(concurrency)) => {
                 let expires_at = now + concurrency.lease_ttl_us();
-                leases.push(Lease {
-                    fence: seq,
-                    slots: cost,
-                    expires_at,
-                });
+                leases_grant(leases, seq, cost, expires_at);
                 lease_expires_at = Some(expires_at);
             }
             _ => unreachable!("normalise gives the body the policy's kind"),
         }
         if refundable && !policy.is_concurrency() {
-            if self.reservations.len() >= RESERVATIONS_TRACKED_MAX {
-                self.reservations.pop_front();
-            }
-            self.reservations.push_back(Reservation {
+            self.reservations.record(Reservation {
                 seq,
                 units: cost,
                 at: reserved_at,
@@ -826,10 +607,7 @@ impl Counter {
         self.normalise(policy, now);
         match (&mut self.body, policy.kind()) {
             (Body::Leases { leases }, _) => {
-                let released = match leases.iter().position(|lease| lease.fence == seq) {
-                    Some(index) => leases.swap_remove(index).slots,
-                    None => 0,
-                };
+                let released = leases_release(leases, seq);
                 Ok(Committed {
                     refunded: 0,
                     released,
@@ -847,49 +625,24 @@ impl Counter {
                 let give_back = reservation.units - used;
                 let refunded = match body {
                     Body::Sliding { buckets, units } => {
-                        // The bucket that holds the reservation: the last one opened at or before it.
-                        match buckets
-                            .iter_mut()
-                            .rev()
-                            .find(|b| b.opened_at <= reservation.at)
-                        {
-                            Some(bucket) if bucket.stamp >= reservation.at => {
-                                let refund = give_back.min(bucket.units);
-                                bucket.units -= refund;
-                                *units -= refund;
-                                refund
-                            }
-                            _ => 0,
-                        }
+                        sliding_refund(buckets, units, reservation.at, give_back)
                     }
                     Body::Fixed {
                         window: index,
                         used: window_used,
                         ..
-                    } => {
-                        if reservation.at / rate.window_us() == *index {
-                            let refund = give_back.min(*window_used);
-                            *window_used -= refund;
-                            refund
-                        } else {
-                            0
-                        }
-                    }
+                    } => fixed_refund(
+                        *index,
+                        window_used,
+                        rate.window_us(),
+                        reservation.at,
+                        give_back,
+                    ),
                     Body::Gcra { tat, last_seq, .. } => {
-                        // Only the newest grant can be taken back exactly: an older one's time may
-                        // since have been absorbed by an idle gap (see ARCHITECTURE.md).
-                        if *last_seq == seq {
-                            *tat = tat.saturating_sub(give_back * rate.emission_us());
-                            give_back
-                        } else {
-                            0
-                        }
+                        gcra_refund(tat, *last_seq, seq, give_back, rate.emission_us())
                     }
                     Body::Empty | Body::Leases { .. } => 0,
                 };
-                if let Body::Sliding { buckets, .. } = body {
-                    buckets.retain(|b| b.units > 0);
-                }
                 Ok(Committed {
                     refunded,
                     released: 0,
@@ -911,10 +664,7 @@ impl Counter {
         let Body::Leases { leases } = &mut self.body else {
             unreachable!("normalise gives a concurrency policy a lease body")
         };
-        let lease = leases
-            .iter_mut()
-            .find(|lease| lease.fence == fence)
-            .ok_or(PermitError::LeaseExpired)?;
+        let lease = leases_find(leases, fence).ok_or(PermitError::LeaseExpired)?;
         lease.expires_at = now + concurrency.lease_ttl_us();
         Ok(lease.expires_at)
     }
@@ -937,186 +687,6 @@ impl Counter {
                 .saturating_sub(now)
                 .min(policy.memory_us()),
         )
-    }
-}
-
-/// Why a counter's words (`Counter::to_words`) cannot be read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CounterWordsError(&'static str);
-
-impl std::fmt::Display for CounterWordsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "counter state: {}", self.0)
-    }
-}
-
-impl std::error::Error for CounterWordsError {}
-
-const BODY_EMPTY: u64 = 0;
-const BODY_SLIDING: u64 = 1;
-const BODY_FIXED: u64 = 2;
-const BODY_GCRA: u64 = 3;
-const BODY_LEASES: u64 = 4;
-
-/// Reads words in order, refusing a short input.
-struct Words<'a>(std::slice::Iter<'a, u64>);
-
-impl Words<'_> {
-    fn next(&mut self) -> Result<u64, CounterWordsError> {
-        self.0.next().copied().ok_or(CounterWordsError("too short"))
-    }
-
-    /// A length, refused above `max` before anything is allocated for it.
-    fn len(&mut self, max: u64, what: &'static str) -> Result<usize, CounterWordsError> {
-        let len = self.next()?;
-        if len > max {
-            return Err(CounterWordsError(what));
-        }
-        usize::try_from(len).map_err(|_| CounterWordsError(what))
-    }
-}
-
-impl Counter {
-    /// The whole state as plain numbers, times as they are (on the deciding clock), so a store
-    /// can keep it across a restart of its process (`from_words` reads it back).
-    pub fn to_words(&self) -> Vec<u64> {
-        let mut words = vec![
-            self.paused_until,
-            self.next_seq,
-            self.reservations.len() as u64,
-        ];
-        if let Some(list) = &self.reservations.0 {
-            for r in list.iter() {
-                words.extend([r.seq, r.units, r.at]);
-            }
-        }
-        match &self.body {
-            Body::Empty => words.push(BODY_EMPTY),
-            Body::Sliding { buckets, .. } => {
-                words.extend([BODY_SLIDING, buckets.len() as u64]);
-                for b in buckets {
-                    words.extend([b.opened_at, b.stamp, b.units]);
-                }
-            }
-            Body::Fixed {
-                window,
-                window_us,
-                used,
-            } => words.extend([BODY_FIXED, *window, *window_us, *used]),
-            Body::Gcra {
-                tat,
-                emission_us,
-                last_seq,
-            } => words.extend([BODY_GCRA, *tat, *emission_us, *last_seq]),
-            Body::Leases { leases } => {
-                words.extend([BODY_LEASES, leases.len() as u64]);
-                for l in leases {
-                    words.extend([l.fence, l.slots, l.expires_at]);
-                }
-            }
-        }
-        words
-    }
-
-    /// A counter from `to_words`. Words that no counter could have written (from another
-    /// version, or edited by hand) are refused rather than trusted: a decision on an
-    /// inconsistent state could overdraw.
-    pub fn from_words(words: &[u64]) -> Result<Counter, CounterWordsError> {
-        let mut input = Words(words.iter());
-        let paused_until = input.next()?;
-        let next_seq = input.next()?;
-        let count = input.len(RESERVATIONS_TRACKED_MAX as u64, "too many reservations")?;
-        let mut reservations = Reservations::default();
-        for _ in 0..count {
-            let reservation = Reservation {
-                seq: input.next()?,
-                units: input.next()?,
-                at: input.next()?,
-            };
-            let ordered = reservations
-                .back()
-                .is_none_or(|last| last.seq < reservation.seq);
-            if !ordered || reservation.seq >= next_seq || reservation.units > UNITS_MAX {
-                return Err(CounterWordsError("reservations out of order"));
-            }
-            reservations.push_back(reservation);
-        }
-        let body = match input.next()? {
-            BODY_EMPTY => Body::Empty,
-            BODY_SLIDING => {
-                // The log holds at most one bucket past its cap while it merges.
-                let count = input.len(SLIDING_BUCKETS_MAX + 1, "too many sliding buckets")?;
-                let mut buckets = VecDeque::with_capacity(count);
-                let mut units: u64 = 0;
-                for _ in 0..count {
-                    let bucket = Bucket {
-                        opened_at: input.next()?,
-                        stamp: input.next()?,
-                        units: input.next()?,
-                    };
-                    let ordered = bucket.opened_at <= bucket.stamp
-                        && buckets
-                            .back()
-                            .is_none_or(|last: &Bucket| last.stamp <= bucket.stamp);
-                    if !ordered {
-                        return Err(CounterWordsError("sliding buckets out of order"));
-                    }
-                    units = units
-                        .checked_add(bucket.units)
-                        .ok_or(CounterWordsError("sliding units out of range"))?;
-                    buckets.push_back(bucket);
-                }
-                Body::Sliding { buckets, units }
-            }
-            BODY_FIXED => {
-                let (window, window_us, used) = (input.next()?, input.next()?, input.next()?);
-                if window_us == 0 || used > UNITS_MAX {
-                    return Err(CounterWordsError("fixed window out of range"));
-                }
-                Body::Fixed {
-                    window,
-                    window_us,
-                    used,
-                }
-            }
-            BODY_GCRA => {
-                let (tat, emission_us, last_seq) = (input.next()?, input.next()?, input.next()?);
-                if emission_us == 0 {
-                    return Err(CounterWordsError("GCRA interval out of range"));
-                }
-                Body::Gcra {
-                    tat,
-                    emission_us,
-                    last_seq,
-                }
-            }
-            BODY_LEASES => {
-                let count = input.len(LEASES_MAX, "too many leases")?;
-                let mut leases = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let lease = Lease {
-                        fence: input.next()?,
-                        slots: input.next()?,
-                        expires_at: input.next()?,
-                    };
-                    if lease.fence >= next_seq || lease.slots > LEASES_MAX {
-                        return Err(CounterWordsError("lease out of range"));
-                    }
-                    leases.push(lease);
-                }
-                Body::Leases { leases }
-            }
-            _ => return Err(CounterWordsError("unknown kind")),
-        };
-        if input.0.next().is_some() {
-            return Err(CounterWordsError("too long"));
-        }
-        Ok(Counter {
-            paused_until,
-            next_seq,
-            reservations,
-            body,
-        })
     }
 }
 
