@@ -15,8 +15,8 @@ use proptest::test_runner::{Config, TestRunner};
 use tollgate::Error;
 use tollgate::store::{CounterId, CounterOutcome, Take, Usage, WaiterId};
 use tollgate_core::{
-    Algorithm, Around, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority, Reserve,
-    Verdict,
+    Algorithm, Around, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority,
+    Reserve, Verdict,
 };
 use tollgate_redis_protocol::queue;
 
@@ -228,9 +228,13 @@ async fn compare(
                     limit_paused_until: limit_until,
                     held_until: Some(born + policy.memory_us()),
                 };
-                let expected =
-                    decide_around(counter, &policy, (now, *cost, *priority, !*final_grant), around)
-                        .map_err(context)?;
+                let expected = decide_around(
+                    counter,
+                    &policy,
+                    (now, *cost, *priority, !*final_grant),
+                    around,
+                )
+                .map_err(context)?;
                 let same = match (expected, outcome) {
                     (Verdict::Granted(grant), CounterOutcome::Granted(redis)) => {
                         permits.push((grant.seq, *cost));
