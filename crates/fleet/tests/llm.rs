@@ -94,10 +94,22 @@ async fn run(mode: &str) -> (Value, Sent) {
     let (_server, server) = start(&mut command, "tollgate serve", "tollgate: listening on ");
     let client = reqwest::Client::new();
     for (name, rule) in [
-        ("llm-requests", format!(r#"{{"kind":"rate","limit":{RPM},"period_ms":{PERIOD_MS}}}"#)),
-        ("llm-input", format!(r#"{{"kind":"rate","limit":{ITPM},"period_ms":{PERIOD_MS}}}"#)),
-        ("llm-output", format!(r#"{{"kind":"rate","limit":{OTPM},"period_ms":{PERIOD_MS}}}"#)),
-        ("llm-overrun", r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":120000}"#.to_owned()),
+        (
+            "llm-requests",
+            format!(r#"{{"kind":"rate","limit":{RPM},"period_ms":{PERIOD_MS}}}"#),
+        ),
+        (
+            "llm-input",
+            format!(r#"{{"kind":"rate","limit":{ITPM},"period_ms":{PERIOD_MS}}}"#),
+        ),
+        (
+            "llm-output",
+            format!(r#"{{"kind":"rate","limit":{OTPM},"period_ms":{PERIOD_MS}}}"#),
+        ),
+        (
+            "llm-overrun",
+            r#"{"kind":"concurrency","limit":1,"lease_ttl_ms":120000}"#.to_owned(),
+        ),
     ] {
         let answer = client
             .put(format!("{server}/v1/limits/{name}"))
@@ -107,7 +119,11 @@ async fn run(mode: &str) -> (Value, Sent) {
             .send()
             .await
             .expect("put a limit");
-        assert!(answer.status().is_success(), "{name}: {:?}", answer.text().await);
+        assert!(
+            answer.status().is_success(),
+            "{name}: {:?}",
+            answer.text().await
+        );
     }
     let (_model, model) = start(
         Command::new(env!("CARGO_BIN_EXE_tollgate-mock-model")).args([
@@ -187,9 +203,18 @@ async fn with_max_tokens_the_model_never_refuses_nor_counts_past_its_limits() {
     let (report, sent) = run("bounded").await;
     assert!(sent.0[0] > 0 && sent.0[2] == 0, "{sent:?}");
     assert_eq!(number(&report, "limited"), 0, "{report}");
-    assert!(number(&report, "most_output_in_any_window") <= OTPM, "{report}");
-    assert!(number(&report, "most_input_in_any_window") <= ITPM, "{report}");
-    assert!(number(&report, "most_requests_in_any_window") <= RPM, "{report}");
+    assert!(
+        number(&report, "most_output_in_any_window") <= OTPM,
+        "{report}"
+    );
+    assert!(
+        number(&report, "most_input_in_any_window") <= ITPM,
+        "{report}"
+    );
+    assert!(
+        number(&report, "most_requests_in_any_window") <= RPM,
+        "{report}"
+    );
     assert!(number(&report, "failed") + number(&report, "cut") + number(&report, "cancelled") > 0);
     // The exact figure is in docs/lab.md; this floor leaves room for a slow machine.
     assert!(
@@ -208,7 +233,10 @@ async fn without_max_tokens_the_model_is_passed_by_at_most_one_streams_excess() 
         number(&report, "output_excess") <= STREAM_EXCESS_MOST,
         "{report}"
     );
-    assert!(number(&report, "most_input_in_any_window") <= ITPM, "{report}");
+    assert!(
+        number(&report, "most_input_in_any_window") <= ITPM,
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

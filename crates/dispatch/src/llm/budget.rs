@@ -142,7 +142,9 @@ fn transport(error: reqwest::Error) -> DispatchError {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl TokenBudget {
@@ -162,7 +164,10 @@ impl TokenBudget {
             ));
         }
         if config.output_default == 0 {
-            return Err(DispatchError::config("output_default", "must be at least 1"));
+            return Err(DispatchError::config(
+                "output_default",
+                "must be at least 1",
+            ));
         }
         let client = reqwest::Client::builder()
             .build()
@@ -198,8 +203,12 @@ impl TokenBudget {
         *lock(&self.inner.debt)
     }
 
-    async fn post(&self, path: &str, body: &impl serde::Serialize, timeout: Duration)
-    -> Result<(reqwest::StatusCode, bytes::Bytes), DispatchError> {
+    async fn post(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<(reqwest::StatusCode, bytes::Bytes), DispatchError> {
         let mut request = self
             .inner
             .client
@@ -260,8 +269,9 @@ impl TokenBudget {
     async fn commit(&self, permit: &Permit, used: u64, sent_at: Option<Instant>) {
         let body = CommitBody {
             used: Some(used.min(permit.cost)),
-            sent_after_ms: sent_at
-                .map(|sent| tollgate_api::ms_ceil(sent.saturating_duration_since(permit.granted_at))),
+            sent_after_ms: sent_at.map(|sent| {
+                tollgate_api::ms_ceil(sent.saturating_duration_since(permit.granted_at))
+            }),
         };
         let path = format!("/v1/permits/{}/commit", permit.id);
         let settled = self.post(&path, &body, Duration::from_secs(10)).await;
@@ -422,7 +432,10 @@ async fn top_up(
                 continue;
             }
             let ask = need.div_ceil(TOP_UP_STEP) * TOP_UP_STEP;
-            match budget.take(vec![name.clone()], ask, Duration::ZERO, true).await {
+            match budget
+                .take(vec![name.clone()], ask, Duration::ZERO, true)
+                .await
+            {
                 Ok(Some(permit)) => {
                     budget
                         .inner
@@ -460,6 +473,8 @@ enum Ending {
     /// The body was read to its end, or stopped (failed, cut, cancelled): `usage` is what it
     /// showed.
     Read(Usage),
+    /// The caller read the answer: what the vendor charged.
+    Charged(u64, u64),
 }
 
 impl Reservation {
@@ -469,11 +484,28 @@ impl Reservation {
     }
 
     /// What the answer has shown so far: top-ups follow it.
-    fn show(&self, usage: &Usage) {
+    fn show_usage(&self, usage: &Usage) {
         let (input, output) = self.charged(usage);
+        self.show(input, output);
+    }
+
+    /// For an API read by the caller: the answer has shown at least `input` and `output`
+    /// tokens so far; what passes the grant is topped up beside it, without waiting.
+    pub fn show(&self, input: u64, output: u64) {
         if let Some(seen) = &self.seen {
             seen.send_replace((input, output));
         }
+    }
+
+    /// For an API read by the caller: the request was sent now.
+    pub fn sent(&mut self) {
+        self.sent_at = Some(Instant::now());
+    }
+
+    /// For an API read by the caller: settle with what the vendor charged. Refunds the rest;
+    /// a shortfall is a debt (see the module documentation).
+    pub async fn finish(self, input: u64, output: u64) {
+        self.settle(Ending::Charged(input, output)).await;
     }
 
     /// What the vendor charges for what the answer showed: its report, else the input
@@ -494,6 +526,7 @@ impl Reservation {
             Ending::Unsent { nothing: true } | Ending::Refused => (0, 0),
             Ending::Unsent { nothing: false } => (self.estimate.input, self.estimate.output),
             Ending::Read(usage) => self.charged(&usage),
+            Ending::Charged(input, output) => (input, output),
         };
         // Stop the top-ups: what they took is settled below.
         drop(self.seen.take());
@@ -511,7 +544,11 @@ impl Reservation {
             let first = left.min(permit.cost - paid);
             left -= first;
             budget.commit(permit, paid + first, sent_after).await;
-            for (_, extra) in top_ups.permits.iter().filter(|(kind, _)| *kind == is_output) {
+            for (_, extra) in top_ups
+                .permits
+                .iter()
+                .filter(|(kind, _)| *kind == is_output)
+            {
                 let part = left.min(extra.cost);
                 left -= part;
                 budget.commit(extra, part, None).await;
@@ -528,9 +565,10 @@ impl Reservation {
             let mut owed = short;
             if self.lease {
                 let limits = &budget.inner.limits;
-                for (is_output, name, amount) in
-                    [(false, &limits.input, short.0), (true, &limits.output, short.1)]
-                {
+                for (is_output, name, amount) in [
+                    (false, &limits.input, short.0),
+                    (true, &limits.output, short.1),
+                ] {
                     if amount == 0 {
                         continue;
                     }
@@ -620,7 +658,7 @@ impl Metered {
             Ok(Some(chunk)) => {
                 self.reader.feed(&chunk);
                 if let Some(reservation) = &self.reservation {
-                    reservation.show(&self.reader.usage());
+                    reservation.show_usage(&self.reader.usage());
                 }
                 Ok(Some(chunk))
             }

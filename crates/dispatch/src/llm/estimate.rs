@@ -144,8 +144,14 @@ mod tests {
 
     #[test]
     fn paths_are_recognised() {
-        assert_eq!(Api::recognise("/v1/chat/completions"), Some(Api::OpenAiChat));
-        assert_eq!(Api::recognise("/openai/v1/responses?x=1"), Some(Api::OpenAiResponses));
+        assert_eq!(
+            Api::recognise("/v1/chat/completions"),
+            Some(Api::OpenAiChat)
+        );
+        assert_eq!(
+            Api::recognise("/openai/v1/responses?x=1"),
+            Some(Api::OpenAiResponses)
+        );
         assert_eq!(Api::recognise("/v1/messages"), Some(Api::AnthropicMessages));
         assert_eq!(Api::recognise("/v1/embeddings"), None);
     }

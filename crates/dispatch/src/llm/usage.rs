@@ -59,7 +59,9 @@ fn read_usage(usage: &Value) -> (Option<u64>, Option<u64>) {
 }
 
 fn text_len(value: Option<&Value>) -> u64 {
-    value.and_then(Value::as_str).map_or(0, |text| text.len() as u64)
+    value
+        .and_then(Value::as_str)
+        .map_or(0, |text| text.len() as u64)
 }
 
 impl UsageReader {
@@ -174,8 +176,7 @@ impl UsageReader {
             "error" | "response.failed" | "response.error" => {
                 self.usage.failed = true;
                 if let Some(response) = json.get("response") {
-                    let (input, output) =
-                        read_usage(response.get("usage").unwrap_or(&Value::Null));
+                    let (input, output) = read_usage(response.get("usage").unwrap_or(&Value::Null));
                     self.note(input, output);
                 }
             }
@@ -258,7 +259,10 @@ mod tests {
                 "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"abc\"}}\n\n",
             ],
         );
-        assert_eq!((usage.input, usage.output, usage.streamed), (Some(9), Some(1), 3));
+        assert_eq!(
+            (usage.input, usage.output, usage.streamed),
+            (Some(9), Some(1), 3)
+        );
         assert!(!usage.finished);
     }
 
@@ -269,6 +273,9 @@ mod tests {
             false,
             &["{\"usage\":{\"input_tokens\":3,", "\"output_tokens\":4}}"],
         );
-        assert_eq!((usage.input, usage.output, usage.finished), (Some(3), Some(4), true));
+        assert_eq!(
+            (usage.input, usage.output, usage.finished),
+            (Some(3), Some(4), true)
+        );
     }
 }

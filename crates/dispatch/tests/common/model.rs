@@ -63,7 +63,9 @@ pub fn parse_args(args: &[String]) -> Result<(String, ModelConfig), String> {
                 .parse::<u64>()
                 .ok()
                 .filter(|number| *number >= 1)
-                .ok_or_else(|| format!("{flag}: must be a whole number of at least 1, not {value:?}"))
+                .ok_or_else(|| {
+                    format!("{flag}: must be a whole number of at least 1, not {value:?}")
+                })
         };
         match flag.as_str() {
             "--listen" => listen = value.clone(),
@@ -111,11 +113,7 @@ fn text_tokens(content: &Value) -> u64 {
         Value::String(text) => text.len(),
         Value::Array(parts) => parts
             .iter()
-            .map(|part| {
-                part.get("text")
-                    .and_then(Value::as_str)
-                    .map_or(0, str::len)
-            })
+            .map(|part| part.get("text").and_then(Value::as_str).map_or(0, str::len))
             .sum(),
         _ => 0,
     };
@@ -151,7 +149,9 @@ impl Model {
             .iter()
             .rev()
             .take_while(|call| call.at > from || (from.is_zero() && call.at.is_zero()))
-            .fold((0, 0, 0), |(n, i, o), call| (n + 1, i + call.input, o + call.output))
+            .fold((0, 0, 0), |(n, i, o), call| {
+                (n + 1, i + call.input, o + call.output)
+            })
     }
 
     fn report(&self) -> Value {
@@ -323,7 +323,9 @@ async fn call(State(state): State<Shared>, uri: Uri, headers: HeaderMap, body: B
             model.limited += 1;
             let mut response = (
                 StatusCode::TOO_MANY_REQUESTS,
-                axum::Json(json!({"error": {"type": "rate_limit_error", "message": "rate limited"}})),
+                axum::Json(
+                    json!({"error": {"type": "rate_limit_error", "message": "rate limited"}}),
+                ),
             )
                 .into_response();
             response
@@ -331,7 +333,11 @@ async fn call(State(state): State<Shared>, uri: Uri, headers: HeaderMap, body: B
                 .insert(header::RETRY_AFTER, HeaderValue::from(1));
             return response;
         }
-        model.calls.push(Call { at, input, output: 0 });
+        model.calls.push(Call {
+            at,
+            input,
+            output: 0,
+        });
         (model.calls.len() - 1, config)
     };
     // Output counts as it is written, so a stream that stops is charged what it wrote.
@@ -391,13 +397,23 @@ async fn call(State(state): State<Shared>, uri: Uri, headers: HeaderMap, body: B
         while written < output {
             if fail_after.is_some_and(|at| written >= at) {
                 let error = match style {
-                    Style::Chat => json!({"error": {"message": "failed on demand", "type": "server_error"}}),
-                    Style::Responses => json!({"type": "response.failed", "response": {"status": "failed",
-                        "usage": usage(style, input, written)}}),
-                    Style::Messages => json!({"type": "error", "error": {"type": "overloaded_error",
-                        "message": "failed on demand"}}),
+                    Style::Chat => {
+                        json!({"error": {"message": "failed on demand", "type": "server_error"}})
+                    }
+                    Style::Responses => {
+                        json!({"type": "response.failed", "response": {"status": "failed",
+                        "usage": usage(style, input, written)}})
+                    }
+                    Style::Messages => {
+                        json!({"type": "error", "error": {"type": "overloaded_error",
+                        "message": "failed on demand"}})
+                    }
                 };
-                let kind = if style == Style::Responses { "response.failed" } else { "error" };
+                let kind = if style == Style::Responses {
+                    "response.failed"
+                } else {
+                    "error"
+                };
                 let _ = send(event(style, kind, error)).await;
                 lock(&state).failed += 1;
                 return;
@@ -422,21 +438,37 @@ async fn call(State(state): State<Shared>, uri: Uri, headers: HeaderMap, body: B
         }
         let closing: Vec<Bytes> = match style {
             Style::Chat => {
-                let mut closing = vec![event(style, "", json!({"object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))];
+                let mut closing = vec![event(
+                    style,
+                    "",
+                    json!({"object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                )];
                 if include_usage {
-                    closing.push(event(style, "", json!({"object": "chat.completion.chunk",
-                        "choices": [], "usage": usage(style, input, output)})));
+                    closing.push(event(
+                        style,
+                        "",
+                        json!({"object": "chat.completion.chunk",
+                        "choices": [], "usage": usage(style, input, output)}),
+                    ));
                 }
                 closing.push(Bytes::from_static(b"data: [DONE]\n\n"));
                 closing
             }
-            Style::Responses => vec![event(style, "response.completed", json!({
+            Style::Responses => vec![event(
+                style,
+                "response.completed",
+                json!({
                 "type": "response.completed", "response": {"status": "completed",
-                "usage": usage(style, input, output)}}))],
+                "usage": usage(style, input, output)}}),
+            )],
             Style::Messages => vec![
-                event(style, "message_delta", json!({"type": "message_delta",
-                    "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}})),
+                event(
+                    style,
+                    "message_delta",
+                    json!({"type": "message_delta",
+                    "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}}),
+                ),
                 event(style, "message_stop", json!({"type": "message_stop"})),
             ],
         };

@@ -58,7 +58,10 @@ struct Tally {
 }
 
 /// One random call: its path, body and the model's test headers.
-fn random_call(rng: &mut fastrand::Rng, bounded: bool) -> (String, Value, Vec<(String, String)>, Option<u64>) {
+fn random_call(
+    rng: &mut fastrand::Rng,
+    bounded: bool,
+) -> (String, Value, Vec<(String, String)>, Option<u64>) {
     let (path, api) = match rng.u8(0..3) {
         0 => ("/v1/chat/completions", Api::OpenAiChat),
         1 => ("/v1/responses", Api::OpenAiResponses),
@@ -67,9 +70,15 @@ fn random_call(rng: &mut fastrand::Rng, bounded: bool) -> (String, Value, Vec<(S
     let text: String = "word ".repeat(rng.usize(4..80));
     let stream = rng.u8(0..10) < 7;
     let mut body = match api {
-        Api::AnthropicMessages => json!({"model": "mock-1", "messages": [{"role": "user", "content": text}]}),
-        Api::OpenAiResponses => json!({"model": "mock-1", "input": [{"role": "user", "content": text}]}),
-        Api::OpenAiChat => json!({"model": "mock-1", "messages": [{"role": "user", "content": text}]}),
+        Api::AnthropicMessages => {
+            json!({"model": "mock-1", "messages": [{"role": "user", "content": text}]})
+        }
+        Api::OpenAiResponses => {
+            json!({"model": "mock-1", "input": [{"role": "user", "content": text}]})
+        }
+        Api::OpenAiChat => {
+            json!({"model": "mock-1", "messages": [{"role": "user", "content": text}]})
+        }
     };
     let most = if bounded { BOUNDED_MAX } else { UNBOUNDED_MOST };
     if bounded {
@@ -156,7 +165,16 @@ async fn run() {
                     continue;
                 };
                 if mode == "at-end" {
-                    at_end(&client, &server, &token, &config, request, cancel_after, &tally).await;
+                    at_end(
+                        &client,
+                        &server,
+                        &token,
+                        &config,
+                        request,
+                        cancel_after,
+                        &tally,
+                    )
+                    .await;
                     continue;
                 }
                 let mut metered = match budget.send(&client, request, None).await {
@@ -210,7 +228,8 @@ async fn acquire(
     cost: u64,
     wait_ms: u64,
 ) -> bool {
-    let body = json!({"limits": [limit], "cost": cost.max(1), "wait_ms": wait_ms, "refundable": false});
+    let body =
+        json!({"limits": [limit], "cost": cost.max(1), "wait_ms": wait_ms, "refundable": false});
     client
         .post(format!("{server}/v1/acquire"))
         .bearer_auth(token)
