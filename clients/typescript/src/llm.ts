@@ -272,7 +272,10 @@ function owe(budget: Budget, input: number, output: number): void {
 
 function charged(found: Estimate, usage: Usage): [number, number] {
   const streamed = found.bounded ? Math.min(usage.streamed, found.output) : usage.streamed;
-  return [usage.input ?? found.input, usage.output ?? streamed];
+  // Until the answer is finished, a reported output (Anthropic's message_start says 1) is only
+  // a floor: the text streamed counts when it is more.
+  const output = usage.output === null ? streamed : usage.finished ? usage.output : Math.max(usage.output, streamed);
+  return [usage.input ?? found.input, output];
 }
 
 /** One request's grant and its settlement. */

@@ -76,8 +76,9 @@ fn start(command: &mut Command, what: &str, prefix: &str) -> (Killed, String) {
 #[derive(Debug, Default)]
 struct Sent([u64; 7]);
 
-async fn run(mode: &str) -> (Value, Sent) {
-    let _serial = SERIAL.lock().await;
+/// A server with the four limits, and the model: (server, its URL, model, its URL, the
+/// server's directory).
+async fn server_and_model() -> (Killed, String, Killed, String, tempfile::TempDir) {
     let directory = tempfile::tempdir().expect("tempdir");
     let log = std::fs::File::create(directory.path().join("server.log")).expect("log");
     let mut command = Command::new(server_binary());
@@ -91,7 +92,7 @@ async fn run(mode: &str) -> (Value, Sent) {
         .env("TOLLGATE_DATA_TOKEN", DATA_TOKEN)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .stderr(log);
-    let (_server, server) = start(&mut command, "tollgate serve", "tollgate: listening on ");
+    let (server_process, server) = start(&mut command, "tollgate serve", "tollgate: listening on ");
     let client = reqwest::Client::new();
     for (name, rule) in [
         (
@@ -125,7 +126,7 @@ async fn run(mode: &str) -> (Value, Sent) {
             answer.text().await
         );
     }
-    let (_model, model) = start(
+    let (model_process, model) = start(
         Command::new(env!("CARGO_BIN_EXE_tollgate-mock-model")).args([
             "--rpm",
             &RPM.to_string(),
@@ -139,6 +140,13 @@ async fn run(mode: &str) -> (Value, Sent) {
         "tollgate-mock-model",
         "listening on ",
     );
+    (server_process, server, model_process, model, directory)
+}
+
+async fn run(mode: &str) -> (Value, Sent) {
+    let _serial = SERIAL.lock().await;
+    let (_server, server, _model, model, _directory) = server_and_model().await;
+    let client = reqwest::Client::new();
     let mut workers = Vec::new();
     for seed in 0..PROCESSES {
         let mut child = Killed(
@@ -246,4 +254,125 @@ async fn charging_tokens_once_the_answer_has_ended_overruns_the_model() {
         number(&report, "limited") > 0 && number(&report, "most_output_in_any_window") > OTPM,
         "{report}"
     );
+}
+
+/// What the server counts now on one limit.
+async fn used(server: &str, limit: &str) -> u64 {
+    let stats: Value = reqwest::Client::new()
+        .get(format!("{server}/v1/stats?limit={limit}"))
+        .bearer_auth(DATA_TOKEN)
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    stats["limits"][0]["usage"]["used"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{stats}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_way_an_answer_ends_is_charged_what_the_model_charged() {
+    use tollgate_dispatch::llm::{BudgetLimits, EstimateConfig, TokenBudget};
+    let _serial = SERIAL.lock().await;
+    let (_server, server, _model, model, _directory) = server_and_model().await;
+    let budget = || {
+        TokenBudget::new(
+            &server,
+            Some(DATA_TOKEN.to_owned()),
+            BudgetLimits {
+                requests: "llm-requests".into(),
+                input: "llm-input".into(),
+                output: "llm-output".into(),
+                overrun: Some("llm-overrun".into()),
+            },
+            EstimateConfig {
+                output_default: 200,
+                ..EstimateConfig::default()
+            },
+            Duration::from_secs(10),
+        )
+        .expect("budget")
+    };
+    let client = reqwest::Client::new();
+    let call = |path: &str, body: Value, tokens: u64, extra: Option<(&str, &str)>| {
+        let mut request = client
+            .post(format!("{model}{path}"))
+            .header("x-mock-tokens", tokens.to_string())
+            .json(&body);
+        if let Some((name, value)) = extra {
+            request = request.header(name, value);
+        }
+        request.build().expect("request")
+    };
+    let hello = serde_json::json!([{"role": "user", "content": "hello"}]);
+    let mut before = (0, 0);
+    let mut charged = async |what: &str| {
+        let now = (
+            used(&server, "llm-input").await,
+            used(&server, "llm-output").await,
+        );
+        let charged = (now.0 - before.0, now.1 - before.1);
+        println!("{what}: input {} output {}", charged.0, charged.1);
+        before = now;
+        charged
+    };
+
+    // A Responses API answer, whole: its `usage`, never 0.
+    let budget_one = budget();
+    let body = serde_json::json!({"model": "m", "max_output_tokens": 100, "input": hello});
+    let mut answer = budget_one
+        .send(&client, call("/v1/responses", body, 40, None), None)
+        .await
+        .expect("sent");
+    while answer.chunk().await.expect("chunk").is_some() {}
+    assert_eq!(charged("responses, JSON").await, (5, 40));
+
+    // An Anthropic stream cancelled after its first event: the input it reported and the text
+    // streamed, neither refunded whole nor kept whole.
+    let body =
+        serde_json::json!({"model": "m", "max_tokens": 100, "stream": true, "messages": hello});
+    let mut answer = budget_one
+        .send(&client, call("/v1/messages", body.clone(), 100, None), None)
+        .await
+        .expect("sent");
+    answer.chunk().await.expect("chunk");
+    answer.chunk().await.expect("chunk");
+    answer.cancel().await;
+    let (input, output) = charged("messages, cancelled").await;
+    assert_eq!(input, 5);
+    // The model wrote at least the four tokens of the one text event read.
+    assert!((4..100).contains(&output), "{output}");
+
+    // A stream the model fails after 30 tokens: what it streamed (a byte a token, so at least
+    // the 30 the model counted).
+    let mut answer = budget_one
+        .send(
+            &client,
+            call("/v1/messages", body, 100, Some(("x-mock-fail-after", "30"))),
+            None,
+        )
+        .await
+        .expect("sent");
+    while answer.chunk().await.expect("chunk").is_some() {}
+    let (input, output) = charged("messages, failed").await;
+    assert_eq!(input, 5);
+    assert!((30..=100).contains(&output), "{output}");
+
+    // A chat stream without `max_tokens` that writes 500 past an estimate of 200: topped up
+    // as it runs, settled at the model's 500.
+    let body = serde_json::json!({"model": "m", "stream": true, "messages": hello});
+    let mut answer = budget_one
+        .send(&client, call("/v1/chat/completions", body, 500, None), None)
+        .await
+        .expect("sent");
+    while answer.chunk().await.expect("chunk").is_some() {}
+    assert_eq!(charged("chat, uncapped").await, (5, 500));
+    assert!(
+        budget_one.stats().topped_up >= 300,
+        "{:?}",
+        budget_one.stats()
+    );
+    assert_eq!(budget_one.debt(), (0, 0));
 }

@@ -326,10 +326,15 @@ def _prepare(
 
 def _charged(found: Estimate, usage: Usage) -> tuple[int, int]:
     streamed = min(usage.streamed, found.output) if found.bounded else usage.streamed
-    return (
-        usage.input if usage.input is not None else found.input,
-        usage.output if usage.output is not None else streamed,
-    )
+    # Until the answer is finished, a reported output (Anthropic's message_start says 1) is
+    # only a floor: the text streamed counts when it is more.
+    if usage.output is None:
+        output = streamed
+    elif usage.finished:
+        output = usage.output
+    else:
+        output = max(usage.output, streamed)
+    return (usage.input if usage.input is not None else found.input, output)
 
 
 class _Held:

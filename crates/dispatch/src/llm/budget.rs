@@ -509,7 +509,9 @@ impl Reservation {
     }
 
     /// What the vendor charges for what the answer showed: its report, else the input
-    /// estimate and the text streamed (never more output than a cap the request set).
+    /// estimate and the text streamed (never more output than a cap the request set). Until
+    /// the answer is finished, a reported output (Anthropic's `message_start` says 1) is only
+    /// a floor: the text streamed counts when it is more.
     fn charged(&self, usage: &Usage) -> (u64, u64) {
         let input = usage.input.unwrap_or(self.estimate.input);
         let streamed = if self.estimate.bounded {
@@ -517,7 +519,12 @@ impl Reservation {
         } else {
             usage.streamed
         };
-        (input, usage.output.unwrap_or(streamed))
+        let output = match usage.output {
+            Some(reported) if usage.finished => reported,
+            Some(reported) => reported.max(streamed),
+            None => streamed,
+        };
+        (input, output)
     }
 
     async fn settle(mut self, ending: Ending) {
