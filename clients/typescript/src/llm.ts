@@ -12,7 +12,8 @@
  *    16 per request, which never counts fewer tokens than a byte-level tokeniser makes (or the
  *    caller's own count, `init.tollgate.inputTokens`);
  * 2. takes the output estimate, the input estimate and one request, each from its limit, all or
- *    none (a refusal gives back what was taken), adding this process's debts first; a request
+ *    none, in one round that does not wait (a refusal gives back what was taken, waits for room
+ *    on the refused limit, and tries the round again), adding this process's debts first; a request
  *    without an output cap also takes the `overrun` lease when the budget names one;
  * 3. sends the request (a streaming chat request gets `stream_options.include_usage`) and passes
  *    the answer on chunk by chunk, reading it as it goes: when the text streamed passes what is
@@ -369,10 +370,21 @@ async function reserve(client: Client, budget: Budget, found: Estimate): Promise
     [[budget.input], found.input + debt[0]],
     [lease ? [budget.requests, budget.overrun!] : [budget.requests], 1],
   ];
-  const held: Permit[] = [];
+  let held: Permit[] = [];
   try {
-    for (const [limits, cost] of asks) {
-      held.push(await client.acquire(limits, { cost, wait: Math.max(0, deadline - performance.now() / 1000) }));
+    // One round that does not wait, so that no grant ages while another is waited for; on a
+    // refusal, give back, wait for room on the refused limit, and go again.
+    while (held.length < asks.length) {
+      const [limits, cost] = asks[held.length]!;
+      try {
+        held.push(await client.acquire(limits, { cost }));
+      } catch (error) {
+        if (!(error instanceof RateLimited)) throw error;
+        for (const permit of held) await permit.commit(0);
+        held = [];
+        const room = await client.acquire(limits, { cost, wait: Math.max(0, deadline - performance.now() / 1000) });
+        await room.commit(0);
+      }
     }
   } catch (error) {
     for (const permit of held) await permit.commit(0);

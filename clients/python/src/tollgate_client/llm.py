@@ -20,7 +20,8 @@ For each it:
    request, which never counts fewer tokens than a byte-level tokeniser makes (or the caller's
    own count, the request extension ``"tollgate_input_tokens"``);
 2. takes the output estimate, the input estimate and one request, each from its limit, all or
-   none (a refusal gives back what was taken), adding this process's debts first; a request
+   none, in one round that does not wait (a refusal gives back what was taken, waits for room
+   on the refused limit, and tries the round again), adding this process's debts first; a request
    without an output cap also takes the ``overrun`` lease when the budget names one;
 3. sends the request (a streaming chat request gets ``stream_options.include_usage``) and
    passes the answer on chunk by chunk, reading it as it goes: when the text streamed passes
@@ -407,12 +408,18 @@ class LlmTransport(httpx.BaseTransport):
         ]
         held: list[Permit] = []
         try:
-            for limits, cost in asks:
-                held.append(
-                    self._client.acquire(
-                        limits, cost=cost, wait=max(0.0, deadline - time.monotonic())
-                    )
-                )
+            # One round that does not wait, so that no grant ages while another is waited for;
+            # on a refusal, give back, wait for room on the refused limit, and go again.
+            while len(held) < len(asks):
+                limits, cost = asks[len(held)]
+                try:
+                    held.append(self._client.acquire(limits, cost=cost))
+                except RateLimited:
+                    for permit in held:
+                        permit.commit(0)
+                    held = []
+                    wait = max(0.0, deadline - time.monotonic())
+                    self._client.acquire(limits, cost=cost, wait=wait).commit(0)
         except BaseException:
             for permit in held:
                 permit.commit(0)
@@ -562,12 +569,17 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
         ]
         held: list[AsyncPermit] = []
         try:
-            for limits, cost in asks:
-                held.append(
-                    await self._client.acquire(
-                        limits, cost=cost, wait=max(0.0, deadline - time.monotonic())
-                    )
-                )
+            # As the blocking transport: one round that does not wait, again after room.
+            while len(held) < len(asks):
+                limits, cost = asks[len(held)]
+                try:
+                    held.append(await self._client.acquire(limits, cost=cost))
+                except RateLimited:
+                    for permit in held:
+                        await permit.commit(0)
+                    held = []
+                    wait = max(0.0, deadline - time.monotonic())
+                    await (await self._client.acquire(limits, cost=cost, wait=wait)).commit(0)
         except BaseException:
             for permit in held:
                 await permit.commit(0)

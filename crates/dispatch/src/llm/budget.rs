@@ -1,11 +1,12 @@
 //! The grant on a Tollgate server and its settlement.
 //!
 //! A request takes its three costs before it goes: output tokens (its estimate), input tokens
-//! (its estimate), then one request, each a waiting acquire on its own limit (`POST
-//! /v1/acquire` carries one cost for all the limits it names, so three costs are three
-//! acquires). The caller holds all three or none: a refusal gives back what was taken (a commit
-//! of 0) before the error. Nothing is sent before all three are held, so no concurrent request
-//! passes a check that another has not yet been counted against.
+//! (its estimate) and one request, each an acquire on its own limit (`POST /v1/acquire`
+//! carries one cost for all the limits it names, so three costs are three acquires), taken in
+//! one round that does not wait; a refusal gives back what was taken (a commit of 0), waits for
+//! room on the refused limit, and the round is tried again. The caller holds all three or none,
+//! all fresh, and nothing is sent before all three are held, so no concurrent request passes a
+//! check that another has not yet been counted against.
 //!
 //! While the answer streams, text beyond the output estimate is taken at once by a top-up (an
 //! acquire that does not wait, made beside the stream, never in its way); what a top-up cannot
@@ -302,22 +303,41 @@ impl TokenBudget {
             (vec![limits.input.clone()], estimate.input + debt.0),
             (request_limits, 1),
         ];
+        // Every grant is taken in one round that does not wait, so that none has aged while
+        // another was waited for: a grant counts a period from when it was made, and the
+        // vendor counts from the request's arrival. When one is refused, what was taken is
+        // given back, room on the refused limit is waited for (a waiting acquire given back at
+        // once), and the round is tried again.
+        let timed_out = || DispatchError::WaitTimedOut {
+            waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
+            paused: false,
+        };
         let mut failure = None;
-        for (names, cost) in asks {
-            match self.take(names, cost, left(), true).await {
-                Ok(Some(permit)) => held.push(permit),
-                Ok(None) => {
-                    failure = Some(DispatchError::WaitTimedOut {
-                        waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
-                        paused: false,
-                    });
-                    break;
-                }
-                Err(error) => {
-                    failure = Some(error);
-                    break;
+        'rounds: loop {
+            for (names, cost) in &asks {
+                match self.take(names.clone(), *cost, Duration::ZERO, true).await {
+                    Ok(Some(permit)) => held.push(permit),
+                    Ok(None) => {
+                        for permit in held.drain(..) {
+                            self.commit(&permit, 0, None).await;
+                        }
+                        match self.take(names.clone(), *cost, left(), true).await {
+                            Ok(Some(room)) => {
+                                self.commit(&room, 0, None).await;
+                                continue 'rounds;
+                            }
+                            Ok(None) => failure = Some(timed_out()),
+                            Err(error) => failure = Some(error),
+                        }
+                        break 'rounds;
+                    }
+                    Err(error) => {
+                        failure = Some(error);
+                        break 'rounds;
+                    }
                 }
             }
+            break;
         }
         if let Some(error) = failure {
             for permit in &held {
