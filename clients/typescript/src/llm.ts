@@ -11,9 +11,9 @@
  *    (`outputDefault`, `models`); input is one token per byte of the body plus 8 per message and
  *    16 per request, which never counts fewer tokens than a byte-level tokeniser makes (or the
  *    caller's own count, `init.tollgate.inputTokens`);
- * 2. takes the output estimate, the input estimate and one request, each from its limit, all or
- *    none, in one round that does not wait (a refusal gives back what was taken, waits for room
- *    on the refused limit, and tries the round again), adding this process's debts first; a request
+ * 2. takes the output estimate (waiting), then the input estimate and one request (waiting at
+ *    most 0.25 s each, else all is given back and the round starts again), each from its limit,
+ *    all or none, adding this process's debts first; a request
  *    without an output cap also takes the `overrun` lease when the budget names one;
  * 3. sends the request (a streaming chat request gets `stream_options.include_usage`) and passes
  *    the answer on chunk by chunk, reading it as it goes: when the text streamed passes what is
@@ -33,6 +33,8 @@ import { RateLimited } from "./errors.js";
 const KEPT_BYTES_MAX = 8 * 1024 * 1024;
 const TOP_UP_STEP = 64;
 const TOP_UP_RETRY = 0.1;
+/** The longest the input tokens and the request are waited for once the output tokens are held, seconds. */
+const AGE_MAX = 0.25;
 
 /** One vendor's limits on the server, and how its requests are estimated. */
 export interface Budget {
@@ -294,7 +296,8 @@ class Held {
     /** Output, input, request. */
     readonly permits: [Permit, Permit, Permit],
     readonly paid: [number, number],
-    readonly lease: boolean,
+    /** The overrun lease, released once the request is settled and its debt paid. */
+    readonly lease: Permit | null,
   ) {}
 
   /** Top-ups due for what the answer showed, asked one after another beside the stream. */
@@ -340,7 +343,7 @@ class Held {
       }
       short[kind] = left;
     }
-    if (this.lease) {
+    if (this.lease !== null) {
       for (const kind of [0, 1] as const) {
         if (short[kind] === 0) continue;
         try {
@@ -357,37 +360,42 @@ class Held {
     }
     if (short[0] > 0 || short[1] > 0) owe(this.budget, short[0], short[1]);
     await request.commit(1, this.#sentAfter(request));
+    if (this.lease !== null) await this.lease.commit(1);
   }
 }
 
 async function reserve(client: Client, budget: Budget, found: Estimate): Promise<Held> {
   const debt = debts.get(budget) ?? [0, 0];
   debts.delete(budget);
-  const lease = !found.bounded && budget.overrun !== undefined;
   const deadline = performance.now() / 1000 + (budget.waitMax ?? 60);
-  const asks: Array<[string[], number]> = [
-    [[budget.output], found.output + debt[1]],
-    [[budget.input], found.input + debt[0]],
-    [lease ? [budget.requests, budget.overrun!] : [budget.requests], 1],
+  const remaining = (): number => Math.max(0, deadline - performance.now() / 1000);
+  const asks: Array<[string, number]> = [
+    [budget.output, found.output + debt[1]],
+    [budget.input, found.input + debt[0]],
+    [budget.requests, 1],
   ];
+  let lease: Permit | null = null;
   let held: Permit[] = [];
   try {
-    // One round that does not wait, so that no grant ages while another is waited for; on a
-    // refusal, give back, wait for room on the refused limit, and go again.
+    if (!found.bounded && budget.overrun !== undefined) {
+      // A lease does not age: waiting for the tokens while holding it costs nothing.
+      lease = await client.acquire([budget.overrun], { wait: remaining() });
+    }
+    // The output waited for, then the input and the request at most AGE_MAX each, so that no
+    // rate grant ages long before the request leaves; else give back, and again.
     while (held.length < asks.length) {
-      const [limits, cost] = asks[held.length]!;
+      const [limit, cost] = asks[held.length]!;
+      const wait = held.length === 0 ? remaining() : Math.min(remaining(), AGE_MAX);
       try {
-        held.push(await client.acquire(limits, { cost }));
+        held.push(await client.acquire([limit], { cost, wait }));
       } catch (error) {
-        if (!(error instanceof RateLimited)) throw error;
+        if (!(error instanceof RateLimited) || held.length === 0 || remaining() <= 0) throw error;
         for (const permit of held) await permit.commit(0);
         held = [];
-        const room = await client.acquire(limits, { cost, wait: Math.max(0, deadline - performance.now() / 1000) });
-        await room.commit(0);
       }
     }
   } catch (error) {
-    for (const permit of held) await permit.commit(0);
+    for (const permit of lease === null ? held : [...held, lease]) await permit.commit(0);
     owe(budget, debt[0], debt[1]);
     throw error;
   }

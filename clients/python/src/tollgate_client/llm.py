@@ -19,9 +19,9 @@ For each it:
    ``Budget.models``); input is one token per byte of the body plus 8 per message and 16 per
    request, which never counts fewer tokens than a byte-level tokeniser makes (or the caller's
    own count, the request extension ``"tollgate_input_tokens"``);
-2. takes the output estimate, the input estimate and one request, each from its limit, all or
-   none, in one round that does not wait (a refusal gives back what was taken, waits for room
-   on the refused limit, and tries the round again), adding this process's debts first; a request
+2. takes the output estimate (waiting), then the input estimate and one request (waiting at most
+   0.25 s each, else all is given back and the round starts again), each from its limit, all or
+   none, adding this process's debts first; a request
    without an output cap also takes the ``overrun`` lease when the budget names one;
 3. sends the request (a streaming chat request gets ``stream_options.include_usage``) and
    passes the answer on chunk by chunk, reading it as it goes: when the text streamed passes
@@ -66,6 +66,9 @@ INPUT_TOKENS_EXTENSION = "tollgate_input_tokens"
 _KEPT_BYTES_MAX = 8 * 1024 * 1024
 _TOP_UP_STEP = 64
 _TOP_UP_RETRY = 0.1
+#: The longest the input tokens and the request are waited for once the output tokens are
+#: held, in seconds: how old a grant may grow before its request leaves.
+_AGE_MAX = 0.25
 
 
 def recognise(path: str) -> str | None:
@@ -345,6 +348,8 @@ class _Held:
         self.found = found
         self.paid = paid
         self.lease = lease
+        #: The overrun lease, released once the request is settled and its debt paid.
+        self.lease_permit: Any = None
         self.extra: list[tuple[int, Any]] = []  # (0 input / 1 output, permit)
         self.topped = [0, 0]
         self.retry_at = 0.0
@@ -399,34 +404,44 @@ class LlmTransport(httpx.BaseTransport):
     def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[Permit], _Held]:
         with budget.lock:
             debt, budget.debt = tuple(budget.debt), [0, 0]
-        lease = not found.bounded and budget.overrun is not None
         deadline = time.monotonic() + budget.wait_max
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         asks: list[tuple[list[str], int]] = [
             ([budget.output], found.output + debt[1]),
             ([budget.input], found.input + debt[0]),
-            ([budget.requests] + ([budget.overrun] if lease and budget.overrun else []), 1),
+            ([budget.requests], 1),
         ]
+        lease: Permit | None = None
         held: list[Permit] = []
         try:
-            # One round that does not wait, so that no grant ages while another is waited for;
-            # on a refusal, give back, wait for room on the refused limit, and go again.
+            if not found.bounded and budget.overrun is not None:
+                # A lease does not age: waiting for the tokens while holding it costs nothing.
+                lease = self._client.acquire([budget.overrun], wait=remaining())
+            # The output waited for, then the input and the request at most _AGE_MAX each, so
+            # that no rate grant ages long before the request leaves; else give back, again.
             while len(held) < len(asks):
                 limits, cost = asks[len(held)]
+                wait = min(remaining(), _AGE_MAX) if held else remaining()
                 try:
-                    held.append(self._client.acquire(limits, cost=cost))
+                    held.append(self._client.acquire(limits, cost=cost, wait=wait))
                 except RateLimited:
+                    if not held or remaining() <= 0:
+                        raise
                     for permit in held:
                         permit.commit(0)
                     held = []
-                    wait = max(0.0, deadline - time.monotonic())
-                    self._client.acquire(limits, cost=cost, wait=wait).commit(0)
         except BaseException:
-            for permit in held:
+            for permit in held + ([lease] if lease is not None else []):
                 permit.commit(0)
             with budget.lock:
                 budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
             raise
-        return held, _Held(found, (debt[0], debt[1]), lease)
+        state = _Held(found, (debt[0], debt[1]), lease is not None)
+        state.lease_permit = lease
+        return held, state
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         prepared = _prepare(request, self._hosts)
@@ -503,6 +518,8 @@ class LlmTransport(httpx.BaseTransport):
             with budget.lock:
                 budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
         request.commit(1, sent_after=_sent_after(request, held.sent_at))
+        if held.lease_permit is not None:
+            held.lease_permit.commit(1)
 
     def close(self) -> None:
         self._inner.close()
@@ -560,33 +577,44 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
     async def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[AsyncPermit], _Held]:
         with budget.lock:
             debt, budget.debt = tuple(budget.debt), [0, 0]
-        lease = not found.bounded and budget.overrun is not None
         deadline = time.monotonic() + budget.wait_max
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         asks: list[tuple[list[str], int]] = [
             ([budget.output], found.output + debt[1]),
             ([budget.input], found.input + debt[0]),
-            ([budget.requests] + ([budget.overrun] if lease and budget.overrun else []), 1),
+            ([budget.requests], 1),
         ]
+        lease: AsyncPermit | None = None
         held: list[AsyncPermit] = []
         try:
-            # As the blocking transport: one round that does not wait, again after room.
+            if not found.bounded and budget.overrun is not None:
+                # A lease does not age: waiting for the tokens while holding it costs nothing.
+                lease = await self._client.acquire([budget.overrun], wait=remaining())
+            # The output waited for, then the input and the request at most _AGE_MAX each, so
+            # that no rate grant ages long before the request leaves; else give back, again.
             while len(held) < len(asks):
                 limits, cost = asks[len(held)]
+                wait = min(remaining(), _AGE_MAX) if held else remaining()
                 try:
-                    held.append(await self._client.acquire(limits, cost=cost))
+                    held.append(await self._client.acquire(limits, cost=cost, wait=wait))
                 except RateLimited:
+                    if not held or remaining() <= 0:
+                        raise
                     for permit in held:
                         await permit.commit(0)
                     held = []
-                    wait = max(0.0, deadline - time.monotonic())
-                    await (await self._client.acquire(limits, cost=cost, wait=wait)).commit(0)
         except BaseException:
-            for permit in held:
+            for permit in held + ([lease] if lease is not None else []):
                 await permit.commit(0)
             with budget.lock:
                 budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
             raise
-        return held, _Held(found, (debt[0], debt[1]), lease)
+        state = _Held(found, (debt[0], debt[1]), lease is not None)
+        state.lease_permit = lease
+        return held, state
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         prepared = _prepare(request, self._hosts)
@@ -667,6 +695,8 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
             with budget.lock:
                 budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
         await request.commit(1, sent_after=_sent_after(request, held.sent_at))
+        if held.lease_permit is not None:
+            await held.lease_permit.commit(1)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

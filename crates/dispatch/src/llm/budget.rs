@@ -2,11 +2,11 @@
 //!
 //! A request takes its three costs before it goes: output tokens (its estimate), input tokens
 //! (its estimate) and one request, each an acquire on its own limit (`POST /v1/acquire`
-//! carries one cost for all the limits it names, so three costs are three acquires), taken in
-//! one round that does not wait; a refusal gives back what was taken (a commit of 0), waits for
-//! room on the refused limit, and the round is tried again. The caller holds all three or none,
-//! all fresh, and nothing is sent before all three are held, so no concurrent request passes a
-//! check that another has not yet been counted against.
+//! carries one cost for all the limits it names, so three costs are three acquires): the output
+//! waited for, then the input and the request waited for at most [`AGE_MAX`] each, else all is
+//! given back (a commit of 0) and the round starts again. The caller holds all three or none,
+//! none older than a round, and nothing is sent before all three are held, so no concurrent
+//! request passes a check that another has not yet been counted against.
 //!
 //! While the answer streams, text beyond the output estimate is taken at once by a top-up (an
 //! acquire that does not wait, made beside the stream, never in its way); what a top-up cannot
@@ -33,6 +33,9 @@ use crate::error::DispatchError;
 
 /// Smallest top-up asked for, in tokens: fewer calls to the server while a stream runs.
 const TOP_UP_STEP: u64 = 64;
+/// The longest the input tokens and the request are waited for once the output tokens are
+/// held: how old a grant may grow before its request leaves.
+const AGE_MAX: Duration = Duration::from_millis(250);
 /// Least time between two top-ups of one stream after a refusal.
 const TOP_UP_RETRY: Duration = Duration::from_millis(100);
 
@@ -127,7 +130,8 @@ pub struct Reservation {
     output: Permit,
     /// The debt each of `input` and `output` paid first.
     paid: (u64, u64),
-    lease: bool,
+    /// The overrun lease, for a request without an output cap.
+    lease: Option<Permit>,
     sent_at: Option<Instant>,
     top_ups: Arc<Mutex<TopUps>>,
     /// What the stream has shown so far: (input, output) tokens at least.
@@ -292,61 +296,73 @@ impl TokenBudget {
         let deadline = Instant::now() + self.inner.wait;
         let debt = std::mem::take(&mut *lock(&self.inner.debt));
         let left = || deadline.saturating_duration_since(Instant::now());
-        let mut held: Vec<Permit> = Vec::new();
-        let lease = !estimate.bounded && limits.overrun.is_some();
-        let mut request_limits = vec![limits.requests.clone()];
-        if lease && let Some(overrun) = &limits.overrun {
-            request_limits.push(overrun.clone());
-        }
-        let asks = [
-            (vec![limits.output.clone()], estimate.output + debt.1),
-            (vec![limits.input.clone()], estimate.input + debt.0),
-            (request_limits, 1),
-        ];
-        // Every grant is taken in one round that does not wait, so that none has aged while
-        // another was waited for: a grant counts a period from when it was made, and the
-        // vendor counts from the request's arrival. When one is refused, what was taken is
-        // given back, room on the refused limit is waited for (a waiting acquire given back at
-        // once), and the round is tried again.
         let timed_out = || DispatchError::WaitTimedOut {
             waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
             paused: false,
         };
-        let mut failure = None;
-        'rounds: loop {
-            for (names, cost) in &asks {
-                match self.take(names.clone(), *cost, Duration::ZERO, true).await {
-                    Ok(Some(permit)) => held.push(permit),
-                    Ok(None) => {
-                        for permit in held.drain(..) {
-                            self.commit(&permit, 0, None).await;
-                        }
-                        match self.take(names.clone(), *cost, left(), true).await {
-                            Ok(Some(room)) => {
-                                self.commit(&room, 0, None).await;
-                                continue 'rounds;
-                            }
-                            Ok(None) => failure = Some(timed_out()),
-                            Err(error) => failure = Some(error),
-                        }
-                        break 'rounds;
-                    }
-                    Err(error) => {
-                        failure = Some(error);
-                        break 'rounds;
-                    }
-                }
-            }
-            break;
-        }
-        if let Some(error) = failure {
-            for permit in &held {
-                self.commit(permit, 0, None).await;
+        let give_back = async |held: &mut Vec<Permit>| {
+            for permit in held.drain(..) {
+                self.commit(&permit, 0, None).await;
             }
             let mut owed = lock(&self.inner.debt);
             owed.0 += debt.0;
             owed.1 += debt.1;
-            return Err(error);
+        };
+        // The overrun lease first: a lease does not age, so waiting for the tokens while
+        // holding it costs nothing the vendor counts.
+        let mut lease = None;
+        if !estimate.bounded
+            && let Some(overrun) = &limits.overrun
+        {
+            match self.take(vec![overrun.clone()], 1, left(), true).await {
+                Ok(Some(permit)) => lease = Some(permit),
+                Ok(None) => {
+                    give_back(&mut Vec::new()).await;
+                    return Err(timed_out());
+                }
+                Err(error) => {
+                    give_back(&mut Vec::new()).await;
+                    return Err(error);
+                }
+            }
+        }
+        // The output tokens, waiting as long as the budget allows; then the input tokens and
+        // the request, each waiting at most `AGE_MAX`: a rate grant counts a period from when
+        // it was made while the vendor counts from the request's arrival, so no grant may age
+        // long before the request leaves (what it does age is reported on its commit, and the
+        // server's margin covers it). When the input or the request is not had in time,
+        // everything is given back and the round starts again.
+        let asks = [
+            (limits.output.clone(), estimate.output + debt.1),
+            (limits.input.clone(), estimate.input + debt.0),
+            (limits.requests.clone(), 1),
+        ];
+        let mut held: Vec<Permit> = Vec::new();
+        while held.len() < asks.len() {
+            let (name, cost) = &asks[held.len()];
+            let wait = if held.is_empty() {
+                left()
+            } else {
+                left().min(AGE_MAX)
+            };
+            match self.take(vec![name.clone()], *cost, wait, true).await {
+                Ok(Some(permit)) => held.push(permit),
+                Ok(None) if !held.is_empty() && !left().is_zero() => {
+                    for permit in held.drain(..) {
+                        self.commit(&permit, 0, None).await;
+                    }
+                }
+                Ok(None) => {
+                    held.extend(lease);
+                    give_back(&mut held).await;
+                    return Err(timed_out());
+                }
+                Err(error) => {
+                    held.extend(lease);
+                    give_back(&mut held).await;
+                    return Err(error);
+                }
+            }
         }
         let (Some(request), Some(input), Some(output)) = (held.pop(), held.pop(), held.pop())
         else {
@@ -590,7 +606,7 @@ impl Reservation {
             // With the overrun lease, the debt is paid before the lease goes, so no other
             // stream outruns its estimate meanwhile; else the next acquires pay it.
             let mut owed = short;
-            if self.lease {
+            if self.lease.is_some() {
                 let limits = &budget.inner.limits;
                 for (is_output, name, amount) in [
                     (false, &limits.input, short.0),
@@ -623,6 +639,9 @@ impl Reservation {
             }
         }
         budget.commit(&self.request, 1, sent_after).await;
+        if let Some(lease) = &self.lease {
+            budget.commit(lease, 1, None).await;
+        }
     }
 }
 

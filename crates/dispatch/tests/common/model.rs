@@ -5,7 +5,8 @@
 //! word: it counts input with its own tokeniser and output as it writes it.
 //!
 //! Its rules: a call is dated by its arrival, and every token of it (input, and output as it is
-//! written, however the answer ends) counts in the windows that hold that arrival. A call is
+//! written, however a stream ends) counts in the windows that hold that arrival; a whole (not
+//! streamed) answer that fails is a 500 and charges no tokens, as the vendors do. A call is
 //! refused with 429 when, in the period before its arrival, the calls number `rpm`, the input
 //! with its own would pass `itpm`, or the output has reached `otpm`. Its tokeniser: a token per
 //! four bytes of message text, rounded up, and three per message.
@@ -348,7 +349,10 @@ async fn call(State(state): State<Shared>, uri: Uri, headers: HeaderMap, body: B
     if !stream {
         let stops = fail_after.or(cut_after).map_or(output, |at| at.min(output));
         tokio::time::sleep(config.token_time * u32::try_from(stops).unwrap_or(u32::MAX)).await;
-        add(stops);
+        // A whole answer that fails is a 500, and charges no tokens, as the vendors do.
+        if stops == output {
+            add(stops);
+        }
         if stops < output {
             lock(&state).failed += 1;
             return (
