@@ -59,6 +59,19 @@ export {
   Unauthorized,
 } from "./errors.js";
 export { type TollgateFetch, tollgateFetch, type TollgateFetchOptions, type TollgateRequestInit } from "./fetch.js";
+export {
+  type Api,
+  type Budget,
+  debtOf,
+  type Estimate,
+  estimate,
+  llmFetch,
+  type LlmFetchOptions,
+  type LlmRequestInit,
+  recognise,
+  type Usage,
+  UsageReader,
+} from "./llm.js";
 export type {
   Committed,
   LearnedLimit,

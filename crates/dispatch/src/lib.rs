@@ -8,6 +8,8 @@
 //! - [`Dispatcher`]: a priority fan-in queue and a bounded pool of connections keyed by a
 //!   selector, on top of a gate, runnable on a dedicated runtime.
 //! - [`TollgateMiddleware`]: the gate as a `reqwest-middleware` middleware.
+//! - [`llm`]: token budgets for language-model APIs (requests, input and output tokens per
+//!   period), settled as the answer streams.
 //! - [`read_advice`]: a vendor's rate-limit headers (five families) read into [`Advice`].
 //!
 //! No rate arithmetic lives here: priorities, waiting, pauses that only extend, and sharing
@@ -18,6 +20,7 @@ mod classify;
 mod dispatcher;
 mod error;
 mod gate;
+pub mod llm;
 mod middleware;
 mod pool;
 mod quota;

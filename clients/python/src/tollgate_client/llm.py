@@ -1,0 +1,739 @@
+"""Token budgets for language-model APIs: one grant over requests, input tokens and output
+tokens per period before a request goes, settled as the answer comes, on a Tollgate server.
+
+::
+
+    import httpx
+    from tollgate_client import Client
+    from tollgate_client.llm import Budget, LlmTransport
+
+    budget = Budget(requests="openai-rpm", input="openai-itpm", output="openai-otpm")
+    openai = httpx.Client(transport=LlmTransport(Client(), {"api.openai.com": budget}))
+
+The transport recognises OpenAI-style (``/v1/chat/completions``, ``/v1/responses``) and
+Anthropic-style (``/v1/messages``) requests to a mapped host; other requests pass untouched.
+For each it:
+
+1. estimates the request from its body: output is its ``max_tokens`` (``max_completion_tokens``,
+   ``max_output_tokens``), else the model's documented maximum (``Budget.output_default``,
+   ``Budget.models``); input is one token per byte of the body plus 8 per message and 16 per
+   request, which never counts fewer tokens than a byte-level tokeniser makes (or the caller's
+   own count, the request extension ``"tollgate_input_tokens"``);
+2. takes the output estimate (waiting), then the input estimate and one request (waiting at most
+   0.25 s each, else all is given back and the round starts again), each from its limit, all or
+   none, adding this process's debts first; a request
+   without an output cap also takes the ``overrun`` lease when the budget names one;
+3. sends the request (a streaming chat request gets ``stream_options.include_usage``) and
+   passes the answer on chunk by chunk, reading it as it goes: when the text streamed passes
+   what is held, the difference is taken at once without waiting (a top-up); what cannot be
+   had is a debt;
+4. at the end commits what the vendor reported (``usage``; the final usage chunk; Anthropic's
+   ``message_start`` and ``message_delta``) and refunds the rest. An answer that fails, is cut
+   off or is closed early is charged its reported usage, else its input estimate and the text
+   streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
+   else by this process's next requests.
+
+See ``docs/llm.md`` for the bound this keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ._async import AsyncClient, AsyncPermit
+from ._errors import RateLimited
+from ._sync import Client, Permit
+
+__all__ = [
+    "AsyncLlmTransport",
+    "Budget",
+    "Estimate",
+    "LlmTransport",
+    "Usage",
+    "UsageReader",
+    "estimate",
+    "recognise",
+]
+
+INPUT_TOKENS_EXTENSION = "tollgate_input_tokens"
+_KEPT_BYTES_MAX = 8 * 1024 * 1024
+_TOP_UP_STEP = 64
+_TOP_UP_RETRY = 0.1
+#: The longest the input tokens and the request are waited for once the output tokens are
+#: held, in seconds: how old a grant may grow before its request leaves.
+_AGE_MAX = 0.25
+
+
+def recognise(path: str) -> str | None:
+    """``"chat"``, ``"responses"`` or ``"messages"`` for a path of a recognised API."""
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "messages"
+    return None
+
+
+@dataclass
+class Budget:
+    """The limits of one vendor on the server, and how its requests are estimated."""
+
+    requests: str
+    input: str
+    output: str
+    #: A concurrency limit of 1 taken by requests without an output cap, so that one stream at
+    #: a time, fleet-wide, can outrun its estimate.
+    overrun: str | None = None
+    #: Output estimate of a request without a cap: the model's documented maximum.
+    output_default: int = 32_768
+    #: Documented maximum output by model name prefix (the longest prefix wins).
+    models: dict[str, int] = field(default_factory=dict)
+    per_message: int = 8
+    per_request: int = 16
+    #: Longest wait for a grant, and for a debt's payment, in seconds.
+    wait_max: float = 60.0
+    #: Debts (input, output) this process's next requests pay first.
+    debt: list[int] = field(default_factory=lambda: [0, 0])
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass
+class Estimate:
+    input: int
+    output: int
+    bounded: bool
+    stream: bool
+
+
+def _cap(body: dict[str, Any], fields: tuple[str, ...]) -> int | None:
+    for name in fields:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: must be a whole number of tokens")
+        return value
+    return None
+
+
+def estimate(api: str, body: bytes, budget: Budget, input_tokens: int | None = None) -> Estimate:
+    """A request's estimate; errors name the field."""
+    try:
+        json_body = json.loads(body)
+    except ValueError as error:
+        raise ValueError(f"body: not JSON: {error}") from None
+    if not isinstance(json_body, dict):
+        raise ValueError("body: must be a JSON object")
+    fields = {
+        "chat": ("max_completion_tokens", "max_tokens"),
+        "responses": ("max_output_tokens",),
+        "messages": ("max_tokens",),
+    }[api]
+    output = _cap(json_body, fields)
+    bounded = output is not None
+    if output is None:
+        model = str(json_body.get("model", ""))
+        matching = [prefix for prefix in budget.models if model.startswith(prefix)]
+        output = budget.models[max(matching, key=len)] if matching else budget.output_default
+    messages = sum(
+        len(value) if isinstance(value, list) else 1
+        for value in (json_body.get("messages"), json_body.get("input"))
+        if value is not None
+    ) + int("system" in json_body or "instructions" in json_body)
+    guess = len(body) + budget.per_message * messages + budget.per_request
+    return Estimate(
+        input=max(1, input_tokens if input_tokens is not None else guess),
+        output=max(1, output),
+        bounded=bounded,
+        stream=json_body.get("stream") is True,
+    )
+
+
+@dataclass
+class Usage:
+    input: int | None = None
+    output: int | None = None
+    #: Bytes of generated text streamed so far: never fewer than the tokens they hold.
+    streamed: int = 0
+    finished: bool = False
+    failed: bool = False
+
+
+def _usage_of(usage: Any) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    input_tokens = usage.get("prompt_tokens")
+    if input_tokens is None and isinstance(usage.get("input_tokens"), int):
+        input_tokens = (
+            usage["input_tokens"]
+            + int(usage.get("cache_creation_input_tokens") or 0)
+            + int(usage.get("cache_read_input_tokens") or 0)
+        )
+    output = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (
+        input_tokens if isinstance(input_tokens, int) else None,
+        output if isinstance(output, int) else None,
+    )
+
+
+def _text(value: Any) -> int:
+    return len(value.encode()) if isinstance(value, str) else 0
+
+
+class UsageReader:
+    """Reads one answer chunk by chunk, JSON or server-sent events, holding nothing back."""
+
+    def __init__(self, events: bool) -> None:
+        self.events = events
+        self.usage = Usage()
+        self._line = bytearray()
+        self._data = bytearray()
+        self._kept = bytearray()
+        self._over = False
+
+    def _note(self, found: tuple[int | None, int | None]) -> None:
+        if found[0] is not None:
+            self.usage.input = found[0]
+        if found[1] is not None:
+            self.usage.output = found[1]
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.events:
+            if len(self._kept) + len(chunk) > _KEPT_BYTES_MAX:
+                self._over, self._kept = True, bytearray()
+            if not self._over:
+                self._kept += chunk
+            return
+        for line in chunk.splitlines(keepends=True):
+            self._line += line
+            if not self._line.endswith(b"\n"):
+                continue
+            whole = bytes(self._line).rstrip(b"\r\n")
+            self._line = bytearray()
+            if not whole:
+                data, self._data = bytes(self._data), bytearray()
+                self._event(data)
+            elif whole.startswith(b"data:"):
+                if self._data:
+                    self._data += b"\n"
+                value = whole[5:]
+                self._data += value[1:] if value.startswith(b" ") else value
+
+    def end(self) -> None:
+        if self.events:
+            data, self._data = bytes(self._data), bytearray()
+            self._event(data)
+            return
+        if self._over:
+            return
+        try:
+            answer = json.loads(bytes(self._kept))
+        except ValueError:
+            return
+        if isinstance(answer, dict):
+            self._note(_usage_of(answer.get("usage")))
+            self.usage.failed = "error" in answer
+            self.usage.finished = not self.usage.failed
+
+    def _event(self, data: bytes) -> None:
+        if not data:
+            return
+        if data == b"[DONE]":
+            self.usage.finished = True
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type") or ""
+        if kind == "message_start":
+            self._note(_usage_of((event.get("message") or {}).get("usage")))
+        elif kind == "message_delta":
+            self._note(_usage_of(event.get("usage")))
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            self.usage.streamed += sum(
+                _text(delta.get(k)) for k in ("text", "partial_json", "thinking")
+            )
+        elif kind == "message_stop":
+            self.usage.finished = True
+        elif kind in ("error", "response.failed", "response.error"):
+            self.usage.failed = True
+            self._note(_usage_of((event.get("response") or {}).get("usage")))
+        elif kind.startswith("response.") and kind.endswith(".delta"):
+            self.usage.streamed += _text(event.get("delta"))
+        elif kind in ("response.completed", "response.incomplete"):
+            self._note(_usage_of((event.get("response") or {}).get("usage")))
+            self.usage.finished = True
+        else:
+            if "error" in event:
+                self.usage.failed = True
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {} if isinstance(choice, dict) else {}
+                self.usage.streamed += _text(delta.get("content")) + _text(delta.get("refusal"))
+                for call in delta.get("tool_calls") or []:
+                    self.usage.streamed += _text((call.get("function") or {}).get("arguments"))
+            self._note(_usage_of(event.get("usage")))
+
+
+def _with_usage_chunk(api: str, found: Estimate, body: bytes) -> bytes | None:
+    """A streaming chat request's body with ``stream_options.include_usage``, if it lacks it."""
+    if api != "chat" or not found.stream:
+        return None
+    parsed = json.loads(body)
+    options = parsed.get("stream_options")
+    if isinstance(options, dict) and "include_usage" in options:
+        return None
+    parsed["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+    }
+    return json.dumps(parsed).encode()
+
+
+def _prepare(
+    request: httpx.Request, hosts: Mapping[str, Budget]
+) -> tuple[httpx.Request, Budget, Estimate] | None:
+    host = (
+        request.url.host if request.url.port is None else f"{request.url.host}:{request.url.port}"
+    )
+    budget = hosts.get(host) or hosts.get(request.url.host)
+    api = recognise(request.url.path)
+    if budget is None or api is None or request.method != "POST":
+        return None
+    body = request.content
+    counted = request.extensions.get(INPUT_TOKENS_EXTENSION)
+    found = estimate(api, body, budget, counted if isinstance(counted, int) else None)
+    rewritten = _with_usage_chunk(api, found, body)
+    if rewritten is not None:
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]
+        request = httpx.Request(
+            request.method,
+            request.url,
+            headers=headers,
+            content=rewritten,
+            extensions=request.extensions,
+        )
+    return request, budget, found
+
+
+def _charged(found: Estimate, usage: Usage) -> tuple[int, int]:
+    streamed = min(usage.streamed, found.output) if found.bounded else usage.streamed
+    # Until the answer is finished, a reported output (Anthropic's message_start says 1) is
+    # only a floor: the text streamed counts when it is more.
+    if usage.output is None:
+        output = streamed
+    elif usage.finished:
+        output = usage.output
+    else:
+        output = max(usage.output, streamed)
+    return (usage.input if usage.input is not None else found.input, output)
+
+
+class _Held:
+    """One request's permits and what they paid; shared by the sync and async settlements."""
+
+    def __init__(self, found: Estimate, paid: tuple[int, int], lease: bool) -> None:
+        self.found = found
+        self.paid = paid
+        self.lease = lease
+        #: The overrun lease, released once the request is settled and its debt paid.
+        self.lease_permit: Any = None
+        self.extra: list[tuple[int, Any]] = []  # (0 input / 1 output, permit)
+        self.topped = [0, 0]
+        self.retry_at = 0.0
+        self.sent_at: float | None = None
+
+    def needs(self, usage: Usage, held: tuple[int, int]) -> list[tuple[int, int]]:
+        """Top-ups due: (kind, tokens)."""
+        if time.monotonic() < self.retry_at:
+            return []
+        shown = _charged(self.found, usage)
+        due = []
+        for kind in (0, 1):
+            need = shown[kind] - held[kind] - self.topped[kind]
+            if need > 0:
+                due.append((kind, -(-need // _TOP_UP_STEP) * _TOP_UP_STEP))
+        return due
+
+    def split(self, used: int, kind: int, main_cost: int) -> tuple[int, list[tuple[Any, int]], int]:
+        """Commit amounts: the main permit's, each top-up's, and what is still short."""
+        left = used
+        first = min(left, main_cost - self.paid[kind])
+        left -= first
+        parts = []
+        for extra_kind, permit in self.extra:
+            if extra_kind != kind:
+                continue
+            part = min(left, permit.cost)
+            left -= part
+            parts.append((permit, part))
+        return self.paid[kind] + first, parts, left
+
+
+def _sent_after(permit: Any, sent_at: float | None) -> float | None:
+    return None if sent_at is None else max(0.0, sent_at - permit.granted_at)
+
+
+class LlmTransport(httpx.BaseTransport):
+    """A blocking httpx transport that keeps model calls inside a token budget (see the module
+    documentation). ``hosts`` maps a host name (or ``host:port``) to its :class:`Budget`."""
+
+    def __init__(
+        self,
+        client: Client,
+        hosts: Mapping[str, Budget],
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._client = client
+        self._hosts = dict(hosts)
+        self._inner = transport if transport is not None else httpx.HTTPTransport()
+
+    def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[Permit], _Held]:
+        with budget.lock:
+            debt, budget.debt = tuple(budget.debt), [0, 0]
+        deadline = time.monotonic() + budget.wait_max
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        asks: list[tuple[list[str], int]] = [
+            ([budget.output], found.output + debt[1]),
+            ([budget.input], found.input + debt[0]),
+            ([budget.requests], 1),
+        ]
+        lease: Permit | None = None
+        held: list[Permit] = []
+        try:
+            if not found.bounded and budget.overrun is not None:
+                # A lease does not age: waiting for the tokens while holding it costs nothing.
+                lease = self._client.acquire([budget.overrun], wait=remaining())
+            # The output waited for, then the input and the request at most _AGE_MAX each, so
+            # that no rate grant ages long before the request leaves; else give back, again.
+            while len(held) < len(asks):
+                limits, cost = asks[len(held)]
+                wait = min(remaining(), _AGE_MAX) if held else remaining()
+                try:
+                    held.append(self._client.acquire(limits, cost=cost, wait=wait))
+                except RateLimited:
+                    if not held or remaining() <= 0:
+                        raise
+                    for permit in held:
+                        permit.commit(0)
+                    held = []
+        except BaseException:
+            for permit in held + ([lease] if lease is not None else []):
+                permit.commit(0)
+            with budget.lock:
+                budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
+            raise
+        state = _Held(found, (debt[0], debt[1]), lease is not None)
+        state.lease_permit = lease
+        return held, state
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        prepared = _prepare(request, self._hosts)
+        if prepared is None:
+            return self._inner.handle_request(request)
+        request, budget, found = prepared
+        permits, held = self._reserve(budget, found)
+        held.sent_at = time.monotonic()
+        try:
+            response = self._inner.handle_request(request)
+        except httpx.ConnectError:
+            self._settle(budget, permits, held, (0, 0))
+            raise
+        except BaseException:
+            self._settle(budget, permits, held, (found.input, found.output))
+            raise
+        if response.status_code >= 400:
+            # A refusal or an error answer: the vendor charges no tokens.
+            content = response.read()
+            response.close()
+            self._settle(budget, permits, held, (0, 0))
+            return httpx.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=httpx.ByteStream(content),
+                extensions=response.extensions,
+                request=request,
+            )
+        events = response.headers.get("content-type", "").startswith("text/event-stream")
+        stream = _MeteredStream(self, budget, permits, held, response, UsageReader(events))
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=stream,
+            extensions=response.extensions,
+            request=request,
+        )
+
+    def top_up(self, budget: Budget, permits: list[Permit], held: _Held, usage: Usage) -> None:
+        for kind, tokens in held.needs(
+            usage, (permits[1].cost - held.paid[0], permits[0].cost - held.paid[1])
+        ):
+            try:
+                permit = self._client.acquire([budget.input, budget.output][kind], cost=tokens)
+            except RateLimited:
+                held.retry_at = time.monotonic() + _TOP_UP_RETRY
+                continue
+            held.extra.append((kind, permit))
+            held.topped[kind] += tokens
+
+    def _settle(
+        self, budget: Budget, permits: list[Permit], held: _Held, used: tuple[int, int]
+    ) -> None:
+        output, input_permit, request = permits
+        short = [0, 0]
+        for kind, permit in ((0, input_permit), (1, output)):
+            first, parts, short[kind] = held.split(used[kind], kind, permit.cost)
+            permit.commit(first, sent_after=_sent_after(permit, held.sent_at))
+            for extra, part in parts:
+                extra.commit(part)
+        if held.lease:
+            for kind in (0, 1):
+                if short[kind]:
+                    try:
+                        self._client.acquire(
+                            [budget.input, budget.output][kind],
+                            cost=short[kind],
+                            wait=budget.wait_max,
+                        ).commit()
+                        short[kind] = 0
+                    except RateLimited:
+                        pass
+        if short != [0, 0]:
+            with budget.lock:
+                budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
+        request.commit(1, sent_after=_sent_after(request, held.sent_at))
+        if held.lease_permit is not None:
+            held.lease_permit.commit(1)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _MeteredStream(httpx.SyncByteStream):
+    def __init__(
+        self,
+        transport: LlmTransport,
+        budget: Budget,
+        permits: list[Permit],
+        held: _Held,
+        response: httpx.Response,
+        reader: UsageReader,
+    ) -> None:
+        self._transport, self._budget, self._permits, self._held = transport, budget, permits, held
+        self._response, self._reader = response, reader
+        self._settled = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._response.iter_raw():
+                self._reader.feed(chunk)
+                self._transport.top_up(self._budget, self._permits, self._held, self._reader.usage)
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            self._response.close()
+        finally:
+            self._reader.end()
+            used = _charged(self._held.found, self._reader.usage)
+            self._transport._settle(self._budget, self._permits, self._held, used)
+
+
+class AsyncLlmTransport(httpx.AsyncBaseTransport):
+    """The asyncio twin of :class:`LlmTransport`."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        hosts: Mapping[str, Budget],
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._client = client
+        self._hosts = dict(hosts)
+        self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
+
+    async def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[AsyncPermit], _Held]:
+        with budget.lock:
+            debt, budget.debt = tuple(budget.debt), [0, 0]
+        deadline = time.monotonic() + budget.wait_max
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        asks: list[tuple[list[str], int]] = [
+            ([budget.output], found.output + debt[1]),
+            ([budget.input], found.input + debt[0]),
+            ([budget.requests], 1),
+        ]
+        lease: AsyncPermit | None = None
+        held: list[AsyncPermit] = []
+        try:
+            if not found.bounded and budget.overrun is not None:
+                # A lease does not age: waiting for the tokens while holding it costs nothing.
+                lease = await self._client.acquire([budget.overrun], wait=remaining())
+            # The output waited for, then the input and the request at most _AGE_MAX each, so
+            # that no rate grant ages long before the request leaves; else give back, again.
+            while len(held) < len(asks):
+                limits, cost = asks[len(held)]
+                wait = min(remaining(), _AGE_MAX) if held else remaining()
+                try:
+                    held.append(await self._client.acquire(limits, cost=cost, wait=wait))
+                except RateLimited:
+                    if not held or remaining() <= 0:
+                        raise
+                    for permit in held:
+                        await permit.commit(0)
+                    held = []
+        except BaseException:
+            for permit in held + ([lease] if lease is not None else []):
+                await permit.commit(0)
+            with budget.lock:
+                budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
+            raise
+        state = _Held(found, (debt[0], debt[1]), lease is not None)
+        state.lease_permit = lease
+        return held, state
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        prepared = _prepare(request, self._hosts)
+        if prepared is None:
+            return await self._inner.handle_async_request(request)
+        request, budget, found = prepared
+        permits, held = await self._reserve(budget, found)
+        held.sent_at = time.monotonic()
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx.ConnectError:
+            await self.settle(budget, permits, held, (0, 0))
+            raise
+        except BaseException:
+            await self.settle(budget, permits, held, (found.input, found.output))
+            raise
+        if response.status_code >= 400:
+            content = await response.aread()
+            await response.aclose()
+            await self.settle(budget, permits, held, (0, 0))
+            return httpx.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=httpx.ByteStream(content),
+                extensions=response.extensions,
+                request=request,
+            )
+        events = response.headers.get("content-type", "").startswith("text/event-stream")
+        stream = _AsyncMeteredStream(self, budget, permits, held, response, UsageReader(events))
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=stream,
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def top_up(
+        self, budget: Budget, permits: list[AsyncPermit], held: _Held, usage: Usage
+    ) -> None:
+        for kind, tokens in held.needs(
+            usage, (permits[1].cost - held.paid[0], permits[0].cost - held.paid[1])
+        ):
+            try:
+                permit = await self._client.acquire(
+                    [budget.input, budget.output][kind], cost=tokens
+                )
+            except RateLimited:
+                held.retry_at = time.monotonic() + _TOP_UP_RETRY
+                continue
+            held.extra.append((kind, permit))
+            held.topped[kind] += tokens
+
+    async def settle(
+        self, budget: Budget, permits: list[AsyncPermit], held: _Held, used: tuple[int, int]
+    ) -> None:
+        output, input_permit, request = permits
+        short = [0, 0]
+        for kind, permit in ((0, input_permit), (1, output)):
+            first, parts, short[kind] = held.split(used[kind], kind, permit.cost)
+            await permit.commit(first, sent_after=_sent_after(permit, held.sent_at))
+            for extra, part in parts:
+                await extra.commit(part)
+        if held.lease:
+            for kind in (0, 1):
+                if short[kind]:
+                    try:
+                        paying = await self._client.acquire(
+                            [budget.input, budget.output][kind],
+                            cost=short[kind],
+                            wait=budget.wait_max,
+                        )
+                        await paying.commit()
+                        short[kind] = 0
+                    except RateLimited:
+                        pass
+        if short != [0, 0]:
+            with budget.lock:
+                budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
+        await request.commit(1, sent_after=_sent_after(request, held.sent_at))
+        if held.lease_permit is not None:
+            await held.lease_permit.commit(1)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _AsyncMeteredStream(httpx.AsyncByteStream):
+    def __init__(
+        self,
+        transport: AsyncLlmTransport,
+        budget: Budget,
+        permits: list[AsyncPermit],
+        held: _Held,
+        response: httpx.Response,
+        reader: UsageReader,
+    ) -> None:
+        self._transport, self._budget, self._permits, self._held = transport, budget, permits, held
+        self._response, self._reader = response, reader
+        self._settled = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                self._reader.feed(chunk)
+                await self._transport.top_up(
+                    self._budget, self._permits, self._held, self._reader.usage
+                )
+                yield chunk
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            await self._response.aclose()
+        finally:
+            self._reader.end()
+            used = _charged(self._held.found, self._reader.usage)
+            await self._transport.settle(self._budget, self._permits, self._held, used)

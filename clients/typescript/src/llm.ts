@@ -1,0 +1,480 @@
+/**
+ * {@link llmFetch}: a `fetch` that keeps calls to language-model APIs inside a token budget on a
+ * Tollgate server: requests, input tokens and output tokens per period, taken before a request
+ * goes and settled as its answer comes.
+ *
+ * It recognises OpenAI-style (`/v1/chat/completions`, `/v1/responses`) and Anthropic-style
+ * (`/v1/messages`) POSTs to a mapped host; other requests pass untouched. For each it:
+ *
+ * 1. estimates the request from its JSON body: output is its `max_tokens`
+ *    (`max_completion_tokens`, `max_output_tokens`), else the model's documented maximum
+ *    (`outputDefault`, `models`); input is one token per byte of the body plus 8 per message and
+ *    16 per request, which never counts fewer tokens than a byte-level tokeniser makes (or the
+ *    caller's own count, `init.tollgate.inputTokens`);
+ * 2. takes the output estimate (waiting), then the input estimate and one request (waiting at
+ *    most 0.25 s each, else all is given back and the round starts again), each from its limit,
+ *    all or none, adding this process's debts first; a request
+ *    without an output cap also takes the `overrun` lease when the budget names one;
+ * 3. sends the request (a streaming chat request gets `stream_options.include_usage`) and passes
+ *    the answer on chunk by chunk, reading it as it goes: when the text streamed passes what is
+ *    held, the difference is asked for at once, without waiting (a top-up); what cannot be had
+ *    is a debt;
+ * 4. at the end commits what the vendor reported and refunds the rest. An answer that fails, is
+ *    cut off or is cancelled is charged its reported usage, else its input estimate and the text
+ *    streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
+ *    else by this process's next requests.
+ *
+ * Pass `fetch: tollgateFetch(...)` to have the vendor's 429s pause the fleet as well.
+ */
+
+import type { Client, Permit } from "./client.js";
+import { RateLimited } from "./errors.js";
+
+const KEPT_BYTES_MAX = 8 * 1024 * 1024;
+const TOP_UP_STEP = 64;
+const TOP_UP_RETRY = 0.1;
+/** The longest the input tokens and the request are waited for once the output tokens are held, seconds. */
+const AGE_MAX = 0.25;
+
+/** One vendor's limits on the server, and how its requests are estimated. */
+export interface Budget {
+  requests: string;
+  input: string;
+  output: string;
+  /** A concurrency limit of 1 that requests without an output cap hold until settled. */
+  overrun?: string;
+  /** Output estimate of a request without a cap: the model's documented maximum (32768). */
+  outputDefault?: number;
+  /** Documented maximum output by model name prefix (the longest prefix wins). */
+  models?: Record<string, number>;
+  /** Longest wait for a grant, and for a debt's payment, in seconds (60). */
+  waitMax?: number;
+}
+
+export type Api = "chat" | "responses" | "messages";
+
+/** The API a path speaks, if one of the three. */
+export function recognise(path: string): Api | null {
+  const bare = path.split("?")[0]!.replace(/\/+$/, "");
+  if (bare.endsWith("/chat/completions")) return "chat";
+  if (bare.endsWith("/responses")) return "responses";
+  if (bare.endsWith("/messages")) return "messages";
+  return null;
+}
+
+export interface Estimate {
+  input: number;
+  output: number;
+  bounded: boolean;
+  stream: boolean;
+}
+
+/** A request's estimate; errors name the field. */
+export function estimate(api: Api, body: string, budget: Budget, inputTokens?: number): Estimate {
+  let json: unknown;
+  try {
+    json = JSON.parse(body);
+  } catch (error) {
+    throw new TypeError(`body: not JSON: ${String(error)}`);
+  }
+  if (typeof json !== "object" || json === null || Array.isArray(json)) {
+    throw new TypeError("body: must be a JSON object");
+  }
+  const fields = { chat: ["max_completion_tokens", "max_tokens"], responses: ["max_output_tokens"], messages: ["max_tokens"] }[api];
+  const request = json as Record<string, unknown>;
+  let output: number | null = null;
+  for (const field of fields) {
+    const value = request[field];
+    if (value === undefined || value === null) continue;
+    if (typeof value !== "number" || !Number.isInteger(value) || value < 0) {
+      throw new TypeError(`${field}: must be a whole number of tokens`);
+    }
+    output = value;
+    break;
+  }
+  const bounded = output !== null;
+  if (output === null) {
+    const model = typeof request["model"] === "string" ? request["model"] : "";
+    const prefixes = Object.keys(budget.models ?? {}).filter((prefix) => model.startsWith(prefix));
+    const longest = prefixes.sort((a, b) => b.length - a.length)[0];
+    output = longest === undefined ? (budget.outputDefault ?? 32_768) : budget.models![longest]!;
+  }
+  let messages = ["messages", "input"]
+    .map((field) => request[field])
+    .filter((value) => value !== undefined)
+    .reduce<number>((sum, value) => sum + (Array.isArray(value) ? value.length : 1), 0);
+  if ("system" in request || "instructions" in request) messages += 1;
+  const guess = Buffer.byteLength(body) + 8 * messages + 16;
+  return { input: Math.max(1, inputTokens ?? guess), output: Math.max(1, output), bounded, stream: request["stream"] === true };
+}
+
+export interface Usage {
+  input: number | null;
+  output: number | null;
+  /** Bytes of generated text streamed so far: never fewer than the tokens they hold. */
+  streamed: number;
+  finished: boolean;
+  failed: boolean;
+}
+
+type Json = Record<string, unknown>;
+
+function usageOf(value: unknown): [number | null, number | null] {
+  if (typeof value !== "object" || value === null) return [null, null];
+  const usage = value as Json;
+  const int = (key: string): number | null => (typeof usage[key] === "number" ? (usage[key] as number) : null);
+  let input = int("prompt_tokens");
+  if (input === null && int("input_tokens") !== null) {
+    input = int("input_tokens")! + (int("cache_creation_input_tokens") ?? 0) + (int("cache_read_input_tokens") ?? 0);
+  }
+  return [input, int("completion_tokens") ?? int("output_tokens")];
+}
+
+function textBytes(value: unknown): number {
+  return typeof value === "string" ? Buffer.byteLength(value) : 0;
+}
+
+function field(value: unknown, key: string): unknown {
+  return typeof value === "object" && value !== null ? (value as Json)[key] : undefined;
+}
+
+/** Reads one answer chunk by chunk, JSON or server-sent events, holding nothing back. */
+export class UsageReader {
+  readonly usage: Usage = { input: null, output: null, streamed: 0, finished: false, failed: false };
+  readonly #events: boolean;
+  readonly #decoder = new TextDecoder();
+  #line = "";
+  #data: string[] = [];
+  #kept = "";
+  #over = false;
+
+  constructor(events: boolean) {
+    this.#events = events;
+  }
+
+  #note([input, output]: [number | null, number | null]): void {
+    if (input !== null) this.usage.input = input;
+    if (output !== null) this.usage.output = output;
+  }
+
+  feed(chunk: Uint8Array): void {
+    const text = this.#decoder.decode(chunk, { stream: true });
+    if (!this.#events) {
+      if (this.#kept.length + text.length > KEPT_BYTES_MAX) {
+        this.#over = true;
+        this.#kept = "";
+      }
+      if (!this.#over) this.#kept += text;
+      return;
+    }
+    this.#line += text;
+    let end: number;
+    while ((end = this.#line.indexOf("\n")) >= 0) {
+      const line = this.#line.slice(0, end).replace(/\r$/, "");
+      this.#line = this.#line.slice(end + 1);
+      if (line === "") {
+        const data = this.#data.join("\n");
+        this.#data = [];
+        this.#event(data);
+      } else if (line.startsWith("data:")) {
+        const value = line.slice(5);
+        this.#data.push(value.startsWith(" ") ? value.slice(1) : value);
+      }
+    }
+  }
+
+  end(): void {
+    if (this.#events) {
+      this.#event(this.#data.join("\n"));
+      this.#data = [];
+      return;
+    }
+    if (this.#over) return;
+    try {
+      const answer = JSON.parse(this.#kept) as unknown;
+      this.#note(usageOf(field(answer, "usage")));
+      this.usage.failed = field(answer, "error") !== undefined;
+      this.usage.finished = !this.usage.failed;
+    } catch {
+      // Not JSON: its usage is unknown, and the policy applies.
+    }
+  }
+
+  #event(data: string): void {
+    if (data === "") return;
+    if (data === "[DONE]") {
+      this.usage.finished = true;
+      return;
+    }
+    let event: unknown;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return;
+    }
+    const kind = String(field(event, "type") ?? "");
+    if (kind === "message_start") {
+      this.#note(usageOf(field(field(event, "message"), "usage")));
+    } else if (kind === "message_delta") {
+      this.#note(usageOf(field(event, "usage")));
+    } else if (kind === "content_block_delta") {
+      const delta = field(event, "delta");
+      this.usage.streamed += textBytes(field(delta, "text")) + textBytes(field(delta, "partial_json")) + textBytes(field(delta, "thinking"));
+    } else if (kind === "message_stop") {
+      this.usage.finished = true;
+    } else if (kind === "error" || kind === "response.failed" || kind === "response.error") {
+      this.usage.failed = true;
+      this.#note(usageOf(field(field(event, "response"), "usage")));
+    } else if (kind.startsWith("response.") && kind.endsWith(".delta")) {
+      this.usage.streamed += textBytes(field(event, "delta"));
+    } else if (kind === "response.completed" || kind === "response.incomplete") {
+      this.#note(usageOf(field(field(event, "response"), "usage")));
+      this.usage.finished = true;
+    } else {
+      if (field(event, "error") !== undefined) this.usage.failed = true;
+      const choices = field(event, "choices");
+      for (const choice of Array.isArray(choices) ? choices : []) {
+        const delta = field(choice, "delta");
+        this.usage.streamed += textBytes(field(delta, "content")) + textBytes(field(delta, "refusal"));
+        const calls = field(delta, "tool_calls");
+        for (const call of Array.isArray(calls) ? calls : []) {
+          this.usage.streamed += textBytes(field(field(call, "function"), "arguments"));
+        }
+      }
+      this.#note(usageOf(field(event, "usage")));
+    }
+  }
+}
+
+/** How {@link llmFetch} is configured. */
+export interface LlmFetchOptions {
+  client: Client;
+  /** Host (`api.openai.com`, or `host:port`) to its budget. */
+  hosts: Record<string, Budget>;
+  /** The `fetch` that sends (default the global one; a `tollgateFetch` adds fleet pauses). */
+  fetch?: typeof fetch;
+}
+
+/** `fetch`'s options, and the caller's own count of the input tokens. */
+export interface LlmRequestInit extends RequestInit {
+  tollgate?: { inputTokens?: number };
+}
+
+/** Debts (input, output) each budget's next requests pay first, per process. */
+const debts = new WeakMap<Budget, [number, number]>();
+
+/** Debts (input, output) a budget's next requests in this process will pay first. */
+export function debtOf(budget: Budget): [number, number] {
+  return [...(debts.get(budget) ?? [0, 0])] as [number, number];
+}
+
+function owe(budget: Budget, input: number, output: number): void {
+  const debt = debts.get(budget) ?? [0, 0];
+  debts.set(budget, [debt[0] + input, debt[1] + output]);
+}
+
+function charged(found: Estimate, usage: Usage): [number, number] {
+  const streamed = found.bounded ? Math.min(usage.streamed, found.output) : usage.streamed;
+  // Until the answer is finished, a reported output (Anthropic's message_start says 1) is only
+  // a floor: the text streamed counts when it is more.
+  const output = usage.output === null ? streamed : usage.finished ? usage.output : Math.max(usage.output, streamed);
+  return [usage.input ?? found.input, output];
+}
+
+/** One request's grant and its settlement. */
+class Held {
+  readonly extra: Array<[0 | 1, Permit]> = [];
+  readonly topped: [number, number] = [0, 0];
+  #retryAt = 0;
+  #topping: Promise<void> = Promise.resolve();
+  sentAt: number | null = null;
+
+  constructor(
+    readonly client: Client,
+    readonly budget: Budget,
+    readonly found: Estimate,
+    /** Output, input, request. */
+    readonly permits: [Permit, Permit, Permit],
+    readonly paid: [number, number],
+    /** The overrun lease, released once the request is settled and its debt paid. */
+    readonly lease: Permit | null,
+  ) {}
+
+  /** Top-ups due for what the answer showed, asked one after another beside the stream. */
+  show(usage: Usage): void {
+    this.#topping = this.#topping.then(async () => {
+      if (performance.now() / 1000 < this.#retryAt) return;
+      const shown = charged(this.found, usage);
+      const held = [this.permits[1].cost - this.paid[0], this.permits[0].cost - this.paid[1]];
+      for (const kind of [0, 1] as const) {
+        const need = shown[kind] - held[kind]! - this.topped[kind];
+        if (need <= 0) continue;
+        const tokens = Math.ceil(need / TOP_UP_STEP) * TOP_UP_STEP;
+        try {
+          const permit = await this.client.acquire([[this.budget.input, this.budget.output][kind]!], { cost: tokens });
+          this.extra.push([kind, permit]);
+          this.topped[kind] += tokens;
+        } catch (error) {
+          if (!(error instanceof RateLimited)) throw error;
+          this.#retryAt = performance.now() / 1000 + TOP_UP_RETRY;
+        }
+      }
+    });
+  }
+
+  #sentAfter(permit: Permit): { sentAfter?: number } {
+    return this.sentAt === null ? {} : { sentAfter: Math.max(0, this.sentAt - permit.grantedAt) };
+  }
+
+  async settle(used: [number, number]): Promise<void> {
+    await this.#topping.catch(() => undefined);
+    const [output, input, request] = this.permits;
+    const short: [number, number] = [0, 0];
+    for (const [kind, permit] of [[0, input], [1, output]] as const) {
+      let left = used[kind];
+      const first = Math.min(left, permit.cost - this.paid[kind]);
+      left -= first;
+      await permit.commit(this.paid[kind] + first, this.#sentAfter(permit));
+      for (const [extraKind, extra] of this.extra) {
+        if (extraKind !== kind) continue;
+        const part = Math.min(left, extra.cost);
+        left -= part;
+        await extra.commit(part);
+      }
+      short[kind] = left;
+    }
+    if (this.lease !== null) {
+      for (const kind of [0, 1] as const) {
+        if (short[kind] === 0) continue;
+        try {
+          const paying = await this.client.acquire([[this.budget.input, this.budget.output][kind]!], {
+            cost: short[kind],
+            wait: this.budget.waitMax ?? 60,
+          });
+          await paying.commit();
+          short[kind] = 0;
+        } catch (error) {
+          if (!(error instanceof RateLimited)) throw error;
+        }
+      }
+    }
+    if (short[0] > 0 || short[1] > 0) owe(this.budget, short[0], short[1]);
+    await request.commit(1, this.#sentAfter(request));
+    if (this.lease !== null) await this.lease.commit(1);
+  }
+}
+
+async function reserve(client: Client, budget: Budget, found: Estimate): Promise<Held> {
+  const debt = debts.get(budget) ?? [0, 0];
+  debts.delete(budget);
+  const deadline = performance.now() / 1000 + (budget.waitMax ?? 60);
+  const remaining = (): number => Math.max(0, deadline - performance.now() / 1000);
+  const asks: Array<[string, number]> = [
+    [budget.output, found.output + debt[1]],
+    [budget.input, found.input + debt[0]],
+    [budget.requests, 1],
+  ];
+  let lease: Permit | null = null;
+  let held: Permit[] = [];
+  try {
+    if (!found.bounded && budget.overrun !== undefined) {
+      // A lease does not age: waiting for the tokens while holding it costs nothing.
+      lease = await client.acquire([budget.overrun], { wait: remaining() });
+    }
+    // The output waited for, then the input and the request at most AGE_MAX each, so that no
+    // rate grant ages long before the request leaves; else give back, and again.
+    while (held.length < asks.length) {
+      const [limit, cost] = asks[held.length]!;
+      const wait = held.length === 0 ? remaining() : Math.min(remaining(), AGE_MAX);
+      try {
+        held.push(await client.acquire([limit], { cost, wait }));
+      } catch (error) {
+        if (!(error instanceof RateLimited) || held.length === 0 || remaining() <= 0) throw error;
+        for (const permit of held) await permit.commit(0);
+        held = [];
+      }
+    }
+  } catch (error) {
+    for (const permit of lease === null ? held : [...held, lease]) await permit.commit(0);
+    owe(budget, debt[0], debt[1]);
+    throw error;
+  }
+  return new Held(client, budget, found, held as [Permit, Permit, Permit], debt, lease);
+}
+
+/** Make a `fetch` that keeps model calls inside their budgets (see the module documentation). */
+export function llmFetch(options: LlmFetchOptions): (input: string | URL, init?: LlmRequestInit) => Promise<Response> {
+  const inner = options.fetch ?? globalThis.fetch;
+  return async (input, init = {}) => {
+    const url = new URL(String(input));
+    const budget = options.hosts[url.host] ?? options.hosts[url.hostname];
+    const api = recognise(url.pathname);
+    if (budget === undefined || api === null || (init.method ?? "GET").toUpperCase() !== "POST" || typeof init.body !== "string") {
+      return inner(input, init);
+    }
+    const { tollgate, ...rest } = init;
+    let body = init.body;
+    const found = estimate(api, body, budget, tollgate?.inputTokens);
+    if (api === "chat" && found.stream) {
+      const parsed = JSON.parse(body) as Json;
+      const streamOptions = parsed["stream_options"];
+      if (field(streamOptions, "include_usage") === undefined) {
+        parsed["stream_options"] = { ...(typeof streamOptions === "object" && streamOptions !== null ? streamOptions : {}), include_usage: true };
+        body = JSON.stringify(parsed);
+      }
+    }
+    const held = await reserve(options.client, budget, found);
+    held.sentAt = performance.now() / 1000;
+    let response: Response;
+    try {
+      response = await inner(input, { ...rest, body });
+    } catch (error) {
+      // The vendor may have seen it: keep the estimate, unless the connection never opened.
+      const refused = (error as { cause?: { code?: string } })?.cause?.code === "ECONNREFUSED";
+      await held.settle(refused ? [0, 0] : [found.input, found.output]);
+      throw error;
+    }
+    if (response.status >= 400 || response.body === null) {
+      const content = await response.arrayBuffer();
+      const reader = new UsageReader(false);
+      reader.feed(new Uint8Array(content));
+      reader.end();
+      await held.settle(response.status >= 400 ? [0, 0] : charged(found, reader.usage));
+      return new Response(content, { status: response.status, statusText: response.statusText, headers: response.headers });
+    }
+    const reader = new UsageReader((response.headers.get("content-type") ?? "").startsWith("text/event-stream"));
+    const source = response.body.getReader();
+    let settled = false;
+    const settle = async (): Promise<void> => {
+      if (settled) return;
+      settled = true;
+      reader.end();
+      await held.settle(charged(found, reader.usage));
+    };
+    const metered = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        let next: Awaited<ReturnType<typeof source.read>>;
+        try {
+          next = await source.read();
+        } catch (error) {
+          await settle();
+          controller.error(error);
+          return;
+        }
+        if (next.done) {
+          await settle();
+          controller.close();
+          return;
+        }
+        reader.feed(next.value);
+        held.show(reader.usage);
+        controller.enqueue(next.value);
+      },
+      async cancel(reason) {
+        await source.cancel(reason).catch(() => undefined);
+        await settle();
+      },
+    });
+    return new Response(metered, { status: response.status, statusText: response.statusText, headers: response.headers });
+  };
+}
