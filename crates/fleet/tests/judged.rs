@@ -21,7 +21,7 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use processes::{Killed, lines_of, server_binary};
+use processes::{Killed, first_line, lines_of, server_command, start};
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
@@ -36,19 +36,6 @@ fn seconds() -> f64 {
         .unwrap_or(15.0)
 }
 
-fn first_line(lines: &Receiver<String>, what: &str, prefix: &str) -> String {
-    loop {
-        match lines.recv_timeout(Duration::from_secs(120)) {
-            Ok(line) => {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    return rest.to_owned();
-                }
-            }
-            Err(error) => panic!("no {what}: {error}"),
-        }
-    }
-}
-
 struct Server {
     _process: Killed,
     url: String,
@@ -58,24 +45,13 @@ struct Server {
 impl Server {
     fn start() -> Server {
         let directory = tempfile::tempdir().expect("tempdir");
-        let log = std::fs::File::create(directory.path().join("server.log")).expect("log");
-        let mut command = Command::new(server_binary());
-        for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("TOLLGATE_")) {
-            command.env_remove(name);
-        }
+        let mut command = server_command(directory.path());
         command
-            .current_dir(directory.path())
-            .env("XDG_STATE_HOME", directory.path().join(".state"))
             .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("TOLLGATE_DATA_TOKEN", DATA_TOKEN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
-        let mut child = Killed(command.spawn().expect("start tollgate serve"));
-        let lines = lines_of(&mut child.0);
-        let url = first_line(
-            &lines,
+            .args(["serve", "--listen", "127.0.0.1:0"]);
+        let (child, url) = start(
+            &mut command,
             "`tollgate: listening on`",
             "tollgate: listening on ",
         );
@@ -123,18 +99,13 @@ struct Vendor {
 
 impl Vendor {
     fn start(args: &[&str]) -> Vendor {
-        let mut child = Killed(
+        let (child, url) = start(
             Command::new(env!("CARGO_BIN_EXE_tollgate-mock-vendor"))
                 .args(["--listen", "127.0.0.1:0"])
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start tollgate-mock-vendor"),
+                .args(args),
+            "the vendor's address",
+            "listening on ",
         );
-        let lines = lines_of(&mut child.0);
-        let url = first_line(&lines, "the vendor's address", "listening on ");
         Vendor {
             _process: child,
             url,

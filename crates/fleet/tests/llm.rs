@@ -16,10 +16,9 @@ mod processes;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use processes::{Killed, lines_of, server_binary};
+use processes::{Killed, first_line, lines_of, server_command, start};
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
@@ -45,32 +44,6 @@ fn seconds() -> f64 {
         .unwrap_or(20.0)
 }
 
-fn first_line(lines: &Receiver<String>, what: &str, prefix: &str) -> String {
-    loop {
-        match lines.recv_timeout(Duration::from_secs(180)) {
-            Ok(line) => {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    return rest.to_owned();
-                }
-            }
-            Err(error) => panic!("no {what}: {error}"),
-        }
-    }
-}
-
-fn start(command: &mut Command, what: &str, prefix: &str) -> (Killed, String) {
-    let mut child = Killed(
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|error| panic!("start {what}: {error}")),
-    );
-    let lines = lines_of(&mut child.0);
-    let url = first_line(&lines, what, prefix);
-    (child, url)
-}
-
 /// What the fleet's processes said: sent, vendor 429s, errors, topped up, top-ups refused,
 /// debt carried, settlements failed.
 #[derive(Debug, Default)]
@@ -80,18 +53,11 @@ struct Sent([u64; 7]);
 /// server's directory).
 async fn server_and_model() -> (Killed, String, Killed, String, tempfile::TempDir) {
     let directory = tempfile::tempdir().expect("tempdir");
-    let log = std::fs::File::create(directory.path().join("server.log")).expect("log");
-    let mut command = Command::new(server_binary());
-    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("TOLLGATE_")) {
-        command.env_remove(name);
-    }
+    let mut command = server_command(directory.path());
     command
-        .current_dir(directory.path())
-        .env("XDG_STATE_HOME", directory.path().join(".state"))
         .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("TOLLGATE_DATA_TOKEN", DATA_TOKEN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stderr(log);
+        .args(["serve", "--listen", "127.0.0.1:0"]);
     let (server_process, server) = start(&mut command, "tollgate serve", "tollgate: listening on ");
     let client = reqwest::Client::new();
     for (name, rule) in [

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleets::{most_in_a_window, wall_clock_us};
-use processes::{Killed, lines_of, server_binary};
+use processes::{Killed, lines_of, server_command};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tollgate_core::{Algorithm, Kind, Policy, Reserve};
 
@@ -117,15 +117,8 @@ impl Server {
     fn start(redis: &str, namespace: &str) -> Server {
         let directory = tempfile::tempdir().expect("tempdir");
         std::fs::write(directory.path().join("limits.toml"), LIMITS_FILE).expect("limits file");
-        let log = std::fs::File::create(directory.path().join("server.log")).expect("log");
-        let mut command = Command::new(server_binary());
-        // Nothing from the caller's environment configures it.
-        for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("TOLLGATE_")) {
-            command.env_remove(name);
-        }
+        let mut command = server_command(directory.path());
         command
-            .current_dir(directory.path())
-            .env("XDG_STATE_HOME", directory.path().join(".state"))
             .env("TOLLGATE_ADMIN_TOKEN", "admin-token-for-tests")
             .args(["serve", "--listen", "127.0.0.1:0", "--store", redis])
             .args([
@@ -135,8 +128,7 @@ impl Server {
                 "file://limits.toml",
             ])
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
+            .stdout(Stdio::piped());
         let mut child = Killed(command.spawn().expect("start tollgate serve"));
         let lines = lines_of(&mut child.0);
         let url = wait_for(&lines, "`tollgate: listening on`", |line| {

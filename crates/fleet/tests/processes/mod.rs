@@ -1,12 +1,15 @@
 //! Child processes of the multi-process tests that start servers and workers themselves: a
-//! child killed when dropped, its output as lines, and package `tollgate-cli`'s server binary.
+//! child killed when dropped, its output as lines, the line that says it is ready, and package
+//! `tollgate-cli`'s server, started in a directory of its own with nothing from the caller's
+//! environment.
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::Child;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
+use std::time::Duration;
 
 /// A child process, killed and reaped when dropped, so none outlives the test, pass or fail.
 pub struct Killed(pub Child);
@@ -43,4 +46,49 @@ pub fn server_binary() -> PathBuf {
         binary.display()
     );
     binary
+}
+
+/// The rest of the first line `lines` brings that starts with `prefix`; fails the test if none
+/// comes within three minutes (a slow machine's build and start, never a test's pace).
+pub fn first_line(lines: &Receiver<String>, what: &str, prefix: &str) -> String {
+    loop {
+        match lines.recv_timeout(Duration::from_secs(180)) {
+            Ok(line) => {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    return rest.to_owned();
+                }
+            }
+            Err(error) => panic!("no {what}: {error}"),
+        }
+    }
+}
+
+/// Start `command` with its output piped, and wait for its line starting with `prefix`: the
+/// child, and the rest of that line (an address).
+pub fn start(command: &mut Command, what: &str, prefix: &str) -> (Killed, String) {
+    let mut child = Killed(
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("start {what}: {error}")),
+    );
+    let lines = lines_of(&mut child.0);
+    let url = first_line(&lines, what, prefix);
+    (child, url)
+}
+
+/// `tollgate` run in `directory`, its state there too, its log in `server.log`, and nothing
+/// from the caller's environment configuring it; the caller adds its tokens and arguments.
+pub fn server_command(directory: &Path) -> Command {
+    let log = std::fs::File::create(directory.join("server.log")).expect("log");
+    let mut command = Command::new(server_binary());
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("TOLLGATE_")) {
+        command.env_remove(name);
+    }
+    command
+        .current_dir(directory)
+        .env("XDG_STATE_HOME", directory.join(".state"))
+        .stderr(log);
+    command
 }
