@@ -386,6 +386,23 @@ def _sent_after(permit: Any, sent_at: float | None) -> float | None:
     return None if sent_at is None else max(0.0, sent_at - permit.granted_at)
 
 
+def _asks(
+    budget: Budget, found: Estimate
+) -> tuple[list[tuple[list[str], int]], tuple[int, int], float]:
+    """What one request asks of the server, in order (output, input, the request), with the debt
+    carried so far (taken off the budget now, as input and output) paid first, and the deadline
+    of its wait."""
+    with budget.lock:
+        debt = (budget.debt[0], budget.debt[1])
+        budget.debt = [0, 0]
+    asks: list[tuple[list[str], int]] = [
+        ([budget.output], found.output + debt[1]),
+        ([budget.input], found.input + debt[0]),
+        ([budget.requests], 1),
+    ]
+    return asks, debt, time.monotonic() + budget.wait_max
+
+
 class LlmTransport(httpx.BaseTransport):
     """A blocking httpx transport that keeps model calls inside a token budget (see the module
     documentation). ``hosts`` maps a host name (or ``host:port``) to its :class:`Budget`."""
@@ -402,18 +419,11 @@ class LlmTransport(httpx.BaseTransport):
         self._inner = transport if transport is not None else httpx.HTTPTransport()
 
     def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[Permit], _Held]:
-        with budget.lock:
-            debt, budget.debt = tuple(budget.debt), [0, 0]
-        deadline = time.monotonic() + budget.wait_max
+        asks, debt, deadline = _asks(budget, found)
 
         def remaining() -> float:
             return max(0.0, deadline - time.monotonic())
 
-        asks: list[tuple[list[str], int]] = [
-            ([budget.output], found.output + debt[1]),
-            ([budget.input], found.input + debt[0]),
-            ([budget.requests], 1),
-        ]
         lease: Permit | None = None
         held: list[Permit] = []
         try:
@@ -575,18 +585,11 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
 
     async def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[AsyncPermit], _Held]:
-        with budget.lock:
-            debt, budget.debt = tuple(budget.debt), [0, 0]
-        deadline = time.monotonic() + budget.wait_max
+        asks, debt, deadline = _asks(budget, found)
 
         def remaining() -> float:
             return max(0.0, deadline - time.monotonic())
 
-        asks: list[tuple[list[str], int]] = [
-            ([budget.output], found.output + debt[1]),
-            ([budget.input], found.input + debt[0]),
-            ([budget.requests], 1),
-        ]
         lease: AsyncPermit | None = None
         held: list[AsyncPermit] = []
         try:
