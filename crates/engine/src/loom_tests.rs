@@ -14,7 +14,7 @@ use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 use crate::clock::ManualClock;
 use crate::error::Error;
 use crate::memory::{MemoryStore, MemoryStoreConfig};
-use crate::store::{CounterId, Take};
+use crate::store::{Costs, CounterId, Take};
 use crate::waiters::{Caps, WaitQueue};
 
 /// No cap on waiting requests: the models are about wake-ups, not caps.
@@ -49,7 +49,7 @@ fn take<'a>(limit: &'a str, key: Option<&'a str>, policy: &'a Policy) -> Take<'a
 fn grant_one(store: &MemoryStore, policy: &Policy, refundable: bool) -> bool {
     let takes = [take("vendor", None, policy)];
     store
-        .acquire_now(&takes, 1, Priority::Normal, refundable)
+        .acquire_now(&takes, Costs::Same(1), Priority::Normal, refundable)
         .expect("store answers")
         .is_granted()
 }
@@ -59,7 +59,7 @@ fn grant_one(store: &MemoryStore, policy: &Policy, refundable: bool) -> bool {
 fn grant_final(store: &MemoryStore, take: Take<'_>) -> bool {
     let takes = [take];
     store
-        .acquire_now(&takes, 1, Priority::Normal, false)
+        .acquire_now(&takes, Costs::Same(1), Priority::Normal, false)
         .is_ok_and(|decision| decision.is_granted())
 }
 
@@ -180,7 +180,7 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
             thread::spawn(move || {
                 let takes = [take(names[0], None, &policy), take(names[1], None, &policy)];
                 store
-                    .acquire_now(&takes, 1, Priority::Normal, true)
+                    .acquire_now(&takes, Costs::Same(1), Priority::Normal, true)
                     .expect("store answers")
                     .is_granted()
             })
@@ -199,14 +199,14 @@ fn loom_requests_over_shards_in_opposite_orders_neither_deadlock_nor_split() {
         let takes = [take("a", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal, true)
+                .acquire_now(&takes, Costs::Same(1), Priority::Normal, true)
                 .expect("answers")
                 .is_granted()
         );
         let takes = [take("b", None, &policy)];
         assert!(
             !store
-                .acquire_now(&takes, 1, Priority::Normal, true)
+                .acquire_now(&takes, Costs::Same(1), Priority::Normal, true)
                 .expect("answers")
                 .is_granted()
         );
@@ -224,7 +224,7 @@ fn loom_the_key_cap_holds_under_racing_inserts() {
                 let store = store.clone();
                 thread::spawn(move || {
                     let takes = [take("per-user", Some(key), &policy)];
-                    match store.acquire_now(&takes, 1, Priority::Normal, true) {
+                    match store.acquire_now(&takes, Costs::Same(1), Priority::Normal, true) {
                         Ok(decision) => decision.is_granted(),
                         Err(Error::TooManyKeys { .. }) => false,
                         Err(other) => panic!("unexpected {other:?}"),
@@ -251,7 +251,7 @@ fn loom_a_notify_before_the_wait_is_not_lost() {
             key: None,
         }];
         let waiter = queue
-            .register(&counters, Priority::Normal, 1, false, UNCAPPED)
+            .register(&counters, Priority::Normal, Costs::Same(1), false, UNCAPPED)
             .expect("uncapped");
         let signal = waiter.signal.clone();
         let notifier = {
@@ -279,10 +279,10 @@ fn loom_a_leaving_head_wakes_the_next_waiter() {
             key: None,
         }];
         let head = queue
-            .register(&counters, Priority::High, 1, false, UNCAPPED)
+            .register(&counters, Priority::High, Costs::Same(1), false, UNCAPPED)
             .expect("uncapped");
         let next = queue
-            .register(&counters, Priority::Normal, 1, false, UNCAPPED)
+            .register(&counters, Priority::Normal, Costs::Same(1), false, UNCAPPED)
             .expect("uncapped");
         assert!(queue.is_head(&head));
         assert!(!queue.is_head(&next));

@@ -223,12 +223,46 @@ impl WaiterId {
 /// Called with a counter on which capacity came back.
 pub type WakeFn = std::sync::Arc<dyn Fn(CounterId<'_>) + Send + Sync>;
 
-/// One request to a store: check every take, and grant `cost` on all of them only if all allow
-/// it.
+/// The units a request asks of each of its takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Costs<'a> {
+    /// The same on every take.
+    Same(u64),
+    /// One per take, in the takes' order: a language model's requests, input tokens and output
+    /// tokens, taken all or none in one decision.
+    Each(&'a [u64]),
+}
+
+impl Costs<'_> {
+    /// The units asked of the take at `index`.
+    #[inline]
+    pub fn of(self, index: usize) -> u64 {
+        match self {
+            Costs::Same(cost) => cost,
+            // A missing entry asks for nothing that could be granted by mistake: the limiter
+            // gives one cost per take, and a store never grants a cost above its limit.
+            Costs::Each(costs) => costs.get(index).copied().unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The one cost of every take, when they are all the same.
+    pub fn same(self) -> Option<u64> {
+        match self {
+            Costs::Same(cost) => Some(cost),
+            Costs::Each([first, rest @ ..]) if rest.iter().all(|cost| cost == first) => {
+                Some(*first)
+            }
+            Costs::Each(_) => None,
+        }
+    }
+}
+
+/// One request to a store: check every take, and grant its cost on all of them only if all
+/// allow it.
 #[derive(Clone, Copy, Debug)]
 pub struct Ask<'a> {
     pub takes: &'a [Take<'a>],
-    pub cost: u64,
+    pub costs: Costs<'a>,
     pub priority: Priority,
     /// Record the rate reservations, so that `commit` can refund what was not used; a request
     /// that will never be committed for a refund says `false`, and its units count the same.
@@ -244,11 +278,20 @@ impl<'a> Ask<'a> {
     pub fn new(takes: &'a [Take<'a>], cost: u64, priority: Priority) -> Ask<'a> {
         Ask {
             takes,
-            cost,
+            costs: Costs::Same(cost),
             priority,
             refundable: false,
             waiter: None,
         }
+    }
+
+    /// A cost per take, in `takes`' order.
+    pub fn costs(self, costs: &'a [u64]) -> Ask<'a> {
+        self.with_costs(Costs::Each(costs))
+    }
+
+    pub fn with_costs(self, costs: Costs<'a>) -> Ask<'a> {
+        Ask { costs, ..self }
     }
 
     pub fn refundable(self, refundable: bool) -> Ask<'a> {

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tollgate_core::Priority;
 
 use crate::limiter::QueueFull;
-use crate::store::CounterId;
+use crate::store::{Costs, CounterId};
 use std::sync::Arc;
 
 use crate::sync::{AtomicUsize, Mutex, Ordering, lock};
@@ -291,7 +291,8 @@ pub(crate) struct WaitQueue {
 pub(crate) struct Waiter<'q> {
     queue: &'q WaitQueue,
     order: Order,
-    cost: u64,
+    /// What it asks of each counter, in `keys`' order.
+    costs: Vec<u64>,
     keys: Vec<QueueKey>,
     /// The limits it counts on, each once.
     limits: Vec<Box<str>>,
@@ -341,13 +342,13 @@ impl WaitQueue {
 
     /// Queue a request on `counters`, unless `caps` are full: then it is not queued, and the
     /// answer says which cap.
-    /// A waiter of `cost` starts let go where a counter remembers a cost as large let go,
-    /// or when `let_go` says so.
+    /// A waiter starts let go where a counter remembers a cost as large as its own there let
+    /// go, or when `let_go` says so.
     pub(crate) fn register(
         &self,
         counters: &[CounterId<'_>],
         priority: Priority,
-        cost: u64,
+        costs: Costs<'_>,
         let_go: bool,
         caps: Caps,
     ) -> Result<Waiter<'_>, QueueFull> {
@@ -376,7 +377,8 @@ impl WaitQueue {
             *queues.by_limit.entry(limit.clone()).or_default() += 1;
         }
         let keys: Vec<QueueKey> = counters.iter().map(|c| queue_key(*c)).collect();
-        let marked = keys.iter().any(|key| {
+        let costs: Vec<u64> = (0..keys.len()).map(|index| costs.of(index)).collect();
+        let marked = keys.iter().zip(&costs).any(|(key, &cost)| {
             queues
                 .marks
                 .get(key)
@@ -411,7 +413,7 @@ impl WaitQueue {
         Ok(Waiter {
             queue: self,
             order,
-            cost,
+            costs,
             keys,
             limits,
             signal,
@@ -503,7 +505,7 @@ impl WaitQueue {
         let mut heads = Vec::new();
         {
             let mut queues = lock(&self.queues);
-            for key in &waiter.keys {
+            for (key, &cost) in waiter.keys.iter().zip(&waiter.costs) {
                 if let Some(queue) = queues.by_counter.get_mut(key)
                     && let Some(entry) = queue.waiters.remove(&waiter.order)
                 {
@@ -517,11 +519,11 @@ impl WaitQueue {
                 if held_to_bound {
                     let mark = match queues.marks.get(key) {
                         None => Mark {
-                            cost: waiter.cost,
+                            cost,
                             rank: waiter.order.rank,
                         },
                         Some(mark) => Mark {
-                            cost: mark.cost.min(waiter.cost),
+                            cost: mark.cost.min(cost),
                             rank: mark.rank.min(waiter.order.rank),
                         },
                     };
@@ -546,12 +548,8 @@ impl WaitQueue {
         if queues.marks.is_empty() {
             return;
         }
-        for key in &waiter.keys {
-            if queues
-                .marks
-                .get(key)
-                .is_some_and(|mark| waiter.cost >= mark.cost)
-            {
+        for (key, &cost) in waiter.keys.iter().zip(&waiter.costs) {
+            if queues.marks.get(key).is_some_and(|mark| cost >= mark.cost) {
                 queues.marks.shift_remove(key);
             }
         }

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tollgate::core::{Counter, Denial};
 use tollgate::store::{
-    Adjust, Adjusted, Ask, CounterId, CounterOutcome, Decision, News, Renewed, Store, StoreFuture,
-    Take, Usage, WakeFn,
+    Adjust, Adjusted, Ask, Costs, CounterId, CounterOutcome, Decision, News, Renewed, Store,
+    StoreFuture, Take, Usage, WakeFn,
 };
 use tollgate::{
     COUNTERS_PER_REQUEST_MAX, Clock, Committed, DenyReason, Error, LimitTable, MonotonicClock,
@@ -142,7 +142,7 @@ impl ExternalStore {
     fn acquire_now(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         refundable: bool,
     ) -> Result<Decision> {
@@ -165,12 +165,12 @@ impl ExternalStore {
         let now = self.clock.now_us();
         state.sweep_if_grown(now);
         let mut outcomes = Vec::with_capacity(takes.len());
-        for take in takes {
+        for (index, take) in takes.iter().enumerate() {
             let paused_until = state.limit_paused_until(take.counter.limit, now);
             let entry = state.entry(take.counter, now)?;
             let checked = entry
                 .counter
-                .check(take.policy, now, cost, priority)
+                .check(take.policy, now, costs.of(index), priority)
                 .map_err(|source| Error::Cost {
                     limit: take.counter.limit.to_owned(),
                     source,
@@ -205,12 +205,13 @@ impl ExternalStore {
             .iter()
             .all(|outcome| matches!(outcome, CounterOutcome::Allowed { .. }));
         if all_allowed {
-            for (take, outcome) in takes.iter().zip(&mut outcomes) {
+            for (index, (take, outcome)) in takes.iter().zip(&mut outcomes).enumerate() {
                 // Checked above, under the same lock and at the same `now`: tracked still.
                 let entry = state.entry(take.counter, now)?;
-                let grant = entry
-                    .counter
-                    .grant(take.policy, now, cost, priority, refundable);
+                let grant =
+                    entry
+                        .counter
+                        .grant(take.policy, now, costs.of(index), priority, refundable);
                 entry.idle_at = entry.counter.idle_at(take.policy);
                 *outcome = CounterOutcome::Granted(grant);
             }
@@ -374,7 +375,7 @@ impl ExternalStore {
 
 impl Store for ExternalStore {
     fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
-        StoreFuture::ready(self.acquire_now(ask.takes, ask.cost, ask.priority, ask.refundable))
+        StoreFuture::ready(self.acquire_now(ask.takes, ask.costs, ask.priority, ask.refundable))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

@@ -582,6 +582,38 @@ impl Counter {
         units
     }
 
+    /// Count `units` spent at `now` beyond anything granted, even past the limit: what a vendor
+    /// counted over a reservation (a language model's answer longer than its estimate), which
+    /// every later grant on this counter then waits out, in whichever process asks: a debt paid
+    /// first. At most one capacity is counted past the limit, so a caller cannot close a limit
+    /// for longer than its own window; returns the units counted. Pauses stay as they are;
+    /// leases count nothing: 0.
+    pub fn debit(&mut self, policy: &Policy, now: u64, units: u64) -> u64 {
+        let Kind::Rate(rate) = policy.kind() else {
+            return 0;
+        };
+        self.normalise(policy, now);
+        let used_before = self.used(policy, now);
+        let ceiling = policy.capacity().saturating_mul(2);
+        let units = units.min(ceiling.saturating_sub(used_before));
+        if units == 0 {
+            return 0;
+        }
+        match &mut self.body {
+            Body::Sliding {
+                buckets,
+                units: total,
+            } => {
+                sliding_grant(buckets, total, rate.window_us(), rate.limit(), now, units);
+            }
+            Body::Fixed { used, .. } => *used += units,
+            Body::Gcra { tat, .. } => *tat = (*tat).max(now) + units * rate.emission_us(),
+            Body::Empty | Body::Leases { .. } => return 0,
+        }
+        debug_assert_eq!(self.used(policy, now), used_before + units);
+        units
+    }
+
     /// Put back the backlog's end that `gcra_admit` moved, on a counter `gcra_alone` allowed
     /// (any other body is left as it is: it has no such number).
     pub fn set_gcra_tat(&mut self, backlog_end: u64) {

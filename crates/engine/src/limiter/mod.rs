@@ -37,6 +37,7 @@ pub use handle::LimitHandle;
 pub use permit::Permit;
 pub use request::{Check, Denied, Kept, Outcome, Request, Status, Statuses};
 
+pub use permit::Used;
 use permit::{GrantedPart, renew_parts, settle_parts};
 use request::{Answer, status};
 
@@ -187,6 +188,11 @@ fn micros(duration: Duration) -> u64 {
 
 /// The limits `names` in `table`, checked: at least one, no more than a request may name, none
 /// twice, a key for every limit counted per key, a valid key.
+/// What `request` asks of the store on `takes`.
+fn asked<'a>(takes: &'a [Take<'a>], request: &'a Request<'_>) -> Ask<'a> {
+    Ask::new(takes, request.cost, request.priority).with_costs(request.costs_asked())
+}
+
 fn resolve<'t>(table: &'t LimitTable, names: &[&str], key: Option<&str>) -> Result<Resolved<'t>> {
     resolve_each(names, key, |name| {
         table
@@ -358,11 +364,34 @@ impl Limiter {
     }
 
     #[inline]
-    fn check_cost(cost: u64) -> Result<()> {
-        if cost == 0 || cost > UNITS_MAX {
+    fn check_cost(request: &Request<'_>) -> Result<()> {
+        let within = |cost: &u64| (1..=UNITS_MAX).contains(cost);
+        if request.costs.is_empty() {
+            if !within(&request.cost) {
+                return Err(Error::invalid(
+                    "cost",
+                    format!("must be between 1 and {UNITS_MAX}"),
+                ));
+            }
+            return Ok(());
+        }
+        if request.costs.len() != request.limits.len() {
             return Err(Error::invalid(
-                "cost",
-                format!("must be between 1 and {UNITS_MAX}"),
+                "costs",
+                format!(
+                    "one cost per limit: {} costs for {} limits",
+                    request.costs.len(),
+                    request.limits.len()
+                ),
+            ));
+        }
+        if let Some(position) = request.costs.iter().position(|cost| !within(cost)) {
+            return Err(Error::invalid(
+                "costs",
+                format!(
+                    "the cost of {:?} must be between 1 and {UNITS_MAX}",
+                    request.limits[position]
+                ),
             ));
         }
         Ok(())
@@ -467,12 +496,12 @@ impl Limiter {
     fn ask<'s>(
         &'s self,
         asking: &'s Asking<'_>,
-        request: &Request<'_>,
+        request: &'s Request<'_>,
         refundable: bool,
     ) -> StoreFuture<'s, Decision> {
         self.shared
             .store
-            .acquire(Ask::new(&asking.takes, request.cost, request.priority).refundable(refundable))
+            .acquire(asked(&asking.takes, request).refundable(refundable))
     }
 
     /// The store's part for a request that waits: as `ask`, and a denial keeps the request's
@@ -481,12 +510,12 @@ impl Limiter {
     fn ask_waiting<'s>(
         &'s self,
         asking: &'s Asking<'_>,
-        request: &Request<'_>,
+        request: &'s Request<'_>,
         place: &mut StorePlace,
     ) -> StoreFuture<'s, Decision> {
         place.stand(&asking.takes);
         self.shared.store.acquire(
-            Ask::new(&asking.takes, request.cost, request.priority)
+            asked(&asking.takes, request)
                 .refundable(request.refundable)
                 .waiter(place.id),
         )
@@ -499,7 +528,7 @@ impl Limiter {
         request: &Request<'_>,
         handle: Option<&'t LimitHandle>,
     ) -> Result<Resolved<'t>> {
-        Limiter::check_cost(request.cost)?;
+        Limiter::check_cost(request)?;
         let resolved = match handle.filter(|handle| handle.in_force()) {
             Some(handle) => resolve_each(&request.limits, request.key, |_| Ok(&*handle.limit))?,
             None => resolve(table, &request.limits, request.key)?,
@@ -563,7 +592,7 @@ impl Limiter {
         if wait.is_zero() {
             return self.try_acquire(request).await;
         }
-        Limiter::check_cost(request.cost)?;
+        Limiter::check_cost(request)?;
         let deadline = Instant::now() + wait;
         let mut last_denial = None;
         let mut place = StorePlace::new(&self.shared.store);
@@ -611,7 +640,7 @@ impl Limiter {
             }
             // Queue behind everyone of the same or higher priority on these counters, if the
             // caps on waiting requests leave room; else the answer is the one found now.
-            self.keep_shares(resolved, request, 0);
+            self.keep_shares(resolved, request, false);
             let caps = Caps {
                 waiters_max: self.shared.config.waiters_max,
                 waiters_per_limit_max: self.shared.config.waiters_per_limit_max,
@@ -619,7 +648,7 @@ impl Limiter {
             match self.shared.waiters.register(
                 &counters,
                 request.priority,
-                request.cost,
+                request.costs_asked(),
                 hopeless,
                 caps,
             ) {
@@ -748,13 +777,13 @@ impl Limiter {
     /// `outcome` or `Check`'s `decided`, which call this.
     fn note_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, decision: &Decision) {
         if decision.is_granted() {
-            self.keep_shares(resolved, request, request.cost);
+            self.keep_shares(resolved, request, true);
         }
     }
 
-    /// `units` granted to `request` (0: it is about to wait) on the rate limits of
+    /// `request`'s units granted (`false`: none, it is about to wait) on the rate limits of
     /// `resolved`, for their shares, with minimum shares on and below `high`.
-    fn keep_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, units: u64) {
+    fn keep_shares(&self, resolved: &Resolved<'_>, request: &Request<'_>, granted: bool) {
         let shares = self.shared.config.shares;
         if shares.is_off() || request.priority == Priority::High {
             return;
@@ -764,7 +793,11 @@ impl Limiter {
                 self.shared.waiters.note_grant(
                     resolved.counter(index, request.key),
                     request.priority,
-                    units,
+                    if granted {
+                        request.costs_asked().of(index)
+                    } else {
+                        0
+                    },
                     Duration::from_micros(rate.window_us()),
                     shares.units_of(rate.limit()),
                 );
@@ -883,6 +916,11 @@ impl Limiter {
 
     /// Commit a permit by id: refund `cost - used` of its rate units, release its leases.
     pub async fn commit(&self, id: &str, used: u64) -> Result<Committed> {
+        self.commit_used(id, Used::All(used)).await
+    }
+
+    /// `commit` with what was used of each rate limit, by name (`Permit::commit_used`).
+    pub async fn commit_used(&self, id: &str, used: Used<'_>) -> Result<Committed> {
         let parts = decode(&self.shared.config.permit_secret, id)?;
         settle_parts(&self.shared, parts.iter(), used).await
     }

@@ -15,18 +15,75 @@ use crate::store::{CounterId, Take};
 use super::{Shared, micros};
 
 /// Settle every part in turn, whatever the others answer; the totals, or the first error.
+/// What a commit says was used: the same on every rate limit, or per limit by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Used<'a> {
+    All(u64),
+    /// Each rate limit of the permit, by name, once: requests, input tokens and output tokens
+    /// that were taken at different costs. Leases are released whether named or not.
+    Each(&'a [(&'a str, u64)]),
+}
+
+impl Used<'_> {
+    /// Every rate limit of `parts` named once, and nothing else named, before anything is
+    /// settled: a commit that names a wrong limit gives nothing back.
+    fn check<'p>(self, parts: impl Iterator<Item = &'p Part> + Clone) -> Result<()> {
+        let Used::Each(each) = self else {
+            return Ok(());
+        };
+        for (index, (name, _)) in each.iter().enumerate() {
+            if each[..index].iter().any(|(earlier, _)| earlier == name) {
+                return Err(Error::invalid(
+                    "used",
+                    format!("limit {name:?} is named twice"),
+                ));
+            }
+            if !parts.clone().any(|part| &*part.limit == *name) {
+                return Err(Error::invalid(
+                    "used",
+                    format!("limit {name:?} is not in this permit"),
+                ));
+            }
+        }
+        if let Some(part) = parts
+            .clone()
+            .find(|part| !part.lease && !each.iter().any(|(name, _)| *name == &*part.limit))
+        {
+            return Err(Error::invalid(
+                "used",
+                format!(
+                    "name every rate limit of the permit: {:?} is missing",
+                    &*part.limit
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn of(self, part: &Part) -> u64 {
+        match self {
+            Used::All(used) => used,
+            Used::Each(each) => each
+                .iter()
+                .find(|(name, _)| *name == &*part.limit)
+                .map_or(0, |(_, used)| *used),
+        }
+    }
+}
+
 pub(super) async fn settle_parts<'a>(
     shared: &Shared,
-    parts: impl Iterator<Item = &'a Part>,
-    used: u64,
+    parts: impl Iterator<Item = &'a Part> + Clone,
+    used: Used<'_>,
 ) -> Result<Committed> {
+    used.check(parts.clone())?;
     let mut total = Committed {
         refunded: 0,
         released: 0,
     };
     let mut first_error = None;
     for part in parts {
-        match settle_part(shared, part, used).await {
+        match settle_part(shared, part, used.of(part)).await {
             Ok(committed) => {
                 total.refunded += committed.refunded;
                 total.released += committed.released;
@@ -152,14 +209,23 @@ impl Permit {
     /// released. Once per permit, which the move enforces. Every part is settled even when an
     /// earlier one fails (a lease left behind would hold its slot until its TTL); the first
     /// error is returned.
-    pub async fn commit(mut self, used: u64) -> Result<Committed> {
-        self.settled = true;
+    pub async fn commit(self, used: u64) -> Result<Committed> {
+        self.commit_used(Used::All(used)).await
+    }
+
+    /// `commit` with what was used of each rate limit, by name (`Used::Each`): for a permit
+    /// granted a cost per limit (`Request::costs`). A wrong or missing name settles nothing:
+    /// the permit is dropped uncommitted (its rate units stay used, its leases are released),
+    /// as by an id that `Limiter::commit_used` refuses, which may be committed again.
+    pub async fn commit_used(mut self, used: Used<'_>) -> Result<Committed> {
         let parts = self
             .parts
             .iter()
             // A part with nothing recorded to give back: the store would only say so.
             .filter(|granted| granted.refundable || granted.part.lease)
             .map(|granted| &granted.part);
+        used.check(self.parts.iter().map(|granted| &granted.part))?;
+        self.settled = true;
         settle_parts(&self.shared, parts, used).await
     }
 
@@ -172,7 +238,7 @@ impl Permit {
             .iter()
             .filter(|granted| granted.part.lease)
             .map(|granted| &granted.part);
-        let released = settle_parts(&self.shared, leases, u64::MAX).await?;
+        let released = settle_parts(&self.shared, leases, Used::All(u64::MAX)).await?;
         Ok(Committed {
             refunded: 0,
             released: released.released,

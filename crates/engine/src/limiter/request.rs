@@ -10,7 +10,7 @@ use tollgate_core::{DenyReason, Priority};
 use crate::error::{Error, Result};
 use crate::limits::Limit;
 use crate::permit_id::LimitStatus;
-use crate::store::{CounterOutcome, Decision};
+use crate::store::{Costs, CounterOutcome, Decision};
 
 use super::{Limiter, Permit, QueueFull, Resolved};
 
@@ -21,6 +21,9 @@ pub struct Request<'a> {
     pub(super) limits: SmallVec<[&'a str; 4]>,
     pub(super) key: Option<&'a str>,
     pub(super) cost: u64,
+    /// A cost per limit, in `limits`' order, where they differ (`costs`); empty: `cost` on
+    /// every limit.
+    pub(super) costs: SmallVec<[u64; 4]>,
     pub(super) priority: Priority,
     pub(super) wait: Duration,
     pub(super) refundable: bool,
@@ -38,6 +41,7 @@ impl<'a> Request<'a> {
             limits: SmallVec::from_slice(limits),
             key: None,
             cost: 1,
+            costs: SmallVec::new(),
             priority: Priority::Normal,
             wait: Duration::ZERO,
             refundable: true,
@@ -50,9 +54,29 @@ impl<'a> Request<'a> {
         self
     }
 
+    /// Units to take of every limit (default 1).
     pub fn cost(mut self, cost: u64) -> Request<'a> {
         self.cost = cost;
+        self.costs.clear();
         self
+    }
+
+    /// Units to take of each limit, in the order the limits were named: one request's
+    /// requests, input tokens and output tokens, granted all or none in one decision. One
+    /// cost per limit, each 1 to `UNITS_MAX`; a request with any other number of costs is
+    /// refused (field `costs`).
+    pub fn costs(mut self, costs: &[u64]) -> Request<'a> {
+        self.costs = SmallVec::from_slice(costs);
+        self
+    }
+
+    /// What is asked of each limit, in order.
+    pub(super) fn costs_asked(&self) -> Costs<'_> {
+        if self.costs.is_empty() {
+            Costs::Same(self.cost)
+        } else {
+            Costs::Each(&self.costs)
+        }
     }
 
     pub fn priority(mut self, priority: Priority) -> Request<'a> {

@@ -110,11 +110,11 @@ impl MemoryStore {
     pub(crate) fn acquire_now(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         refundable: bool,
     ) -> Result<Decision> {
-        decided(self.attempt(takes, cost, priority, refundable))
+        decided(self.attempt(takes, costs, priority, refundable))
     }
 
     /// `acquire_now`, or `None` (only with write-ahead on): the request fits, but a counter
@@ -122,16 +122,16 @@ impl MemoryStore {
     pub(super) fn attempt(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         refundable: bool,
     ) -> Result<Option<Decision>> {
-        match self.acquire_locked(takes, cost, priority, refundable) {
+        match self.acquire_locked(takes, costs, priority, refundable) {
             Err(Error::TooManyKeys { .. } | Error::TooManyKeysForLimit { .. }) => {
                 // The key's own shard had no idle counter to give up; look in all of them, with
                 // no lock held (taking more locks while holding some could deadlock), once.
                 self.sweep(SWEEP_BEFORE_REFUSING / SHARDS);
-                self.acquire_locked(takes, cost, priority, refundable)
+                self.acquire_locked(takes, costs, priority, refundable)
             }
             other => other,
         }
@@ -140,7 +140,7 @@ impl MemoryStore {
     pub(super) fn acquire_locked(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         refundable: bool,
     ) -> Result<Option<Decision>> {
@@ -151,7 +151,7 @@ impl MemoryStore {
             ));
         }
         if let [take] = takes {
-            return self.acquire_one(*take, cost, priority, refundable);
+            return self.acquire_one(*take, costs.of(0), priority, refundable);
         }
         let count = takes.len();
         let mut located = [Located { shard: 0, hash: 0 }; COUNTERS_PER_REQUEST_MAX];
@@ -175,9 +175,9 @@ impl MemoryStore {
             guard_of_take[position] = guards.len() - 1;
         }
         let now = self.clock.now_us();
-        let asked = Asked {
+        let asked = |position: usize| Asked {
             now,
-            cost,
+            cost: costs.of(position),
             priority,
         };
 
@@ -196,7 +196,7 @@ impl MemoryStore {
             // The last counter, when every one allows the request, is granted next, and the
             // grant reports what remains.
             let granted_next = all_allowed && position + 1 == count;
-            let outcome = check_entry(entry, *take, asked, around, granted_next)?;
+            let outcome = check_entry(entry, *take, asked(position), around, granted_next)?;
             all_allowed &= matches!(outcome, CounterOutcome::Allowed { .. });
             outcomes.push(outcome);
         }
@@ -209,7 +209,12 @@ impl MemoryStore {
                     && !take.policy.is_concurrency()
                 {
                     let id = || OwnedCounterId::new(take.counter);
-                    short |= !write_ahead.allows(index_of_take[position], id, take.policy, cost);
+                    short |= !write_ahead.allows(
+                        index_of_take[position],
+                        id,
+                        take.policy,
+                        costs.of(position),
+                    );
                 }
             }
             if short {
@@ -228,12 +233,12 @@ impl MemoryStore {
                 // nothing is swept or moved while the locks are held.
                 let index = index_of_take[position];
                 let entry = &mut shard.counters[index];
-                *outcome = grant_entry(entry, *take, asked, refundable);
+                *outcome = grant_entry(entry, *take, asked(position), refundable);
                 if let Some(write_ahead) = &mut shard.write_ahead
                     && !take.policy.is_concurrency()
                 {
                     let id = || OwnedCounterId::new(take.counter);
-                    due |= write_ahead.spent(index, id, take.policy, cost);
+                    due |= write_ahead.spent(index, id, take.policy, costs.of(position));
                 }
             }
             if due {
@@ -321,13 +326,13 @@ impl MemoryStore {
     pub(super) async fn acquire_after_record(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         refundable: bool,
         mut seen: u64,
     ) -> Result<Decision> {
         let Some(write_ahead) = &self.write_ahead else {
-            return self.acquire_now(takes, cost, priority, refundable);
+            return self.acquire_now(takes, costs, priority, refundable);
         };
         let deadline = tokio::time::Instant::now() + RECORD_WAIT_MAX;
         loop {
@@ -337,7 +342,7 @@ impl MemoryStore {
             // lesson): a lowered limit must not grant under its old policy for this long.
             let table = lock(&self.in_force).clone();
             let takes = in_force_now(table.as_deref(), takes);
-            if let Some(decision) = self.attempt(&takes, cost, priority, refundable)? {
+            if let Some(decision) = self.attempt(&takes, costs, priority, refundable)? {
                 return Ok(decision);
             }
             if let Some(error) = write_ahead.failure() {

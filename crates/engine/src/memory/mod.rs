@@ -38,8 +38,8 @@ use tollgate_core::{Around, Committed, Counter, GcraStep, Grant, Policy, Priorit
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{
-    Adjust, Adjusted, Ask, CounterId, CounterOutcome, Decision, InProcess, News, Offers, Renewed,
-    Store, StoreFuture, Take, Usage, WakeFn,
+    Adjust, Adjusted, Ask, Costs, CounterId, CounterOutcome, Decision, InProcess, News, Offers,
+    Renewed, Store, StoreFuture, Take, Usage, WakeFn,
 };
 use std::sync::Arc;
 
@@ -226,21 +226,21 @@ impl Store for MemoryStore {
     fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
         let Ask {
             takes,
-            cost,
+            costs,
             priority,
             refundable,
             waiter: _,
         } = ask;
         let Some(write_ahead) = &self.write_ahead else {
-            return StoreFuture::ready(self.acquire_now(takes, cost, priority, refundable));
+            return StoreFuture::ready(self.acquire_now(takes, costs, priority, refundable));
         };
         // Counted before the attempt, so a batch that lands after it is not missed.
         let seen = write_ahead.batches();
-        match self.attempt(takes, cost, priority, refundable) {
+        match self.attempt(takes, costs, priority, refundable) {
             Ok(None) => match write_ahead.closed() {
                 Some(error) => StoreFuture::ready(Err(error)),
                 None => StoreFuture::boxed(
-                    self.acquire_after_record(takes, cost, priority, refundable, seen),
+                    self.acquire_after_record(takes, costs, priority, refundable, seen),
                 ),
             },
             attempt => StoreFuture::ready(decided(attempt)),
