@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tollgate::store::{Ask, Decision, Forward, Store, StoreFuture};
 use tollgate::{
     Algorithm, Check, DenyReason, Error, Limit, Limiter, LimiterConfig, Outcome, PermitError,
-    PermitSecret, Policy, Priority, Request, Reserve,
+    PermitSecret, Policy, Priority, Request, Reserve, Used,
 };
 
 /// Two views of one shared state: two handles a store's users would open (for the memory store,
@@ -1250,6 +1250,152 @@ pub async fn a_reset_forgets_one_counter_and_nothing_else(stores: Stores) {
     }
 }
 
+/// A request with a cost per limit takes each limit's own cost, all or none, and its commit
+/// gives back what each limit did not use, by name; a commit that names a limit wrongly settles
+/// nothing. Judged through the other handle's usage, not the permit's answer.
+pub async fn costs_are_taken_per_limit_all_or_nothing(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    let hour = rate(100, HOUR_MS, Algorithm::Sliding);
+    add(
+        &[&limiter, &other],
+        "calls",
+        rate(10, HOUR_MS, Algorithm::Sliding),
+        None,
+    );
+    add(&[&limiter, &other], "tokens", hour, None);
+    let used = |limit: &'static str| {
+        let other = &other;
+        async move { other.usage(limit, None).await.expect("usage").used }
+    };
+    let both = Request::all(&["calls", "tokens"]);
+    let permit = limiter
+        .try_acquire(&both.clone().costs(&[1, 60]))
+        .await
+        .expect("answers")
+        .granted()
+        .expect("room on both");
+    assert_eq!((used("calls").await, used("tokens").await), (1, 60));
+    let denial = denied(
+        limiter
+            .try_acquire(&both.clone().costs(&[1, 41]))
+            .await
+            .expect("answers"),
+    );
+    assert_eq!(denial.reason, DenyReason::Capacity);
+    assert_eq!(
+        (used("calls").await, used("tokens").await),
+        (1, 60),
+        "a denied request took from one limit"
+    );
+    let id = permit.detach();
+    match other
+        .commit_used(&id.to_string(), Used::Each(&[("calls", 1), ("nowhere", 0)]))
+        .await
+    {
+        Err(Error::InvalidRequest { field: "used", .. }) => {}
+        answer => panic!("a commit naming a limit not in the permit: {answer:?}"),
+    }
+    match other
+        .commit_used(&id.to_string(), Used::Each(&[("tokens", 10)]))
+        .await
+    {
+        Err(Error::InvalidRequest { field: "used", .. }) => {}
+        answer => panic!("a commit leaving a rate limit out: {answer:?}"),
+    }
+    assert_eq!(
+        (used("calls").await, used("tokens").await),
+        (1, 60),
+        "a refused commit gave something back"
+    );
+    let committed = other
+        .commit_used(&id.to_string(), Used::Each(&[("tokens", 25), ("calls", 1)]))
+        .await
+        .expect("commit");
+    assert_eq!(committed.refunded, 35);
+    assert_eq!((used("calls").await, used("tokens").await), (1, 25));
+    match limiter.try_acquire(&both.clone().costs(&[1])).await {
+        Err(Error::InvalidRequest { field: "costs", .. }) => {}
+        answer => panic!("one cost for two limits: {answer:?}"),
+    }
+    match limiter.try_acquire(&both.costs(&[1, 0])).await {
+        Err(Error::InvalidRequest { field: "costs", .. }) => {}
+        answer => panic!("a cost of 0: {answer:?}"),
+    }
+}
+
+/// A charge counts units past the limit, in every process, up to one capacity past it, and
+/// every later grant waits it out; leases cannot be charged.
+pub async fn charges_count_past_the_limit_and_are_paid_first(stores: Stores) {
+    let (limiter, other) = pair(&stores);
+    for (name, algorithm) in [
+        ("sliding", Algorithm::Sliding),
+        ("fixed", Algorithm::Fixed),
+        ("gcra", Algorithm::Gcra { burst: 10 }),
+    ] {
+        add(
+            &[&limiter, &other],
+            name,
+            rate(10, HOUR_MS, algorithm),
+            Some("user"),
+        );
+        let _spent = limiter
+            .try_acquire(&Request::new(name).key("alice").cost(8))
+            .await
+            .expect("answers")
+            .granted()
+            .expect("room");
+        let charged = other
+            .charge(&Request::new(name).key("alice").cost(5))
+            .await
+            .expect("charge");
+        assert_eq!(charged.len(), 1);
+        assert_eq!(charged[0].charged, 5, "{name}");
+        assert_eq!(charged[0].usage.used, 13, "{name}");
+        let denial = denied(
+            limiter
+                .try_acquire(&Request::new(name).key("alice").priority(Priority::High))
+                .await
+                .expect("answers"),
+        );
+        assert_eq!(denial.reason, DenyReason::Capacity, "{name}");
+        let charged = other
+            .charge(&Request::new(name).key("alice").cost(1_000))
+            .await
+            .expect("charge");
+        assert_eq!(
+            charged[0].charged, 7,
+            "{name}: one capacity past the limit at most"
+        );
+        assert_eq!(
+            limiter
+                .usage(name, Some("alice"))
+                .await
+                .expect("usage")
+                .used,
+            20,
+            "{name}"
+        );
+        let fresh = other
+            .charge(&Request::new(name).key("bob").cost(3))
+            .await
+            .expect("a charge on a counter never used");
+        assert_eq!(fresh[0].charged, 3, "{name}");
+        let permit = limiter
+            .try_acquire(&Request::new(name).key("bob").cost(7))
+            .await
+            .expect("answers");
+        assert!(permit.is_granted(), "{name}: bob's debt leaves 7");
+    }
+    let lease = Policy::concurrency(2, 30_000 * MS, Reserve::default()).expect("valid");
+    add(&[&limiter, &other], "pool", lease, None);
+    match other.charge(&Request::new("pool")).await {
+        Err(Error::InvalidRequest {
+            field: "limits", ..
+        }) => {}
+        answer => panic!("a concurrency limit charged: {answer:?}"),
+    }
+}
+
 /// One `#[tokio::test]` per conformance case, each given fresh stores by `$factory`, an
 /// `async fn(&'static str) -> Option<Stores>` (None: skipped, having said why).
 #[macro_export]
@@ -1271,6 +1417,8 @@ macro_rules! conformance_tests {
             check_counts_rate_units_and_refuses_leases,
             usage_shows_what_is_counted_and_takes_nothing,
             a_reset_forgets_one_counter_and_nothing_else,
+            costs_are_taken_per_limit_all_or_nothing,
+            charges_count_past_the_limit_and_are_paid_first,
         );
     };
     (@each $factory:path, $($name:ident),* $(,)?) => {

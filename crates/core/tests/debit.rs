@@ -198,7 +198,11 @@ fn a_debt_is_counted_past_the_limit_up_to_one_capacity() {
                 .is_granted()
         );
         assert_eq!(counter.debit(&policy, now, 4), 4, "{shape:?}");
-        assert_eq!(counter.debit(&policy, now, 100), 6, "{shape:?}: one capacity past at most");
+        assert_eq!(
+            counter.debit(&policy, now, 100),
+            6,
+            "{shape:?}: one capacity past at most"
+        );
         assert_eq!(counter.usage(&policy, now).0, 20, "{shape:?}");
         let denied = counter
             .check(&policy, now, 1, Priority::High)

@@ -35,9 +35,9 @@ pub use learned::{
     LearnConfig, Learned, LearnedKind, LearnedLimit, Lesson,
 };
 pub use limiter::{
-    Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, Denied, Kept,
-    LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull, Request, Shares,
-    Status, Statuses, Used,
+    Charged, Check, DEFAULT_PAUSE_MS_MAX, DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX,
+    Denied, Kept, LimitHandle, Limiter, LimiterConfig, Outcome, PAUSE_MS_MAX, Permit, QueueFull,
+    Request, Shares, Status, Statuses, Used,
 };
 pub use limits::{
     KEY_BYTES_MAX, LIMIT_NAME_BYTES_MAX, Limit, LimitTable, check_key, check_limit_name,

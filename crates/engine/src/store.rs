@@ -320,16 +320,22 @@ pub enum Adjust {
     /// reservations, its own pause), in every process sharing the store: a reset after a
     /// mistaken lockout. A hold after a loss of state stays.
     Reset,
+    /// Count `units` spent beyond any grant on this rate counter at the store's now, even past
+    /// the limit (`Counter::debit`): a debt that every later grant, in every process sharing
+    /// the store, waits out. At most one capacity past the limit is counted. Leases: nothing.
+    Charge { units: u64 },
 }
 
 /// What an `Adjust` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Adjusted {
     /// A pause: always; a resume: whether a pause was on; a reset: whether the store held the
-    /// counter.
+    /// counter; a charge: whether it counted any unit.
     pub changed: bool,
     /// After a pause, the time until it ends; otherwise 0.
     pub paused_for_us: u64,
+    /// After a charge, the units counted; otherwise 0.
+    pub charged: u64,
 }
 
 /// What the limiter tells its store.

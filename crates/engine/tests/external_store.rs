@@ -333,6 +333,15 @@ impl ExternalStore {
 }
 
 impl ExternalStore {
+    fn charge_now(&self, take: Take<'_>, units: u64) -> Result<u64> {
+        let mut state = lock(&self.state);
+        let now = self.clock.now_us();
+        let entry = state.entry(take.counter, now)?;
+        let charged = entry.counter.debit(take.policy, now, units);
+        entry.idle_at = entry.counter.idle_at(take.policy);
+        Ok(charged)
+    }
+
     fn reset_now(&self, take: Take<'_>) -> bool {
         let mut state = lock(&self.state);
         let id: Id = (
@@ -392,15 +401,21 @@ impl Store for ExternalStore {
                 self.pause_now(take, for_us).map(|paused_for_us| Adjusted {
                     changed: true,
                     paused_for_us,
+                    charged: 0,
                 })
             }
             Adjust::Resume => Ok(Adjusted {
                 changed: self.resume_now(take),
-                paused_for_us: 0,
+                ..Adjusted::default()
             }),
             Adjust::Reset => Ok(Adjusted {
                 changed: self.reset_now(take),
-                paused_for_us: 0,
+                ..Adjusted::default()
+            }),
+            Adjust::Charge { units } => self.charge_now(take, units).map(|charged| Adjusted {
+                changed: charged > 0,
+                charged,
+                ..Adjusted::default()
             }),
         })
     }

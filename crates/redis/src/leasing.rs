@@ -477,7 +477,8 @@ impl Forward for LeasingStore {
         }
         // A block is committed back when it retires, so it is always refundable; a local
         // grant from it records its permit either way.
-        StoreFuture::boxed(self.acquire_leased(ask.takes, ask.cost, ask.priority))
+        // One take: its cost is the request's.
+        StoreFuture::boxed(self.acquire_leased(ask.takes, ask.costs.of(0), ask.priority))
     }
 
     fn commit<'a>(&'a self, take: Take<'a>, seq: u64, used: u64) -> StoreFuture<'a, Committed> {

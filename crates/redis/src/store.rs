@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::OnceCell;
-use tollgate::Result;
+use tollgate::{Error, Result};
 use tollgate::store::{
     Adjust, Adjusted, Ask, CounterId, Decision, News, Offers, Queue, Renewed, Store, StoreFuture,
     Take, Usage, WaiterId, WakeFn,
@@ -205,9 +205,14 @@ impl Queue for RedisStore {
 
 impl Store for RedisStore {
     fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
+        let Some(cost) = ask.costs.same() else {
+            return StoreFuture::ready(Err(Error::StoreFailed {
+                reason: "a cost per limit is not decided on Redis yet".into(),
+            }));
+        };
         StoreFuture::boxed(self.acquire_remote(
             ask.takes,
-            ask.cost,
+            cost,
             ask.priority,
             ask.refundable,
             ask.waiter,
@@ -235,15 +240,21 @@ impl Store for RedisStore {
                 Adjust::Pause { for_us } => Adjusted {
                     changed: true,
                     paused_for_us: self.pause_remote(take, for_us).await?,
+                    charged: 0,
                 },
                 Adjust::Resume => Adjusted {
                     changed: self.resume_remote(take).await?,
-                    paused_for_us: 0,
+                    ..Adjusted::default()
                 },
                 Adjust::Reset => Adjusted {
                     changed: self.reset_remote(take).await?,
-                    paused_for_us: 0,
+                    ..Adjusted::default()
                 },
+                Adjust::Charge { .. } => {
+                    return Err(Error::StoreFailed {
+                        reason: "charges are not counted on Redis yet".into(),
+                    });
+                }
             })
         })
     }

@@ -457,6 +457,7 @@ impl Forward for MeteredStore {
             Adjust::Pause { .. } => "pause",
             Adjust::Resume => "resume",
             Adjust::Reset => "reset",
+            Adjust::Charge { .. } => "charge",
         };
         self.timed(operation, started, self.inner.adjust(take, adjust))
     }

@@ -35,7 +35,7 @@ pub use config::{
 };
 pub use handle::LimitHandle;
 pub use permit::Permit;
-pub use request::{Check, Denied, Kept, Outcome, Request, Status, Statuses};
+pub use request::{Charged, Check, Denied, Kept, Outcome, Request, Status, Statuses};
 
 pub use permit::Used;
 use permit::{GrantedPart, renew_parts, settle_parts};
@@ -1034,6 +1034,55 @@ impl Limiter {
         // Its units are free: whoever waits on it may be granted now.
         self.shared.waiters.wake_head(take.counter);
         Ok(held)
+    }
+
+    /// Count units spent beyond any grant (`Adjust::Charge`): `request`'s cost (or costs, one
+    /// per limit) on each of its limits, at the store's now, even past the limit, in every
+    /// process sharing the store. What a vendor counted over what was reserved (a language
+    /// model's answer longer than its estimate, a top-up that could not be had) becomes a
+    /// debt that every later grant waits out, rather than a local note one process pays.
+    /// Never denied; at most one capacity is counted past each limit (`Counter::debit`).
+    /// Rate limits only: a lease is held, never spent. Returns, per limit, the units counted
+    /// and the counter's usage after.
+    pub async fn charge(&self, request: &Request<'_>) -> Result<Vec<Charged>> {
+        Limiter::check_cost(request)?;
+        let table = self.shared.table();
+        let resolved = resolve(&table, &request.limits, request.key)?;
+        if let Some(lease) = resolved
+            .limits
+            .iter()
+            .find(|limit| limit.policy().is_concurrency())
+        {
+            return Err(Error::invalid(
+                "limits",
+                format!(
+                    "limit {:?} is a concurrency limit: a lease is held and released, never \
+                     spent, so it cannot be charged",
+                    lease.name()
+                ),
+            ));
+        }
+        let costs = request.costs_asked();
+        let mut charged = Vec::with_capacity(resolved.limits.len());
+        for (index, take) in resolved.takes(request.key).into_iter().enumerate() {
+            let adjusted = self
+                .shared
+                .store
+                .adjust(
+                    take,
+                    Adjust::Charge {
+                        units: costs.of(index),
+                    },
+                )
+                .await?;
+            let usage = self.shared.store.usage(take).await?;
+            charged.push(Charged {
+                name: take.counter.limit.to_owned(),
+                charged: adjusted.charged,
+                usage,
+            });
+        }
+        Ok(charged)
     }
 
     /// What `limit`'s counter (the key's, for a limit counted per key) holds now, for people

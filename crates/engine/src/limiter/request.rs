@@ -101,6 +101,17 @@ impl<'a> Request<'a> {
     }
 }
 
+/// What `Limiter::charge` counted on one limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Charged {
+    pub name: String,
+    /// Units counted: the charge, less what would have put the counter more than one capacity
+    /// past its limit.
+    pub charged: u64,
+    /// The counter after the charge.
+    pub usage: crate::store::Usage,
+}
+
 /// A request not granted within its wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Denied {

@@ -351,6 +351,33 @@ impl MemoryStore {
         }
     }
 
+    /// Count `units` spent beyond any grant on `take`'s counter (`Counter::debit`), making the
+    /// counter when it is not tracked yet; returns the units counted. With write-ahead on, the
+    /// units are spent from the counter's budget like a grant's, so a record covers them.
+    pub(super) fn charge_now(&self, take: Take<'_>, units: u64) -> Result<u64> {
+        if take.policy.is_concurrency() {
+            return Ok(0);
+        }
+        let located = self.locate(take.counter);
+        let mut guard = lock(&self.shards[located.shard]);
+        let shard = &mut *guard;
+        let now = self.clock.now_us();
+        let index = self.entry_index(shard, take.counter, located.hash, now, Room::Sweep)?;
+        let entry = &mut shard.counters[index];
+        let charged = entry.counter.debit(take.policy, now, units);
+        entry.idle_at = entry.counter.idle_at(take.policy);
+        if let Some(write_ahead) = &mut shard.write_ahead {
+            let id = || OwnedCounterId::new(take.counter);
+            if charged > 0 && write_ahead.spent(index, id, take.policy, charged) {
+                self.wake_writer();
+            }
+        }
+        let limit_pause_until = self.limit_paused_until(take.counter.limit, now);
+        entry.publish(take.policy, now, limit_pause_until);
+        self.sweep_after(shard, now);
+        Ok(charged)
+    }
+
     /// A keyed `LimitHandle`'s grant nobody will refund on a counter this store tracks, when
     /// its GCRA backlog alone decides it (`Entry::grant_backlog_alone`) and no limit-wide pause
     /// is on. The counter is found, never made, so its key was checked when it was made. `None`

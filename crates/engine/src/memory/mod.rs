@@ -294,11 +294,12 @@ impl Store for MemoryStore {
                 self.pause_now(take, for_us).map(|paused_for_us| Adjusted {
                     changed: true,
                     paused_for_us,
+                    ..Adjusted::default()
                 })
             }
             Adjust::Resume => self.resume_now(take).map(|changed| Adjusted {
                 changed,
-                paused_for_us: 0,
+                ..Adjusted::default()
             }),
             Adjust::Reset => self
                 .with_existing(
@@ -311,8 +312,13 @@ impl Store for MemoryStore {
                 )
                 .map(|changed| Adjusted {
                     changed,
-                    paused_for_us: 0,
+                    ..Adjusted::default()
                 }),
+            Adjust::Charge { units } => self.charge_now(take, units).map(|charged| Adjusted {
+                changed: charged > 0,
+                charged,
+                ..Adjusted::default()
+            }),
         })
     }
 
