@@ -23,6 +23,16 @@ pub struct AcquireBody {
     #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1_000_000_000))]
     pub cost: Option<u64>,
+    /// Units to take of some limits by name, where they differ from `cost`: a language model's
+    /// input and output tokens beside its one request, granted all or none in one decision.
+    /// Every name must be among `limits`; a limit not named takes `cost`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::number::optional_map"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, u64>>, example = json!({"model-input": 812, "model-output": 1000})))]
+    pub costs: Option<std::collections::BTreeMap<String, u64>>,
     /// `high`, `normal` (default) or `low`.
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::PriorityName>))]
@@ -100,10 +110,12 @@ pub struct CheckDenied {
 #[serde(deny_unknown_fields)]
 pub struct CommitBody {
     /// Units used, 0 to the permit's cost; the rest are refunded. Leases are released.
-    /// Required: a commit that forgot it must not refund everything.
-    #[serde(default, deserialize_with = "crate::number::optional")]
-    #[cfg_attr(feature = "openapi", schema(value_type = u64, required = true))]
-    pub used: Option<u64>,
+    /// Required: a commit that forgot it must not refund everything. A number counts for every
+    /// rate limit of the permit; an object gives each rate limit's own by name (a permit
+    /// granted with `costs`), and must name every rate limit of the permit and nothing else.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::schema::UsedSchema, required = true))]
+    pub used: Option<Used>,
     /// Milliseconds from the grant to the request leaving for the vendor (0 to 3,600,000):
     /// the caller's time from sending its acquire to sending the vendor's request, less the
     /// time the server held the acquire (its answer's `Server-Timing: acquire;dur=MS`), so
@@ -113,6 +125,76 @@ pub struct CommitBody {
     #[serde(default, deserialize_with = "crate::number::optional")]
     #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 3_600_000))]
     pub sent_after_ms: Option<u64>,
+}
+
+/// What a commit says was used: one number for every rate limit, or one per limit by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Used {
+    All(u64),
+    Each(std::collections::BTreeMap<String, u64>),
+}
+
+impl Serialize for Used {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Used::All(units) => serializer.serialize_u64(*units),
+            Used::Each(each) => each.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Used {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Used, D::Error> {
+        crate::number::units_or_map(deserializer)
+    }
+}
+
+/// `POST /v1/charge`: units spent beyond any grant, counted even past the limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", schema(example = json!({"limits": ["model-output"], "cost": 420})))]
+pub struct ChargeBody {
+    /// The rate limits to charge, each named once.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::schema::LimitName>, min_items = 1, max_items = 8))]
+    pub limits: Vec<String>,
+    /// The key, for limits counted `per` key (required when one is).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::Key>))]
+    pub key: Option<String>,
+    /// Units to charge each limit (default 1).
+    #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1_000_000_000))]
+    pub cost: Option<u64>,
+    /// Units to charge some limits by name, where they differ from `cost`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::number::optional_map"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, u64>>))]
+    pub costs: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// One limit after a charge.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChargedView {
+    pub name: String,
+    /// Units counted: the charge, less what would have put the limit more than one capacity
+    /// past itself.
+    pub charged: u64,
+    /// Units counted now, the charge among them; past the limit, later grants wait.
+    pub used: u64,
+    /// Milliseconds until everything counted now stops counting.
+    pub reset_ms: u64,
+}
+
+/// What a charge counted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChargeAnswer {
+    pub limits: Vec<ChargedView>,
 }
 
 /// The longest `sent_after_ms` a commit may report: an hour.

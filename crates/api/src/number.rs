@@ -95,6 +95,106 @@ pub(crate) fn optional<'de, D: Deserializer<'de>, T: Integer>(
     deserializer.deserialize_option(Optional(PhantomData))
 }
 
+/// A map of names to integers, each read as `integer` reads one.
+struct IntegerMap;
+
+impl<'de> Visitor<'de> for IntegerMap {
+    type Value = std::collections::BTreeMap<String, u64>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an object of u64 by limit name")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        struct Units(u64);
+        impl<'de> de::Deserialize<'de> for Units {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Units, D::Error> {
+                integer(deserializer).map(Units)
+            }
+        }
+        let mut each = std::collections::BTreeMap::new();
+        while let Some((name, Units(units))) = map.next_entry::<String, Units>()? {
+            if each.insert(name.clone(), units).is_some() {
+                return Err(de::Error::custom(format_args!(
+                    "limit {name:?} is named twice"
+                )));
+            }
+        }
+        Ok(each)
+    }
+}
+
+/// `#[serde(default, deserialize_with = "number::optional_map")]`: absent or null is `None`.
+pub(crate) fn optional_map<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::collections::BTreeMap<String, u64>>, D::Error> {
+    struct Optional;
+
+    impl<'de> Visitor<'de> for Optional {
+        type Value = Option<std::collections::BTreeMap<String, u64>>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("an object of u64 by limit name, or null")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(
+            self,
+            deserializer: D,
+        ) -> Result<Self::Value, D::Error> {
+            deserializer.deserialize_map(IntegerMap).map(Some)
+        }
+    }
+
+    deserializer.deserialize_option(Optional)
+}
+
+/// A commit's `used`: one integer, or an object of integers by limit name.
+pub(crate) fn units_or_map<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<crate::data::Used, D::Error> {
+    struct Either;
+
+    impl<'de> Visitor<'de> for Either {
+        type Value = crate::data::Used;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("u64, or an object of u64 by limit name")
+        }
+
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+            IntegerVisitor::<u64>(PhantomData)
+                .visit_u64(value)
+                .map(crate::data::Used::All)
+        }
+
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+            IntegerVisitor::<u64>(PhantomData)
+                .visit_i64(value)
+                .map(crate::data::Used::All)
+        }
+
+        fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
+            IntegerVisitor::<u64>(PhantomData)
+                .visit_f64(value)
+                .map(crate::data::Used::All)
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            IntegerMap.visit_map(map).map(crate::data::Used::Each)
+        }
+    }
+
+    deserializer.deserialize_any(Either)
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

@@ -458,3 +458,42 @@ json_schema!(
         "additionalProperties": false,
     }))
 );
+
+// ---- A commit's `used` -----------------------------------------------------------------------
+
+/// A commit's `used`: a number for every rate limit of the permit, or an object of numbers by
+/// limit name.
+#[derive(Debug)]
+pub struct UsedSchema;
+
+impl PartialSchema for UsedSchema {
+    fn schema() -> RefOr<Schema> {
+        let units = || {
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(0))
+        };
+        OneOfBuilder::new()
+            .description(Some(
+                "Units used: one number for every rate limit of the permit, or an object \
+                 giving each rate limit of the permit its own by name (a permit granted with \
+                 `costs`); the rest are refunded.",
+            ))
+            .item(units())
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .additional_properties(Some(AdditionalProperties::RefOr(units().into())))
+                    .examples([
+                        json!({"model-requests": 1, "model-input": 640, "model-output": 212}),
+                    ]),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for UsedSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Used")
+    }
+}

@@ -496,6 +496,186 @@ async fn several_limits_are_granted_all_or_nothing() {
     granted(&client, r#"{"limits":["a"],"cost":5}"#).await;
 }
 
+/// A language model's request: one request, its input and its output tokens, each its own
+/// cost, all or none; committed by limit; what ran past the grant charged as a debt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_per_limit_commit_by_limit_and_charges_past_the_limit() {
+    let server = Server::start();
+    for (name, limit) in [("rpm", 10), ("input", 1_000), ("output", 500)] {
+        put_limit(
+            &server,
+            name,
+            &format!(r#"{{"kind":"rate","limit":{limit},"period_ms":60000}}"#),
+        )
+        .await;
+    }
+    let client = server.anonymous();
+    let usage = |name: &'static str| {
+        let admin = server.admin();
+        async move {
+            let stats = call(&admin, Method::GET, "/v1/stats", "")
+                .await
+                .json
+                .expect("json");
+            stats["limits"]
+                .as_array()
+                .expect("limits")
+                .iter()
+                .find(|limit| limit["name"] == name)
+                .and_then(|limit| limit["usage"]["used"].as_u64())
+                .expect("the limit's usage")
+        }
+    };
+    let all = r#"["rpm","input","output"]"#;
+    let grant = granted(
+        &client,
+        &format!(r#"{{"limits":{all},"costs":{{"input":600,"output":400.0}}}}"#),
+    )
+    .await;
+    let remaining: Vec<u64> = grant["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .map(|limit| limit["remaining"].as_u64().expect("remaining"))
+        .collect();
+    assert_eq!(remaining, [9, 400, 100]);
+    // Room for the request and its input, not its output: nothing taken.
+    let denied = post(
+        &client,
+        "/v1/acquire",
+        &format!(r#"{{"limits":{all},"costs":{{"input":100,"output":101}}}}"#),
+    )
+    .await;
+    assert_error(&denied, 429, "rate_limited", None);
+    assert_eq!(
+        (
+            usage("rpm").await,
+            usage("input").await,
+            usage("output").await
+        ),
+        (1, 600, 400)
+    );
+    for (body, field) in [
+        (r#"{"limits":["rpm"],"costs":{"input":5}}"#, "costs.input"),
+        (
+            r#"{"limits":["rpm","input"],"costs":{"input":0}}"#,
+            "costs.input",
+        ),
+        (
+            r#"{"limits":["rpm","input"],"costs":{"input":1.5}}"#,
+            "costs.input",
+        ),
+        (r#"{"limits":["rpm","input"],"costs":[1,2]}"#, "costs"),
+        (
+            r#"{"limits":["rpm","input"],"costs":{"input":2000000000}}"#,
+            "costs.input",
+        ),
+    ] {
+        let answer = post(&client, "/v1/acquire", body).await;
+        assert_error(&answer, 400, "bad_request", Some(field));
+    }
+    let commit = format!("/v1/permits/{}/commit", permit_of(&grant));
+    for (body, message) in [
+        (r#"{"used":{"rpm":1,"input":100}}"#, "output\\\" is missing"),
+        (
+            r#"{"used":{"rpm":1,"input":100,"output":50,"other":1}}"#,
+            "other\\\" is not in this permit",
+        ),
+        (r#"{"used":{"rpm":1,"input":100,"output":-1}}"#, ""),
+        (r#"{"used":"all"}"#, ""),
+    ] {
+        let answer = post(&client, &commit, body).await;
+        assert_eq!(answer.status.as_u16(), 400, "{body}: {}", answer.text());
+        assert!(answer.text().contains(message), "{body}: {}", answer.text());
+    }
+    // The refused commits settled nothing.
+    assert_eq!(
+        (
+            usage("rpm").await,
+            usage("input").await,
+            usage("output").await
+        ),
+        (1, 600, 400)
+    );
+    let committed = post(
+        &client,
+        &commit,
+        r#"{"used":{"rpm":1,"input":250,"output":380}}"#,
+    )
+    .await;
+    assert_eq!(committed.status.as_u16(), 200, "{}", committed.text());
+    assert_eq!(committed.json.as_ref().expect("json")["refunded"], 370);
+    assert_eq!(
+        (
+            usage("rpm").await,
+            usage("input").await,
+            usage("output").await
+        ),
+        (1, 250, 380)
+    );
+    // The answer ran 300 tokens past its grant: a debt counted past the limit.
+    let charged = post(&client, "/v1/charge", r#"{"limits":["output"],"cost":300}"#).await;
+    assert_eq!(charged.status.as_u16(), 200, "{}", charged.text());
+    let view = &charged.json.as_ref().expect("json")["limits"][0];
+    assert_eq!(
+        (view["name"].as_str(), view["charged"].as_u64()),
+        (Some("output"), Some(300))
+    );
+    assert_eq!(view["used"], 680);
+    assert_eq!(usage("output").await, 680);
+    let denied = post(
+        &client,
+        "/v1/acquire",
+        r#"{"limits":["output"],"priority":"high"}"#,
+    )
+    .await;
+    assert_error(&denied, 429, "rate_limited", None);
+    // At most one capacity past the limit.
+    let charged = post(
+        &client,
+        "/v1/charge",
+        r#"{"limits":["output","input"],"costs":{"output":5000}}"#,
+    )
+    .await;
+    assert_eq!(charged.status.as_u16(), 200, "{}", charged.text());
+    let views = charged.json.as_ref().expect("json")["limits"].clone();
+    assert_eq!(views[0]["charged"], 320);
+    assert_eq!(views[1]["charged"], 1);
+    for (body, status, code, field) in [
+        (
+            r#"{"limits":["output"],"cost":0}"#,
+            400,
+            "bad_request",
+            Some("cost"),
+        ),
+        (
+            r#"{"limits":["output"],"costs":{"rpm":1}}"#,
+            400,
+            "bad_request",
+            Some("costs.rpm"),
+        ),
+        (r#"{"limits":[]}"#, 400, "bad_request", Some("limits")),
+        (r#"{"limits":["nowhere"]}"#, 404, "not_found", None),
+        (
+            r#"{"limits":["output"],"used":1}"#,
+            400,
+            "bad_request",
+            Some("used"),
+        ),
+    ] {
+        let answer = post(&client, "/v1/charge", body).await;
+        assert_error(&answer, status, code, field);
+    }
+    put_limit(
+        &server,
+        "pool",
+        r#"{"kind":"concurrency","limit":2,"lease_ttl_ms":30000}"#,
+    )
+    .await;
+    let answer = post(&client, "/v1/charge", r#"{"limits":["pool"]}"#).await;
+    assert_error(&answer, 400, "bad_request", Some("limits"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_carry_fences_renew_and_release() {
     let server = Server::start();
@@ -862,6 +1042,7 @@ async fn the_data_plane_token_is_enforced_when_configured() {
         "/v1/check",
         "/v1/permits/00/commit",
         "/v1/permits/00/renew",
+        "/v1/charge",
     ] {
         assert_error(
             &post(&server.anonymous(), path, "{}").await,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate::{DenyReason, Priority};
 use tollgate_api::data::{
-    AcquireBody, CommitBody, Granted, PauseAnswer, PauseBody, RateLimited, RenewAnswer,
+    AcquireBody, CommitBody, Granted, PauseAnswer, PauseBody, RateLimited, RenewAnswer, Used,
 };
 use tollgate_api::{Code, ErrorBody};
 
@@ -194,6 +194,7 @@ impl RemoteQuota {
             key: None,
             // Always one unit: a dropped lease's release (`Drop for RemotePermit`) relies on it.
             cost: Some(1),
+            costs: None,
             priority: Some(priority.as_str().to_owned()),
             wait_ms: Some(wait_ms),
             refundable: None,
@@ -292,7 +293,7 @@ impl RemoteQuota {
     ) -> Result<(), DispatchError> {
         let path = format!("/v1/permits/{id}/commit");
         let body = CommitBody {
-            used: Some(used),
+            used: Some(Used::All(used)),
             sent_after_ms: sent_after.map(tollgate_api::ms_ceil),
         };
         let (status, bytes) = self.post(&path, &body, self.timeout).await?;

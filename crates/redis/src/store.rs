@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::OnceCell;
-use tollgate::{Error, Result};
 use tollgate::store::{
     Adjust, Adjusted, Ask, CounterId, Decision, News, Offers, Queue, Renewed, Store, StoreFuture,
     Take, Usage, WaiterId, WakeFn,
 };
+use tollgate::{Error, Result};
 use tollgate_core::Committed;
 
 use crate::backend::Target;

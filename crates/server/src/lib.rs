@@ -291,6 +291,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/limits/{name}/usage", delete(api::admin::reset))
         .route("/v1/acquire", post(api::data::acquire))
         .route("/v1/permits/{permit}/commit", post(api::data::commit))
+        .route("/v1/charge", post(api::data::charge))
         .route("/v1/permits/{permit}/renew", post(api::data::renew))
         .route("/v1/pause", post(api::data::pause))
         .route("/v1/learn", post(api::data::learn))

@@ -90,7 +90,7 @@ impl Modify for Security {
         api::admin::list_limits, api::admin::get_limit, api::admin::put_limit,
         api::admin::delete_limit, api::admin::resume, api::admin::reset,
         api::data::acquire, api::data::commit, api::data::renew, api::data::pause,
-        api::data::learn,
+        api::data::learn, api::data::charge,
         api::inbound::check,
         crate::forward::forward_auth, crate::stats::stats,
         api::ops::healthz, api::ops::readyz, api::ops::metrics, openapi_json, crate::ui::index,

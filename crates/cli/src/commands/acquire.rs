@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use hyper::Method;
-use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited};
+use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited, Used};
 use tollgate_cli::client::Client;
 
 use crate::EXIT_SERVER_FAILED;
@@ -44,6 +44,7 @@ pub(crate) async fn acquire(
         limits: args.limits.clone(),
         key: args.key.clone(),
         cost: Some(args.cost),
+        costs: None,
         priority: Some(args.priority.clone()),
         wait_ms: Some(wait_ms),
         refundable: None,
@@ -160,7 +161,7 @@ pub(crate) async fn acquire(
             Method::POST,
             &format!("/v1/permits/{permit}/commit"),
             Some(&serde_json::to_value(CommitBody {
-                used: Some(used),
+                used: Some(Used::All(used)),
                 sent_after_ms: None,
             })?),
         )

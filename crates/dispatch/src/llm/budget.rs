@@ -25,7 +25,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited};
+use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited, Used};
 
 use super::estimate::{Api, Estimate, EstimateConfig, estimate};
 use super::usage::{Usage, UsageReader};
@@ -241,6 +241,7 @@ impl TokenBudget {
             limits,
             key: None,
             cost: Some(cost),
+            costs: None,
             priority: None,
             wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
             refundable: (!refundable).then_some(false),
@@ -273,7 +274,7 @@ impl TokenBudget {
 
     async fn commit(&self, permit: &Permit, used: u64, sent_at: Option<Instant>) {
         let body = CommitBody {
-            used: Some(used.min(permit.cost)),
+            used: Some(Used::All(used.min(permit.cost))),
             sent_after_ms: sent_at.map(|sent| {
                 tollgate_api::ms_ceil(sent.saturating_duration_since(permit.granted_at))
             }),

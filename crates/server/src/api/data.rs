@@ -12,8 +12,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tollgate::{Denied, DenyReason, Outcome, Priority, Request, check_limit_name};
 use tollgate_api::data::{
-    AcquireBody, CommitAnswer, CommitBody, Granted, LearnAnswer, LearnBody, LimitView, PauseAnswer,
-    PauseBody, RateLimited, RenewAnswer, RenewBody, SENT_AFTER_MS_MAX,
+    AcquireBody, ChargeAnswer, ChargeBody, ChargedView, CommitAnswer, CommitBody, Granted,
+    LearnAnswer, LearnBody, LimitView, PauseAnswer, PauseBody, RateLimited, RenewAnswer, RenewBody,
+    SENT_AFTER_MS_MAX, Used,
 };
 use tollgate_api::schema::{BadRequest, Forbidden, PermitText, Unauthorized, Unavailable};
 use tollgate_api::{Code, ErrorDetail, Reason};
@@ -23,6 +24,7 @@ use crate::error::ApiError;
 use crate::extract::{Body, Data};
 use crate::metrics::{DenialLabels, LimitLabels};
 use crate::state::AppState;
+use crate::tokens::Grant;
 
 /// The `Server-Timing` field of a granted acquire, and its metric's name.
 const SERVER_TIMING: header::HeaderName = header::HeaderName::from_static("server-timing");
@@ -218,6 +220,7 @@ pub(crate) async fn acquire(
     }
     let cost = grant.cost(body.cost.unwrap_or(1))?;
     let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
+    let costs = costs_by_limit(&grant, &names, cost, body.costs.as_ref())?;
     let mut wait_ms = grant.wait_ms(body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max));
     // One token's waiting requests are bounded, so that it cannot fill the lines of the
     // limits outside its scope; past the bound its request is decided at once.
@@ -234,6 +237,9 @@ pub(crate) async fn acquire(
         .priority(asked_priority)
         .wait(Duration::from_millis(wait_ms))
         .refundable(body.refundable.unwrap_or(true));
+    if let Some(costs) = &costs {
+        request = request.costs(costs);
+    }
     if let Some(key) = body.key.as_deref() {
         request = request.key(key);
         observe_key(&state, &names, key);
@@ -293,6 +299,37 @@ pub(crate) async fn acquire(
     })
 }
 
+/// `costs` as one cost per limit in `names`' order (a limit not named takes `cost`), each
+/// within the token's scope; `None` when no cost differs from `cost`.
+fn costs_by_limit(
+    grant: &Grant,
+    names: &[&str],
+    cost: u64,
+    costs: Option<&std::collections::BTreeMap<String, u64>>,
+) -> ApiResult<Option<Vec<u64>>> {
+    let Some(costs) = costs.filter(|costs| !costs.is_empty()) else {
+        return Ok(None);
+    };
+    if let Some(name) = costs.keys().find(|name| !names.contains(&name.as_str())) {
+        return Err(ApiError::bad_field(
+            format!("costs.{name}"),
+            "names a limit that is not among limits",
+        ));
+    }
+    let mut each = Vec::with_capacity(names.len());
+    for name in names {
+        let asked = costs.get(*name).copied().unwrap_or(cost);
+        if asked == 0 || asked > tollgate::core::UNITS_MAX {
+            return Err(ApiError::bad_field(
+                format!("costs.{name}"),
+                format!("must be between 1 and {}", tollgate::core::UNITS_MAX),
+            ));
+        }
+        each.push(grant.cost(asked)?);
+    }
+    Ok(Some(each))
+}
+
 #[utoipa::path(post, path = "/v1/permits/{permit}/commit", tag = "data",
     security(("data" = [])),
     params(("permit" = PermitText, Path, description = "the permit id from /v1/acquire")),
@@ -325,7 +362,19 @@ pub(crate) async fn commit(
             format!("must be at most {SENT_AFTER_MS_MAX} (an hour)"),
         ));
     }
-    let committed = state.limiter().commit(&permit, used).await?;
+    let committed = match &used {
+        Used::All(units) => state.limiter().commit(&permit, *units).await?,
+        Used::Each(each) => {
+            let each: Vec<(&str, u64)> = each
+                .iter()
+                .map(|(name, units)| (name.as_str(), *units))
+                .collect();
+            state
+                .limiter()
+                .commit_used(&permit, tollgate::Used::Each(&each))
+                .await?
+        }
+    };
     if let Some(sent_after_ms) = body.sent_after_ms {
         // The permit was just settled by this id, so it decodes; a failure here changes nothing
         // the commit did.
@@ -342,6 +391,57 @@ pub(crate) async fn commit(
     Ok(Json(CommitAnswer {
         refunded: committed.refunded,
         released: committed.released,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/charge", tag = "data",
+    security(("data" = [])),
+    request_body = ChargeBody,
+    responses(
+        (status = 200, description = "counted, even past the limits: later grants wait it out",
+            body = ChargeAnswer),
+        (status = 400, response = BadRequest), (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "a limit named is unknown", body = tollgate_api::schema::NotFoundError),
+        (status = 503, response = Unavailable)))]
+/// Units spent beyond any grant: what a vendor counted over a permit's cost (a language model's
+/// answer longer than its estimate). Counted on each limit at once, past the limit if need be
+/// (at most one capacity past it), so that every later acquire in the fleet waits the debt
+/// out. Never denied; rate limits only.
+pub(crate) async fn charge(
+    Data(grant): Data,
+    State(state): State<AppState>,
+    Body(body): Body<ChargeBody>,
+) -> ApiResult<Json<ChargeAnswer>> {
+    for (index, name) in body.limits.iter().enumerate() {
+        check_limit_name(name)
+            .map_err(|reason| ApiError::bad_field(format!("limits[{index}]"), reason))?;
+    }
+    for name in &body.limits {
+        grant.limit(name)?;
+    }
+    let cost = grant.cost(body.cost.unwrap_or(1))?;
+    let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
+    let costs = costs_by_limit(&grant, &names, cost, body.costs.as_ref())?;
+    let mut request = Request::all(&names).cost(cost);
+    if let Some(costs) = &costs {
+        request = request.costs(costs);
+    }
+    if let Some(key) = body.key.as_deref() {
+        request = request.key(key);
+        observe_key(&state, &names, key);
+    }
+    let charged = state.limiter().charge(&request).await?;
+    Ok(Json(ChargeAnswer {
+        limits: charged
+            .into_iter()
+            .map(|charged| ChargedView {
+                name: charged.name,
+                charged: charged.charged,
+                used: charged.usage.used,
+                reset_ms: ms_ceil(Duration::from_micros(charged.usage.reset_after_us)),
+            })
+            .collect(),
     }))
 }
 
