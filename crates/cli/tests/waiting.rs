@@ -198,9 +198,15 @@ async fn a_scoped_token_bounds_the_cost_and_the_wait_of_its_requests() {
     // Every way to ask for units is held to it: one cost, a cost per limit, a charge.
     for (path, body) in [
         ("/v1/acquire", r#"{"limits":["search"],"cost":6}"#),
-        ("/v1/acquire", r#"{"limits":["search"],"costs":{"search":6}}"#),
+        (
+            "/v1/acquire",
+            r#"{"limits":["search"],"costs":{"search":6}}"#,
+        ),
         ("/v1/charge", r#"{"limits":["search"],"cost":6}"#),
-        ("/v1/charge", r#"{"limits":["search"],"costs":{"search":6}}"#),
+        (
+            "/v1/charge",
+            r#"{"limits":["search"],"costs":{"search":6}}"#,
+        ),
     ] {
         let over = post(&scoped, path, body).await;
         assert_eq!(over.status.as_u16(), 403, "{path} {body}: {}", over.text());

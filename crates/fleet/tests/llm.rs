@@ -45,7 +45,7 @@ fn seconds() -> f64 {
 }
 
 /// What the fleet's processes said: sent, vendor 429s, errors, topped up, top-ups refused,
-/// debt carried, settlements failed.
+/// tokens charged past a grant, settlements failed.
 #[derive(Debug, Default)]
 struct Sent([u64; 7]);
 
@@ -342,5 +342,9 @@ async fn each_way_an_answer_ends_is_charged_what_the_model_charged() {
         "{:?}",
         budget_one.stats()
     );
-    assert_eq!(budget_one.debt(), (0, 0));
+    assert_eq!(
+        budget_one.stats().charged,
+        0,
+        "room for every top-up: nothing charged past a grant"
+    );
 }

@@ -1,20 +1,20 @@
 //! The grant on a Tollgate server and its settlement.
 //!
-//! A request takes its three costs before it goes: output tokens (its estimate), input tokens
-//! (its estimate) and one request, each an acquire on its own limit (`POST /v1/acquire`
-//! carries one cost for all the limits it names, so three costs are three acquires): the output
-//! waited for, then the input and the request waited for at most [`AGE_MAX`] each, else all is
-//! given back (a commit of 0) and the round starts again. The caller holds all three or none,
-//! none older than a round, and nothing is sent before all three are held, so no concurrent
-//! request passes a check that another has not yet been counted against.
+//! A request takes its three costs before it goes, in one acquire (`POST /v1/acquire` with
+//! `costs`): one request, its input tokens (their estimate) and its output tokens (their
+//! estimate), all or none, waiting up to the budget's wait; a request that sets no output cap
+//! takes the `overrun` lease in the same acquire. Nothing is sent before all of it is held, so
+//! no concurrent request passes a check that another has not yet been counted against, and no
+//! grant ages while another limit is waited for.
 //!
 //! While the answer streams, text beyond the output estimate is taken at once by a top-up (an
 //! acquire that does not wait, made beside the stream, never in its way); what a top-up cannot
-//! get is a debt, paid by a waiting acquire before the overrun lease is given back (see
-//! [`BudgetLimits::overrun`]), or else by this process's next acquires, which add it to their
-//! own costs. At the end every permit is committed with what the vendor reported, the rest
-//! refunded. An answer that fails or is cancelled is charged what the vendor charges: its
-//! reported usage when it has one, else its input estimate and the output streamed so far.
+//! get is charged (`POST /v1/charge`): counted on the server even past the limit, a debt that
+//! every later acquire in the fleet waits out. At the end the permit is committed with what the
+//! vendor reported, limit by limit, the rest refunded, and what the answer used beyond its
+//! grant and its top-ups is charged before the overrun lease is given back. An answer that
+//! fails or is cancelled is charged what the vendor charges: its reported usage when it has
+//! one, else its input estimate and the output streamed so far.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -25,7 +25,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tollgate_api::data::{AcquireBody, CommitBody, Granted, RateLimited, Used};
+use tollgate_api::data::{AcquireBody, ChargeBody, CommitBody, Granted, RateLimited, Used};
 
 use super::estimate::{Api, Estimate, EstimateConfig, estimate};
 use super::usage::{Usage, UsageReader};
@@ -33,9 +33,6 @@ use crate::error::DispatchError;
 
 /// Smallest top-up asked for, in tokens: fewer calls to the server while a stream runs.
 const TOP_UP_STEP: u64 = 64;
-/// The longest the input tokens and the request are waited for once the output tokens are
-/// held: how old a grant may grow before its request leaves.
-const AGE_MAX: Duration = Duration::from_millis(250);
 /// Least time between two top-ups of one stream after a refusal.
 const TOP_UP_RETRY: Duration = Duration::from_millis(100);
 
@@ -49,10 +46,10 @@ pub struct BudgetLimits {
     /// Output tokens per period.
     pub output: String,
     /// A concurrency limit of one lease, taken by every request that sets no output cap and
-    /// held until its stream has settled and its debt is paid: then at most one stream at a
-    /// time, fleet-wide, can outrun its estimate, which is what bounds the vendor's count to
-    /// the limit plus one stream's excess. `None`: no such lease, and the bound is one
-    /// stream's excess per uncapped stream in flight.
+    /// held until its stream has settled and what it ran past its grant is charged: then at
+    /// most one stream at a time, fleet-wide, can outrun its estimate, which is what bounds
+    /// the vendor's count to the limit plus one stream's excess. `None`: no such lease, and
+    /// the bound is one stream's excess per uncapped stream in flight.
     pub overrun: Option<String>,
 }
 
@@ -65,10 +62,10 @@ pub struct BudgetStats {
     pub vendor_limited: u64,
     /// Tokens taken by top-ups while streams ran.
     pub topped_up: u64,
-    /// Top-ups refused (the limit was full).
+    /// Top-ups refused (the limit was full): their tokens were charged instead.
     pub top_ups_refused: u64,
-    /// Tokens left as debt to this process's next acquires.
-    pub debt_carried: u64,
+    /// Tokens charged past a grant (`POST /v1/charge`): a debt the whole fleet waits out.
+    pub charged: u64,
     /// Settlements that failed to reach the server (their permits keep every unit).
     pub settle_errors: u64,
 }
@@ -79,7 +76,7 @@ struct Counters {
     vendor_limited: AtomicU64,
     topped_up: AtomicU64,
     top_ups_refused: AtomicU64,
-    debt_carried: AtomicU64,
+    charged: AtomicU64,
     settle_errors: AtomicU64,
 }
 
@@ -90,10 +87,8 @@ struct Inner {
     limits: BudgetLimits,
     config: EstimateConfig,
     client: reqwest::Client,
-    /// The longest a request waits for its grant, and a debt for its payment.
+    /// The longest a request waits for its grant.
     wait: Duration,
-    /// Debts (input, output) the next acquires pay first.
-    debt: Mutex<(u64, u64)>,
     counters: Counters,
 }
 
@@ -106,7 +101,8 @@ pub struct TokenBudget {
 #[derive(Debug)]
 struct Permit {
     id: String,
-    cost: u64,
+    /// Its tokens: (input, output); a top-up holds one of the two.
+    tokens: (u64, u64),
     /// When the server granted it, as near as this process knows: the time from it to the
     /// request's sending is reported, so that the limit's margin covers it.
     granted_at: Instant,
@@ -117,21 +113,17 @@ struct Permit {
 struct TopUps {
     /// Granted beyond the reservation: (input, output).
     extra: (u64, u64),
-    permits: Vec<(bool, Permit)>,
+    permits: Vec<Permit>,
 }
 
-/// One request's grant: what it holds and what it has paid.
+/// One request's grant: what it holds.
 #[derive(Debug)]
 pub struct Reservation {
     budget: TokenBudget,
     estimate: Estimate,
-    request: Permit,
-    input: Permit,
-    output: Permit,
-    /// The debt each of `input` and `output` paid first.
-    paid: (u64, u64),
-    /// The overrun lease, for a request without an output cap.
-    lease: Option<Permit>,
+    /// The request, its input and output tokens, and the overrun lease for a request without
+    /// an output cap.
+    permit: Permit,
     sent_at: Option<Instant>,
     top_ups: Arc<Mutex<TopUps>>,
     /// What the stream has shown so far: (input, output) tokens at least.
@@ -185,7 +177,6 @@ impl TokenBudget {
                 config,
                 client,
                 wait,
-                debt: Mutex::new((0, 0)),
                 counters: Counters::default(),
             }),
         })
@@ -198,14 +189,9 @@ impl TokenBudget {
             vendor_limited: c.vendor_limited.load(Ordering::Relaxed),
             topped_up: c.topped_up.load(Ordering::Relaxed),
             top_ups_refused: c.top_ups_refused.load(Ordering::Relaxed),
-            debt_carried: c.debt_carried.load(Ordering::Relaxed),
+            charged: c.charged.load(Ordering::Relaxed),
             settle_errors: c.settle_errors.load(Ordering::Relaxed),
         }
-    }
-
-    /// Debts (input, output) this process's next acquires will pay first.
-    pub fn debt(&self) -> (u64, u64) {
-        *lock(&self.inner.debt)
     }
 
     async fn post(
@@ -229,22 +215,27 @@ impl TokenBudget {
         Ok((status, bytes))
     }
 
-    /// One acquire: the permit, or `None` when refused within `wait`.
+    /// One acquire of `limits`, one unit each but for `tokens` (limit, cost): the permit, or
+    /// `None` when refused within `wait`.
     async fn take(
         &self,
         limits: Vec<String>,
-        cost: u64,
+        tokens: &[(&str, u64)],
         wait: Duration,
-        refundable: bool,
     ) -> Result<Option<Permit>, DispatchError> {
         let body = AcquireBody {
             limits,
             key: None,
-            cost: Some(cost),
-            costs: None,
+            cost: None,
+            costs: Some(
+                tokens
+                    .iter()
+                    .map(|(name, cost)| ((*name).to_owned(), *cost))
+                    .collect(),
+            ),
             priority: None,
             wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
-            refundable: (!refundable).then_some(false),
+            refundable: None,
         };
         let (status, bytes) = self
             .post("/v1/acquire", &body, wait + Duration::from_secs(10))
@@ -255,9 +246,16 @@ impl TokenBudget {
                     reason: format!("unexpected answer: {error}"),
                     transient: false,
                 })?;
+            let limits = &self.inner.limits;
+            let of = |limit: &str| {
+                tokens
+                    .iter()
+                    .find(|(name, _)| *name == limit)
+                    .map_or(0, |(_, cost)| *cost)
+            };
             return Ok(Some(Permit {
                 id: granted.permit,
-                cost,
+                tokens: (of(&limits.input), of(&limits.output)),
                 granted_at: Instant::now(),
             }));
         }
@@ -272,9 +270,30 @@ impl TokenBudget {
         })
     }
 
-    async fn commit(&self, permit: &Permit, used: u64, sent_at: Option<Instant>) {
+    /// Commit `permit`: `used` (input, output) tokens, each at most what it holds, and one
+    /// request when `request` (the reservation's own permit, which also takes one).
+    async fn commit(
+        &self,
+        permit: &Permit,
+        used: (u64, u64),
+        request: bool,
+        sent_at: Option<Instant>,
+    ) {
+        let limits = &self.inner.limits;
+        let mut each = std::collections::BTreeMap::new();
+        if request {
+            each.insert(limits.requests.clone(), 1);
+        }
+        for (name, held, used) in [
+            (&limits.input, permit.tokens.0, used.0),
+            (&limits.output, permit.tokens.1, used.1),
+        ] {
+            if held > 0 {
+                each.insert(name.clone(), used.min(held));
+            }
+        }
         let body = CommitBody {
-            used: Some(Used::All(used.min(permit.cost))),
+            used: Some(Used::Each(each)),
             sent_after_ms: sent_at.map(|sent| {
                 tollgate_api::ms_ceil(sent.saturating_duration_since(permit.granted_at))
             }),
@@ -290,84 +309,69 @@ impl TokenBudget {
         }
     }
 
-    /// Take a request's three costs (and the overrun lease when it sets no output cap), all or
-    /// none, waiting up to the budget's wait. This process's debts are paid first.
+    /// Charge (input, output) tokens spent past every grant: counted on the server at once,
+    /// past the limits if need be, so that every later acquire in the fleet waits them out.
+    /// A charge that fails to reach the server is counted as a settlement error.
+    async fn charge(&self, tokens: (u64, u64)) {
+        let limits = &self.inner.limits;
+        let named: Vec<(&String, u64)> = [(&limits.input, tokens.0), (&limits.output, tokens.1)]
+            .into_iter()
+            .filter(|(_, units)| *units > 0)
+            .collect();
+        if named.is_empty() {
+            return;
+        }
+        let body = ChargeBody {
+            limits: named.iter().map(|(name, _)| (*name).clone()).collect(),
+            key: None,
+            cost: None,
+            costs: Some(
+                named
+                    .iter()
+                    .map(|(name, units)| ((*name).clone(), *units))
+                    .collect(),
+            ),
+        };
+        let charged = self
+            .post("/v1/charge", &body, Duration::from_secs(10))
+            .await;
+        if matches!(charged, Ok((status, _)) if status.is_success()) {
+            self.inner
+                .counters
+                .charged
+                .fetch_add(tokens.0 + tokens.1, Ordering::Relaxed);
+        } else {
+            self.inner
+                .counters
+                .settle_errors
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("tokens spent past a grant could not be charged: {charged:?}");
+        }
+    }
+
+    /// Take a request's three costs (and the overrun lease when it sets no output cap) in one
+    /// acquire, all or none, waiting up to the budget's wait.
     pub async fn reserve(&self, estimate: Estimate) -> Result<Reservation, DispatchError> {
         let limits = &self.inner.limits;
-        let deadline = Instant::now() + self.inner.wait;
-        let debt = std::mem::take(&mut *lock(&self.inner.debt));
-        let left = || deadline.saturating_duration_since(Instant::now());
-        let timed_out = || DispatchError::WaitTimedOut {
-            waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
-            paused: false,
-        };
-        let give_back = async |held: &mut Vec<Permit>| {
-            for permit in held.drain(..) {
-                self.commit(&permit, 0, None).await;
-            }
-            let mut owed = lock(&self.inner.debt);
-            owed.0 += debt.0;
-            owed.1 += debt.1;
-        };
-        // The overrun lease first: a lease does not age, so waiting for the tokens while
-        // holding it costs nothing the vendor counts.
-        let mut lease = None;
+        let mut names = vec![
+            limits.requests.clone(),
+            limits.input.clone(),
+            limits.output.clone(),
+        ];
         if !estimate.bounded
             && let Some(overrun) = &limits.overrun
         {
-            match self.take(vec![overrun.clone()], 1, left(), true).await {
-                Ok(Some(permit)) => lease = Some(permit),
-                Ok(None) => {
-                    give_back(&mut Vec::new()).await;
-                    return Err(timed_out());
-                }
-                Err(error) => {
-                    give_back(&mut Vec::new()).await;
-                    return Err(error);
-                }
-            }
+            names.push(overrun.clone());
         }
-        // The output tokens, waiting as long as the budget allows; then the input tokens and
-        // the request, each waiting at most `AGE_MAX`: a rate grant counts a period from when
-        // it was made while the vendor counts from the request's arrival, so no grant may age
-        // long before the request leaves (what it does age is reported on its commit, and the
-        // server's margin covers it). When the input or the request is not had in time,
-        // everything is given back and the round starts again.
-        let asks = [
-            (limits.output.clone(), estimate.output + debt.1),
-            (limits.input.clone(), estimate.input + debt.0),
-            (limits.requests.clone(), 1),
+        let tokens = [
+            (limits.input.as_str(), estimate.input.max(1)),
+            (limits.output.as_str(), estimate.output.max(1)),
         ];
-        let mut held: Vec<Permit> = Vec::new();
-        while held.len() < asks.len() {
-            let (name, cost) = &asks[held.len()];
-            let wait = if held.is_empty() {
-                left()
-            } else {
-                left().min(AGE_MAX)
-            };
-            match self.take(vec![name.clone()], *cost, wait, true).await {
-                Ok(Some(permit)) => held.push(permit),
-                Ok(None) if !held.is_empty() && !left().is_zero() => {
-                    for permit in held.drain(..) {
-                        self.commit(&permit, 0, None).await;
-                    }
-                }
-                Ok(None) => {
-                    held.extend(lease);
-                    give_back(&mut held).await;
-                    return Err(timed_out());
-                }
-                Err(error) => {
-                    held.extend(lease);
-                    give_back(&mut held).await;
-                    return Err(error);
-                }
-            }
-        }
-        let (Some(request), Some(input), Some(output)) = (held.pop(), held.pop(), held.pop())
-        else {
-            return Err(DispatchError::config("limits", "three grants expected"));
+        let Some(permit) = self.take(names, &tokens, self.inner.wait).await? else {
+            return Err(DispatchError::WaitTimedOut {
+                waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
+                paused: false,
+            });
         };
         let top_ups = Arc::new(Mutex::new(TopUps::default()));
         let (seen, watcher) = watch::channel((0, 0));
@@ -375,16 +379,12 @@ impl TokenBudget {
             self.clone(),
             watcher,
             top_ups.clone(),
-            (input.cost - debt.0, output.cost - debt.1),
+            permit.tokens,
         ));
         Ok(Reservation {
             budget: self.clone(),
             estimate,
-            request,
-            input,
-            output,
-            paid: debt,
-            lease,
+            permit,
             sent_at: None,
             top_ups,
             seen: Some(seen),
@@ -449,7 +449,8 @@ impl TokenBudget {
 }
 
 /// Takes top-ups beside one stream: whenever the stream shows more than is held, the
-/// difference (at least [`TOP_UP_STEP`]) is asked for without waiting.
+/// difference (at least [`TOP_UP_STEP`]) is asked for without waiting, and asked again
+/// [`TOP_UP_RETRY`] after a refusal.
 async fn top_up(
     budget: TokenBudget,
     mut seen: watch::Receiver<(u64, u64)>,
@@ -470,7 +471,7 @@ async fn top_up(
             }
             let ask = need.div_ceil(TOP_UP_STEP) * TOP_UP_STEP;
             match budget
-                .take(vec![name.clone()], ask, Duration::ZERO, true)
+                .take(vec![name.clone()], &[(name.as_str(), ask)], Duration::ZERO)
                 .await
             {
                 Ok(Some(permit)) => {
@@ -485,7 +486,7 @@ async fn top_up(
                     } else {
                         state.extra.0 += ask;
                     }
-                    state.permits.push((is_output, permit));
+                    state.permits.push(permit);
                 }
                 _ => {
                     budget
@@ -493,6 +494,10 @@ async fn top_up(
                         .counters
                         .top_ups_refused
                         .fetch_add(1, Ordering::Relaxed);
+                    // Not charged yet: the text streamed is only an upper bound on the
+                    // tokens (a byte a token), and a charge is never given back. The settlement
+                    // charges what the vendor reports past the grant, before the overrun lease
+                    // goes.
                     tokio::time::sleep(TOP_UP_RETRY).await;
                 }
             }
@@ -579,70 +584,29 @@ impl Reservation {
         }
         let sent_after = self.sent_at;
         let top_ups = std::mem::take(&mut *lock(&self.top_ups));
-        let mut short = (0_u64, 0_u64);
-        for (is_output, permit, paid, used) in [
-            (false, &self.input, self.paid.0, input),
-            (true, &self.output, self.paid.1, output),
-        ] {
-            let mut left = used;
-            let first = left.min(permit.cost - paid);
-            left -= first;
-            budget.commit(permit, paid + first, sent_after).await;
-            for (_, extra) in top_ups
-                .permits
-                .iter()
-                .filter(|(kind, _)| *kind == is_output)
-            {
-                let part = left.min(extra.cost);
-                left -= part;
-                budget.commit(extra, part, None).await;
-            }
-            if is_output {
-                short.1 = left;
-            } else {
-                short.0 = left;
-            }
+        // The reservation first, then each top-up, as far as the tokens used go; what is left
+        // past them is charged.
+        let mut left = (input, output);
+        let take = |left: &mut (u64, u64), held: (u64, u64)| {
+            let part = (left.0.min(held.0), left.1.min(held.1));
+            left.0 -= part.0;
+            left.1 -= part.1;
+            part
+        };
+        let own = take(&mut left, self.permit.tokens);
+        let extra: Vec<(u64, u64)> = top_ups
+            .permits
+            .iter()
+            .map(|permit| take(&mut left, permit.tokens))
+            .collect();
+        let past = left;
+        // Charged before the overrun lease goes with the commit below: no other uncapped
+        // stream starts before the fleet counts this one's excess.
+        budget.charge(past).await;
+        for (permit, used) in top_ups.permits.iter().zip(extra) {
+            budget.commit(permit, used, false, None).await;
         }
-        if short != (0, 0) {
-            // With the overrun lease, the debt is paid before the lease goes, so no other
-            // stream outruns its estimate meanwhile; else the next acquires pay it.
-            let mut owed = short;
-            if self.lease.is_some() {
-                let limits = &budget.inner.limits;
-                for (is_output, name, amount) in [
-                    (false, &limits.input, short.0),
-                    (true, &limits.output, short.1),
-                ] {
-                    if amount == 0 {
-                        continue;
-                    }
-                    if let Ok(Some(_)) = budget
-                        .take(vec![name.clone()], amount, budget.inner.wait, false)
-                        .await
-                    {
-                        if is_output {
-                            owed.1 = 0;
-                        } else {
-                            owed.0 = 0;
-                        }
-                    }
-                }
-            }
-            if owed != (0, 0) {
-                budget
-                    .inner
-                    .counters
-                    .debt_carried
-                    .fetch_add(owed.0 + owed.1, Ordering::Relaxed);
-                let mut debt = lock(&budget.inner.debt);
-                debt.0 += owed.0;
-                debt.1 += owed.1;
-            }
-        }
-        budget.commit(&self.request, 1, sent_after).await;
-        if let Some(lease) = &self.lease {
-            budget.commit(lease, 1, None).await;
-        }
+        budget.commit(&self.permit, own, true, sent_after).await;
     }
 }
 

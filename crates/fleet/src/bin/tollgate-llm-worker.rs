@@ -8,7 +8,7 @@
 //! configured estimate), `at-end` (the flawed way: a request is let go on the request count
 //! alone, and its tokens are charged once its answer has ended). Prints `ready`, waits for a
 //! line on stdin, runs, and prints `stats <sent> <vendor_limited> <errors> <topped_up>
-//! <top_ups_refused> <debt_carried> <settle_errors>`.
+//! <top_ups_refused> <charged> <settle_errors>`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -214,7 +214,7 @@ async fn run() {
         tally.errors.load(Ordering::Relaxed),
         stats.topped_up,
         stats.top_ups_refused,
-        stats.debt_carried,
+        stats.charged,
         stats.settle_errors
     );
     std::process::exit(0);
@@ -240,7 +240,7 @@ async fn acquire(
 }
 
 /// The flawed way, as gateways that charge a stream once it has ended do it: the request is
-/// let go while the token limit has room, and its tokens are charged after its answer.
+/// let go while the token limit has room, and its tokens are counted after its answer.
 async fn at_end(
     client: &reqwest::Client,
     server: &str,
@@ -292,6 +292,18 @@ async fn at_end(
     let usage = reader.usage();
     let output = usage.output.unwrap_or(usage.streamed.min(found.output));
     let input = usage.input.unwrap_or(found.input);
-    acquire(client, server, token, "llm-output", output, 0).await;
-    acquire(client, server, token, "llm-input", input, 0).await;
+    // Counted after the answer, past the limits if need be: the gateways' own accounting.
+    let body = json!({
+        "limits": ["llm-input", "llm-output"],
+        "costs": {"llm-input": input.max(1), "llm-output": output.max(1)},
+    });
+    let charged = client
+        .post(format!("{server}/v1/charge"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await;
+    if !charged.is_ok_and(|answer| answer.status().is_success()) {
+        tally.errors.fetch_add(1, Ordering::Relaxed);
+    }
 }
