@@ -47,6 +47,10 @@ export interface Budget {
   outputDefault?: number;
   /** Documented maximum output by model name prefix (the longest prefix wins). */
   models?: Record<string, number>;
+  /** Input tokens allowed per message for the chat template (8). */
+  perMessage?: number;
+  /** Input tokens allowed per request (16). */
+  perRequest?: number;
   /** Longest wait for a grant, and for a debt's payment, in seconds (60). */
   waitMax?: number;
 }
@@ -60,6 +64,19 @@ export function recognise(path: string): Api | null {
   if (bare.endsWith("/responses")) return "responses";
   if (bare.endsWith("/messages")) return "messages";
   return null;
+}
+
+/**
+ * A whole number of tokens from 0 to 2^53 - 1, else null: the one reading of a count that the
+ * Rust and Python implementations share (JSON's `50.0` is 50 here as there).
+ */
+function count(value: unknown): number | null {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : null;
+}
+
+/** Whether a JSON field is present: null is as if absent. */
+function present(value: unknown): boolean {
+  return value !== undefined && value !== null;
 }
 
 export interface Estimate {
@@ -85,11 +102,9 @@ export function estimate(api: Api, body: string, budget: Budget, inputTokens?: n
   let output: number | null = null;
   for (const field of fields) {
     const value = request[field];
-    if (value === undefined || value === null) continue;
-    if (typeof value !== "number" || !Number.isInteger(value) || value < 0) {
-      throw new TypeError(`${field}: must be a whole number of tokens`);
-    }
-    output = value;
+    if (!present(value)) continue;
+    output = count(value);
+    if (output === null) throw new TypeError(`${field}: must be a whole number of tokens`);
     break;
   }
   const bounded = output !== null;
@@ -101,10 +116,10 @@ export function estimate(api: Api, body: string, budget: Budget, inputTokens?: n
   }
   let messages = ["messages", "input"]
     .map((field) => request[field])
-    .filter((value) => value !== undefined)
+    .filter(present)
     .reduce<number>((sum, value) => sum + (Array.isArray(value) ? value.length : 1), 0);
-  if ("system" in request || "instructions" in request) messages += 1;
-  const guess = Buffer.byteLength(body) + 8 * messages + 16;
+  if (present(request["system"]) || present(request["instructions"])) messages += 1;
+  const guess = Buffer.byteLength(body) + (budget.perMessage ?? 8) * messages + (budget.perRequest ?? 16);
   return { input: Math.max(1, inputTokens ?? guess), output: Math.max(1, output), bounded, stream: request["stream"] === true };
 }
 
@@ -122,7 +137,7 @@ type Json = Record<string, unknown>;
 function usageOf(value: unknown): [number | null, number | null] {
   if (typeof value !== "object" || value === null) return [null, null];
   const usage = value as Json;
-  const int = (key: string): number | null => (typeof usage[key] === "number" ? (usage[key] as number) : null);
+  const int = (key: string): number | null => count(usage[key]);
   let input = int("prompt_tokens");
   if (input === null && int("input_tokens") !== null) {
     input = int("input_tokens")! + (int("cache_creation_input_tokens") ?? 0) + (int("cache_read_input_tokens") ?? 0);
@@ -190,14 +205,16 @@ export class UsageReader {
       return;
     }
     if (this.#over) return;
+    let answer: unknown;
     try {
-      const answer = JSON.parse(this.#kept) as unknown;
-      this.#note(usageOf(field(answer, "usage")));
-      this.usage.failed = field(answer, "error") !== undefined;
-      this.usage.finished = !this.usage.failed;
+      answer = JSON.parse(this.#kept);
     } catch {
-      // Not JSON: its usage is unknown, and the policy applies.
+      return; // Not JSON: its usage is unknown, and the policy applies.
     }
+    if (typeof answer !== "object" || answer === null || Array.isArray(answer)) return;
+    this.#note(usageOf(field(answer, "usage")));
+    this.usage.failed = present(field(answer, "error"));
+    this.usage.finished = !this.usage.failed;
   }
 
   #event(data: string): void {
@@ -212,7 +229,8 @@ export class UsageReader {
     } catch {
       return;
     }
-    const kind = String(field(event, "type") ?? "");
+    const type = field(event, "type");
+    const kind = typeof type === "string" ? type : "";
     if (kind === "message_start") {
       this.#note(usageOf(field(field(event, "message"), "usage")));
     } else if (kind === "message_delta") {
@@ -231,7 +249,7 @@ export class UsageReader {
       this.#note(usageOf(field(field(event, "response"), "usage")));
       this.usage.finished = true;
     } else {
-      if (field(event, "error") !== undefined) this.usage.failed = true;
+      if (present(field(event, "error"))) this.usage.failed = true;
       const choices = field(event, "choices");
       for (const choice of Array.isArray(choices) ? choices : []) {
         const delta = field(choice, "delta");
