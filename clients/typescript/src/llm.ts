@@ -421,16 +421,17 @@ async function reserve(client: Client, budget: Budget, found: Estimate): Promise
 }
 
 /** Make a `fetch` that keeps model calls inside their budgets (see the module documentation). */
-export function llmFetch(options: LlmFetchOptions): (input: string | URL, init?: LlmRequestInit) => Promise<Response> {
+export function llmFetch(options: LlmFetchOptions): (input: string | URL | Request, init?: LlmRequestInit) => Promise<Response> {
   const inner = options.fetch ?? globalThis.fetch;
   return async (input, init = {}) => {
+    if (input instanceof Request) return inner(input, init); // its body cannot be read first
     const url = new URL(String(input));
     const budget = options.hosts[url.host] ?? options.hosts[url.hostname];
     const api = recognise(url.pathname);
     if (budget === undefined || api === null || (init.method ?? "GET").toUpperCase() !== "POST" || typeof init.body !== "string") {
       return inner(input, init);
     }
-    const { tollgate, ...rest } = init;
+    const { tollgate } = init;
     let body = init.body;
     const found = estimate(api, body, budget, tollgate?.inputTokens);
     if (api === "chat" && found.stream) {
@@ -445,7 +446,8 @@ export function llmFetch(options: LlmFetchOptions): (input: string | URL, init?:
     held.sentAt = performance.now() / 1000;
     let response: Response;
     try {
-      response = await inner(input, { ...rest, body });
+      // `tollgate` passes on: a tollgateFetch underneath reads its priority.
+      response = await inner(input, { ...init, body });
     } catch (error) {
       // The vendor may have seen it: keep the estimate, unless the connection never opened.
       const refused = (error as { cause?: { code?: string } })?.cause?.code === "ECONNREFUSED";
