@@ -24,7 +24,8 @@
  *    streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
  *    else by this process's next requests.
  *
- * Pass `fetch: tollgateFetch(...)` to have the vendor's 429s pause the fleet as well.
+ * `tollgateFetch({ ..., llm: { host: budget } })` builds this into the client's own `fetch`, where
+ * a host also mapped in `hosts` has its vendor's 429s pause the fleet as well.
  */
 
 import type { Client, Permit } from "./client.js";

@@ -10,6 +10,10 @@ tokens per period before a request goes, settled as the answer comes, on a Tollg
     budget = Budget(requests="openai-rpm", input="openai-itpm", output="openai-otpm")
     openai = httpx.Client(transport=LlmTransport(Client(), {"api.openai.com": budget}))
 
+The clients' own transports take the same budgets: ``TollgateTransport(client, hosts,
+llm={"api.openai.com": budget})`` (and ``AsyncTollgateTransport``), where a host also mapped in
+``hosts`` has its vendor's 429s pause the fleet as well.
+
 The transport recognises OpenAI-style (``/v1/chat/completions``, ``/v1/responses``) and
 Anthropic-style (``/v1/messages``) requests to a mapped host; other requests pass untouched.
 For each it:
