@@ -19,6 +19,7 @@ import pytest
 
 from _support import ADMIN_TOKEN, Server, find_binary, unique
 from tollgate_client import AsyncClient, Client
+from tollgate_client.httpx import AsyncTollgateTransport, TollgateTransport
 from tollgate_client.llm import (
     AsyncLlmTransport,
     Budget,
@@ -253,3 +254,52 @@ def test_an_unbounded_stream_past_its_estimate_is_topped_up(
                 pass
     # Estimated 200 (output_default); the model wrote 500: all 500 are counted.
     assert used(server, budget.output) == 500
+
+
+def test_the_main_transport_keeps_a_budget(
+    client: Client, server: Server, model: MockModel
+) -> None:
+    budget = budget_on(client)
+    transport = TollgateTransport(client, {}, llm={model.host: budget})
+    with httpx.Client(transport=transport) as vendor:
+        body = {
+            "model": "m",
+            "max_tokens": 100,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+        with vendor.stream(
+            "POST", f"{model.url}/v1/chat/completions", json=body, headers={"x-mock-tokens": "37"}
+        ) as answer:
+            for _ in answer.iter_raw():
+                pass
+        # Not a model call: passes untouched, taking nothing.
+        assert vendor.get(f"{model.url}/_model/report").json()["ok"] == 1
+    assert used(server, budget.output) == 37
+    assert used(server, budget.input) == 3 + 2
+    assert used(server, budget.requests) == 1
+
+
+async def test_the_main_async_transport_keeps_a_budget_and_the_hosts_quota(
+    client: Client, server: Server, model: MockModel
+) -> None:
+    budget = budget_on(client)
+    calls = unique("llm-calls")
+    client.limits.put(calls, kind="rate", limit=100, period_ms=PERIOD_MS)
+    async with AsyncClient(server.url) as tollgate:
+        transport = AsyncTollgateTransport(tollgate, {model.host: calls}, llm={model.host: budget})
+        async with httpx.AsyncClient(transport=transport) as vendor:
+            body = {"model": "m", "max_tokens": 100, "input": "hello"}
+            answer = await vendor.post(
+                f"{model.url}/v1/responses", json=body, headers={"x-mock-tokens": "12"}
+            )
+            assert answer.status_code == 200
+    # The budget settled the model's usage, and the host's own limit took its unit.
+    assert used(server, budget.output) == 12
+    assert used(server, budget.requests) == 1
+    assert used(server, calls) == 1
+
+
+def test_the_hosts_may_be_empty_only_with_a_budget(client: Client) -> None:
+    with pytest.raises(ValueError, match=r"^hosts: "):
+        TollgateTransport(client, {})

@@ -226,15 +226,16 @@ export class Policy {
   readonly userClassify: Classifier | undefined;
   readonly #pausedUntil = new Map<string, number>();
 
-  constructor(options: PolicyOptions) {
+  /** `hostsRequired`: false when a fetch has other hosts to serve (token budgets). */
+  constructor(options: PolicyOptions, hostsRequired = true) {
     const priority = options.priority ?? "normal";
     if (!["high", "normal", "low"].includes(priority)) {
       throw new RangeError(`priority: must be high, normal or low, got ${JSON.stringify(priority)}`);
     }
     this.priority = priority;
     const entries = Object.entries(options.hosts ?? {});
-    if (entries.length === 0) {
-      throw new RangeError("hosts: map at least one host to its limits");
+    if (entries.length === 0 && hostsRequired) {
+      throw new RangeError("hosts: map at least one host to its limits (or give llm)");
     }
     this.hosts = new Map(
       entries.map(([host, limits]) => {

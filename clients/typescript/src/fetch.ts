@@ -33,6 +33,14 @@
  * When no quota comes within `waitMax`, the request rejects with {@link RateLimited} (nothing
  * was sent); failures of the Tollgate server reject with the other {@link TollgateError}
  * classes. Set one request's priority with `init.tollgate.priority`.
+ *
+ * Language-model APIs: `llm` maps a host to its token {@link Budget} (requests, input tokens and
+ * output tokens per period). A model call to such a host takes its estimated tokens and one
+ * request before it goes, and is settled on what its answer reports as it streams (see
+ * `llm.ts`); other requests go as above, and `hosts` may then be empty. A host in both maps has
+ * its model calls go through the budget first, then through the steps above (its vendor's 429
+ * pauses the host's first limit in `hosts`). `init.tollgate.inputTokens` is the caller's own
+ * count of a call's input tokens.
  */
 
 import { debuglog } from "node:util";
@@ -49,6 +57,7 @@ import {
   Verdict,
 } from "./dispatch.js";
 import { BadRequest, RateLimited, TollgateError } from "./errors.js";
+import { type Budget, llmFetch } from "./llm.js";
 import type { Lesson, Priority, Quota } from "./models.js";
 import { type Advice, readAdvice } from "./vendor.js";
 
@@ -79,11 +88,13 @@ export interface TollgateFetchOptions extends PolicyOptions {
    * delay (default true). Off: neither; pauses on rate-limit answers stay.
    */
   learn?: boolean;
+  /** Host (`api.openai.com`, or `host:port`) to its token budget, for language-model APIs. */
+  llm?: Record<string, Budget>;
 }
 
-/** `fetch`'s options, and this request's priority. */
+/** `fetch`'s options, this request's priority, and a model call's own count of its input tokens. */
 export interface TollgateRequestInit extends RequestInit {
-  tollgate?: { priority?: Priority };
+  tollgate?: { priority?: Priority; inputTokens?: number };
 }
 
 /** A `fetch` that takes each mapped host's quota first. */
@@ -125,7 +136,8 @@ function timedOut(host: Host, policy: Policy, paused: boolean, last: RateLimited
 export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
   const { client } = options;
   const inner = options.fetch ?? globalThis.fetch;
-  const policy = new Policy(options);
+  const llm = options.llm ?? {};
+  const policy = new Policy(options, Object.keys(llm).length === 0);
   const learn = options.learn ?? true;
   if (typeof learn !== "boolean") {
     throw new TypeError(`learn: true or false, got ${JSON.stringify(learn)}`);
@@ -290,7 +302,7 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
     }
   }
 
-  return async function fetchWithQuota(input, init) {
+  const fetchWithQuota: TollgateFetch = async (input, init) => {
     const url = new URL(input instanceof Request ? input.url : String(input));
     const host = policy.hostFor(url);
     if (host === undefined) {
@@ -340,4 +352,7 @@ export function tollgateFetch(options: TollgateFetchOptions): TollgateFetch {
       attempt += 1;
     }
   };
+  if (Object.keys(llm).length === 0) return fetchWithQuota;
+  // Model calls take their tokens first, then go through the host's quota and pauses above.
+  return llmFetch({ client, hosts: llm, fetch: fetchWithQuota as typeof fetch });
 }

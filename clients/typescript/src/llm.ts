@@ -24,7 +24,8 @@
  *    streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
  *    else by this process's next requests.
  *
- * Pass `fetch: tollgateFetch(...)` to have the vendor's 429s pause the fleet as well.
+ * `tollgateFetch({ ..., llm: { host: budget } })` builds this into the client's own `fetch`, where
+ * a host also mapped in `hosts` has its vendor's 429s pause the fleet as well.
  */
 
 import type { Client, Permit } from "./client.js";
@@ -47,6 +48,10 @@ export interface Budget {
   outputDefault?: number;
   /** Documented maximum output by model name prefix (the longest prefix wins). */
   models?: Record<string, number>;
+  /** Input tokens allowed per message for the chat template (8). */
+  perMessage?: number;
+  /** Input tokens allowed per request (16). */
+  perRequest?: number;
   /** Longest wait for a grant, and for a debt's payment, in seconds (60). */
   waitMax?: number;
 }
@@ -60,6 +65,19 @@ export function recognise(path: string): Api | null {
   if (bare.endsWith("/responses")) return "responses";
   if (bare.endsWith("/messages")) return "messages";
   return null;
+}
+
+/**
+ * A whole number of tokens from 0 to 2^53 - 1, else null: the one reading of a count that the
+ * Rust and Python implementations share (JSON's `50.0` is 50 here as there).
+ */
+function count(value: unknown): number | null {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : null;
+}
+
+/** Whether a JSON field is present: null is as if absent. */
+function present(value: unknown): boolean {
+  return value !== undefined && value !== null;
 }
 
 export interface Estimate {
@@ -85,11 +103,9 @@ export function estimate(api: Api, body: string, budget: Budget, inputTokens?: n
   let output: number | null = null;
   for (const field of fields) {
     const value = request[field];
-    if (value === undefined || value === null) continue;
-    if (typeof value !== "number" || !Number.isInteger(value) || value < 0) {
-      throw new TypeError(`${field}: must be a whole number of tokens`);
-    }
-    output = value;
+    if (!present(value)) continue;
+    output = count(value);
+    if (output === null) throw new TypeError(`${field}: must be a whole number of tokens`);
     break;
   }
   const bounded = output !== null;
@@ -101,10 +117,10 @@ export function estimate(api: Api, body: string, budget: Budget, inputTokens?: n
   }
   let messages = ["messages", "input"]
     .map((field) => request[field])
-    .filter((value) => value !== undefined)
+    .filter(present)
     .reduce<number>((sum, value) => sum + (Array.isArray(value) ? value.length : 1), 0);
-  if ("system" in request || "instructions" in request) messages += 1;
-  const guess = Buffer.byteLength(body) + 8 * messages + 16;
+  if (present(request["system"]) || present(request["instructions"])) messages += 1;
+  const guess = Buffer.byteLength(body) + (budget.perMessage ?? 8) * messages + (budget.perRequest ?? 16);
   return { input: Math.max(1, inputTokens ?? guess), output: Math.max(1, output), bounded, stream: request["stream"] === true };
 }
 
@@ -122,7 +138,7 @@ type Json = Record<string, unknown>;
 function usageOf(value: unknown): [number | null, number | null] {
   if (typeof value !== "object" || value === null) return [null, null];
   const usage = value as Json;
-  const int = (key: string): number | null => (typeof usage[key] === "number" ? (usage[key] as number) : null);
+  const int = (key: string): number | null => count(usage[key]);
   let input = int("prompt_tokens");
   if (input === null && int("input_tokens") !== null) {
     input = int("input_tokens")! + (int("cache_creation_input_tokens") ?? 0) + (int("cache_read_input_tokens") ?? 0);
@@ -190,14 +206,16 @@ export class UsageReader {
       return;
     }
     if (this.#over) return;
+    let answer: unknown;
     try {
-      const answer = JSON.parse(this.#kept) as unknown;
-      this.#note(usageOf(field(answer, "usage")));
-      this.usage.failed = field(answer, "error") !== undefined;
-      this.usage.finished = !this.usage.failed;
+      answer = JSON.parse(this.#kept);
     } catch {
-      // Not JSON: its usage is unknown, and the policy applies.
+      return; // Not JSON: its usage is unknown, and the policy applies.
     }
+    if (typeof answer !== "object" || answer === null || Array.isArray(answer)) return;
+    this.#note(usageOf(field(answer, "usage")));
+    this.usage.failed = present(field(answer, "error"));
+    this.usage.finished = !this.usage.failed;
   }
 
   #event(data: string): void {
@@ -212,7 +230,8 @@ export class UsageReader {
     } catch {
       return;
     }
-    const kind = String(field(event, "type") ?? "");
+    const type = field(event, "type");
+    const kind = typeof type === "string" ? type : "";
     if (kind === "message_start") {
       this.#note(usageOf(field(field(event, "message"), "usage")));
     } else if (kind === "message_delta") {
@@ -231,7 +250,7 @@ export class UsageReader {
       this.#note(usageOf(field(field(event, "response"), "usage")));
       this.usage.finished = true;
     } else {
-      if (field(event, "error") !== undefined) this.usage.failed = true;
+      if (present(field(event, "error"))) this.usage.failed = true;
       const choices = field(event, "choices");
       for (const choice of Array.isArray(choices) ? choices : []) {
         const delta = field(choice, "delta");
@@ -403,16 +422,17 @@ async function reserve(client: Client, budget: Budget, found: Estimate): Promise
 }
 
 /** Make a `fetch` that keeps model calls inside their budgets (see the module documentation). */
-export function llmFetch(options: LlmFetchOptions): (input: string | URL, init?: LlmRequestInit) => Promise<Response> {
+export function llmFetch(options: LlmFetchOptions): (input: string | URL | Request, init?: LlmRequestInit) => Promise<Response> {
   const inner = options.fetch ?? globalThis.fetch;
   return async (input, init = {}) => {
+    if (input instanceof Request) return inner(input, init); // its body cannot be read first
     const url = new URL(String(input));
     const budget = options.hosts[url.host] ?? options.hosts[url.hostname];
     const api = recognise(url.pathname);
     if (budget === undefined || api === null || (init.method ?? "GET").toUpperCase() !== "POST" || typeof init.body !== "string") {
       return inner(input, init);
     }
-    const { tollgate, ...rest } = init;
+    const { tollgate } = init;
     let body = init.body;
     const found = estimate(api, body, budget, tollgate?.inputTokens);
     if (api === "chat" && found.stream) {
@@ -427,7 +447,8 @@ export function llmFetch(options: LlmFetchOptions): (input: string | URL, init?:
     held.sentAt = performance.now() / 1000;
     let response: Response;
     try {
-      response = await inner(input, { ...rest, body });
+      // `tollgate` passes on: a tollgateFetch underneath reads its priority.
+      response = await inner(input, { ...init, body });
     } catch (error) {
       // The vendor may have seen it: keep the estimate, unless the connection never opened.
       const refused = (error as { cause?: { code?: string } })?.cause?.code === "ECONNREFUSED";

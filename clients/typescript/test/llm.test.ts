@@ -7,7 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { dirname, join } from "node:path";
 import { after, before, test } from "node:test";
 
-import { type Budget, Client, estimate, llmFetch, recognise, UsageReader } from "../src/index.js";
+import { type Budget, Client, estimate, llmFetch, recognise, tollgateFetch, UsageReader } from "../src/index.js";
 import { ADMIN_TOKEN, findBinary, Server, unique } from "./support.js";
 
 const PERIOD_MS = 3000;
@@ -161,4 +161,36 @@ test("a cancelled stream is charged its input and what it streamed; a finished o
     await drain(await topped(`${model}/v1/messages`, { method: "POST", body: open, headers: { "x-mock-tokens": "500" } }));
     assert.equal(await used(unbounded.output), 500);
   });
+});
+
+test("tollgateFetch keeps a budget given as llm, and the host's own quota beside it", async () => {
+  await withModel(async (model) => {
+    const host = new URL(model).host;
+    const shared = await budget();
+    const call = tollgateFetch({ client, hosts: {}, llm: { [host]: shared } });
+    const body = JSON.stringify({ model: "m", max_tokens: 100, stream: true, messages: [{ role: "user", content: "hello" }] });
+    await drain(await call(`${model}/v1/chat/completions`, { method: "POST", body, headers: { "x-mock-tokens": "37" } }));
+    // Not a model call: passes untouched, taking nothing.
+    const report = (await (await call(`${model}/_model/report`)).json()) as ModelReport;
+    assert.equal(report.ok, 1);
+    assert.equal(await used(shared.output), 37);
+    assert.equal(await used(shared.input), 5);
+    assert.equal(await used(shared.requests), 1);
+
+    const other = await budget();
+    const calls = unique("llm-calls");
+    await client.limits.put(calls, { kind: "rate", limit: 100, period_ms: PERIOD_MS });
+    const both = tollgateFetch({ client, hosts: { [host]: calls }, llm: { [host]: other } });
+    const whole = JSON.stringify({ model: "m", max_output_tokens: 100, input: "hello" });
+    const answer = await both(`${model}/v1/responses`, { method: "POST", body: whole, headers: { "x-mock-tokens": "12" } });
+    assert.equal(answer.status, 200);
+    await answer.arrayBuffer();
+    assert.equal(await used(other.output), 12);
+    assert.equal(await used(other.requests), 1);
+    assert.equal(await used(calls), 1);
+  });
+});
+
+test("tollgateFetch needs hosts or llm", () => {
+  assert.throws(() => tollgateFetch({ client, hosts: {} }), /^RangeError: hosts: /);
 });

@@ -230,13 +230,14 @@ class Policy:
         resume_jitter_max: float,
         classify: Classifier | None,
         learn: bool = True,
+        hosts_required: bool = True,
     ) -> None:
         if not isinstance(learn, bool):
             raise TypeError(f"learn: True or False, got {learn!r}")
         if priority not in PRIORITIES:
             raise ValueError(f"priority: must be high, normal or low, got {priority!r}")
-        if not hosts:
-            raise ValueError("hosts: map at least one host to its limits")
+        if not hosts and hosts_required:
+            raise ValueError("hosts: map at least one host to its limits (or give llm)")
         self.hosts: dict[str, Host] = {
             host.lower(): Host(tuple(limit_names(limits))) for host, limits in hosts.items()
         }

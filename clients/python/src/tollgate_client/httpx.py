@@ -50,13 +50,23 @@ raise the other :class:`~tollgate_client.TollgateError` classes.
 
 Set one request's priority with the request extension ``"tollgate_priority"``:
 ``vendor.get(url, extensions={"tollgate_priority": "high"})``.
+
+Language-model APIs: ``llm`` maps a host to its token :class:`~tollgate_client.llm.Budget`
+(requests, input tokens and output tokens per period). A model call to such a host takes its
+estimated tokens and one request before it goes, and is settled on what the answer reports as
+it streams (see :mod:`tollgate_client.llm`); other requests go as above. ``hosts`` may then be
+empty. A host in both maps has its model calls go through the budget first, then through the
+steps above (its vendor's 429 pauses the host's first limit in ``hosts``)::
+
+    budget = Budget(requests="openai-rpm", input="openai-itpm", output="openai-otpm")
+    openai = httpx.Client(transport=TollgateTransport(tollgate, {}, llm={"api.openai.com": budget}))
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -79,6 +89,7 @@ from ._dispatch import (
 from ._errors import BadRequest, RateLimited, TollgateError
 from ._models import Limits
 from ._sync import Client, Permit
+from .llm import AsyncLlmTransport, Budget, LlmTransport
 
 __all__ = [
     "PRIORITY_EXTENSION",
@@ -88,6 +99,25 @@ __all__ = [
     "default_verdict",
     "parse_retry_after",
 ]
+
+
+class _Through(httpx.BaseTransport):
+    """What a token budget sends through: the transport's own dispatching."""
+
+    def __init__(self, send: Callable[[httpx.Request], httpx.Response]) -> None:
+        self._send = send
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._send(request)
+
+
+class _AsyncThrough(httpx.AsyncBaseTransport):
+    def __init__(self, send: Callable[[httpx.Request], Awaitable[httpx.Response]]) -> None:
+        self._send = send
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._send(request)
+
 
 # The shortest sleep between two asks when the server answers before the deadline.
 _ASK_INTERVAL_MIN = 0.01
@@ -149,7 +179,9 @@ class TollgateTransport(httpx.BaseTransport):
       defaults, or ``None`` to let them decide;
     - ``learn`` (True): teach the server what the vendor's rate-limit headers say, and report
       each call's grant-to-send delay on its commit (``False``: neither; pauses on a
-      rate-limit answer stay).
+      rate-limit answer stay);
+    - ``llm``: host to token :class:`~tollgate_client.llm.Budget`, for language-model APIs
+      (see the module documentation).
     """
 
     def __init__(
@@ -168,6 +200,7 @@ class TollgateTransport(httpx.BaseTransport):
         resume_jitter_max: float = 0.25,
         classify: Classifier | None = None,
         learn: bool = True,
+        llm: Mapping[str, Budget] | None = None,
     ) -> None:
         self._client = client
         self._inner = transport if transport is not None else httpx.HTTPTransport()
@@ -183,9 +216,17 @@ class TollgateTransport(httpx.BaseTransport):
             resume_jitter_max=resume_jitter_max,
             classify=classify,
             learn=learn,
+            hosts_required=not llm,
         )
+        self._llm = LlmTransport(client, llm, transport=_Through(self._dispatch)) if llm else None
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self._llm is not None:
+            # Model calls to a budget's host take their tokens; everything passes on below.
+            return self._llm.handle_request(request)
+        return self._dispatch(request)
+
+    def _dispatch(self, request: httpx.Request) -> httpx.Response:
         policy = self._policy
         host = policy.host_for(request.url)
         if host is None:
@@ -333,6 +374,7 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
         resume_jitter_max: float = 0.25,
         classify: Classifier | None = None,
         learn: bool = True,
+        llm: Mapping[str, Budget] | None = None,
     ) -> None:
         self._client = client
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
@@ -348,9 +390,18 @@ class AsyncTollgateTransport(httpx.AsyncBaseTransport):
             resume_jitter_max=resume_jitter_max,
             classify=classify,
             learn=learn,
+            hosts_required=not llm,
+        )
+        self._llm = (
+            AsyncLlmTransport(client, llm, transport=_AsyncThrough(self._dispatch)) if llm else None
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._llm is not None:
+            return await self._llm.handle_async_request(request)
+        return await self._dispatch(request)
+
+    async def _dispatch(self, request: httpx.Request) -> httpx.Response:
         policy = self._policy
         host = policy.host_for(request.url)
         if host is None:

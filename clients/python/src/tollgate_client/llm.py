@@ -10,6 +10,10 @@ tokens per period before a request goes, settled as the answer comes, on a Tollg
     budget = Budget(requests="openai-rpm", input="openai-itpm", output="openai-otpm")
     openai = httpx.Client(transport=LlmTransport(Client(), {"api.openai.com": budget}))
 
+The clients' own transports take the same budgets: ``TollgateTransport(client, hosts,
+llm={"api.openai.com": budget})`` (and ``AsyncTollgateTransport``), where a host also mapped in
+``hosts`` has its vendor's 429s pause the fleet as well.
+
 The transport recognises OpenAI-style (``/v1/chat/completions``, ``/v1/responses``) and
 Anthropic-style (``/v1/messages``) requests to a mapped host; other requests pass untouched.
 For each it:
@@ -64,6 +68,8 @@ __all__ = [
 
 INPUT_TOKENS_EXTENSION = "tollgate_input_tokens"
 _KEPT_BYTES_MAX = 8 * 1024 * 1024
+#: The largest count read: the largest whole number every client's language holds exactly.
+_COUNT_MAX = 2**53 - 1
 _TOP_UP_STEP = 64
 _TOP_UP_RETRY = 0.1
 #: The longest the input tokens and the request are waited for once the output tokens are
@@ -114,14 +120,32 @@ class Estimate:
     stream: bool
 
 
+def _count(value: Any) -> int | None:
+    """A whole number of tokens from 0 to 2^53 - 1 (``50.0`` is 50), else ``None``: the one
+    reading of a count that the Rust and TypeScript implementations share."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= _COUNT_MAX:
+        return value
+    return None
+
+
+def _field(value: Any, key: str) -> Any:
+    """``value[key]`` when ``value`` is an object; an answer of an odd shape reads as absent."""
+    return value.get(key) if isinstance(value, dict) else None
+
+
 def _cap(body: dict[str, Any], fields: tuple[str, ...]) -> int | None:
     for name in fields:
         value = body.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        cap = _count(value)
+        if cap is None:
             raise ValueError(f"{name}: must be a whole number of tokens")
-        return value
+        return cap
     return None
 
 
@@ -141,14 +165,15 @@ def estimate(api: str, body: bytes, budget: Budget, input_tokens: int | None = N
     output = _cap(json_body, fields)
     bounded = output is not None
     if output is None:
-        model = str(json_body.get("model", ""))
+        model = json_body.get("model")
+        model = model if isinstance(model, str) else ""
         matching = [prefix for prefix in budget.models if model.startswith(prefix)]
         output = budget.models[max(matching, key=len)] if matching else budget.output_default
     messages = sum(
         len(value) if isinstance(value, list) else 1
         for value in (json_body.get("messages"), json_body.get("input"))
         if value is not None
-    ) + int("system" in json_body or "instructions" in json_body)
+    ) + int(json_body.get("system") is not None or json_body.get("instructions") is not None)
     guess = len(body) + budget.per_message * messages + budget.per_request
     return Estimate(
         input=max(1, input_tokens if input_tokens is not None else guess),
@@ -171,22 +196,24 @@ class Usage:
 def _usage_of(usage: Any) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
-    input_tokens = usage.get("prompt_tokens")
-    if input_tokens is None and isinstance(usage.get("input_tokens"), int):
+    input_tokens = _count(usage.get("prompt_tokens"))
+    base = _count(usage.get("input_tokens"))
+    if input_tokens is None and base is not None:
+        # Cached input counts too: erring high.
         input_tokens = (
-            usage["input_tokens"]
-            + int(usage.get("cache_creation_input_tokens") or 0)
-            + int(usage.get("cache_read_input_tokens") or 0)
+            base
+            + (_count(usage.get("cache_creation_input_tokens")) or 0)
+            + (_count(usage.get("cache_read_input_tokens")) or 0)
         )
-    output = usage.get("completion_tokens", usage.get("output_tokens"))
-    return (
-        input_tokens if isinstance(input_tokens, int) else None,
-        output if isinstance(output, int) else None,
-    )
+    output = _count(usage.get("completion_tokens"))
+    if output is None:
+        output = _count(usage.get("output_tokens"))
+    return input_tokens, output
 
 
 def _text(value: Any) -> int:
-    return len(value.encode()) if isinstance(value, str) else 0
+    # A lone surrogate (which JSON can spell) counts as the three bytes of its replacement.
+    return len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else 0
 
 
 class UsageReader:
@@ -196,7 +223,9 @@ class UsageReader:
         self.events = events
         self.usage = Usage()
         self._line = bytearray()
-        self._data = bytearray()
+        #: The data lines of the event being read, joined with a line feed when it ends.
+        self._data: list[bytes] = []
+        self._data_bytes = 0
         self._kept = bytearray()
         self._over = False
 
@@ -213,25 +242,33 @@ class UsageReader:
             if not self._over:
                 self._kept += chunk
             return
-        for line in chunk.splitlines(keepends=True):
-            self._line += line
-            if not self._line.endswith(b"\n"):
-                continue
-            whole = bytes(self._line).rstrip(b"\r\n")
-            self._line = bytearray()
-            if not whole:
-                data, self._data = bytes(self._data), bytearray()
-                self._event(data)
-            elif whole.startswith(b"data:"):
-                if self._data:
-                    self._data += b"\n"
-                value = whole[5:]
-                self._data += value[1:] if value.startswith(b" ") else value
+        self._line += chunk
+        start = 0
+        while (end := self._line.find(b"\n", start)) >= 0:
+            line = bytes(self._line[start:end])
+            start = end + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                self._dispatch()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                value = value[1:] if value.startswith(b" ") else value
+                if self._data_bytes + len(value) <= _KEPT_BYTES_MAX:
+                    self._data.append(value)
+                    self._data_bytes += len(value)
+        del self._line[:start]
+        # A line longer than any event kept is read no further.
+        del self._line[_KEPT_BYTES_MAX:]
+
+    def _dispatch(self) -> None:
+        data = b"\n".join(self._data)
+        self._data, self._data_bytes = [], 0
+        self._event(data)
 
     def end(self) -> None:
         if self.events:
-            data, self._data = bytes(self._data), bytearray()
-            self._event(data)
+            self._dispatch()
             return
         if self._over:
             return
@@ -241,7 +278,7 @@ class UsageReader:
             return
         if isinstance(answer, dict):
             self._note(_usage_of(answer.get("usage")))
-            self.usage.failed = "error" in answer
+            self.usage.failed = answer.get("error") is not None
             self.usage.finished = not self.usage.failed
 
     def _event(self, data: bytes) -> None:
@@ -256,34 +293,39 @@ class UsageReader:
             return
         if not isinstance(event, dict):
             return
-        kind = event.get("type") or ""
+        kind = event.get("type")
+        kind = kind if isinstance(kind, str) else ""
         if kind == "message_start":
-            self._note(_usage_of((event.get("message") or {}).get("usage")))
+            self._note(_usage_of(_field(event.get("message"), "usage")))
         elif kind == "message_delta":
             self._note(_usage_of(event.get("usage")))
         elif kind == "content_block_delta":
-            delta = event.get("delta") or {}
+            delta = event.get("delta")
             self.usage.streamed += sum(
-                _text(delta.get(k)) for k in ("text", "partial_json", "thinking")
+                _text(_field(delta, k)) for k in ("text", "partial_json", "thinking")
             )
         elif kind == "message_stop":
             self.usage.finished = True
         elif kind in ("error", "response.failed", "response.error"):
             self.usage.failed = True
-            self._note(_usage_of((event.get("response") or {}).get("usage")))
+            self._note(_usage_of(_field(event.get("response"), "usage")))
         elif kind.startswith("response.") and kind.endswith(".delta"):
             self.usage.streamed += _text(event.get("delta"))
         elif kind in ("response.completed", "response.incomplete"):
-            self._note(_usage_of((event.get("response") or {}).get("usage")))
+            self._note(_usage_of(_field(event.get("response"), "usage")))
             self.usage.finished = True
         else:
-            if "error" in event:
+            if event.get("error") is not None:
                 self.usage.failed = True
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {} if isinstance(choice, dict) else {}
-                self.usage.streamed += _text(delta.get("content")) + _text(delta.get("refusal"))
-                for call in delta.get("tool_calls") or []:
-                    self.usage.streamed += _text((call.get("function") or {}).get("arguments"))
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
+                delta = _field(choice, "delta")
+                self.usage.streamed += _text(_field(delta, "content")) + _text(
+                    _field(delta, "refusal")
+                )
+                calls = _field(delta, "tool_calls")
+                for call in calls if isinstance(calls, list) else []:
+                    self.usage.streamed += _text(_field(_field(call, "function"), "arguments"))
             self._note(_usage_of(event.get("usage")))
 
 
@@ -314,7 +356,7 @@ def _prepare(
         return None
     body = request.content
     counted = request.extensions.get(INPUT_TOKENS_EXTENSION)
-    found = estimate(api, body, budget, counted if isinstance(counted, int) else None)
+    found = estimate(api, body, budget, _count(counted))
     rewritten = _with_usage_chunk(api, found, body)
     if rewritten is not None:
         headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]

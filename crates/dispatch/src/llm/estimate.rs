@@ -76,12 +76,36 @@ pub struct Estimate {
     pub stream: bool,
 }
 
+/// The largest count read: the largest whole number every client's language holds exactly.
+const COUNT_MAX: u64 = (1 << 53) - 1;
+
+/// A whole number of tokens from 0 to 2^53 - 1 (`50.0` is 50, as a JavaScript client cannot
+/// tell them apart), else `None`: the one reading of a count the clients share.
+pub(crate) fn count(value: &Value) -> Option<u64> {
+    let whole = match value.as_u64() {
+        Some(whole) => whole,
+        None => {
+            let float = value.as_f64()?;
+            if float.fract() != 0.0 || !(0.0..=COUNT_MAX as f64).contains(&float) {
+                return None;
+            }
+            float as u64
+        }
+    };
+    (whole <= COUNT_MAX).then_some(whole)
+}
+
+/// A JSON field, with null as if absent.
+pub(crate) fn present<'a>(json: &'a Value, field: &str) -> Option<&'a Value> {
+    json.get(field).filter(|value| !value.is_null())
+}
+
 fn cap(body: &Value, fields: &[&'static str]) -> Result<Option<u64>, DispatchError> {
     for &field in fields {
-        match body.get(field) {
-            None | Some(Value::Null) => {}
+        match present(body, field) {
+            None => {}
             Some(value) => {
-                return value.as_u64().map(Some).ok_or_else(|| {
+                return count(value).map(Some).ok_or_else(|| {
                     DispatchError::config(field, "must be a whole number of tokens")
                 });
             }
@@ -120,10 +144,10 @@ pub fn estimate(
     });
     let messages = ["messages", "input"]
         .iter()
-        .filter_map(|field| json.get(*field))
+        .filter_map(|field| present(&json, field))
         .map(|value| value.as_array().map_or(1, |list| list.len() as u64))
         .sum::<u64>()
-        + u64::from(json.get("system").is_some() || json.get("instructions").is_some());
+        + u64::from(present(&json, "system").is_some() || present(&json, "instructions").is_some());
     let input = input_tokens.unwrap_or(
         (body.len() as u64)
             .saturating_add(config.per_message.saturating_mul(messages))

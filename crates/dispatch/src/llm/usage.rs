@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::Api;
+use super::estimate::{count, present};
 
 /// Longest JSON body, or server-sent event, kept to be read, in bytes; a longer one passes
 /// unread (its usage is then unknown, and the stream's policy applies).
@@ -32,13 +33,16 @@ pub struct UsageReader {
     events: bool,
     line: Vec<u8>,
     data: Vec<u8>,
+    /// Whether the event being read has a data line yet: its lines are joined with a line feed,
+    /// an empty one included, as server-sent events join them.
+    has_data: bool,
     kept: Vec<u8>,
     over: bool,
     usage: Usage,
 }
 
 fn number(value: &Value, field: &str) -> Option<u64> {
-    value.get(field).and_then(Value::as_u64)
+    value.get(field).and_then(count)
 }
 
 /// A `usage` object of either family: (input, output).
@@ -50,8 +54,8 @@ fn read_usage(usage: &Value) -> (Option<u64>, Option<u64>) {
         number(usage, "input_tokens").map(|input| {
             // Cached input counts too: erring high.
             input
-                + number(usage, "cache_creation_input_tokens").unwrap_or(0)
-                + number(usage, "cache_read_input_tokens").unwrap_or(0)
+                .saturating_add(number(usage, "cache_creation_input_tokens").unwrap_or(0))
+                .saturating_add(number(usage, "cache_read_input_tokens").unwrap_or(0))
         })
     });
     let output = number(usage, "completion_tokens").or_else(|| number(usage, "output_tokens"));
@@ -71,6 +75,7 @@ impl UsageReader {
             events,
             line: Vec::new(),
             data: Vec::new(),
+            has_data: false,
             kept: Vec::new(),
             over: false,
             usage: Usage::default(),
@@ -112,10 +117,9 @@ impl UsageReader {
             let line = std::mem::take(&mut self.line);
             let line = line.strip_suffix(b"\r").unwrap_or(&line);
             if line.is_empty() {
-                let data = std::mem::take(&mut self.data);
-                self.event(&data);
+                self.dispatch();
             } else if let Some(data) = line.strip_prefix(b"data:") {
-                if !self.data.is_empty() {
+                if std::mem::replace(&mut self.has_data, true) {
                     self.data.push(b'\n');
                 }
                 let data = data.strip_prefix(b" ").unwrap_or(data);
@@ -126,22 +130,28 @@ impl UsageReader {
         }
     }
 
+    fn dispatch(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        self.has_data = false;
+        self.event(&data);
+    }
+
     /// The body ended (cleanly or not).
     pub fn end(&mut self) {
         if self.events {
-            let data = std::mem::take(&mut self.data);
-            self.event(&data);
+            self.dispatch();
             return;
         }
         if self.over {
             return;
         }
         let kept = std::mem::take(&mut self.kept);
-        if let Ok(json) = serde_json::from_slice::<Value>(&kept) {
+        // Anything but a JSON object is no answer: nothing is read.
+        if let Ok(json @ Value::Object(_)) = serde_json::from_slice::<Value>(&kept) {
             let (input, output) = read_usage(json.get("usage").unwrap_or(&Value::Null));
             self.note(input, output);
-            self.usage.finished = json.get("error").is_none();
-            self.usage.failed = json.get("error").is_some();
+            self.usage.failed = present(&json, "error").is_some();
+            self.usage.finished = !self.usage.failed;
         }
     }
 
@@ -190,7 +200,7 @@ impl UsageReader {
                 self.usage.finished = true;
             }
             _ => {
-                if json.get("error").is_some() {
+                if present(&json, "error").is_some() {
                     self.usage.failed = true;
                 }
                 if let Some(choices) = json.get("choices").and_then(Value::as_array) {
