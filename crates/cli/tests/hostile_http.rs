@@ -38,7 +38,7 @@ fn assert_refused(answer: &RawAnswer, status: u16, field: &str) {
 }
 
 /// A page on another site can send a "simple" request (a form's, or `fetch` with `no-cors`):
-/// text/plain, its own Origin, no preflight. None of it may take or pause a unit.
+/// text/plain, its own Origin, no preflight. None of it may take, charge or pause a unit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_on_another_site_can_neither_acquire_nor_pause() {
     let server = Server::start();
@@ -46,7 +46,13 @@ async fn a_page_on_another_site_can_neither_acquire_nor_pause() {
     let host = host_of(&server);
     let acquire = r#"{"limits":["vendor-x"]}"#;
     let pause = r#"{"limit":"vendor-x","retry_after_ms":86400000}"#;
-    for (path, body) in [("/v1/acquire", acquire), ("/v1/pause", pause)] {
+    // A charge is never denied: from another site it could close a limit for a window.
+    let charge = r#"{"limits":["vendor-x"],"cost":2}"#;
+    for (path, body) in [
+        ("/v1/acquire", acquire),
+        ("/v1/pause", pause),
+        ("/v1/charge", charge),
+    ] {
         for content_type in ["text/plain", "application/x-www-form-urlencoded"] {
             // As a browser sends a simple request: with its Origin...
             let answer = post_as(

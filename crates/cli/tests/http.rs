@@ -1024,6 +1024,14 @@ async fn too_many_keys_is_a_clear_error() {
     )
     .await;
     assert_error(&answer, 503, "too_many_keys", None);
+    // A charge on a new key is held to the same budget.
+    let answer = post(
+        &client,
+        "/v1/charge",
+        r#"{"limits":["per-user"],"key":"u3","cost":5}"#,
+    )
+    .await;
+    assert_error(&answer, 503, "too_many_keys", None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
