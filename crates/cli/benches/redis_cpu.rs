@@ -27,6 +27,14 @@
 //! rows' target is `CL.THROTTLE`'s time), and GCRA at one in flight with batching off and on:
 //! decisions/s is then one over a decision's latency, which batching must not lengthen.
 //!
+//! `BENCH_LONE=1` runs `CL.THROTTLE` and one decision in flight alone: GCRA and sliding with
+//! its commit through the library (batching off, then on as the server has it), through the
+//! server, then through the library at the server's pace (each decision followed by a wait
+//! that makes it last as long as one through the server did), so that Redis waits as long
+//! between calls, and each key comes back as late, on both paths. Every row also lists the
+//! commands Redis ran per decision, those a script runs included (`INSIDE`): one path sending
+//! more than the other for the same case shows there.
+//!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
 //! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least; and
@@ -1260,9 +1268,10 @@ fn main() {
         let (limiter, store) = library_limiter(&url).await;
         server_limits(&base).await;
         println!(
-            "{decisions} decisions per case over {} keys, {CALLERS} at a time, on the Redis at \
+            "{decisions} decisions per case over {} keys, {} at a time, on the Redis at \
              127.0.0.1:{port}; every limit 100 per second per key (never binds)",
-            key_count()
+            key_count(),
+            if lone { 1 } else { CALLERS }
         );
         let mut all = Vec::new();
         for number in 1..=rounds {
