@@ -193,7 +193,7 @@ fn numbers_apart_from_times(word: &str) -> Option<String> {
         return None;
     }
     let bytes = unescape(word);
-    if bytes.len() < 16 || bytes.len() % 8 != 0 {
+    if bytes.len() < 16 || !bytes.len().is_multiple_of(8) {
         return None;
     }
     let numbers: Vec<String> = bytes
