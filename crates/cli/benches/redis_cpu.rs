@@ -27,6 +27,14 @@
 //! rows' target is `CL.THROTTLE`'s time), and GCRA at one in flight with batching off and on:
 //! decisions/s is then one over a decision's latency, which batching must not lengthen.
 //!
+//! `BENCH_LONE=1` runs `CL.THROTTLE` and one decision in flight alone: GCRA and sliding with
+//! its commit through the library (batching off, then on as the server has it), through the
+//! server, then through the library at the server's pace (each decision followed by a wait
+//! that makes it last as long as one through the server did), so that Redis waits as long
+//! between calls, and each key comes back as late, on both paths. Every row also lists the
+//! commands Redis ran per decision, those a script runs included (`INSIDE`): one path sending
+//! more than the other for the same case shows there.
+//!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
 //! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least; and
@@ -99,7 +107,14 @@ struct Figures {
     /// Instructions Redis executed meanwhile, when it runs under callgrind.
     instructions: Option<u64>,
     elapsed: Duration,
+    /// Every command Redis ran meanwhile, those run inside a script or module included (the
+    /// bench's own `INFO` and `CONFIG` left out), in `INSIDE`'s order, the rest last.
+    commands: [u64; INSIDE.len() + 1],
 }
+
+/// The commands counted apart in `Figures::commands`: what a decision of the store runs inside
+/// its call (a second `GET` and `SET` are a key budget's admission).
+const INSIDE: [&str; 5] = ["time", "mget", "get", "set", "pexpire"];
 
 impl Figures {
     fn usec_per_call(&self) -> f64 {
@@ -120,6 +135,18 @@ impl Figures {
     }
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    /// Every command per decision, and each of `INSIDE` then the rest, as `time 1.00, ...`.
+    fn commands_per_decision(&self) -> (f64, String) {
+        let per = |calls: u64| calls as f64 / self.decisions.max(1) as f64;
+        let each = INSIDE
+            .iter()
+            .chain(&["other"])
+            .zip(self.commands)
+            .map(|(name, calls)| format!("{name} {:.2}", per(calls)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (per(self.commands.iter().sum()), each)
     }
 }
 
@@ -322,6 +349,14 @@ where
         .iter()
         .filter_map(|command| table.get(*command))
         .fold((0, 0), |(calls, usec), (c, u)| (calls + c, usec + u));
+    let mut counted = [0; INSIDE.len() + 1];
+    for (name, (calls, _)) in &table {
+        if name.starts_with("info") || name.starts_with("config") {
+            continue;
+        }
+        let at = INSIDE.iter().position(|inside| inside == name);
+        counted[at.unwrap_or(INSIDE.len())] += calls;
+    }
     Figures {
         decisions,
         calls,
@@ -329,6 +364,7 @@ where
         cpu_us,
         instructions,
         elapsed,
+        commands: counted,
     }
 }
 
@@ -443,6 +479,60 @@ async fn library_case(
     store.set_batching(true);
     figures
 }
+
+/// `case` through the library one decision at a time, batching off, each decision (the
+/// acquire, and the commit of a sliding one) followed by a busy wait until `interval` has
+/// passed since it began: the library at the server's pace, so that Redis waits as long
+/// between calls, and its keys come back as often, as through the server.
+async fn library_paced_case(
+    limiter: &Limiter,
+    store: &RedisStore,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    case: Case,
+    decisions: u64,
+    interval: Duration,
+) -> Figures {
+    store.set_batching(false);
+    let limiter = limiter.clone();
+    let keys = keys.clone();
+    let one = move |k: usize| {
+        let limiter = limiter.clone();
+        let keys = keys.clone();
+        async move {
+            let began = Instant::now();
+            let request = Request::new(case.limit()).key(&keys[k]);
+            let request = match case {
+                Case::Sliding => request,
+                Case::Gcra | Case::Fixed => request.refundable(false),
+            };
+            let permit = limiter
+                .try_acquire(&request)
+                .await
+                .expect("the store answers")
+                .granted()
+                .expect("a grant: the bench's limits never bind");
+            if case == Case::Sliding {
+                permit.commit(1).await.expect("the commit is taken");
+            }
+            // Asleep for most of the rest (a sleep overshoots by tens of microseconds), then
+            // busy to the end.
+            let rest = interval.saturating_sub(began.elapsed());
+            if rest > PACE_SPIN {
+                std::thread::sleep(rest - PACE_SPIN);
+            }
+            while began.elapsed() < interval {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    let figures = measure_in_flight(stats, &TOLLGATE_COMMANDS, decisions, 1, one).await;
+    store.set_batching(true);
+    figures
+}
+
+/// The last part of a paced decision's interval spent busy rather than asleep.
+const PACE_SPIN: Duration = Duration::from_micros(150);
 
 /// The limit of the case with waiters: GCRA as `Case::Gcra`.
 const WAITED: &str = "bench-gcra-waited";
@@ -579,6 +669,7 @@ async fn server_case(
     stats: &mut MultiplexedConnection,
     case: Case,
     decisions: u64,
+    in_flight: usize,
 ) -> Figures {
     // One client: its pool keeps a keep-alive connection per caller.
     let client = Client::new(base, None, TIMEOUT).expect("a client");
@@ -609,7 +700,7 @@ async fn server_case(
             common::acquire_and_commit(&client, &body, &serde_json::json!({"used":1})).await;
         }
     };
-    measure(stats, &TOLLGATE_COMMANDS, decisions, one).await
+    measure_in_flight(stats, &TOLLGATE_COMMANDS, decisions, in_flight, one).await
 }
 
 // ---- Peers ---------------------------------------------------------------------------------
@@ -889,6 +980,17 @@ fn print_table(rows: &[Row]) {
             row.figures.per_second(),
         );
     }
+    // What each row's decisions had Redis run: more commands per decision on one path than on
+    // another for the same case is work the other path does not send.
+    println!();
+    println!(
+        "{:<40} | {:<7} | {:>13} | inside (time, mget, get, set, pexpire) and other (the call itself included)",
+        "case", "path", "cmds/decision"
+    );
+    for row in rows {
+        let (all, each) = row.figures.commands_per_decision();
+        println!("{:<40} | {:<7} | {all:>13.2} | {each}", row.case, row.path);
+    }
 }
 
 /// Each row at its lowest Redis time per decision over the rounds: the one the rest of the
@@ -906,7 +1008,9 @@ fn lowest(rounds: &[Vec<Row>]) -> Vec<Row> {
     best
 }
 
-/// One round: the peers, then the library's cases, then the server's.
+/// One round: the peers, then the library's cases, then the server's; with `lone`, only
+/// `CL.THROTTLE` and the rows of one decision in flight (`lone_rows`).
+#[allow(clippy::too_many_arguments)]
 async fn round(
     stats: &mut MultiplexedConnection,
     peers: &MultiplexedConnection,
@@ -915,6 +1019,7 @@ async fn round(
     base: &str,
     keys: &Arc<Vec<String>>,
     decisions: u64,
+    lone: bool,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     if cell {
@@ -925,6 +1030,10 @@ async fn round(
             figures: cell_case(peers, keys, stats, decisions).await,
             target: None,
         });
+    }
+    if lone {
+        rows.extend(lone_rows(stats, (limiter, store), base, keys, decisions).await);
+        return rows;
     }
     rows.push(Row {
         case: "INCR+PEXPIRE script (EVALSHA)",
@@ -1029,8 +1138,72 @@ async fn round(
             case: case.label(),
             path: "server",
             peer: None,
-            figures: server_case(base, keys, stats, case, decisions).await,
+            figures: server_case(base, keys, stats, case, decisions, CALLERS).await,
             target: Some(case.target()),
+        });
+    }
+    rows
+}
+
+/// GCRA and sliding with a commit, one decision in flight, through the library (the store's
+/// batching off, then on as the server has it) and through the server, one after the other:
+/// what each path has Redis do per decision for the same work.
+async fn lone_rows(
+    stats: &mut MultiplexedConnection,
+    library: (&Limiter, &RedisStore),
+    base: &str,
+    keys: &Arc<Vec<String>>,
+    decisions: u64,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let (limiter, store) = library;
+    for (case, labels) in [
+        (
+            Case::Gcra,
+            [
+                "GCRA, 1 in flight, unbatched",
+                "GCRA, 1 in flight, batching on",
+                "GCRA, 1 in flight",
+                "GCRA, 1 in flight, at the server's pace",
+            ],
+        ),
+        (
+            Case::Sliding,
+            [
+                "sliding + commit, 1 in flight, unbatched",
+                "sliding + commit, 1 in flight, batching on",
+                "sliding + commit, 1 in flight",
+                "sliding + commit, 1 in flight, server's pace",
+            ],
+        ),
+    ] {
+        for (batching, label) in [(false, labels[0]), (true, labels[1])] {
+            let figures = library_case(library, keys, stats, case, decisions, 1, batching).await;
+            rows.push(Row {
+                case: label,
+                path: "library",
+                peer: None,
+                figures,
+                target: None,
+            });
+        }
+        let server = server_case(base, keys, stats, case, decisions, 1).await;
+        rows.push(Row {
+            case: labels[2],
+            path: "server",
+            peer: None,
+            figures: server,
+            target: None,
+        });
+        let interval = server.elapsed / server.decisions.max(1) as u32;
+        let figures =
+            library_paced_case(limiter, store, keys, stats, case, decisions, interval).await;
+        rows.push(Row {
+            case: labels[3],
+            path: "library",
+            peer: None,
+            figures,
+            target: None,
         });
     }
     rows
@@ -1063,6 +1236,7 @@ fn main() {
         .unwrap_or_else(|_| panic!("BENCH_REDIS_PORT must be a port, not {port:?}"));
     let decisions = env_number("BENCH_DECISIONS", 50_000).max(1);
     let rounds = env_number("BENCH_ROUNDS", 1).max(1);
+    let lone = env_number("BENCH_LONE", 0) == 1;
     let url = format!("redis://127.0.0.1:{port}/");
     let keys: Arc<Vec<String>> = Arc::new((0..key_count()).map(|k| format!("u{k}")).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1094,14 +1268,18 @@ fn main() {
         let (limiter, store) = library_limiter(&url).await;
         server_limits(&base).await;
         println!(
-            "{decisions} decisions per case over {} keys, {CALLERS} at a time, on the Redis at \
+            "{decisions} decisions per case over {} keys, {} at a time, on the Redis at \
              127.0.0.1:{port}; every limit 100 per second per key (never binds)",
-            key_count()
+            key_count(),
+            if lone { 1 } else { CALLERS }
         );
         let mut all = Vec::new();
         for number in 1..=rounds {
             let library = (&limiter, &*store);
-            let rows = round(&mut stats, &peers, cell, library, &base, &keys, decisions).await;
+            let rows = round(
+                &mut stats, &peers, cell, library, &base, &keys, decisions, lone,
+            )
+            .await;
             println!();
             println!("round {number} of {rounds}:");
             print_table(&rows);
