@@ -388,11 +388,12 @@ def test_a_permit_with_costs_commits_all_it_holds_and_releases_its_lease(client:
     # and the lease was released without being named.
     assert client.try_acquire([itpm, otpm], costs={itpm: 401, otpm: 100}) is None
     assert client.try_acquire([itpm, otpm], costs={itpm: 400, otpm: 100}) is not None
-    client.acquire(lease).release()
-    held = client.acquire([rpm, otpm, lease], costs={otpm: 50})
+    held = client.acquire([rpm, lease], costs={rpm: 2})
     held.release()
     assert client.try_acquire(lease) is not None
-    assert client.try_acquire(otpm, cost=51) is None
+    # The release kept both units: 10 - 1 - 2 left.
+    assert client.try_acquire(rpm, cost=8) is None
+    assert client.try_acquire(rpm, cost=7) is not None
 
 
 def test_a_charge_past_the_limit_makes_the_next_acquire_wait(client: Client) -> None:

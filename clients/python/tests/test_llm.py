@@ -268,6 +268,9 @@ class Recording(httpx.BaseTransport):
         self.calls.append((request.url.path, json.loads(request.content or b"null")))
         return self.inner.handle_request(request)
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 def test_an_uncapped_stream_past_a_full_limit_is_charged_before_its_lease_goes(
     client: Client, server: Server, model: MockModel

@@ -30,7 +30,6 @@
  */
 
 import type { Client, Permit } from "./client.js";
-import { RateLimited } from "./errors.js";
 
 const KEPT_BYTES_MAX = 8 * 1024 * 1024;
 const TOP_UP_STEP = 64;
@@ -330,11 +329,10 @@ class Held {
           const permit = await this.client.acquire([[this.budget.input, this.budget.output][kind]!], { cost: tokens });
           this.extra.push([kind, permit]);
           this.topped[kind] += tokens;
-        } catch (error) {
-          if (!(error instanceof RateLimited)) throw error;
-          // Not charged while streaming: the text streamed is only an upper bound on the
-          // tokens, and a charge is never given back. The settlement charges what the vendor
-          // reports past the grant.
+        } catch {
+          // Refused, or more than the limit can ever grant. Not charged while streaming: the
+          // text streamed is only an upper bound on the tokens, and a charge is never given
+          // back. The settlement charges what the vendor reports past the grant.
           this.#retryAt = performance.now() / 1000 + TOP_UP_RETRY;
         }
       }

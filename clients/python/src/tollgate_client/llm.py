@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 
 from ._async import AsyncClient
-from ._errors import RateLimited
+from ._errors import BadRequest, RateLimited
 from ._sync import Client
 
 __all__ = [
@@ -522,7 +522,8 @@ class LlmTransport(httpx.BaseTransport):
         for kind, limit, tokens in held.needs(usage):
             try:
                 permit = self._client.acquire(limit, cost=tokens)
-            except RateLimited:
+            except (RateLimited, BadRequest):
+                # Refused, or more than the limit can ever grant: the settlement charges it.
                 held.refused()
                 continue
             held.topped_up(kind, tokens, permit)
@@ -629,7 +630,8 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
         for kind, limit, tokens in held.needs(usage):
             try:
                 permit = await self._client.acquire(limit, cost=tokens)
-            except RateLimited:
+            except (RateLimited, BadRequest):
+                # Refused, or more than the limit can ever grant: the settlement charges it.
                 held.refused()
                 continue
             held.topped_up(kind, tokens, permit)
