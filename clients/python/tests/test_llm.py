@@ -317,6 +317,19 @@ def test_an_uncapped_stream_past_a_full_limit_is_charged_before_its_lease_goes(
     assert client.try_acquire(budget.overrun) is not None
 
 
+def test_one_limit_for_input_and_output_is_named_once_and_counts_both(
+    client: Client, server: Server, model: MockModel
+) -> None:
+    budget = budget_on(client)
+    budget.output = budget.input  # one TPM, as a vendor that counts both together has
+    with httpx.Client(transport=LlmTransport(client, {model.host: budget})) as vendor:
+        body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hello"}]}
+        answer = vendor.post(f"{model.url}/v1/messages", json=body, headers={"x-mock-tokens": "37"})
+        assert answer.status_code == 200
+    assert used(server, budget.input) == 3 + 2 + 37
+    assert used(server, budget.requests) == 1
+
+
 def test_the_main_transport_keeps_a_budget(
     client: Client, server: Server, model: MockModel
 ) -> None:

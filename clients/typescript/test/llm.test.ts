@@ -200,6 +200,21 @@ test("an uncapped stream past a full limit is charged before its lease goes", as
   });
 });
 
+test("one limit for input and output is named once and counts both", async () => {
+  await withModel(async (model) => {
+    const host = new URL(model).host;
+    const shared = await budget();
+    const oneTpm = { ...shared, output: shared.input }; // as a vendor that counts both together has
+    const call = llmFetch({ client, hosts: { [host]: oneTpm } });
+    const body = JSON.stringify({ model: "m", max_tokens: 100, messages: [{ role: "user", content: "hello" }] });
+    const answer = await call(`${model}/v1/messages`, { method: "POST", body, headers: { "x-mock-tokens": "37" } });
+    assert.equal(answer.status, 200);
+    await answer.arrayBuffer();
+    assert.equal(await used(shared.input), 5 + 37);
+    assert.equal(await used(shared.requests), 1);
+  });
+});
+
 test("tollgateFetch keeps a budget given as llm, and the host's own quota beside it", async () => {
   await withModel(async (model) => {
     const host = new URL(model).host;
