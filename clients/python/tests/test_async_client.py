@@ -81,6 +81,25 @@ async def test_async_with_commits_all_of_cost_on_success(async_client: AsyncClie
     assert await async_client.try_acquire(name, cost=2) is not None
 
 
+async def test_costs_per_limit_a_commit_by_limit_and_a_charge(async_client: AsyncClient) -> None:
+    rpm, itpm, otpm = [await rate(async_client, limit) for limit in (10, 1_000, 500)]
+    permit = await async_client.acquire([rpm, itpm, otpm], costs={itpm: 600, otpm: 400})
+    assert [status.remaining for status in permit.limits] == [9, 400, 100]
+    assert await async_client.try_acquire([rpm, otpm], costs={otpm: 101}) is None
+    committed = await permit.commit({rpm: 1, itpm: 250, otpm: 380})
+    assert committed.refunded == 370
+    [view] = await async_client.charge([otpm], costs={otpm: 300})
+    assert (view.name, view.charged, view.used) == (otpm, 300, 680)
+    assert await async_client.try_acquire(otpm, priority="high") is None
+    async with async_client.acquire([rpm, itpm], costs={itpm: 700}):
+        pass
+    # All it held stays counted: 50 input tokens left.
+    assert await async_client.try_acquire(itpm, cost=51) is None
+    with pytest.raises(BadRequest) as caught:
+        await async_client.charge([otpm], costs={rpm: 1})
+    assert caught.value.field == f"costs.{rpm}"
+
+
 async def test_async_with_commits_used(async_client: AsyncClient) -> None:
     name = await rate(async_client, 5)
     async with async_client.acquire(name, cost=3) as permit:

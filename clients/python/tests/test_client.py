@@ -348,6 +348,108 @@ def test_a_forged_permit_is_not_found(client: Client) -> None:
     assert caught.value.field == "permit"
 
 
+# ---- costs per limit, commits by limit, charges ---------------------------------------------
+
+
+def model_limits(client: Client, period_ms: int = MINUTE_MS, **fields: Any) -> list[str]:
+    """Requests (10), input tokens (1,000) and output tokens (500) per period."""
+    return [rate(client, limit, period_ms=period_ms, **fields) for limit in (10, 1_000, 500)]
+
+
+def test_costs_per_limit_are_one_decision_all_or_none(client: Client) -> None:
+    rpm, itpm, otpm = model_limits(client)
+    permit = client.acquire([rpm, itpm, otpm], costs={itpm: 600, otpm: 400})
+    assert [status.remaining for status in permit.limits] == [9, 400, 100]
+    assert (permit.cost, permit.costs) == (1, {itpm: 600, otpm: 400})
+    # Room for the request and its input, not its output: nothing is taken.
+    with pytest.raises(RateLimited):
+        client.acquire([rpm, itpm, otpm], costs={itpm: 100, otpm: 101})
+    fits = client.acquire([rpm, itpm, otpm], costs={itpm: 400, otpm: 100})
+    assert [status.remaining for status in fits.limits] == [8, 0, 0]
+
+
+def test_a_commit_by_limit_refunds_each_limits_own(client: Client) -> None:
+    rpm, itpm, otpm = model_limits(client)
+    permit = client.acquire([rpm, itpm, otpm], costs={itpm: 600, otpm: 400})
+    committed = permit.commit({rpm: 1, itpm: 250, otpm: 380})
+    assert (committed.refunded, committed.released) == (350 + 20, 0)
+    # 250 and 380 stay counted: 750 and 120 left.
+    assert client.try_acquire([itpm, otpm], costs={itpm: 751, otpm: 1}) is None
+    assert client.try_acquire([itpm, otpm], costs={itpm: 1, otpm: 121}) is None
+    assert client.try_acquire([itpm, otpm], costs={itpm: 750, otpm: 120}) is not None
+
+
+def test_a_permit_with_costs_commits_all_it_holds_and_releases_its_lease(client: Client) -> None:
+    rpm, itpm, otpm = model_limits(client)
+    lease = concurrency(client)
+    with client.acquire([rpm, itpm, otpm, lease], costs={itpm: 600, otpm: 400}) as permit:
+        assert permit.fence is not None
+    # Each rate limit keeps all it granted (a number would have been above the output's 400),
+    # and the lease was released without being named.
+    assert client.try_acquire([itpm, otpm], costs={itpm: 401, otpm: 100}) is None
+    assert client.try_acquire([itpm, otpm], costs={itpm: 400, otpm: 100}) is not None
+    held = client.acquire([rpm, lease], costs={rpm: 2})
+    held.release()
+    assert client.try_acquire(lease) is not None
+    # The release kept both units: 10 - 1 - 2 left.
+    assert client.try_acquire(rpm, cost=8) is None
+    assert client.try_acquire(rpm, cost=7) is not None
+
+
+def test_a_charge_past_the_limit_makes_the_next_acquire_wait(client: Client) -> None:
+    _, _, otpm = model_limits(client, period_ms=1000, algorithm="fixed")
+    permit = client.acquire(otpm, cost=400)
+    permit.commit(380)
+    # The answer ran 300 past its grant: counted at once, past the limit.
+    [view] = client.charge([otpm], cost=300)
+    charged_at = time.monotonic()
+    assert (view.name, view.charged, view.used) == (otpm, 300, 680)
+    assert 0 < view.reset_after <= 1.0
+    assert client.try_acquire(otpm, priority="high") is None
+    later = client.acquire(otpm, wait=5.0)
+    # Safety, not speed: granted no sooner than the counted debt stopped counting (10 ms for
+    # rounding).
+    assert time.monotonic() - charged_at >= view.reset_after - 0.01
+    later.commit()
+
+
+def test_a_charge_is_held_to_one_capacity_past_the_limit(client: Client) -> None:
+    _, itpm, otpm = model_limits(client)
+    client.acquire(otpm, cost=400).commit(380)
+    views = client.charge([otpm, itpm], costs={otpm: 5000})
+    assert [(view.name, view.charged, view.used) for view in views] == [
+        (otpm, 1000 - 380, 1000),
+        (itpm, 1, 1),
+    ]
+
+
+def test_costs_commits_and_charges_name_bad_input(client: Client) -> None:
+    rpm, itpm, otpm = model_limits(client)
+    lease = concurrency(client)
+    for costs, field in (({itpm: 5}, f"costs.{itpm}"), ({rpm: 0}, f"costs.{rpm}")):
+        with pytest.raises(BadRequest) as caught:
+            client.acquire([rpm], costs=costs)
+        assert caught.value.field == field
+    permit = client.acquire([rpm, itpm, otpm], costs={itpm: 600, otpm: 400})
+    for used in ({rpm: 1, itpm: 100}, {rpm: 1, itpm: 100, otpm: 50, lease: 1}, {rpm: 2}):
+        with pytest.raises(BadRequest) as caught:
+            permit.commit(used)
+        assert caught.value.field == "used"
+    assert not permit.commit({rpm: 1, itpm: 600, otpm: 400}).refunded
+    for limits, kwargs, field in (
+        ([lease], {}, "limits"),
+        ([otpm], {"cost": 0}, "cost"),
+        ([otpm], {"costs": {itpm: 5}}, f"costs.{itpm}"),
+    ):
+        with pytest.raises(BadRequest) as caught:
+            client.charge(limits, **kwargs)
+        assert caught.value.field == field
+    with pytest.raises(NotFound):
+        client.charge([unique("missing")])
+    with pytest.raises(TypeError, match=r"^costs: "):
+        client.acquire([rpm], costs=[(rpm, 1)])  # type: ignore[arg-type]
+
+
 # ---- pause ----------------------------------------------------------------------------------
 
 

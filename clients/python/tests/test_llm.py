@@ -5,6 +5,7 @@ real server. Safety (no 429, no window over) is asserted exactly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -254,6 +255,79 @@ def test_an_unbounded_stream_past_its_estimate_is_topped_up(
                 pass
     # Estimated 200 (output_default); the model wrote 500: all 500 are counted.
     assert used(server, budget.output) == 500
+
+
+class Recording(httpx.BaseTransport):
+    """The client's own transport, noting each call to the server: (path, JSON body)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.calls: list[tuple[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append((request.url.path, json.loads(request.content or b"null")))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_an_uncapped_stream_past_a_full_limit_is_charged_before_its_lease_goes(
+    client: Client, server: Server, model: MockModel
+) -> None:
+    budget = budget_on(client)
+    # Room for the estimate (200) and one top-up (64) at most: most of the 500 tokens the model
+    # writes can only be charged.
+    client.limits.put(budget.output, kind="rate", limit=300, period_ms=60_000)
+    recording = Recording()
+    with (
+        Client(server.url, transport=recording) as tollgate,
+        httpx.Client(transport=LlmTransport(tollgate, {model.host: budget})) as vendor,
+    ):
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        with vendor.stream(
+            "POST", f"{model.url}/v1/messages", json=body, headers={"x-mock-tokens": "500"}
+        ) as answer:
+            for _ in answer.iter_raw():
+                pass
+    # One acquire of the request, both estimates and the overrun lease.
+    path, asked = recording.calls[0]
+    assert path == "/v1/acquire"
+    assert asked["limits"] == [budget.requests, budget.input, budget.output, budget.overrun]
+    assert asked["costs"][budget.output] == 200
+    # Every token the model wrote is counted, past the limit: later grants wait it out.
+    assert used(server, budget.output) == 500
+    assert client.try_acquire(budget.output, priority="high") is None
+    # The charge came before the commit that gave the overrun lease back.
+    paths = [path for path, _ in recording.calls]
+    charge = paths.index("/v1/charge")
+    (settled,) = [
+        index
+        for index, (path, sent) in enumerate(recording.calls)
+        if path.endswith("/commit") and isinstance(sent["used"], dict)
+    ]
+    assert charge < settled, paths
+    assert recording.calls[settled][1]["used"] == {
+        budget.requests: 1,
+        budget.input: recording.calls[settled][1]["used"][budget.input],
+        budget.output: 200,
+    }
+    assert set(recording.calls[charge][1]["costs"]) == {budget.output}
+    assert budget.overrun is not None
+    assert client.try_acquire(budget.overrun) is not None
+
+
+def test_one_limit_for_input_and_output_is_named_once_and_counts_both(
+    client: Client, server: Server, model: MockModel
+) -> None:
+    budget = budget_on(client)
+    budget.output = budget.input  # one TPM, as a vendor that counts both together has
+    with httpx.Client(transport=LlmTransport(client, {model.host: budget})) as vendor:
+        body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hello"}]}
+        answer = vendor.post(f"{model.url}/v1/messages", json=body, headers={"x-mock-tokens": "37"})
+        assert answer.status_code == 200
+    assert used(server, budget.input) == 3 + 2 + 37
+    assert used(server, budget.requests) == 1
 
 
 def test_the_main_transport_keeps_a_budget(

@@ -15,7 +15,11 @@ import {
   refusal,
 } from "./kept.js";
 import {
+  type Charged,
+  chargedViews,
   type Committed,
+  type Costs,
+  costsWire,
   type Fields,
   isObject,
   type Learnt,
@@ -63,12 +67,27 @@ export interface ClientOptions {
 
 /** How an acquire asks. */
 export interface AcquireOptions {
-  /** Units to take of every limit named (default 1). */
+  /** Units to take of every limit named that `costs` does not name (default 1). */
   cost?: number;
+  /**
+   * Units of some limits by name where they differ from `cost`, each name among the limits: one
+   * decision, all or none (`{ itpm: 812, otpm: 1000 }` beside a request limit's one unit).
+   */
+  costs?: Costs;
   /** `high`, `normal` (default) or `low`. */
   priority?: Priority;
   /** Seconds to wait for room at the server (default 0: answer at once). */
   wait?: number;
+  /** The counter of limits counted `per` key. */
+  key?: string;
+}
+
+/** What a charge counts. */
+export interface ChargeOptions {
+  /** Units to charge every limit named that `costs` does not name (default 1). */
+  cost?: number;
+  /** Units to charge some limits by name, where they differ from `cost`. */
+  costs?: Costs;
   /** The counter of limits counted `per` key. */
   key?: string;
 }
@@ -135,6 +154,19 @@ interface Answer {
   asked: number;
 }
 
+/**
+ * All a permit was granted, as its commit says it: `cost`, or with per-limit costs each rate
+ * limit's own (a lease carries a fence and is released whether named or not).
+ */
+function allUnits(limits: LimitStatus[], cost: number, costs: Costs): number | Record<string, number> {
+  if (Object.keys(costs).length === 0) {
+    return cost;
+  }
+  return Object.fromEntries(
+    limits.filter((status) => status.fence === undefined).map((status) => [status.name, costs[status.name] ?? cost]),
+  );
+}
+
 function permitPath(id: string, action: "commit" | "renew"): string {
   return `/v1/permits/${encodeURIComponent(id)}/${action}`;
 }
@@ -170,9 +202,9 @@ function count(value: unknown): number {
  * What an acquire granted: rate units, and a lease for each concurrency limit.
  *
  * With `await using permit = await client.acquire(...)`, leaving the block commits `used`
- * units (all of `cost` unless `used` was set in the block) and releases any lease. JavaScript
- * does not tell a disposer whether the block threw, so set `used` last in the block: a block
- * that throws before setting it commits all of `cost`, which refunds nothing (the call may
+ * units (all that was granted unless `used` was set in the block) and releases any lease.
+ * JavaScript does not tell a disposer whether the block threw, so set `used` last in the block:
+ * a block that throws before setting it commits all that was granted, which refunds nothing (the call may
  * have happened) and releases any lease. For "nothing on a throw" whatever was set, run the
  * work through {@link Client.limited}. After an explicit {@link commit} or {@link release},
  * leaving the block does nothing more.
@@ -182,22 +214,35 @@ export class Permit implements AsyncDisposable {
   readonly id: string;
   /** Each limit's state at the grant. */
   readonly limits: LimitStatus[];
-  /** Units granted. */
+  /** Units granted of every limit that `costs` does not name. */
   readonly cost: number;
-  /** Units to commit when the permit is disposed; `undefined` means all of `cost`. */
-  used: number | undefined = undefined;
+  /** Units granted by limit name, where they differ from `cost`. */
+  readonly costs: Costs;
+  /**
+   * Units to commit when the permit is disposed (a number, or units by limit name);
+   * `undefined` means all that was granted.
+   */
+  used: number | Costs | undefined = undefined;
   /** @internal When the grant's answer reached this process, monotonic seconds. */
   readonly grantedAt: number;
   readonly #client: Client;
   #settled = false;
 
   /** @internal Made by {@link Client}. */
-  constructor(client: Client, id: string, limits: LimitStatus[], cost: number, grantedAt = performance.now() / 1000) {
+  constructor(
+    client: Client,
+    id: string,
+    limits: LimitStatus[],
+    cost: number,
+    grantedAt = performance.now() / 1000,
+    costs: Costs = {},
+  ) {
     this.#client = client;
     this.grantedAt = grantedAt;
     this.id = id;
     this.limits = limits;
     this.cost = cost;
+    this.costs = { ...costs };
   }
 
   /** The fencing number of the permit's lease, or `undefined` if it holds no lease. */
@@ -211,22 +256,32 @@ export class Permit implements AsyncDisposable {
   }
 
   /**
-   * Say `used` units were used (default: `this.used`, else all of `cost`). The rest of the
-   * rate units are refunded and leases released. Once per permit: a second commit throws
-   * {@link Conflict}. `sentAfter` reports how long after the grant the call left.
+   * Say `used` units were used (default: `this.used`, else all that was granted). A number
+   * counts for every rate limit of the permit; an object gives each rate limit's own by name
+   * (for a permit granted with `costs`) and must name every rate limit of the permit and
+   * nothing else (a lease is released whether named or not). The rest of the rate units are
+   * refunded and leases released. Once per permit: a second commit throws {@link Conflict}.
+   * `sentAfter` reports how long after the grant the call left.
    */
-  async commit(used?: number, options: CommitOptions = {}): Promise<Committed> {
-    const units = used ?? this.used ?? this.cost;
+  async commit(used?: number | Costs, options: CommitOptions = {}): Promise<Committed> {
+    const units = used ?? this.used ?? this.#all();
     const sentAfterMs = options.sentAfter === undefined ? undefined : milliseconds(options.sentAfter, "sentAfter");
     this.#settled = true;
-    const body: Wire.CommitBody = { used: units, ...(sentAfterMs === undefined ? {} : { sent_after_ms: sentAfterMs }) };
+    const body: Wire.CommitBody = {
+      used: typeof units === "number" ? units : costsWire(units, "used"),
+      ...(sentAfterMs === undefined ? {} : { sent_after_ms: sentAfterMs }),
+    };
     const answer: Fields<Wire.CommitAnswer> = await this.#client.request("POST", permitPath(this.id, "commit"), body);
     return { refunded: count(answer.refunded), released: count(answer.released) };
   }
 
   /** End the permit's leases; its rate units stay used. */
   async release(): Promise<Committed> {
-    return this.commit(this.cost);
+    return this.commit(this.#all());
+  }
+
+  #all(): number | Record<string, number> {
+    return allUnits(this.limits, this.cost, this.costs);
   }
 
   /**
@@ -255,7 +310,7 @@ export class Permit implements AsyncDisposable {
       return;
     }
     try {
-      await this.commit(this.cost);
+      await this.commit(this.#all());
     } catch {
       // The work's own error matters more; the lease runs to its TTL.
     }
@@ -427,7 +482,8 @@ export class Client {
 
   /**
    * Take `cost` units of every limit named (all or none), waiting up to `wait` seconds for
-   * room (default: answer at once). `key` picks the counter of limits counted per key.
+   * room (default: answer at once); `costs` the units of some limits by name where they differ
+   * from `cost`, in the same decision. `key` picks the counter of limits counted per key.
    * Rejects with {@link RateLimited} when nothing was granted in time.
    */
   async acquire(limits: Limits, options: AcquireOptions = {}): Promise<Permit> {
@@ -438,6 +494,7 @@ export class Client {
     const body: Wire.AcquireBody = {
       limits: limitNames(limits),
       cost,
+      ...(options.costs === undefined ? {} : { costs: costsWire(options.costs, "costs") }),
       priority: options.priority ?? "normal",
       wait_ms: waitMs,
       ...(options.key === undefined ? {} : { key: options.key }),
@@ -451,7 +508,25 @@ export class Client {
     // it held it): the time since is the answer's way back, which the margin must cover too.
     const held = serverHeld(raw.headers.get("server-timing"));
     const grantedAt = held === null ? raw.at : Math.min(raw.asked + held, raw.at);
-    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, grantedAt);
+    return new Permit(this, answer.permit, limitStatuses(answer.limits), cost, grantedAt, options.costs);
+  }
+
+  /**
+   * Count units spent beyond any grant (`POST /v1/charge`): what a vendor counted over a
+   * permit's cost, say a model's answer longer than its estimate. Counted on each rate limit
+   * named at once, even past the limit (at most one capacity past it), so that every later
+   * acquire in the fleet waits the debt out; never denied. A concurrency limit is a
+   * {@link BadRequest} on `limits`. Resolves to each limit's {@link Charged}.
+   */
+  async charge(limits: Limits, options: ChargeOptions = {}): Promise<Charged[]> {
+    const body: Wire.ChargeBody = {
+      limits: limitNames(limits),
+      ...(options.cost === undefined ? {} : { cost: options.cost }),
+      ...(options.costs === undefined ? {} : { costs: costsWire(options.costs, "costs") }),
+      ...(options.key === undefined ? {} : { key: options.key }),
+    };
+    const answer: Fields<Wire.ChargeAnswer> = await this.request("POST", "/v1/charge", body);
+    return chargedViews(answer.limits);
   }
 
   /** Like {@link acquire}, but `null` instead of rejecting with {@link RateLimited}. */

@@ -21,6 +21,7 @@
 
 export {
   type AcquireOptions,
+  type ChargeOptions,
   type CheckRequest,
   type CheckResult,
   Client,
@@ -62,7 +63,6 @@ export { type TollgateFetch, tollgateFetch, type TollgateFetchOptions, type Toll
 export {
   type Api,
   type Budget,
-  debtOf,
   type Estimate,
   estimate,
   llmFetch,
@@ -73,7 +73,9 @@ export {
   UsageReader,
 } from "./llm.js";
 export type {
+  Charged,
   Committed,
+  Costs,
   LearnedLimit,
   Learnt,
   Lesson,

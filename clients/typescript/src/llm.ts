@@ -11,38 +11,40 @@
  *    (`outputDefault`, `models`); input is one token per byte of the body plus 8 per message and
  *    16 per request, which never counts fewer tokens than a byte-level tokeniser makes (or the
  *    caller's own count, `init.tollgate.inputTokens`);
- * 2. takes the output estimate (waiting), then the input estimate and one request (waiting at
- *    most 0.25 s each, else all is given back and the round starts again), each from its limit,
- *    all or none, adding this process's debts first; a request
- *    without an output cap also takes the `overrun` lease when the budget names one;
+ * 2. takes one request, the input estimate and the output estimate in one acquire (`costs` by
+ *    limit), all or none, waiting up to `waitMax`; a request without an output cap takes the
+ *    `overrun` lease in the same acquire when the budget names one;
  * 3. sends the request (a streaming chat request gets `stream_options.include_usage`) and passes
  *    the answer on chunk by chunk, reading it as it goes: when the text streamed passes what is
- *    held, the difference is asked for at once, without waiting (a top-up); what cannot be had
- *    is a debt;
- * 4. at the end commits what the vendor reported and refunds the rest. An answer that fails, is
- *    cut off or is cancelled is charged its reported usage, else its input estimate and the text
- *    streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
- *    else by this process's next requests.
+ *    held, the difference is asked for beside the stream, without waiting (a top-up; after a
+ *    refusal, asked again no sooner than 0.1 s later), never charged while the answer streams;
+ * 4. at the end commits what the vendor reported, the reservation limit by limit, then the
+ *    top-ups, and refunds the rest. An answer that fails, is cut off or is cancelled is charged
+ *    its reported usage, else its input estimate and the text streamed so far (a byte a token).
+ *    What the answer used beyond its reservation and top-ups is charged (`POST /v1/charge`):
+ *    counted on the server at once, past the limit if need be, a debt every later acquire in
+ *    the fleet waits out. The charge comes before the commit that gives the overrun lease back.
  *
  * `tollgateFetch({ ..., llm: { host: budget } })` builds this into the client's own `fetch`, where
  * a host also mapped in `hosts` has its vendor's 429s pause the fleet as well.
  */
 
 import type { Client, Permit } from "./client.js";
-import { RateLimited } from "./errors.js";
 
 const KEPT_BYTES_MAX = 8 * 1024 * 1024;
 const TOP_UP_STEP = 64;
 const TOP_UP_RETRY = 0.1;
-/** The longest the input tokens and the request are waited for once the output tokens are held, seconds. */
-const AGE_MAX = 0.25;
 
 /** One vendor's limits on the server, and how its requests are estimated. */
 export interface Budget {
   requests: string;
   input: string;
   output: string;
-  /** A concurrency limit of 1 that requests without an output cap hold until settled. */
+  /**
+   * A concurrency limit of 1 that requests without an output cap hold until settled and what
+   * they ran past their grant is charged: one such stream at a time, fleet-wide, can outrun
+   * its estimate.
+   */
   overrun?: string;
   /** Output estimate of a request without a cap: the model's documented maximum (32768). */
   outputDefault?: number;
@@ -52,7 +54,7 @@ export interface Budget {
   perMessage?: number;
   /** Input tokens allowed per request (16). */
   perRequest?: number;
-  /** Longest wait for a grant, and for a debt's payment, in seconds (60). */
+  /** Longest wait for a grant, in seconds (60). */
   waitMax?: number;
 }
 
@@ -279,19 +281,6 @@ export interface LlmRequestInit extends RequestInit {
   tollgate?: { inputTokens?: number };
 }
 
-/** Debts (input, output) each budget's next requests pay first, per process. */
-const debts = new WeakMap<Budget, [number, number]>();
-
-/** Debts (input, output) a budget's next requests in this process will pay first. */
-export function debtOf(budget: Budget): [number, number] {
-  return [...(debts.get(budget) ?? [0, 0])] as [number, number];
-}
-
-function owe(budget: Budget, input: number, output: number): void {
-  const debt = debts.get(budget) ?? [0, 0];
-  debts.set(budget, [debt[0] + input, debt[1] + output]);
-}
-
 function charged(found: Estimate, usage: Usage): [number, number] {
   const streamed = found.bounded ? Math.min(usage.streamed, found.output) : usage.streamed;
   // Until the answer is finished, a reported output (Anthropic's message_start says 1) is only
@@ -300,7 +289,17 @@ function charged(found: Estimate, usage: Usage): [number, number] {
   return [usage.input ?? found.input, output];
 }
 
-/** One request's grant and its settlement. */
+/**
+ * Input and output tokens by limit name: added together when one limit counts both (a vendor
+ * with one TPM names it as both `input` and `output`).
+ */
+function byLimit(budget: Budget, input: number, output: number): Record<string, number> {
+  const each: Record<string, number> = { [budget.input]: input };
+  each[budget.output] = (each[budget.output] ?? 0) + output;
+  return each;
+}
+
+/** One request's grant, its top-ups and its settlement. */
 class Held {
   readonly extra: Array<[0 | 1, Permit]> = [];
   readonly topped: [number, number] = [0, 0];
@@ -312,11 +311,8 @@ class Held {
     readonly client: Client,
     readonly budget: Budget,
     readonly found: Estimate,
-    /** Output, input, request. */
-    readonly permits: [Permit, Permit, Permit],
-    readonly paid: [number, number],
-    /** The overrun lease, released once the request is settled and its debt paid. */
-    readonly lease: Permit | null,
+    /** The reservation: one request, the estimates, and the overrun lease if taken. */
+    readonly permit: Permit,
   ) {}
 
   /** Top-ups due for what the answer showed, asked one after another beside the stream. */
@@ -324,7 +320,7 @@ class Held {
     this.#topping = this.#topping.then(async () => {
       if (performance.now() / 1000 < this.#retryAt) return;
       const shown = charged(this.found, usage);
-      const held = [this.permits[1].cost - this.paid[0], this.permits[0].cost - this.paid[1]];
+      const held = [this.found.input, this.found.output];
       for (const kind of [0, 1] as const) {
         const need = shown[kind] - held[kind]! - this.topped[kind];
         if (need <= 0) continue;
@@ -333,92 +329,56 @@ class Held {
           const permit = await this.client.acquire([[this.budget.input, this.budget.output][kind]!], { cost: tokens });
           this.extra.push([kind, permit]);
           this.topped[kind] += tokens;
-        } catch (error) {
-          if (!(error instanceof RateLimited)) throw error;
+        } catch {
+          // Refused, or more than the limit can ever grant. Not charged while streaming: the
+          // text streamed is only an upper bound on the tokens, and a charge is never given
+          // back. The settlement charges what the vendor reports past the grant.
           this.#retryAt = performance.now() / 1000 + TOP_UP_RETRY;
         }
       }
     });
   }
 
-  #sentAfter(permit: Permit): { sentAfter?: number } {
-    return this.sentAt === null ? {} : { sentAfter: Math.max(0, this.sentAt - permit.grantedAt) };
-  }
-
   async settle(used: [number, number]): Promise<void> {
     await this.#topping.catch(() => undefined);
-    const [output, input, request] = this.permits;
-    const short: [number, number] = [0, 0];
-    for (const [kind, permit] of [[0, input], [1, output]] as const) {
-      let left = used[kind];
-      const first = Math.min(left, permit.cost - this.paid[kind]);
-      left -= first;
-      await permit.commit(this.paid[kind] + first, this.#sentAfter(permit));
-      for (const [extraKind, extra] of this.extra) {
-        if (extraKind !== kind) continue;
-        const part = Math.min(left, extra.cost);
-        left -= part;
-        await extra.commit(part);
-      }
-      short[kind] = left;
-    }
-    if (this.lease !== null) {
-      for (const kind of [0, 1] as const) {
-        if (short[kind] === 0) continue;
-        try {
-          const paying = await this.client.acquire([[this.budget.input, this.budget.output][kind]!], {
-            cost: short[kind],
-            wait: this.budget.waitMax ?? 60,
-          });
-          await paying.commit();
-          short[kind] = 0;
-        } catch (error) {
-          if (!(error instanceof RateLimited)) throw error;
-        }
-      }
-    }
-    if (short[0] > 0 || short[1] > 0) owe(this.budget, short[0], short[1]);
-    await request.commit(1, this.#sentAfter(request));
-    if (this.lease !== null) await this.lease.commit(1);
+    // The reservation first, then each top-up, as far as the tokens used go; what is left past
+    // them is charged.
+    const left: [number, number] = [...used];
+    const own = [Math.min(left[0], this.found.input), Math.min(left[1], this.found.output)] as const;
+    left[0] -= own[0];
+    left[1] -= own[1];
+    const parts: Array<[Permit, number]> = this.extra.map(([kind, permit]) => {
+      const part = Math.min(left[kind], permit.cost);
+      left[kind] -= part;
+      return [permit, part];
+    });
+    const past = Object.fromEntries(Object.entries(byLimit(this.budget, ...left)).filter(([, units]) => units > 0));
+    // Charged before the commit that gives the overrun lease back: no other uncapped stream
+    // starts before the fleet counts this one's excess.
+    if (Object.keys(past).length > 0) await this.client.charge(Object.keys(past), { costs: past });
+    for (const [permit, part] of parts) await permit.commit(part);
+    await this.permit.commit(
+      { [this.budget.requests]: 1, ...byLimit(this.budget, own[0], own[1]) },
+      this.sentAt === null ? {} : { sentAfter: Math.max(0, this.sentAt - this.permit.grantedAt) },
+    );
   }
 }
 
+/**
+ * What one request asks of the server in its one acquire: the limits (the request, its input
+ * and output tokens, and the overrun lease when it sets no output cap) and the tokens by limit
+ * name (one request is the cost of the rest).
+ */
+function asks(budget: Budget, found: Estimate): [string[], Record<string, number>] {
+  const limits = [...new Set([budget.requests, budget.input, budget.output])];
+  if (!found.bounded && budget.overrun !== undefined) limits.push(budget.overrun);
+  return [limits, byLimit(budget, found.input, found.output)];
+}
+
 async function reserve(client: Client, budget: Budget, found: Estimate): Promise<Held> {
-  const debt = debts.get(budget) ?? [0, 0];
-  debts.delete(budget);
-  const deadline = performance.now() / 1000 + (budget.waitMax ?? 60);
-  const remaining = (): number => Math.max(0, deadline - performance.now() / 1000);
-  const asks: Array<[string, number]> = [
-    [budget.output, found.output + debt[1]],
-    [budget.input, found.input + debt[0]],
-    [budget.requests, 1],
-  ];
-  let lease: Permit | null = null;
-  let held: Permit[] = [];
-  try {
-    if (!found.bounded && budget.overrun !== undefined) {
-      // A lease does not age: waiting for the tokens while holding it costs nothing.
-      lease = await client.acquire([budget.overrun], { wait: remaining() });
-    }
-    // The output waited for, then the input and the request at most AGE_MAX each, so that no
-    // rate grant ages long before the request leaves; else give back, and again.
-    while (held.length < asks.length) {
-      const [limit, cost] = asks[held.length]!;
-      const wait = held.length === 0 ? remaining() : Math.min(remaining(), AGE_MAX);
-      try {
-        held.push(await client.acquire([limit], { cost, wait }));
-      } catch (error) {
-        if (!(error instanceof RateLimited) || held.length === 0 || remaining() <= 0) throw error;
-        for (const permit of held) await permit.commit(0);
-        held = [];
-      }
-    }
-  } catch (error) {
-    for (const permit of lease === null ? held : [...held, lease]) await permit.commit(0);
-    owe(budget, debt[0], debt[1]);
-    throw error;
-  }
-  return new Held(client, budget, found, held as [Permit, Permit, Permit], debt, lease);
+  const [limits, costs] = asks(budget, found);
+  const permit = await client.acquire(limits, { costs, wait: budget.waitMax ?? 60 });
+  return new Held(client, budget, found, permit);
 }
 
 /** Make a `fetch` that keeps model calls inside their budgets (see the module documentation). */

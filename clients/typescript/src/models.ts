@@ -3,7 +3,7 @@
  * the conversions to and from the wire's milliseconds. Free of I/O.
  */
 
-import type { LimitView } from "./wire.js";
+import type { ChargedView, LimitView } from "./wire.js";
 
 /** A request's priority: a lower level never delays a higher one. */
 export type Priority = "high" | "normal" | "low";
@@ -24,6 +24,26 @@ export interface LimitStatus {
   readonly resetAfter: number;
   readonly fence?: number;
   readonly expiresAfter?: number;
+}
+
+/**
+ * Units by limit name: what an acquire takes of limits whose cost differs from `cost` (a model
+ * call's input and output tokens beside its one request), what a commit says each rate limit
+ * used, or what a charge counts.
+ */
+export type Costs = Readonly<Record<string, number>>;
+
+/**
+ * One limit after a charge ({@link Client.charge}). `charged` is the units counted: the charge,
+ * less what would have put the limit more than one capacity past itself. `used` is the units
+ * counted now, the charge among them (past the limit, later grants wait until it drains);
+ * `resetAfter` the seconds until everything counted now stops counting.
+ */
+export interface Charged {
+  readonly name: string;
+  readonly charged: number;
+  readonly used: number;
+  readonly resetAfter: number;
 }
 
 /** What a commit gave back: rate units refunded and leases released. */
@@ -115,6 +135,30 @@ export function limitStatuses(raw: unknown): LimitStatus[] {
       ...(typeof expires_ms === "number" ? { expires_ms } : {}),
     });
   });
+}
+
+/** The `limits` array of a charge's answer read defensively (`reset_ms` becomes seconds). */
+export function chargedViews(raw: unknown): Charged[] {
+  if (!Array.isArray(raw)) {
+    return [];
+  }
+  return raw.filter(isObject).map((item: Fields<ChargedView>) => ({
+    name: String(item.name ?? ""),
+    charged: typeof item.charged === "number" ? item.charged : 0,
+    used: typeof item.used === "number" ? item.used : 0,
+    resetAfter: secondsOf(item.reset_ms),
+  }));
+}
+
+/**
+ * Units by limit name as sent: a plain object whose values the server judges (its
+ * `bad_request` names `costs.<name>`).
+ */
+export function costsWire(costs: Costs, what: string): Record<string, number> {
+  if (!isObject(costs)) {
+    throw new TypeError(`${what}: units by limit name (an object), got ${JSON.stringify(costs)}`);
+  }
+  return { ...costs };
 }
 
 /** `"a"` or `["a", "b"]` as a list of names. */

@@ -15,6 +15,8 @@ export interface AcquireBody {
   limits: string[];
   key?: string;
   cost: number;
+  /** Units of some limits by name, where they differ from `cost`. */
+  costs?: Record<string, number>;
   priority: Priority;
   wait_ms: number;
 }
@@ -62,9 +64,31 @@ export interface RateLimitedBody {
 
 /** `POST /v1/permits/{permit}/commit`. */
 export interface CommitBody {
-  used: number;
+  /** One number for every rate limit of the permit, or each rate limit's own by name. */
+  used: number | Record<string, number>;
   /** From the grant's answer reaching the client to the request leaving for the vendor. */
   sent_after_ms?: number;
+}
+
+/** `POST /v1/charge`: units spent beyond any grant, counted even past the limits. */
+export interface ChargeBody {
+  limits: string[];
+  key?: string;
+  cost?: number;
+  costs?: Record<string, number>;
+}
+
+/** One limit after a charge. */
+export interface ChargedView {
+  name: string;
+  charged: number;
+  used: number;
+  reset_ms: number;
+}
+
+/** 200 from `/v1/charge`. */
+export interface ChargeAnswer {
+  limits: ChargedView[];
 }
 
 /** 200 from a commit. */

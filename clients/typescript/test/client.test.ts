@@ -284,6 +284,93 @@ test("a forged permit is not found", async () => {
 
 // ---- pauses ---------------------------------------------------------------------------------
 
+// ---- costs per limit, commits by limit, charges ----------------------------------------------
+
+/** Requests (10), input tokens (1,000) and output tokens (500) per period. */
+async function modelLimits(fields: Record<string, unknown> = {}): Promise<[string, string, string]> {
+  return [await rate(10, fields), await rate(1_000, fields), await rate(500, fields)];
+}
+
+test("costs per limit are one decision, all or none", async () => {
+  const [rpm, itpm, otpm] = await modelLimits();
+  const permit = await client.acquire([rpm, itpm, otpm], { costs: { [itpm]: 600, [otpm]: 400 } });
+  assert.deepEqual(
+    permit.limits.map((status) => status.remaining),
+    [9, 400, 100],
+  );
+  assert.deepEqual([permit.cost, permit.costs], [1, { [itpm]: 600, [otpm]: 400 }]);
+  // Room for the request and its input, not its output: nothing is taken.
+  await assert.rejects(client.acquire([rpm, itpm, otpm], { costs: { [itpm]: 100, [otpm]: 101 } }), RateLimited);
+  const fits = await client.acquire([rpm, itpm, otpm], { costs: { [itpm]: 400, [otpm]: 100 } });
+  assert.deepEqual(
+    fits.limits.map((status) => status.remaining),
+    [8, 0, 0],
+  );
+});
+
+test("a commit by limit refunds each limit's own, and a permit with costs keeps all it holds", async () => {
+  const [rpm, itpm, otpm] = await modelLimits();
+  const permit = await client.acquire([rpm, itpm, otpm], { costs: { [itpm]: 600, [otpm]: 400 } });
+  const committed = await permit.commit({ [rpm]: 1, [itpm]: 250, [otpm]: 380 });
+  assert.deepEqual(committed, { refunded: 350 + 20, released: 0 });
+  assert.equal(await client.tryAcquire([itpm, otpm], { costs: { [itpm]: 751, [otpm]: 1 } }), null);
+  assert.equal(await client.tryAcquire([itpm, otpm], { costs: { [itpm]: 1, [otpm]: 121 } }), null);
+  // Disposed with a lease: each rate limit keeps all it granted, the lease is released unnamed.
+  const lease = await concurrency(1);
+  {
+    await using held = await client.acquire([rpm, itpm, lease], { costs: { [itpm]: 700 } });
+    assert.notEqual(held.fence, undefined);
+  }
+  assert.equal(await client.tryAcquire(itpm, { cost: 51 }), null);
+  assert.notEqual(await client.tryAcquire(lease), null);
+});
+
+test("a charge past the limit makes the next acquire wait", async () => {
+  const [, , otpm] = await modelLimits({ period_ms: 1000, algorithm: "fixed" });
+  await (await client.acquire(otpm, { cost: 400 })).commit(380);
+  // The answer ran 300 past its grant: counted at once, past the limit.
+  const [view] = await client.charge([otpm], { cost: 300 });
+  const chargedAt = performance.now() / 1000;
+  assert.deepEqual([view!.name, view!.charged, view!.used], [otpm, 300, 680]);
+  assert.ok(view!.resetAfter > 0 && view!.resetAfter <= 1, String(view!.resetAfter));
+  assert.equal(await client.tryAcquire(otpm, { priority: "high" }), null);
+  const later = await client.acquire(otpm, { wait: 5 });
+  // Safety, not speed: granted no sooner than the counted debt stopped counting (10 ms for
+  // rounding).
+  assert.ok(performance.now() / 1000 - chargedAt >= view!.resetAfter - 0.01);
+  await later.commit();
+  // At most one capacity past the limit; a limit not in costs is charged cost (1).
+  const [, minuteInput, minuteOutput] = await modelLimits();
+  await (await client.acquire(minuteOutput, { cost: 400 })).commit(380);
+  const views = await client.charge([minuteOutput, minuteInput], { costs: { [minuteOutput]: 5000 } });
+  assert.deepEqual(
+    views.map((each) => [each.name, each.charged, each.used]),
+    [
+      [minuteOutput, 1000 - 380, 1000],
+      [minuteInput, 1, 1],
+    ],
+  );
+});
+
+test("costs, commits and charges name bad input", async () => {
+  const [rpm, itpm, otpm] = await modelLimits();
+  const lease = await concurrency(1);
+  const refused = async (work: Promise<unknown>, field: string): Promise<void> => {
+    await assert.rejects(work, (error: unknown) => error instanceof BadRequest && error.field === field);
+  };
+  await refused(client.acquire([rpm], { costs: { [itpm]: 5 } }), `costs.${itpm}`);
+  await refused(client.acquire([rpm], { costs: { [rpm]: 0 } }), `costs.${rpm}`);
+  const permit = await client.acquire([rpm, itpm, otpm], { costs: { [itpm]: 600, [otpm]: 400 } });
+  await refused(permit.commit({ [rpm]: 1, [itpm]: 100 }), "used");
+  await refused(permit.commit({ [rpm]: 1, [itpm]: 100, [otpm]: 50, [lease]: 1 }), "used");
+  assert.equal((await permit.commit({ [rpm]: 1, [itpm]: 600, [otpm]: 400 })).refunded, 0);
+  await refused(client.charge([lease]), "limits");
+  await refused(client.charge([otpm], { cost: 0 }), "cost");
+  await refused(client.charge([otpm], { costs: { [itpm]: 5 } }), `costs.${itpm}`);
+  await assert.rejects(client.charge([unique("missing")]), NotFound);
+  await assert.rejects(client.charge([otpm], { costs: [1] as unknown as Record<string, number> }), /^TypeError: costs: /);
+});
+
 test("a pause stops grants and only extends", async () => {
   const name = await rate(100);
   assert.ok((await client.pause(name, { seconds: 30 })) >= 29);

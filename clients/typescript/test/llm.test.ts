@@ -163,6 +163,58 @@ test("a cancelled stream is charged its input and what it streamed; a finished o
   });
 });
 
+test("an uncapped stream past a full limit is charged before its lease goes", async () => {
+  await withModel(async (model) => {
+    const host = new URL(model).host;
+    const tight = await budget();
+    // Room for the estimate (200) and one top-up (64) at most: most of the 500 tokens the model
+    // writes can only be charged.
+    await client.limits.put(tight.output, { kind: "rate", limit: 300, period_ms: 60_000 });
+    const calls: Array<[string, Record<string, unknown>]> = [];
+    const recording = new Client({
+      url: server.url,
+      fetch: async (input, init) => {
+        calls.push([new URL(String(input)).pathname, JSON.parse(String(init?.body ?? "{}")) as Record<string, unknown>]);
+        return fetch(input, init);
+      },
+    });
+    const call = llmFetch({ client: recording, hosts: { [host]: tight } });
+    const open = JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: "hi" }] });
+    await drain(await call(`${model}/v1/messages`, { method: "POST", body: open, headers: { "x-mock-tokens": "500" } }));
+    // One acquire of the request, both estimates and the overrun lease.
+    const [path, asked] = calls[0]!;
+    assert.equal(path, "/v1/acquire");
+    assert.deepEqual(asked["limits"], [tight.requests, tight.input, tight.output, tight.overrun]);
+    assert.equal((asked["costs"] as Record<string, number>)[tight.output], 200);
+    // Every token the model wrote is counted, past the limit: later grants wait it out.
+    assert.equal(await used(tight.output), 500);
+    assert.equal(await client.tryAcquire(tight.output, { priority: "high" }), null);
+    // The charge came before the commit that gave the overrun lease back.
+    const charge = calls.findIndex(([each]) => each === "/v1/charge");
+    const settled = calls.findIndex(([each, sent]) => each.endsWith("/commit") && typeof sent["used"] === "object");
+    assert.ok(charge >= 0 && charge < settled, JSON.stringify(calls.map(([each]) => each)));
+    const reservation = calls[settled]![1]["used"] as Record<string, number>;
+    assert.deepEqual([reservation[tight.requests], reservation[tight.output]], [1, 200]);
+    assert.deepEqual(Object.keys(calls[charge]![1]["costs"] as object), [tight.output]);
+    assert.notEqual(await client.tryAcquire(tight.overrun!), null);
+  });
+});
+
+test("one limit for input and output is named once and counts both", async () => {
+  await withModel(async (model) => {
+    const host = new URL(model).host;
+    const shared = await budget();
+    const oneTpm = { ...shared, output: shared.input }; // as a vendor that counts both together has
+    const call = llmFetch({ client, hosts: { [host]: oneTpm } });
+    const body = JSON.stringify({ model: "m", max_tokens: 100, messages: [{ role: "user", content: "hello" }] });
+    const answer = await call(`${model}/v1/messages`, { method: "POST", body, headers: { "x-mock-tokens": "37" } });
+    assert.equal(answer.status, 200);
+    await answer.arrayBuffer();
+    assert.equal(await used(shared.input), 5 + 37);
+    assert.equal(await used(shared.requests), 1);
+  });
+});
+
 test("tollgateFetch keeps a budget given as llm, and the host's own quota beside it", async () => {
   await withModel(async (model) => {
     const host = new URL(model).host;

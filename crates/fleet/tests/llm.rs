@@ -347,4 +347,27 @@ async fn each_way_an_answer_ends_is_charged_what_the_model_charged() {
         0,
         "room for every top-up: nothing charged past a grant"
     );
+
+    // A vendor with one TPM for input and output: one limit named as both, both counted on it.
+    let shared = TokenBudget::new(
+        &server,
+        Some(DATA_TOKEN.to_owned()),
+        BudgetLimits {
+            requests: "llm-requests".into(),
+            input: "llm-input".into(),
+            output: "llm-input".into(),
+            overrun: None,
+        },
+        EstimateConfig::default(),
+        Duration::from_secs(10),
+    )
+    .expect("budget");
+    let body = serde_json::json!({"model": "m", "max_output_tokens": 100, "input": hello});
+    let mut answer = shared
+        .send(&client, call("/v1/responses", body, 40, None), None)
+        .await
+        .expect("one limit named as input and output is asked once");
+    while answer.chunk().await.expect("chunk").is_some() {}
+    assert_eq!(charged("one TPM").await, (45, 0));
+    assert_eq!(shared.stats().settle_errors, 0, "{:?}", shared.stats());
 }

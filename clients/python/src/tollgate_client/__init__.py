@@ -31,14 +31,17 @@ from ._errors import (
     Unauthorized,
 )
 from ._models import (
+    Charged,
     CheckResult,
     Committed,
+    Costs,
     Learned,
     LearnResult,
     LimitList,
     Limits,
     LimitStatus,
     Quota,
+    Used,
 )
 from ._sync import Client, LimitsAdmin, Permit
 from ._vendor import Advice, AdvisedQuota, read_advice
@@ -56,10 +59,12 @@ __all__ = [
     "AsyncLimitsAdmin",
     "AsyncPermit",
     "BadRequest",
+    "Charged",
     "CheckResult",
     "Client",
     "Committed",
     "Conflict",
+    "Costs",
     "Forbidden",
     "LearnResult",
     "Learned",
@@ -77,6 +82,7 @@ __all__ = [
     "TollgateError",
     "TooManyKeys",
     "Unauthorized",
+    "Used",
     "Verdict",
     "__version__",
     "default_verdict",

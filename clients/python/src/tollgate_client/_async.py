@@ -27,17 +27,23 @@ from ._core import (
 from ._errors import RateLimited, ServerError, TollgateError
 from ._kept import KeptToken, proof_nonce
 from ._models import (
+    Charged,
     CheckResult,
     Committed,
+    Costs,
     LearnResult,
     LimitList,
     Limits,
     LimitStatus,
     Quota,
+    Used,
     acquire_body,
+    all_units,
+    charge_body,
     commit_body,
     learn_body,
     learn_result,
+    parse_charged,
     parse_limits,
     pause_body,
     rule_body,
@@ -50,24 +56,32 @@ F = TypeVar("F", bound=Callable[..., Any])
 class AsyncPermit:
     """What an acquire granted; the asyncio twin of :class:`Permit`.
 
-    Used as an async context manager, a clean exit commits ``used`` units (all of ``cost``
-    unless ``used`` was set in the block) and releases any lease. An exception commits nothing:
-    the rate units stay spent and any lease is released. After an explicit :meth:`commit` or
-    :meth:`release`, leaving the block does nothing more.
+    Used as an async context manager, a clean exit commits ``used`` units (all that was
+    granted unless ``used`` was set in the block) and releases any lease. An exception commits
+    nothing: the rate units stay spent and any lease is released. After an explicit
+    :meth:`commit` or :meth:`release`, leaving the block does nothing more.
     """
 
     def __init__(
-        self, client: AsyncClient, permit_id: str, limits: list[LimitStatus], cost: int
+        self,
+        client: AsyncClient,
+        permit_id: str,
+        limits: list[LimitStatus],
+        cost: int,
+        costs: Costs | None = None,
     ) -> None:
         self._client = client
         #: The opaque permit id.
         self.id: str = permit_id
         #: Each limit's state at the grant.
         self.limits: list[LimitStatus] = limits
-        #: Units granted.
+        #: Units granted of every limit not in ``costs``.
         self.cost: int = cost
-        #: Units to commit on a clean exit from the ``async with`` block; ``None`` means all.
-        self.used: int | None = None
+        #: Units granted by limit name, where they differ from ``cost``.
+        self.costs: dict[str, int] = dict(costs or {})
+        #: Units to commit on a clean exit from the ``async with`` block (a number, or units
+        #: by limit name); ``None`` means all.
+        self.used: Used | None = None
         #: When the grant's answer arrived (``time.monotonic()``).
         self.granted_at: float = time.monotonic()
         self._settled = False
@@ -86,16 +100,17 @@ class AsyncPermit:
         return self._settled
 
     async def commit(
-        self, used: int | None = None, *, sent_after: float | None = None
+        self, used: Used | None = None, *, sent_after: float | None = None
     ) -> Committed:
-        """Say ``used`` units were used (default: ``self.used``, else all of ``cost``);
-        ``sent_after`` as for :meth:`Permit.commit`.
+        """Say ``used`` units were used (default: ``self.used``, else all that was granted): a
+        number for every rate limit, or units by limit name; ``used`` and ``sent_after`` as for
+        :meth:`Permit.commit`.
 
         The rest of the rate units are refunded and leases released. Once per permit: a second
         commit raises :class:`Conflict`.
         """
         if used is None:
-            used = self.used if self.used is not None else self.cost
+            used = self.used if self.used is not None else self._all()
         wire = commit_body(used, sent_after)
         self._settled = True
         body = await self._client._post(permit_path(self.id, "commit"), wire)
@@ -105,7 +120,10 @@ class AsyncPermit:
 
     async def release(self) -> Committed:
         """End the permit's leases; its rate units stay used."""
-        return await self.commit(self.cost)
+        return await self.commit(self._all())
+
+    def _all(self) -> Used:
+        return all_units(self.limits, self.cost, self.costs)
 
     async def renew(self) -> float:
         """Extend every lease of the permit by its TTL; returns seconds until the earliest
@@ -321,16 +339,18 @@ class AsyncClient:
         cost: int = 1,
         priority: str = "normal",
         wait: float | None = None,
+        costs: Costs | None = None,
     ) -> AcquireCall:
         """Take ``cost`` units of every limit named (all or none), waiting up to ``wait``
-        seconds for room (``None`` or 0: answer at once).
+        seconds for room (``None`` or 0: answer at once); ``costs`` the units of some limits by
+        name where they differ from ``cost`` (see :meth:`Client.acquire`).
 
         Use as ``async with client.acquire(...) as permit:`` or ``permit = await
         client.acquire(...)``. ``key`` picks the counter of limits counted per key;
         ``priority`` is ``high``, ``normal`` or ``low``. Raises :class:`RateLimited` when
         nothing was granted in time.
         """
-        args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait)
+        args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait, costs=costs)
 
         async def send() -> AsyncPermit:
             asked = time.monotonic()
@@ -339,7 +359,7 @@ class AsyncClient:
             permit_id = body.get("permit")
             if not isinstance(permit_id, str):
                 raise ServerError("the grant carries no permit id", status=response.status_code)
-            permit = AsyncPermit(self, permit_id, parse_limits(body.get("limits")), cost)
+            permit = AsyncPermit(self, permit_id, parse_limits(body.get("limits")), cost, costs)
             permit.granted_at = granted_at(asked, response)
             return permit
 
@@ -353,12 +373,27 @@ class AsyncClient:
         cost: int = 1,
         priority: str = "normal",
         wait: float | None = None,
+        costs: Costs | None = None,
     ) -> AsyncPermit | None:
         """Like :meth:`acquire`, but ``None`` instead of raising :class:`RateLimited`."""
         try:
-            return await self.acquire(limits, key=key, cost=cost, priority=priority, wait=wait)
+            return await self.acquire(
+                limits, key=key, cost=cost, priority=priority, wait=wait, costs=costs
+            )
         except RateLimited:
             return None
+
+    async def charge(
+        self,
+        limits: Limits,
+        *,
+        cost: int | None = None,
+        costs: Costs | None = None,
+        key: str | None = None,
+    ) -> list[Charged]:
+        """Count units spent beyond any grant, even past the limit (see :meth:`Client.charge`)."""
+        body = await self._post("/v1/charge", charge_body(limits, cost=cost, costs=costs, key=key))
+        return parse_charged(body.get("limits"))
 
     async def pause(self, limit: str, seconds: float, key: str | None = None) -> float:
         """Grant nothing on ``limit`` (or only its counter for ``key``) for ``seconds``,

@@ -10,24 +10,38 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union
 
 __all__ = [
+    "Charged",
     "CheckResult",
     "Committed",
+    "Costs",
     "LearnResult",
     "Learned",
     "LimitList",
     "LimitStatus",
     "Limits",
     "Quota",
+    "Used",
     "acquire_body",
+    "all_units",
+    "charge_body",
     "commit_body",
     "learn_body",
     "learn_result",
+    "parse_charged",
     "parse_limits",
     "pause_body",
 ]
 
 #: One limit name, or several taken together (all or none).
 Limits = Union[str, Sequence[str]]
+
+#: Units by limit name: what an acquire takes of limits whose cost differs from ``cost`` (a
+#: model call's input and output tokens beside its one request), or what a charge counts.
+Costs = Mapping[str, int]
+
+#: What a commit says was used: one number for every rate limit of the permit, or each rate
+#: limit's own by name (every rate limit of the permit, nothing else).
+Used = Union[int, Mapping[str, int]]
 
 PRIORITIES = ("high", "normal", "low")
 
@@ -47,6 +61,22 @@ class LimitStatus:
     reset_after: float
     fence: int | None = None
     expires_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Charged:
+    """One limit after a charge (:meth:`Client.charge`).
+
+    ``charged`` is the units counted: the charge, less what would have put the limit more than
+    one capacity past itself. ``used`` is the units counted now, the charge among them (past
+    the limit, later grants wait until it drains); ``reset_after`` the seconds until everything
+    counted now stops counting.
+    """
+
+    name: str
+    charged: int
+    used: int
+    reset_after: float
 
 
 @dataclass(frozen=True)
@@ -128,6 +158,41 @@ def parse_limits(raw: Any) -> list[LimitStatus]:
     return statuses
 
 
+def parse_charged(raw: Any) -> list[Charged]:
+    """The ``limits`` array of a charge's answer (``reset_ms`` becomes seconds)."""
+    if not isinstance(raw, list):
+        return []
+    return [
+        Charged(
+            name=str(item.get("name", "")),
+            charged=int(item.get("charged", 0)),
+            used=int(item.get("used", 0)),
+            reset_after=_seconds(item.get("reset_ms")),
+        )
+        for item in raw
+        if isinstance(item, dict)
+    ]
+
+
+def costs_wire(costs: Costs, what: str) -> dict[str, Any]:
+    """Units by limit name as sent: names must be strings; the units are the server's to judge
+    (its ``bad_request`` names ``costs.<name>``)."""
+    if not isinstance(costs, Mapping):
+        raise TypeError(f"{what}: units by limit name (a mapping), got {costs!r}")
+    for name in costs:
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: limit names are strings, got {name!r}")
+    return dict(costs)
+
+
+def all_units(limits: Sequence[LimitStatus], cost: int, costs: Costs) -> Used:
+    """All a permit was granted, as its commit says it: ``cost``, or with per-limit costs each
+    rate limit's own (a lease carries a fence and is released whether named or not)."""
+    if not costs:
+        return cost
+    return {status.name: costs.get(status.name, cost) for status in limits if status.fence is None}
+
+
 def limit_names(limits: Limits) -> list[str]:
     """``"a"`` or ``["a", "b"]`` as a list of names."""
     if isinstance(limits, str):
@@ -167,18 +232,36 @@ def acquire_body(
     cost: int,
     priority: str,
     wait: float | None,
+    costs: Costs | None = None,
 ) -> AcquireArgs:
     """The body of ``POST /v1/acquire``. ``wait`` is in seconds; ``None`` and 0 do not wait.
 
-    Values only the server can judge (an unknown priority, a zero cost) are sent as given, so
-    that the server's ``bad_request`` names the field.
+    Values only the server can judge (an unknown priority, a zero cost, a name in ``costs``
+    that is not among ``limits``) are sent as given, so that the server's ``bad_request``
+    names the field.
     """
     names = limit_names(limits)
     wait_ms = 0 if wait is None else milliseconds(wait, "wait")
     body: dict[str, Any] = {"limits": names, "cost": cost, "priority": priority, "wait_ms": wait_ms}
     if key is not None:
         body["key"] = key
+    if costs is not None:
+        body["costs"] = costs_wire(costs, "costs")
     return AcquireArgs(body=body, wait=wait_ms / 1000.0)
+
+
+def charge_body(
+    limits: Limits, *, cost: int | None, costs: Costs | None, key: str | None
+) -> dict[str, Any]:
+    """The body of ``POST /v1/charge``; the units are the server's to judge."""
+    body: dict[str, Any] = {"limits": limit_names(limits)}
+    if cost is not None:
+        body["cost"] = cost
+    if costs is not None:
+        body["costs"] = costs_wire(costs, "costs")
+    if key is not None:
+        body["key"] = key
+    return body
 
 
 def pause_body(limit: str, seconds: float, key: str | None) -> dict[str, Any]:
@@ -199,9 +282,9 @@ LESSON_QUOTA_MAX = 2**53
 LESSON_WINDOW_MS_MAX = 366 * 86_400_000
 
 
-def commit_body(used: int, sent_after: float | None) -> dict[str, Any]:
+def commit_body(used: Used, sent_after: float | None) -> dict[str, Any]:
     """The body of ``POST /v1/permits/{id}/commit``; ``sent_after`` in seconds."""
-    body: dict[str, Any] = {"used": used}
+    body: dict[str, Any] = {"used": costs_wire(used, "used") if isinstance(used, Mapping) else used}
     if sent_after is not None:
         body["sent_after_ms"] = milliseconds(sent_after, "sent_after")
     return body

@@ -27,18 +27,24 @@ from ._core import (
 from ._errors import RateLimited, ServerError, TollgateError, error_from_response
 from ._kept import KeptToken, proof_nonce
 from ._models import (
+    Charged,
     CheckResult,
     Committed,
+    Costs,
     LearnResult,
     LimitList,
     Limits,
     LimitStatus,
     Quota,
+    Used,
     acquire_body,
+    all_units,
+    charge_body,
     check_answer,
     commit_body,
     learn_body,
     learn_result,
+    parse_charged,
     parse_limits,
     pause_body,
     rule_body,
@@ -50,22 +56,32 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Permit:
     """What an acquire granted: rate units, and a lease for each concurrency limit.
 
-    Used as a context manager, a clean exit commits ``used`` units (all of ``cost`` unless
+    Used as a context manager, a clean exit commits ``used`` units (all that was granted unless
     ``used`` was set in the block) and releases any lease. An exception commits nothing: the
     rate units stay spent (the call may have happened) and any lease is released. After an
     explicit :meth:`commit` or :meth:`release`, leaving the block does nothing more.
     """
 
-    def __init__(self, client: Client, permit_id: str, limits: list[LimitStatus], cost: int):
+    def __init__(
+        self,
+        client: Client,
+        permit_id: str,
+        limits: list[LimitStatus],
+        cost: int,
+        costs: Costs | None = None,
+    ):
         self._client = client
         #: The opaque permit id.
         self.id: str = permit_id
         #: Each limit's state at the grant.
         self.limits: list[LimitStatus] = limits
-        #: Units granted.
+        #: Units granted of every limit not in ``costs``.
         self.cost: int = cost
-        #: Units to commit on a clean exit from the ``with`` block; ``None`` means all.
-        self.used: int | None = None
+        #: Units granted by limit name, where they differ from ``cost``.
+        self.costs: dict[str, int] = dict(costs or {})
+        #: Units to commit on a clean exit from the ``with`` block (a number, or units by
+        #: limit name); ``None`` means all.
+        self.used: Used | None = None
         #: When the grant's answer arrived (``time.monotonic()``), to measure the delay until
         #: the call it pays for is sent.
         self.granted_at: float = time.monotonic()
@@ -84,8 +100,12 @@ class Permit:
         """Whether the permit was committed or released (or that was attempted)."""
         return self._settled
 
-    def commit(self, used: int | None = None, *, sent_after: float | None = None) -> Committed:
-        """Say ``used`` units were used (default: ``self.used``, else all of ``cost``).
+    def commit(self, used: Used | None = None, *, sent_after: float | None = None) -> Committed:
+        """Say ``used`` units were used (default: ``self.used``, else all that was granted).
+
+        A number counts for every rate limit of the permit; a mapping gives each rate limit's
+        own by name (for a permit granted with ``costs``), and must name every rate limit of
+        the permit and nothing else (a lease is released whether named or not).
 
         ``sent_after`` is the seconds from the grant to the call leaving for the vendor (at
         most an hour): the server widens the limit's margin to cover such delays, so that
@@ -95,7 +115,7 @@ class Permit:
         commit raises :class:`Conflict`.
         """
         if used is None:
-            used = self.used if self.used is not None else self.cost
+            used = self.used if self.used is not None else self._all()
         wire = commit_body(used, sent_after)
         self._settled = True
         body = self._client._post(permit_path(self.id, "commit"), wire)
@@ -105,7 +125,10 @@ class Permit:
 
     def release(self) -> Committed:
         """End the permit's leases; its rate units stay used."""
-        return self.commit(self.cost)
+        return self.commit(self._all())
+
+    def _all(self) -> Used:
+        return all_units(self.limits, self.cost, self.costs)
 
     def renew(self) -> float:
         """Extend every lease of the permit by its TTL; returns seconds until the earliest
@@ -300,17 +323,21 @@ class Client:
         cost: int = 1,
         priority: str = "normal",
         wait: float | None = None,
+        costs: Costs | None = None,
     ) -> Permit:
         """Take ``cost`` units of every limit named (all or none), waiting up to ``wait``
         seconds for room (``None`` or 0: answer at once).
 
-        ``key`` picks the counter of limits counted per key; ``priority`` is ``high``,
-        ``normal`` or ``low``. Raises :class:`RateLimited` when nothing was granted in time.
+        ``costs`` gives the units of some limits by name where they differ from ``cost``, each
+        name among ``limits``: one decision, all or none, e.g. ``acquire(["rpm", "itpm",
+        "otpm"], costs={"itpm": 812, "otpm": 1000})``. ``key`` picks the counter of limits
+        counted per key; ``priority`` is ``high``, ``normal`` or ``low``. Raises
+        :class:`RateLimited` when nothing was granted in time.
         """
-        args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait)
+        args = acquire_body(limits, key=key, cost=cost, priority=priority, wait=wait, costs=costs)
         asked = time.monotonic()
         response = self._send("POST", "/v1/acquire", args.body, wait=args.wait)
-        permit = self._permit(decode_object(response), cost)
+        permit = self._permit(decode_object(response), cost, costs)
         permit.granted_at = granted_at(asked, response)
         return permit
 
@@ -322,18 +349,40 @@ class Client:
         cost: int = 1,
         priority: str = "normal",
         wait: float | None = None,
+        costs: Costs | None = None,
     ) -> Permit | None:
         """Like :meth:`acquire`, but ``None`` instead of raising :class:`RateLimited`."""
         try:
-            return self.acquire(limits, key=key, cost=cost, priority=priority, wait=wait)
+            return self.acquire(
+                limits, key=key, cost=cost, priority=priority, wait=wait, costs=costs
+            )
         except RateLimited:
             return None
 
-    def _permit(self, body: dict[str, Any], cost: int) -> Permit:
+    def _permit(self, body: dict[str, Any], cost: int, costs: Costs | None) -> Permit:
         permit_id = body.get("permit")
         if not isinstance(permit_id, str):
             raise ServerError("the grant carries no permit id")
-        return Permit(self, permit_id, parse_limits(body.get("limits")), cost)
+        return Permit(self, permit_id, parse_limits(body.get("limits")), cost, costs)
+
+    def charge(
+        self,
+        limits: Limits,
+        *,
+        cost: int | None = None,
+        costs: Costs | None = None,
+        key: str | None = None,
+    ) -> list[Charged]:
+        """Count units spent beyond any grant (``POST /v1/charge``): what a vendor counted over
+        a permit's cost, say a model's answer longer than its estimate.
+
+        Counted on each rate limit named at once, even past the limit (at most one capacity
+        past it), so that every later acquire in the fleet waits the debt out; never denied.
+        ``cost`` (default 1) is charged to every limit not in ``costs``. A concurrency limit
+        is a :class:`BadRequest` on ``limits``. Returns each limit's :class:`Charged`.
+        """
+        body = self._post("/v1/charge", charge_body(limits, cost=cost, costs=costs, key=key))
+        return parse_charged(body.get("limits"))
 
     def pause(self, limit: str, seconds: float, key: str | None = None) -> float:
         """Grant nothing on ``limit`` (or only its counter for ``key``) for ``seconds``,

@@ -23,19 +23,20 @@ For each it:
    ``Budget.models``); input is one token per byte of the body plus 8 per message and 16 per
    request, which never counts fewer tokens than a byte-level tokeniser makes (or the caller's
    own count, the request extension ``"tollgate_input_tokens"``);
-2. takes the output estimate (waiting), then the input estimate and one request (waiting at most
-   0.25 s each, else all is given back and the round starts again), each from its limit, all or
-   none, adding this process's debts first; a request
-   without an output cap also takes the ``overrun`` lease when the budget names one;
+2. takes one request, the input estimate and the output estimate in one acquire (``costs`` by
+   limit), all or none, waiting up to ``Budget.wait_max``; a request without an output cap
+   takes the ``overrun`` lease in the same acquire when the budget names one;
 3. sends the request (a streaming chat request gets ``stream_options.include_usage``) and
    passes the answer on chunk by chunk, reading it as it goes: when the text streamed passes
-   what is held, the difference is taken at once without waiting (a top-up); what cannot be
-   had is a debt;
+   what is held, the difference is taken at once without waiting (a top-up; after a refusal,
+   asked again no sooner than 0.1 s later), never charged while the answer streams;
 4. at the end commits what the vendor reported (``usage``; the final usage chunk; Anthropic's
-   ``message_start`` and ``message_delta``) and refunds the rest. An answer that fails, is cut
-   off or is closed early is charged its reported usage, else its input estimate and the text
-   streamed so far (a byte a token). A debt is paid before the overrun lease is given back,
-   else by this process's next requests.
+   ``message_start`` and ``message_delta``), the reservation limit by limit, then the top-ups,
+   and refunds the rest. An answer that fails, is cut off or is closed early is charged its
+   reported usage, else its input estimate and the text streamed so far (a byte a token).
+   What the answer used beyond its reservation and top-ups is charged (``POST /v1/charge``):
+   counted on the server at once, past the limit if need be, a debt every later acquire in the
+   fleet waits out. The charge comes before the commit that gives the overrun lease back.
 
 See ``docs/llm.md`` for the bound this keeps.
 """
@@ -43,7 +44,6 @@ See ``docs/llm.md`` for the bound this keeps.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -51,9 +51,9 @@ from typing import Any
 
 import httpx
 
-from ._async import AsyncClient, AsyncPermit
-from ._errors import RateLimited
-from ._sync import Client, Permit
+from ._async import AsyncClient
+from ._errors import BadRequest, RateLimited
+from ._sync import Client
 
 __all__ = [
     "AsyncLlmTransport",
@@ -72,9 +72,6 @@ _KEPT_BYTES_MAX = 8 * 1024 * 1024
 _COUNT_MAX = 2**53 - 1
 _TOP_UP_STEP = 64
 _TOP_UP_RETRY = 0.1
-#: The longest the input tokens and the request are waited for once the output tokens are
-#: held, in seconds: how old a grant may grow before its request leaves.
-_AGE_MAX = 0.25
 
 
 def recognise(path: str) -> str | None:
@@ -96,8 +93,9 @@ class Budget:
     requests: str
     input: str
     output: str
-    #: A concurrency limit of 1 taken by requests without an output cap, so that one stream at
-    #: a time, fleet-wide, can outrun its estimate.
+    #: A concurrency limit of 1 taken by requests without an output cap and held until what
+    #: the stream ran past its grant is charged, so that one stream at a time, fleet-wide, can
+    #: outrun its estimate.
     overrun: str | None = None
     #: Output estimate of a request without a cap: the model's documented maximum.
     output_default: int = 32_768
@@ -105,11 +103,8 @@ class Budget:
     models: dict[str, int] = field(default_factory=dict)
     per_message: int = 8
     per_request: int = 16
-    #: Longest wait for a grant, and for a debt's payment, in seconds.
+    #: Longest wait for a grant, in seconds.
     wait_max: float = 60.0
-    #: Debts (input, output) this process's next requests pay first.
-    debt: list[int] = field(default_factory=lambda: [0, 0])
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass
@@ -383,66 +378,87 @@ def _charged(found: Estimate, usage: Usage) -> tuple[int, int]:
     return (usage.input if usage.input is not None else found.input, output)
 
 
-class _Held:
-    """One request's permits and what they paid; shared by the sync and async settlements."""
+def _by_limit(budget: Budget, input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Input and output tokens by limit name: added together when one limit counts both (a
+    vendor with one TPM names it as both ``input`` and ``output``)."""
+    each = {budget.input: input_tokens}
+    each[budget.output] = each.get(budget.output, 0) + output_tokens
+    return each
 
-    def __init__(self, found: Estimate, paid: tuple[int, int], lease: bool) -> None:
+
+def _asks(budget: Budget, found: Estimate) -> tuple[list[str], dict[str, int]]:
+    """What one request asks of the server in its one acquire: the limits (the request, its
+    input and output tokens, and the overrun lease when it sets no output cap) and the tokens
+    by limit name (one request is the cost of the rest)."""
+    limits = list(dict.fromkeys([budget.requests, budget.input, budget.output]))
+    if not found.bounded and budget.overrun is not None:
+        limits.append(budget.overrun)
+    return limits, _by_limit(budget, found.input, found.output)
+
+
+class _Held:
+    """One request's grant, its top-ups and its settlement; shared by the sync and async
+    transports, which do only the calls."""
+
+    def __init__(self, budget: Budget, found: Estimate, permit: Any) -> None:
+        self.budget = budget
         self.found = found
-        self.paid = paid
-        self.lease = lease
-        #: The overrun lease, released once the request is settled and its debt paid.
-        self.lease_permit: Any = None
+        #: The reservation: one request, the estimates, and the overrun lease if taken.
+        self.permit = permit
         self.extra: list[tuple[int, Any]] = []  # (0 input / 1 output, permit)
         self.topped = [0, 0]
         self.retry_at = 0.0
         self.sent_at: float | None = None
 
-    def needs(self, usage: Usage, held: tuple[int, int]) -> list[tuple[int, int]]:
-        """Top-ups due: (kind, tokens)."""
+    def needs(self, usage: Usage) -> list[tuple[int, str, int]]:
+        """Top-ups due for what the answer showed: (0 input / 1 output, limit, tokens)."""
         if time.monotonic() < self.retry_at:
             return []
         shown = _charged(self.found, usage)
+        held = (self.found.input, self.found.output)
         due = []
         for kind in (0, 1):
             need = shown[kind] - held[kind] - self.topped[kind]
             if need > 0:
-                due.append((kind, -(-need // _TOP_UP_STEP) * _TOP_UP_STEP))
+                tokens = -(-need // _TOP_UP_STEP) * _TOP_UP_STEP
+                due.append((kind, self.budget.output if kind else self.budget.input, tokens))
         return due
 
-    def split(self, used: int, kind: int, main_cost: int) -> tuple[int, list[tuple[Any, int]], int]:
-        """Commit amounts: the main permit's, each top-up's, and what is still short."""
-        left = used
-        first = min(left, main_cost - self.paid[kind])
-        left -= first
+    def topped_up(self, kind: int, tokens: int, permit: Any) -> None:
+        self.extra.append((kind, permit))
+        self.topped[kind] += tokens
+
+    def refused(self) -> None:
+        """A top-up was refused: asked again no sooner than _TOP_UP_RETRY from now. Not charged
+        while streaming: the text streamed is only an upper bound on the tokens, and a charge is
+        never given back; the settlement charges what the vendor reports past the grant."""
+        self.retry_at = time.monotonic() + _TOP_UP_RETRY
+
+    def plan(
+        self, used: tuple[int, int]
+    ) -> tuple[dict[str, int], list[tuple[Any, int]], dict[str, int]]:
+        """The settlement of ``used`` (input, output) tokens: the reservation's commit by limit,
+        each top-up's commit, and what is left past them to charge (empty when nothing is)."""
+        left = list(used)
+        own = [
+            min(left[kind], held) for kind, held in enumerate((self.found.input, self.found.output))
+        ]
+        for kind in (0, 1):
+            left[kind] -= own[kind]
         parts = []
-        for extra_kind, permit in self.extra:
-            if extra_kind != kind:
-                continue
-            part = min(left, permit.cost)
-            left -= part
+        for kind, permit in self.extra:
+            part = min(left[kind], permit.cost)
+            left[kind] -= part
             parts.append((permit, part))
-        return self.paid[kind] + first, parts, left
+        commit = {self.budget.requests: 1, **_by_limit(self.budget, own[0], own[1])}
+        past = {name: units for name, units in _by_limit(self.budget, *left).items() if units}
+        return commit, parts, past
 
-
-def _sent_after(permit: Any, sent_at: float | None) -> float | None:
-    return None if sent_at is None else max(0.0, sent_at - permit.granted_at)
-
-
-def _asks(
-    budget: Budget, found: Estimate
-) -> tuple[list[tuple[list[str], int]], tuple[int, int], float]:
-    """What one request asks of the server, in order (output, input, the request), with the debt
-    carried so far (taken off the budget now, as input and output) paid first, and the deadline
-    of its wait."""
-    with budget.lock:
-        debt = (budget.debt[0], budget.debt[1])
-        budget.debt = [0, 0]
-    asks: list[tuple[list[str], int]] = [
-        ([budget.output], found.output + debt[1]),
-        ([budget.input], found.input + debt[0]),
-        ([budget.requests], 1),
-    ]
-    return asks, debt, time.monotonic() + budget.wait_max
+    def sent_after(self) -> float | None:
+        if self.sent_at is None:
+            return None
+        granted_at: float = self.permit.granted_at
+        return max(0.0, self.sent_at - granted_at)
 
 
 class LlmTransport(httpx.BaseTransport):
@@ -460,61 +476,31 @@ class LlmTransport(httpx.BaseTransport):
         self._hosts = dict(hosts)
         self._inner = transport if transport is not None else httpx.HTTPTransport()
 
-    def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[Permit], _Held]:
-        asks, debt, deadline = _asks(budget, found)
-
-        def remaining() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        lease: Permit | None = None
-        held: list[Permit] = []
-        try:
-            if not found.bounded and budget.overrun is not None:
-                # A lease does not age: waiting for the tokens while holding it costs nothing.
-                lease = self._client.acquire([budget.overrun], wait=remaining())
-            # The output waited for, then the input and the request at most _AGE_MAX each, so
-            # that no rate grant ages long before the request leaves; else give back, again.
-            while len(held) < len(asks):
-                limits, cost = asks[len(held)]
-                wait = min(remaining(), _AGE_MAX) if held else remaining()
-                try:
-                    held.append(self._client.acquire(limits, cost=cost, wait=wait))
-                except RateLimited:
-                    if not held or remaining() <= 0:
-                        raise
-                    for permit in held:
-                        permit.commit(0)
-                    held = []
-        except BaseException:
-            for permit in held + ([lease] if lease is not None else []):
-                permit.commit(0)
-            with budget.lock:
-                budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
-            raise
-        state = _Held(found, (debt[0], debt[1]), lease is not None)
-        state.lease_permit = lease
-        return held, state
+    def _reserve(self, budget: Budget, found: Estimate) -> _Held:
+        limits, costs = _asks(budget, found)
+        permit = self._client.acquire(limits, costs=costs, wait=budget.wait_max)
+        return _Held(budget, found, permit)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         prepared = _prepare(request, self._hosts)
         if prepared is None:
             return self._inner.handle_request(request)
         request, budget, found = prepared
-        permits, held = self._reserve(budget, found)
+        held = self._reserve(budget, found)
         held.sent_at = time.monotonic()
         try:
             response = self._inner.handle_request(request)
         except httpx.ConnectError:
-            self._settle(budget, permits, held, (0, 0))
+            self.settle(held, (0, 0))
             raise
         except BaseException:
-            self._settle(budget, permits, held, (found.input, found.output))
+            self.settle(held, (found.input, found.output))
             raise
         if response.status_code >= 400:
             # A refusal or an error answer: the vendor charges no tokens.
             content = response.read()
             response.close()
-            self._settle(budget, permits, held, (0, 0))
+            self.settle(held, (0, 0))
             return httpx.Response(
                 response.status_code,
                 headers=response.headers,
@@ -523,7 +509,7 @@ class LlmTransport(httpx.BaseTransport):
                 request=request,
             )
         events = response.headers.get("content-type", "").startswith("text/event-stream")
-        stream = _MeteredStream(self, budget, permits, held, response, UsageReader(events))
+        stream = _MeteredStream(self, held, response, UsageReader(events))
         return httpx.Response(
             response.status_code,
             headers=response.headers,
@@ -532,46 +518,25 @@ class LlmTransport(httpx.BaseTransport):
             request=request,
         )
 
-    def top_up(self, budget: Budget, permits: list[Permit], held: _Held, usage: Usage) -> None:
-        for kind, tokens in held.needs(
-            usage, (permits[1].cost - held.paid[0], permits[0].cost - held.paid[1])
-        ):
+    def top_up(self, held: _Held, usage: Usage) -> None:
+        for kind, limit, tokens in held.needs(usage):
             try:
-                permit = self._client.acquire([budget.input, budget.output][kind], cost=tokens)
-            except RateLimited:
-                held.retry_at = time.monotonic() + _TOP_UP_RETRY
+                permit = self._client.acquire(limit, cost=tokens)
+            except (RateLimited, BadRequest):
+                # Refused, or more than the limit can ever grant: the settlement charges it.
+                held.refused()
                 continue
-            held.extra.append((kind, permit))
-            held.topped[kind] += tokens
+            held.topped_up(kind, tokens, permit)
 
-    def _settle(
-        self, budget: Budget, permits: list[Permit], held: _Held, used: tuple[int, int]
-    ) -> None:
-        output, input_permit, request = permits
-        short = [0, 0]
-        for kind, permit in ((0, input_permit), (1, output)):
-            first, parts, short[kind] = held.split(used[kind], kind, permit.cost)
-            permit.commit(first, sent_after=_sent_after(permit, held.sent_at))
-            for extra, part in parts:
-                extra.commit(part)
-        if held.lease:
-            for kind in (0, 1):
-                if short[kind]:
-                    try:
-                        self._client.acquire(
-                            [budget.input, budget.output][kind],
-                            cost=short[kind],
-                            wait=budget.wait_max,
-                        ).commit()
-                        short[kind] = 0
-                    except RateLimited:
-                        pass
-        if short != [0, 0]:
-            with budget.lock:
-                budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
-        request.commit(1, sent_after=_sent_after(request, held.sent_at))
-        if held.lease_permit is not None:
-            held.lease_permit.commit(1)
+    def settle(self, held: _Held, used: tuple[int, int]) -> None:
+        commit, parts, past = held.plan(used)
+        # Charged before the commit that gives the overrun lease back: no other uncapped
+        # stream starts before the fleet counts this one's excess.
+        if past:
+            self._client.charge(list(past), costs=past)
+        for permit, part in parts:
+            permit.commit(part)
+        held.permit.commit(commit, sent_after=held.sent_after())
 
     def close(self) -> None:
         self._inner.close()
@@ -579,15 +544,9 @@ class LlmTransport(httpx.BaseTransport):
 
 class _MeteredStream(httpx.SyncByteStream):
     def __init__(
-        self,
-        transport: LlmTransport,
-        budget: Budget,
-        permits: list[Permit],
-        held: _Held,
-        response: httpx.Response,
-        reader: UsageReader,
+        self, transport: LlmTransport, held: _Held, response: httpx.Response, reader: UsageReader
     ) -> None:
-        self._transport, self._budget, self._permits, self._held = transport, budget, permits, held
+        self._transport, self._held = transport, held
         self._response, self._reader = response, reader
         self._settled = False
 
@@ -595,7 +554,7 @@ class _MeteredStream(httpx.SyncByteStream):
         try:
             for chunk in self._response.iter_raw():
                 self._reader.feed(chunk)
-                self._transport.top_up(self._budget, self._permits, self._held, self._reader.usage)
+                self._transport.top_up(self._held, self._reader.usage)
                 yield chunk
         finally:
             self.close()
@@ -609,7 +568,7 @@ class _MeteredStream(httpx.SyncByteStream):
         finally:
             self._reader.end()
             used = _charged(self._held.found, self._reader.usage)
-            self._transport._settle(self._budget, self._permits, self._held, used)
+            self._transport.settle(self._held, used)
 
 
 class AsyncLlmTransport(httpx.AsyncBaseTransport):
@@ -626,60 +585,30 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
         self._hosts = dict(hosts)
         self._inner = transport if transport is not None else httpx.AsyncHTTPTransport()
 
-    async def _reserve(self, budget: Budget, found: Estimate) -> tuple[list[AsyncPermit], _Held]:
-        asks, debt, deadline = _asks(budget, found)
-
-        def remaining() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        lease: AsyncPermit | None = None
-        held: list[AsyncPermit] = []
-        try:
-            if not found.bounded and budget.overrun is not None:
-                # A lease does not age: waiting for the tokens while holding it costs nothing.
-                lease = await self._client.acquire([budget.overrun], wait=remaining())
-            # The output waited for, then the input and the request at most _AGE_MAX each, so
-            # that no rate grant ages long before the request leaves; else give back, again.
-            while len(held) < len(asks):
-                limits, cost = asks[len(held)]
-                wait = min(remaining(), _AGE_MAX) if held else remaining()
-                try:
-                    held.append(await self._client.acquire(limits, cost=cost, wait=wait))
-                except RateLimited:
-                    if not held or remaining() <= 0:
-                        raise
-                    for permit in held:
-                        await permit.commit(0)
-                    held = []
-        except BaseException:
-            for permit in held + ([lease] if lease is not None else []):
-                await permit.commit(0)
-            with budget.lock:
-                budget.debt = [budget.debt[0] + debt[0], budget.debt[1] + debt[1]]
-            raise
-        state = _Held(found, (debt[0], debt[1]), lease is not None)
-        state.lease_permit = lease
-        return held, state
+    async def _reserve(self, budget: Budget, found: Estimate) -> _Held:
+        limits, costs = _asks(budget, found)
+        permit = await self._client.acquire(limits, costs=costs, wait=budget.wait_max)
+        return _Held(budget, found, permit)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         prepared = _prepare(request, self._hosts)
         if prepared is None:
             return await self._inner.handle_async_request(request)
         request, budget, found = prepared
-        permits, held = await self._reserve(budget, found)
+        held = await self._reserve(budget, found)
         held.sent_at = time.monotonic()
         try:
             response = await self._inner.handle_async_request(request)
         except httpx.ConnectError:
-            await self.settle(budget, permits, held, (0, 0))
+            await self.settle(held, (0, 0))
             raise
         except BaseException:
-            await self.settle(budget, permits, held, (found.input, found.output))
+            await self.settle(held, (found.input, found.output))
             raise
         if response.status_code >= 400:
             content = await response.aread()
             await response.aclose()
-            await self.settle(budget, permits, held, (0, 0))
+            await self.settle(held, (0, 0))
             return httpx.Response(
                 response.status_code,
                 headers=response.headers,
@@ -688,7 +617,7 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
                 request=request,
             )
         events = response.headers.get("content-type", "").startswith("text/event-stream")
-        stream = _AsyncMeteredStream(self, budget, permits, held, response, UsageReader(events))
+        stream = _AsyncMeteredStream(self, held, response, UsageReader(events))
         return httpx.Response(
             response.status_code,
             headers=response.headers,
@@ -697,51 +626,24 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
             request=request,
         )
 
-    async def top_up(
-        self, budget: Budget, permits: list[AsyncPermit], held: _Held, usage: Usage
-    ) -> None:
-        for kind, tokens in held.needs(
-            usage, (permits[1].cost - held.paid[0], permits[0].cost - held.paid[1])
-        ):
+    async def top_up(self, held: _Held, usage: Usage) -> None:
+        for kind, limit, tokens in held.needs(usage):
             try:
-                permit = await self._client.acquire(
-                    [budget.input, budget.output][kind], cost=tokens
-                )
-            except RateLimited:
-                held.retry_at = time.monotonic() + _TOP_UP_RETRY
+                permit = await self._client.acquire(limit, cost=tokens)
+            except (RateLimited, BadRequest):
+                # Refused, or more than the limit can ever grant: the settlement charges it.
+                held.refused()
                 continue
-            held.extra.append((kind, permit))
-            held.topped[kind] += tokens
+            held.topped_up(kind, tokens, permit)
 
-    async def settle(
-        self, budget: Budget, permits: list[AsyncPermit], held: _Held, used: tuple[int, int]
-    ) -> None:
-        output, input_permit, request = permits
-        short = [0, 0]
-        for kind, permit in ((0, input_permit), (1, output)):
-            first, parts, short[kind] = held.split(used[kind], kind, permit.cost)
-            await permit.commit(first, sent_after=_sent_after(permit, held.sent_at))
-            for extra, part in parts:
-                await extra.commit(part)
-        if held.lease:
-            for kind in (0, 1):
-                if short[kind]:
-                    try:
-                        paying = await self._client.acquire(
-                            [budget.input, budget.output][kind],
-                            cost=short[kind],
-                            wait=budget.wait_max,
-                        )
-                        await paying.commit()
-                        short[kind] = 0
-                    except RateLimited:
-                        pass
-        if short != [0, 0]:
-            with budget.lock:
-                budget.debt = [budget.debt[0] + short[0], budget.debt[1] + short[1]]
-        await request.commit(1, sent_after=_sent_after(request, held.sent_at))
-        if held.lease_permit is not None:
-            await held.lease_permit.commit(1)
+    async def settle(self, held: _Held, used: tuple[int, int]) -> None:
+        commit, parts, past = held.plan(used)
+        # Charged before the commit that gives the overrun lease back (see LlmTransport).
+        if past:
+            await self._client.charge(list(past), costs=past)
+        for permit, part in parts:
+            await permit.commit(part)
+        await held.permit.commit(commit, sent_after=held.sent_after())
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -751,13 +653,11 @@ class _AsyncMeteredStream(httpx.AsyncByteStream):
     def __init__(
         self,
         transport: AsyncLlmTransport,
-        budget: Budget,
-        permits: list[AsyncPermit],
         held: _Held,
         response: httpx.Response,
         reader: UsageReader,
     ) -> None:
-        self._transport, self._budget, self._permits, self._held = transport, budget, permits, held
+        self._transport, self._held = transport, held
         self._response, self._reader = response, reader
         self._settled = False
 
@@ -765,9 +665,7 @@ class _AsyncMeteredStream(httpx.AsyncByteStream):
         try:
             async for chunk in self._response.aiter_raw():
                 self._reader.feed(chunk)
-                await self._transport.top_up(
-                    self._budget, self._permits, self._held, self._reader.usage
-                )
+                await self._transport.top_up(self._held, self._reader.usage)
                 yield chunk
         finally:
             await self.aclose()
@@ -781,4 +679,4 @@ class _AsyncMeteredStream(httpx.AsyncByteStream):
         finally:
             self._reader.end()
             used = _charged(self._held.found, self._reader.usage)
-            await self._transport.settle(self._budget, self._permits, self._held, used)
+            await self._transport.settle(self._held, used)

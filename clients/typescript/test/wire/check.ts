@@ -37,6 +37,7 @@ export const reasons: Same<(typeof Wire.DENY_REASONS)[number], Schemas["RateLimi
 // Bodies sent.
 export const acquire: Sends<Wire.AcquireBody, Schemas["AcquireBody"]> = true;
 export const commit: Sends<Wire.CommitBody, Schemas["CommitBody"]> = true;
+export const charge: Sends<Wire.ChargeBody, Schemas["ChargeBody"]> = true;
 export const pause: Sends<Wire.PauseBody, Schemas["PauseBody"]> = true;
 export const learn: Sends<Wire.LearnBody, Schemas["LearnBody"]> = true;
 export const learnQuota: Sends<Wire.LearnQuota, Schemas["QuotaBody"]> = true;
@@ -51,6 +52,8 @@ export const granted: Reads<Wire.Granted, Schemas["Granted"]> = true;
 export const limitView: Reads<Wire.LimitView, Schemas["LimitView"]> = true;
 export const rateLimited: Reads<Wire.RateLimitedBody, Schemas["RateLimited"]> = true;
 export const committed: Reads<Wire.CommitAnswer, Schemas["CommitAnswer"]> = true;
+export const charged: Reads<Wire.ChargeAnswer, Schemas["ChargeAnswer"]> = true;
+export const chargedView: Reads<Wire.ChargedView, Schemas["ChargedView"]> = true;
 export const renewed: Reads<Wire.RenewAnswer, Schemas["RenewAnswer"]> = true;
 export const paused: Reads<Wire.PauseAnswer, Schemas["PauseAnswer"]> = true;
 export const learnt: Reads<Wire.LearnAnswer, Schemas["LearnAnswer"]> = true;

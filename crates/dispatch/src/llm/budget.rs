@@ -215,24 +215,21 @@ impl TokenBudget {
         Ok((status, bytes))
     }
 
-    /// One acquire of `limits`, one unit each but for `tokens` (limit, cost): the permit, or
-    /// `None` when refused within `wait`.
+    /// One acquire of `limits`, one unit each but for `tokens` (limit, cost; a limit named
+    /// twice, one TPM for input and output, takes both): the permit, holding `held` (input,
+    /// output) tokens, or `None` when refused within `wait`.
     async fn take(
         &self,
         limits: Vec<String>,
         tokens: &[(&str, u64)],
+        held: (u64, u64),
         wait: Duration,
     ) -> Result<Option<Permit>, DispatchError> {
         let body = AcquireBody {
             limits,
             key: None,
             cost: None,
-            costs: Some(
-                tokens
-                    .iter()
-                    .map(|(name, cost)| ((*name).to_owned(), *cost))
-                    .collect(),
-            ),
+            costs: Some(by_limit(tokens.iter().copied())),
             priority: None,
             wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
             refundable: None,
@@ -246,16 +243,9 @@ impl TokenBudget {
                     reason: format!("unexpected answer: {error}"),
                     transient: false,
                 })?;
-            let limits = &self.inner.limits;
-            let of = |limit: &str| {
-                tokens
-                    .iter()
-                    .find(|(name, _)| *name == limit)
-                    .map_or(0, |(_, cost)| *cost)
-            };
             return Ok(Some(Permit {
                 id: granted.permit,
-                tokens: (of(&limits.input), of(&limits.output)),
+                tokens: held,
                 granted_at: Instant::now(),
             }));
         }
@@ -280,17 +270,18 @@ impl TokenBudget {
         sent_at: Option<Instant>,
     ) {
         let limits = &self.inner.limits;
-        let mut each = std::collections::BTreeMap::new();
+        let tokens = [
+            (limits.input.as_str(), permit.tokens.0, used.0),
+            (limits.output.as_str(), permit.tokens.1, used.1),
+        ];
+        let mut each = by_limit(
+            tokens
+                .into_iter()
+                .filter(|(_, held, _)| *held > 0)
+                .map(|(name, held, used)| (name, used.min(held))),
+        );
         if request {
             each.insert(limits.requests.clone(), 1);
-        }
-        for (name, held, used) in [
-            (&limits.input, permit.tokens.0, used.0),
-            (&limits.output, permit.tokens.1, used.1),
-        ] {
-            if held > 0 {
-                each.insert(name.clone(), used.min(held));
-            }
         }
         let body = CommitBody {
             used: Some(Used::Each(each)),
@@ -314,23 +305,22 @@ impl TokenBudget {
     /// A charge that fails to reach the server is counted as a settlement error.
     async fn charge(&self, tokens: (u64, u64)) {
         let limits = &self.inner.limits;
-        let named: Vec<(&String, u64)> = [(&limits.input, tokens.0), (&limits.output, tokens.1)]
+        let costs = by_limit(
+            [
+                (limits.input.as_str(), tokens.0),
+                (limits.output.as_str(), tokens.1),
+            ]
             .into_iter()
-            .filter(|(_, units)| *units > 0)
-            .collect();
-        if named.is_empty() {
+            .filter(|(_, units)| *units > 0),
+        );
+        if costs.is_empty() {
             return;
         }
         let body = ChargeBody {
-            limits: named.iter().map(|(name, _)| (*name).clone()).collect(),
+            limits: costs.keys().cloned().collect(),
             key: None,
             cost: None,
-            costs: Some(
-                named
-                    .iter()
-                    .map(|(name, units)| ((*name).clone(), *units))
-                    .collect(),
-            ),
+            costs: Some(costs),
         };
         let charged = self
             .post("/v1/charge", &body, Duration::from_secs(10))
@@ -353,21 +343,21 @@ impl TokenBudget {
     /// acquire, all or none, waiting up to the budget's wait.
     pub async fn reserve(&self, estimate: Estimate) -> Result<Reservation, DispatchError> {
         let limits = &self.inner.limits;
-        let mut names = vec![
-            limits.requests.clone(),
-            limits.input.clone(),
-            limits.output.clone(),
-        ];
+        let mut names = vec![limits.requests.clone(), limits.input.clone()];
+        if limits.output != limits.input {
+            names.push(limits.output.clone());
+        }
         if !estimate.bounded
             && let Some(overrun) = &limits.overrun
         {
             names.push(overrun.clone());
         }
+        let held = (estimate.input.max(1), estimate.output.max(1));
         let tokens = [
-            (limits.input.as_str(), estimate.input.max(1)),
-            (limits.output.as_str(), estimate.output.max(1)),
+            (limits.input.as_str(), held.0),
+            (limits.output.as_str(), held.1),
         ];
-        let Some(permit) = self.take(names, &tokens, self.inner.wait).await? else {
+        let Some(permit) = self.take(names, &tokens, held, self.inner.wait).await? else {
             return Err(DispatchError::WaitTimedOut {
                 waited_ms: u64::try_from(self.inner.wait.as_millis()).unwrap_or(u64::MAX),
                 paused: false,
@@ -470,8 +460,14 @@ async fn top_up(
                 continue;
             }
             let ask = need.div_ceil(TOP_UP_STEP) * TOP_UP_STEP;
+            let held = if is_output { (0, ask) } else { (ask, 0) };
             match budget
-                .take(vec![name.clone()], &[(name.as_str(), ask)], Duration::ZERO)
+                .take(
+                    vec![name.clone()],
+                    &[(name.as_str(), ask)],
+                    held,
+                    Duration::ZERO,
+                )
                 .await
             {
                 Ok(Some(permit)) => {
@@ -503,6 +499,17 @@ async fn top_up(
             }
         }
     }
+}
+
+/// Units by limit name, a limit named twice (one TPM for input and output) taking the sum.
+fn by_limit<'a>(
+    units: impl IntoIterator<Item = (&'a str, u64)>,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut each = std::collections::BTreeMap::new();
+    for (name, units) in units {
+        *each.entry(name.to_owned()).or_insert(0) += units;
+    }
+    each
 }
 
 /// How an answer ended.
