@@ -140,8 +140,10 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
         end
       end
     end
-    -- Held after a loss (T.load) rather than paused by someone: recovering.
+    -- Held after a loss (T.load) rather than paused by someone: recovering, when the hold is
+    -- what the request waits for (a debt charged past the limit can outlast it).
     if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
+        and now + denial[1] <= c.p
         and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
       denial[3] = __REASON_RECOVERING__
     end
