@@ -31,6 +31,8 @@ pub(crate) const OP_ADMIT: u64 = 8;
 pub(crate) const OP_LEAVE: u64 = 9;
 /// Acquires on one slot, several in one call (`batch.rs`).
 pub(crate) const OP_BATCH: u64 = 10;
+/// Units spent beyond any grant, counted on one counter (`Adjust::Charge`).
+pub(crate) const OP_CHARGE: u64 = 11;
 /// Added to the operation code: the call watches Redis's evictions.
 pub(crate) const OP_WATCH_EVICTIONS: u64 = 16;
 
@@ -103,7 +105,9 @@ pub(crate) const POLICY_NUMBERS: usize = 9;
 /// An admission's numbers (`call::Numbers::admission`).
 pub(crate) const ADMISSION_NUMBERS: u64 = 4;
 /// An acquire's numbers before its counters' (cost, priority, record, how many), and each
-/// counter's: its policy, its limit's pause, its admission and its queue.
+/// counter's: its policy, its limit's pause, its admission and its queue. A cost below 0 says
+/// the counters' costs differ: one per counter follows the waiter and the place's lifetime, so
+/// a request with one cost for all sends what it always did.
 pub(crate) const ACQUIRE_HEAD: u64 = 4;
 pub(crate) const ACQUIRE_PER_COUNTER: u64 = POLICY_NUMBERS as u64 + 1 + ADMISSION_NUMBERS + 1;
 /// A counter's keys: its state, its reservations log and its bucket log (`keys::counter_keys`).
@@ -120,7 +124,7 @@ pub(crate) const REPLY_AT: u64 = REPLY_HEAD + 1;
 pub(crate) const OUTCOME_NUMBERS: usize = 5;
 
 /// Every number by the name the script's text gives it.
-const CODES: [(&str, u64); 71] = [
+const CODES: [(&str, u64); 72] = [
     ("OP_ACQUIRE", OP_ACQUIRE),
     ("OP_COMMIT", OP_COMMIT),
     ("OP_RENEW", OP_RENEW),
@@ -131,6 +135,7 @@ const CODES: [(&str, u64); 71] = [
     ("OP_ADMIT", OP_ADMIT),
     ("OP_LEAVE", OP_LEAVE),
     ("OP_BATCH", OP_BATCH),
+    ("OP_CHARGE", OP_CHARGE),
     ("OP_WATCH_EVICTIONS", OP_WATCH_EVICTIONS),
     ("KIND_RATE", KIND_RATE),
     ("KIND_CONCURRENCY", KIND_CONCURRENCY),

@@ -1,7 +1,7 @@
 //! Acquire: a request's counters decided all or nothing, one call per slot in the order
 //! `plan` gives, with what a denial leaves granted rolled back.
 
-use tollgate::store::{CounterOutcome, Decision, Take, WaiterId};
+use tollgate::store::{Costs, CounterOutcome, Decision, Take, WaiterId};
 use tollgate::{Error, Result};
 use tollgate_core::Priority;
 
@@ -16,11 +16,12 @@ use crate::plan;
 use crate::store::RedisStore;
 
 impl RedisStore {
-    /// `record`: whether grants record their reservations (the request is refundable).
+    /// `record`: whether grants record their reservations (the request is refundable);
+    /// `costs`: the units asked of each take.
     pub(crate) async fn acquire_remote(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         record: bool,
         waiter: Option<WaiterId>,
@@ -35,7 +36,7 @@ impl RedisStore {
             });
         }
         match self
-            .acquire_slots(takes, cost, priority, record, waiter)
+            .acquire_slots(takes, costs, priority, record, waiter)
             .await
         {
             Err(error) if self.config.fail_open && error.fails_open() => {
@@ -49,7 +50,7 @@ impl RedisStore {
     async fn acquire_slots(
         &self,
         takes: &[Take<'_>],
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         record: bool,
         waiter: Option<WaiterId>,
@@ -66,8 +67,9 @@ impl RedisStore {
         let groups = plan::groups(&slots);
         if groups.len() > 1 {
             // Refused before any slot is asked, so no part is granted only to be rolled back.
-            for take in takes {
+            for (index, take) in takes.iter().enumerate() {
                 let open = take.policy.capacity_for(priority);
+                let cost = costs.of(index);
                 if cost == 0 || cost > open {
                     return Err(Error::Cost {
                         limit: take.counter.limit.to_owned(),
@@ -89,7 +91,7 @@ impl RedisStore {
                     let group = &groups[index];
                     let record = plan::records(index, groups.len(), record);
                     let slot_answer = self
-                        .acquire_slot(takes, group, cost, priority, record, waiter)
+                        .acquire_slot(takes, group, costs, priority, record, waiter)
                         .await;
                     let slot_answer = match slot_answer {
                         Ok(slot_answer) => slot_answer,
@@ -126,10 +128,10 @@ impl RedisStore {
                     for (index, remaining) in unasked.into_iter().zip(remaining) {
                         outcomes[index] = Some(CounterOutcome::Allowed { remaining });
                     }
-                    for outcome in &mut outcomes {
+                    for (index, outcome) in outcomes.iter_mut().enumerate() {
                         if let Some(CounterOutcome::Granted(grant)) = *outcome {
                             *outcome = Some(CounterOutcome::Allowed {
-                                remaining: grant.remaining.saturating_add(cost),
+                                remaining: grant.remaining.saturating_add(costs.of(index)),
                             });
                         }
                     }
@@ -152,7 +154,7 @@ impl RedisStore {
         &self,
         takes: &[Take<'_>],
         group: &plan::Group,
-        cost: u64,
+        costs: Costs<'_>,
         priority: Priority,
         record: bool,
         waiter: Option<WaiterId>,
@@ -190,14 +192,17 @@ impl RedisStore {
             );
             queues.push(keys.len() as u64);
         }
+        // One cost for the group's counters, or (below 0) one each after the rest.
+        let same = group_cost(costs, group);
         for _ in 0..ADMISSION_ATTEMPTS_MAX {
             let mut numbers = Numbers::new(ACQUIRE);
-            numbers.extend(&[
-                cost,
-                priority_arg(priority),
-                u64::from(record),
-                group.takes.len() as u64,
-            ]);
+            numbers
+                .push_f64(same.map_or(-1.0, |cost| cost as f64))
+                .extend(&[
+                    priority_arg(priority),
+                    u64::from(record),
+                    group.takes.len() as u64,
+                ]);
             for (position, &index) in group.takes.iter().enumerate() {
                 numbers
                     .extend(&policy_args(takes[index].policy))
@@ -206,6 +211,11 @@ impl RedisStore {
                     .extend(&[queues[position]]);
             }
             numbers.extend(&[waiter.map_or(0, WaiterId::get), self.place_ttl_us]);
+            if same.is_none() {
+                for &index in &group.takes {
+                    numbers.push(costs.of(index));
+                }
+            }
             // Alone when nothing is in flight on the slot, else with what arrived meanwhile.
             let (head, reply) = self
                 .caller
@@ -224,8 +234,9 @@ impl RedisStore {
             match reply.status.as_str() {
                 "ok" => return slot_answer(head, &reply, group),
                 "cost" => {
-                    let limit =
-                        take_at(reply.numbers.get(3)).map_or("", |(_, take)| take.counter.limit);
+                    let named = take_at(reply.numbers.get(3));
+                    let limit = named.map_or("", |(_, take)| take.counter.limit);
+                    let cost = named.map_or(0, |(position, _)| costs.of(group.takes[position]));
                     return Err(Error::Cost {
                         limit: limit.to_owned(),
                         source: tollgate_core::CostError {
@@ -309,6 +320,21 @@ impl RedisStore {
                     "a cross-slot grant could not be rolled back; its units stay counted until they expire"
                 );
             }
+        }
+    }
+}
+
+/// The one cost of every take of `group`, when they are all the same (always, for a request
+/// with one cost): what the script reads as the acquire's cost.
+fn group_cost(costs: Costs<'_>, group: &plan::Group) -> Option<u64> {
+    match costs {
+        Costs::Same(cost) => Some(cost),
+        Costs::Each(_) => {
+            let (&first, rest) = group.takes.split_first()?;
+            let cost = costs.of(first);
+            rest.iter()
+                .all(|&index| costs.of(index) == cost)
+                .then_some(cost)
         }
     }
 }

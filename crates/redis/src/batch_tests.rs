@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::task::Context;
 use std::time::Duration;
 
-use tollgate::store::{CounterId, CounterOutcome, Decision, Take};
+use tollgate::store::{Costs, CounterId, CounterOutcome, Decision, Take};
 use tollgate_core::{Algorithm, Policy, Priority, Reserve};
 
 use crate::RedisStore;
@@ -52,7 +52,8 @@ fn fixed(limit: u64) -> Policy {
 fn acquires<'a>(store: &'a RedisStore, take: &'a [Take<'a>], count: usize) -> Vec<Acquire<'a>> {
     (0..count)
         .map(|_| {
-            Box::pin(store.acquire_remote(take, 1, Priority::Normal, false, None)) as Acquire<'a>
+            Box::pin(store.acquire_remote(take, Costs::Same(1), Priority::Normal, false, None))
+                as Acquire<'a>
         })
         .collect()
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tollgate::Error;
-use tollgate::store::{CounterId, CounterOutcome, Take, Usage, WaiterId};
+use tollgate::store::{Costs, CounterId, CounterOutcome, Take, Usage, WaiterId};
 use tollgate_core::{
     Algorithm, Around, Committed, Counter, Denial, DenyReason, PermitError, Policy, Priority,
     Reserve, Verdict,
@@ -62,6 +62,10 @@ enum Op {
     /// The generation is deleted behind the store's back (a restart without persistence): the
     /// next call starts a new one, and every counter it loads is held.
     LoseState,
+    /// Units spent beyond any grant (`Adjust::Charge`, the core's `Counter::debit`).
+    Charge {
+        units: u64,
+    },
 }
 
 fn priority() -> impl Strategy<Value = Priority> {
@@ -85,9 +89,9 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// The operations above and, weighted by `extra` (policy changes, resume, usage, limit-wide
-/// pauses, losses of state), the ones the first comparison leaves out.
-fn op_with(extra: [u32; 5]) -> impl Strategy<Value = Op> {
-    let [change, resume, usage, limit, loss] = extra;
+/// pauses, losses of state, charges), the ones the first comparison leaves out.
+fn op_with(extra: [u32; 6]) -> impl Strategy<Value = Op> {
+    let [change, resume, usage, limit, loss, charge] = extra;
     prop_oneof![
         10 => op(),
         change => policy().prop_map(|policy| Op::ChangePolicy { policy }),
@@ -96,6 +100,7 @@ fn op_with(extra: [u32; 5]) -> impl Strategy<Value = Op> {
         limit => (1u64..40).prop_map(|duration_ms| Op::PauseLimit { duration_ms }),
         limit => Just(Op::ResumeLimit),
         loss => Just(Op::LoseState),
+        charge => (1u64..25).prop_map(|units| Op::Charge { units }),
     ]
 }
 
@@ -205,7 +210,7 @@ async fn compare(
             } => {
                 let takes = [take];
                 let result = store
-                    .acquire_remote(&takes, *cost, *priority, !*final_grant, None)
+                    .acquire_remote(&takes, Costs::Same(*cost), *priority, !*final_grant, None)
                     .await;
                 let (head, outcome) = match result {
                     Ok(decision) => (decision.now_us, Some(decision.outcomes()[0])),
@@ -362,6 +367,19 @@ async fn compare(
                 limit_until = 0;
                 compare_permit_results(Ok(lifted), redis).map_err(context)?;
             }
+            Op::Charge { units } => {
+                let (now, redis) = store.charge_at(take, *units).await;
+                let now = answered(now, &redis).map_err(context)?;
+                // A lease is never charged: the script makes no counter, nor does the core.
+                let expected = if policy.is_concurrency() {
+                    0
+                } else {
+                    load(&mut core, now);
+                    let counter = core.as_mut().ok_or_else(|| context("no counter".into()))?;
+                    counter.debit(&policy, now, *units)
+                };
+                compare_permit_results(Ok(expected), redis).map_err(context)?;
+            }
             Op::LoseState => {
                 let generation = store.keys.generation(store.keys.counter_slot(counter_id));
                 store
@@ -467,7 +485,7 @@ fn the_lua_script_decides_exactly_like_the_core() {
 /// `new`: the namespace is declared new, so that no counter starts held (a counter the script
 /// finds missing is held as one that may have been lost, for the policy of the call that finds
 /// it, which the core's counter, made once, cannot follow across policy changes).
-fn compare_with(name: &str, extra: [u32; 5], new: bool) {
+fn compare_with(name: &str, extra: [u32; 6], new: bool) {
     let Some(url) = redis_url() else { return };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -492,20 +510,20 @@ fn compare_with(name: &str, extra: [u32; 5], new: bool) {
 #[ignore = "the script and the core differ across some policy changes: see the comparison's \
             failures (an idle counter carried into a new algorithm, among others)"]
 fn the_lua_script_follows_a_changed_policy_like_the_core() {
-    compare_with("differential-change", [3, 0, 1, 0, 0], true);
+    compare_with("differential-change", [3, 0, 1, 0, 0, 0], true);
 }
 
 /// Pauses lifted by resume, and usage read in between, answer as the core's.
 #[test]
 fn the_lua_script_resumes_and_reports_usage_like_the_core() {
-    compare_with("differential-resume", [0, 3, 2, 0, 0], true);
+    compare_with("differential-resume", [0, 3, 2, 0, 0, 0], true);
 }
 
 /// A limit paused as a whole denies its counter as the memory store composes the core's
 /// decision with such a pause; resuming it lifts it.
 #[test]
 fn a_limit_wide_pause_decides_like_the_core_under_it() {
-    compare_with("differential-limit", [0, 1, 1, 3, 0], true);
+    compare_with("differential-limit", [0, 1, 1, 3, 0, 0], true);
 }
 
 /// After a loss of state the script holds the counters it loads until the new generation's
@@ -513,7 +531,21 @@ fn a_limit_wide_pause_decides_like_the_core_under_it() {
 /// lifted by a resume, reported by usage.
 #[test]
 fn holds_after_a_loss_decide_like_the_core_held() {
-    compare_with("differential-hold", [0, 2, 2, 1, 2], false);
+    compare_with("differential-hold", [0, 2, 2, 1, 2, 0], false);
+}
+
+/// Charges among acquires, commits, pauses and usage: the script counts a debt as the core's
+/// `Counter::debit` does (at now, past the limit, at most one capacity past it, nothing on a
+/// lease), and every later decision waits it out alike.
+#[test]
+fn charges_count_like_the_core_debit() {
+    compare_with("differential-charge", [0, 0, 2, 0, 0, 5], true);
+}
+
+/// Charges on counters a loss of state holds: made, held and charged as the core's.
+#[test]
+fn charges_after_a_loss_count_like_the_core_debit() {
+    compare_with("differential-charge-hold", [0, 0, 1, 0, 1, 4], false);
 }
 
 /// `cases` random policies, each with a random sequence of `ops`, through `compare`: each on a
@@ -959,7 +991,13 @@ async fn compare_queue(
                 let id = waiter.map(|index| QUEUE_WAITERS[index]);
                 let takes = [take];
                 let decision = store
-                    .acquire_remote(&takes, *cost, *priority, true, id.and_then(WaiterId::new))
+                    .acquire_remote(
+                        &takes,
+                        Costs::Same(*cost),
+                        *priority,
+                        true,
+                        id.and_then(WaiterId::new),
+                    )
                     .await
                     .map_err(|e| context(format!("store failed: {e}")))?;
                 let now = decision.now_us;
@@ -1042,12 +1080,13 @@ fn the_lua_queue_of_waiters_decides_exactly_like_its_reference() {
     });
 }
 
-/// One acquire of a round: on one or two of a limit's three keys (`keys`, distinct), all or
-/// nothing.
+/// One acquire of a round: on one, two or three of a limit's three keys (`keys`, distinct),
+/// all or nothing, with a cost per key (`costs`, in `keys`' order: often all the same, as most
+/// requests ask).
 #[derive(Clone, Debug)]
 struct Ask {
     keys: Vec<usize>,
-    cost: u64,
+    costs: Vec<u64>,
     priority: Priority,
     final_grant: bool,
 }
@@ -1055,16 +1094,59 @@ struct Ask {
 fn ask() -> impl Strategy<Value = Ask> {
     let keys = prop_oneof![
         3 => (0usize..3).prop_map(|key| vec![key]),
-        1 => (0usize..3, 1usize..3).prop_map(|(first, step)| vec![first, (first + step) % 3]),
+        2 => (0usize..3, 1usize..3).prop_map(|(first, step)| vec![first, (first + step) % 3]),
+        1 => (0usize..3).prop_map(|first| vec![first, (first + 1) % 3, (first + 2) % 3]),
     ];
-    (keys, 1u64..4, priority(), proptest::bool::weighted(0.3)).prop_map(
-        |(keys, cost, priority, final_grant)| Ask {
-            keys,
-            cost,
-            priority,
-            final_grant,
+    let costs = prop_oneof![
+        1 => (1u64..4).prop_map(|cost| vec![cost; 3]),
+        1 => proptest::collection::vec(1u64..6, 3),
+    ];
+    (keys, costs, priority(), proptest::bool::weighted(0.3)).prop_map(
+        |(keys, mut costs, priority, final_grant)| {
+            costs.truncate(keys.len());
+            Ask {
+                keys,
+                costs,
+                priority,
+                final_grant,
+            }
         },
     )
+}
+
+/// What the comparisons of acquires over several keys with different costs met: all granted
+/// (each key its own cost), and some keys allowing while another denied (nothing taken); a
+/// run that met neither compared nothing of the costs per take.
+#[derive(Default)]
+struct Seen {
+    granted_each: std::sync::atomic::AtomicU64,
+    denied_in_part: std::sync::atomic::AtomicU64,
+}
+
+impl Seen {
+    fn note(&self, all_allowed: bool, denials: &[Option<Denial>], costs: &[u64]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if costs.iter().all(|&cost| cost == costs[0]) {
+            return;
+        }
+        if all_allowed {
+            self.granted_each.fetch_add(1, Relaxed);
+        } else if denials.iter().any(Option::is_none) {
+            self.denied_in_part.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn assert_both(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (granted, denied) = (
+            self.granted_each.load(Relaxed),
+            self.denied_in_part.load(Relaxed),
+        );
+        assert!(
+            granted > 0 && denied > 0,
+            "costs per take: {granted} granted with each its own cost, {denied} denied on one              key while others allowed; both must be compared"
+        );
+    }
 }
 
 /// A round: acquires all in flight at once (at most 30: `join_all` polls that many in order, so
@@ -1083,6 +1165,7 @@ async fn compare_batches(
     limit: &str,
     policy: Policy,
     rounds: &[(Vec<Ask>, u64)],
+    seen: &Seen,
 ) -> Result<(), String> {
     let names: Vec<String> = (0..3).map(|key| format!("k{key}")).collect();
     let mut core: Vec<Option<Counter>> = vec![None, None, None];
@@ -1105,7 +1188,13 @@ async fn compare_batches(
         let batched_before = store.batched_acquires();
         let answers =
             futures_util::future::join_all(asks.iter().zip(&takes).map(|(ask, takes)| {
-                store.acquire_remote(takes, ask.cost, ask.priority, !ask.final_grant, None)
+                store.acquire_remote(
+                    takes,
+                    Costs::Each(&ask.costs),
+                    ask.priority,
+                    !ask.final_grant,
+                    None,
+                )
             }))
             .await;
         let batched = store.batched_acquires() - batched_before;
@@ -1120,26 +1209,34 @@ async fn compare_batches(
             let context =
                 |what: String| format!("round {index} acquire {position} {ask:?}: {what}");
             let open = policy.capacity_for(ask.priority);
+            let too_much = ask.costs.iter().any(|&cost| cost > open);
             let decision = match answer {
                 Ok(decision) => decision,
-                Err(Error::Cost { .. }) if ask.cost > open => continue,
+                Err(Error::Cost { source, .. }) if too_much && source.cost > open => continue,
                 Err(other) => return Err(context(format!("store failed: {other}"))),
             };
-            if ask.cost > open {
-                return Err(context(format!("Redis took cost {} > {open}", ask.cost)));
+            if too_much {
+                return Err(context(format!(
+                    "Redis took costs {:?} > {open}",
+                    ask.costs
+                )));
             }
             let now = decision.now_us;
             // The core, one counter after another: every check first, then every grant.
             let mut denials = Vec::new();
-            for &key in &ask.keys {
+            for (&key, &cost) in ask.keys.iter().zip(&ask.costs) {
                 let counter = core[key].get_or_insert_with(|| fresh(&policy, now, 0));
                 let denial = counter
-                    .check(&policy, now, ask.cost, ask.priority)
+                    .check(&policy, now, cost, ask.priority)
                     .map_err(|e| context(format!("core refused the cost: {e}")))?;
                 denials.push(denial);
             }
             let all_allowed = denials.iter().all(Option::is_none);
-            for ((&key, denial), outcome) in ask.keys.iter().zip(denials).zip(decision.outcomes()) {
+            if ask.keys.len() > 1 {
+                seen.note(all_allowed, &denials, &ask.costs);
+            }
+            let taken = ask.keys.iter().zip(&ask.costs).zip(denials);
+            for (((&key, &cost), denial), outcome) in taken.zip(decision.outcomes()) {
                 let counter = core[key]
                     .as_mut()
                     .ok_or_else(|| context("no counter".into()))?;
@@ -1148,7 +1245,7 @@ async fn compare_batches(
                     None if all_allowed => CounterOutcome::Granted(counter.grant(
                         &policy,
                         now,
-                        ask.cost,
+                        cost,
                         ask.priority,
                         !ask.final_grant,
                     )),
@@ -1180,9 +1277,39 @@ fn a_batch_decides_exactly_as_the_core_one_acquire_after_another() {
     runtime
         .block_on(store.begin_new_namespace())
         .expect("declare the namespace new");
+    let seen = Seen::default();
     run_sequences(
         48,
         proptest::collection::vec(round(), 1..6),
-        |name, policy, rounds| runtime.block_on(compare_batches(&store, name, policy, &rounds)),
+        |name, policy, rounds| {
+            runtime.block_on(compare_batches(&store, name, policy, &rounds, &seen))
+        },
     );
+    seen.assert_both();
+}
+
+/// Acquires one at a time (never batched) over one to three keys, each key with its own cost:
+/// the script takes each key's own cost when every key allows, and nothing when one denies,
+/// as the core checking every key with its cost and then granting all does.
+#[test]
+fn a_cost_per_take_is_decided_as_the_core_all_or_nothing() {
+    let Some(url) = redis_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = connect(&runtime, url, "differential-costs", 100_000);
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("declare the namespace new");
+    let seen = Seen::default();
+    let alone = (proptest::collection::vec(ask(), 1..2), 0u64..15);
+    run_sequences(
+        48,
+        proptest::collection::vec(alone, 1..40),
+        |name, policy, rounds| {
+            runtime.block_on(compare_batches(&store, name, policy, &rounds, &seen))
+        },
+    );
+    seen.assert_both();
 }

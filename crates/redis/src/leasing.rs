@@ -457,7 +457,7 @@ async fn return_expired_blocks(store: Weak<LeasingStore>, period: Duration) {
 }
 
 /// Only what leasing changes: acquires that blocks can serve, commits of local grants, pauses
-/// that drop blocks. The rest is the inner store's.
+/// and charges that drop blocks. The rest is the inner store's.
 impl Forward for LeasingStore {
     fn inner(&self) -> &dyn Store {
         &*self.inner
@@ -490,8 +490,24 @@ impl Forward for LeasingStore {
 
     /// A paused limit must stop at once here too: its block is dropped (its units stay
     /// counted). A lifted pause lets this process's blocks be fetched again, as they would be
-    /// after the pause ran out.
+    /// after the pause ran out. A charged counter's block is retired before the charge (its
+    /// rest goes back, a block in flight is not kept): the debt is paid before anything more
+    /// is granted here, as in every other process, and counted against what was used.
     fn adjust<'a>(&'a self, take: Take<'a>, adjust: Adjust) -> StoreFuture<'a, Adjusted> {
+        if let Adjust::Charge { .. } = adjust {
+            let key: PoolKey = (
+                take.counter.limit.to_owned(),
+                take.counter.key.map(str::to_owned),
+            );
+            self.pauses.fetch_add(1, Ordering::SeqCst);
+            let retired = self.retire(&key);
+            return StoreFuture::boxed(async move {
+                if let Some((pool, used)) = retired {
+                    self.give_back(take, &pool, used).await;
+                }
+                self.inner.adjust(take, adjust).await
+            });
+        }
         if let Adjust::Pause { .. } = adjust {
             let key: PoolKey = (
                 take.counter.limit.to_owned(),

@@ -1,6 +1,6 @@
 //! The calls on one slot (sent by `batch.rs`): a counter's keys and admission to its limit's
-//! budget of keys, commit, renew, pause, resume and usage on one counter, and a new namespace's
-//! generations.
+//! budget of keys, commit, renew, pause, resume, usage and charge on one counter, and a new
+//! namespace's generations.
 
 use std::sync::{Arc, PoisonError};
 
@@ -12,8 +12,8 @@ use tollgate::store::{CounterId, Renewed, Take, Usage, WaiterId};
 use tollgate_core::Committed;
 
 use crate::abi::{
-    OP_ADMIT as ADMIT, OP_BEGIN, OP_COMMIT as COMMIT, OP_LEAVE as LEAVE, OP_PAUSE as PAUSE,
-    OP_RENEW as RENEW, OP_RESUME as RESUME, OP_USAGE as USAGE,
+    OP_ADMIT as ADMIT, OP_BEGIN, OP_CHARGE as CHARGE, OP_COMMIT as COMMIT, OP_LEAVE as LEAVE,
+    OP_PAUSE as PAUSE, OP_RENEW as RENEW, OP_RESUME as RESUME, OP_USAGE as USAGE,
 };
 use crate::call::{Admission, Carried, Head, Numbers, PauseRef, Reply, TallyRef, policy_args, u};
 use crate::errors::{failed, not_admitted, permit_error, store_error, too_many_keys, unavailable};
@@ -460,6 +460,32 @@ impl RedisStore {
                     held_for_us: number(6).saturating_sub(head.now_us),
                 })
             }
+            other => Err(failed(format!("unexpected script status {other}"))),
+        };
+        (head.now_us, result)
+    }
+
+    /// Count `units` spent beyond any grant on `take`'s counter (`Adjust::Charge`, the core's
+    /// `Counter::debit`): the units counted. A lease counts nothing, and asks nothing of Redis.
+    pub(crate) async fn charge_remote(&self, take: Take<'_>, units: u64) -> Result<u64> {
+        if take.policy.is_concurrency() {
+            return Ok(0);
+        }
+        self.charge_at(take, units).await.1
+    }
+
+    /// Charge, and the store's clock at the decision (0 when Redis did not answer).
+    pub(crate) async fn charge_at(&self, take: Take<'_>, units: u64) -> (u64, Result<u64>) {
+        let (keys, admission) = self.counter_call(take);
+        let answer = self
+            .run_counter(take, CHARGE, &keys, admission, &[units as f64], &[])
+            .await;
+        let (head, reply) = match answer {
+            Ok(answer) => answer,
+            Err(error) => return (0, Err(error)),
+        };
+        let result = match reply.status.as_str() {
+            "ok" => Ok(u(reply.numbers.get(3).copied().unwrap_or(0))),
             other => Err(failed(format!("unexpected script status {other}"))),
         };
         (head.now_us, result)

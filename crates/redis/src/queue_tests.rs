@@ -325,3 +325,69 @@ fn a_counter_s_queue_keeps_its_best_places_and_no_more() {
         );
     });
 }
+
+/// A waiter asking each counter its own cost stands in each counter's queue for that counter's
+/// cost: a request on one of them alone leaves room for that cost, not for another counter's.
+#[test]
+fn a_waiter_s_place_on_each_counter_holds_that_counter_s_cost() {
+    let Some(url) = redis_url("a_waiter_s_place_on_each_counter_holds_that_counter_s_cost") else {
+        return;
+    };
+    runtime().block_on(async {
+        let (one, two) = two_processes(&url, "costs", 600_000_000).await;
+        let hour = 3_600_000_000;
+        let policy = Policy::rate(10, hour, 0, tollgate::Algorithm::Fixed, Reserve::default())
+            .expect("a policy");
+        let take = |limit| Take {
+            counter: CounterId { limit, key: None },
+            policy: &policy,
+        };
+        let (calls, tokens) = (take("calls"), take("tokens"));
+        let spent = one.acquire(Ask::new(&[tokens], 9, Priority::High)).await;
+        assert!(spent.expect("answers").is_granted());
+        let waiter = WaiterId::new(5).expect("an id");
+        let both = [calls, tokens];
+        let asked = two
+            .acquire(
+                Ask::new(&both, 1, Priority::Normal)
+                    .costs(&[1, 5])
+                    .waiter(waiter),
+            )
+            .await
+            .expect("answers");
+        assert!(!asked.is_granted(), "tokens has 1 left, the waiter asks 5");
+        let queue = |counter: CounterId<'_>| {
+            let key = one
+                .keys
+                .counter_queue(one.keys.counter_slot(counter), counter);
+            let backend = one.caller.backend.clone();
+            async move {
+                let raw: Option<Vec<u8>> = backend
+                    .query(&redis::cmd("GET").arg(&key).clone())
+                    .await
+                    .ok()
+                    .and_then(|value| redis::from_redis_value(value).ok());
+                tollgate_redis_protocol::queue::decode(raw.as_deref().unwrap_or_default())
+                    .into_iter()
+                    .map(|place| (place.rank.id, place.cost))
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(queue(calls.counter).await, vec![(5, 1)]);
+        assert_eq!(queue(tokens.counter).await, vec![(5, 5)]);
+        // Calls alone, at the waiter's priority and behind it: 10 leaves no room for its 1, 9
+        // does (a place of 5 would have held 9 back too).
+        let ten = one.acquire(Ask::new(&[calls], 10, Priority::Normal)).await;
+        match ten.expect("answers").outcomes()[0] {
+            tollgate::store::CounterOutcome::Denied(denial) => {
+                assert_eq!(denial.reason, DenyReason::Queued, "{denial:?}")
+            }
+            other => panic!("10 of calls behind a place of 1: {other:?}"),
+        }
+        let nine = one.acquire(Ask::new(&[calls], 9, Priority::Normal)).await;
+        assert!(
+            nine.expect("answers").is_granted(),
+            "9 of calls leaves the place its 1"
+        );
+    });
+}

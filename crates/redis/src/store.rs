@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::OnceCell;
+use tollgate::Result;
 use tollgate::store::{
     Adjust, Adjusted, Ask, CounterId, Decision, News, Offers, Queue, Renewed, Store, StoreFuture,
     Take, Usage, WaiterId, WakeFn,
 };
-use tollgate::{Error, Result};
 use tollgate_core::Committed;
 
 use crate::backend::Target;
@@ -205,14 +205,9 @@ impl Queue for RedisStore {
 
 impl Store for RedisStore {
     fn acquire<'a>(&'a self, ask: Ask<'a>) -> StoreFuture<'a, Decision> {
-        let Some(cost) = ask.costs.same() else {
-            return StoreFuture::ready(Err(Error::StoreFailed {
-                reason: "a cost per limit is not decided on Redis yet".into(),
-            }));
-        };
         StoreFuture::boxed(self.acquire_remote(
             ask.takes,
-            cost,
+            ask.costs,
             ask.priority,
             ask.refundable,
             ask.waiter,
@@ -250,10 +245,13 @@ impl Store for RedisStore {
                     changed: self.reset_remote(take).await?,
                     ..Adjusted::default()
                 },
-                Adjust::Charge { .. } => {
-                    return Err(Error::StoreFailed {
-                        reason: "charges are not counted on Redis yet".into(),
-                    });
+                Adjust::Charge { units } => {
+                    let charged = self.charge_remote(take, units).await?;
+                    Adjusted {
+                        changed: charged > 0,
+                        charged,
+                        ..Adjusted::default()
+                    }
                 }
             })
         })

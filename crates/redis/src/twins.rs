@@ -112,6 +112,7 @@ pub(crate) const LUA_TWINS: &[(&str, Twin)] = &[
     ("idle_at", rust(COUNTER, "idle_at")),
     ("check", rust(COUNTER, "check")),
     ("grant", rust(COUNTER, "grant")),
+    ("debit", rust(COUNTER, "debit")),
     (
         "save",
         LuaOnly("writes the counter back to Redis with its expiry; the core's is a value"),
@@ -163,6 +164,10 @@ pub(crate) const LUA_TWINS: &[(&str, Twin)] = &[
     ("commit_op", rust(COUNTER, "commit")),
     ("renew_op", rust(COUNTER, "renew")),
     ("usage_op", rust(COUNTER, "usage")),
+    (
+        "charge_op",
+        rust("crates/engine/src/memory/decide.rs", "charge_now"),
+    ),
     // entry.lua
     (
         "format",

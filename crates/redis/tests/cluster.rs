@@ -2,7 +2,7 @@
 //! the test on loopback ports and stopped when it ends:
 //!
 //! - the store conformance suite, with counters spread over the slots (a request naming
-//!   several limits is decided slot by slot);
+//!   several limits is decided slot by slot, each limit with its own cost if it has one);
 //! - each limit's budget of keys, kept in the limit's own slot while its keys' counters spread
 //!   over every master: a flood refused at the budget, the counters held counted by `SCAN` on
 //!   each master, and a budget whose slot lost its state admitting no new key for a while;
@@ -20,8 +20,8 @@ mod nodes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::{Ask, CounterId, Store, Take, WaiterId};
-use tollgate::{DenyReason, Error, Outcome, Priority};
+use tollgate::store::{Ask, CounterId, CounterOutcome, Store, Take, WaiterId};
+use tollgate::{Algorithm, DenyReason, Error, Outcome, Policy, Priority, Reserve};
 use tollgate_conformance::Stores;
 
 use nodes::Cluster;
@@ -81,6 +81,12 @@ fn the_conformance_suite_passes_on_a_three_master_cluster() {
     )));
     runtime.block_on(suite::usage_shows_what_is_counted_and_takes_nothing(
         stores("usage"),
+    ));
+    runtime.block_on(suite::costs_are_taken_per_limit_all_or_nothing(stores(
+        "costs",
+    )));
+    runtime.block_on(suite::charges_count_past_the_limit_and_are_paid_first(
+        stores("charges"),
     ));
 }
 
@@ -338,4 +344,81 @@ fn places_across_the_fleet_hold_on_every_master() {
         assert_eq!(places(), "0", "{key}: a grant takes the place away");
     }
     assert_eq!(masters.len(), 3, "the keys' queues are on every master");
+}
+
+/// A request over two limits whose counters sit in two slots, each limit with its own cost: a
+/// cost above a limit's capacity is refused before any slot is asked, naming that limit and its
+/// cost; a denial in the second slot rolls the first slot's grant back, its own cost given back
+/// (what it has left is as before); and a grant takes each limit's own cost.
+#[test]
+fn a_cost_per_limit_is_all_or_nothing_across_the_slots() {
+    let Some(OnCluster {
+        cluster,
+        runtime,
+        store,
+        ..
+    }) = on_cluster(
+        "a_cost_per_limit_is_all_or_nothing_across_the_slots",
+        "cluster-costs",
+    )
+    else {
+        return;
+    };
+    let slot = |limit: &str| cluster.keyslot(&store.counter_key(CounterId { limit, key: None }));
+    // The first limit's slot is asked first (slots go in ascending order).
+    let (first, second) = (0..64)
+        .map(|index| (format!("calls-{index}"), format!("tokens-{index}")))
+        .find(|(first, second)| slot(first) < slot(second))
+        .expect("two limits in ascending slots");
+    let hour = 3_600_000_000;
+    let calls = Policy::rate(10, hour, 0, Algorithm::Fixed, Reserve::default()).expect("valid");
+    let tokens = Policy::rate(5, hour, 0, Algorithm::Fixed, Reserve::default()).expect("valid");
+    let takes = [
+        Take {
+            counter: CounterId {
+                limit: &first,
+                key: None,
+            },
+            policy: &calls,
+        },
+        Take {
+            counter: CounterId {
+                limit: &second,
+                key: None,
+            },
+            policy: &tokens,
+        },
+    ];
+    let acquire = |costs: &[u64]| {
+        runtime.block_on(store.acquire(Ask::new(&takes, 1, Priority::Normal).costs(costs)))
+    };
+    let used = |take: Take<'_>| runtime.block_on(store.usage(take)).expect("usage").used;
+
+    match acquire(&[2, 9]) {
+        Err(Error::Cost { limit, source }) => {
+            assert_eq!((limit.as_str(), source.cost), (second.as_str(), 9));
+        }
+        other => panic!("a cost above the second limit's capacity: {other:?}"),
+    }
+    let granted = acquire(&[2, 4]).expect("answers");
+    assert!(granted.is_granted(), "{granted:?}");
+    assert_eq!((used(takes[0]), used(takes[1])), (2, 4));
+
+    let denied = acquire(&[3, 2]).expect("answers");
+    assert!(!denied.is_granted(), "{denied:?}");
+    assert_eq!(
+        denied.outcomes()[0],
+        CounterOutcome::Allowed { remaining: 8 },
+        "the first slot's grant given back, its own cost with it"
+    );
+    assert!(matches!(denied.outcomes()[1], CounterOutcome::Denied(_)));
+    assert_eq!((used(takes[0]), used(takes[1])), (2, 4), "nothing taken");
+
+    let granted = acquire(&[3, 1]).expect("answers");
+    assert!(granted.is_granted(), "{granted:?}");
+    assert_eq!(
+        (used(takes[0]), used(takes[1])),
+        (5, 5),
+        "each its own cost"
+    );
 }

@@ -407,3 +407,43 @@ async fn a_pause_during_a_block_fetch_stops_that_block() {
     let (_, _, returns) = store.counts();
     assert_eq!(returns, 1, "the block's rest went back");
 }
+
+/// A charge on a leased counter is paid before anything more is granted here: the block's rest
+/// goes back first, and the next request asks the store, which counts the debt, rather than
+/// being served from a block fetched before the charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_retires_the_block_and_is_paid_first() {
+    let Some(url) = common::redis_url("a_charge_retires_the_block_and_is_paid_first") else {
+        return;
+    };
+    let namespace = common::namespace("leasing-charge");
+    common::declare_fresh(&url, &namespace).await;
+    let (store, limiter) = long_lived_blocks(&url, &namespace, 40).await;
+    // Blocks of one, then of two: one unit left in the block.
+    for call in 0..2 {
+        let granted = limiter
+            .try_acquire(&Request::new("vendor"))
+            .await
+            .expect("answers");
+        assert!(granted.is_granted(), "call {call}");
+    }
+    let charged = limiter
+        .charge(&Request::new("vendor").cost(40))
+        .await
+        .expect("charge");
+    assert_eq!(
+        (charged[0].charged, charged[0].usage.used),
+        (40, 42),
+        "the block's rest went back before the debt was counted"
+    );
+    let after = limiter
+        .try_acquire(&Request::new("vendor"))
+        .await
+        .expect("answers");
+    assert!(
+        !after.is_granted(),
+        "a unit of a block fetched before the charge was handed out past the debt"
+    );
+    let (_, _, returns) = store.counts();
+    assert_eq!(returns, 1, "the block's rest went back");
+}

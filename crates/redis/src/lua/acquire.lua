@@ -2,11 +2,13 @@
 -- (the twin of the engine's MemoryStore::acquire and of plan.rs's slot step), with the queue of
 -- waiters across the fleet, the limits' pauses and the key budgets read in the same call.
 
--- acquire: [2] cost, [3] priority, [4] record reservations (1) or grant final (0), [5] n,
+-- acquire: [2] cost (the same on every counter; below 0: one cost per counter, after the
+-- place's lifetime), [3] priority, [4] record reservations (1) or grant final (0), [5] n,
 -- then per counter 15 numbers: its policy, where its limit's pause is (at KEYS[x] for x >= 1,
 -- or -x its end as read by the caller: its key is in another slot), its admission, and where
 -- its queue is (KEYS[x]); then the waiter's id (0: the request does not wait) and how long a
--- place it takes lives (us). Reply: ok now born lost, then per counter 5 numbers (outcome
+-- place it takes lives (us); then, with a cost below 0, n costs, one per counter in order
+-- (a language model's requests, input and output tokens, taken all or none). Reply: ok now born lost, then per counter 5 numbers (outcome
 -- granted: seq remaining reset_after lease_expires_at; allowed: _ remaining; denied:
 -- retry_after remaining reason left); or cost now born lost i open; or admit now born lost, then
 -- (i cover need) for each counter whose key the caller must have admitted in its budget's
@@ -19,11 +21,16 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
   local after = s + __ACQUIRE_HEAD__ + n * __ACQUIRE_PER_COUNTER__
   local waiter, place_ttl = a[after], a[after + 1]
   if waiter == 0 then waiter = __NEWCOMER_ID__ end
+  -- A cost per counter: read where needed, so that one cost for all (the common case) makes
+  -- no table and reads nothing more.
+  local costs
+  if cost < 0 then costs = { unpack(a, after + 2, after + 1 + n) } end
   local policies, pauses, admissions, queues = {}, {}, {}, {}
   for i = 1, n do
     local at = s + __ACQUIRE_HEAD__ + (i - 1) * __ACQUIRE_PER_COUNTER__
     local p = T.read_policy(a, at, packed)
     local open = T.capacity_for(p, priority)
+    if costs then cost = costs[i] end
     if cost < 1 or cost > open then
       gen = gen or T.generation(redis.call('GET', KEYS[1]), KEYS[1], now)
       local reply = T.head('cost', now, gen)
@@ -103,6 +110,7 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
   for i = 1, n do
     local p, c = policies[i], counters[i]
     local open = T.capacity_for(p, priority)
+    if costs then cost = costs[i] end
     local limit_paused_until = -pauses[i]
     if pauses[i] >= 1 then limit_paused_until = tonumber(values[pauses[i]]) or 0 end
     local denial
@@ -132,8 +140,10 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
         end
       end
     end
-    -- Held after a loss (T.load) rather than paused by someone: recovering.
+    -- Held after a loss (T.load) rather than paused by someone: recovering, when the hold is
+    -- what the request waits for (a debt charged past the limit can outlast it).
     if denial and denial[3] == __REASON_PAUSED__ and c.p >= limit_paused_until
+        and now + denial[1] <= c.p
         and (c.p == gen.born + p.memory or c.p == gen.seen + p.memory) then
       denial[3] = __REASON_RECOVERING__
     end
@@ -153,6 +163,7 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
   if all_allowed then
     for i = 1, n do
       local at = __REPLY_HEAD__ + 1 + __OUTCOME_NUMBERS__ * (i - 1)
+      if costs then cost = costs[i] end
       reply[at] = __OUTCOME_GRANTED__
       reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
         T.grant(counters[i], policies[i], now, cost, priority, record)
@@ -173,6 +184,8 @@ function T.acquire(KEYS, a, s, shift, now, gen, watch, packed)
       if waiter < __NEWCOMER_ID__ and not all_allowed then
         q = q or {}
         ranks[i] = ranks[i] or { priority, now, waiter }
+        -- The place records what it waits for on this counter: its own cost.
+        if costs then cost = costs[i] end
         T.queue_stand(q, ranks[i], cost, now, place_ttl)
         changed = true
       elseif q and T.queue_leave(q, waiter) then

@@ -140,6 +140,25 @@ function T.grant(c, p, now, cost, priority, record)
     math.min(T.sub0(T.counted_until(c, p), now), p.memory), lease_expires_at
 end
 
+-- Count `units` spent at `now` beyond anything granted, even past the limit (what a vendor
+-- counted over a reservation), at most one capacity past it; returns the units counted.
+-- Pauses stay as they are; leases count nothing.
+function T.debit(c, p, now, units)
+  if p.kind ~= __KIND_RATE__ then return 0 end
+  T.normalise(c, p, now)
+  units = math.min(units, T.sub0(2 * p.capacity, T.used(c, p, now)))
+  if units <= 0 then return 0 end
+  c.dirty = true
+  if c.k == __BODY_SLIDING__ then
+    T.sliding_grant(c, p, now, units, math.floor(p.window / __LOG_SLACK_PER_WINDOW__))
+  elseif c.k == __BODY_FIXED__ then
+    c.u = c.u + units
+  elseif c.k == __BODY_GCRA__ then
+    c.t = math.max(c.t, now) + units * p.emission
+  end
+  return units
+end
+
 -- Write the counter back with its expiry (when it goes idle), or delete it if it already is.
 -- Nothing is written when nothing changed: its expiry is still right. Logs whose dead prefix
 -- has grown to a full log are moved back to the start of their key.

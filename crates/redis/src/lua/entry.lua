@@ -55,7 +55,7 @@ function T.decide(KEYS, ARGV)
     -- a batch of acquires on one slot, decided in order, each all or nothing, at one `now`: [2]
     -- how many, then per acquire: how far its keys are shifted (its own KEYS[x] is
     -- KEYS[x + shift]; KEYS[1], the generation, is shared), how many numbers it has, then its
-    -- numbers as an acquire's from its cost. The generation (and the evictions record) is read
+    -- numbers as an acquire's from its cost (its costs per counter, if any, among them). The generation (and the evictions record) is read
     -- once. Reply: one acquire's reply per acquire, in order.
     local names = { KEYS[1] }
     if watch then names[2] = KEYS[#KEYS] end
@@ -111,6 +111,7 @@ function T.decide(KEYS, ARGV)
   if op == __OP_PAUSE__ then return T.pause_op(KEYS, ARGV, a, now, gen, values, adm) end
   if op == __OP_RESUME__ then return T.resume_op(KEYS, ARGV, a, now, gen, values, adm) end
   if op == __OP_USAGE__ then return T.usage_op(KEYS, ARGV, a, now, gen, values, adm) end
+  if op == __OP_CHARGE__ then return T.charge_op(KEYS, ARGV, a, now, gen, values, adm) end
 
   return redis.error_reply('tollgate: unknown operation ' .. tostring(op))
 end

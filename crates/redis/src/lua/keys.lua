@@ -17,11 +17,13 @@ end
 
 -- Until when counter `c` may live once written: its idle time, its logs' slack and the rounding
 -- of an expiry to milliseconds; `from_now`: the operation may also make it count from now (a
--- grant, a renewal, or normalising it into another kind after its limit changed).
-function T.need(c, p, now, from_now)
-  local need = T.idle_at(c, p) + math.floor(p.window / __LOG_SLACK_PER_WINDOW__)
-    + __EXPIRY_SLACK_US__
+-- grant, a renewal, or normalising it into another kind after its limit changed); `reach`, if
+-- given: the operation may make it count until then (a charge's debt, past a grant's span).
+function T.need(c, p, now, from_now, reach)
+  local slack = math.floor(p.window / __LOG_SLACK_PER_WINDOW__) + __EXPIRY_SLACK_US__
+  local need = T.idle_at(c, p) + slack
   if from_now then need = math.max(need, now + T.span(p)) end
+  if reach then need = math.max(need, reach + slack) end
   return need
 end
 
@@ -101,10 +103,10 @@ end
 -- brings or by asking its limit's budget here (`adm`, T.read_admission). Called before the
 -- operation writes anything. Returns nil to go on (`c` now covered, and kept a span, so that a
 -- retry finds it admitted), or {'admit', cover, need} (the budget is in another slot: the caller
--- asks it, then calls again), {'keys', budget} or {'held', until}.
-function T.cover(c, p, now, from_now, adm, gen, KEYS, honour_hold)
+-- asks it, then calls again), {'keys', budget} or {'held', until}. `reach` as for T.need.
+function T.cover(c, p, now, from_now, adm, gen, KEYS, honour_hold, reach)
   if adm.tally == 0 then return nil end
-  local need = T.need(c, p, now, from_now)
+  local need = T.need(c, p, now, from_now, reach)
   if need <= c.a then return nil end
   local status, value = 'ok', adm.carried
   if adm.carried < 0 then

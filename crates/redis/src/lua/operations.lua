@@ -1,5 +1,6 @@
--- The operations on one counter but acquire (the twin of the core's Counter::commit, renew and
--- usage, as the store asks them): commit (a refund, or a lease's release), renew and usage.
+-- The operations on one counter but acquire (the twin of the core's Counter::commit, renew,
+-- usage and debit, as the store asks them): commit (a refund, or a lease's release), renew,
+-- usage and charge.
 -- Each is called by T.decide with the call's numbers `a`, the values it read first (`values`:
 -- the generation, the counter's state, then what the operation asked for) and the counter's
 -- admission (`adm`). Their own numbers start at a[ARG_OWN].
@@ -112,5 +113,27 @@ function T.usage_op(KEYS, ARGV, a, now, gen, values, adm)
   end
   -- Normalising may have dropped expired state: keep the store as small as the core's.
   if raw then T.save(c, p, now) end
+  return reply
+end
+
+-- charge: [ARG_OWN] units. Reply: ok now born lost charged. Units spent beyond any grant
+-- (T.debit), counted at now even past the limit, at most one capacity past it; a counter not
+-- kept is made, held as acquire would hold it, and its key admitted in its limit's budget as a
+-- grant's would be. A concurrency limit counts nothing and makes nothing.
+function T.charge_op(KEYS, ARGV, a, now, gen, values, adm)
+  local p = T.read_policy(a, 2, ARGV[1])
+  local reply = T.head('ok', now, gen)
+  reply[__REPLY_AT__] = 0
+  if p.kind ~= __KIND_RATE__ then return reply end
+  local c, hold_until = T.load(values[2], KEYS, 2, now, gen, p)
+  if hold_until then T.hold(c, now, hold_until) end
+  -- A GCRA debt can leave a backlog of two capacities, longer than a grant's span: the key is
+  -- covered that far before anything is written.
+  local reach
+  if p.alg == __ALG_GCRA__ then reach = now + 2 * p.capacity * p.emission end
+  local uncovered = T.cover(c, p, now, true, adm, gen, KEYS, 0, reach)
+  if uncovered then return T.uncovered(uncovered, now, gen) end
+  reply[__REPLY_AT__] = T.debit(c, p, now, a[__ARG_OWN__])
+  T.save(c, p, now)
   return reply
 end
