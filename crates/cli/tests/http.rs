@@ -1345,6 +1345,95 @@ async fn two_replicas_on_one_redis_share_one_quota() {
     granted(&b, r#"{"limits":["shared"]}"#).await;
 }
 
+/// On Redis, through two replicas: costs per limit all or none, and a charge made through one
+/// replica is a debt the other's callers wait out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_through_one_replica_is_a_debt_on_the_other() {
+    let Ok(redis) = std::env::var("TOLLGATE_TEST_REDIS") else {
+        tollgate::conformance::skipped(
+            "a_charge_through_one_replica_is_a_debt_on_the_other: TOLLGATE_TEST_REDIS unset",
+        );
+        return;
+    };
+    let namespace = format!(
+        "http-charge-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
+    let secret = "00112233445566778899aabbccddeeff";
+    let start = || {
+        Server::start_with(Options {
+            args: vec!["--store", &redis, "--redis-namespace", &namespace],
+            env: vec![
+                ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+                ("TOLLGATE_PERMIT_SECRET", secret),
+            ],
+            ..Options::default()
+        })
+    };
+    let (first, second) = (start(), start());
+    for server in [&first, &second] {
+        put_limit(
+            server,
+            "calls",
+            r#"{"kind":"rate","limit":5,"period_ms":10000}"#,
+        )
+        .await;
+        put_limit(
+            server,
+            "tokens",
+            r#"{"kind":"rate","limit":10,"period_ms":10000}"#,
+        )
+        .await;
+    }
+    let (a, b) = (first.anonymous(), second.anonymous());
+    // A new namespace holds for one period (G6): wait it out in the queue.
+    let opening = post(
+        &a,
+        "/v1/acquire",
+        r#"{"limits":["calls","tokens"],"costs":{"tokens":4},"wait_ms":25000}"#,
+    )
+    .await;
+    assert_eq!(opening.status, 200, "{}", opening.text());
+    let charged = post(&b, "/v1/charge", r#"{"limits":["tokens"],"cost":30}"#).await;
+    assert_eq!(charged.status, 200, "{}", charged.text());
+    let view = &charged.json.as_ref().expect("json")["limits"][0];
+    assert_eq!(
+        view["charged"], 16,
+        "one capacity past the limit at most: {view}"
+    );
+    assert_eq!(view["used"], 20, "{view}");
+    for body in [
+        r#"{"limits":["tokens"],"priority":"high"}"#,
+        r#"{"limits":["calls","tokens"],"costs":{"tokens":1}}"#,
+    ] {
+        assert_error(
+            &post(&a, "/v1/acquire", body).await,
+            429,
+            "rate_limited",
+            None,
+        );
+    }
+    // The denied request took nothing from `calls`: four are left.
+    granted(&b, r#"{"limits":["calls"],"cost":4}"#).await;
+    // The opening permit commits by limit through the other replica; the debt stays.
+    let permit = permit_of(&opening.json.clone().expect("json"));
+    let committed = post(
+        &b,
+        &format!("/v1/permits/{permit}/commit"),
+        r#"{"used":{"calls":1,"tokens":2}}"#,
+    )
+    .await;
+    assert_eq!(committed.status, 200, "{}", committed.text());
+    assert_eq!(committed.json.as_ref().expect("json")["refunded"], 2);
+    assert_error(
+        &post(&a, "/v1/acquire", r#"{"limits":["tokens"]}"#).await,
+        429,
+        "rate_limited",
+        None,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_redis_is_refused_clearly_at_start() {
     let directory = tempfile::tempdir().expect("tempdir");
