@@ -1288,23 +1288,7 @@ async fn two_replicas_on_one_redis_share_one_quota() {
         );
         return;
     };
-    let namespace = format!(
-        "http-test-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    );
-    let secret = "00112233445566778899aabbccddeeff";
-    let start = || {
-        Server::start_with(Options {
-            args: vec!["--store", &redis, "--redis-namespace", &namespace],
-            env: vec![
-                ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
-                ("TOLLGATE_PERMIT_SECRET", secret),
-            ],
-            ..Options::default()
-        })
-    };
-    let (first, second) = (start(), start());
+    let (first, second) = replicas_on(&redis, "http-test");
     // Each replica has its own rules file here; both define the same limit.
     for server in [&first, &second] {
         put_limit(
@@ -1345,6 +1329,29 @@ async fn two_replicas_on_one_redis_share_one_quota() {
     granted(&b, r#"{"limits":["shared"]}"#).await;
 }
 
+/// Two servers on one Redis namespace of their own (`prefix`, this process, the time),
+/// sharing a permit secret: replicas of one deployment.
+fn replicas_on(redis: &str, prefix: &str) -> (Server, Server) {
+    let namespace = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos())
+    );
+    let start = || {
+        Server::start_with(Options {
+            args: vec!["--store", redis, "--redis-namespace", &namespace],
+            env: vec![
+                ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+                ("TOLLGATE_PERMIT_SECRET", "00112233445566778899aabbccddeeff"),
+            ],
+            ..Options::default()
+        })
+    };
+    (start(), start())
+}
+
 /// On Redis, through two replicas: costs per limit all or none, and a charge made through one
 /// replica is a debt the other's callers wait out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1355,23 +1362,7 @@ async fn a_charge_through_one_replica_is_a_debt_on_the_other() {
         );
         return;
     };
-    let namespace = format!(
-        "http-charge-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    );
-    let secret = "00112233445566778899aabbccddeeff";
-    let start = || {
-        Server::start_with(Options {
-            args: vec!["--store", &redis, "--redis-namespace", &namespace],
-            env: vec![
-                ("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN),
-                ("TOLLGATE_PERMIT_SECRET", secret),
-            ],
-            ..Options::default()
-        })
-    };
-    let (first, second) = (start(), start());
+    let (first, second) = replicas_on(&redis, "http-charge");
     for server in [&first, &second] {
         put_limit(
             server,
