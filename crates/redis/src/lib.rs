@@ -64,6 +64,7 @@ mod differential_tests;
 #[cfg(test)]
 mod queue_tests;
 
+pub use abi::PROTOCOL_VERSION;
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 pub use store::{LessonFn, RedisStore, RedisStoreConfig};
