@@ -129,11 +129,12 @@ impl Drop for Server {
     }
 }
 
-/// The module's shared library, beside the test binary's directory (`target/<profile>/deps/..`).
+/// The module's shared library as this test's build made it: beside the test binary
+/// (`target/<profile>/deps`, where `cargo test` builds it; `cargo build` copies it up a level).
 fn module_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    dir.join(format!(
+    let deps = exe.parent().expect("deps dir");
+    deps.join(format!(
         "{}tollgate_redis_module{}",
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
@@ -152,7 +153,7 @@ fn start() -> Option<Server> {
     let module = module_path();
     assert!(
         module.exists(),
-        "{} missing: `cargo build -p tollgate-redis-module`",
+        "{} missing: the module is built with this test",
         module.display()
     );
     let port = TcpListener::bind("127.0.0.1:0")
