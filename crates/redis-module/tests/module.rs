@@ -261,11 +261,12 @@ fn policies() -> Vec<[f64; 9]> {
     ]
 }
 
-fn acquire_numbers(policy: &[f64; 9], cost: f64, priority: f64) -> Vec<f64> {
+/// An acquire of one counter: its limit's pause as the caller read it (`-paused_until`, or 0),
+/// no key budget (0 0 0 0), its queue at KEYS[5]; not waiting.
+fn acquire_numbers(policy: &[f64; 9], cost: f64, priority: f64, pause: f64) -> Vec<f64> {
     let mut numbers = vec![OP_ACQUIRE, cost, priority, 0.0, 1.0];
     numbers.extend(policy);
-    // No pause kept here (0), no key budget (0 0 0 0), the queue at KEYS[5]; not waiting.
-    numbers.extend([0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
+    numbers.extend([pause, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
     numbers
 }
 
@@ -333,7 +334,19 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             f64::from(rng.u8(1..3))
         };
         let priority = f64::from(rng.u8(..3));
-        let packed = pack(&acquire_numbers(&policies[counter], cost, priority));
+        // Now and then a GCRA counter under the other GCRA policy (its backlog carried over to
+        // the new interval), or its limit paused for up to 2 s.
+        let policy = if counter < 2 && rng.u8(..20) == 0 {
+            &policies[1 - counter]
+        } else {
+            &policies[counter]
+        };
+        let pause = if rng.u8(..15) == 0 {
+            -((CLOCK_START_US + clock + rng.u64(..2_000_000)) as f64)
+        } else {
+            0.0
+        };
+        let packed = pack(&acquire_numbers(policy, cost, priority, pause));
         let mixed_keys = keys("mixed", counter);
         let alone_keys = keys("alone", counter);
         let mixed = if rng.bool() {
