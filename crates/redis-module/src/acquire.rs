@@ -295,7 +295,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     }
     let keys = &args[2..2 + numkeys];
     let packed = args[2 + numkeys];
-    if packed.len() % NUMBER_BYTES != 0 {
+    if !packed.len().is_multiple_of(NUMBER_BYTES) {
         return bad("packed numbers: not a whole count of doubles");
     }
     let nums = numbers(packed);

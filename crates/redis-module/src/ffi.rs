@@ -4,6 +4,7 @@
 //! `RedisModule_Init`'s inline code does in C), and safe wrappers for the commands
 //! (`Ctx`: calling Redis commands, replying). The only `unsafe` code of the crate is here.
 #![allow(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_void};
 use std::sync::OnceLock;
@@ -192,32 +193,45 @@ impl std::fmt::Debug for Ctx {
 
 impl Ctx {
     fn reply_value(&self, value: &Value) {
-        // SAFETY (every call below): `self.ctx` is the live context of the command being run;
-        // buffers are passed with their lengths, error texts NUL-terminated.
         match value {
+            // SAFETY: `self.ctx` is the live context of the command being run.
             Value::Int(n) => unsafe {
                 (self.api.reply_with_long_long)(self.ctx, *n);
             },
+            // SAFETY: the live context; the buffer with its length (Redis copies it).
             Value::Bytes(bytes) => unsafe {
                 (self.api.reply_with_string_buffer)(self.ctx, bytes.as_ptr().cast(), bytes.len());
             },
             Value::Array(items) => {
-                // SAFETY: as above.
+                // SAFETY: the live context; exactly `len` replies follow.
                 unsafe { (self.api.reply_with_array)(self.ctx, items.len() as c_long) };
                 for item in items {
                     self.reply_value(item);
                 }
             }
+            // SAFETY: the live context.
             Value::Nil => unsafe {
                 (self.api.reply_with_null)(self.ctx);
             },
             Value::Error(text) => {
                 let text = std::ffi::CString::new(text.replace('\0', " "))
                     .unwrap_or_else(|_| std::ffi::CString::from(c"ERR tollgate"));
-                // SAFETY: as above.
+                // SAFETY: the live context; a NUL-terminated text.
                 unsafe { (self.api.reply_with_error)(self.ctx, text.as_ptr()) };
             }
         }
+    }
+
+    /// A string or error reply's bytes, copied.
+    fn reply_bytes(&self, reply: *mut RedisModuleCallReply) -> Vec<u8> {
+        let mut len = 0usize;
+        // SAFETY: `reply` is a live string or error reply of this command.
+        let ptr = unsafe { (self.api.call_reply_string_ptr)(reply, &mut len) };
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: Redis's pointer to `len` bytes, alive with the reply, copied at once.
+        unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
     }
 
     /// A call's reply as a value: strings and integers as they are, errors as Error, a nil
@@ -226,28 +240,22 @@ impl Ctx {
         if reply.is_null() {
             return None;
         }
-        // SAFETY (every call below): `reply` is a live reply of this command (auto memory
-        // frees it when the command returns); string pointers are read with their lengths
-        // before anything else runs.
+        // SAFETY: `reply` is a live reply of this command (auto memory frees it when the
+        // command returns), as is every element read below.
         let kind = unsafe { (self.api.call_reply_type)(reply) };
-        let bytes = |reply| {
-            let mut len = 0usize;
-            let ptr = unsafe { (self.api.call_reply_string_ptr)(reply, &mut len) };
-            if ptr.is_null() {
-                return Vec::new();
-            }
-            unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
-        };
         match kind {
-            REPLY_STRING => Some(Value::Bytes(bytes(reply))),
+            REPLY_STRING => Some(Value::Bytes(self.reply_bytes(reply))),
             REPLY_ERROR => Some(Value::Error(
-                String::from_utf8_lossy(&bytes(reply)).into_owned(),
+                String::from_utf8_lossy(&self.reply_bytes(reply)).into_owned(),
             )),
+            // SAFETY: an integer reply, live.
             REPLY_INTEGER => Some(Value::Int(unsafe { (self.api.call_reply_integer)(reply) })),
             REPLY_ARRAY => {
+                // SAFETY: an array reply, live.
                 let len = unsafe { (self.api.call_reply_length)(reply) };
                 let items = (0..len)
                     .map(|i| {
+                        // SAFETY: an index below the array's length.
                         let element = unsafe { (self.api.call_reply_array_element)(reply, i) };
                         self.read_reply(element).unwrap_or(Value::Nil)
                     })
