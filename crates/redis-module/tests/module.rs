@@ -106,10 +106,12 @@ impl Conn {
 /// A `redis-server` with the module loaded, on a free port, its clock set by `set_clock`;
 /// stopped when dropped.
 struct Server {
-    child: Child,
+    children: Vec<Child>,
     port: u16,
+    redis_server: String,
     clock: PathBuf,
-    _dir: tempdir::Dir,
+    shim: PathBuf,
+    dir: tempdir::Dir,
 }
 
 mod tempdir {
@@ -124,8 +126,10 @@ mod tempdir {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -156,10 +160,7 @@ fn start() -> Option<Server> {
         "{} missing: the module is built with this test",
         module.display()
     );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let dir = std::env::temp_dir().join(format!("tollgate-module-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let clock = dir.join("clock");
@@ -180,35 +181,77 @@ fn start() -> Option<Server> {
         ));
         return None;
     }
-    let child = Command::new(&redis_server)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(&dir)
-        .arg("--loadmodule")
-        .arg(&module)
-        // The time of day stands still at the file's, read again on every call.
-        .env("LD_PRELOAD", &shim)
-        .env("TOLLGATE_CLOCK_FILE", &clock)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start redis-server");
-    let server = Server {
-        child,
+    let mut server = Server {
+        children: Vec::new(),
         port,
+        redis_server,
         clock,
-        _dir: tempdir::Dir(dir),
+        shim,
+        dir: tempdir::Dir(dir),
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Conn::open(port).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let module = module.into_os_string();
+    server.spawn(port, &["--loadmodule".into(), module]);
     Some(server)
 }
 
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
 impl Server {
+    /// A `redis-server` on `port`, its time of day the test's, started and answering.
+    fn spawn(&mut self, port: u16, extra: &[std::ffi::OsString]) {
+        let dir = self.dir.0.join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let child = Command::new(&self.redis_server)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(extra)
+            // The time of day stands still at the file's, read again on every call.
+            .env("LD_PRELOAD", &self.shim)
+            .env("TOLLGATE_CLOCK_FILE", &self.clock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Conn::open(port).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A replica of the server, without the module: it can replay writes, not the module's
+    /// commands.
+    fn replica(&mut self) -> Conn {
+        // The full sync's delay counts on the time of day, which stands still here.
+        self.conn()
+            .call(&[b"CONFIG", b"SET", b"repl-diskless-sync-delay", b"0"]);
+        let port = free_port();
+        let master = self.port.to_string();
+        self.spawn(
+            port,
+            &["--replicaof".into(), "127.0.0.1".into(), master.into()],
+        );
+        let mut conn = Conn::open(port).expect("connect to the replica");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = conn.call(&[b"INFO", b"replication"]);
+            if matches!(&info, Resp::Bytes(text) if text.windows(21).any(|w| w == b"master_link_status:up"))
+            {
+                return conn;
+            }
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn conn(&self) -> Conn {
         Conn::open(self.port).expect("connect")
     }
@@ -389,4 +432,40 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             "counter {counter}: grants and denials both met"
         );
     }
+}
+
+#[test]
+fn the_modules_writes_reach_a_replica_without_the_module() {
+    let Some(mut server) = start() else { return };
+    let mut replica = server.replica();
+    let mut conn = server.conn();
+    let policy = policies()[0];
+    let keys = keys("replicated", 0);
+    let mut clock = 0;
+    let mut granted = 0;
+    for step in 0..60 {
+        clock += 700_000;
+        server.set_clock(clock);
+        let packed = pack(&acquire_numbers(&policy, 1.0, 2.0, 0.0));
+        match module(&mut conn, &keys, &packed) {
+            Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
+            Resp::Array(_) => {}
+            other => panic!("step {step}: {other:?}"),
+        }
+    }
+    assert!(granted > 10, "granted {granted}");
+    assert_eq!(conn.call(&[b"WAIT", b"1", b"5000"]), Resp::Int(1));
+    for key in &keys {
+        assert_eq!(
+            replica.call(&[b"GET", key]),
+            conn.call(&[b"GET", key]),
+            "{}",
+            String::from_utf8_lossy(key)
+        );
+    }
+    assert_ne!(
+        replica.call(&[b"GET", &keys[1]]),
+        Resp::Nil,
+        "the counter replicated"
+    );
 }
