@@ -19,6 +19,11 @@ use tollgate_redis_protocol::queue;
 
 use crate::tally;
 
+/// The version of the protocol the script speaks: its arguments, replies and stored values.
+/// A Redis module deciding the same operations (`tollgate-redis-module`) answers the same
+/// version to `TOLLGATE.VERSION`; a change either side must make alike moves it.
+pub const PROTOCOL_VERSION: u64 = 1;
+
 /// The script's operation codes (the first number of its arguments).
 pub(crate) const OP_ACQUIRE: u64 = 1;
 pub(crate) const OP_COMMIT: u64 = 2;

@@ -64,6 +64,17 @@ mod differential_tests;
 #[cfg(test)]
 mod queue_tests;
 
+pub use abi::PROTOCOL_VERSION;
+
+/// The function library's source as `FUNCTION LOAD` takes it, its function named `name`: for
+/// tests that run it beside another implementation of its protocol (`tollgate-redis-module`).
+#[doc(hidden)]
+pub fn library_source(name: &str) -> String {
+    format!(
+        "#!lua name={name}\n{}",
+        abi::script().replace("__TOLLGATE_FUNCTION__", name)
+    )
+}
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 pub use store::{LessonFn, RedisStore, RedisStoreConfig};

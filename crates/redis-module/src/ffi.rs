@@ -1,0 +1,363 @@
+//! The Redis module API, the few functions this module uses, declared by hand from Redis's
+//! `redismodule.h` (no bindings generator): the load entry point, the API fetched by name
+//! through the `RedisModule_GetApi` pointer Redis puts first in the load context (what
+//! `RedisModule_Init`'s inline code does in C), and safe wrappers for the commands
+//! (`Ctx`: calling Redis commands, replying). The only `unsafe` code of the crate is here.
+#![allow(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+use std::ffi::{c_char, c_int, c_long, c_longlong, c_void};
+use std::sync::OnceLock;
+
+use crate::{Reply, Value};
+
+const REDISMODULE_OK: c_int = 0;
+const REDISMODULE_ERR: c_int = 1;
+const REDISMODULE_APIVER_1: c_int = 1;
+
+const REPLY_STRING: c_int = 0;
+const REPLY_ERROR: c_int = 1;
+const REPLY_INTEGER: c_int = 2;
+const REPLY_ARRAY: c_int = 3;
+
+/// Opaque Redis types.
+#[repr(C)]
+pub struct RedisModuleCtx {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct RedisModuleString {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct RedisModuleCallReply {
+    _private: [u8; 0],
+}
+
+type GetApiFn = unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int;
+type CmdFunc =
+    unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
+
+/// The API functions used, as `redismodule.h` declares them.
+struct Api {
+    set_module_attribs: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, c_int, c_int),
+    is_module_name_busy: Option<unsafe extern "C" fn(*const c_char) -> c_int>,
+    create_command: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        *const c_char,
+        CmdFunc,
+        *const c_char,
+        c_int,
+        c_int,
+        c_int,
+    ) -> c_int,
+    auto_memory: unsafe extern "C" fn(*mut RedisModuleCtx),
+    wrong_arity: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    reply_with_long_long: unsafe extern "C" fn(*mut RedisModuleCtx, c_longlong) -> c_int,
+    reply_with_error: unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char) -> c_int,
+    reply_with_array: unsafe extern "C" fn(*mut RedisModuleCtx, c_long) -> c_int,
+    reply_with_null: unsafe extern "C" fn(*mut RedisModuleCtx) -> c_int,
+    reply_with_string_buffer:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> c_int,
+    string_ptr_len: unsafe extern "C" fn(*const RedisModuleString, *mut usize) -> *const c_char,
+    create_string:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, usize) -> *mut RedisModuleString,
+    call: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        *const c_char,
+        *const c_char,
+        ...
+    ) -> *mut RedisModuleCallReply,
+    call_reply_type: unsafe extern "C" fn(*mut RedisModuleCallReply) -> c_int,
+    call_reply_string_ptr:
+        unsafe extern "C" fn(*mut RedisModuleCallReply, *mut usize) -> *const c_char,
+    call_reply_integer: unsafe extern "C" fn(*mut RedisModuleCallReply) -> c_longlong,
+    call_reply_length: unsafe extern "C" fn(*mut RedisModuleCallReply) -> usize,
+    call_reply_array_element:
+        unsafe extern "C" fn(*mut RedisModuleCallReply, usize) -> *mut RedisModuleCallReply,
+}
+
+static API: OnceLock<Api> = OnceLock::new();
+
+/// One API function by name, or None when this Redis has none of that name.
+///
+/// # Safety
+/// `get_api` is Redis's `RedisModule_GetApi`, and `T` the function pointer type `redismodule.h`
+/// declares for `name`.
+unsafe fn fetch<T: Copy>(get_api: GetApiFn, name: &std::ffi::CStr) -> Option<T> {
+    let mut slot: *mut c_void = std::ptr::null_mut();
+    // SAFETY: GetApi writes one pointer to the slot it is given, which is a `*mut c_void`.
+    let found = unsafe { get_api(name.as_ptr(), (&raw mut slot).cast()) };
+    if found != REDISMODULE_OK || slot.is_null() {
+        return None;
+    }
+    // SAFETY: the caller names the type of the function `name` is; both are one pointer wide.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&slot) })
+}
+
+/// `RedisModule_Init`'s work: every function fetched, the module named.
+///
+/// # Safety
+/// `ctx` is the context Redis passes to `RedisModule_OnLoad`.
+unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
+    // SAFETY: Redis's module context begins with the `RedisModule_GetApi` pointer (this is how
+    // `RedisModule_Init` in redismodule.h finds it).
+    let get_api: GetApiFn = unsafe { *(ctx as *const GetApiFn) };
+    macro_rules! get {
+        ($name:literal) => {
+            // SAFETY: the field's type is the function's type in redismodule.h.
+            unsafe { fetch(get_api, $name)? }
+        };
+    }
+    let api = Api {
+        set_module_attribs: get!(c"RedisModule_SetModuleAttribs"),
+        // SAFETY: as `get!`; an older Redis lacks it, which the C init allows too.
+        is_module_name_busy: unsafe { fetch(get_api, c"RedisModule_IsModuleNameBusy") },
+        create_command: get!(c"RedisModule_CreateCommand"),
+        auto_memory: get!(c"RedisModule_AutoMemory"),
+        wrong_arity: get!(c"RedisModule_WrongArity"),
+        reply_with_long_long: get!(c"RedisModule_ReplyWithLongLong"),
+        reply_with_error: get!(c"RedisModule_ReplyWithError"),
+        reply_with_array: get!(c"RedisModule_ReplyWithArray"),
+        reply_with_null: get!(c"RedisModule_ReplyWithNull"),
+        reply_with_string_buffer: get!(c"RedisModule_ReplyWithStringBuffer"),
+        string_ptr_len: get!(c"RedisModule_StringPtrLen"),
+        create_string: get!(c"RedisModule_CreateString"),
+        call: get!(c"RedisModule_Call"),
+        call_reply_type: get!(c"RedisModule_CallReplyType"),
+        call_reply_string_ptr: get!(c"RedisModule_CallReplyStringPtr"),
+        call_reply_integer: get!(c"RedisModule_CallReplyInteger"),
+        call_reply_length: get!(c"RedisModule_CallReplyLength"),
+        call_reply_array_element: get!(c"RedisModule_CallReplyArrayElement"),
+    };
+    if let Some(busy) = api.is_module_name_busy {
+        // SAFETY: a NUL-terminated name.
+        if unsafe { busy(c"tollgate".as_ptr()) } != 0 {
+            return None;
+        }
+    }
+    // SAFETY: `ctx` is the load context; the name is NUL-terminated and static.
+    unsafe {
+        (api.set_module_attribs)(
+            ctx,
+            c"tollgate".as_ptr(),
+            crate::MODULE_VERSION,
+            REDISMODULE_APIVER_1,
+        )
+    };
+    let api = API.get_or_init(|| api);
+    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 2] = [
+        (c"tollgate.version", version_command, c"readonly fast"),
+        (c"tollgate.acquire", acquire_command, c"write deny-oom"),
+    ];
+    for (name, func, flags) in commands {
+        // SAFETY: the load context, NUL-terminated static strings, a command function of the
+        // declared type. Keys 0 0 0: the keys' count is an argument, as FCALL's.
+        let created =
+            unsafe { (api.create_command)(ctx, name.as_ptr(), func, flags.as_ptr(), 0, 0, 0) };
+        if created != REDISMODULE_OK {
+            return None;
+        }
+    }
+    Some(())
+}
+
+/// The entry point Redis calls on `MODULE LOAD` / `--loadmodule`.
+///
+/// # Safety
+/// Called by Redis with its load context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn RedisModule_OnLoad(
+    ctx: *mut RedisModuleCtx,
+    _argv: *mut *mut RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    // SAFETY: Redis calls this with its load context.
+    match unsafe { init(ctx) } {
+        Some(()) => REDISMODULE_OK,
+        None => REDISMODULE_ERR,
+    }
+}
+
+/// A command's context: what a command may do, safely.
+pub(crate) struct Ctx {
+    ctx: *mut RedisModuleCtx,
+    api: &'static Api,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ctx")
+    }
+}
+
+impl Ctx {
+    fn reply_value(&self, value: &Value) {
+        match value {
+            // SAFETY: `self.ctx` is the live context of the command being run.
+            Value::Int(n) => unsafe {
+                (self.api.reply_with_long_long)(self.ctx, *n);
+            },
+            // SAFETY: the live context; the buffer with its length (Redis copies it).
+            Value::Bytes(bytes) => unsafe {
+                (self.api.reply_with_string_buffer)(self.ctx, bytes.as_ptr().cast(), bytes.len());
+            },
+            Value::Array(items) => {
+                // SAFETY: the live context; exactly `len` replies follow.
+                unsafe { (self.api.reply_with_array)(self.ctx, items.len() as c_long) };
+                for item in items {
+                    self.reply_value(item);
+                }
+            }
+            // SAFETY: the live context.
+            Value::Nil => unsafe {
+                (self.api.reply_with_null)(self.ctx);
+            },
+            Value::Error(text) => {
+                let text = std::ffi::CString::new(text.replace('\0', " "))
+                    .unwrap_or_else(|_| std::ffi::CString::from(c"ERR tollgate"));
+                // SAFETY: the live context; a NUL-terminated text.
+                unsafe { (self.api.reply_with_error)(self.ctx, text.as_ptr()) };
+            }
+        }
+    }
+
+    /// A string or error reply's bytes, copied.
+    fn reply_bytes(&self, reply: *mut RedisModuleCallReply) -> Vec<u8> {
+        let mut len = 0usize;
+        // SAFETY: `reply` is a live string or error reply of this command.
+        let ptr = unsafe { (self.api.call_reply_string_ptr)(reply, &mut len) };
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: Redis's pointer to `len` bytes, alive with the reply, copied at once.
+        unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec()
+    }
+
+    /// A call's reply as a value: strings and integers as they are, errors as Error, a nil
+    /// (and any other type) as None.
+    fn read_reply(&self, reply: *mut RedisModuleCallReply) -> Option<Value> {
+        if reply.is_null() {
+            return None;
+        }
+        // SAFETY: `reply` is a live reply of this command (auto memory frees it when the
+        // command returns), as is every element read below.
+        let kind = unsafe { (self.api.call_reply_type)(reply) };
+        match kind {
+            REPLY_STRING => Some(Value::Bytes(self.reply_bytes(reply))),
+            REPLY_ERROR => Some(Value::Error(
+                String::from_utf8_lossy(&self.reply_bytes(reply)).into_owned(),
+            )),
+            // SAFETY: an integer reply, live.
+            REPLY_INTEGER => Some(Value::Int(unsafe { (self.api.call_reply_integer)(reply) })),
+            REPLY_ARRAY => {
+                // SAFETY: an array reply, live.
+                let len = unsafe { (self.api.call_reply_length)(reply) };
+                let items = (0..len)
+                    .map(|i| {
+                        // SAFETY: an index below the array's length.
+                        let element = unsafe { (self.api.call_reply_array_element)(reply, i) };
+                        self.read_reply(element).unwrap_or(Value::Nil)
+                    })
+                    .collect();
+                Some(Value::Array(items))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl crate::Redis for Ctx {
+    fn call(&mut self, args: &[&[u8]], write: bool) -> Value {
+        let Some((name, rest)) = args.split_first() else {
+            return Value::Error("ERR tollgate: empty command".into());
+        };
+        let Ok(name) = std::ffi::CString::new(*name) else {
+            return Value::Error("ERR tollgate: command name".into());
+        };
+        let mut strings: Vec<*mut RedisModuleString> = rest
+            .iter()
+            // SAFETY: the live context; each buffer with its length (Redis copies it).
+            .map(|arg| unsafe {
+                (self.api.create_string)(self.ctx, arg.as_ptr().cast(), arg.len())
+            })
+            .collect();
+        // "!": the call's writes are replicated (to replicas and the AOF) as themselves, so
+        // a replica replays what was decided, not the decision. "v": the arguments as an
+        // array of strings and its length. "E": an error is a reply, not a null.
+        let format = if write { c"!vE" } else { c"vE" };
+        // SAFETY: the live context; the format's "v" takes the strings' array and its count,
+        // which are passed, in that order; the strings live until the command returns.
+        let reply = unsafe {
+            (self.api.call)(
+                self.ctx,
+                name.as_ptr(),
+                format.as_ptr(),
+                strings.as_mut_ptr(),
+                strings.len(),
+            )
+        };
+        self.read_reply(reply).unwrap_or(Value::Nil)
+    }
+}
+
+/// The arguments of a command, as bytes.
+fn arguments<'a>(api: &Api, argv: *mut *mut RedisModuleString, argc: c_int) -> Vec<&'a [u8]> {
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|i| {
+            let mut len = 0usize;
+            // SAFETY: Redis passes `argc` live strings in `argv`, alive while the command runs
+            // (the slices do not outlive it: they are dropped before the command returns).
+            unsafe {
+                let ptr = (api.string_ptr_len)(*argv.add(i), &mut len);
+                std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+            }
+        })
+        .collect()
+}
+
+/// Runs a command: its context made safe, its reply sent.
+///
+/// # Safety
+/// Called from a command function with Redis's arguments.
+unsafe fn run(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    command: fn(&mut Ctx, &[&[u8]]) -> Reply,
+) -> c_int {
+    let Some(api) = API.get() else {
+        return REDISMODULE_ERR;
+    };
+    // SAFETY: the command's live context: every string and reply made from here on is freed
+    // when the command returns.
+    unsafe { (api.auto_memory)(ctx) };
+    let args = arguments(api, argv, argc);
+    let mut redis = Ctx { ctx, api };
+    match command(&mut redis, &args) {
+        Reply::Value(value) => redis.reply_value(&value),
+        Reply::WrongArity => {
+            // SAFETY: the live context.
+            unsafe { (api.wrong_arity)(ctx) };
+        }
+    }
+    REDISMODULE_OK
+}
+
+unsafe extern "C" fn version_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis runs this command with its arguments.
+    unsafe { run(ctx, argv, argc, crate::version) }
+}
+
+unsafe extern "C" fn acquire_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis runs this command with its arguments.
+    unsafe { run(ctx, argv, argc, crate::acquire::command) }
+}

@@ -1,0 +1,52 @@
+//! A Redis module deciding the Redis store's operations natively, on the same keys and the
+//! same stored bytes as the store's Lua function library (`tollgate-redis`), so that a fleet
+//! may use module and library on one Redis at once. It owns: the FFI to Redis's module API
+//! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
+//! library declares) and `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire taking the library's
+//! keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
+//! `FCALL <function> numkeys key... packed`) and answering the library's reply.
+//!
+//! Not yet chosen by the store, which still calls the library. What the native acquire does not
+//! decide yet it refuses with an error starting `ERR tollgate: not native:`, never deciding
+//! differently: the caller then calls the library.
+
+mod acquire;
+mod ffi;
+
+/// The version of the protocol (arguments, replies, stored values) this module speaks: the
+/// function library's (`tollgate_redis::PROTOCOL_VERSION`), held equal by a test.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The module's own version, as `MODULE LIST` shows it.
+const MODULE_VERSION: std::ffi::c_int = 1;
+
+/// A value read from, or answered to, Redis.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Value {
+    Nil,
+    Int(i64),
+    Bytes(Vec<u8>),
+    Array(Vec<Value>),
+    Error(String),
+}
+
+/// What a command answers.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Value(Value),
+    WrongArity,
+}
+
+/// Redis as a command sees it: commands called, by their arguments; `write` when the call
+/// writes (it is then replicated as itself).
+pub(crate) trait Redis {
+    fn call(&mut self, args: &[&[u8]], write: bool) -> Value;
+}
+
+/// `TOLLGATE.VERSION`: the protocol version.
+fn version(_redis: &mut ffi::Ctx, args: &[&[u8]]) -> Reply {
+    if args.len() != 1 {
+        return Reply::WrongArity;
+    }
+    Reply::Value(Value::Int(PROTOCOL_VERSION as i64))
+}

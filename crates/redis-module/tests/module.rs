@@ -1,0 +1,471 @@
+//! The module loaded into a real `redis-server` (started here on a free port), beside the
+//! function library: its version, and its acquire interleaved with the library's on the same
+//! counters, against the library alone, on one Redis clock the test sets: Redis reads the
+//! time of day through `gettimeofday`, which a shim preloaded into it answers from a file (a few
+//! lines of C built here with the system's `cc`, which Rust's linking needs anyway).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate::conformance::skipped;
+
+/// Redis's time of day, in microseconds, read from the file `TOLLGATE_CLOCK_FILE` names.
+const CLOCK_SHIM: &str = r#"
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <unistd.h>
+int gettimeofday(struct timeval *tv, void *tz) {
+  (void)tz;
+  char buf[32] = {0};
+  int fd = open(getenv("TOLLGATE_CLOCK_FILE"), O_RDONLY);
+  if (fd >= 0) { if (read(fd, buf, sizeof buf - 1) < 0) buf[0] = 0; close(fd); }
+  long long us = atoll(buf);
+  tv->tv_sec = us / 1000000;
+  tv->tv_usec = us % 1000000;
+  return 0;
+}
+"#;
+/// Where the test's clock starts (2026-06-01), in microseconds.
+const CLOCK_START_US: u64 = 1_780_272_000_000_000;
+const FUNCTION: &str = "tollgate_interleave";
+const OP_ACQUIRE: f64 = 1.0;
+const OP_BEGIN: f64 = 6.0;
+
+/// A RESP2 value.
+#[derive(Clone, Debug, PartialEq)]
+enum Resp {
+    Nil,
+    Int(i64),
+    Bytes(Vec<u8>),
+    Status(String),
+    Error(String),
+    Array(Vec<Resp>),
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Conn {
+    fn open(port: u16) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(("127.0.0.1", port))?;
+        Ok(Conn {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        })
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> Resp {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            out.extend(format!("${}\r\n", arg.len()).bytes());
+            out.extend(*arg);
+            out.extend(b"\r\n");
+        }
+        self.writer.write_all(&out).expect("write to redis");
+        self.read()
+    }
+
+    fn read(&mut self) -> Resp {
+        let mut line = Vec::new();
+        self.reader
+            .read_until(b'\n', &mut line)
+            .expect("read from redis");
+        let text = String::from_utf8_lossy(&line[1..line.len() - 2]).into_owned();
+        match line[0] {
+            b'+' => Resp::Status(text),
+            b'-' => Resp::Error(text),
+            b':' => Resp::Int(text.parse().expect("integer")),
+            b'$' => {
+                let len: i64 = text.parse().expect("length");
+                if len < 0 {
+                    return Resp::Nil;
+                }
+                let mut body = vec![0; len as usize + 2];
+                std::io::Read::read_exact(&mut self.reader, &mut body).expect("bulk");
+                body.truncate(len as usize);
+                Resp::Bytes(body)
+            }
+            b'*' => {
+                let len: i64 = text.parse().expect("length");
+                if len < 0 {
+                    return Resp::Nil;
+                }
+                Resp::Array((0..len).map(|_| self.read()).collect())
+            }
+            other => panic!("unexpected reply byte {other}"),
+        }
+    }
+}
+
+/// A `redis-server` with the module loaded, on a free port, its clock set by `set_clock`;
+/// stopped when dropped.
+struct Server {
+    children: Vec<Child>,
+    port: u16,
+    redis_server: String,
+    clock: PathBuf,
+    shim: PathBuf,
+    dir: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A directory removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The module's shared library as this test's build made it: beside the test binary
+/// (`target/<profile>/deps`, where `cargo test` builds it; `cargo build` copies it up a level).
+fn module_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let deps = exe.parent().expect("deps dir");
+    deps.join(format!(
+        "{}tollgate_redis_module{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ))
+}
+
+fn start() -> Option<Server> {
+    let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
+        .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
+    if !Path::new(&redis_server).exists() {
+        skipped(&format!(
+            "no redis-server at {redis_server} (set TOLLGATE_REDIS_SERVER)"
+        ));
+        return None;
+    }
+    let module = module_path();
+    assert!(
+        module.exists(),
+        "{} missing: the module is built with this test",
+        module.display()
+    );
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("tollgate-module-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let clock = dir.join("clock");
+    std::fs::write(&clock, CLOCK_START_US.to_string()).expect("clock file");
+    let source = dir.join("clock.c");
+    let shim = dir.join("clock.so");
+    std::fs::write(&source, CLOCK_SHIM).expect("clock shim source");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let built = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .status();
+    if !built.is_ok_and(|status| status.success()) {
+        let _ = std::fs::remove_dir_all(&dir);
+        skipped(&format!(
+            "no C compiler ({cc}) to build the test's clock for Redis"
+        ));
+        return None;
+    }
+    let mut server = Server {
+        children: Vec::new(),
+        port,
+        redis_server,
+        clock,
+        shim,
+        dir: tempdir::Dir(dir),
+    };
+    let module = module.into_os_string();
+    server.spawn(port, &["--loadmodule".into(), module]);
+    Some(server)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+impl Server {
+    /// A `redis-server` on `port`, its time of day the test's, started and answering.
+    fn spawn(&mut self, port: u16, extra: &[std::ffi::OsString]) {
+        let dir = self.dir.0.join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let child = Command::new(&self.redis_server)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(extra)
+            // The time of day stands still at the file's, read again on every call.
+            .env("LD_PRELOAD", &self.shim)
+            .env("TOLLGATE_CLOCK_FILE", &self.clock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Conn::open(port).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A replica of the server, without the module: it can replay writes, not the module's
+    /// commands.
+    fn replica(&mut self) -> Conn {
+        // The full sync's delay counts on the time of day, which stands still here.
+        self.conn()
+            .call(&[b"CONFIG", b"SET", b"repl-diskless-sync-delay", b"0"]);
+        let port = free_port();
+        let master = self.port.to_string();
+        self.spawn(
+            port,
+            &["--replicaof".into(), "127.0.0.1".into(), master.into()],
+        );
+        let mut conn = Conn::open(port).expect("connect to the replica");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = conn.call(&[b"INFO", b"replication"]);
+            if matches!(&info, Resp::Bytes(text) if text.windows(21).any(|w| w == b"master_link_status:up"))
+            {
+                return conn;
+            }
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn conn(&self) -> Conn {
+        Conn::open(self.port).expect("connect")
+    }
+
+    fn set_clock(&self, us_after_start: u64) {
+        std::fs::write(&self.clock, (CLOCK_START_US + us_after_start).to_string())
+            .expect("clock file");
+    }
+}
+
+fn pack(numbers: &[f64]) -> Vec<u8> {
+    numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+}
+
+#[test]
+fn the_version_is_the_function_librarys() {
+    assert_eq!(
+        tollgate_redis_module::PROTOCOL_VERSION,
+        tollgate_redis::PROTOCOL_VERSION
+    );
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    assert_eq!(
+        conn.call(&[b"TOLLGATE.VERSION"]),
+        Resp::Int(tollgate_redis::PROTOCOL_VERSION as i64)
+    );
+}
+
+/// One namespace's keys: the generation, then per counter its state, reservations, buckets
+/// and queue.
+fn keys(namespace: &str, counter: usize) -> Vec<Vec<u8>> {
+    let base = format!("tg:{{t}}:{namespace}");
+    let mut keys = vec![format!("{base}:gen").into_bytes()];
+    for part in ["c", "r", "q", "w"] {
+        keys.push(format!("{base}:{part}:{counter}").into_bytes());
+    }
+    keys
+}
+
+/// A rate policy's nine numbers: kind, limit, period, margin, algorithm, burst, ttl, reserves.
+fn policies() -> Vec<[f64; 9]> {
+    let s = 1_000_000.0;
+    vec![
+        // GCRA: 5 per 10 s (one unit every 2 s), a burst of 4, a reserve for high.
+        [1.0, 5.0, 10.0 * s, 0.0, 3.0, 4.0, 0.0, 1.0, 0.0],
+        // GCRA: 3 per 4 s with a margin, a burst of 3.
+        [1.0, 3.0, 4.0 * s, 0.5 * s, 3.0, 3.0, 0.0, 0.0, 0.0],
+        // Sliding: 4 per 6 s (not decided natively yet: the module refuses it).
+        [1.0, 4.0, 6.0 * s, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+    ]
+}
+
+/// An acquire of one counter: its limit's pause as the caller read it (`-paused_until`, or 0),
+/// no key budget (0 0 0 0), its queue at KEYS[5]; not waiting.
+fn acquire_numbers(policy: &[f64; 9], cost: f64, priority: f64, pause: f64) -> Vec<f64> {
+    let mut numbers = vec![OP_ACQUIRE, cost, priority, 0.0, 1.0];
+    numbers.extend(policy);
+    numbers.extend([pause, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
+    numbers
+}
+
+fn fcall(conn: &mut Conn, keys: &[Vec<u8>], packed: &[u8]) -> Resp {
+    let count = keys.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"FCALL", FUNCTION.as_bytes(), count.as_bytes()];
+    args.extend(keys.iter().map(Vec::as_slice));
+    args.push(packed);
+    conn.call(&args)
+}
+
+fn module(conn: &mut Conn, keys: &[Vec<u8>], packed: &[u8]) -> Resp {
+    let count = keys.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"TOLLGATE.ACQUIRE", count.as_bytes()];
+    args.extend(keys.iter().map(Vec::as_slice));
+    args.push(packed);
+    conn.call(&args)
+}
+
+fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
+    keys.iter()
+        .map(|key| (conn.call(&[b"GET", key]), conn.call(&[b"PTTL", key])))
+        .collect()
+}
+
+#[test]
+fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    let library = tollgate_redis::library_source(FUNCTION);
+    assert_eq!(
+        conn.call(&[b"FUNCTION", b"LOAD", b"REPLACE", library.as_bytes()]),
+        Resp::Bytes(FUNCTION.as_bytes().to_vec())
+    );
+    let policies = policies();
+    let seed = std::env::var("TOLLGATE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("TOLLGATE_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // Both namespaces begun (generations born at time zero): nothing is held at first.
+    for namespace in ["mixed", "alone"] {
+        let generation = keys(namespace, 0).swap_remove(0);
+        fcall(&mut conn, &[generation], &pack(&[OP_BEGIN]));
+    }
+    let mut clock = 0;
+    let (mut native, mut refused, mut granted, mut denied) = (0, 0, [0; 3], [0; 3]);
+    for step in 0..400 {
+        if rng.u8(..4) == 0 {
+            // Up to 3 s, to the microsecond: GCRA's intervals are 1.5 s and 2 s.
+            clock += rng.u64(1..3_000_000);
+            server.set_clock(clock);
+        }
+        if rng.u16(..150) == 0 {
+            // A loss of state: the generation gone; counters are held, then recover.
+            for namespace in ["mixed", "alone"] {
+                conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
+            }
+        }
+        let counter = rng.usize(..policies.len());
+        let cost = if rng.u8(..40) == 0 {
+            9.0
+        } else {
+            f64::from(rng.u8(1..3))
+        };
+        let priority = f64::from(rng.u8(..3));
+        // Now and then a GCRA counter under the other GCRA policy (its backlog carried over to
+        // the new interval), or its limit paused for up to 2 s.
+        let policy = if counter < 2 && rng.u8(..20) == 0 {
+            &policies[1 - counter]
+        } else {
+            &policies[counter]
+        };
+        let pause = if rng.u8(..15) == 0 {
+            -((CLOCK_START_US + clock + rng.u64(..2_000_000)) as f64)
+        } else {
+            0.0
+        };
+        let packed = pack(&acquire_numbers(policy, cost, priority, pause));
+        let mixed_keys = keys("mixed", counter);
+        let alone_keys = keys("alone", counter);
+        let mixed = if rng.bool() {
+            match module(&mut conn, &mixed_keys, &packed) {
+                Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                    assert_eq!(counter, 2, "step {step}: a GCRA acquire refused: {e}");
+                    refused += 1;
+                    fcall(&mut conn, &mixed_keys, &packed)
+                }
+                reply => {
+                    assert_ne!(counter, 2, "step {step}: sliding decided natively");
+                    native += 1;
+                    reply
+                }
+            }
+        } else {
+            fcall(&mut conn, &mixed_keys, &packed)
+        };
+        let alone = fcall(&mut conn, &alone_keys, &packed);
+        assert_eq!(mixed, alone, "step {step} (seed {seed}): replies differ");
+        assert_eq!(
+            stored(&mut conn, &mixed_keys),
+            stored(&mut conn, &alone_keys),
+            "step {step} (seed {seed}): stored values or expiries differ"
+        );
+        if let Resp::Array(reply) = &alone
+            && reply.first() == Some(&Resp::Bytes(b"ok".to_vec()))
+        {
+            match reply.get(4) {
+                Some(Resp::Int(0)) => granted[counter] += 1,
+                _ => denied[counter] += 1,
+            }
+        }
+    }
+    eprintln!("native {native}, refused {refused}, granted {granted:?}, denied {denied:?}");
+    assert!(native > 50 && refused > 10, "both ways ran");
+    for counter in 0..policies.len() {
+        assert!(
+            granted[counter] > 5 && denied[counter] > 5,
+            "counter {counter}: grants and denials both met"
+        );
+    }
+}
+
+#[test]
+fn the_modules_writes_reach_a_replica_without_the_module() {
+    let Some(mut server) = start() else { return };
+    let mut replica = server.replica();
+    let mut conn = server.conn();
+    let policy = policies()[0];
+    let keys = keys("replicated", 0);
+    let mut clock = 0;
+    let mut granted = 0;
+    for step in 0..60 {
+        clock += 700_000;
+        server.set_clock(clock);
+        let packed = pack(&acquire_numbers(&policy, 1.0, 2.0, 0.0));
+        match module(&mut conn, &keys, &packed) {
+            Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
+            Resp::Array(_) => {}
+            other => panic!("step {step}: {other:?}"),
+        }
+    }
+    assert!(granted > 10, "granted {granted}");
+    assert_eq!(conn.call(&[b"WAIT", b"1", b"5000"]), Resp::Int(1));
+    for key in &keys {
+        assert_eq!(
+            replica.call(&[b"GET", key]),
+            conn.call(&[b"GET", key]),
+            "{}",
+            String::from_utf8_lossy(key)
+        );
+    }
+    assert_ne!(
+        replica.call(&[b"GET", &keys[1]]),
+        Resp::Nil,
+        "the counter replicated"
+    );
+}
