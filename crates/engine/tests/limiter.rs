@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tollgate::{
     Algorithm, DenyReason, Error, Limit, Limiter, LimiterConfig, MemoryStore, MemoryStoreConfig,
-    MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority, Request, Reserve,
+    MonotonicClock, Outcome, PermitError, PermitSecret, Policy, Priority, Request, Reserve, Used,
 };
 
 const SECOND_US: u64 = 1_000_000;
@@ -213,6 +213,49 @@ async fn a_permit_that_is_not_refundable_counts_the_same_and_refunds_nothing() {
     );
     assert_eq!(rest.commit(0).await.expect("commit").refunded, 0);
     assert!(!granted(&limiter, &Request::new("vendor")).await);
+}
+
+/// A permit with a cost per limit, some not refundable, beside a lease: its commit by limit names
+/// every rate limit, refunds what was recorded, and releases the lease.
+#[tokio::test(start_paused = true)]
+async fn a_commit_by_limit_settles_every_part_of_a_permit_with_costs() {
+    let limiter = limiter_with(1_000);
+    add(
+        &limiter,
+        "calls",
+        rate(10, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    add(
+        &limiter,
+        "tokens",
+        rate(100, SECOND_US, Algorithm::Sliding),
+        None,
+    );
+    let pool = Policy::concurrency(1, 30 * SECOND_US, Reserve::default()).expect("valid");
+    add(&limiter, "pool", pool, None);
+    for refundable in [true, false] {
+        let permit = limiter
+            .try_acquire(
+                &Request::all(&["calls", "tokens", "pool"])
+                    .costs(&[1, 60, 1])
+                    .refundable(refundable),
+            )
+            .await
+            .expect("ok")
+            .granted()
+            .expect("room");
+        let committed = permit
+            .commit_used(Used::Each(&[("calls", 1), ("tokens", 20)]))
+            .await
+            .expect("every rate limit named");
+        let refunded = if refundable { 40 } else { 0 };
+        assert_eq!((committed.refunded, committed.released), (refunded, 1));
+        assert!(
+            granted(&limiter, &Request::new("pool")).await,
+            "refundable {refundable}: the lease was released"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -922,6 +922,7 @@ impl Limiter {
     /// `commit` with what was used of each rate limit, by name (`Permit::commit_used`).
     pub async fn commit_used(&self, id: &str, used: Used<'_>) -> Result<Committed> {
         let parts = decode(&self.shared.config.permit_secret, id)?;
+        used.check(parts.iter())?;
         settle_parts(&self.shared, parts.iter(), used).await
     }
 

@@ -14,7 +14,6 @@ use crate::store::{CounterId, Take};
 
 use super::{Shared, micros};
 
-/// Settle every part in turn, whatever the others answer; the totals, or the first error.
 /// What a commit says was used: the same on every rate limit, or per limit by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Used<'a> {
@@ -25,9 +24,9 @@ pub enum Used<'a> {
 }
 
 impl Used<'_> {
-    /// Every rate limit of `parts` named once, and nothing else named, before anything is
-    /// settled: a commit that names a wrong limit gives nothing back.
-    fn check<'p>(self, parts: impl Iterator<Item = &'p Part> + Clone) -> Result<()> {
+    /// Every rate limit of `parts` (all of a permit's) named once, and nothing else named,
+    /// checked before anything is settled: a commit that names a wrong limit gives nothing back.
+    pub(super) fn check<'p>(self, parts: impl Iterator<Item = &'p Part> + Clone) -> Result<()> {
         let Used::Each(each) = self else {
             return Ok(());
         };
@@ -71,12 +70,13 @@ impl Used<'_> {
     }
 }
 
+/// Settle every part in turn, whatever the others answer; the totals, or the first error. The
+/// caller checked `used` against the whole permit (`Used::check`).
 pub(super) async fn settle_parts<'a>(
     shared: &Shared,
-    parts: impl Iterator<Item = &'a Part> + Clone,
+    parts: impl Iterator<Item = &'a Part>,
     used: Used<'_>,
 ) -> Result<Committed> {
-    used.check(parts.clone())?;
     let mut total = Committed {
         refunded: 0,
         released: 0,
