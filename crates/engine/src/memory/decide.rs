@@ -353,7 +353,10 @@ impl MemoryStore {
 
     /// Count `units` spent beyond any grant on `take`'s counter (`Counter::debit`), making the
     /// counter when it is not tracked yet; returns the units counted. With write-ahead on, the
-    /// units are spent from the counter's budget like a grant's, so a record covers them.
+    /// units are spent from the counter's budget like a grant's, never waiting for a record (a
+    /// charge is never refused): past the budget, a record is asked for at once, and a crash
+    /// before it lands restores the counter charged its budget, which may be less than the
+    /// debt (the rest of it is lost, as the vendor would have counted it anyway).
     pub(super) fn charge_now(&self, take: Take<'_>, units: u64) -> Result<u64> {
         if take.policy.is_concurrency() {
             return Ok(0);
