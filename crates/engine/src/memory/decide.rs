@@ -356,7 +356,7 @@ impl MemoryStore {
     /// units are spent from the counter's budget like a grant's, never waiting for a record (a
     /// charge is never refused): past the budget, a record is asked for at once, and a crash
     /// before it lands restores the counter charged its budget, which may be less than the
-    /// debt (the rest of it is lost, as the vendor would have counted it anyway).
+    /// debt: the rest is lost with the crash, and the vendor may then refuse what is granted.
     pub(super) fn charge_now(&self, take: Take<'_>, units: u64) -> Result<u64> {
         if take.policy.is_concurrency() {
             return Ok(0);
