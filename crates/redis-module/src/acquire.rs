@@ -997,9 +997,6 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     if waiter != 0.0 {
         return not_native("a waiting request (the queue across the fleet)");
     }
-    if record != 0.0 {
-        return not_native("a grant that records a reservation");
-    }
     let at = 2 + ACQUIRE_HEAD;
     let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
     let adm_at = at + POLICY_NUMBERS + 1;

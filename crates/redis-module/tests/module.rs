@@ -357,7 +357,7 @@ fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
 
 /// Steps of the interleaving test: a few seconds.
 const STEPS: usize = 1_000;
-const WITH_RESERVATIONS: bool = false;
+const WITH_RESERVATIONS: bool = true;
 const WITH_KEY_BUDGETS: bool = false;
 
 #[test]
