@@ -1033,9 +1033,6 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
         return not_native("a policy other than a GCRA or sliding window rate limit");
     }
-    if tally != 0.0 {
-        return not_native("a counter of a key counted in its limit's key budget");
-    }
     let window = period + margin;
     let emission = div_ceil(window, limit);
     let p = if alg == ALG_GCRA {

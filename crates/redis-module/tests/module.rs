@@ -357,8 +357,6 @@ fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
 
 /// Steps of the interleaving test: a few seconds.
 const STEPS: usize = 1_000;
-const WITH_RESERVATIONS: bool = true;
-const WITH_KEY_BUDGETS: bool = false;
 
 #[test]
 fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
@@ -416,12 +414,8 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
         } else {
             0.0
         };
-        let record = if WITH_RESERVATIONS && rng.bool() {
-            1.0
-        } else {
-            0.0
-        };
-        let admission = if WITH_KEY_BUDGETS {
+        let record = if rng.bool() { 1.0 } else { 0.0 };
+        let admission = {
             let now = (CLOCK_START_US + clock) as f64;
             let apart = f64::from(u8::from(rng.u8(..10) == 0));
             match rng.u8(..20) {
@@ -435,8 +429,6 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                 // The budget here, at KEYS[6]: three counters of keys at most.
                 _ => [6.0, 3.0, 0.0, apart],
             }
-        } else {
-            [0.0; 4]
         };
         let packed = pack(&acquire_numbers(
             policy, cost, priority, record, pause, admission,
@@ -496,10 +488,8 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             "counter {counter}: grants and denials both met"
         );
     }
-    if WITH_KEY_BUDGETS {
-        for status in ["admit", "keys"] {
-            assert!(statuses.get(status) > Some(&3), "{status} answered");
-        }
+    for status in ["admit", "keys"] {
+        assert!(statuses.get(status) > Some(&3), "{status} answered");
     }
 }
 
