@@ -1,19 +1,23 @@
 //! `TOLLGATE.ACQUIRE`: the function library's acquire (`tollgate-redis`'s `lua/acquire.lua`),
-//! natively, for the case it decides alone so far: one GCRA counter, a request that does not
-//! wait, a final grant (no reservation recorded), no key budget to ask, no queue of waiters on
-//! the counter, and a counter whose stored value is GCRA's or none. It reads and writes the
-//! same keys and bytes as the library, with the library's arithmetic (Lua's numbers are doubles,
-//! so this computes in doubles too) on Redis's clock (`TIME`, as the library reads it). Every
-//! other case is refused before anything is written (`ERR tollgate: not native: ...`).
+//! natively, for the cases it decides alone so far: one rate counter, GCRA or sliding window
+//! (its bucket log kept as the library keeps it), a final grant or one recorded as a
+//! reservation a commit can refund, its key admitted in its limit's key budget when it has one
+//! (the budget in this slot, or the cover the caller brings), a request that does not wait, no
+//! queue of waiters on the counter, and a counter whose stored value is GCRA's, a sliding
+//! window's or none. It reads and writes the same keys and bytes as the library, with the
+//! library's arithmetic (Lua's numbers are doubles, so this computes in doubles too) on Redis's
+//! clock (`TIME`, as the library reads it). Every other case is refused before anything is
+//! written (`ERR tollgate: not native: ...`).
 //!
-//! The numbers below are the library's (`tollgate-redis`'s `abi.rs`), which this crate cannot
-//! depend on (it is loaded into Redis); the interleaving test holds the two to the same
-//! answers and bytes.
+//! The numbers below are the library's (`tollgate-redis`'s `abi.rs`, `tally.rs` and the core's
+//! bounds), which this crate cannot depend on (it is loaded into Redis); the interleaving test
+//! holds the two to the same answers and bytes.
 
 use crate::{Redis, Reply, Value};
 
 const OP_ACQUIRE: f64 = 1.0;
 const KIND_RATE: f64 = 1.0;
+const ALG_SLIDING: f64 = 1.0;
 const ALG_GCRA: f64 = 3.0;
 const PRIORITY_NORMAL: f64 = 1.0;
 const PRIORITY_HIGH: f64 = 2.0;
@@ -23,12 +27,29 @@ const REASON_CAPACITY: f64 = 0.0;
 const REASON_PAUSED: f64 = 1.0;
 const REASON_RECOVERING: f64 = 2.0;
 const BODY_EMPTY: f64 = 0.0;
+const BODY_SLIDING: f64 = 1.0;
 const BODY_GCRA: f64 = 3.0;
 const COUNTER_TAG: u8 = b'X';
 const NUMBER_BYTES: usize = 8;
 const COUNTER_HEADER_NUMBERS: usize = 10;
 const GCRA_NUMBERS: usize = 3;
+const SLIDING_NUMBERS: usize = 10;
+/// A log's record: three numbers (a closed bucket: opened, stamp, units; a reservation: seq,
+/// units, at).
+const RECORD_BYTES: f64 = 24.0;
+const BUCKET_STAMP: f64 = 8.0;
+const RESERVATION_AT: f64 = 16.0;
+const SLIDING_BUCKETS_MAX: f64 = 64.0;
+const RESERVATIONS_TRACKED_MAX: f64 = 256.0;
 const GENERATION_HEADER_BYTES: usize = 2 * NUMBER_BYTES;
+const TALLY_TAG: u8 = b'K';
+const TALLY_HEADER_BYTES: usize = 1 + 2 * NUMBER_BYTES;
+const TALLY_RECORD_BYTES: usize = 2 * NUMBER_BYTES;
+const COVER_SPANS: f64 = 2.0;
+const HOLD_SPANS: f64 = 3.0;
+const GRID_PER_DISTANCE: f64 = 8.0;
+const LOG_SLACK_PER_WINDOW: f64 = 16.0;
+const EXPIRY_SLACK_US: f64 = 2_000.0;
 const US_PER_MS: f64 = 1_000.0;
 const US_PER_S: f64 = 1_000_000.0;
 const RENEW_EVERY_US: f64 = 86_400.0 * US_PER_S;
@@ -60,7 +81,20 @@ fn text(n: f64) -> Vec<u8> {
     format!("{n:.0}").into_bytes()
 }
 
+/// `common.lua`'s T.ttl_ms: an expiry in milliseconds from now, rounded up, plus one.
+fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
+    text(div_ceil(until_us - now, US_PER_MS) + 1.0)
+}
+
+fn pack(words: &[f64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+/// A rate policy as `common.lua`'s T.read_policy makes it.
 struct Policy {
+    alg: f64,
+    limit: f64,
+    window: f64,
     capacity: f64,
     res_high: f64,
     res_normal: f64,
@@ -78,9 +112,27 @@ impl Policy {
             self.capacity - self.res_high - self.res_normal
         }
     }
+
+    /// The logs' slack past a record's end (`floor(window / LOG_SLACK_PER_WINDOW)`).
+    fn slack(&self) -> f64 {
+        (self.window / LOG_SLACK_PER_WINDOW).floor()
+    }
+
+    /// `keys.lua`'s T.span: the longest one write can make a counter live, its logs included.
+    fn span(&self) -> f64 {
+        self.window.max(self.memory) + self.slack() + EXPIRY_SLACK_US
+    }
 }
 
-/// A counter's common header and GCRA body, as `words.lua` lays them out.
+/// A counter's keys: its state, its reservations log, its bucket log.
+struct Keys<'a> {
+    ck: &'a [u8],
+    rk: &'a [u8],
+    qk: &'a [u8],
+}
+
+/// A counter's value as `words.lua` lays it out: the common header, then the sliding or GCRA
+/// body (a field of the other kind's is kept but not written, as the library's table keeps it).
 #[derive(Clone, Copy)]
 struct Counter {
     g: f64,
@@ -93,10 +145,29 @@ struct Counter {
     rl: f64,
     rx: f64,
     a: f64,
+    qu: f64,
+    lo: f64,
+    ls: f64,
+    lu: f64,
+    qo: f64,
+    qe: f64,
+    fs: f64,
+    fu: f64,
+    qx: f64,
+    qw: f64,
     t: f64,
     e: f64,
     l: f64,
+    /// Until when a cover just given keeps it (`keys.lua`'s T.cover); 0 none.
+    keep: f64,
     dirty: bool,
+}
+
+/// What decoding a stored value found.
+enum Decoded {
+    Counter(Counter),
+    /// Not a counter the library wrote (another format, or damaged): lost state.
+    Foreign,
 }
 
 impl Counter {
@@ -112,41 +183,60 @@ impl Counter {
             rl: 0.0,
             rx: 0.0,
             a: 0.0,
+            qu: 0.0,
+            lo: 0.0,
+            ls: 0.0,
+            lu: 0.0,
+            qo: 0.0,
+            qe: 0.0,
+            fs: -1.0,
+            fu: 0.0,
+            qx: 0.0,
+            qw: 0.0,
             t: 0.0,
             e: 0.0,
             l: 0.0,
+            keep: 0.0,
             dirty: true,
         }
     }
 
-    /// The value's numbers, or None when it is not a counter the library wrote; Err when it
-    /// is one of a kind decided here not yet.
-    fn decode(raw: &[u8], now: f64) -> Result<Option<Counter>, &'static str> {
+    /// `words.lua`'s T.decode; Err when the value is one of a kind decided here not yet (or
+    /// one the library's decoding would stop on).
+    fn decode(raw: &[u8], now: f64) -> Result<Decoded, &'static str> {
         let header = 1 + COUNTER_HEADER_NUMBERS * NUMBER_BYTES;
         if raw.first() != Some(&COUNTER_TAG) || raw.len() < header {
-            return Ok(None);
+            return Ok(Decoded::Foreign);
         }
         let n = numbers(&raw[1..]);
         let mut c = Counter::empty(now, 0.0);
         c.dirty = false;
         [c.g, c.p, c.s, c.k, c.ro, c.re, c.ra, c.rl, c.rx, c.a] =
             [n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7], n[8], n[9]];
-        if c.k == BODY_GCRA {
-            if raw.len() != header + GCRA_NUMBERS * NUMBER_BYTES {
-                return Ok(None);
-            }
-            [c.t, c.e, c.l] = [n[10], n[11], n[12]];
+        let body = if c.k == BODY_GCRA {
+            GCRA_NUMBERS
+        } else if c.k == BODY_SLIDING {
+            SLIDING_NUMBERS
         } else if c.k == BODY_EMPTY {
-            if raw.len() != header {
-                return Ok(None);
-            }
+            0
         } else {
             return Err("a counter of another algorithm or kind");
+        };
+        let whole = header + body * NUMBER_BYTES;
+        if raw.len() < whole {
+            return Err("a counter value shorter than its kind's");
         }
-        if c.re > c.ro {
-            return Err("a counter with reservations recorded");
+        if raw.len() != whole {
+            return Ok(Decoded::Foreign);
         }
-        Ok(Some(c))
+        let b = &n[COUNTER_HEADER_NUMBERS..];
+        if c.k == BODY_GCRA {
+            [c.t, c.e, c.l] = [b[0], b[1], b[2]];
+        } else if c.k == BODY_SLIDING {
+            [c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw] =
+                [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9]];
+        }
+        Ok(Decoded::Counter(c))
     }
 
     fn encode(&self) -> Vec<u8> {
@@ -155,20 +245,53 @@ impl Counter {
         ];
         if self.k == BODY_GCRA {
             words.extend([self.t, self.e, self.l]);
+        } else if self.k == BODY_SLIDING {
+            words.extend([
+                self.qu, self.lo, self.ls, self.lu, self.qo, self.qe, self.fs, self.fu, self.qx,
+                self.qw,
+            ]);
         }
         let mut bytes = vec![COUNTER_TAG];
-        for word in words {
-            bytes.extend(word.to_be_bytes());
-        }
+        bytes.extend(pack(&words));
         bytes
     }
 
     fn used(&self, p: &Policy, now: f64) -> f64 {
-        if self.k == BODY_GCRA {
+        if self.k == BODY_SLIDING {
+            self.qu
+        } else if self.k == BODY_GCRA {
             div_ceil(sub0(self.t, now), p.emission)
         } else {
             0.0
         }
+    }
+
+    fn counted_until(&self, p: &Policy) -> f64 {
+        if self.k == BODY_SLIDING {
+            if self.lu == 0.0 {
+                0.0
+            } else {
+                self.ls + p.window
+            }
+        } else if self.k == BODY_GCRA {
+            self.t
+        } else {
+            0.0
+        }
+    }
+
+    fn idle_at(&self, p: &Policy) -> f64 {
+        let mut idle = self.p.max(self.s).max(self.keep);
+        if self.re > self.ro {
+            idle = idle.max(self.rl + p.window);
+        }
+        idle.max(self.counted_until(p))
+    }
+
+    /// `keys.lua`'s T.need, from now: until when the counter may live once granted.
+    fn need(&self, p: &Policy, now: f64) -> f64 {
+        let slack = p.slack() + EXPIRY_SLACK_US;
+        (self.idle_at(p) + slack).max(now + p.span())
     }
 }
 
@@ -275,9 +398,555 @@ fn head(status: &str, now: f64, slot: &Generation) -> Vec<Value> {
     ]
 }
 
+fn int_of(value: &Value) -> f64 {
+    match value {
+        Value::Int(n) => *n as f64,
+        _ => -1.0,
+    }
+}
+
+/// `logs.lua`'s T.log_read: the live records [lo, hi) (empty when the key is gone).
+fn log_read(redis: &mut dyn Redis, key: &[u8], lo: f64, hi: f64) -> Vec<u8> {
+    if hi <= lo {
+        return Vec::new();
+    }
+    getrange(redis, key, lo, hi - 1.0)
+}
+
+fn getrange(redis: &mut dyn Redis, key: &[u8], from: f64, to: f64) -> Vec<u8> {
+    match redis.call(&[b"GETRANGE", key, &text(from), &text(to)], false) {
+        Value::Bytes(bytes) => bytes,
+        _ => Vec::new(),
+    }
+}
+
+/// `logs.lua`'s T.log_append: the new live range, expiry, and whether the log started over.
+#[allow(clippy::too_many_arguments)]
+fn log_append(
+    redis: &mut dyn Redis,
+    key: &[u8],
+    (lo, hi, expiry): (f64, f64, f64),
+    record: &[u8],
+    until_us: f64,
+    slack: f64,
+    now: f64,
+) -> (f64, f64, f64, bool) {
+    let length = int_of(&redis.call(&[b"APPEND", key, record], true));
+    if length != hi + RECORD_BYTES {
+        let ttl = ttl_ms(until_us + slack, now);
+        redis.call(&[b"SET", key, record, b"PX", &ttl], true);
+        return (0.0, RECORD_BYTES, until_us + slack, true);
+    }
+    let mut expiry = expiry;
+    if hi == 0.0 || expiry < until_us {
+        expiry = until_us + slack;
+        redis.call(&[b"PEXPIRE", key, &ttl_ms(expiry, now)], true);
+    }
+    (lo, length, expiry, false)
+}
+
+/// `logs.lua`'s T.log_rewrite.
+fn log_rewrite(
+    redis: &mut dyn Redis,
+    key: &[u8],
+    records: &[u8],
+    expiry: f64,
+    now: f64,
+) -> (f64, f64, f64) {
+    if records.is_empty() || expiry <= now {
+        redis.call(&[b"DEL", key], true);
+        return (0.0, 0.0, 0.0);
+    }
+    redis.call(&[b"SET", key, records, b"PX", &ttl_ms(expiry, now)], true);
+    (0.0, records.len() as f64, expiry)
+}
+
+/// A counter being decided: its value, its keys, the policy and `now`, with Redis to reach its
+/// logs.
+struct Decision<'a, 'r> {
+    redis: &'r mut dyn Redis,
+    keys: Keys<'a>,
+    p: &'a Policy,
+    now: f64,
+    c: Counter,
+}
+
+impl Decision<'_, '_> {
+    // sliding.lua
+
+    /// T.repair_buckets: closed buckets whose log was lost kept as one bucket.
+    fn repair_buckets(&mut self) -> Vec<u8> {
+        let c = &mut self.c;
+        let units = c.qu - c.lu;
+        let stamp = c.qx - self.p.window;
+        let record = pack(&[stamp, stamp, units]);
+        let ttl = ttl_ms(c.qx, self.now);
+        self.redis
+            .call(&[b"SET", self.keys.qk, &record, b"PX", &ttl], true);
+        (c.qo, c.qe, c.fs, c.fu) = (0.0, RECORD_BYTES, stamp, units);
+        c.dirty = true;
+        record
+    }
+
+    /// T.closed_buckets: the closed buckets' records, read whole.
+    fn closed_buckets(&mut self) -> Vec<u8> {
+        let records = log_read(self.redis, self.keys.qk, self.c.qo, self.c.qe);
+        if records.len() as f64 != self.c.qe - self.c.qo {
+            return self.repair_buckets();
+        }
+        records
+    }
+
+    fn clear_closed(&mut self) {
+        let c = &mut self.c;
+        if c.qe > c.qo {
+            c.dirty = true;
+        }
+        c.qu = c.lu;
+        (c.qo, c.qe, c.fs, c.fu) = (c.qe, c.qe, -1.0, 0.0);
+    }
+
+    /// T.sliding_expire: drop the buckets that have left the window.
+    fn sliding_expire(&mut self) {
+        let window = self.p.window;
+        let now = self.now;
+        if self.c.qe > self.c.qo && window > self.c.qw && now < self.c.qx {
+            self.c.qx += window - self.c.qw;
+            self.c.qw = window;
+            let ttl = ttl_ms(self.c.qx, now);
+            self.redis.call(&[b"PEXPIRE", self.keys.qk, &ttl], true);
+            self.c.dirty = true;
+        }
+        if self.c.qe > self.c.qo && now >= self.c.qx {
+            self.clear_closed();
+        }
+        while self.c.qe > self.c.qo {
+            if self.c.fs < 0.0 {
+                let from = self.c.qo + BUCKET_STAMP;
+                let bytes = getrange(self.redis, self.keys.qk, from, from + 15.0);
+                if bytes.len() != 2 * NUMBER_BYTES {
+                    self.repair_buckets();
+                } else {
+                    let n = numbers(&bytes);
+                    (self.c.fs, self.c.fu) = (n[0], n[1]);
+                }
+                self.c.dirty = true;
+            }
+            if self.c.fs + window > now {
+                break;
+            }
+            let c = &mut self.c;
+            c.qu -= c.fu;
+            c.qo += RECORD_BYTES;
+            (c.fs, c.fu) = (-1.0, 0.0);
+            c.dirty = true;
+        }
+        let c = &mut self.c;
+        if c.lu > 0.0 && c.qe == c.qo && c.ls + window <= now {
+            (c.qu, c.lo, c.ls, c.lu) = (0.0, 0.0, 0.0, 0.0);
+            c.dirty = true;
+        }
+    }
+
+    /// T.sliding_wait_for_room: until the oldest buckets holding `excess` units have left.
+    fn sliding_wait_for_room(&mut self, excess: f64) -> f64 {
+        let mut freed = 0.0;
+        let records = self.closed_buckets();
+        for record in records.chunks_exact(RECORD_BYTES as usize) {
+            let n = numbers(&record[BUCKET_STAMP as usize..]);
+            freed += n[1];
+            if freed >= excess {
+                return sub0(n[0] + self.p.window, self.now);
+            }
+        }
+        sub0(self.c.ls + self.p.window, self.now)
+    }
+
+    /// T.sliding_grant: `cost` units in the newest bucket, or a new one; the time counted at.
+    fn sliding_grant(&mut self, cost: f64, slack: f64) -> f64 {
+        let (p, now) = (self.p, self.now);
+        let span = if p.limit > SLIDING_BUCKETS_MAX {
+            (p.window / SLIDING_BUCKETS_MAX).floor()
+        } else {
+            0.0
+        };
+        let mut at = now;
+        if self.c.lu > 0.0 {
+            at = self.c.ls.max(now);
+        }
+        if self.c.lu > 0.0 && at - self.c.lo <= span {
+            self.c.ls = at;
+            self.c.lu += cost;
+        } else {
+            if self.c.lu > 0.0 {
+                // The newest bucket is closed: it moves to the log.
+                let c = self.c;
+                let first = c.qe == c.qo;
+                let (lost_units, lost_until) = (c.qu - c.lu, c.qx);
+                let record = pack(&[c.lo, c.ls, c.lu]);
+                let (qo, qe, qx, restarted) = log_append(
+                    self.redis,
+                    self.keys.qk,
+                    (c.qo, c.qe, c.qx),
+                    &record,
+                    c.ls + p.window,
+                    slack,
+                    now,
+                );
+                let c = &mut self.c;
+                (c.qo, c.qe, c.qx) = (qo, qe, qx);
+                if first || restarted {
+                    (c.fs, c.fu) = (c.ls, c.lu);
+                    c.qw = p.window;
+                } else {
+                    c.qw = c.qw.min(p.window);
+                }
+                if restarted && !first {
+                    // The log was lost with live buckets: counted as one until it would have
+                    // expired.
+                    let stamp = lost_until - p.window;
+                    c.qx = c.qx.max(lost_until);
+                    let mut value = pack(&[stamp, stamp, lost_units]);
+                    value.extend(&record);
+                    let ttl = ttl_ms(c.qx, now);
+                    self.redis
+                        .call(&[b"SET", self.keys.qk, &value, b"PX", &ttl], true);
+                    (c.qo, c.qe, c.fs, c.fu) = (0.0, 2.0 * RECORD_BYTES, stamp, lost_units);
+                }
+            }
+            (self.c.lo, self.c.ls, self.c.lu) = (at, at, cost);
+        }
+        self.c.qu += cost;
+        at
+    }
+
+    // reservations.lua
+
+    fn clear_reservations(&mut self) {
+        let c = &mut self.c;
+        if c.re > c.ro {
+            c.dirty = true;
+        }
+        (c.ro, c.re, c.ra) = (c.re, c.re, -1.0);
+    }
+
+    /// T.reservations_expire: drop the reservations that no longer count.
+    fn reservations_expire(&mut self) {
+        let window = self.p.window;
+        if self.now >= self.c.rx {
+            self.clear_reservations();
+        }
+        while self.c.re > self.c.ro {
+            let mut at = self.c.ra;
+            if at < 0.0 {
+                let from = self.c.ro + RESERVATION_AT;
+                let bytes = getrange(self.redis, self.keys.rk, from, from + 7.0);
+                if bytes.len() != NUMBER_BYTES {
+                    // The log is gone (evicted): its reservations can no longer be committed.
+                    self.clear_reservations();
+                    break;
+                }
+                at = numbers(&bytes)[0];
+                self.c.ra = at;
+                self.c.dirty = true;
+            }
+            if at + window > self.now {
+                break;
+            }
+            self.c.ro += RECORD_BYTES;
+            self.c.ra = -1.0;
+            self.c.dirty = true;
+        }
+    }
+
+    /// T.reservations_record: a refundable grant; past the cap the oldest is forgotten.
+    fn reservations_record(&mut self, seq: f64, cost: f64, reserved_at: f64, slack: f64) {
+        let c = &mut self.c;
+        if c.re - c.ro >= RESERVATIONS_TRACKED_MAX * RECORD_BYTES {
+            c.ro += RECORD_BYTES;
+            c.ra = -1.0;
+        }
+        let first = c.re == c.ro;
+        let (ro, re, rx, restarted) = log_append(
+            self.redis,
+            self.keys.rk,
+            (c.ro, c.re, c.rx),
+            &pack(&[seq, cost, reserved_at]),
+            reserved_at + self.p.window,
+            slack,
+            self.now,
+        );
+        let c = &mut self.c;
+        (c.ro, c.re, c.rx) = (ro, re, rx);
+        if first || restarted {
+            c.ra = reserved_at;
+        }
+        c.rl = reserved_at;
+    }
+
+    // counter.lua
+
+    /// T.normalise for a rate policy: expired state dropped, or the body carried into the
+    /// policy's algorithm.
+    fn normalise(&mut self) {
+        let (p, now) = (self.p, self.now);
+        if self.c.re > self.c.ro {
+            self.reservations_expire();
+        }
+        if p.alg == ALG_SLIDING && self.c.k == BODY_SLIDING {
+            self.sliding_expire();
+        } else if p.alg == ALG_GCRA && self.c.k == BODY_GCRA && self.c.e == p.emission {
+            // nothing expires in a TAT
+        } else {
+            let c = &mut self.c;
+            let used_before = if c.k == BODY_SLIDING {
+                c.qu
+            } else if c.k == BODY_GCRA {
+                div_ceil(sub0(c.t, now), c.e)
+            } else {
+                0.0
+            };
+            c.dirty = true;
+            if c.qe > 0.0 {
+                self.redis.call(&[b"DEL", self.keys.qk], true);
+            }
+            let c = &mut self.c;
+            (c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw) =
+                (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0);
+            if p.alg == ALG_SLIDING {
+                c.k = BODY_SLIDING;
+                if used_before > 0.0 {
+                    (c.lo, c.ls, c.lu, c.qu) = (now, now, used_before, used_before);
+                }
+            } else {
+                c.k = BODY_GCRA;
+                c.t = now + used_before * p.emission;
+                c.e = p.emission;
+                c.l = 0.0;
+            }
+        }
+    }
+
+    fn wait_for_room(&mut self, cost: f64, open: f64) -> f64 {
+        let in_use = self.c.used(self.p, self.now);
+        if in_use + cost <= open {
+            return 0.0;
+        }
+        if self.c.k == BODY_SLIDING {
+            self.sliding_wait_for_room(in_use + cost - open)
+        } else if self.c.k == BODY_GCRA {
+            sub0(sub0(self.c.t, (open - cost) * self.p.emission), self.now)
+        } else {
+            0.0
+        }
+    }
+
+    /// T.check: None when allowed, or (retry_after, remaining, reason, left).
+    fn check(&mut self, cost: f64, open: f64, limit_paused_until: f64) -> Option<[f64; 4]> {
+        self.normalise();
+        let room_after = self.wait_for_room(cost, open);
+        let pause_after = sub0(self.c.p.max(limit_paused_until), self.now);
+        if room_after == 0.0 && pause_after == 0.0 {
+            return None;
+        }
+        let used = self.c.used(self.p, self.now);
+        if pause_after > 0.0 {
+            return Some([
+                room_after.max(pause_after),
+                sub0(open, used),
+                REASON_PAUSED,
+                0.0,
+            ]);
+        }
+        Some([
+            room_after,
+            sub0(open, used),
+            REASON_CAPACITY,
+            sub0(self.p.capacity, used),
+        ])
+    }
+
+    /// T.grant: seq, remaining, reset_after, lease_expires_at (0 for a rate).
+    fn grant(&mut self, cost: f64, open: f64, record: f64) -> [f64; 4] {
+        let (p, now) = (self.p, self.now);
+        let seq = self.c.s.max(now);
+        self.c.s = seq + 1.0;
+        self.c.dirty = true;
+        let mut reserved_at = now;
+        let slack = p.slack();
+        if self.c.k == BODY_SLIDING {
+            reserved_at = self.sliding_grant(cost, slack);
+        } else if self.c.k == BODY_GCRA {
+            self.c.t = self.c.t.max(now) + cost * p.emission;
+            self.c.l = seq;
+        }
+        if record == 1.0 {
+            self.reservations_record(seq, cost, reserved_at, slack);
+        }
+        [
+            seq,
+            sub0(open, self.c.used(p, now)),
+            sub0(self.c.counted_until(p), now).min(p.memory),
+            0.0,
+        ]
+    }
+
+    /// T.save: the counter written back with its expiry, or deleted once idle.
+    fn save(&mut self) {
+        let now = self.now;
+        if !self.c.dirty {
+            return;
+        }
+        let idle = self.c.idle_at(self.p);
+        let keys = &self.keys;
+        if idle <= now {
+            self.redis.call(&[b"DEL", keys.ck, keys.rk, keys.qk], true);
+            return;
+        }
+        if self.c.re == self.c.ro {
+            if self.c.re > 0.0 {
+                self.redis.call(&[b"DEL", keys.rk], true);
+                let c = &mut self.c;
+                (c.ro, c.re, c.rx, c.ra) = (0.0, 0.0, 0.0, -1.0);
+            }
+        } else if self.c.ro >= RESERVATIONS_TRACKED_MAX * RECORD_BYTES {
+            let live = log_read(self.redis, keys.rk, self.c.ro, self.c.re);
+            (self.c.ro, self.c.re, self.c.rx) =
+                log_rewrite(self.redis, keys.rk, &live, self.c.rx, now);
+        }
+        if self.c.k == BODY_SLIDING {
+            if self.c.qe == self.c.qo {
+                if self.c.qe > 0.0 {
+                    self.redis.call(&[b"DEL", self.keys.qk], true);
+                    let c = &mut self.c;
+                    (c.qo, c.qe, c.qx, c.fs, c.fu) = (0.0, 0.0, 0.0, -1.0, 0.0);
+                }
+            } else if self.c.qo >= SLIDING_BUCKETS_MAX * RECORD_BYTES {
+                let records = self.closed_buckets();
+                (self.c.qo, self.c.qe, self.c.qx) =
+                    log_rewrite(self.redis, self.keys.qk, &records, self.c.qx, now);
+            }
+        }
+        let ttl = ttl_ms(idle, now);
+        self.redis
+            .call(&[b"SET", self.keys.ck, &self.c.encode(), b"PX", &ttl], true);
+    }
+}
+
+/// A counter's admission (`keys.lua`'s T.read_admission): where its limit's key budget is
+/// (0 none, x >= 1 at KEYS[x], below 0 in another slot), the budget, the cover the caller
+/// brings (-x: held until x), and 1 when the budget can be lost apart from its counters.
+struct Admission {
+    tally: f64,
+    budget: f64,
+    carried: f64,
+    apart: f64,
+}
+
+/// `keys.lua`'s T.cover_end: the cover given at `now` to a counter that must live until `need`.
+fn cover_end(now: f64, need: f64, span: f64) -> f64 {
+    let target = need.max(now + COVER_SPANS * span);
+    let mut grid = div_ceil(span, 2.0);
+    while target - now > GRID_PER_DISTANCE * grid {
+        grid *= 2.0;
+    }
+    div_ceil(target, grid) * grid
+}
+
+/// What asking a key budget answered (`keys.lua`'s T.admit).
+enum Admitted {
+    Ok(f64),
+    Keys(f64),
+    Held(f64),
+}
+
+/// `keys.lua`'s T.admit for a request (the hold honoured): the key budget at `key` asked for a
+/// counter whose cover is `old` to live until `need`; a refusal writes nothing.
+#[allow(clippy::too_many_arguments)]
+fn admit(
+    redis: &mut dyn Redis,
+    key: &[u8],
+    now: f64,
+    born: f64,
+    p: &Policy,
+    old: f64,
+    need: f64,
+    adm: &Admission,
+) -> Admitted {
+    let raw = match redis.call(&[b"GET", key], false) {
+        Value::Bytes(raw) => Some(raw),
+        _ => None,
+    };
+    let span = p.span();
+    let mut found = None;
+    let (mut ends, mut counts, mut counted) = (Vec::new(), Vec::new(), 0.0);
+    if let Some(raw) = &raw
+        && raw.first() == Some(&TALLY_TAG)
+        && raw.len() >= TALLY_HEADER_BYTES
+        && (raw.len() - TALLY_HEADER_BYTES).is_multiple_of(TALLY_RECORD_BYTES)
+    {
+        let head = numbers(&raw[1..TALLY_HEADER_BYTES]);
+        found = Some((head[0], head[1]));
+        for record in numbers(&raw[TALLY_HEADER_BYTES..]).chunks_exact(2) {
+            if record[0] > now {
+                ends.push(record[0]);
+                counts.push(record[1]);
+                counted += record[1];
+            }
+        }
+    }
+    let lost_at = if adm.apart == 1.0 { born } else { 0.0 };
+    // No evictions watched: the `seen` of the library's generation is 0.
+    let h = match found {
+        None => lost_at.max(0.0) + HOLD_SPANS * span,
+        Some((g, h)) if g != born => h.max(lost_at + HOLD_SPANS * span),
+        Some((_, h)) => h,
+    };
+    if old > now {
+        if let Some(i) = ends.iter().position(|&e| e == old) {
+            counts[i] -= 1.0;
+        }
+    } else {
+        if h > now {
+            return Admitted::Held(h);
+        }
+        if counted >= adm.budget {
+            return Admitted::Keys(adm.budget);
+        }
+    }
+    let e = cover_end(now, need, span);
+    let last = ends.last().copied().unwrap_or(0.0);
+    let mut value = vec![TALLY_TAG];
+    value.extend(pack(&[born, h]));
+    let mut placed = false;
+    for (i, &end) in ends.iter().enumerate() {
+        if !placed && e <= end {
+            placed = true;
+            if e == end {
+                counts[i] += 1.0;
+            } else {
+                value.extend(pack(&[e, 1.0]));
+            }
+        }
+        if counts[i] > 0.0 {
+            value.extend(pack(&[end, counts[i]]));
+        }
+    }
+    if !placed {
+        value.extend(pack(&[e, 1.0]));
+    }
+    let ttl = ttl_ms(h.max(e).max(last), now);
+    redis.call(&[b"SET", key, &value, b"PX", &ttl], true);
+    Admitted::Ok(e)
+}
+
 /// The command: `TOLLGATE.ACQUIRE numkeys key... packed`.
 pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
     decide(redis, args)
+}
+
+fn ints(numbers: &[f64]) -> impl Iterator<Item = Value> + '_ {
+    numbers.iter().map(|&n| Value::Int(n as i64))
 }
 
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
@@ -328,17 +997,24 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     if waiter != 0.0 {
         return not_native("a waiting request (the queue across the fleet)");
     }
-    if record != 0.0 {
-        return not_native("a grant that records a reservation");
-    }
     let at = 2 + ACQUIRE_HEAD;
     let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
-    let (Some(pause), Some(tally), Some(queue)) = (
+    let adm_at = at + POLICY_NUMBERS + 1;
+    let (Some(pause), Some(tally), Some(budget), Some(carried), Some(apart), Some(queue)) = (
         a(at + POLICY_NUMBERS),
-        a(at + POLICY_NUMBERS + 1),
-        a(at + POLICY_NUMBERS + 1 + ADMISSION_NUMBERS),
+        a(adm_at),
+        a(adm_at + 1),
+        a(adm_at + 2),
+        a(adm_at + 3),
+        a(adm_at + ADMISSION_NUMBERS),
     ) else {
         return bad("acquire: fewer than a counter's numbers");
+    };
+    let adm = Admission {
+        tally,
+        budget,
+        carried,
+        apart,
     };
     let [
         kind,
@@ -354,20 +1030,33 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     else {
         return bad("acquire: fewer than a policy's numbers");
     };
-    if kind != KIND_RATE || alg != ALG_GCRA {
-        return not_native("a policy other than a GCRA rate limit");
-    }
-    if tally != 0.0 {
-        return not_native("a counter of a key counted in its limit's key budget");
+    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
+        return not_native("a policy other than a GCRA or sliding window rate limit");
     }
     let window = period + margin;
     let emission = div_ceil(window, limit);
-    let p = Policy {
-        capacity: burst,
-        res_high,
-        res_normal,
-        emission,
-        memory: emission * burst,
+    let p = if alg == ALG_GCRA {
+        Policy {
+            alg,
+            limit,
+            window,
+            capacity: burst,
+            res_high,
+            res_normal,
+            emission,
+            memory: emission * burst,
+        }
+    } else {
+        Policy {
+            alg,
+            limit,
+            window,
+            capacity: limit,
+            res_high,
+            res_normal,
+            emission,
+            memory: window,
+        }
     };
     let (Some(gen_key), Some(ck), Some(rk), Some(qk), Some(wk)) =
         (key(1.0), key(2.0), key(3.0), key(4.0), key(queue))
@@ -378,6 +1067,14 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         match key(pause) {
             Some(k) => Some(k),
             None => return bad("acquire: the pause's key is not among the keys"),
+        }
+    } else {
+        None
+    };
+    let tally_key = if tally >= 1.0 {
+        match key(tally) {
+            Some(k) => Some(k),
+            None => return bad("acquire: the key budget's key is not among the keys"),
         }
     } else {
         None
@@ -405,7 +1102,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         let raw = redis.call(&[b"GET", gen_key], false);
         let slot = generation(redis, bytes_of(&raw), gen_key, now);
         let mut reply = head("cost", now, &slot);
-        reply.extend([Value::Int(1), Value::Int(open as i64)]);
+        reply.extend(ints(&[1.0, open]));
         return Reply::Value(Value::Array(reply));
     }
 
@@ -423,7 +1120,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     }
     let loaded = match bytes_of(&values[1]) {
         Some(raw) => match Counter::decode(raw, now) {
-            Ok(c) => c,
+            Ok(c) => Some(c),
             Err(what) => return not_native(what),
         },
         None => None,
@@ -431,13 +1128,13 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
     // `loss.lua`'s T.load, no evictions watched (seen 0), then T.hold.
     let (mut c, hold_until) = match loaded {
-        Some(c) if c.g == slot.born => (c, None),
-        Some(mut c) => {
+        Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
+        Some(Decoded::Counter(mut c)) => {
             c.g = slot.born;
             c.dirty = true;
             (c, Some(slot.born + p.memory))
         }
-        None if values[1] != Value::Nil => (Counter::empty(now, slot.born), Some(now + p.memory)),
+        Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
         None => (
             Counter::empty(now, slot.born),
             Some(slot.born.max(0.0) + p.memory),
@@ -456,90 +1153,84 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         None => -pause,
     };
 
-    // counter.lua's T.check: normalised (carried into GCRA when its interval changed).
-    if !(c.k == BODY_GCRA && c.e == p.emission) {
-        let used_before = if c.k == BODY_GCRA {
-            div_ceil(sub0(c.t, now), c.e)
-        } else {
-            0.0
-        };
-        c.dirty = true;
-        c.k = BODY_GCRA;
-        c.t = now + used_before * p.emission;
-        c.e = p.emission;
-        c.l = 0.0;
+    // The key budget in another slot: its cover asked of the caller before anything more is
+    // written.
+    if adm.tally < 0.0 && adm.carried >= 0.0 {
+        let need = c.need(&p, now);
+        if need > c.a && adm.carried < need {
+            let mut reply = head("admit", now, &slot);
+            reply.extend(ints(&[1.0, c.a, need]));
+            return Reply::Value(Value::Array(reply));
+        }
     }
-    let in_use = c.used(&p, now);
-    let room_after = if in_use + cost <= open {
-        0.0
-    } else {
-        sub0(sub0(c.t, (open - cost) * p.emission), now)
+    // `keys.lua`'s T.cover: the key admitted before the counter is written past its cover.
+    let mut held = None;
+    if adm.tally != 0.0 {
+        let need = c.need(&p, now);
+        if need > c.a {
+            let admitted = if adm.carried < 0.0 {
+                Admitted::Held(-adm.carried)
+            } else if adm.carried < need {
+                match tally_key {
+                    Some(tally_key) => admit(redis, tally_key, now, slot.born, &p, c.a, need, &adm),
+                    None => return bad("acquire: the key budget's key is not among the keys"),
+                }
+            } else {
+                Admitted::Ok(adm.carried)
+            };
+            match admitted {
+                Admitted::Ok(cover) => {
+                    c.a = cover;
+                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
+                    c.dirty = true;
+                }
+                Admitted::Keys(budget) => {
+                    let mut reply = head("keys", now, &slot);
+                    reply.extend(ints(&[1.0, budget]));
+                    return Reply::Value(Value::Array(reply));
+                }
+                // Held after a loss of its budget: recovering, and not written past its cover.
+                Admitted::Held(until) => held = Some(until),
+            }
+        }
+    }
+
+    let mut d = Decision {
+        redis,
+        keys: Keys { ck, rk, qk },
+        p: &p,
+        now,
+        c,
     };
-    let pause_after = sub0(c.p.max(limit_paused_until), now);
-    let denial = if room_after == 0.0 && pause_after == 0.0 {
-        None
-    } else if pause_after > 0.0 {
-        Some((
-            room_after.max(pause_after),
-            sub0(open, in_use),
-            REASON_PAUSED,
-            0.0,
-        ))
-    } else {
-        Some((
-            room_after,
-            sub0(open, in_use),
-            REASON_CAPACITY,
-            sub0(p.capacity, in_use),
-        ))
+    let denial = match held {
+        Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
+        None => d.check(cost, open, limit_paused_until),
     };
     let mut reply = head("ok", now, &slot);
     match denial {
-        Some((retry, remaining, mut reason, left)) => {
+        Some([retry, remaining, mut reason, left]) => {
+            // Held after a loss rather than paused by someone: recovering, when the hold is
+            // what the request waits for.
+            let c = &d.c;
             if reason == REASON_PAUSED
                 && c.p >= limit_paused_until
+                && now + retry <= c.p
                 && (c.p == slot.born + p.memory || c.p == p.memory)
             {
                 reason = REASON_RECOVERING;
             }
             let left = if reason == REASON_CAPACITY { left } else { 0.0 };
-            reply.extend([
-                Value::Int(OUTCOME_DENIED),
-                Value::Int(retry as i64),
-                Value::Int(remaining as i64),
-                Value::Int(reason as i64),
-                Value::Int(left as i64),
-            ]);
+            reply.push(Value::Int(OUTCOME_DENIED));
+            reply.extend(ints(&[retry, remaining, reason, left]));
         }
         None => {
-            // counter.lua's T.grant, a final grant of a GCRA counter.
-            let seq = c.s.max(now);
-            c.s = seq + 1.0;
-            c.dirty = true;
-            c.t = c.t.max(now) + cost * p.emission;
-            c.l = seq;
-            reply.extend([
-                Value::Int(OUTCOME_GRANTED),
-                Value::Int(seq as i64),
-                Value::Int(sub0(open, c.used(&p, now)) as i64),
-                Value::Int(sub0(c.t, now).min(p.memory) as i64),
-                Value::Int(0),
-            ]);
+            let granted = d.grant(cost, open, record);
+            reply.push(Value::Int(OUTCOME_GRANTED));
+            reply.extend(ints(&granted));
         }
     }
-    // counter.lua's T.save.
-    if c.dirty {
-        let idle = c.p.max(c.s).max(c.t);
-        if idle <= now {
-            redis.call(&[b"DEL", ck, rk, qk], true);
-        } else {
-            if c.re > 0.0 {
-                redis.call(&[b"DEL", rk], true);
-                (c.ro, c.re, c.rx, c.ra) = (0.0, 0.0, 0.0, -1.0);
-            }
-            let ttl = text(div_ceil(idle - now, US_PER_MS) + 1.0);
-            redis.call(&[b"SET", ck, &c.encode(), b"PX", &ttl], true);
-        }
+    if held.is_none() {
+        d.save();
     }
     Reply::Value(Value::Array(reply))
 }

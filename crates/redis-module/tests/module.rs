@@ -281,13 +281,15 @@ fn the_version_is_the_function_librarys() {
 }
 
 /// One namespace's keys: the generation, then per counter its state, reservations, buckets
-/// and queue.
+/// and queue, then the key budget.
 fn keys(namespace: &str, counter: usize) -> Vec<Vec<u8>> {
     let base = format!("tg:{{t}}:{namespace}");
     let mut keys = vec![format!("{base}:gen").into_bytes()];
     for part in ["c", "r", "q", "w"] {
         keys.push(format!("{base}:{part}:{counter}").into_bytes());
     }
+    // The limits' key budget (one for all the test's counters), at KEYS[6].
+    keys.push(format!("{base}:k").into_bytes());
     keys
 }
 
@@ -299,17 +301,35 @@ fn policies() -> Vec<[f64; 9]> {
         [1.0, 5.0, 10.0 * s, 0.0, 3.0, 4.0, 0.0, 1.0, 0.0],
         // GCRA: 3 per 4 s with a margin, a burst of 3.
         [1.0, 3.0, 4.0 * s, 0.5 * s, 3.0, 3.0, 0.0, 0.0, 0.0],
-        // Sliding: 4 per 6 s (not decided natively yet: the module refuses it).
-        [1.0, 4.0, 6.0 * s, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+        // Sliding: 4 per 6 s, a reserve for high (every instant a bucket of its own).
+        [1.0, 4.0, 6.0 * s, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0],
+        // Sliding: 5 per 3 s with a margin (a shorter window: buckets switched to the other
+        // sliding policy count longer).
+        [1.0, 5.0, 3.0 * s, 0.5 * s, 1.0, 0.0, 0.0, 0.0, 0.0],
+        // A fixed window, 4 per 5 s: not decided natively (the module refuses it).
+        [1.0, 4.0, 5.0 * s, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0],
     ]
 }
 
-/// An acquire of one counter: its limit's pause as the caller read it (`-paused_until`, or 0),
-/// no key budget (0 0 0 0), its queue at KEYS[5]; not waiting.
-fn acquire_numbers(policy: &[f64; 9], cost: f64, priority: f64, pause: f64) -> Vec<f64> {
-    let mut numbers = vec![OP_ACQUIRE, cost, priority, 0.0, 1.0];
+/// The counters decided natively: every policy but the fixed window's.
+const NATIVE: usize = 4;
+
+/// An acquire of one counter: `record` 1 records a reservation; its limit's pause as the
+/// caller read it (`-paused_until`, or 0); its admission (where its limit's key budget is, the
+/// budget, the cover brought, apart); its queue at KEYS[5]; not waiting.
+fn acquire_numbers(
+    policy: &[f64; 9],
+    cost: f64,
+    priority: f64,
+    record: f64,
+    pause: f64,
+    admission: [f64; 4],
+) -> Vec<f64> {
+    let mut numbers = vec![OP_ACQUIRE, cost, priority, record, 1.0];
     numbers.extend(policy);
-    numbers.extend([pause, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0]);
+    numbers.push(pause);
+    numbers.extend(admission);
+    numbers.extend([5.0, 0.0, 0.0]);
     numbers
 }
 
@@ -335,6 +355,9 @@ fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
         .collect()
 }
 
+/// Steps of the interleaving test: a few seconds.
+const STEPS: usize = 1_000;
+
 #[test]
 fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     let Some(server) = start() else { return };
@@ -357,8 +380,10 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
         fcall(&mut conn, &[generation], &pack(&[OP_BEGIN]));
     }
     let mut clock = 0;
-    let (mut native, mut refused, mut granted, mut denied) = (0, 0, [0; 3], [0; 3]);
-    for step in 0..400 {
+    let (mut native, mut refused) = (0, 0);
+    let (mut granted, mut denied) = ([0; 5], [0; 5]);
+    let mut statuses = std::collections::BTreeMap::<String, u32>::new();
+    for step in 0..STEPS {
         if rng.u8(..4) == 0 {
             // Up to 3 s, to the microsecond: GCRA's intervals are 1.5 s and 2 s.
             clock += rng.u64(1..3_000_000);
@@ -377,10 +402,10 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             f64::from(rng.u8(1..3))
         };
         let priority = f64::from(rng.u8(..3));
-        // Now and then a GCRA counter under the other GCRA policy (its backlog carried over to
-        // the new interval), or its limit paused for up to 2 s.
-        let policy = if counter < 2 && rng.u8(..20) == 0 {
-            &policies[1 - counter]
+        // Now and then a counter under another native policy (its units carried over to the
+        // other algorithm, interval or window), or its limit paused for up to 2 s.
+        let policy = if counter < NATIVE && rng.u8(..20) == 0 {
+            &policies[rng.usize(..NATIVE)]
         } else {
             &policies[counter]
         };
@@ -389,18 +414,42 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
         } else {
             0.0
         };
-        let packed = pack(&acquire_numbers(policy, cost, priority, pause));
+        let record = if rng.bool() { 1.0 } else { 0.0 };
+        let admission = {
+            let now = (CLOCK_START_US + clock) as f64;
+            let apart = f64::from(u8::from(rng.u8(..10) == 0));
+            match rng.u8(..20) {
+                // No key: counted in no budget.
+                0..=3 => [0.0; 4],
+                // The budget in another slot: the caller asked for nothing yet, or brings a
+                // cover (long enough or not), or a hold after its budget's loss.
+                4..=5 => [-1.0, 3.0, 0.0, apart],
+                6..=7 => [-1.0, 3.0, now + rng.f64() * 60e6, apart],
+                8 => [-1.0, 3.0, -(now + rng.f64() * 2e6), apart],
+                // The budget here, at KEYS[6]: three counters of keys at most.
+                _ => [6.0, 3.0, 0.0, apart],
+            }
+        };
+        let packed = pack(&acquire_numbers(
+            policy, cost, priority, record, pause, admission,
+        ));
         let mixed_keys = keys("mixed", counter);
         let alone_keys = keys("alone", counter);
         let mixed = if rng.bool() {
             match module(&mut conn, &mixed_keys, &packed) {
                 Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
-                    assert_eq!(counter, 2, "step {step}: a GCRA acquire refused: {e}");
+                    assert_eq!(
+                        counter, NATIVE,
+                        "step {step}: a native acquire refused: {e}"
+                    );
                     refused += 1;
                     fcall(&mut conn, &mixed_keys, &packed)
                 }
                 reply => {
-                    assert_ne!(counter, 2, "step {step}: sliding decided natively");
+                    assert!(
+                        counter < NATIVE,
+                        "step {step}: a fixed window decided natively"
+                    );
                     native += 1;
                     reply
                 }
@@ -416,21 +465,31 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             "step {step} (seed {seed}): stored values or expiries differ"
         );
         if let Resp::Array(reply) = &alone
-            && reply.first() == Some(&Resp::Bytes(b"ok".to_vec()))
+            && let Some(Resp::Bytes(status)) = reply.first()
         {
-            match reply.get(4) {
-                Some(Resp::Int(0)) => granted[counter] += 1,
-                _ => denied[counter] += 1,
+            *statuses
+                .entry(String::from_utf8_lossy(status).into_owned())
+                .or_default() += 1;
+            if status == b"ok" {
+                match reply.get(4) {
+                    Some(Resp::Int(0)) => granted[counter] += 1,
+                    _ => denied[counter] += 1,
+                }
             }
         }
     }
-    eprintln!("native {native}, refused {refused}, granted {granted:?}, denied {denied:?}");
-    assert!(native > 50 && refused > 10, "both ways ran");
+    eprintln!(
+        "native {native}, refused {refused}, granted {granted:?}, denied {denied:?}, {statuses:?}"
+    );
+    assert!(native > STEPS / 3 && refused > 10, "both ways ran");
     for counter in 0..policies.len() {
         assert!(
             granted[counter] > 5 && denied[counter] > 5,
             "counter {counter}: grants and denials both met"
         );
+    }
+    for status in ["admit", "keys"] {
+        assert!(statuses.get(status) > Some(&3), "{status} answered");
     }
 }
 
@@ -446,7 +505,7 @@ fn the_modules_writes_reach_a_replica_without_the_module() {
     for step in 0..60 {
         clock += 700_000;
         server.set_clock(clock);
-        let packed = pack(&acquire_numbers(&policy, 1.0, 2.0, 0.0));
+        let packed = pack(&acquire_numbers(&policy, 1.0, 2.0, 0.0, 0.0, [0.0; 4]));
         match module(&mut conn, &keys, &packed) {
             Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
             Resp::Array(_) => {}
