@@ -31,15 +31,20 @@ pub struct AcquireBody {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::number::optional_map"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, u64>>, example = json!({"model-input": 812, "model-output": 1000})))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::CostsSchema>))]
     pub costs: Option<std::collections::BTreeMap<String, u64>>,
     /// `high`, `normal` (default) or `low`.
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::PriorityName>))]
     pub priority: Option<String>,
     /// How long to wait for room, in milliseconds (default 0: answer now); capped by the
-    /// server's `wait_ms_max`.
+    /// server's `wait_ms_max`; at most 2^53 (longer than any wait, and what every client's
+    /// numbers hold exactly).
     #[serde(default, deserialize_with = "crate::number::optional")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 0, maximum = 9_007_199_254_740_992_u64)
+    )]
     pub wait_ms: Option<u64>,
     /// Whether a commit may give unused rate units back (default `true`). `false` is a plain
     /// "may I go now": the store records no reservation, so the decision is cheaper; the units
@@ -172,7 +177,7 @@ pub struct ChargeBody {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::number::optional_map"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, u64>>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::schema::CostsSchema>))]
     pub costs: Option<std::collections::BTreeMap<String, u64>>,
 }
 
@@ -196,6 +201,10 @@ pub struct ChargedView {
 pub struct ChargeAnswer {
     pub limits: Vec<ChargedView>,
 }
+
+/// The longest wait a request may name, in milliseconds (`wait_ms`, a token's `wait_max_ms`):
+/// 2^53, longer than any wait, and what every client's numbers hold exactly.
+pub const WAIT_MS_MAX: u64 = 1 << 53;
 
 /// The longest `sent_after_ms` a commit may report: an hour.
 pub const SENT_AFTER_MS_MAX: u64 = 3_600_000;

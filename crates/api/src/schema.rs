@@ -497,3 +497,38 @@ impl ToSchema for UsedSchema {
         Cow::Borrowed("Used")
     }
 }
+
+/// A cost per limit, by name: `costs` of an acquire or a charge.
+#[derive(Debug)]
+pub struct CostsSchema;
+
+impl PartialSchema for CostsSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            // Null as absent, as the server reads it.
+            .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                Type::Object,
+                Type::Null,
+            ]))
+            .description(Some(
+                "Units by limit name, for limits whose cost differs from `cost`; every name must \
+                 be among `limits`.",
+            ))
+            .property_names(Some(LimitName::schema()))
+            .additional_properties(Some(AdditionalProperties::RefOr(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1))
+                    .maximum(Some(tollgate::core::UNITS_MAX))
+                    .into(),
+            )))
+            .max_properties(Some(tollgate::COUNTERS_PER_REQUEST_MAX))
+            .into()
+    }
+}
+
+impl ToSchema for CostsSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Costs")
+    }
+}

@@ -222,6 +222,11 @@ async fn bad_data_plane_requests_are_refused_naming_the_field() {
             r#"{"limits":["vendor-x"],"wait_ms":-1}"#.to_owned(),
             "wait_ms",
         ),
+        // Past 2^53: no client's numbers hold it exactly, and no wait is that long.
+        (
+            r#"{"limits":["vendor-x"],"wait_ms":9223372036854775808}"#.to_owned(),
+            "wait_ms",
+        ),
         (
             r#"{"limits":["vendor-x"],"priority":"urgent"}"#.to_owned(),
             "priority",

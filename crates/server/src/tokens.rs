@@ -528,7 +528,11 @@ pub(crate) async fn create_token(
         other => Ok(other),
     };
     let cost_max = bound("cost_max", body.cost_max, tollgate::core::UNITS_MAX)?;
-    let wait_max_ms = bound("wait_max_ms", body.wait_max_ms, 1 << 53)?;
+    let wait_max_ms = bound(
+        "wait_max_ms",
+        body.wait_max_ms,
+        tollgate_api::data::WAIT_MS_MAX,
+    )?;
     let tokens = state.tokens();
     let source = tokens.source()?;
     let mut refused = tokens.refused.lock().await;

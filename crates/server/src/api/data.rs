@@ -14,7 +14,7 @@ use tollgate::{Denied, DenyReason, Outcome, Priority, Request, check_limit_name}
 use tollgate_api::data::{
     AcquireBody, ChargeAnswer, ChargeBody, ChargedView, CommitAnswer, CommitBody, Granted,
     LearnAnswer, LearnBody, LimitView, PauseAnswer, PauseBody, RateLimited, RenewAnswer, RenewBody,
-    SENT_AFTER_MS_MAX, Used,
+    SENT_AFTER_MS_MAX, Used, WAIT_MS_MAX,
 };
 use tollgate_api::schema::{BadRequest, Forbidden, PermitText, Unauthorized, Unavailable};
 use tollgate_api::{Code, ErrorDetail, Reason};
@@ -221,6 +221,12 @@ pub(crate) async fn acquire(
     let cost = grant.cost(body.cost.unwrap_or(1))?;
     let names: Vec<&str> = body.limits.iter().map(String::as_str).collect();
     let costs = costs_by_limit(&grant, &names, cost, body.costs.as_ref())?;
+    if body.wait_ms.is_some_and(|ms| ms > WAIT_MS_MAX) {
+        return Err(ApiError::bad_field(
+            "wait_ms",
+            format!("must be at most {WAIT_MS_MAX} (2^53)"),
+        ));
+    }
     let mut wait_ms = grant.wait_ms(body.wait_ms.unwrap_or(0).min(state.config().wait_ms_max));
     // One token's waiting requests are bounded, so that it cannot fill the lines of the
     // limits outside its scope; past the bound its request is decided at once.

@@ -152,3 +152,23 @@ def retry_after_matches_body(ctx: schemathesis.CheckContext, response: schemathe
         raise AssertionError(f"Retry-After: {seconds}, but retry_after_ms is "
                              f"{body['retry_after_ms']} (expected {expected} s)")
     return True
+
+
+@schemathesis.hook
+def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
+    """`costs` names limits among the request's `limits` (the document says so in prose, which a
+    schema cannot): a positive case's generated names are put onto those limits, so that it
+    stays valid; a negative one is left as generated."""
+    body = case.body
+    meta = getattr(case, "meta", None)
+    positive = meta is not None and meta.generation.mode.is_positive
+    if not (positive and isinstance(body, dict)):
+        return case
+    limits, costs = body.get("limits"), body.get("costs")
+    if not (isinstance(costs, dict) and costs and isinstance(limits, list) and limits):
+        return case
+    names = [name for name in limits if isinstance(name, str)]
+    if not names:
+        return case
+    body["costs"] = {names[index % len(names)]: units for index, units in enumerate(costs.values())}
+    return case
