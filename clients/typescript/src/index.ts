@@ -63,11 +63,13 @@ export { type TollgateFetch, tollgateFetch, type TollgateFetchOptions, type Toll
 export {
   type Api,
   type Budget,
+  type CustomApi,
   type Estimate,
   estimate,
   llmFetch,
   type LlmFetchOptions,
   type LlmRequestInit,
+  type Reader,
   recognise,
   type Usage,
   UsageReader,

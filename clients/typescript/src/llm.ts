@@ -4,7 +4,11 @@
  * goes and settled as its answer comes.
  *
  * It recognises OpenAI-style (`/v1/chat/completions`, `/v1/responses`) and Anthropic-style
- * (`/v1/messages`) POSTs to a mapped host; other requests pass untouched. For each it:
+ * (`/v1/messages`) POSTs to a mapped host. Another API plugs in with the budget's `api`
+ * ({@link CustomApi}): its `estimate` sees each request to the host that the built-in recognition
+ * does not claim and gives an {@link Estimate}, or null to let the request pass unbudgeted; its
+ * `reader` reads the answer as {@link UsageReader} does. Such a request takes the same grant,
+ * top-ups, settlement and charge as the built-in APIs. Other requests pass untouched. For each it:
  *
  * 1. estimates the request from its JSON body: output is its `max_tokens`
  *    (`max_completion_tokens`, `max_output_tokens`), else the model's documented maximum
@@ -56,6 +60,28 @@ export interface Budget {
   perRequest?: number;
   /** Longest wait for a grant, in seconds (60). */
   waitMax?: number;
+  /** Another API's estimator and answer reader, for the requests the built-in recognition does not claim. */
+  api?: CustomApi;
+}
+
+/**
+ * Reads one answer as it passes, chunk by chunk: `usage` is read after every chunk (for top-ups)
+ * and once more after `end()` (for the settlement). {@link UsageReader} is one.
+ */
+export interface Reader {
+  feed(chunk: Uint8Array): void;
+  end(): void;
+  readonly usage: Usage;
+}
+
+/**
+ * Another model API: `estimate` gives a request's {@link Estimate} (null: the request is not a
+ * model call and passes unbudgeted; a throw reaches the caller), and `reader` makes a fresh
+ * {@link Reader} for each answer.
+ */
+export interface CustomApi {
+  estimate(url: URL, init: LlmRequestInit): Estimate | null;
+  reader(): Reader;
 }
 
 export type Api = "chat" | "responses" | "messages";
@@ -82,11 +108,25 @@ function present(value: unknown): boolean {
   return value !== undefined && value !== null;
 }
 
+/**
+ * What a request is expected to use: `input` and `output` tokens, whether the vendor never writes
+ * past `output` (`bounded`: a cap the request sets), and whether the answer streams (read by the
+ * built-in APIs only).
+ */
 export interface Estimate {
   input: number;
   output: number;
   bounded: boolean;
-  stream: boolean;
+  stream?: boolean;
+}
+
+/** A custom estimator's answer, refused with the field and the reason when it is not one. */
+function checked(found: Estimate): Estimate {
+  if (typeof found !== "object" || found === null) throw new TypeError("estimate: must return an Estimate or null");
+  for (const name of ["input", "output"] as const) {
+    if (count(found[name]) === null) throw new TypeError(`Estimate.${name}: must be a whole number of tokens`);
+  }
+  return { input: Math.max(1, found.input), output: Math.max(1, found.output), bounded: found.bounded === true, stream: found.stream === true };
 }
 
 /** A request's estimate; errors name the field. */
@@ -282,11 +322,14 @@ export interface LlmRequestInit extends RequestInit {
 }
 
 function charged(found: Estimate, usage: Usage): [number, number] {
-  const streamed = found.bounded ? Math.min(usage.streamed, found.output) : usage.streamed;
+  // Read as counts: a plugged-in reader's figure that is not one is not read.
+  const all = count(usage.streamed) ?? 0;
+  const streamed = found.bounded ? Math.min(all, found.output) : all;
+  const [input, reported] = [count(usage.input), count(usage.output)];
   // Until the answer is finished, a reported output (Anthropic's message_start says 1) is only
   // a floor: the text streamed counts when it is more.
-  const output = usage.output === null ? streamed : usage.finished ? usage.output : Math.max(usage.output, streamed);
-  return [usage.input ?? found.input, output];
+  const output = reported === null ? streamed : usage.finished ? reported : Math.max(reported, streamed);
+  return [input ?? found.input, output];
 }
 
 /**
@@ -388,9 +431,13 @@ export function llmFetch(options: LlmFetchOptions): (input: string | URL | Reque
     if (input instanceof Request) return inner(input, init); // its body cannot be read first
     const url = new URL(String(input));
     const budget = options.hosts[url.host] ?? options.hosts[url.hostname];
+    if (budget === undefined) return inner(input, init);
     const api = recognise(url.pathname);
-    if (budget === undefined || api === null || (init.method ?? "GET").toUpperCase() !== "POST" || typeof init.body !== "string") {
-      return inner(input, init);
+    if (api === null || (init.method ?? "GET").toUpperCase() !== "POST" || typeof init.body !== "string") {
+      const custom = budget.api;
+      const found = custom?.estimate(url, init) ?? null;
+      if (custom === undefined || found === null) return inner(input, init);
+      return metered(options.client, inner, input, init, budget, checked(found), () => custom.reader());
     }
     const { tollgate } = init;
     let body = init.body;
@@ -403,59 +450,77 @@ export function llmFetch(options: LlmFetchOptions): (input: string | URL | Reque
         body = JSON.stringify(parsed);
       }
     }
-    const held = await reserve(options.client, budget, found);
-    held.sentAt = performance.now() / 1000;
-    let response: Response;
-    try {
-      // `tollgate` passes on: a tollgateFetch underneath reads its priority.
-      response = await inner(input, { ...init, body });
-    } catch (error) {
-      // The vendor may have seen it: keep the estimate, unless the connection never opened.
-      const refused = (error as { cause?: { code?: string } })?.cause?.code === "ECONNREFUSED";
-      await held.settle(refused ? [0, 0] : [found.input, found.output]);
-      throw error;
-    }
-    if (response.status >= 400 || response.body === null) {
-      const content = await response.arrayBuffer();
-      const reader = new UsageReader(false);
-      reader.feed(new Uint8Array(content));
-      reader.end();
-      await held.settle(response.status >= 400 ? [0, 0] : charged(found, reader.usage));
-      return new Response(content, { status: response.status, statusText: response.statusText, headers: response.headers });
-    }
-    const reader = new UsageReader((response.headers.get("content-type") ?? "").startsWith("text/event-stream"));
-    const source = response.body.getReader();
-    let settled = false;
-    const settle = async (): Promise<void> => {
-      if (settled) return;
-      settled = true;
-      reader.end();
-      await held.settle(charged(found, reader.usage));
-    };
-    const metered = new ReadableStream<Uint8Array>({
-      async pull(controller) {
-        let next: Awaited<ReturnType<typeof source.read>>;
-        try {
-          next = await source.read();
-        } catch (error) {
-          await settle();
-          controller.error(error);
-          return;
-        }
-        if (next.done) {
-          await settle();
-          controller.close();
-          return;
-        }
-        reader.feed(next.value);
-        held.show(reader.usage);
-        controller.enqueue(next.value);
-      },
-      async cancel(reason) {
-        await source.cancel(reason).catch(() => undefined);
-        await settle();
-      },
-    });
-    return new Response(metered, { status: response.status, statusText: response.statusText, headers: response.headers });
+    return metered(options.client, inner, input, { ...init, body }, budget, found, (response) =>
+      new UsageReader((response.headers.get("content-type") ?? "").startsWith("text/event-stream")),
+    );
   };
+}
+
+/**
+ * One budgeted request, built-in or plugged in alike: the grant, the send, the answer read as it
+ * passes with top-ups beside it, and the settlement and charge at its end.
+ */
+async function metered(
+  client: Client,
+  inner: typeof fetch,
+  input: string | URL,
+  init: LlmRequestInit,
+  budget: Budget,
+  found: Estimate,
+  makeReader: (response: Response) => Reader,
+): Promise<Response> {
+  const held = await reserve(client, budget, found);
+  held.sentAt = performance.now() / 1000;
+  let response: Response;
+  try {
+    // `tollgate` passes on: a tollgateFetch underneath reads its priority.
+    response = await inner(input, init);
+  } catch (error) {
+    // The vendor may have seen it: keep the estimate, unless the connection never opened.
+    const refused = (error as { cause?: { code?: string } })?.cause?.code === "ECONNREFUSED";
+    await held.settle(refused ? [0, 0] : [found.input, found.output]);
+    throw error;
+  }
+  if (response.status >= 400 || response.body === null) {
+    const content = await response.arrayBuffer();
+    const reader = response.status >= 400 ? new UsageReader(false) : makeReader(response);
+    reader.feed(new Uint8Array(content));
+    reader.end();
+    await held.settle(response.status >= 400 ? [0, 0] : charged(found, reader.usage));
+    return new Response(content, { status: response.status, statusText: response.statusText, headers: response.headers });
+  }
+  const reader = makeReader(response);
+  const source = response.body.getReader();
+  let settled = false;
+  const settle = async (): Promise<void> => {
+    if (settled) return;
+    settled = true;
+    reader.end();
+    await held.settle(charged(found, reader.usage));
+  };
+  const stream = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      let next: Awaited<ReturnType<typeof source.read>>;
+      try {
+        next = await source.read();
+      } catch (error) {
+        await settle();
+        controller.error(error);
+        return;
+      }
+      if (next.done) {
+        await settle();
+        controller.close();
+        return;
+      }
+      reader.feed(next.value);
+      held.show(reader.usage);
+      controller.enqueue(next.value);
+    },
+    async cancel(reason) {
+      await source.cancel(reason).catch(() => undefined);
+      await settle();
+    },
+  });
+  return new Response(stream, { status: response.status, statusText: response.statusText, headers: response.headers });
 }

@@ -15,8 +15,12 @@ llm={"api.openai.com": budget})`` (and ``AsyncTollgateTransport``), where a host
 ``hosts`` has its vendor's 429s pause the fleet as well.
 
 The transport recognises OpenAI-style (``/v1/chat/completions``, ``/v1/responses``) and
-Anthropic-style (``/v1/messages``) requests to a mapped host; other requests pass untouched.
-For each it:
+Anthropic-style (``/v1/messages``) requests to a mapped host. Another API plugs in with
+``Budget(..., api=Custom(estimate=..., reader=...))``: its estimator sees each request to the
+host that the built-in recognition does not claim and returns an :class:`Estimate`, or ``None``
+to let the request pass unbudgeted; its reader reads the answer as :class:`UsageReader` does.
+Such a request takes the same grant, top-ups, settlement and charge as the built-in APIs. Other
+requests pass untouched. For each it:
 
 1. estimates the request from its body: output is its ``max_tokens`` (``max_completion_tokens``,
    ``max_output_tokens``), else the model's documented maximum (``Budget.output_default``,
@@ -45,9 +49,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -58,8 +62,10 @@ from ._sync import Client
 __all__ = [
     "AsyncLlmTransport",
     "Budget",
+    "Custom",
     "Estimate",
     "LlmTransport",
+    "Reader",
     "Usage",
     "UsageReader",
     "estimate",
@@ -105,14 +111,44 @@ class Budget:
     per_request: int = 16
     #: Longest wait for a grant, in seconds.
     wait_max: float = 60.0
+    #: Another API's estimator and answer reader, for the requests the built-in recognition
+    #: does not claim.
+    api: Custom | None = None
 
 
 @dataclass
 class Estimate:
+    """What a request is expected to use: ``input`` and ``output`` tokens, whether the vendor
+    never writes past ``output`` (``bounded``: a cap the request sets), and whether the answer
+    streams (read by the built-in APIs only)."""
+
     input: int
     output: int
     bounded: bool
-    stream: bool
+    stream: bool = False
+
+
+class Reader(Protocol):
+    """Reads one answer as it passes, chunk by chunk: ``usage`` is read after every chunk (for
+    top-ups) and once more after ``end()`` (for the settlement)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+
+@dataclass(frozen=True)
+class Custom:
+    """Another model API: ``estimate`` gives a request's :class:`Estimate` (``None``: the
+    request is not a model call and passes unbudgeted; an error is raised to the caller), and
+    ``reader`` makes a fresh :class:`Reader` for each answer. Called from the sync and the
+    async transports alike, so both are plain functions that do no I/O."""
+
+    estimate: Callable[[httpx.Request], Estimate | None]
+    reader: Callable[[], Reader]
 
 
 def _count(value: Any) -> int | None:
@@ -339,16 +375,46 @@ def _with_usage_chunk(api: str, found: Estimate, body: bytes) -> bytes | None:
     return json.dumps(parsed).encode()
 
 
+def _checked(found: Any) -> Estimate:
+    """A custom estimator's answer, refused with the field and the reason when it is not one."""
+    if not isinstance(found, Estimate):
+        raise TypeError(f"estimate: must return an Estimate or None, not {type(found).__name__}")
+    for name in ("input", "output"):
+        if _count(getattr(found, name)) is None:
+            raise ValueError(f"Estimate.{name}: must be a whole number of tokens")
+    return Estimate(
+        input=max(1, int(found.input)),
+        output=max(1, int(found.output)),
+        bounded=bool(found.bounded),
+        stream=bool(found.stream),
+    )
+
+
+def _built_in_reader(response: httpx.Response) -> Reader:
+    return UsageReader(response.headers.get("content-type", "").startswith("text/event-stream"))
+
+
 def _prepare(
     request: httpx.Request, hosts: Mapping[str, Budget]
-) -> tuple[httpx.Request, Budget, Estimate] | None:
+) -> tuple[httpx.Request, Budget, Estimate, Callable[[httpx.Response], Reader]] | None:
+    """The request to send, its budget, its estimate and the reader of its answer, or ``None``
+    when it passes unbudgeted: the one choice the sync and async transports share."""
     host = (
         request.url.host if request.url.port is None else f"{request.url.host}:{request.url.port}"
     )
     budget = hosts.get(host) or hosts.get(request.url.host)
-    api = recognise(request.url.path)
-    if budget is None or api is None or request.method != "POST":
+    if budget is None:
         return None
+    api = recognise(request.url.path)
+    if api is None or request.method != "POST":
+        custom = budget.api
+        if custom is None:
+            return None
+        found = custom.estimate(request)
+        if found is None:
+            return None
+        make = custom.reader
+        return request, budget, _checked(found), lambda _response: make()
     body = request.content
     counted = request.extensions.get(INPUT_TOKENS_EXTENSION)
     found = estimate(api, body, budget, _count(counted))
@@ -362,20 +428,23 @@ def _prepare(
             content=rewritten,
             extensions=request.extensions,
         )
-    return request, budget, found
+    return request, budget, found, _built_in_reader
 
 
 def _charged(found: Estimate, usage: Usage) -> tuple[int, int]:
-    streamed = min(usage.streamed, found.output) if found.bounded else usage.streamed
+    # Read as counts: a plugged-in reader's figure that is not one is not read.
+    streamed = _count(usage.streamed) or 0
+    streamed = min(streamed, found.output) if found.bounded else streamed
+    reported_input, reported_output = _count(usage.input), _count(usage.output)
     # Until the answer is finished, a reported output (Anthropic's message_start says 1) is
     # only a floor: the text streamed counts when it is more.
-    if usage.output is None:
+    if reported_output is None:
         output = streamed
     elif usage.finished:
-        output = usage.output
+        output = reported_output
     else:
-        output = max(usage.output, streamed)
-    return (usage.input if usage.input is not None else found.input, output)
+        output = max(reported_output, streamed)
+    return (reported_input if reported_input is not None else found.input, output)
 
 
 def _by_limit(budget: Budget, input_tokens: int, output_tokens: int) -> dict[str, int]:
@@ -485,7 +554,7 @@ class LlmTransport(httpx.BaseTransport):
         prepared = _prepare(request, self._hosts)
         if prepared is None:
             return self._inner.handle_request(request)
-        request, budget, found = prepared
+        request, budget, found, make_reader = prepared
         held = self._reserve(budget, found)
         held.sent_at = time.monotonic()
         try:
@@ -508,8 +577,7 @@ class LlmTransport(httpx.BaseTransport):
                 extensions=response.extensions,
                 request=request,
             )
-        events = response.headers.get("content-type", "").startswith("text/event-stream")
-        stream = _MeteredStream(self, held, response, UsageReader(events))
+        stream = _MeteredStream(self, held, response, make_reader(response))
         return httpx.Response(
             response.status_code,
             headers=response.headers,
@@ -544,7 +612,7 @@ class LlmTransport(httpx.BaseTransport):
 
 class _MeteredStream(httpx.SyncByteStream):
     def __init__(
-        self, transport: LlmTransport, held: _Held, response: httpx.Response, reader: UsageReader
+        self, transport: LlmTransport, held: _Held, response: httpx.Response, reader: Reader
     ) -> None:
         self._transport, self._held = transport, held
         self._response, self._reader = response, reader
@@ -594,7 +662,7 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
         prepared = _prepare(request, self._hosts)
         if prepared is None:
             return await self._inner.handle_async_request(request)
-        request, budget, found = prepared
+        request, budget, found, make_reader = prepared
         held = await self._reserve(budget, found)
         held.sent_at = time.monotonic()
         try:
@@ -616,8 +684,7 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
                 extensions=response.extensions,
                 request=request,
             )
-        events = response.headers.get("content-type", "").startswith("text/event-stream")
-        stream = _AsyncMeteredStream(self, held, response, UsageReader(events))
+        stream = _AsyncMeteredStream(self, held, response, make_reader(response))
         return httpx.Response(
             response.status_code,
             headers=response.headers,
@@ -655,7 +722,7 @@ class _AsyncMeteredStream(httpx.AsyncByteStream):
         transport: AsyncLlmTransport,
         held: _Held,
         response: httpx.Response,
-        reader: UsageReader,
+        reader: Reader,
     ) -> None:
         self._transport, self._held = transport, held
         self._response, self._reader = response, reader
