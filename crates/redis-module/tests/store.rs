@@ -65,13 +65,19 @@ fn server(with_module: bool) -> Option<u16> {
         std::process::id(),
         dir.display()
     );
-    Command::new("sh")
+    let watcher = Command::new("sh")
         .args(["-c", &watch])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start redis-server");
+    // Kept, not waited for: it ends with the process.
+    static WATCHERS: Mutex<Vec<std::process::Child>> = Mutex::new(Vec::new());
+    WATCHERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(watcher);
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "redis-server did not start");
@@ -118,7 +124,10 @@ async fn on(port: u16, namespace: &str) -> Arc<RedisStore> {
         .expect("connect with the module on");
     assert!(store.module_in_use());
     let store = Arc::new(store);
-    made().lock().expect("stores").push(store.clone());
+    made()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(store.clone());
     store
 }
 

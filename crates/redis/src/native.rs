@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn a_version_mismatch_names_both_versions() {
-        let refusal = choose(Module::Auto, Loaded::Version(7), 1, false).unwrap_err();
+        let refusal = choose(Module::Auto, Loaded::Version(7), 1, false).expect_err("refused");
         assert!(
             refusal.contains("version 7") && refusal.contains("version 1"),
             "{refusal}"
@@ -193,7 +193,7 @@ mod tests {
         assert!(
             "yes"
                 .parse::<Module>()
-                .unwrap_err()
+                .expect_err("not a setting")
                 .contains("auto, on, off")
         );
     }
