@@ -1,4 +1,5 @@
-//! Sending the script, and natural batching of acquires. `Caller` owns what a call needs (the
+//! Sending the script, and natural batching of acquires; an acquire the Redis module decides
+//! natively (`native.rs`) goes to it alone instead, and to the script when the module refuses. `Caller` owns what a call needs (the
 //! connection, the library or script, whether calls watch evictions) and, per slot, the calls
 //! in flight and the acquires waiting for the next.
 //!
@@ -35,6 +36,7 @@ use crate::backend::Backend;
 use crate::call::{Head, Numbers, Reply, parse_reply, u};
 use crate::errors::{failed, lost_library, store_error, unavailable};
 use crate::keys;
+use crate::native::{self, Module};
 
 /// Acquires in one call at most. Each has at most `COUNTERS_PER_REQUEST_MAX` counters, so a
 /// batch names at most a few thousand keys and numbers.
@@ -63,6 +65,18 @@ pub(crate) struct Caller {
     batched: AtomicU64,
     /// Acquires wait for a slot's call in flight (on unless turned off).
     batching: AtomicBool,
+    /// The module setting, and whether the module decides what it can (`native.rs`): chosen
+    /// at connect, chosen again when Redis came back (it lost the library, or the module).
+    module: Module,
+    using_module: AtomicBool,
+    /// The protocol version the module must speak (`PROTOCOL_VERSION`; another in tests).
+    expected_version: u64,
+    cluster: bool,
+    /// Acquires the module decided, and those it refused that the library then decided.
+    module_acquires: AtomicU64,
+    module_fallbacks: AtomicU64,
+    /// Those refusals by the module's reason.
+    module_refusals: Mutex<HashMap<String, u64>>,
 }
 
 /// A slot's calls in flight (at most `CALLS_PER_SLOT`), and the acquires waiting for the
@@ -101,7 +115,9 @@ impl Caller {
         watch_evictions: bool,
         timeout: Duration,
         namespace: String,
+        module: (Module, bool, u64, bool),
     ) -> Caller {
+        let (module, using_module, expected_version, cluster) = module;
         Caller {
             backend,
             script,
@@ -113,6 +129,104 @@ impl Caller {
             slots: Mutex::new(HashMap::new()),
             batched: AtomicU64::new(0),
             batching: AtomicBool::new(true),
+            module,
+            using_module: AtomicBool::new(using_module),
+            expected_version,
+            cluster,
+            module_acquires: AtomicU64::new(0),
+            module_fallbacks: AtomicU64::new(0),
+            module_refusals: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the module decides the acquires it can.
+    pub(crate) fn using_module(&self) -> bool {
+        self.using_module.load(Ordering::Relaxed)
+    }
+
+    /// Acquires the module decided, and those it refused (decided by the library after).
+    pub(crate) fn module_counts(&self) -> (u64, u64) {
+        (
+            self.module_acquires.load(Ordering::Relaxed),
+            self.module_fallbacks.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The module's refusals so far, by its reason.
+    pub(crate) fn module_refusals(&self) -> Vec<(String, u64)> {
+        let refusals = self
+            .module_refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut refusals: Vec<(String, u64)> =
+            refusals.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        refusals.sort();
+        refusals
+    }
+
+    /// Redis came back (it lost the library, or the module): ask the module's version again.
+    /// A Redis that now has no module, or another version, is decided by the library (it cannot
+    /// refuse to start any more), and said loudly.
+    async fn choose_module_again(&self) {
+        if self.module == Module::Off {
+            return;
+        }
+        let chosen = match native::probe(&self.backend).await {
+            Ok(loaded) => native::choose(self.module, loaded, self.expected_version, self.cluster),
+            Err(error) => Err(format!("TOLLGATE.VERSION failed: {error}")),
+        };
+        let using = match chosen {
+            Ok(using) => using,
+            Err(reason) => {
+                tracing::error!(%reason, "Redis came back unfit for the module; deciding with the function library");
+                false
+            }
+        };
+        if self.using_module.swap(using, Ordering::Relaxed) != using {
+            tracing::warn!(
+                module = using,
+                "Redis came back: acquires now go to the {}",
+                if using {
+                    "Redis module where it decides them natively"
+                } else {
+                    "function library"
+                }
+            );
+        }
+    }
+
+    /// One acquire the module decides natively, alone (the module decides no batch): the
+    /// library decides it instead when the module refuses it (counted) or Redis lost the module.
+    async fn run_module(&self, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
+        let mut command = redis::cmd("TOLLGATE.ACQUIRE");
+        command.arg(keys.len()).arg(keys).arg(numbers);
+        let answered = tokio::time::timeout(self.timeout, self.backend.query(&command))
+            .await
+            .map_err(|_| unavailable("Redis did not answer in time"))?;
+        match answered {
+            Ok(value) => {
+                self.module_acquires.fetch_add(1, Ordering::Relaxed);
+                let answer = head(parse_reply(value)?)?;
+                self.saw(answer.0);
+                Ok(answer)
+            }
+            Err(error) if native::refused(&error) => {
+                self.module_fallbacks.fetch_add(1, Ordering::Relaxed);
+                let reason = native::reason(&error);
+                *self
+                    .module_refusals
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(reason)
+                    .or_default() += 1;
+                tracing::debug!(%error, "the module refused an acquire; the library decides it");
+                self.run(keys, &[numbers]).await
+            }
+            Err(error) if native::unknown_command(&error) => {
+                self.choose_module_again().await;
+                self.run(keys, &[numbers]).await
+            }
+            Err(error) => Err(store_error(error)),
         }
     }
 
@@ -135,6 +249,11 @@ impl Caller {
         keys: Vec<String>,
         numbers: Vec<u8>,
     ) -> Result<(Head, Reply)> {
+        if self.using_module.load(Ordering::Relaxed)
+            && native::native(&numbers, self.watch_evictions.load(Ordering::Relaxed))
+        {
+            return self.run_module(&keys, &numbers).await;
+        }
         if !self.batching.load(Ordering::Relaxed) {
             return self.run(&keys, &[&numbers]).await;
         }
@@ -344,6 +463,7 @@ impl Caller {
     {
         match send().await {
             Err(error) if lost_library(&error) => {
+                self.choose_module_again().await;
                 match &self.function {
                     Some((_, library)) => load_library(&self.backend, library).await?,
                     None => {

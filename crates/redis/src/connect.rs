@@ -13,12 +13,30 @@ use tollgate::{Error, Result};
 use crate::backend::{Backend, Target};
 use crate::batch::{Caller, load_library};
 use crate::errors::{store_error, unavailable};
+use crate::native::{self, Module};
 use crate::store::{RedisStore, RedisStoreConfig};
 use crate::{abi, eviction, keys};
 
 impl RedisStore {
-    /// Connect, load the script, and subscribe to the namespace's wake-ups.
+    /// Connect, load the script, and subscribe to the namespace's wake-ups; the Redis module
+    /// used when Redis has it loaded (`Module::Auto`).
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore> {
+        RedisStore::connect_with(config, Module::Auto).await
+    }
+
+    /// `connect`, the Redis module chosen by `module` (`native.rs`): asked for its version at
+    /// connect, and used for the acquires it decides natively.
+    pub async fn connect_with(config: RedisStoreConfig, module: Module) -> Result<RedisStore> {
+        RedisStore::connect_expecting(config, module, abi::PROTOCOL_VERSION).await
+    }
+
+    /// `connect_with`, the module expected to speak `version` (for tests of a mismatch).
+    #[doc(hidden)]
+    pub async fn connect_expecting(
+        config: RedisStoreConfig,
+        module: Module,
+        version: u64,
+    ) -> Result<RedisStore> {
         keys::check_namespace(&config.namespace).map_err(|reason| Error::InvalidRequest {
             field: "namespace",
             reason,
@@ -70,6 +88,26 @@ impl RedisStore {
                 None
             }
         };
+        let using_module = if module == Module::Off {
+            false
+        } else {
+            let loaded = native::probe(&backend).await?;
+            native::choose(module, loaded, version, target.is_cluster()).map_err(|reason| {
+                Error::InvalidRequest {
+                    field: "module",
+                    reason,
+                }
+            })?
+        };
+        tracing::info!(
+            setting = %module,
+            "acquires decided by the {}",
+            if using_module {
+                "Redis module where it decides them natively, else the function library"
+            } else {
+                "function library"
+            }
+        );
         let keys = keys::Keys::new(&config.namespace, target.is_cluster());
         let backend = Arc::new(backend);
         let wake: Arc<Mutex<Option<WakeFn>>> = Arc::new(Mutex::new(None));
@@ -88,6 +126,7 @@ impl RedisStore {
             !evicting.is_empty(),
             config.timeout,
             config.namespace.clone(),
+            (module, using_module, version, target.is_cluster()),
         ));
         Ok(RedisStore {
             caller,

@@ -179,6 +179,28 @@ impl RedisStore {
         self.caller.set_batching(on);
     }
 
+    /// Whether the Redis module decides the acquires it can (`native.rs`).
+    pub fn module_in_use(&self) -> bool {
+        self.caller.using_module()
+    }
+
+    /// Acquires the Redis module decided since the store started.
+    pub fn module_acquires(&self) -> u64 {
+        self.caller.module_counts().0
+    }
+
+    /// Acquires sent to the Redis module that it refused as not native, then decided by the
+    /// function library (one round trip more each) since the store started.
+    pub fn module_fallbacks(&self) -> u64 {
+        self.caller.module_counts().1
+    }
+
+    /// `module_fallbacks` by the module's reason (one of `REFUSED_IN_REDIS` when the store
+    /// foresaw every refusal it could).
+    pub fn module_refusals(&self) -> Vec<(String, u64)> {
+        self.caller.module_refusals()
+    }
+
     /// The function library this store calls (`FCALL`), or `None` when it calls by `EVALSHA`.
     pub fn function_library(&self) -> Option<&str> {
         self.caller.function.as_ref().map(|(name, _)| name.as_str())

@@ -1,0 +1,278 @@
+//! The Redis store choosing the module: the store conformance suite on a `redis-server` with
+//! the module loaded (started here, on a private port) and the store's module setting `on`;
+//! a module of another protocol version refused at connect, naming both; `on` refused without
+//! the module; `auto` without it deciding with the library, as before the module. The store's
+//! list of what the module refuses is held to the module's own.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tollgate::conformance::skipped;
+use tollgate_conformance::Stores;
+use tollgate_redis::{Module, RedisStore, RedisStoreConfig};
+
+/// The module's shared library, beside the test binary (where `cargo test` builds it).
+fn module_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent().expect("deps dir").join(format!(
+        "{}tollgate_redis_module{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// A `redis-server` of this test process on a private port, with the module loaded or not;
+/// it stops when the process ends (a shell watches the process, as no destructor of a static
+/// runs). `None`, said loudly, without a `redis-server`.
+fn server(with_module: bool) -> Option<u16> {
+    let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
+        .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
+    if !Path::new(&redis_server).exists() {
+        skipped(&format!(
+            "no redis-server at {redis_server} (set TOLLGATE_REDIS_SERVER)"
+        ));
+        return None;
+    }
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("tollgate-modstore-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("server dir");
+    let mut args = format!(
+        "'{redis_server}' --port {port} --bind 127.0.0.1 --save '' --appendonly no --dir '{}'",
+        dir.display()
+    );
+    if with_module {
+        let module = module_path();
+        assert!(
+            module.exists(),
+            "{} missing: the module is built with this test",
+            module.display()
+        );
+        args.push_str(&format!(" --loadmodule '{}'", module.display()));
+    }
+    let watch = format!(
+        "{args} >/dev/null 2>&1 & s=$!; while kill -0 {} 2>/dev/null; do sleep 0.5; done; \
+         kill $s; rm -rf '{}'",
+        std::process::id(),
+        dir.display()
+    );
+    let watcher = Command::new("sh")
+        .args(["-c", &watch])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    // Kept, not waited for: it ends with the process.
+    static WATCHERS: Mutex<Vec<std::process::Child>> = Mutex::new(Vec::new());
+    WATCHERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(watcher);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(port)
+}
+
+/// This process's Redis with the module, started once.
+fn module_redis() -> Option<u16> {
+    static PORT: OnceLock<Option<u16>> = OnceLock::new();
+    *PORT.get_or_init(|| server(true))
+}
+
+fn config(port: u16, namespace: &str) -> RedisStoreConfig {
+    RedisStoreConfig {
+        url: format!("redis://127.0.0.1:{port}/0"),
+        namespace: namespace.to_owned(),
+        fail_open: false,
+        allow_eviction: false,
+        timeout: Duration::from_secs(5),
+        keys_per_limit_max: 100_000,
+    }
+}
+
+fn namespace(test: &str) -> String {
+    let short: String = test
+        .chars()
+        .filter(|c| c.is_ascii_lowercase() || *c == '_')
+        .take(40)
+        .collect();
+    format!("m-{short}")
+}
+
+/// Every store the suite made, to check none needed the library after the module refused.
+fn made() -> &'static Mutex<Vec<Arc<RedisStore>>> {
+    static MADE: OnceLock<Mutex<Vec<Arc<RedisStore>>>> = OnceLock::new();
+    MADE.get_or_init(Mutex::default)
+}
+
+async fn on(port: u16, namespace: &str) -> Arc<RedisStore> {
+    let store = RedisStore::connect_with(config(port, namespace), Module::On)
+        .await
+        .expect("connect with the module on");
+    assert!(store.module_in_use());
+    let store = Arc::new(store);
+    made()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(store.clone());
+    store
+}
+
+/// Every store the suite made so far sent the module no acquire the store could have known it
+/// refuses: the module refused only for what Redis holds (a counter with waiters across the
+/// fleet, in the suite's waiting tests).
+fn unforeseen_refusals_are_none() {
+    let made = made()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for store in made.iter() {
+        for (reason, count) in store.module_refusals() {
+            assert!(
+                tollgate_redis::REFUSED_IN_REDIS.contains(&reason.as_str()),
+                "{}: the module refused {count} acquire(s) the store should not have sent it: {reason}",
+                store.namespace()
+            );
+        }
+    }
+}
+
+/// Two stores on one namespace with the module `on`, the namespace declared new.
+async fn module_stores(test: &'static str) -> Option<Stores> {
+    let port = module_redis()?;
+    let namespace = namespace(test);
+    on(port, &namespace)
+        .await
+        .begin_new_namespace()
+        .await
+        .expect("declare the namespace new");
+    unforeseen_refusals_are_none();
+    Some(Stores {
+        first: on(port, &namespace).await,
+        second: on(port, &namespace).await,
+    })
+}
+
+tollgate_conformance::conformance_tests!(module_stores);
+
+/// The suite's tests of requests that never wait, run here one after another: the module
+/// decides their acquires, and none is refused and decided again by the library. (A request
+/// that waits leaves a place in its counter's queue, which the module leaves to the library:
+/// the acquires of others on that counter meanwhile are refused once, by what Redis holds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_decides_the_suites_single_counter_acquires_without_fallback() {
+    let Some(port) = module_redis() else { return };
+    let stores = |test: &'static str| async move {
+        let namespace = namespace(&format!("seq_{test}"));
+        let first = on(port, &namespace).await;
+        first.begin_new_namespace().await.expect("declare new");
+        let second = on(port, &namespace).await;
+        (first, second)
+    };
+    let mut used = Vec::new();
+    macro_rules! run {
+        ($($name:ident),*) => {$(
+            let (first, second) = stores(stringify!($name)).await;
+            tollgate_conformance::$name(Stores { first: first.clone(), second: second.clone() }).await;
+            used.push(first);
+            used.push(second);
+        )*};
+    }
+    run!(
+        rate_limits_grant_to_the_limit_and_hint_honestly,
+        commit_refunds_unused_units_once,
+        unrefundable_grants_count_the_same_and_refund_nothing,
+        costs_are_taken_per_limit_all_or_nothing
+    );
+    let decided: u64 = used.iter().map(|store| store.module_acquires()).sum();
+    let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
+    assert!(decided > 0, "the module decided no acquire");
+    assert_eq!(
+        fallbacks, 0,
+        "acquires the module refused, decided by the library"
+    );
+    unforeseen_refusals_are_none();
+}
+
+#[tokio::test]
+async fn a_module_of_another_version_is_refused_naming_both() {
+    let Some(port) = module_redis() else { return };
+    let expected = tollgate_redis::PROTOCOL_VERSION + 1;
+    for module in [Module::Auto, Module::On] {
+        let refusal = RedisStore::connect_expecting(config(port, "m-version"), module, expected)
+            .await
+            .expect_err("a module of another version is refused");
+        let text = refusal.to_string();
+        assert!(
+            text.contains(&format!("version {}", tollgate_redis::PROTOCOL_VERSION))
+                && text.contains(&format!("version {expected}")),
+            "{text}"
+        );
+    }
+    // Off: the module is not asked.
+    let store = RedisStore::connect_expecting(config(port, "m-version"), Module::Off, expected)
+        .await
+        .expect("off ignores the module");
+    assert!(!store.module_in_use());
+}
+
+#[tokio::test]
+async fn on_without_the_module_refuses_to_start_and_auto_uses_the_library() {
+    let Some(port) = server(false) else { return };
+    let refusal = RedisStore::connect_with(config(port, "m-plain"), Module::On)
+        .await
+        .expect_err("on without the module is refused");
+    assert!(refusal.to_string().contains("not loaded"), "{refusal}");
+
+    let store = Arc::new(
+        RedisStore::connect_with(config(port, "m-plain"), Module::Auto)
+            .await
+            .expect("auto without the module"),
+    );
+    assert!(!store.module_in_use());
+    store.begin_new_namespace().await.expect("declare new");
+    let second = Arc::new(
+        RedisStore::connect(config(port, "m-plain"))
+            .await
+            .expect("connect"),
+    );
+    tollgate_conformance::rate_limits_grant_to_the_limit_and_hint_honestly(Stores {
+        first: store.clone(),
+        second,
+    })
+    .await;
+    assert_eq!(store.module_acquires(), 0);
+}
+
+/// The store's two lists of refusals are the module's refusals, text for text.
+#[test]
+fn the_stores_refusals_are_the_modules() {
+    let source = include_str!("../src/acquire.rs");
+    let mut module: Vec<&str> = Vec::new();
+    for marker in ["not_native(\"", "return Err(\""] {
+        for (at, _) in source.match_indices(marker) {
+            let rest = &source[at + marker.len()..];
+            module.push(&rest[..rest.find('"').expect("closing quote")]);
+        }
+    }
+    let mut store: Vec<&str> = tollgate_redis::REFUSED_BEFORE_SENDING
+        .iter()
+        .chain(tollgate_redis::REFUSED_IN_REDIS)
+        .copied()
+        .collect();
+    module.sort_unstable();
+    store.sort_unstable();
+    assert_eq!(module, store);
+}

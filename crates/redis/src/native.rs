@@ -1,0 +1,200 @@
+//! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
+//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires it
+//! decides natively (`native`), mirroring the module's refusals in one place. Everything the
+//! module does not decide goes to the function library, as it always did.
+
+use std::fmt;
+use std::str::FromStr;
+
+use redis::Value;
+
+use crate::abi::{ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE};
+
+/// Whether the store decides acquires with the Redis module.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Module {
+    /// Ask Redis at connect: the module when it is loaded with this store's protocol version,
+    /// the function library when it is not loaded; another version refuses to start.
+    #[default]
+    Auto,
+    /// The module, for what it decides natively: refuse to start without it.
+    On,
+    /// The function library for everything, the module loaded or not.
+    Off,
+}
+
+impl FromStr for Module {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Module, String> {
+        match text {
+            "auto" => Ok(Module::Auto),
+            "on" => Ok(Module::On),
+            "off" => Ok(Module::Off),
+            other => Err(format!("`{other}` is not one of auto, on, off")),
+        }
+    }
+}
+
+impl fmt::Display for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Module::Auto => "auto",
+            Module::On => "on",
+            Module::Off => "off",
+        })
+    }
+}
+
+/// What the module refuses, by the text after `not native: ` in its refusal, that the store
+/// can tell from an acquire's packed numbers before sending it: such an acquire goes to the
+/// library at once. `native` checks exactly these; a test holds this list to the module's.
+pub const REFUSED_BEFORE_SENDING: &[&str] = &[
+    "an operation other than a single acquire (without evictions watched)",
+    "an acquire of other than one counter",
+    "a waiting request (the queue across the fleet)",
+    "a policy other than a GCRA or sliding window rate limit",
+];
+
+/// What the module refuses that only Redis can see (what the counter's keys hold): the store
+/// sends the acquire to the library after the refusal, one more round trip, and counts it.
+pub const REFUSED_IN_REDIS: &[&str] = &[
+    "a counter with a queue of waiters",
+    "a counter of another algorithm or kind",
+    "a counter value shorter than its kind's",
+];
+
+/// The start of the module's refusal, after Redis's `ERR`.
+pub(crate) const NOT_NATIVE: &str = "tollgate: not native:";
+
+/// Where an acquire's numbers are (0-based, in doubles): the head, then the first counter's
+/// policy (kind first, algorithm fifth), then after the counter's numbers the waiter.
+const AT_OPERATION: usize = 0;
+const AT_COUNTERS: usize = 4;
+const AT_KIND: usize = 5;
+const AT_ALGORITHM: usize = AT_KIND + 4;
+/// Head (5) and one counter's numbers (policy, pause, admission, queue: 15).
+const AT_WAITER: usize = 5 + 15;
+
+/// Whether the module decides the acquire packed in `numbers` (as its own call would send
+/// them, before any evictions flag): one counter of a GCRA or sliding window rate limit, not
+/// waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its order.
+pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
+    let at = |index: usize| {
+        numbers
+            .get(index * 8..index * 8 + 8)
+            .and_then(|bytes| bytes.try_into().ok())
+            .map(f64::from_be_bytes)
+    };
+    !watching_evictions
+        && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
+        && at(AT_COUNTERS) == Some(1.0)
+        && at(AT_WAITER) == Some(0.0)
+        && at(AT_KIND) == Some(KIND_RATE as f64)
+        && matches!(at(AT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
+}
+
+/// What `TOLLGATE.VERSION` answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loaded {
+    /// Unknown command: the module is not loaded.
+    No,
+    /// Loaded, speaking this protocol version.
+    Version(u64),
+}
+
+/// Ask Redis whether the module is loaded, and its version.
+pub(crate) async fn probe(backend: &crate::backend::Backend) -> tollgate::Result<Loaded> {
+    match backend.query(&redis::cmd("TOLLGATE.VERSION")).await {
+        Ok(Value::Int(version)) => Ok(Loaded::Version(u64::try_from(version).unwrap_or(0))),
+        Ok(other) => Err(crate::errors::failed(format!(
+            "TOLLGATE.VERSION answered {other:?}, not a version"
+        ))),
+        Err(error) if unknown_command(&error) => Ok(Loaded::No),
+        Err(error) => Err(crate::errors::store_error(error)),
+    }
+}
+
+/// Redis does not know the command: the module is not loaded (or was lost with a restart).
+pub(crate) fn unknown_command(error: &redis::RedisError) -> bool {
+    error
+        .to_string()
+        .to_ascii_lowercase()
+        .contains("unknown command")
+}
+
+/// The module refused the call: the library decides it.
+pub(crate) fn refused(error: &redis::RedisError) -> bool {
+    error.to_string().contains(NOT_NATIVE)
+}
+
+/// The module's reason in its refusal: what follows `not native: `.
+pub(crate) fn reason(error: &redis::RedisError) -> String {
+    let text = error.to_string();
+    match text.find(NOT_NATIVE) {
+        Some(at) => text[at + NOT_NATIVE.len()..].trim().to_owned(),
+        None => text,
+    }
+}
+
+/// Whether to use the module, for `setting` and what Redis answered; Err says why the store
+/// must not start. `expected` is this store's protocol version.
+pub(crate) fn choose(
+    setting: Module,
+    loaded: Loaded,
+    expected: u64,
+    cluster: bool,
+) -> Result<bool, String> {
+    match (setting, loaded) {
+        (Module::Off, _) => Ok(false),
+        (_, Loaded::Version(version)) if version != expected => Err(format!(
+            "the Redis module tollgate speaks protocol version {version}, this server speaks \
+             version {expected}: load the module built with this server, or set \
+             the store's module setting to off"
+        )),
+        // The module registers no key positions, so a cluster client cannot route its calls.
+        (Module::On, Loaded::Version(_)) if cluster => Err(
+            "module = on: the module is not used on a Redis Cluster yet; set auto or off"
+                .to_owned(),
+        ),
+        (Module::Auto, Loaded::Version(_)) if cluster => Ok(false),
+        (_, Loaded::Version(_)) => Ok(true),
+        (Module::On, Loaded::No) => Err(
+            "module = on, but Redis does not know TOLLGATE.VERSION: the Redis module \
+             tollgate is not loaded (see docs/deployment.md)"
+                .to_owned(),
+        ),
+        (Module::Auto, Loaded::No) => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_mismatch_names_both_versions() {
+        let refusal = choose(Module::Auto, Loaded::Version(7), 1, false).expect_err("refused");
+        assert!(
+            refusal.contains("version 7") && refusal.contains("version 1"),
+            "{refusal}"
+        );
+        assert_eq!(choose(Module::Off, Loaded::Version(7), 1, false), Ok(false));
+        assert_eq!(choose(Module::Auto, Loaded::No, 1, false), Ok(false));
+        assert_eq!(choose(Module::Auto, Loaded::Version(1), 1, false), Ok(true));
+        assert!(choose(Module::On, Loaded::No, 1, false).is_err());
+    }
+
+    #[test]
+    fn the_setting_reads_its_three_words() {
+        for mode in [Module::Auto, Module::On, Module::Off] {
+            assert_eq!(mode.to_string().parse::<Module>(), Ok(mode));
+        }
+        assert!(
+            "yes"
+                .parse::<Module>()
+                .expect_err("not a setting")
+                .contains("auto, on, off")
+        );
+    }
+}
