@@ -6,9 +6,10 @@
 //! keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply.
 //!
-//! Not yet chosen by the store, which still calls the library. What the native acquire does not
-//! decide yet it refuses with an error starting `ERR tollgate: not native:`, never deciding
-//! differently: the caller then calls the library.
+//! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
+//! `native.rs`: `auto`, `on`, `off`), sending it the acquires it decides natively. What the
+//! native acquire does not decide yet it refuses with an error starting `ERR tollgate: not
+//! native:`, never deciding differently: the store then calls the library.
 
 mod acquire;
 mod ffi;
