@@ -1035,7 +1035,7 @@ async fn load_direct(connection: &MultiplexedConnection) {
         .query_async(&mut connection)
         .await
         .expect("FUNCTION LOAD of the store's library");
-    let generation = direct_keys("", "").swap_remove(0);
+    let [generation, ..] = direct_keys("", "");
     let _: redis::Value = redis::cmd("FCALL")
         .arg(DIRECT_FUNCTION)
         .arg(1)
