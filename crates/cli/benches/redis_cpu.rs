@@ -35,6 +35,16 @@
 //! commands Redis ran per decision, those a script runs included (`INSIDE`): one path sending
 //! more than the other for the same case shows there.
 //!
+//! `BENCH_MODULE=1` runs `CL.THROTTLE` and the direct rows alone, on a Redis with
+//! `tollgate-redis-module` loaded: one counter's acquire as the store packs it on one Redis
+//! (its key budget in the call), built by the bench and sent as one call, no store between,
+//! decided by the function library (`FCALL`) and by the module (`TOLLGATE.ACQUIRE`, the same
+//! keys and numbers): GCRA (a final grant), sliding (a grant recorded as a reservation) alone,
+//! and sliding with the reservation's commit, which is an `FCALL` on both rows since the
+//! module decides acquires only. The module's GCRA row's target is 2x `CL.THROTTLE`, its
+//! sliding + commit row's 4x. `per core/s` is one over the CPU time Redis's main thread used
+//! per decision: what one Redis core could decide.
+//!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
 //! 1 (`floor_one`): what any scripted decision of Tollgate's shape costs Redis at the least; and
@@ -132,6 +142,10 @@ impl Figures {
     fn instructions_per_decision(&self) -> Option<f64> {
         self.instructions
             .map(|count| count as f64 / self.decisions.max(1) as f64)
+    }
+    /// Decisions one Redis core could make at this CPU time per decision.
+    fn per_core_second(&self) -> f64 {
+        1e6 / self.cpu_per_decision().max(1e-9)
     }
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64().max(1e-9)
@@ -901,6 +915,278 @@ async fn incr_case(
     measure(stats, &["evalsha"], decisions, one).await
 }
 
+// ---- The module ----------------------------------------------------------------------------
+
+/// The name the bench loads the store's function library under, for calls it builds itself.
+const DIRECT_FUNCTION: &str = "tollgate_bench_direct";
+/// The namespace of the direct calls' keys (its generation begun once).
+const DIRECT_NAMESPACE: &str = "bench-direct";
+/// The protocol's operation codes the direct calls use (`tollgate-redis`'s `abi.rs`).
+const OP_ACQUIRE: f64 = 1.0;
+const OP_COMMIT: f64 = 2.0;
+const OP_BEGIN: f64 = 6.0;
+/// Normal priority, and the rate kind's and algorithms' codes, as the store sends them.
+const PRIORITY_NORMAL: f64 = 1.0;
+const KIND_RATE: f64 = 1.0;
+const ALG_SLIDING: f64 = 1.0;
+const ALG_GCRA: f64 = 3.0;
+/// The key budget every direct counter is admitted in: far above the bench's keys, as the
+/// store's default is, so admission always succeeds.
+const KEY_BUDGET: f64 = 1_000_000.0;
+
+/// Who decides a direct row's acquire: the function library (`FCALL`) or the module
+/// (`TOLLGATE.ACQUIRE`, the same keys and packed numbers). A commit is always an `FCALL`: the
+/// module decides acquires only.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Decider {
+    Library,
+    Module,
+}
+
+/// A direct row: GCRA, or sliding with a recorded reservation, its commit or not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    Gcra,
+    Sliding,
+    SlidingCommit,
+}
+
+fn pack(numbers: &[f64]) -> Vec<u8> {
+    numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+}
+
+impl Direct {
+    /// The policy's nine numbers: kind, limit, period, margin, algorithm, burst, ttl and the
+    /// two reserves (100 per second, GCRA's burst 100), as `policy_args` gives them.
+    fn policy(self) -> [f64; 9] {
+        let (algorithm, burst) = match self {
+            Direct::Gcra => (ALG_GCRA, LIMIT as f64),
+            Direct::Sliding | Direct::SlidingCommit => (ALG_SLIDING, 0.0),
+        };
+        let period_us = (PERIOD_MS * 1000) as f64;
+        [
+            KIND_RATE,
+            LIMIT as f64,
+            period_us,
+            0.0,
+            algorithm,
+            burst,
+            0.0,
+            0.0,
+            0.0,
+        ]
+    }
+
+    /// A refundable grant (recorded as a reservation) for sliding, a final one for GCRA.
+    fn record(self) -> f64 {
+        if self == Direct::Gcra { 0.0 } else { 1.0 }
+    }
+
+    /// The acquire's numbers, as the store packs one counter's acquire on one Redis: cost 1,
+    /// normal priority, one counter; its policy, no pause, its key budget at KEYS[5] (nothing
+    /// carried), its queue at KEYS[6]; not waiting.
+    fn acquire(self) -> Vec<u8> {
+        let mut numbers = vec![OP_ACQUIRE, 1.0, PRIORITY_NORMAL, self.record(), 1.0];
+        numbers.extend(self.policy());
+        numbers.push(0.0);
+        numbers.extend([5.0, KEY_BUDGET, 0.0, 0.0, 6.0, 0.0, 0.0]);
+        pack(&numbers)
+    }
+
+    /// The commit's numbers: its policy and admission as the acquire's, the reservation's
+    /// `seq`, `used` 1.
+    fn commit(self, seq: i64) -> Vec<u8> {
+        let mut numbers = vec![OP_COMMIT];
+        numbers.extend(self.policy());
+        numbers.extend([5.0, KEY_BUDGET, 0.0, 0.0, seq as f64, 1.0]);
+        pack(&numbers)
+    }
+}
+
+/// A direct counter's keys, the row's `tag` keeping rows apart: generation, state,
+/// reservations, buckets, the key budget, the queue (the commit takes the first five).
+fn direct_keys(tag: &str, key: &str) -> [String; 6] {
+    let base = format!("tg:{{{DIRECT_NAMESPACE}}}:{DIRECT_NAMESPACE}");
+    [
+        format!("{base}:gen"),
+        format!("{base}:c:{tag}:{key}"),
+        format!("{base}:r:{tag}:{key}"),
+        format!("{base}:q:{tag}:{key}"),
+        format!("{base}:k:{tag}"),
+        format!("{base}:w:{tag}:{key}"),
+    ]
+}
+
+/// Whether `TOLLGATE.ACQUIRE` is loaded (`TOLLGATE.VERSION` answers).
+async fn module_loaded(connection: &mut MultiplexedConnection) -> bool {
+    redis::cmd("TOLLGATE.VERSION")
+        .query_async::<i64>(connection)
+        .await
+        .is_ok()
+}
+
+/// The store's function library loaded as `DIRECT_FUNCTION`, and the direct namespace begun.
+async fn load_direct(connection: &MultiplexedConnection) {
+    let mut connection = connection.clone();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(tollgate_redis::library_source(DIRECT_FUNCTION))
+        .query_async(&mut connection)
+        .await
+        .expect("FUNCTION LOAD of the store's library");
+    let [generation, ..] = direct_keys("", "");
+    let _: redis::Value = redis::cmd("FCALL")
+        .arg(DIRECT_FUNCTION)
+        .arg(1)
+        .arg(generation)
+        .arg(pack(&[OP_BEGIN]))
+        .query_async(&mut connection)
+        .await
+        .expect("the direct namespace begun");
+}
+
+/// Element `at` of an array reply, as a whole number.
+fn reply_number(reply: &redis::Value, at: usize) -> Option<i64> {
+    let redis::Value::Array(items) = reply else {
+        return None;
+    };
+    match items.get(at)? {
+        redis::Value::Int(number) => Some(*number),
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// One counter's acquire (its commit too for `SlidingCommit`) per decision, built here and
+/// sent as one `FCALL` or one `TOLLGATE.ACQUIRE`: no store, no batching, nothing but the call.
+async fn direct_case(
+    connection: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+    (direct, decider): (Direct, Decider),
+) -> Figures {
+    let tag = match (direct, decider) {
+        (Direct::Gcra, Decider::Library) => "gl",
+        (Direct::Gcra, Decider::Module) => "gm",
+        (Direct::Sliding, Decider::Library) => "sl",
+        (Direct::Sliding, Decider::Module) => "sm",
+        (Direct::SlidingCommit, Decider::Library) => "cl",
+        (Direct::SlidingCommit, Decider::Module) => "cm",
+    };
+    let connection = connection.clone();
+    let keys = keys.clone();
+    let acquire = Arc::new(direct.acquire());
+    let one = move |k: usize| {
+        let mut connection = connection.clone();
+        let names = direct_keys(tag, &keys[k]);
+        let acquire = acquire.clone();
+        async move {
+            let mut call = match decider {
+                Decider::Library => {
+                    let mut call = redis::cmd("FCALL");
+                    call.arg(DIRECT_FUNCTION);
+                    call
+                }
+                Decider::Module => redis::cmd("TOLLGATE.ACQUIRE"),
+            };
+            call.arg(names.len())
+                .arg(&names[..])
+                .arg(acquire.as_slice());
+            let reply: redis::Value = call.query_async(&mut connection).await.expect("acquire");
+            assert_eq!(
+                reply_number(&reply, 4),
+                Some(0),
+                "a direct acquire not granted: {reply:?}"
+            );
+            if direct == Direct::SlidingCommit {
+                let seq = reply_number(&reply, 5).expect("the reservation's seq");
+                let committed: redis::Value = redis::cmd("FCALL")
+                    .arg(DIRECT_FUNCTION)
+                    .arg(5)
+                    .arg(&names[..5])
+                    .arg(direct.commit(seq))
+                    .arg("tg:bench-direct:wake")
+                    .query_async(&mut connection)
+                    .await
+                    .expect("commit");
+                assert!(
+                    matches!(&committed, redis::Value::Array(items)
+                        if matches!(items.first(), Some(redis::Value::BulkString(s)) if s == b"ok")),
+                    "a direct commit refused: {committed:?}"
+                );
+            }
+        }
+    };
+    measure(stats, &["fcall", "tollgate.acquire"], decisions, one).await
+}
+
+/// `BENCH_MODULE=1`'s rows: each direct case decided by the library, then by the module.
+async fn module_rows(
+    stats: &mut MultiplexedConnection,
+    peers: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    decisions: u64,
+) -> Vec<Row> {
+    load_direct(peers).await;
+    let mut rows = Vec::new();
+    for (direct, decider, case, path, target) in [
+        (
+            Direct::Gcra,
+            Decider::Library,
+            "GCRA, acquire",
+            "fcall",
+            None,
+        ),
+        (
+            Direct::Gcra,
+            Decider::Module,
+            "GCRA, acquire",
+            "module",
+            Some(2.0),
+        ),
+        (
+            Direct::Sliding,
+            Decider::Library,
+            "sliding, acquire (recorded)",
+            "fcall",
+            None,
+        ),
+        (
+            Direct::Sliding,
+            Decider::Module,
+            "sliding, acquire (recorded)",
+            "module",
+            None,
+        ),
+        (
+            Direct::SlidingCommit,
+            Decider::Library,
+            "sliding + commit",
+            "fcall",
+            None,
+        ),
+        (
+            Direct::SlidingCommit,
+            Decider::Module,
+            "sliding + commit (commit by FCALL)",
+            "module",
+            Some(4.0),
+        ),
+    ] {
+        let figures = direct_case(peers, keys, stats, decisions, (direct, decider)).await;
+        rows.push(Row {
+            case,
+            path,
+            peer: None,
+            figures,
+            target,
+        });
+    }
+    rows
+}
+
 // ---- Report --------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -923,7 +1209,7 @@ fn print_table(rows: &[Row]) {
     let cell = peer(Peer::Cell).map(|row| row.figures);
     let incr = peer(Peer::Incr).map(|row| row.figures.usec_per_decision());
     println!(
-        "{:<40} | {:<7} | {:>6} | {:>13} | {:>14} | {:>13} | {:>13} | {:>14} | {:>12} | {:>9} | {:>13} | {:>10} | {:>11}",
+        "{:<40} | {:<7} | {:>6} | {:>13} | {:>14} | {:>13} | {:>13} | {:>14} | {:>12} | {:>9} | {:>13} | {:>10} | {:>11} | {:>10}",
         "case",
         "path",
         "calls",
@@ -936,9 +1222,10 @@ fn print_table(rows: &[Row]) {
         "cpu x CL.",
         "instr/decision",
         "instr x CL.",
-        "decisions/s"
+        "decisions/s",
+        "per core/s"
     );
-    println!("{}", "-".repeat(215));
+    println!("{}", "-".repeat(228));
     let show = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.2}"));
     for row in rows {
         let usec = row.figures.usec_per_decision();
@@ -964,7 +1251,7 @@ fn print_table(rows: &[Row]) {
             _ => String::new(),
         };
         println!(
-            "{:<40} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>13.2} | {:>13} | {:>14} | {:>12.2} | {:>9} | {:>13} | {:>10} | {:>11.0}{verdict}",
+            "{:<40} | {:<7} | {:>6} | {:>13.2} | {:>14.3} | {:>13.2} | {:>13} | {:>14} | {:>12.2} | {:>9} | {:>13} | {:>10} | {:>11.0} | {:>10.0}{verdict}",
             row.case,
             row.path,
             row.figures.calls,
@@ -978,6 +1265,7 @@ fn print_table(rows: &[Row]) {
             instructions.map_or("-".to_owned(), |count| format!("{count:.0}")),
             show(instructions_to_cell),
             row.figures.per_second(),
+            row.figures.per_core_second(),
         );
     }
     // What each row's decisions had Redis run: more commands per decision on one path than on
@@ -1009,7 +1297,8 @@ fn lowest(rounds: &[Vec<Row>]) -> Vec<Row> {
 }
 
 /// One round: the peers, then the library's cases, then the server's; with `lone`, only
-/// `CL.THROTTLE` and the rows of one decision in flight (`lone_rows`).
+/// `CL.THROTTLE` and the rows of one decision in flight (`lone_rows`); with `module`, only
+/// `CL.THROTTLE` and the direct rows (`module_rows`).
 #[allow(clippy::too_many_arguments)]
 async fn round(
     stats: &mut MultiplexedConnection,
@@ -1019,7 +1308,7 @@ async fn round(
     base: &str,
     keys: &Arc<Vec<String>>,
     decisions: u64,
-    lone: bool,
+    (lone, module): (bool, bool),
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     if cell {
@@ -1030,6 +1319,10 @@ async fn round(
             figures: cell_case(peers, keys, stats, decisions).await,
             target: None,
         });
+    }
+    if module {
+        rows.extend(module_rows(stats, peers, keys, decisions).await);
+        return rows;
     }
     if lone {
         rows.extend(lone_rows(stats, (limiter, store), base, keys, decisions).await);
@@ -1237,6 +1530,7 @@ fn main() {
     let decisions = env_number("BENCH_DECISIONS", 50_000).max(1);
     let rounds = env_number("BENCH_ROUNDS", 1).max(1);
     let lone = env_number("BENCH_LONE", 0) == 1;
+    let module = env_number("BENCH_MODULE", 0) == 1;
     let url = format!("redis://127.0.0.1:{port}/");
     let keys: Arc<Vec<String>> = Arc::new((0..key_count()).map(|k| format!("u{k}")).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1262,6 +1556,11 @@ fn main() {
         stats.set_response_timeout(TIMEOUT);
         peers.set_response_timeout(TIMEOUT);
         let cell = cell_loaded(&mut peers.clone()).await;
+        assert!(
+            !module || module_loaded(&mut peers.clone()).await,
+            "BENCH_MODULE=1: TOLLGATE.ACQUIRE is not loaded in this Redis (scripts/bench-redis-cpu \
+             loads it with BENCH_MODULE=1)"
+        );
         if !cell {
             println!("CL.THROTTLE: SKIPPED (the redis-cell module is not loaded in this Redis)");
         }
@@ -1271,13 +1570,20 @@ fn main() {
             "{decisions} decisions per case over {} keys, {} at a time, on the Redis at \
              127.0.0.1:{port}; every limit 100 per second per key (never binds)",
             key_count(),
-            if lone { 1 } else { CALLERS }
+            if lone && !module { 1 } else { CALLERS }
         );
         let mut all = Vec::new();
         for number in 1..=rounds {
             let library = (&limiter, &*store);
             let rows = round(
-                &mut stats, &peers, cell, library, &base, &keys, decisions, lone,
+                &mut stats,
+                &peers,
+                cell,
+                library,
+                &base,
+                &keys,
+                decisions,
+                (lone, module),
             )
             .await;
             println!();
