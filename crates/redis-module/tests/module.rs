@@ -4,12 +4,15 @@
 //! time of day through `gettimeofday`, which a shim preloaded into it answers from a file (a few
 //! lines of C built here with the system's `cc`, which Rust's linking needs anyway).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, module_path, redis_server};
 use tollgate::conformance::skipped;
 
 /// Redis's time of day, in microseconds, read from the file `TOLLGATE_CLOCK_FILE` names.
@@ -133,33 +136,9 @@ impl Drop for Server {
     }
 }
 
-/// The module's shared library as this test's build made it: beside the test binary
-/// (`target/<profile>/deps`, where `cargo test` builds it; `cargo build` copies it up a level).
-fn module_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let deps = exe.parent().expect("deps dir");
-    deps.join(format!(
-        "{}tollgate_redis_module{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    ))
-}
-
 fn start() -> Option<Server> {
-    let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
-        .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
-    if !Path::new(&redis_server).exists() {
-        skipped(&format!(
-            "no redis-server at {redis_server} (set TOLLGATE_REDIS_SERVER)"
-        ));
-        return None;
-    }
+    let redis_server = redis_server()?;
     let module = module_path();
-    assert!(
-        module.exists(),
-        "{} missing: the module is built with this test",
-        module.display()
-    );
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("tollgate-module-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -192,13 +171,6 @@ fn start() -> Option<Server> {
     let module = module.into_os_string();
     server.spawn(port, &["--loadmodule".into(), module]);
     Some(server)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
 }
 
 impl Server {

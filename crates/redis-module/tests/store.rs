@@ -4,45 +4,22 @@
 //! the module; `auto` without it deciding with the library, as before the module. The store's
 //! list of what the module refuses is held to the module's own.
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tollgate::conformance::skipped;
+use common::{free_port, module_path, redis_server};
 use tollgate_conformance::Stores;
 use tollgate_redis::{Module, RedisStore, RedisStoreConfig};
-
-/// The module's shared library, beside the test binary (where `cargo test` builds it).
-fn module_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent().expect("deps dir").join(format!(
-        "{}tollgate_redis_module{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    ))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
 
 /// A `redis-server` of this test process on a private port, with the module loaded or not;
 /// it stops when the process ends (a shell watches the process, as no destructor of a static
 /// runs). `None`, said loudly, without a `redis-server`.
 fn server(with_module: bool) -> Option<u16> {
-    let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
-        .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
-    if !Path::new(&redis_server).exists() {
-        skipped(&format!(
-            "no redis-server at {redis_server} (set TOLLGATE_REDIS_SERVER)"
-        ));
-        return None;
-    }
+    let redis_server = redis_server()?;
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("tollgate-modstore-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("server dir");
@@ -52,11 +29,6 @@ fn server(with_module: bool) -> Option<u16> {
     );
     if with_module {
         let module = module_path();
-        assert!(
-            module.exists(),
-            "{} missing: the module is built with this test",
-            module.display()
-        );
         args.push_str(&format!(" --loadmodule '{}'", module.display()));
     }
     let watch = format!(
