@@ -465,6 +465,22 @@ def _asks(budget: Budget, found: Estimate) -> tuple[list[str], dict[str, int]]:
     return limits, _by_limit(budget, found.input, found.output)
 
 
+def _answer(
+    response: httpx.Response,
+    stream: httpx.SyncByteStream | httpx.AsyncByteStream,
+    request: httpx.Request,
+) -> httpx.Response:
+    """The vendor's answer as the caller gets it: its status, headers and extensions, over
+    `stream` (its body read whole, or metered as it is read)."""
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        stream=stream,
+        extensions=response.extensions,
+        request=request,
+    )
+
+
 class _Held:
     """One request's grant, its top-ups and its settlement; shared by the sync and async
     transports, which do only the calls."""
@@ -570,21 +586,9 @@ class LlmTransport(httpx.BaseTransport):
             content = response.read()
             response.close()
             self.settle(held, (0, 0))
-            return httpx.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=httpx.ByteStream(content),
-                extensions=response.extensions,
-                request=request,
-            )
+            return _answer(response, httpx.ByteStream(content), request)
         stream = _MeteredStream(self, held, response, make_reader(response))
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=stream,
-            extensions=response.extensions,
-            request=request,
-        )
+        return _answer(response, stream, request)
 
     def top_up(self, held: _Held, usage: Usage) -> None:
         for kind, limit, tokens in held.needs(usage):
@@ -677,21 +681,9 @@ class AsyncLlmTransport(httpx.AsyncBaseTransport):
             content = await response.aread()
             await response.aclose()
             await self.settle(held, (0, 0))
-            return httpx.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=httpx.ByteStream(content),
-                extensions=response.extensions,
-                request=request,
-            )
+            return _answer(response, httpx.ByteStream(content), request)
         stream = _AsyncMeteredStream(self, held, response, make_reader(response))
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=stream,
-            extensions=response.extensions,
-            request=request,
-        )
+        return _answer(response, stream, request)
 
     async def top_up(self, held: _Held, usage: Usage) -> None:
         for kind, limit, tokens in held.needs(usage):
