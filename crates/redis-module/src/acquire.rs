@@ -13,6 +13,9 @@
 //! bounds), which this crate cannot depend on (it is loaded into Redis); the interleaving test
 //! holds the two to the same answers and bytes.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::{Redis, Reply, Value};
 
 const OP_ACQUIRE: f64 = 1.0;
@@ -332,8 +335,9 @@ fn info_field(info: &Value, field: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Which Redis master runs this (`loss.lua`'s `T.identity`): node id, run id, replication id.
-fn identity(redis: &mut dyn Redis) -> Vec<u8> {
+/// Which Redis master runs this (`loss.lua`'s `T.identity`): node id, run id, replication id,
+/// read from Redis.
+fn read_identity(redis: &mut dyn Redis) -> Vec<u8> {
     let run_id = info_field(&redis.call(&[b"INFO", b"server"], false), "run_id:");
     let term = info_field(
         &redis.call(&[b"INFO", b"replication"], false),
@@ -351,6 +355,98 @@ fn identity(redis: &mut dyn Redis) -> Vec<u8> {
     me
 }
 
+/// The identity this Redis process decides under, kept (reading it costs three commands and
+/// the text of two `INFO` sections, about half of a native decision) and shared: the library
+/// asks for it (`TOLLGATE.IDENTITY`) rather than reading its own whenever the module is loaded,
+/// so module and library never write the slot's generation under two identities and take
+/// turns declaring losses. It is forgotten when Redis loads a data set (a start, a full sync,
+/// `DEBUG RELOAD`: the library is loaded anew then, and forgets its own too).
+struct Kept {
+    me: Option<Vec<u8>>,
+    /// Loaded into a running Redis, no data set loaded since and no acquire decided yet: the
+    /// library may have read an identity of this process before the module was there (the
+    /// replication id changes without a load when a first replica attaches, or a backlog is
+    /// freed). The first acquire that finds a generation written under such an identity, this
+    /// process's node and run id with another replication id, takes it as the identity.
+    adopt: bool,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept {
+    me: None,
+    adopt: true,
+});
+
+/// Whether Redis tells the module of its loads (`loaded`); without that, the identity is read
+/// on every call.
+static KEEPING: AtomicBool = AtomicBool::new(false);
+
+fn kept() -> std::sync::MutexGuard<'static, Kept> {
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The module was loaded; `keeping` when Redis will call `loaded` at every load of a data set.
+pub(crate) fn module_loaded(keeping: bool) {
+    *kept() = Kept {
+        me: None,
+        adopt: true,
+    };
+    KEEPING.store(keeping, Ordering::Relaxed);
+}
+
+/// Redis loaded (or began to load) a data set: the identity is read again, never adopted.
+pub(crate) fn loaded() {
+    *kept() = Kept {
+        me: None,
+        adopt: false,
+    };
+}
+
+/// The identity kept, read first when there is none.
+fn identity(redis: &mut dyn Redis) -> Vec<u8> {
+    let mut kept = kept();
+    match &kept.me {
+        Some(me) if KEEPING.load(Ordering::Relaxed) => me.clone(),
+        _ => {
+            let me = read_identity(redis);
+            kept.me = Some(me.clone());
+            me
+        }
+    }
+}
+
+/// `TOLLGATE.IDENTITY`: the identity kept, for the library.
+pub(crate) fn identity_command(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
+    if args.len() != 1 {
+        return Reply::WrongArity;
+    }
+    Reply::Value(Value::Bytes(identity(redis)))
+}
+
+/// The first acquire since the module was loaded into a running Redis: a generation written
+/// under this process's node and run id with another replication id is the library's, and
+/// its identity becomes the one kept (see `Kept::adopt`).
+fn adopt(me: Vec<u8>, written: Option<&[u8]>) -> Vec<u8> {
+    let mut kept = kept();
+    if !std::mem::replace(&mut kept.adopt, false) {
+        return me;
+    }
+    let Some(theirs) = written.and_then(|raw| raw.get(GENERATION_HEADER_BYTES..)) else {
+        return me;
+    };
+    let process = |id: &[u8]| {
+        id.iter()
+            .position(|&b| b == b':')
+            .map(|at| id[..=at].to_vec())
+    };
+    match (process(&me), process(theirs)) {
+        (Some(mine), Some(other)) if mine == other && theirs != me.as_slice() => {
+            kept.me = Some(theirs.to_vec());
+            theirs.to_vec()
+        }
+        _ => me,
+    }
+}
+
 struct Generation {
     born: f64,
     lost: f64,
@@ -359,11 +455,15 @@ struct Generation {
 /// The slot's generation (`loss.lua`'s `T.generation`), written when missing, foreign or due
 /// for its daily renewal.
 fn generation(redis: &mut dyn Redis, raw: Option<&[u8]>, key: &[u8], now: f64) -> Generation {
-    let me = identity(redis);
+    let written_by = |me: &[u8]| {
+        raw.is_some_and(|raw| {
+            raw.len() > GENERATION_HEADER_BYTES && raw[GENERATION_HEADER_BYTES..] == *me
+        })
+    };
+    let me = adopt(identity(redis), raw);
     let mut found = None;
     if let Some(raw) = raw
-        && raw.len() > GENERATION_HEADER_BYTES
-        && raw[GENERATION_HEADER_BYTES..] == me[..]
+        && written_by(&me)
     {
         let n = numbers(&raw[..GENERATION_HEADER_BYTES]);
         found = Some((n[0], n[1]));

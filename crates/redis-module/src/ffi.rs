@@ -34,6 +34,19 @@ pub struct RedisModuleCallReply {
     _private: [u8; 0],
 }
 
+/// `redismodule.h`'s `RedisModuleEvent`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RedisModuleEvent {
+    id: u64,
+    dataver: u64,
+}
+
+/// `RedisModuleEvent_Loading`: Redis loads a data set (at start, on a full sync, on
+/// `DEBUG RELOAD`); every subevent (start, end, failure) is a load.
+const EVENT_LOADING: RedisModuleEvent = RedisModuleEvent { id: 3, dataver: 1 };
+
+type EventCallback = unsafe extern "C" fn(*mut RedisModuleCtx, RedisModuleEvent, u64, *mut c_void);
 type GetApiFn = unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int;
 type CmdFunc =
     unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
@@ -75,6 +88,9 @@ struct Api {
     call_reply_length: unsafe extern "C" fn(*mut RedisModuleCallReply) -> usize,
     call_reply_array_element:
         unsafe extern "C" fn(*mut RedisModuleCallReply, usize) -> *mut RedisModuleCallReply,
+    /// Absent before Redis 6.
+    subscribe_to_server_event:
+        Option<unsafe extern "C" fn(*mut RedisModuleCtx, RedisModuleEvent, EventCallback) -> c_int>,
 }
 
 static API: OnceLock<Api> = OnceLock::new();
@@ -129,6 +145,8 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         call_reply_integer: get!(c"RedisModule_CallReplyInteger"),
         call_reply_length: get!(c"RedisModule_CallReplyLength"),
         call_reply_array_element: get!(c"RedisModule_CallReplyArrayElement"),
+        // SAFETY: the type `redismodule.h` declares for it.
+        subscribe_to_server_event: unsafe { fetch(get_api, c"RedisModule_SubscribeToServerEvent") },
     };
     if let Some(busy) = api.is_module_name_busy {
         // SAFETY: a NUL-terminated name.
@@ -146,8 +164,9 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         )
     };
     let api = API.get_or_init(|| api);
-    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 2] = [
+    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 3] = [
         (c"tollgate.version", version_command, c"readonly fast"),
+        (c"tollgate.identity", identity_command, c"readonly fast"),
         (c"tollgate.acquire", acquire_command, c"write deny-oom"),
     ];
     for (name, func, flags) in commands {
@@ -159,7 +178,22 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
             return None;
         }
     }
+    let keeping = api.subscribe_to_server_event.is_some_and(|subscribe| {
+        // SAFETY: the load context, the event by value, a callback of the declared type.
+        unsafe { subscribe(ctx, EVENT_LOADING, loading) == REDISMODULE_OK }
+    });
+    crate::acquire::module_loaded(keeping);
     Some(())
+}
+
+/// Redis loads a data set: the identity kept is forgotten (`acquire.rs`).
+unsafe extern "C" fn loading(
+    _ctx: *mut RedisModuleCtx,
+    _event: RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    crate::acquire::loaded();
 }
 
 /// The entry point Redis calls on `MODULE LOAD` / `--loadmodule`.
@@ -351,6 +385,19 @@ unsafe extern "C" fn version_command(
 ) -> c_int {
     // SAFETY: Redis runs this command with its arguments.
     unsafe { run(ctx, argv, argc, crate::version) }
+}
+
+unsafe extern "C" fn identity_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis runs this command with its arguments.
+    unsafe {
+        run(ctx, argv, argc, |redis, args| {
+            crate::acquire::identity_command(redis, args)
+        })
+    }
 }
 
 unsafe extern "C" fn acquire_command(

@@ -169,7 +169,16 @@ fn start() -> Option<Server> {
         dir: tempdir::Dir(dir),
     };
     let module = module.into_os_string();
-    server.spawn(port, &["--loadmodule".into(), module]);
+    // MODULE LOAD from the test's own (local) connection too.
+    server.spawn(
+        port,
+        &[
+            "--loadmodule".into(),
+            module,
+            "--enable-module-command".into(),
+            "local".into(),
+        ],
+    );
     Some(server)
 }
 
@@ -334,11 +343,7 @@ const STEPS: usize = 1_000;
 fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     let Some(server) = start() else { return };
     let mut conn = server.conn();
-    let library = tollgate_redis::library_source(FUNCTION);
-    assert_eq!(
-        conn.call(&[b"FUNCTION", b"LOAD", b"REPLACE", library.as_bytes()]),
-        Resp::Bytes(FUNCTION.as_bytes().to_vec())
-    );
+    load_library(&mut conn);
     let policies = policies();
     let seed = std::env::var("TOLLGATE_SEED")
         .ok()
@@ -499,4 +504,208 @@ fn the_modules_writes_reach_a_replica_without_the_module() {
         Resp::Nil,
         "the counter replicated"
     );
+}
+
+/// An acquire's `lost` (the fourth of its head): whether it found the slot's state lost.
+fn lost(reply: &Resp) -> i64 {
+    match reply {
+        Resp::Array(items) => match items.get(3) {
+            Some(Resp::Int(lost)) => *lost,
+            other => panic!("no lost flag in {reply:?}: {other:?}"),
+        },
+        other => panic!("not an acquire's reply: {other:?}"),
+    }
+}
+
+fn info_has(conn: &mut Conn, section: &[u8], text: &str) -> bool {
+    matches!(conn.call(&[b"INFO", section]), Resp::Bytes(info) if info.windows(text.len()).any(|w| w == text.as_bytes()))
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn replid(conn: &mut Conn) -> Vec<u8> {
+    match conn.call(&[b"INFO", b"replication"]) {
+        Resp::Bytes(info) => {
+            let field = b"master_replid:";
+            let at = info
+                .windows(field.len())
+                .position(|w| w == field)
+                .expect("master_replid");
+            info[at + field.len()..]
+                .iter()
+                .take_while(|b| b.is_ascii_hexdigit())
+                .copied()
+                .collect()
+        }
+        other => panic!("INFO replication: {other:?}"),
+    }
+}
+
+fn load_library(conn: &mut Conn) {
+    let library = tollgate_redis::library_source(FUNCTION);
+    assert_eq!(
+        conn.call(&[b"FUNCTION", b"LOAD", b"REPLACE", library.as_bytes()]),
+        Resp::Bytes(FUNCTION.as_bytes().to_vec())
+    );
+}
+
+/// The identity the module keeps (read once, not on every acquire) is forgotten when Redis
+/// loads a data set, as the library's is. Here a master takes its replica's copy by a full sync
+/// and is promoted again: its counters may have lost what it granted after the copy was
+/// taken, yet the generation it finds is the one it wrote itself under its old identity, so
+/// only an identity read anew (the new replication id) tells the loss.
+#[test]
+fn a_full_sync_is_a_loss_to_the_module_as_to_the_library() {
+    let Some(mut server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let keys = keys("resync", 0);
+    fcall(&mut conn, &keys[..1], &pack(&[OP_BEGIN]));
+    let packed = pack(&acquire_numbers(
+        &policies()[0],
+        1.0,
+        2.0,
+        0.0,
+        0.0,
+        [0.0; 4],
+    ));
+    assert_eq!(lost(&module(&mut conn, &keys, &packed)), 0);
+    let mut replica = server.replica();
+    assert_eq!(conn.call(&[b"WAIT", b"1", b"5000"]), Resp::Int(1));
+    // The replica promoted; the old master grants once more, which the copy never sees.
+    assert_eq!(
+        replica.call(&[b"REPLICAOF", b"NO", b"ONE"]),
+        Resp::Status("OK".into())
+    );
+    replica.call(&[b"CONFIG", b"SET", b"repl-diskless-sync-delay", b"0"]);
+    assert_eq!(lost(&module(&mut conn, &keys, &packed)), 0);
+    let port = match replica.call(&[b"CONFIG", b"GET", b"port"]) {
+        Resp::Array(pair) => match pair.get(1) {
+            Some(Resp::Bytes(port)) => port.clone(),
+            other => panic!("port: {other:?}"),
+        },
+        other => panic!("CONFIG GET port: {other:?}"),
+    };
+    // The old master follows the copy (a full sync: it wrote past what the copy holds), then
+    // is promoted again.
+    assert_eq!(
+        conn.call(&[b"REPLICAOF", b"127.0.0.1", &port]),
+        Resp::Status("OK".into())
+    );
+    wait_for("the full sync", || {
+        info_has(&mut conn, b"replication", "master_link_status:up")
+    });
+    assert_eq!(
+        conn.call(&[b"REPLICAOF", b"NO", b"ONE"]),
+        Resp::Status("OK".into())
+    );
+    let after = module(&mut conn, &keys, &packed);
+    assert_eq!(
+        lost(&after),
+        1,
+        "the module's first acquire after the sync tells the loss: {after:?}"
+    );
+    // And the library agrees with the identity the module wrote.
+    assert_eq!(lost(&fcall(&mut conn, &keys, &packed)), 0);
+}
+
+/// A master's replication id also changes without any load: when a first replica attaches,
+/// and when it frees its backlog once no replica has been back for `repl-backlog-ttl`. The
+/// library, loaded again after that, would read an identity the module never kept: it asks
+/// the module for the one it keeps instead, so the two never take turns declaring losses.
+#[test]
+fn module_and_library_keep_one_identity_through_new_replication_ids() {
+    let Some(mut server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let keys = keys("renewed", 0);
+    fcall(&mut conn, &keys[..1], &pack(&[OP_BEGIN]));
+    let packed = pack(&acquire_numbers(
+        &policies()[0],
+        1.0,
+        2.0,
+        0.0,
+        0.0,
+        [0.0; 4],
+    ));
+    let first = replid(&mut conn);
+    drop(server.replica());
+    let second = replid(&mut conn);
+    assert_ne!(first, second, "a first replica draws a new replication id");
+    assert_eq!(lost(&module(&mut conn, &keys, &packed)), 0);
+    assert_eq!(lost(&fcall(&mut conn, &keys, &packed)), 0);
+    // The replica gone, the backlog is freed a second later on the master's clock.
+    let mut replica = server.children.pop().expect("the replica");
+    let _ = replica.kill();
+    let _ = replica.wait();
+    wait_for("the replica gone", || {
+        info_has(&mut conn, b"replication", "connected_slaves:0")
+    });
+    conn.call(&[b"CONFIG", b"SET", b"repl-backlog-ttl", b"1"]);
+    server.set_clock(5_000_000);
+    wait_for("a third replication id", || replid(&mut conn) != second);
+    load_library(&mut conn);
+    for step in 0..4 {
+        assert_eq!(
+            lost(&fcall(&mut conn, &keys, &packed)),
+            0,
+            "step {step}: library"
+        );
+        assert_eq!(
+            lost(&module(&mut conn, &keys, &packed)),
+            0,
+            "step {step}: module"
+        );
+    }
+}
+
+/// The module loaded into a Redis whose library already read its identity, the replication id
+/// changed since: the module's first acquire takes the library's identity (this process's, by
+/// its node and run id) rather than declaring a loss the library would answer with another.
+#[test]
+fn a_module_loaded_late_takes_the_librarys_identity() {
+    let Some(mut server) = start() else { return };
+    let mut conn = server.conn();
+    assert_eq!(
+        conn.call(&[b"MODULE", b"UNLOAD", b"tollgate"]),
+        Resp::Status("OK".into())
+    );
+    load_library(&mut conn);
+    let keys = keys("late", 0);
+    fcall(&mut conn, &keys[..1], &pack(&[OP_BEGIN]));
+    let packed = pack(&acquire_numbers(
+        &policies()[0],
+        1.0,
+        2.0,
+        0.0,
+        0.0,
+        [0.0; 4],
+    ));
+    assert_eq!(lost(&fcall(&mut conn, &keys, &packed)), 0);
+    let first = replid(&mut conn);
+    drop(server.replica());
+    assert_ne!(replid(&mut conn), first, "a new replication id");
+    let module_path = module_path().into_os_string().into_encoded_bytes();
+    assert_eq!(
+        conn.call(&[b"MODULE", b"LOAD", &module_path]),
+        Resp::Status("OK".into())
+    );
+    for step in 0..4 {
+        assert_eq!(
+            lost(&module(&mut conn, &keys, &packed)),
+            0,
+            "step {step}: module"
+        );
+        assert_eq!(
+            lost(&fcall(&mut conn, &keys, &packed)),
+            0,
+            "step {step}: library"
+        );
+    }
 }

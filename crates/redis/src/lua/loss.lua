@@ -9,9 +9,17 @@
 -- id, which every start of a Redis process draws anew, and its replication id, which it draws
 -- anew whenever it becomes a master. Asked once per script engine, which is made again when the
 -- library is loaded (a start, a full sync). A master demoted and promoted again without a full
--- sync keeps its old identity, and rightly: it then holds all its new master held.
+-- sync keeps its old identity, and rightly: it then holds all its new master held. Where the
+-- Redis module is loaded, its identity is this one (TOLLGATE.IDENTITY, read the same way and
+-- kept by the module until Redis loads a data set): the replication id also changes without a
+-- load, and two identities read at two moments would take turns declaring losses.
 function T.identity()
   if not T.me then
+    local kept = redis.pcall('TOLLGATE.IDENTITY')
+    if type(kept) == 'string' then
+      T.me = kept
+      return T.me
+    end
     local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
     local term = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
     local node = redis.pcall('CLUSTER', 'MYID')
