@@ -709,3 +709,72 @@ fn a_module_loaded_late_takes_the_librarys_identity() {
         );
     }
 }
+
+/// The module's writes reach the append-only file as the writes themselves: Redis started
+/// again from it holds every value and expiry the module left.
+#[test]
+fn an_append_only_file_replays_what_the_module_wrote() {
+    let Some(mut server) = start() else { return };
+    let mut conn = server.conn();
+    conn.call(&[b"CONFIG", b"SET", b"appendfsync", b"always"]);
+    assert_eq!(
+        conn.call(&[b"CONFIG", b"SET", b"appendonly", b"yes"]),
+        Resp::Status("OK".into())
+    );
+    wait_for("the first rewrite of the append-only file", || {
+        info_has(&mut conn, b"persistence", "aof_rewrite_in_progress:0")
+            && info_has(&mut conn, b"persistence", "aof_rewrite_scheduled:0")
+    });
+    let policies = policies();
+    let mut clock = 0;
+    let mut all_keys = Vec::new();
+    let mut granted = 0;
+    for step in 0..80 {
+        clock += 300_000;
+        server.set_clock(clock);
+        let counter = step % NATIVE;
+        let keys = keys("appended", counter);
+        let record = f64::from(u8::from(step % 3 == 0));
+        let packed = pack(&acquire_numbers(
+            &policies[counter],
+            1.0,
+            1.0,
+            record,
+            0.0,
+            [6.0, 3.0, 0.0, 0.0],
+        ));
+        match module(&mut conn, &keys, &packed) {
+            Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
+            Resp::Array(_) => {}
+            other => panic!("step {step}: {other:?}"),
+        }
+        all_keys.extend(keys);
+    }
+    assert!(granted > 10, "granted {granted}");
+    all_keys.sort();
+    all_keys.dedup();
+    let before = stored(&mut conn, &all_keys);
+    assert!(
+        before.iter().filter(|(value, _)| *value != Resp::Nil).count() >= 2 + NATIVE,
+        "counters, their logs and the budget written: {before:?}"
+    );
+    // Stopped and started again on the same directory and port, reading the file back.
+    let port = server.port;
+    let mut child = server.children.pop().expect("the server");
+    let _ = child.kill();
+    let _ = child.wait();
+    server.spawn(
+        port,
+        &[
+            "--loadmodule".into(),
+            module_path().into_os_string(),
+            "--appendonly".into(),
+            "yes".into(),
+        ],
+    );
+    let mut conn = server.conn();
+    wait_for("the append-only file loaded", || {
+        info_has(&mut conn, b"persistence", "loading:0")
+    });
+    assert_eq!(stored(&mut conn, &all_keys), before);
+}
