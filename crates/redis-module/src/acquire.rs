@@ -1059,8 +1059,10 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     else {
         return bad("numkeys: not a count");
     };
-    if args.len() < 2 + numkeys + 1 {
-        return bad("numkeys: more keys than arguments, or no packed numbers after them");
+    // Exactly the keys, then the packed numbers: Redis takes every argument between the count
+    // and the last for a key (the command's key positions), so nothing may follow.
+    if args.len() != 2 + numkeys + 1 {
+        return bad("numkeys: not the count of the arguments between it and the packed numbers");
     }
     let keys = &args[2..2 + numkeys];
     let packed = args[2 + numkeys];

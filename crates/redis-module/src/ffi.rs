@@ -33,6 +33,15 @@ pub struct RedisModuleString {
 pub struct RedisModuleCallReply {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct RedisModuleKey {
+    _private: [u8; 0],
+}
+
+const REDISMODULE_READ: c_int = 1;
+const REDISMODULE_WRITE: c_int = 2;
+const KEYTYPE_EMPTY: c_int = 0;
+const KEYTYPE_STRING: c_int = 1;
 
 /// `redismodule.h`'s `RedisModuleEvent`, passed by value.
 #[repr(C)]
@@ -88,9 +97,30 @@ struct Api {
     call_reply_length: unsafe extern "C" fn(*mut RedisModuleCallReply) -> usize,
     call_reply_array_element:
         unsafe extern "C" fn(*mut RedisModuleCallReply, usize) -> *mut RedisModuleCallReply,
+    /// The key API, for the reads and writes every decision makes (`Ctx::call`); without any
+    /// of it, every command goes through `call`.
+    keys: Option<KeyApi>,
     /// Absent before Redis 6.
     subscribe_to_server_event:
         Option<unsafe extern "C" fn(*mut RedisModuleCtx, RedisModuleEvent, EventCallback) -> c_int>,
+}
+
+/// Redis's key API, as `redismodule.h` declares it.
+#[derive(Clone, Copy)]
+struct KeyApi {
+    open_key: unsafe extern "C" fn(
+        *mut RedisModuleCtx,
+        *mut RedisModuleString,
+        c_int,
+    ) -> *mut RedisModuleKey,
+    close_key: unsafe extern "C" fn(*mut RedisModuleKey),
+    key_type: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+    string_dma: unsafe extern "C" fn(*mut RedisModuleKey, *mut usize, c_int) -> *mut c_char,
+    string_set: unsafe extern "C" fn(*mut RedisModuleKey, *mut RedisModuleString) -> c_int,
+    set_expire: unsafe extern "C" fn(*mut RedisModuleKey, c_longlong) -> c_int,
+    get_abs_expire: unsafe extern "C" fn(*mut RedisModuleKey) -> c_longlong,
+    replicate:
+        unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
 }
 
 static API: OnceLock<Api> = OnceLock::new();
@@ -145,6 +175,21 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         call_reply_integer: get!(c"RedisModule_CallReplyInteger"),
         call_reply_length: get!(c"RedisModule_CallReplyLength"),
         call_reply_array_element: get!(c"RedisModule_CallReplyArrayElement"),
+        // SAFETY: each the type `redismodule.h` declares for it.
+        keys: unsafe {
+            (|| {
+                Some(KeyApi {
+                    open_key: fetch(get_api, c"RedisModule_OpenKey")?,
+                    close_key: fetch(get_api, c"RedisModule_CloseKey")?,
+                    key_type: fetch(get_api, c"RedisModule_KeyType")?,
+                    string_dma: fetch(get_api, c"RedisModule_StringDMA")?,
+                    string_set: fetch(get_api, c"RedisModule_StringSet")?,
+                    set_expire: fetch(get_api, c"RedisModule_SetExpire")?,
+                    get_abs_expire: fetch(get_api, c"RedisModule_GetAbsExpire")?,
+                    replicate: fetch(get_api, c"RedisModule_Replicate")?,
+                })
+            })()
+        },
         // SAFETY: the type `redismodule.h` declares for it.
         subscribe_to_server_event: unsafe { fetch(get_api, c"RedisModule_SubscribeToServerEvent") },
     };
@@ -164,16 +209,42 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         )
     };
     let api = API.get_or_init(|| api);
-    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 3] = [
-        (c"tollgate.version", version_command, c"readonly fast"),
-        (c"tollgate.identity", identity_command, c"readonly fast"),
-        (c"tollgate.acquire", acquire_command, c"write deny-oom"),
+    // Each command with where its keys are: (first, last, step), 0 for none. An acquire's are
+    // those of the library's FCALL, after their count and before the packed numbers (the last
+    // argument: -2 is the one before it), so a cluster routes it and checks its slot as it does
+    // the FCALL's.
+    type Command = (
+        &'static std::ffi::CStr,
+        CmdFunc,
+        &'static std::ffi::CStr,
+        [c_int; 3],
+    );
+    let commands: [Command; 3] = [
+        (
+            c"tollgate.version",
+            version_command,
+            c"readonly fast",
+            [0, 0, 0],
+        ),
+        (
+            c"tollgate.identity",
+            identity_command,
+            c"readonly fast",
+            [0, 0, 0],
+        ),
+        (
+            c"tollgate.acquire",
+            acquire_command,
+            c"write deny-oom",
+            [2, -2, 1],
+        ),
     ];
-    for (name, func, flags) in commands {
+    for (name, func, flags, [first, last, step]) in commands {
         // SAFETY: the load context, NUL-terminated static strings, a command function of the
-        // declared type. Keys 0 0 0: the keys' count is an argument, as FCALL's.
-        let created =
-            unsafe { (api.create_command)(ctx, name.as_ptr(), func, flags.as_ptr(), 0, 0, 0) };
+        // declared type.
+        let created = unsafe {
+            (api.create_command)(ctx, name.as_ptr(), func, flags.as_ptr(), first, last, step)
+        };
         if created != REDISMODULE_OK {
             return None;
         }
@@ -301,8 +372,116 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    fn string(&self, bytes: &[u8]) -> *mut RedisModuleString {
+        // SAFETY: the live context; the buffer with its length (Redis copies it).
+        unsafe { (self.api.create_string)(self.ctx, bytes.as_ptr().cast(), bytes.len()) }
+    }
+
+    /// A string key's value (Nil when there is none), read in place; None for a key of
+    /// another type, which `call` answers as Redis does.
+    fn read(&self, keys: &KeyApi, name: &[u8]) -> Option<Value> {
+        // SAFETY: the live context and a key name made in it; the key is closed below, and its
+        // value copied while it is open (the pointer lives until the key is closed).
+        unsafe {
+            let key = (keys.open_key)(self.ctx, self.string(name), REDISMODULE_READ);
+            if key.is_null() {
+                return Some(Value::Nil);
+            }
+            let value = match (keys.key_type)(key) {
+                KEYTYPE_EMPTY => Some(Value::Nil),
+                KEYTYPE_STRING => {
+                    let mut len = 0usize;
+                    let ptr = (keys.string_dma)(key, &mut len, REDISMODULE_READ);
+                    Some(Value::Bytes(if ptr.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec()
+                    }))
+                }
+                _ => None,
+            };
+            (keys.close_key)(key);
+            value
+        }
+    }
+
+    /// `SET name value PX ms` through the key API: the value and its expiry written, then
+    /// replicated as the write Redis propagates for that command (`SET ... PXAT` its absolute
+    /// expiry). None when the key holds another type, for `call` to run the command.
+    fn set_px(&self, keys: &KeyApi, name: &[u8], value: &[u8], ms: &[u8]) -> Option<Value> {
+        let ms: c_longlong = std::str::from_utf8(ms)
+            .ok()?
+            .parse()
+            .ok()
+            .filter(|ms| *ms > 0)?;
+        // SAFETY: the live context, strings made in it; the key is closed before returning;
+        // the replicated command's format "bbcl" takes (pointer, length) twice, a C string and
+        // a long long, which are passed in that order.
+        unsafe {
+            let key = (keys.open_key)(
+                self.ctx,
+                self.string(name),
+                REDISMODULE_READ | REDISMODULE_WRITE,
+            );
+            if key.is_null() {
+                return None;
+            }
+            let kind = (keys.key_type)(key);
+            if kind != KEYTYPE_EMPTY && kind != KEYTYPE_STRING {
+                (keys.close_key)(key);
+                return None;
+            }
+            let set = (keys.string_set)(key, self.string(value)) == REDISMODULE_OK
+                && (keys.set_expire)(key, ms) == REDISMODULE_OK;
+            let at = (keys.get_abs_expire)(key);
+            (keys.close_key)(key);
+            if !set || at < 0 {
+                return Some(Value::Error("ERR tollgate: SET through the key API".into()));
+            }
+            (keys.replicate)(
+                self.ctx,
+                c"SET".as_ptr(),
+                c"bbcl".as_ptr(),
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+                c"PXAT".as_ptr(),
+                at,
+            );
+        }
+        Some(Value::Bytes(b"OK".to_vec()))
+    }
+
+    /// The reads and writes every decision makes, through the key API rather than as commands
+    /// called (each of which costs Redis a client's setup, a command lookup, and a reply
+    /// written then parsed): `GET`, `MGET` and `SET ... PX`, answered as those commands answer.
+    /// None for anything else, which `call` runs as a command.
+    fn fast(&self, args: &[&[u8]]) -> Option<Value> {
+        let keys = self.api.keys.as_ref()?;
+        match args {
+            [name, key] if name.eq_ignore_ascii_case(b"GET") => self.read(keys, key),
+            [name, rest @ ..] if name.eq_ignore_ascii_case(b"MGET") && !rest.is_empty() => rest
+                .iter()
+                .map(|key| self.read(keys, key))
+                .collect::<Option<Vec<Value>>>()
+                .map(Value::Array),
+            [name, key, value, px, ms]
+                if name.eq_ignore_ascii_case(b"SET") && px.eq_ignore_ascii_case(b"PX") =>
+            {
+                self.set_px(keys, key, value, ms)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl crate::Redis for Ctx {
     fn call(&mut self, args: &[&[u8]], write: bool) -> Value {
+        if let Some(value) = self.fast(args) {
+            return value;
+        }
         let Some((name, rest)) = args.split_first() else {
             return Value::Error("ERR tollgate: empty command".into());
         };

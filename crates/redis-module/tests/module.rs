@@ -755,7 +755,11 @@ fn an_append_only_file_replays_what_the_module_wrote() {
     all_keys.dedup();
     let before = stored(&mut conn, &all_keys);
     assert!(
-        before.iter().filter(|(value, _)| *value != Resp::Nil).count() >= 2 + NATIVE,
+        before
+            .iter()
+            .filter(|(value, _)| *value != Resp::Nil)
+            .count()
+            >= 2 + NATIVE,
         "counters, their logs and the budget written: {before:?}"
     );
     // Stopped and started again on the same directory and port, reading the file back.

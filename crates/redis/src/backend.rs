@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, RedisError, RedisResult, Value};
 
@@ -152,6 +155,57 @@ impl Backend {
             Backend::Cluster(connection) => command.query_async(&mut connection.clone()).await,
             Backend::Sentinel(follower) => follower.query(command).await,
         }
+    }
+
+    /// Send one command to the master of `slot` on a cluster (a command the client cannot
+    /// route by its arguments, as it routes `FCALL`), elsewhere as `query` does.
+    pub(crate) async fn query_slot(&self, command: &Cmd, slot: u16) -> RedisResult<Value> {
+        match self {
+            Backend::Cluster(connection) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                connection
+                    .clone()
+                    .route_command(command.clone(), routing)
+                    .await
+            }
+            _ => self.query(command).await,
+        }
+    }
+
+    /// Send one command to every master (one Redis is its own), each answer by its node.
+    pub(crate) async fn query_masters(
+        &self,
+        command: &Cmd,
+    ) -> RedisResult<Vec<(String, RedisResult<Value>)>> {
+        let Backend::Cluster(connection) = self else {
+            return Ok(vec![("redis".to_owned(), self.query(command).await)]);
+        };
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let answer = connection
+            .clone()
+            .route_command(command.clone(), routing)
+            .await?;
+        let Value::Map(answers) = answer else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "a command to every master answered other than one answer per node",
+            )));
+        };
+        Ok(answers
+            .into_iter()
+            .map(|(node, answer)| {
+                let node = match node {
+                    Value::BulkString(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                    other => format!("{other:?}"),
+                };
+                let answer = match answer {
+                    Value::ServerError(error) => Err(RedisError::from(error)),
+                    value => Ok(value),
+                };
+                (node, answer)
+            })
+            .collect())
     }
 
     /// A client for the node the wake-up subscription listens on: any node of a cluster (a

@@ -71,7 +71,6 @@ pub(crate) struct Caller {
     using_module: AtomicBool,
     /// The protocol version the module must speak (`PROTOCOL_VERSION`; another in tests).
     expected_version: u64,
-    cluster: bool,
     /// Acquires the module decided, and those it refused that the library then decided.
     module_acquires: AtomicU64,
     module_fallbacks: AtomicU64,
@@ -115,9 +114,9 @@ impl Caller {
         watch_evictions: bool,
         timeout: Duration,
         namespace: String,
-        module: (Module, bool, u64, bool),
+        module: (Module, bool, u64),
     ) -> Caller {
-        let (module, using_module, expected_version, cluster) = module;
+        let (module, using_module, expected_version) = module;
         Caller {
             backend,
             script,
@@ -132,7 +131,6 @@ impl Caller {
             module,
             using_module: AtomicBool::new(using_module),
             expected_version,
-            cluster,
             module_acquires: AtomicU64::new(0),
             module_fallbacks: AtomicU64::new(0),
             module_refusals: Mutex::new(HashMap::new()),
@@ -171,8 +169,8 @@ impl Caller {
         if self.module == Module::Off {
             return;
         }
-        let chosen = match native::probe(&self.backend).await {
-            Ok(loaded) => native::choose(self.module, loaded, self.expected_version, self.cluster),
+        let chosen = match native::probe(&self.backend, self.expected_version).await {
+            Ok(loaded) => native::choose(self.module, &loaded, self.expected_version),
             Err(error) => Err(format!("TOLLGATE.VERSION failed: {error}")),
         };
         let using = match chosen {
@@ -197,10 +195,15 @@ impl Caller {
 
     /// One acquire the module decides natively, alone (the module decides no batch): the
     /// library decides it instead when the module refuses it (counted) or Redis lost the module.
-    async fn run_module(&self, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
+    async fn run_module(
+        &self,
+        slot: u16,
+        keys: &[String],
+        numbers: &[u8],
+    ) -> Result<(Head, Reply)> {
         let mut command = redis::cmd("TOLLGATE.ACQUIRE");
         command.arg(keys.len()).arg(keys).arg(numbers);
-        let answered = tokio::time::timeout(self.timeout, self.backend.query(&command))
+        let answered = tokio::time::timeout(self.timeout, self.backend.query_slot(&command, slot))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?;
         match answered {
@@ -252,7 +255,7 @@ impl Caller {
         if self.using_module.load(Ordering::Relaxed)
             && native::native(&numbers, self.watch_evictions.load(Ordering::Relaxed))
         {
-            return self.run_module(&keys, &numbers).await;
+            return self.run_module(slot, &keys, &numbers).await;
         }
         if !self.batching.load(Ordering::Relaxed) {
             return self.run(&keys, &[&numbers]).await;

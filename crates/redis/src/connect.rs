@@ -91,12 +91,10 @@ impl RedisStore {
         let using_module = if module == Module::Off {
             false
         } else {
-            let loaded = native::probe(&backend).await?;
-            native::choose(module, loaded, version, target.is_cluster()).map_err(|reason| {
-                Error::InvalidRequest {
-                    field: "module",
-                    reason,
-                }
+            let loaded = native::probe(&backend, version).await?;
+            native::choose(module, &loaded, version).map_err(|reason| Error::InvalidRequest {
+                field: "module",
+                reason,
             })?
         };
         tracing::info!(
@@ -126,7 +124,7 @@ impl RedisStore {
             !evicting.is_empty(),
             config.timeout,
             config.namespace.clone(),
-            (module, using_module, version, target.is_cluster()),
+            (module, using_module, version),
         ));
         Ok(RedisStore {
             caller,

@@ -94,25 +94,56 @@ pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
         && matches!(at(AT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
 }
 
-/// What `TOLLGATE.VERSION` answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What `TOLLGATE.VERSION` answered (on a cluster, every master).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Loaded {
-    /// Unknown command: the module is not loaded.
+    /// Unknown command: the module is not loaded (or was lost with a restart).
     No,
-    /// Loaded, speaking this protocol version.
+    /// Loaded, speaking this protocol version (on a cluster, every master: the one that is not
+    /// `expected` when one is not).
     Version(u64),
+    /// A cluster whose masters have the module, but for those named.
+    Partly { missing: Vec<String> },
 }
 
-/// Ask Redis whether the module is loaded, and its version.
-pub(crate) async fn probe(backend: &crate::backend::Backend) -> tollgate::Result<Loaded> {
-    match backend.query(&redis::cmd("TOLLGATE.VERSION")).await {
-        Ok(Value::Int(version)) => Ok(Loaded::Version(u64::try_from(version).unwrap_or(0))),
-        Ok(other) => Err(crate::errors::failed(format!(
-            "TOLLGATE.VERSION answered {other:?}, not a version"
-        ))),
-        Err(error) if unknown_command(&error) => Ok(Loaded::No),
-        Err(error) => Err(crate::errors::store_error(error)),
+/// Ask Redis whether the module is loaded, and its version: on a cluster, every master, since
+/// an acquire goes to its counter's slot's master.
+pub(crate) async fn probe(
+    backend: &crate::backend::Backend,
+    expected: u64,
+) -> tollgate::Result<Loaded> {
+    let answers = backend
+        .query_masters(&redis::cmd("TOLLGATE.VERSION"))
+        .await
+        .map_err(crate::errors::store_error)?;
+    let mut versions = Vec::new();
+    let mut missing = Vec::new();
+    for (node, answer) in answers {
+        match answer {
+            Ok(Value::Int(version)) => versions.push(u64::try_from(version).unwrap_or(0)),
+            Ok(other) => {
+                return Err(crate::errors::failed(format!(
+                    "TOLLGATE.VERSION answered {other:?} on {node}, not a version"
+                )));
+            }
+            Err(error) if unknown_command(&error) => missing.push(node),
+            Err(error) => return Err(crate::errors::store_error(error)),
+        }
     }
+    Ok(match (versions.is_empty(), missing.is_empty()) {
+        (true, _) => Loaded::No,
+        (false, true) => Loaded::Version(
+            versions
+                .iter()
+                .copied()
+                .find(|version| *version != expected)
+                .unwrap_or(expected),
+        ),
+        (false, false) => {
+            missing.sort();
+            Loaded::Partly { missing }
+        }
+    })
 }
 
 /// Redis does not know the command: the module is not loaded (or was lost with a restart).
@@ -139,32 +170,26 @@ pub(crate) fn reason(error: &redis::RedisError) -> String {
 
 /// Whether to use the module, for `setting` and what Redis answered; Err says why the store
 /// must not start. `expected` is this store's protocol version.
-pub(crate) fn choose(
-    setting: Module,
-    loaded: Loaded,
-    expected: u64,
-    cluster: bool,
-) -> Result<bool, String> {
+pub(crate) fn choose(setting: Module, loaded: &Loaded, expected: u64) -> Result<bool, String> {
     match (setting, loaded) {
         (Module::Off, _) => Ok(false),
-        (_, Loaded::Version(version)) if version != expected => Err(format!(
+        (_, Loaded::Version(version)) if *version != expected => Err(format!(
             "the Redis module tollgate speaks protocol version {version}, this server speaks \
              version {expected}: load the module built with this server, or set \
              the store's module setting to off"
         )),
-        // The module registers no key positions, so a cluster client cannot route its calls.
-        (Module::On, Loaded::Version(_)) if cluster => Err(
-            "module = on: the module is not used on a Redis Cluster yet; set auto or off"
-                .to_owned(),
-        ),
-        (Module::Auto, Loaded::Version(_)) if cluster => Ok(false),
         (_, Loaded::Version(_)) => Ok(true),
         (Module::On, Loaded::No) => Err(
             "module = on, but Redis does not know TOLLGATE.VERSION: the Redis module \
              tollgate is not loaded (see docs/deployment.md)"
                 .to_owned(),
         ),
-        (Module::Auto, Loaded::No) => Ok(false),
+        (Module::On, Loaded::Partly { missing }) => Err(format!(
+            "module = on, but the Redis module tollgate is not loaded on every master of the \
+             cluster: not on {} (load it on every node, see docs/deployment.md)",
+            missing.join(", ")
+        )),
+        (Module::Auto, Loaded::No | Loaded::Partly { .. }) => Ok(false),
     }
 }
 
@@ -174,15 +199,25 @@ mod tests {
 
     #[test]
     fn a_version_mismatch_names_both_versions() {
-        let refusal = choose(Module::Auto, Loaded::Version(7), 1, false).expect_err("refused");
+        let refusal = choose(Module::Auto, &Loaded::Version(7), 1).expect_err("refused");
         assert!(
             refusal.contains("version 7") && refusal.contains("version 1"),
             "{refusal}"
         );
-        assert_eq!(choose(Module::Off, Loaded::Version(7), 1, false), Ok(false));
-        assert_eq!(choose(Module::Auto, Loaded::No, 1, false), Ok(false));
-        assert_eq!(choose(Module::Auto, Loaded::Version(1), 1, false), Ok(true));
-        assert!(choose(Module::On, Loaded::No, 1, false).is_err());
+        assert_eq!(choose(Module::Off, &Loaded::Version(7), 1), Ok(false));
+        assert_eq!(choose(Module::Auto, &Loaded::No, 1), Ok(false));
+        assert_eq!(choose(Module::Auto, &Loaded::Version(1), 1), Ok(true));
+        assert!(choose(Module::On, &Loaded::No, 1).is_err());
+    }
+
+    #[test]
+    fn a_cluster_uses_the_module_only_where_every_master_has_it() {
+        let partly = Loaded::Partly {
+            missing: vec!["127.0.0.1:7001".into()],
+        };
+        assert_eq!(choose(Module::Auto, &partly, 1), Ok(false));
+        let refusal = choose(Module::On, &partly, 1).expect_err("refused");
+        assert!(refusal.contains("127.0.0.1:7001"), "{refusal}");
     }
 
     #[test]

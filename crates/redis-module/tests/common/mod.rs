@@ -1,5 +1,5 @@
 //! What the module's tests share: the module as this build made it, the `redis-server` to load
-//! it into, and a free port for it.
+//! it into, and a free port for it (each test file uses what it needs).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ pub fn module_path() -> PathBuf {
 
 /// The `redis-server` to start (`TOLLGATE_REDIS_SERVER`, else Debian's); `None`, said loudly
 /// (a failure under `CI=true`), when there is none.
+#[allow(dead_code)]
 pub fn redis_server() -> Option<String> {
     let redis_server = std::env::var("TOLLGATE_REDIS_SERVER")
         .unwrap_or_else(|_| "/usr/bin/redis-server".to_owned());
@@ -38,6 +39,7 @@ pub fn redis_server() -> Option<String> {
     None
 }
 
+#[allow(dead_code)]
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -185,6 +185,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(binary: &Path, masters: usize) -> Cluster {
+        Cluster::start_with(binary, masters, &[])
+    }
+
+    /// `start`, every node given the arguments `extra` too.
+    pub fn start_with(binary: &Path, masters: usize, extra: &[String]) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory");
         let nodes: Vec<Node> = (0..masters * 2)
             .map(|_| {
@@ -212,6 +217,7 @@ impl Cluster {
                     "--dbfilename".into(),
                     format!("dump-{port}.rdb"),
                 ];
+                let args = args.into_iter().chain(extra.iter().cloned()).collect();
                 Node::start(binary, args, port)
             })
             .collect();
