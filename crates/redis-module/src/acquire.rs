@@ -19,6 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::{Redis, Reply, Value};
 
 const OP_ACQUIRE: f64 = 1.0;
+const OP_BATCH: f64 = 10.0;
+/// Where a batch's first acquire begins (1-based): after the operation and the count.
+const BATCH_AT: usize = 3;
+const KEYS_PER_COUNTER: f64 = 3.0;
 const KIND_RATE: f64 = 1.0;
 const ALG_SLIDING: f64 = 1.0;
 const ALG_GCRA: f64 = 3.0;
@@ -447,6 +451,7 @@ fn adopt(me: Vec<u8>, written: Option<&[u8]>) -> Vec<u8> {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Generation {
     born: f64,
     lost: f64,
@@ -1070,120 +1075,75 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         return bad("packed numbers: not a whole count of doubles");
     }
     let nums = numbers(packed);
-    // Lua's a[i], 1-based; a missing number is an error, as the library's would be one.
-    let a = |i: usize| nums.get(i - 1).copied();
-    let key = |x: f64| -> Option<&[u8]> {
-        if x >= 1.0 && x.fract() == 0.0 {
-            keys.get(x as usize - 1).copied()
-        } else {
-            None
-        }
-    };
-
-    let Some(op) = a(1) else {
+    let Some(&op) = nums.first() else {
         return bad("packed numbers: empty");
     };
+    if op == OP_BATCH {
+        return batch(redis, &nums, keys);
+    }
     if op != OP_ACQUIRE {
-        return not_native("an operation other than a single acquire (without evictions watched)");
+        return not_native(
+            "an operation other than an acquire or a batch of them (without evictions watched)",
+        );
     }
-    let (Some(cost), Some(priority), Some(record), Some(n)) = (a(2), a(3), a(4), a(5)) else {
-        return bad("acquire: fewer than its head's numbers");
+    let acquire = match Acquire::parse(&nums, 2, 0, keys) {
+        Ok(acquire) => acquire,
+        Err(refusal) => return refusal,
     };
-    if n != 1.0 {
-        return not_native("an acquire of other than one counter");
-    }
-    let after = 2 + ACQUIRE_HEAD + ACQUIRE_PER_COUNTER;
-    let (Some(waiter), Some(_place_ttl)) = (a(after), a(after + 1)) else {
-        return bad("acquire: fewer numbers than its counters and waiter need");
+    let now = match clock(redis) {
+        Ok(now) => now,
+        Err(refusal) => return refusal,
     };
-    if waiter != 0.0 {
-        return not_native("a waiting request (the queue across the fleet)");
-    }
-    let at = 2 + ACQUIRE_HEAD;
-    let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
-    let adm_at = at + POLICY_NUMBERS + 1;
-    let (Some(pause), Some(tally), Some(budget), Some(carried), Some(apart), Some(queue)) = (
-        a(at + POLICY_NUMBERS),
-        a(adm_at),
-        a(adm_at + 1),
-        a(adm_at + 2),
-        a(adm_at + 3),
-        a(adm_at + ADMISSION_NUMBERS),
-    ) else {
-        return bad("acquire: fewer than a counter's numbers");
-    };
-    let adm = Admission {
-        tally,
-        budget,
-        carried,
-        apart,
-    };
-    let [
-        kind,
-        limit,
-        period,
-        margin,
-        alg,
-        burst,
-        _ttl,
-        res_high,
-        res_normal,
-    ] = policy[..]
-    else {
-        return bad("acquire: fewer than a policy's numbers");
-    };
-    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
-        return not_native("a policy other than a GCRA or sliding window rate limit");
-    }
-    let window = period + margin;
-    let emission = div_ceil(window, limit);
-    let p = if alg == ALG_GCRA {
-        Policy {
-            alg,
-            limit,
-            window,
-            capacity: burst,
-            res_high,
-            res_normal,
-            emission,
-            memory: emission * burst,
-        }
-    } else {
-        Policy {
-            alg,
-            limit,
-            window,
-            capacity: limit,
-            res_high,
-            res_normal,
-            emission,
-            memory: window,
-        }
-    };
-    let (Some(gen_key), Some(ck), Some(rk), Some(qk), Some(wk)) =
-        (key(1.0), key(2.0), key(3.0), key(4.0), key(queue))
-    else {
-        return bad("acquire: a key named by the numbers is not among the keys");
-    };
-    let pause_key = if pause >= 1.0 {
-        match key(pause) {
-            Some(k) => Some(k),
-            None => return bad("acquire: the pause's key is not among the keys"),
-        }
-    } else {
-        None
-    };
-    let tally_key = if tally >= 1.0 {
-        match key(tally) {
-            Some(k) => Some(k),
-            None => return bad("acquire: the key budget's key is not among the keys"),
-        }
-    } else {
-        None
-    };
+    acquire.decide(redis, now, None)
+}
 
-    let time = redis.call(&[b"TIME"], false);
-    let now = match &time {
+/// `entry.lua`'s batch: acquires on one slot decided in order at one `now`, the generation read
+/// once. Each acquire's numbers are read before anything is: one the module does not decide
+/// refuses the whole batch, unwritten. One refused only for what Redis holds (a queue of
+/// waiters on its counter) is answered with that refusal in its place, the others decided:
+/// its caller makes that acquire again through the library, as if it had come after them.
+fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]]) -> Reply {
+    let a = |i: usize| nums.get(i - 1).copied();
+    let Some(count) = a(2).filter(|count| *count >= 0.0 && count.fract() == 0.0) else {
+        return bad("batch: no count of acquires");
+    };
+    let mut acquires = Vec::with_capacity(count as usize);
+    let mut at = BATCH_AT;
+    for _ in 0..count as usize {
+        let (Some(shift), Some(own)) = (a(at), a(at + 1)) else {
+            return bad("batch: fewer numbers than its acquires need");
+        };
+        if shift < 0.0 || shift.fract() != 0.0 || own < 0.0 || own.fract() != 0.0 {
+            return bad("batch: an acquire's shift or count is not a count");
+        }
+        match Acquire::parse(nums, at + 2, shift as usize, keys) {
+            Ok(acquire) => acquires.push(acquire),
+            Err(refusal) => return refusal,
+        }
+        at += 2 + own as usize;
+    }
+    let Some(&gen_key) = keys.first() else {
+        return bad("batch: no generation key");
+    };
+    let now = match clock(redis) {
+        Ok(now) => now,
+        Err(refusal) => return refusal,
+    };
+    let raw = redis.call(&[b"GET", gen_key], false);
+    let slot = generation(redis, bytes_of(&raw), gen_key, now);
+    let replies = acquires
+        .iter()
+        .map(|acquire| match acquire.decide(redis, now, Some(&slot)) {
+            Reply::Value(value) => value,
+            Reply::WrongArity => Value::Error("ERR tollgate: batch: wrong arity".into()),
+        })
+        .collect();
+    Reply::Value(Value::Array(replies))
+}
+
+/// Redis's clock, in microseconds, as the library reads it (`TIME`).
+fn clock(redis: &mut dyn Redis) -> Result<f64, Reply> {
+    match redis.call(&[b"TIME"], false) {
         Value::Array(parts) => {
             let part = |i: usize| {
                 parts
@@ -1192,147 +1152,335 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
                     .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
             };
             match (part(0), part(1)) {
-                (Some(s), Some(us)) => s * US_PER_S + us,
-                _ => return bad("TIME: not seconds and microseconds"),
+                (Some(s), Some(us)) => Ok(s * US_PER_S + us),
+                _ => Err(bad("TIME: not seconds and microseconds")),
             }
         }
-        _ => return bad("TIME: not seconds and microseconds"),
-    };
+        _ => Err(bad("TIME: not seconds and microseconds")),
+    }
+}
 
-    let open = p.capacity_for(priority);
-    if cost < 1.0 || cost > open {
-        let raw = redis.call(&[b"GET", gen_key], false);
-        let slot = generation(redis, bytes_of(&raw), gen_key, now);
-        let mut reply = head("cost", now, &slot);
-        reply.extend(ints(&[1.0, open]));
-        return Reply::Value(Value::Array(reply));
-    }
+/// One acquire's numbers read (`acquire.lua`'s T.acquire, for one counter): from `nums[s]`
+/// (1-based, its cost), each key it names at `KEYS[x + shift]`, its counter's at
+/// `KEYS[shift + 2 ..]`, the generation at `KEYS[1]`.
+struct Acquire<'k> {
+    cost: f64,
+    record: f64,
+    p: Policy,
+    open: f64,
+    pause: f64,
+    adm: Admission,
+    gen_key: &'k [u8],
+    ck: &'k [u8],
+    rk: &'k [u8],
+    qk: &'k [u8],
+    wk: &'k [u8],
+    pause_key: Option<&'k [u8]>,
+    tally_key: Option<&'k [u8]>,
+}
 
-    // One read, as the library's: the generation, the counter, its queue, the limit's pause.
-    let mut names: Vec<&[u8]> = vec![b"MGET", gen_key, ck, wk];
-    if let Some(pause_key) = pause_key {
-        names.push(pause_key);
-    }
-    let values = match redis.call(&names, false) {
-        Value::Array(values) if values.len() == names.len() - 1 => values,
-        _ => return bad("MGET: not one value per key"),
-    };
-    if values[2] != Value::Nil {
-        return not_native("a counter with a queue of waiters");
-    }
-    let loaded = match bytes_of(&values[1]) {
-        Some(raw) => match Counter::decode(raw, now) {
-            Ok(c) => Some(c),
-            Err(what) => return not_native(what),
-        },
-        None => None,
-    };
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
-    // `loss.lua`'s T.load, no evictions watched (seen 0), then T.hold.
-    let (mut c, hold_until) = match loaded {
-        Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
-        Some(Decoded::Counter(mut c)) => {
-            c.g = slot.born;
-            c.dirty = true;
-            (c, Some(slot.born + p.memory))
+impl<'k> Acquire<'k> {
+    fn parse(
+        nums: &[f64],
+        s: usize,
+        shift: usize,
+        keys: &[&'k [u8]],
+    ) -> Result<Acquire<'k>, Reply> {
+        // Lua's a[i], 1-based; a missing number is an error, as the library's would be one.
+        let a = |i: usize| nums.get(i - 1).copied();
+        let key = |x: f64| -> Option<&'k [u8]> {
+            if x >= 1.0 && x.fract() == 0.0 {
+                keys.get(x as usize - 1).copied()
+            } else {
+                None
+            }
+        };
+        let (Some(mut cost), Some(priority), Some(record), Some(n)) =
+            (a(s), a(s + 1), a(s + 2), a(s + 3))
+        else {
+            return Err(bad("acquire: fewer than its head's numbers"));
+        };
+        if n != 1.0 {
+            return Err(not_native("an acquire of other than one counter"));
         }
-        Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
-        None => (
-            Counter::empty(now, slot.born),
-            Some(slot.born.max(0.0) + p.memory),
-        ),
-    };
-    if let Some(hold_until) = hold_until
-        && hold_until > now
-    {
-        c.p = c.p.max(hold_until);
-        c.s = c.s.max(hold_until);
+        let after = s + ACQUIRE_HEAD + ACQUIRE_PER_COUNTER;
+        let (Some(waiter), Some(_place_ttl)) = (a(after), a(after + 1)) else {
+            return Err(bad(
+                "acquire: fewer numbers than its counters and waiter need",
+            ));
+        };
+        if waiter != 0.0 {
+            return Err(not_native("a waiting request (the queue across the fleet)"));
+        }
+        // A cost per counter (below 0), after the place's lifetime: the one counter's.
+        if cost < 0.0 {
+            let Some(own) = a(after + 2) else {
+                return Err(bad("acquire: no cost for its counter"));
+            };
+            cost = own;
+        }
+        let at = s + ACQUIRE_HEAD;
+        let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
+        let adm_at = at + POLICY_NUMBERS + 1;
+        let (Some(pause), Some(tally), Some(budget), Some(carried), Some(apart), Some(queue)) = (
+            a(at + POLICY_NUMBERS),
+            a(adm_at),
+            a(adm_at + 1),
+            a(adm_at + 2),
+            a(adm_at + 3),
+            a(adm_at + ADMISSION_NUMBERS),
+        ) else {
+            return Err(bad("acquire: fewer than a counter's numbers"));
+        };
+        let [
+            kind,
+            limit,
+            period,
+            margin,
+            alg,
+            burst,
+            _ttl,
+            res_high,
+            res_normal,
+        ] = policy[..]
+        else {
+            return Err(bad("acquire: fewer than a policy's numbers"));
+        };
+        if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
+            return Err(not_native(
+                "a policy other than a GCRA or sliding window rate limit",
+            ));
+        }
+        let window = period + margin;
+        let emission = div_ceil(window, limit);
+        let (capacity, memory) = if alg == ALG_GCRA {
+            (burst, emission * burst)
+        } else {
+            (limit, window)
+        };
+        let p = Policy {
+            alg,
+            limit,
+            window,
+            capacity,
+            res_high,
+            res_normal,
+            emission,
+            memory,
+        };
+        let shifted = |x: f64| if x >= 1.0 { x + shift as f64 } else { x };
+        let counter = shift as f64 + KEYS_PER_COUNTER - 1.0;
+        let (Some(gen_key), Some(ck), Some(rk), Some(qk), Some(wk)) = (
+            key(1.0),
+            key(counter),
+            key(counter + 1.0),
+            key(counter + 2.0),
+            key(shifted(queue)),
+        ) else {
+            return Err(bad(
+                "acquire: a key named by the numbers is not among the keys",
+            ));
+        };
+        let pause_key = if pause >= 1.0 {
+            match key(shifted(pause)) {
+                Some(k) => Some(k),
+                None => return Err(bad("acquire: the pause's key is not among the keys")),
+            }
+        } else {
+            None
+        };
+        let tally_key = if tally >= 1.0 {
+            match key(shifted(tally)) {
+                Some(k) => Some(k),
+                None => return Err(bad("acquire: the key budget's key is not among the keys")),
+            }
+        } else {
+            None
+        };
+        let open = p.capacity_for(priority);
+        Ok(Acquire {
+            cost,
+            record,
+            p,
+            open,
+            pause,
+            adm: Admission {
+                tally,
+                budget,
+                carried,
+                apart,
+            },
+            gen_key,
+            ck,
+            rk,
+            qk,
+            wk,
+            pause_key,
+            tally_key,
+        })
     }
-    let limit_paused_until = match pause_key {
-        Some(_) => bytes_of(&values[3])
-            .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
-            .unwrap_or(0.0),
-        None => -pause,
-    };
 
-    // The key budget in another slot: its cover asked of the caller before anything more is
-    // written.
-    if adm.tally < 0.0 && adm.carried >= 0.0 {
-        let need = c.need(&p, now);
-        if need > c.a && adm.carried < need {
-            let mut reply = head("admit", now, &slot);
-            reply.extend(ints(&[1.0, c.a, need]));
+    /// Decide at `now`; `batch` the generation a batch read, else read here with the counter.
+    fn decide(&self, redis: &mut dyn Redis, now: f64, batch: Option<&Generation>) -> Reply {
+        let (p, adm, cost, open) = (&self.p, &self.adm, self.cost, self.open);
+        if cost < 1.0 || cost > open {
+            let slot = match batch {
+                Some(slot) => *slot,
+                None => {
+                    let raw = redis.call(&[b"GET", self.gen_key], false);
+                    generation(redis, bytes_of(&raw), self.gen_key, now)
+                }
+            };
+            let mut reply = head("cost", now, &slot);
+            reply.extend(ints(&[1.0, open]));
             return Reply::Value(Value::Array(reply));
         }
-    }
-    // `keys.lua`'s T.cover: the key admitted before the counter is written past its cover.
-    let mut held = None;
-    if adm.tally != 0.0 {
-        let need = c.need(&p, now);
-        if need > c.a {
-            let admitted = if adm.carried < 0.0 {
-                Admitted::Held(-adm.carried)
-            } else if adm.carried < need {
-                match tally_key {
-                    Some(tally_key) => admit(redis, tally_key, now, slot.born, &p, c.a, need, &adm),
-                    None => return bad("acquire: the key budget's key is not among the keys"),
-                }
-            } else {
-                Admitted::Ok(adm.carried)
-            };
-            match admitted {
-                Admitted::Ok(cover) => {
-                    c.a = cover;
-                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
-                    c.dirty = true;
-                }
-                Admitted::Keys(budget) => {
-                    let mut reply = head("keys", now, &slot);
-                    reply.extend(ints(&[1.0, budget]));
-                    return Reply::Value(Value::Array(reply));
-                }
-                // Held after a loss of its budget: recovering, and not written past its cover.
-                Admitted::Held(until) => held = Some(until),
-            }
-        }
-    }
 
-    let mut d = Decision {
-        redis,
-        keys: Keys { ck, rk, qk },
-        p: &p,
-        now,
-        c,
-    };
-    let denial = match held {
-        Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
-        None => d.check(cost, open, limit_paused_until),
-    };
-    let mut reply = head("ok", now, &slot);
-    match denial {
-        Some([retry, remaining, mut reason, left]) => {
-            // Held after a loss rather than paused by someone: recovering, when the hold is
-            // what the request waits for.
-            let c = &d.c;
-            if reason == REASON_PAUSED
-                && c.p >= limit_paused_until
-                && now + retry <= c.p
-                && (c.p == slot.born + p.memory || c.p == p.memory)
-            {
-                reason = REASON_RECOVERING;
+        // One read, as the library's: the generation (unless a batch read it), the counter,
+        // its queue, the limit's pause.
+        let mut names: Vec<&[u8]> = Vec::with_capacity(5);
+        names.push(b"MGET");
+        if batch.is_none() {
+            names.push(self.gen_key);
+        }
+        names.extend([self.ck, self.wk]);
+        if let Some(pause_key) = self.pause_key {
+            names.push(pause_key);
+        }
+        let values = match redis.call(&names, false) {
+            Value::Array(values) if values.len() == names.len() - 1 => values,
+            _ => return bad("MGET: not one value per key"),
+        };
+        // The generation first unless a batch read it; it is written (when due) only after
+        // the refusals a value can make, so a refused acquire writes nothing.
+        let first = usize::from(batch.is_none());
+        if values[first + 1] != Value::Nil {
+            return not_native("a counter with a queue of waiters");
+        }
+        let loaded = match bytes_of(&values[first]) {
+            Some(raw) => match Counter::decode(raw, now) {
+                Ok(c) => Some(c),
+                Err(what) => return not_native(what),
+            },
+            None => None,
+        };
+        let slot = match batch {
+            Some(slot) => *slot,
+            None => generation(redis, bytes_of(&values[0]), self.gen_key, now),
+        };
+        // `loss.lua`'s T.load, no evictions watched (seen 0), then T.hold.
+        let (mut c, hold_until) = match loaded {
+            Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
+            Some(Decoded::Counter(mut c)) => {
+                c.g = slot.born;
+                c.dirty = true;
+                (c, Some(slot.born + p.memory))
             }
-            let left = if reason == REASON_CAPACITY { left } else { 0.0 };
-            reply.push(Value::Int(OUTCOME_DENIED));
-            reply.extend(ints(&[retry, remaining, reason, left]));
+            Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
+            None => (
+                Counter::empty(now, slot.born),
+                Some(slot.born.max(0.0) + p.memory),
+            ),
+        };
+        if let Some(hold_until) = hold_until
+            && hold_until > now
+        {
+            c.p = c.p.max(hold_until);
+            c.s = c.s.max(hold_until);
         }
-        None => {
-            let granted = d.grant(cost, open, record);
-            reply.push(Value::Int(OUTCOME_GRANTED));
-            reply.extend(ints(&granted));
+        let limit_paused_until = match self.pause_key {
+            Some(_) => bytes_of(&values[first + 2])
+                .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
+                .unwrap_or(0.0),
+            None => -self.pause,
+        };
+
+        // The key budget in another slot: its cover asked of the caller before anything more
+        // is written.
+        if adm.tally < 0.0 && adm.carried >= 0.0 {
+            let need = c.need(p, now);
+            if need > c.a && adm.carried < need {
+                let mut reply = head("admit", now, &slot);
+                reply.extend(ints(&[1.0, c.a, need]));
+                return Reply::Value(Value::Array(reply));
+            }
         }
+        // `keys.lua`'s T.cover: the key admitted before the counter is written past its cover.
+        let mut held = None;
+        if adm.tally != 0.0 {
+            let need = c.need(p, now);
+            if need > c.a {
+                let admitted = if adm.carried < 0.0 {
+                    Admitted::Held(-adm.carried)
+                } else if adm.carried < need {
+                    match self.tally_key {
+                        Some(tally_key) => {
+                            admit(redis, tally_key, now, slot.born, p, c.a, need, adm)
+                        }
+                        None => return bad("acquire: the key budget's key is not among the keys"),
+                    }
+                } else {
+                    Admitted::Ok(adm.carried)
+                };
+                match admitted {
+                    Admitted::Ok(cover) => {
+                        c.a = cover;
+                        c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
+                        c.dirty = true;
+                    }
+                    Admitted::Keys(budget) => {
+                        let mut reply = head("keys", now, &slot);
+                        reply.extend(ints(&[1.0, budget]));
+                        return Reply::Value(Value::Array(reply));
+                    }
+                    // Held after a loss of its budget: recovering, and not written past its
+                    // cover.
+                    Admitted::Held(until) => held = Some(until),
+                }
+            }
+        }
+
+        let mut d = Decision {
+            redis,
+            keys: Keys {
+                ck: self.ck,
+                rk: self.rk,
+                qk: self.qk,
+            },
+            p,
+            now,
+            c,
+        };
+        let denial = match held {
+            Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
+            None => d.check(cost, open, limit_paused_until),
+        };
+        let mut reply = head("ok", now, &slot);
+        match denial {
+            Some([retry, remaining, mut reason, left]) => {
+                // Held after a loss rather than paused by someone: recovering, when the hold
+                // is what the request waits for.
+                let c = &d.c;
+                if reason == REASON_PAUSED
+                    && c.p >= limit_paused_until
+                    && now + retry <= c.p
+                    && (c.p == slot.born + p.memory || c.p == p.memory)
+                {
+                    reason = REASON_RECOVERING;
+                }
+                let left = if reason == REASON_CAPACITY { left } else { 0.0 };
+                reply.push(Value::Int(OUTCOME_DENIED));
+                reply.extend(ints(&[retry, remaining, reason, left]));
+            }
+            None => {
+                let granted = d.grant(cost, open, self.record);
+                reply.push(Value::Int(OUTCOME_GRANTED));
+                reply.extend(ints(&granted));
+            }
+        }
+        if held.is_none() {
+            d.save();
+        }
+        Reply::Value(Value::Array(reply))
     }
-    if held.is_none() {
-        d.save();
-    }
-    Reply::Value(Value::Array(reply))
 }

@@ -782,3 +782,110 @@ fn an_append_only_file_replays_what_the_module_wrote() {
     });
     assert_eq!(stored(&mut conn, &all_keys), before);
 }
+
+const OP_BATCH: f64 = 10.0;
+
+/// A batch of acquires as the store packs one: the generation once, then each acquire's own
+/// keys after the others', its numbers (but the operation) after its shift and their count.
+fn batch(namespace: &str, acquires: &[(usize, Vec<f64>)]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let mut all = vec![keys(namespace, 0).swap_remove(0)];
+    let mut numbers = vec![OP_BATCH, acquires.len() as f64];
+    for (counter, acquire) in acquires {
+        numbers.push((all.len() - 1) as f64);
+        numbers.push((acquire.len() - 1) as f64);
+        numbers.extend(&acquire[1..]);
+        // Its own keys, its key budget one of two (by counter), so that a key read at the
+        // wrong shift is another acquire's.
+        let mut own = keys(namespace, *counter);
+        own[5] = format!("tg:{{t}}:{namespace}:k{}", counter % 2).into_bytes();
+        all.extend(own.into_iter().skip(1));
+    }
+    (all, pack(&numbers))
+}
+
+/// Batches of acquires, decided by the module on one namespace and by the library on another,
+/// from the same numbers at the same instants: the same replies, the same stored bytes and
+/// expiries, acquire by acquire. A batch with a fixed window's acquire is refused whole,
+/// before anything is written, and made through the library.
+#[test]
+fn a_batch_decided_by_the_module_is_the_librarys() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let policies = policies();
+    let seed = std::env::var("TOLLGATE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("TOLLGATE_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for namespace in ["bmod", "blib"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    let (mut native, mut refused, mut decided) = (0, 0, 0);
+    let mut clock = 0;
+    for step in 0..300 {
+        if rng.u8(..3) == 0 {
+            clock += rng.u64(1..2_000_000);
+            server.set_clock(clock);
+        }
+        let acquires: Vec<(usize, Vec<f64>)> = (0..rng.usize(1..7))
+            .map(|_| {
+                let counter = if rng.u8(..12) == 0 {
+                    NATIVE
+                } else {
+                    rng.usize(..NATIVE)
+                };
+                let admission = match rng.u8(..4) {
+                    0 => [0.0; 4],
+                    _ => [6.0, 3.0, 0.0, 0.0],
+                };
+                let numbers = acquire_numbers(
+                    &policies[counter],
+                    f64::from(rng.u8(1..3)),
+                    f64::from(rng.u8(..3)),
+                    if rng.bool() { 1.0 } else { 0.0 },
+                    0.0,
+                    admission,
+                );
+                (counter, numbers)
+            })
+            .collect();
+        let (mod_keys, packed) = batch("bmod", &acquires);
+        let (lib_keys, lib_packed) = batch("blib", &acquires);
+        assert_eq!(packed, lib_packed);
+        let by_module = match module(&mut conn, &mod_keys, &packed) {
+            Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                assert!(
+                    acquires.iter().any(|(counter, _)| *counter == NATIVE),
+                    "step {step}: a native batch refused: {e}"
+                );
+                refused += 1;
+                fcall(&mut conn, &mod_keys, &packed)
+            }
+            reply => {
+                assert!(
+                    acquires.iter().all(|(counter, _)| *counter < NATIVE),
+                    "step {step}: a batch with a fixed window decided natively"
+                );
+                native += 1;
+                reply
+            }
+        };
+        let by_library = fcall(&mut conn, &lib_keys, &packed);
+        assert_eq!(
+            by_module, by_library,
+            "step {step} (seed {seed}): replies differ"
+        );
+        if let Resp::Array(replies) = &by_library {
+            decided += replies.len();
+        }
+        assert_eq!(
+            stored(&mut conn, &mod_keys),
+            stored(&mut conn, &lib_keys),
+            "step {step} (seed {seed}): stored values or expiries differ"
+        );
+    }
+    eprintln!("native batches {native}, refused {refused}, acquires decided {decided}");
+    assert!(native > 100 && refused > 10, "both ways ran");
+}

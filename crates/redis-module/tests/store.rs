@@ -228,15 +228,91 @@ async fn on_without_the_module_refuses_to_start_and_auto_uses_the_library() {
     assert_eq!(store.module_acquires(), 0);
 }
 
+/// Acquires in flight together on one slot go to the module in batches, as they went to the
+/// library: every one decided natively, fewer calls than acquires (Redis's own count of
+/// `TOLLGATE.ACQUIRE` calls), and no more grants than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_in_flight_together_go_to_the_module_in_batches() {
+    let Some(port) = module_redis() else { return };
+    let namespace = namespace("batched_in_flight");
+    let store = on(port, &namespace).await;
+    store.begin_new_namespace().await.expect("declare new");
+    let limiter = Arc::new(tollgate::Limiter::new(
+        store.clone(),
+        tollgate::LimiterConfig {
+            permit_secret: tollgate::PermitSecret::random(),
+            ..tollgate::LimiterConfig::default()
+        },
+    ));
+    let policy = tollgate::Policy::rate(
+        150,
+        60_000_000,
+        0,
+        tollgate::Algorithm::Gcra { burst: 150 },
+        tollgate::Reserve::default(),
+    )
+    .expect("a policy");
+    limiter.set_limit(tollgate::Limit::new("batched", policy, Some("user")).expect("a limit"));
+    let calls_before = native_calls(port);
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let request = tollgate::Request::new("batched").key("one");
+                limiter.try_acquire(&request).await.expect("an answer")
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        if task.await.expect("the task").is_granted() {
+            granted += 1;
+        }
+    }
+    let calls = native_calls(port) - calls_before;
+    eprintln!(
+        "400 acquires: {granted} granted, {} by the module in {calls} calls, {} batched",
+        store.module_acquires(),
+        store.batched_acquires()
+    );
+    assert_eq!(granted, 150, "the limit's burst, exactly");
+    assert_eq!(
+        store.module_acquires(),
+        400,
+        "every acquire decided natively"
+    );
+    assert_eq!(store.module_fallbacks(), 0);
+    assert!(store.batched_acquires() > 0, "acquires went together");
+    assert!(calls < 400, "fewer calls than acquires: {calls}");
+}
+
+/// `TOLLGATE.ACQUIRE` calls the Redis on `port` has run, by its own `INFO commandstats`.
+fn native_calls(port: u16) -> u64 {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "commandstats"])
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_tollgate.acquire:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// The store's two lists of refusals are the module's refusals, text for text.
 #[test]
 fn the_stores_refusals_are_the_modules() {
     let source = include_str!("../src/acquire.rs");
     let mut module: Vec<&str> = Vec::new();
-    for marker in ["not_native(\"", "return Err(\""] {
+    // Each refusal's text, the literal after `not_native(` (on its line or the next) or after
+    // `return Err(` (a stored value's decoding).
+    for marker in ["not_native(", "return Err("] {
         for (at, _) in source.match_indices(marker) {
-            let rest = &source[at + marker.len()..];
-            module.push(&rest[..rest.find('"').expect("closing quote")]);
+            let rest = source[at + marker.len()..].trim_start();
+            if let Some(text) = rest.strip_prefix('"') {
+                module.push(&text[..text.find('"').expect("closing quote")]);
+            }
         }
     }
     let mut store: Vec<&str> = tollgate_redis::REFUSED_BEFORE_SENDING

@@ -193,8 +193,35 @@ impl Caller {
         }
     }
 
-    /// One acquire the module decides natively, alone (the module decides no batch): the
-    /// library decides it instead when the module refuses it (counted) or Redis lost the module.
+    /// Whether the module decides the acquire packed in `numbers`.
+    fn native(&self, numbers: &[u8]) -> bool {
+        self.using_module.load(Ordering::Relaxed)
+            && native::native(numbers, self.watch_evictions.load(Ordering::Relaxed))
+    }
+
+    /// One acquire alone: by the module when it decides it, else by the library.
+    async fn run_one(&self, slot: u16, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
+        if self.native(numbers) {
+            self.run_module(slot, keys, numbers).await
+        } else {
+            self.run(keys, &[numbers]).await
+        }
+    }
+
+    /// The module refused `error`'s acquire: counted by its reason.
+    fn refused_by_module(&self, error: &redis::RedisError) {
+        self.module_fallbacks.fetch_add(1, Ordering::Relaxed);
+        *self
+            .module_refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(native::reason(error))
+            .or_default() += 1;
+        tracing::debug!(%error, "the module refused an acquire; the library decides it");
+    }
+
+    /// One acquire the module decides natively, alone: the library decides it instead when
+    /// the module refuses it (counted) or Redis lost the module.
     async fn run_module(
         &self,
         slot: u16,
@@ -214,15 +241,7 @@ impl Caller {
                 Ok(answer)
             }
             Err(error) if native::refused(&error) => {
-                self.module_fallbacks.fetch_add(1, Ordering::Relaxed);
-                let reason = native::reason(&error);
-                *self
-                    .module_refusals
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .entry(reason)
-                    .or_default() += 1;
-                tracing::debug!(%error, "the module refused an acquire; the library decides it");
+                self.refused_by_module(&error);
                 self.run(keys, &[numbers]).await
             }
             Err(error) if native::unknown_command(&error) => {
@@ -252,13 +271,8 @@ impl Caller {
         keys: Vec<String>,
         numbers: Vec<u8>,
     ) -> Result<(Head, Reply)> {
-        if self.using_module.load(Ordering::Relaxed)
-            && native::native(&numbers, self.watch_evictions.load(Ordering::Relaxed))
-        {
-            return self.run_module(slot, &keys, &numbers).await;
-        }
         if !self.batching.load(Ordering::Relaxed) {
-            return self.run(&keys, &[&numbers]).await;
+            return self.run_one(slot, &keys, &numbers).await;
         }
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
@@ -279,7 +293,7 @@ impl Caller {
         match waiting {
             Err((keys, numbers)) => {
                 let _release = Release { caller: self, slot };
-                self.run(&keys, &[&numbers]).await
+                self.run_one(slot, &keys, &numbers).await
             }
             Ok(answered) => match tokio::time::timeout(2 * self.timeout, answered).await {
                 Ok(Ok(answer)) => answer,
@@ -336,21 +350,23 @@ impl Caller {
     /// Decide batches on `slot` until nothing waits.
     async fn drain(self: Arc<Self>, slot: u16, mut batch: Vec<Pending>) {
         while !batch.is_empty() {
-            self.decide(batch).await;
+            self.decide(slot, batch).await;
             batch = self.next_batch(slot);
         }
     }
 
-    /// One call for `batch`, and each acquire its answer.
-    async fn decide(&self, batch: Vec<Pending>) {
+    /// One call for `batch`, and each acquire its answer: by the module when it decides
+    /// every acquire of the batch, else by the library.
+    async fn decide(&self, slot: u16, batch: Vec<Pending>) {
         let count = batch.len();
         if count == 1 {
             if let Some(only) = batch.into_iter().next() {
-                let answer = self.run(&only.keys, &[&only.numbers]).await;
+                let answer = self.run_one(slot, &only.keys, &only.numbers).await;
                 let _ = only.answer.send(answer);
             }
             return;
         }
+        let native = batch.iter().all(|pending| self.native(&pending.numbers));
         let mut keys = Vec::with_capacity(1 + batch.iter().map(|p| p.keys.len()).sum::<usize>());
         let mut numbers = Numbers::new(OP_BATCH);
         numbers.push(count as u64);
@@ -371,12 +387,40 @@ impl Caller {
                 .extend_from_slice(pending.numbers.get(8..).unwrap_or_default());
             keys.extend_from_slice(own);
         }
-        let command = self.command(&keys, &[&numbers.0]);
-        let answered = tokio::time::timeout(
-            self.timeout,
-            self.with_library(|| self.backend.query(&command)),
-        )
-        .await;
+        let answered = if native {
+            let mut command = redis::cmd("TOLLGATE.ACQUIRE");
+            command.arg(keys.len()).arg(&keys).arg(&numbers.0);
+            tokio::time::timeout(self.timeout, self.backend.query_slot(&command, slot)).await
+        } else {
+            let command = self.command(&keys, &[&numbers.0]);
+            tokio::time::timeout(
+                self.timeout,
+                self.with_library(|| self.backend.query(&command)),
+            )
+            .await
+        };
+        let mut by_module = native;
+        let answered = match answered {
+            // The module refused the whole batch, or Redis no longer knows it: the library
+            // decides the batch, one round trip more.
+            Ok(Err(error))
+                if native && (native::refused(&error) || native::unknown_command(&error)) =>
+            {
+                by_module = false;
+                if native::refused(&error) {
+                    self.refused_by_module(&error);
+                } else {
+                    self.choose_module_again().await;
+                }
+                let command = self.command(&keys, &[&numbers.0]);
+                tokio::time::timeout(
+                    self.timeout,
+                    self.with_library(|| self.backend.query(&command)),
+                )
+                .await
+            }
+            answered => answered,
+        };
         let value = match answered {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) if !error.is_timeout() => Err(store_error(error)),
@@ -396,17 +440,39 @@ impl Caller {
             }
             items
                 .into_iter()
-                .map(|item| head(parse_reply(item)?))
+                .map(|item| match item {
+                    // The module refused this acquire for what its counter holds (a queue of
+                    // waiters), having decided the others: the library decides it, after them.
+                    Value::ServerError(error) => {
+                        let error = redis::RedisError::from(error);
+                        if native::refused(&error) {
+                            self.refused_by_module(&error);
+                            Ok(None)
+                        } else {
+                            Err(store_error(error))
+                        }
+                    }
+                    item => head(parse_reply(item)?).map(Some),
+                })
                 .collect::<Result<Vec<_>>>()
         });
         match answers {
             Ok(answers) => {
                 self.batched.fetch_add(count as u64, Ordering::Relaxed);
-                if let Some((head, _)) = answers.first() {
+                if by_module {
+                    let decided = answers.iter().flatten().count();
+                    self.module_acquires
+                        .fetch_add(decided as u64, Ordering::Relaxed);
+                }
+                if let Some((head, _)) = answers.iter().flatten().next() {
                     self.saw(*head);
                 }
                 for (pending, answer) in batch.into_iter().zip(answers) {
-                    let _ = pending.answer.send(Ok(answer));
+                    let answer = match answer {
+                        Some(answer) => Ok(answer),
+                        None => self.run(&pending.keys, &[&pending.numbers]).await,
+                    };
+                    let _ = pending.answer.send(answer);
                 }
             }
             Err(error) => {

@@ -50,7 +50,7 @@ impl fmt::Display for Module {
 /// can tell from an acquire's packed numbers before sending it: such an acquire goes to the
 /// library at once. `native` checks exactly these; a test holds this list to the module's.
 pub const REFUSED_BEFORE_SENDING: &[&str] = &[
-    "an operation other than a single acquire (without evictions watched)",
+    "an operation other than an acquire or a batch of them (without evictions watched)",
     "an acquire of other than one counter",
     "a waiting request (the queue across the fleet)",
     "a policy other than a GCRA or sliding window rate limit",
