@@ -121,6 +121,28 @@ struct KeyApi {
     get_abs_expire: unsafe extern "C" fn(*mut RedisModuleKey) -> c_longlong,
     replicate:
         unsafe extern "C" fn(*mut RedisModuleCtx, *const c_char, *const c_char, ...) -> c_int,
+    string_truncate: unsafe extern "C" fn(*mut RedisModuleKey, usize) -> c_int,
+    delete_key: unsafe extern "C" fn(*mut RedisModuleKey) -> c_int,
+}
+
+/// The argument a replicated command carries after its key.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    None,
+    Bytes(&'a [u8]),
+    Int(c_longlong),
+}
+
+/// The C library's `struct timeval`.
+#[repr(C)]
+struct Timeval {
+    tv_sec: std::ffi::c_long,
+    tv_usec: std::ffi::c_long,
+}
+
+unsafe extern "C" {
+    /// What Redis's `TIME` reads.
+    fn gettimeofday(tv: *mut Timeval, tz: *mut c_void) -> c_int;
 }
 
 static API: OnceLock<Api> = OnceLock::new();
@@ -187,6 +209,8 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
                     set_expire: fetch(get_api, c"RedisModule_SetExpire")?,
                     get_abs_expire: fetch(get_api, c"RedisModule_GetAbsExpire")?,
                     replicate: fetch(get_api, c"RedisModule_Replicate")?,
+                    string_truncate: fetch(get_api, c"RedisModule_StringTruncate")?,
+                    delete_key: fetch(get_api, c"RedisModule_DeleteKey")?,
                 })
             })()
         },
@@ -454,10 +478,193 @@ impl Ctx {
         Some(Value::Bytes(b"OK".to_vec()))
     }
 
+    /// `name` opened for writing, with its type; None (the key closed) when it holds another
+    /// type than a string, for `call` to run the command and answer as Redis does.
+    ///
+    /// # Safety
+    /// The key returned must be closed before the command returns.
+    unsafe fn open_string(
+        &self,
+        keys: &KeyApi,
+        name: &[u8],
+    ) -> Option<(*mut RedisModuleKey, bool)> {
+        // SAFETY: the live context and a key name made in it.
+        unsafe {
+            let key = (keys.open_key)(
+                self.ctx,
+                self.string(name),
+                REDISMODULE_READ | REDISMODULE_WRITE,
+            );
+            if key.is_null() {
+                return None;
+            }
+            match (keys.key_type)(key) {
+                KEYTYPE_EMPTY => Some((key, false)),
+                KEYTYPE_STRING => Some((key, true)),
+                _ => {
+                    (keys.close_key)(key);
+                    None
+                }
+            }
+        }
+    }
+
+    /// Replicate `command name` with one more argument as Redis would propagate the command
+    /// the module ran: a buffer (`b`) or a long long (`l`).
+    fn replicate(&self, keys: &KeyApi, command: &std::ffi::CStr, name: &[u8], arg: Arg<'_>) {
+        // SAFETY: the live context; each format takes, in order, what is passed after it:
+        // (pointer, length) for "b", a long long for "l".
+        unsafe {
+            match arg {
+                Arg::None => (keys.replicate)(
+                    self.ctx,
+                    command.as_ptr(),
+                    c"b".as_ptr(),
+                    name.as_ptr(),
+                    name.len(),
+                ),
+                Arg::Bytes(bytes) => (keys.replicate)(
+                    self.ctx,
+                    command.as_ptr(),
+                    c"bb".as_ptr(),
+                    name.as_ptr(),
+                    name.len(),
+                    bytes.as_ptr(),
+                    bytes.len(),
+                ),
+                Arg::Int(n) => (keys.replicate)(
+                    self.ctx,
+                    command.as_ptr(),
+                    c"bl".as_ptr(),
+                    name.as_ptr(),
+                    name.len(),
+                    n,
+                ),
+            };
+        }
+    }
+
+    /// `APPEND name value`: the new length.
+    fn append(&self, keys: &KeyApi, name: &[u8], value: &[u8]) -> Option<Value> {
+        // SAFETY: the key is closed before returning; the value is written within the length
+        // the key was grown to, through the pointer Redis gives for it.
+        let length = unsafe {
+            let (key, existing) = self.open_string(keys, name)?;
+            let length = if existing {
+                let mut len = 0usize;
+                (keys.string_dma)(key, &mut len, REDISMODULE_READ);
+                let grown = len + value.len();
+                if (keys.string_truncate)(key, grown) != REDISMODULE_OK {
+                    (keys.close_key)(key);
+                    return Some(Value::Error(
+                        "ERR tollgate: APPEND through the key API".into(),
+                    ));
+                }
+                let ptr = (keys.string_dma)(key, &mut len, REDISMODULE_WRITE);
+                if ptr.is_null() || len != grown {
+                    (keys.close_key)(key);
+                    return Some(Value::Error(
+                        "ERR tollgate: APPEND through the key API".into(),
+                    ));
+                }
+                std::ptr::copy_nonoverlapping(
+                    value.as_ptr(),
+                    ptr.cast::<u8>().add(grown - value.len()),
+                    value.len(),
+                );
+                grown
+            } else {
+                (keys.string_set)(key, self.string(value));
+                value.len()
+            };
+            (keys.close_key)(key);
+            length
+        };
+        self.replicate(keys, c"APPEND", name, Arg::Bytes(value));
+        Some(Value::Int(i64::try_from(length).unwrap_or(i64::MAX)))
+    }
+
+    /// `PEXPIRE name ms` (ms above 0): 1 when the key exists, replicated as `PEXPIREAT`.
+    fn pexpire(&self, keys: &KeyApi, name: &[u8], ms: &[u8]) -> Option<Value> {
+        let ms: c_longlong = std::str::from_utf8(ms)
+            .ok()?
+            .parse()
+            .ok()
+            .filter(|ms| *ms > 0)?;
+        // SAFETY: the key is closed before returning.
+        let at = unsafe {
+            let key = (keys.open_key)(
+                self.ctx,
+                self.string(name),
+                REDISMODULE_READ | REDISMODULE_WRITE,
+            );
+            if key.is_null() {
+                return Some(Value::Int(0));
+            }
+            if (keys.key_type)(key) == KEYTYPE_EMPTY {
+                (keys.close_key)(key);
+                return Some(Value::Int(0));
+            }
+            let set = (keys.set_expire)(key, ms) == REDISMODULE_OK;
+            let at = (keys.get_abs_expire)(key);
+            (keys.close_key)(key);
+            if !set || at < 0 {
+                return Some(Value::Error(
+                    "ERR tollgate: PEXPIRE through the key API".into(),
+                ));
+            }
+            at
+        };
+        self.replicate(keys, c"PEXPIREAT", name, Arg::Int(at));
+        Some(Value::Int(1))
+    }
+
+    /// `DEL name...`: how many existed, each replicated as its own `DEL`.
+    fn del(&self, keys: &KeyApi, names: &[&[u8]]) -> Option<Value> {
+        let mut deleted = 0;
+        for name in names {
+            // SAFETY: the key is closed before the next.
+            let existed = unsafe {
+                let key = (keys.open_key)(
+                    self.ctx,
+                    self.string(name),
+                    REDISMODULE_READ | REDISMODULE_WRITE,
+                );
+                if key.is_null() {
+                    continue;
+                }
+                let existed = (keys.key_type)(key) != KEYTYPE_EMPTY
+                    && (keys.delete_key)(key) == REDISMODULE_OK;
+                (keys.close_key)(key);
+                existed
+            };
+            if existed {
+                deleted += 1;
+                self.replicate(keys, c"DEL", name, Arg::None);
+            }
+        }
+        Some(Value::Int(deleted))
+    }
+
+    /// `GETRANGE name from to` (both at least 0): the bytes from `from` to `to`, inclusive.
+    fn getrange(&self, keys: &KeyApi, name: &[u8], from: &[u8], to: &[u8]) -> Option<Value> {
+        let number =
+            |text: &[u8]| -> Option<usize> { std::str::from_utf8(text).ok()?.parse().ok() };
+        let (from, to) = (number(from)?, number(to)?);
+        match self.read(keys, name)? {
+            Value::Bytes(bytes) if from < bytes.len() && from <= to => {
+                Some(Value::Bytes(bytes[from..=to.min(bytes.len() - 1)].to_vec()))
+            }
+            Value::Bytes(_) | Value::Nil => Some(Value::Bytes(Vec::new())),
+            other => Some(other),
+        }
+    }
+
     /// The reads and writes every decision makes, through the key API rather than as commands
     /// called (each of which costs Redis a client's setup, a command lookup, and a reply
-    /// written then parsed): `GET`, `MGET` and `SET ... PX`, answered as those commands answer.
-    /// None for anything else, which `call` runs as a command.
+    /// written then parsed): `GET`, `MGET`, `SET ... PX`, `APPEND`, `PEXPIRE`, `DEL` and
+    /// `GETRANGE`, answered as those commands answer, their writes replicated as Redis
+    /// propagates those commands. None for anything else, which `call` runs as a command.
     fn fast(&self, args: &[&[u8]]) -> Option<Value> {
         let keys = self.api.keys.as_ref()?;
         match args {
@@ -472,12 +679,34 @@ impl Ctx {
             {
                 self.set_px(keys, key, value, ms)
             }
+            [name, key, value] if name.eq_ignore_ascii_case(b"APPEND") => {
+                self.append(keys, key, value)
+            }
+            [name, key, ms] if name.eq_ignore_ascii_case(b"PEXPIRE") => self.pexpire(keys, key, ms),
+            [name, rest @ ..] if name.eq_ignore_ascii_case(b"DEL") && !rest.is_empty() => {
+                self.del(keys, rest)
+            }
+            [name, key, from, to] if name.eq_ignore_ascii_case(b"GETRANGE") => {
+                self.getrange(keys, key, from, to)
+            }
             _ => None,
         }
     }
 }
 
 impl crate::Redis for Ctx {
+    fn time_us(&mut self) -> Option<f64> {
+        let mut tv = Timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        // SAFETY: a timeval to fill; no time zone asked.
+        if unsafe { gettimeofday(&mut tv, std::ptr::null_mut()) } != 0 {
+            return None;
+        }
+        Some(tv.tv_sec as f64 * 1e6 + tv.tv_usec as f64)
+    }
+
     fn call(&mut self, args: &[&[u8]], write: bool) -> Value {
         if let Some(value) = self.fast(args) {
             return value;

@@ -42,6 +42,12 @@ pub(crate) enum Reply {
 /// writes (it is then replicated as itself).
 pub(crate) trait Redis {
     fn call(&mut self, args: &[&[u8]], write: bool) -> Value;
+
+    /// Redis's clock in microseconds, read as `TIME` reads it, when it can be read without a
+    /// command; None to call `TIME`.
+    fn time_us(&mut self) -> Option<f64> {
+        None
+    }
 }
 
 /// `TOLLGATE.VERSION`: the protocol version.
