@@ -41,9 +41,10 @@
 //! decided by the function library (`FCALL`) and by the module (`TOLLGATE.ACQUIRE`, the same
 //! keys and numbers): GCRA (a final grant), sliding (a grant recorded as a reservation) alone,
 //! and sliding with the reservation's commit, which is an `FCALL` on both rows since the
-//! module decides acquires only. The module's GCRA row's target is 2x `CL.THROTTLE`, its
-//! sliding + commit row's 4x. `per core/s` is one over the CPU time Redis's main thread used
-//! per decision: what one Redis core could decide.
+//! module decides acquires only; then GCRA acquires in batches of 64, packed as the store
+//! packs a batch. The module's GCRA row's target is 2x `CL.THROTTLE`, its sliding + commit
+//! row's 4x, its batched row's 1.5x. `per core/s` is one over the CPU time Redis's main thread
+//! used per decision: what one Redis core could decide.
 //!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
@@ -348,7 +349,23 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    drive(key_count() as u64, in_flight, one.clone()).await;
+    let warm = key_count() as u64;
+    measure_warmed(stats, commands, (warm, decisions), in_flight, one).await
+}
+
+/// `measure_in_flight`, `one` run `warm` times first (each key once), then `runs` times measured.
+async fn measure_warmed<F, Fut>(
+    stats: &mut MultiplexedConnection,
+    commands: &[&str],
+    (warm, decisions): (u64, u64),
+    in_flight: usize,
+    one: F,
+) -> Figures
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    drive(warm, in_flight, one.clone()).await;
     reset_stats(stats).await;
     let cpu_before = main_thread_cpu_us(stats).await;
     let callgrind = Callgrind::from_env();
@@ -1122,6 +1139,82 @@ async fn direct_case(
     measure(stats, &["fcall", "tollgate.acquire"], decisions, one).await
 }
 
+/// Acquires in one direct batch, as the store sends those that wait for their slot's call.
+const DIRECT_BATCH: usize = 64;
+const OP_BATCH: f64 = 10.0;
+
+/// GCRA acquires in batches of `DIRECT_BATCH` over as many keys, each batch packed as the store
+/// packs one (the generation once, each acquire's keys after the others') and sent as one
+/// `FCALL` or one `TOLLGATE.ACQUIRE`, two batches in flight.
+async fn direct_batches(
+    connection: &MultiplexedConnection,
+    keys: &Arc<Vec<String>>,
+    stats: &mut MultiplexedConnection,
+    decisions: u64,
+    decider: Decider,
+) -> Figures {
+    let tag = match decider {
+        Decider::Library => "bl",
+        Decider::Module => "bm",
+    };
+    let connection = connection.clone();
+    let keys = keys.clone();
+    let acquire = Direct::Gcra.acquire();
+    let own_numbers = acquire.len() / 8 - 1;
+    let acquire = Arc::new(acquire);
+    let one = move |k: usize| {
+        let mut connection = connection.clone();
+        let acquire = acquire.clone();
+        let mut names: Vec<String> = Vec::with_capacity(1 + 5 * DIRECT_BATCH);
+        let mut numbers = pack(&[OP_BATCH, DIRECT_BATCH as f64]);
+        for i in 0..DIRECT_BATCH {
+            let [generation, own @ ..] =
+                direct_keys(tag, &keys[(k * DIRECT_BATCH + i) % keys.len()]);
+            if names.is_empty() {
+                names.push(generation);
+            }
+            numbers.extend(pack(&[(names.len() - 1) as f64, own_numbers as f64]));
+            numbers.extend_from_slice(&acquire[8..]);
+            names.extend(own);
+        }
+        async move {
+            let mut call = match decider {
+                Decider::Library => {
+                    let mut call = redis::cmd("FCALL");
+                    call.arg(DIRECT_FUNCTION);
+                    call
+                }
+                Decider::Module => redis::cmd("TOLLGATE.ACQUIRE"),
+            };
+            call.arg(names.len()).arg(&names[..]).arg(numbers);
+            let reply: redis::Value = call.query_async(&mut connection).await.expect("a batch");
+            let redis::Value::Array(replies) = &reply else {
+                panic!("a batch's reply: {reply:?}");
+            };
+            assert_eq!(replies.len(), DIRECT_BATCH, "one reply per acquire");
+            for item in replies {
+                assert_eq!(
+                    reply_number(item, 4),
+                    Some(0),
+                    "a batched acquire not granted: {item:?}"
+                );
+            }
+        }
+    };
+    let batches = decisions.div_ceil(DIRECT_BATCH as u64);
+    let warm = (key_count() as u64).div_ceil(DIRECT_BATCH as u64);
+    let mut figures = measure_warmed(
+        stats,
+        &["fcall", "tollgate.acquire"],
+        (warm, batches),
+        2,
+        one,
+    )
+    .await;
+    figures.decisions = batches * DIRECT_BATCH as u64;
+    figures
+}
+
 /// `BENCH_MODULE=1`'s rows: each direct case decided by the library, then by the module.
 async fn module_rows(
     stats: &mut MultiplexedConnection,
@@ -1178,6 +1271,19 @@ async fn module_rows(
         let figures = direct_case(peers, keys, stats, decisions, (direct, decider)).await;
         rows.push(Row {
             case,
+            path,
+            peer: None,
+            figures,
+            target,
+        });
+    }
+    for (decider, path, target) in [
+        (Decider::Library, "fcall", None),
+        (Decider::Module, "module", Some(1.5)),
+    ] {
+        let figures = direct_batches(peers, keys, stats, decisions, decider).await;
+        rows.push(Row {
+            case: "GCRA, acquire, batches of 64",
             path,
             peer: None,
             figures,
