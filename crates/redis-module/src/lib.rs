@@ -2,9 +2,11 @@
 //! same stored bytes as the store's Lua function library (`tollgate-redis`), so that a fleet
 //! may use module and library on one Redis at once. It owns: the FFI to Redis's module API
 //! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
-//! library declares) and `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire taking the library's
-//! keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
-//! `FCALL <function> numkeys key... packed`) and answering the library's reply.
+//! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them taking
+//! the library's keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`,
+//! as `FCALL <function> numkeys key... packed`) and answering the library's reply, and
+//! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
+//! library write the slots' generations under.
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
 //! `native.rs`: `auto`, `on`, `off`), sending it the acquires it decides natively. What the
