@@ -5,7 +5,9 @@
 //! the script did not answer (a store or script error, a malformed reply, a timeout): the core
 //! always answers, so only a refusal the core makes too (a cost above the capacity) is passed.
 //!
-//! Needs `TOLLGATE_TEST_REDIS`; skipped (loudly) without it.
+//! Needs `TOLLGATE_TEST_REDIS`; skipped (loudly) without it. The same comparisons run again
+//! with the Redis module deciding what it decides natively (`module_url`: a `redis-server` this
+//! process starts with `tollgate-redis-module` loaded, as the workspace's build made it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -481,6 +483,25 @@ fn the_lua_script_decides_exactly_like_the_core() {
     );
 }
 
+/// The same comparison with the Redis module deciding the acquires it decides natively (and
+/// the library the rest, on the same counters): it must decide some.
+#[test]
+fn the_module_decides_exactly_like_the_core() {
+    let Some(url) = module_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = Arc::new(connect_module(&runtime, url, "differential-module"));
+    run_sequences(
+        64,
+        proptest::collection::vec(op(), 1..60),
+        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
+    );
+    assert!(store.module_acquires() > 0, "the module decided nothing");
+    assert_eq!(store.module_fallbacks(), 0);
+}
+
 /// One comparison of `compare` with the operations `op_with(extra)` adds.
 /// `new`: the namespace is declared new, so that no counter starts held (a counter the script
 /// finds missing is held as one that may have been lost, for the policy of the call that finds
@@ -574,6 +595,90 @@ fn run_sequences<O: Clone + std::fmt::Debug>(
     if let Err(error) = result {
         panic!("{error}");
     }
+}
+
+/// A `redis-server` of this test process with the Redis module loaded (the `.so` the
+/// workspace's build left beside this test binary: `cargo test --workspace`, or
+/// `cargo build -p tollgate-redis-module`), on a free port, stopped when the process ends;
+/// None, said loudly (a failure under `CI=true`), without the module or a `redis-server`.
+pub(crate) fn module_url() -> Option<String> {
+    static URL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        let exe = std::env::current_exe().ok()?;
+        let dir = exe.parent()?;
+        let name = format!(
+            "{}tollgate_redis_module{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        let module = [dir.join(&name), dir.join("..").join(&name)]
+            .into_iter()
+            .find(|path| path.exists());
+        let server = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+            .into_iter()
+            .find(|path| std::path::Path::new(path).exists());
+        let (Some(module), Some(server)) = (module, server) else {
+            tollgate::conformance::skipped(
+                "the Lua/core differential with the Redis module: no redis-server, or no \
+                 tollgate-redis-module built beside this test (cargo test --workspace builds it)",
+            );
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .ok()?
+            .port();
+        let data = std::env::temp_dir().join(format!("tollgate-diffmod-{}", std::process::id()));
+        std::fs::create_dir_all(&data).ok()?;
+        // A shell watches this process and stops the server when it ends (no destructor of a
+        // static runs).
+        let watch = format!(
+            "'{server}' --port {port} --bind 127.0.0.1 --save '' --appendonly no --dir '{}' \
+             --loadmodule '{}' >/dev/null 2>&1 & s=$!; \
+             while kill -0 {} 2>/dev/null; do sleep 0.5; done; kill $s; rm -rf '{}'",
+            data.display(),
+            module.display(),
+            std::process::id(),
+            data.display()
+        );
+        let watcher = std::process::Command::new("sh")
+            .args(["-c", &watch])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        std::mem::forget(watcher);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server with the module did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(format!("redis://127.0.0.1:{port}/0"))
+    })
+    .clone()
+}
+
+/// `connect`, with the Redis module required (`module = on`).
+fn connect_module(runtime: &tokio::runtime::Runtime, url: String, name: &str) -> RedisStore {
+    let store = runtime
+        .block_on(RedisStore::connect_with(
+            RedisStoreConfig {
+                url,
+                namespace: format!("{name}-{}", std::process::id()),
+                fail_open: false,
+                allow_eviction: false,
+                timeout: Duration::from_secs(5),
+                keys_per_limit_max: 100_000,
+            },
+            crate::Module::On,
+        ))
+        .expect("connect to Redis with the module");
+    assert!(store.module_in_use());
+    store
 }
 
 /// A store on `url` in a namespace named `name` and this process, with a key budget of
@@ -1286,6 +1391,31 @@ fn a_batch_decides_exactly_as_the_core_one_acquire_after_another() {
         },
     );
     seen.assert_both();
+}
+
+/// The batches' comparison with the Redis module deciding the batches whose acquires it all
+/// decides natively (one counter each), the library the others.
+#[test]
+fn a_module_batch_decides_exactly_as_the_core_one_acquire_after_another() {
+    let Some(url) = module_url() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = connect_module(&runtime, url, "differential-module-batch");
+    runtime
+        .block_on(store.begin_new_namespace())
+        .expect("declare the namespace new");
+    let seen = Seen::default();
+    run_sequences(
+        48,
+        proptest::collection::vec(round(), 1..6),
+        |name, policy, rounds| {
+            runtime.block_on(compare_batches(&store, name, policy, &rounds, &seen))
+        },
+    );
+    seen.assert_both();
+    assert!(store.module_acquires() > 0, "the module decided nothing");
 }
 
 /// Acquires one at a time (never batched) over one to three keys, each key with its own cost:
