@@ -776,7 +776,16 @@ unsafe fn run(
     unsafe { (api.auto_memory)(ctx) };
     let args = arguments(api, argv, argc);
     let mut redis = Ctx { ctx, api };
-    match command(&mut redis, &args) {
+    // A panic must not unwind into Redis (it would stop the server): it is answered as an
+    // error, and nothing after it is written.
+    let answered =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command(&mut redis, &args)))
+            .unwrap_or_else(|_| {
+                Reply::Value(Value::Error(
+                    "ERR tollgate: the module failed deciding this call".into(),
+                ))
+            });
+    match answered {
         Reply::Value(value) => redis.reply_value(&value),
         Reply::WrongArity => {
             // SAFETY: the live context.

@@ -889,3 +889,66 @@ fn a_batch_decided_by_the_module_is_the_librarys() {
     eprintln!("native batches {native}, refused {refused}, acquires decided {decided}");
     assert!(native > 100 && refused > 10, "both ways ran");
 }
+
+/// A library that may not call the module's `TOLLGATE.IDENTITY` (an ACL without it) fails its
+/// calls, naming the refusal, rather than writing generations under an identity of its own
+/// that the module's may not be.
+#[test]
+fn a_library_refused_the_modules_identity_fails_loudly() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    assert_eq!(
+        conn.call(&[
+            b"ACL",
+            b"SETUSER",
+            b"limited",
+            b"on",
+            b">secret",
+            b"~*",
+            b"&*",
+            b"+@all",
+            b"-tollgate.identity",
+        ]),
+        Resp::Status("OK".into())
+    );
+    let mut limited = server.conn();
+    assert_eq!(
+        limited.call(&[b"AUTH", b"limited", b"secret"]),
+        Resp::Status("OK".into())
+    );
+    let keys = keys("acl", 0);
+    match fcall(&mut limited, &keys[..1], &pack(&[OP_BEGIN])) {
+        Resp::Error(error) => assert!(error.contains("TOLLGATE.IDENTITY refused"), "{error}"),
+        other => panic!("the library decided without the module's identity: {other:?}"),
+    }
+}
+
+/// A caller's numbers never size what the module allocates nor reach past what it holds: a
+/// batch claiming more acquires, or longer ones, than its numbers is refused as bad, and Redis
+/// keeps answering.
+#[test]
+fn a_batch_past_its_own_numbers_is_refused_and_redis_stays_up() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    let keys = keys("hostile", 0);
+    let mut own = acquire_numbers(&policies()[0], 1.0, 1.0, 0.0, 0.0, [0.0; 4]);
+    own.remove(0);
+    for head in [
+        vec![OP_BATCH, 1e18],
+        vec![OP_BATCH, 1.0, 0.0, 1e300],
+        vec![OP_BATCH, 1.0, 1e12, own.len() as f64],
+        vec![OP_BATCH, 2.0, 0.0, f64::NAN],
+    ] {
+        let mut numbers = head.clone();
+        numbers.extend(&own);
+        match module(&mut conn, &keys, &pack(&numbers)) {
+            Resp::Error(error) => assert!(
+                error.starts_with("ERR tollgate: batch:"),
+                "{head:?}: {error}"
+            ),
+            other => panic!("{head:?}: {other:?}"),
+        }
+        assert_eq!(conn.call(&[b"PING"]), Resp::Status("PONG".into()));
+    }
+}

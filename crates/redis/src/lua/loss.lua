@@ -20,6 +20,13 @@ function T.identity()
       T.me = kept
       return T.me
     end
+    -- Loaded but refused (an ACL without the module's commands): an identity read here could
+    -- differ from the module's, so the call fails, as the store's own TOLLGATE.VERSION would.
+    -- Not loaded, Redis calls the command unknown ("Unknown Redis command called from script").
+    if type(kept) == 'table' and kept.err
+        and not string.find(string.lower(kept.err), 'unknown', 1, true) then
+      error('tollgate: TOLLGATE.IDENTITY refused: ' .. kept.err)
+    end
     local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
     local term = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
     local node = redis.pcall('CLUSTER', 'MYID')
