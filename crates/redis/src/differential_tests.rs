@@ -590,6 +590,7 @@ pub(crate) fn connect(
             namespace: format!("{name}-{}", std::process::id()),
             fail_open: false,
             allow_eviction: false,
+            module: crate::Module::Auto,
             timeout: Duration::from_secs(5),
             keys_per_limit_max,
         }))

@@ -150,18 +150,17 @@ pub(crate) fn choose(
         (_, Loaded::Version(version)) if version != expected => Err(format!(
             "the Redis module tollgate speaks protocol version {version}, this server speaks \
              version {expected}: load the module built with this server, or set \
-             the store's module setting to off"
+             this setting to off"
         )),
         // The module registers no key positions, so a cluster client cannot route its calls.
-        (Module::On, Loaded::Version(_)) if cluster => Err(
-            "module = on: the module is not used on a Redis Cluster yet; set auto or off"
-                .to_owned(),
-        ),
+        (Module::On, Loaded::Version(_)) if cluster => {
+            Err("on, but the module is not used on a Redis Cluster yet: set auto or off".to_owned())
+        }
         (Module::Auto, Loaded::Version(_)) if cluster => Ok(false),
         (_, Loaded::Version(_)) => Ok(true),
         (Module::On, Loaded::No) => Err(
-            "module = on, but Redis does not know TOLLGATE.VERSION: the Redis module \
-             tollgate is not loaded (see docs/deployment.md)"
+            "on, but Redis does not know TOLLGATE.VERSION: the Redis module tollgate is not \
+             loaded (see docs/deployment.md)"
                 .to_owned(),
         ),
         (Module::Auto, Loaded::No) => Ok(false),
