@@ -103,6 +103,9 @@ fn on_refuses_a_redis_without_the_module() {
     }
 }
 
+/// How a setting is given: its name, the arguments and the environment that give it.
+type Way<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>);
+
 /// A value other than auto, on or off, by flag, environment or file, is refused before the
 /// store is reached, naming the setting and the values it takes.
 #[test]
@@ -114,8 +117,12 @@ fn a_bad_redis_module_is_refused_naming_the_setting() {
     let file = directory.path().join("tollgate.toml");
     std::fs::write(&file, "redis_module = \"bogus\"\n").expect("write the config file");
     let file = file.display().to_string();
-    let ways: [(&str, Vec<&str>, Vec<(&str, &str)>); 3] = [
-        ("flag", vec!["--store", store, "--redis-module", "bogus"], vec![]),
+    let ways: [Way; 3] = [
+        (
+            "flag",
+            vec!["--store", store, "--redis-module", "bogus"],
+            vec![],
+        ),
         (
             "environment",
             vec!["--store", store],
@@ -127,7 +134,10 @@ fn a_bad_redis_module_is_refused_naming_the_setting() {
         let (status, log) = refused_start(&args, &env);
         assert!(!status.success(), "{way}: {log}");
         for says in ["redis_module", "bogus", "auto, on, off"] {
-            assert!(log.contains(says), "{way}: the refusal says {says:?}: {log}");
+            assert!(
+                log.contains(says),
+                "{way}: the refusal says {says:?}: {log}"
+            );
         }
     }
 }
@@ -164,7 +174,9 @@ async fn on_decides_through_the_module_and_off_does_not() {
         server.log()
     );
     assert!(
-        server.log().contains("acquires decided by the Redis module"),
+        server
+            .log()
+            .contains("acquires decided by the Redis module"),
         "on: the log says which path is in use: {}",
         server.log()
     );
@@ -194,7 +206,9 @@ async fn on_decides_through_the_module_and_off_does_not() {
         "off: the function library decided the acquires"
     );
     assert!(
-        server.log().contains("acquires decided by the function library"),
+        server
+            .log()
+            .contains("acquires decided by the function library"),
         "off: the log says which path is in use: {}",
         server.log()
     );
