@@ -635,6 +635,7 @@ async fn library_limiter(url: &str) -> (Limiter, Arc<RedisStore>) {
         namespace,
         fail_open: false,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         timeout: TIMEOUT,
         keys_per_limit_max: 100_000,
     })

@@ -342,6 +342,10 @@ pub(crate) struct ServeArgs {
     /// one is held for a period [default: false].
     #[arg(long, env = "TOLLGATE_REDIS_ALLOW_EVICTION", value_name = "BOOL")]
     pub(crate) redis_allow_eviction: Option<bool>,
+    /// Redis store: decide acquires with the Redis module tollgate-redis-module: `auto` when
+    /// Redis has it loaded, `on` (refuse to start without it) or `off` [default: auto].
+    #[arg(long, env = "TOLLGATE_REDIS_MODULE", value_name = "auto|on|off")]
+    pub(crate) redis_module: Option<String>,
     /// Redis store: time one operation may take, ms [default: 1000].
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", value_name = "MS")]
     pub(crate) store_timeout_ms: Option<u64>,

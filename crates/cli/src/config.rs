@@ -14,10 +14,11 @@ use tollgate_server::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
     DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
     DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX,
-    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX,
-    PathEncodedSlash, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_host, parse_origin,
+    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_MODULE, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX, PathEncodedSlash,
+    RELOAD_INTERVAL_MS_MIN, RedisModule, ServerConfig, StoreChoice, parse_host, parse_origin,
     parse_permit_secret,
 };
 
@@ -52,6 +53,7 @@ pub(crate) struct FileConfig {
     pub(crate) redis_namespace: Option<String>,
     pub(crate) store_fail_open: Option<bool>,
     pub(crate) redis_allow_eviction: Option<bool>,
+    pub(crate) redis_module: Option<String>,
     pub(crate) store_timeout_ms: Option<u64>,
     pub(crate) grpc_listen: Option<String>,
     pub(crate) envoy_config: Option<PathBuf>,
@@ -230,6 +232,12 @@ pub(crate) fn resolve_server_config(
             tollgate::PAUSE_MS_MAX
         );
     }
+    let redis_module = match args.redis_module.or(file.redis_module) {
+        Some(text) => text
+            .parse::<RedisModule>()
+            .map_err(|reason| anyhow!("redis_module: {reason}"))?,
+        None => DEFAULT_REDIS_MODULE,
+    };
     let permit_secret = match env_text("TOLLGATE_PERMIT_SECRET").or(file.permit_secret) {
         Some(text) => {
             Some(parse_permit_secret(&text).map_err(|reason| anyhow!("permit_secret: {reason}"))?)
@@ -325,6 +333,7 @@ pub(crate) fn resolve_server_config(
             .redis_allow_eviction
             .or(file.redis_allow_eviction)
             .unwrap_or(DEFAULT_REDIS_ALLOW_EVICTION),
+        redis_module,
         store_timeout: Duration::from_millis(
             args.store_timeout_ms
                 .or(file.store_timeout_ms)

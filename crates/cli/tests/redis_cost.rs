@@ -249,6 +249,7 @@ async fn a_server_decision_sends_redis_what_a_library_decision_sends() {
         namespace: library.to_owned(),
         fail_open: false,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         timeout: Duration::from_secs(10),
         // The server's default budget, which every call carries.
         keys_per_limit_max: 100_000,

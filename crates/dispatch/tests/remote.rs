@@ -74,6 +74,7 @@ impl Server {
             redis_namespace: tollgate_server::DEFAULT_REDIS_NAMESPACE.into(),
             store_fail_open: false,
             redis_allow_eviction: false,
+            redis_module: tollgate_server::DEFAULT_REDIS_MODULE,
             store_timeout: Duration::from_secs(1),
             grpc_listen: None,
             envoy_config: None,

@@ -590,6 +590,7 @@ async fn two_services_on_one_redis_share_the_counters() {
             namespace: namespace.clone(),
             fail_open: false,
             allow_eviction: false,
+            module: tollgate_redis::Module::Auto,
             timeout: Duration::from_secs(2),
             keys_per_limit_max: 100_000,
         })

@@ -42,6 +42,7 @@ fn a_fleet_waits_out_the_new_generation_of_a_sentinel_failover_without_overshoot
             namespace: namespace.clone(),
             fail_open: false,
             allow_eviction: false,
+            module: tollgate_redis::Module::Auto,
             timeout: Duration::from_secs(5),
             keys_per_limit_max: 100_000,
         }))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tollgate_conformance::Stores;
 use tollgate_redis::{Module, RedisStore, RedisStoreConfig};
 
-fn config(url: &str, namespace: &str) -> RedisStoreConfig {
+fn config(url: &str, namespace: &str, module: Module) -> RedisStoreConfig {
     RedisStoreConfig {
         url: url.to_owned(),
         namespace: namespace.to_owned(),
@@ -22,11 +22,12 @@ fn config(url: &str, namespace: &str) -> RedisStoreConfig {
         allow_eviction: false,
         timeout: Duration::from_secs(10),
         keys_per_limit_max: 100_000,
+        module,
     }
 }
 
 async fn connect(url: &str, namespace: &str, module: Module) -> tollgate::Result<RedisStore> {
-    RedisStore::connect_with(config(url, namespace), module).await
+    RedisStore::connect(config(url, namespace, module)).await
 }
 
 /// `TOLLGATE.ACQUIRE` calls a node has run, by its own `INFO commandstats`.

@@ -64,7 +64,7 @@ fn module_redis() -> Option<u16> {
     *PORT.get_or_init(|| server(true))
 }
 
-fn config(port: u16, namespace: &str) -> RedisStoreConfig {
+fn config(port: u16, namespace: &str, module: Module) -> RedisStoreConfig {
     RedisStoreConfig {
         url: format!("redis://127.0.0.1:{port}/0"),
         namespace: namespace.to_owned(),
@@ -72,6 +72,7 @@ fn config(port: u16, namespace: &str) -> RedisStoreConfig {
         allow_eviction: false,
         timeout: Duration::from_secs(5),
         keys_per_limit_max: 100_000,
+        module,
     }
 }
 
@@ -91,7 +92,7 @@ fn made() -> &'static Mutex<Vec<Arc<RedisStore>>> {
 }
 
 async fn on(port: u16, namespace: &str) -> Arc<RedisStore> {
-    let store = RedisStore::connect_with(config(port, namespace), Module::On)
+    let store = RedisStore::connect(config(port, namespace, Module::On))
         .await
         .expect("connect with the module on");
     assert!(store.module_in_use());
@@ -183,7 +184,7 @@ async fn a_module_of_another_version_is_refused_naming_both() {
     let Some(port) = module_redis() else { return };
     let expected = tollgate_redis::PROTOCOL_VERSION + 1;
     for module in [Module::Auto, Module::On] {
-        let refusal = RedisStore::connect_expecting(config(port, "m-version"), module, expected)
+        let refusal = RedisStore::connect_expecting(config(port, "m-version", module), expected)
             .await
             .expect_err("a module of another version is refused");
         let text = refusal.to_string();
@@ -194,7 +195,7 @@ async fn a_module_of_another_version_is_refused_naming_both() {
         );
     }
     // Off: the module is not asked.
-    let store = RedisStore::connect_expecting(config(port, "m-version"), Module::Off, expected)
+    let store = RedisStore::connect_expecting(config(port, "m-version", Module::Off), expected)
         .await
         .expect("off ignores the module");
     assert!(!store.module_in_use());
@@ -203,20 +204,20 @@ async fn a_module_of_another_version_is_refused_naming_both() {
 #[tokio::test]
 async fn on_without_the_module_refuses_to_start_and_auto_uses_the_library() {
     let Some(port) = server(false) else { return };
-    let refusal = RedisStore::connect_with(config(port, "m-plain"), Module::On)
+    let refusal = RedisStore::connect(config(port, "m-plain", Module::On))
         .await
         .expect_err("on without the module is refused");
     assert!(refusal.to_string().contains("not loaded"), "{refusal}");
 
     let store = Arc::new(
-        RedisStore::connect_with(config(port, "m-plain"), Module::Auto)
+        RedisStore::connect(config(port, "m-plain", Module::Auto))
             .await
             .expect("auto without the module"),
     );
     assert!(!store.module_in_use());
     store.begin_new_namespace().await.expect("declare new");
     let second = Arc::new(
-        RedisStore::connect(config(port, "m-plain"))
+        RedisStore::connect(config(port, "m-plain", Module::Auto))
             .await
             .expect("connect"),
     );

@@ -275,6 +275,7 @@ async fn limiter_on(url: &str, case: Case) -> Limiter {
         namespace: format!("scale-{}", std::process::id()),
         fail_open: false,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         timeout: Duration::from_secs(10),
         keys_per_limit_max: 100_000,
     })

@@ -226,6 +226,7 @@ fn main() {
             namespace,
             fail_open: false,
             allow_eviction: false,
+            module: tollgate_redis::Module::Auto,
             timeout: Duration::from_secs(5),
             keys_per_limit_max: 100_000,
         }))

@@ -19,24 +19,15 @@ use crate::{abi, eviction, keys};
 
 impl RedisStore {
     /// Connect, load the script, and subscribe to the namespace's wake-ups; the Redis module
-    /// used when Redis has it loaded (`Module::Auto`).
+    /// asked for its version and used as `config.module` says (`native.rs`).
     pub async fn connect(config: RedisStoreConfig) -> Result<RedisStore> {
-        RedisStore::connect_with(config, Module::Auto).await
+        RedisStore::connect_expecting(config, abi::PROTOCOL_VERSION).await
     }
 
-    /// `connect`, the Redis module chosen by `module` (`native.rs`): asked for its version at
-    /// connect, and used for the acquires it decides natively.
-    pub async fn connect_with(config: RedisStoreConfig, module: Module) -> Result<RedisStore> {
-        RedisStore::connect_expecting(config, module, abi::PROTOCOL_VERSION).await
-    }
-
-    /// `connect_with`, the module expected to speak `version` (for tests of a mismatch).
+    /// `connect`, the module expected to speak `version` (for tests of a mismatch).
     #[doc(hidden)]
-    pub async fn connect_expecting(
-        config: RedisStoreConfig,
-        module: Module,
-        version: u64,
-    ) -> Result<RedisStore> {
+    pub async fn connect_expecting(config: RedisStoreConfig, version: u64) -> Result<RedisStore> {
+        let module = config.module;
         keys::check_namespace(&config.namespace).map_err(|reason| Error::InvalidRequest {
             field: "namespace",
             reason,

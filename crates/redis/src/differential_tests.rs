@@ -665,17 +665,15 @@ pub(crate) fn module_url() -> Option<String> {
 /// `connect`, with the Redis module required (`module = on`).
 fn connect_module(runtime: &tokio::runtime::Runtime, url: String, name: &str) -> RedisStore {
     let store = runtime
-        .block_on(RedisStore::connect_with(
-            RedisStoreConfig {
-                url,
-                namespace: format!("{name}-{}", std::process::id()),
-                fail_open: false,
-                allow_eviction: false,
-                timeout: Duration::from_secs(5),
-                keys_per_limit_max: 100_000,
-            },
-            crate::Module::On,
-        ))
+        .block_on(RedisStore::connect(RedisStoreConfig {
+            url,
+            namespace: format!("{name}-{}", std::process::id()),
+            fail_open: false,
+            allow_eviction: false,
+            timeout: Duration::from_secs(5),
+            keys_per_limit_max: 100_000,
+            module: crate::Module::On,
+        }))
         .expect("connect to Redis with the module");
     assert!(store.module_in_use());
     store
@@ -695,6 +693,7 @@ pub(crate) fn connect(
             namespace: format!("{name}-{}", std::process::id()),
             fail_open: false,
             allow_eviction: false,
+            module: crate::Module::Auto,
             timeout: Duration::from_secs(5),
             keys_per_limit_max,
         }))

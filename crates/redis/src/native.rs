@@ -176,16 +176,16 @@ pub(crate) fn choose(setting: Module, loaded: &Loaded, expected: u64) -> Result<
         (_, Loaded::Version(version)) if *version != expected => Err(format!(
             "the Redis module tollgate speaks protocol version {version}, this server speaks \
              version {expected}: load the module built with this server, or set \
-             the store's module setting to off"
+             this setting to off"
         )),
         (_, Loaded::Version(_)) => Ok(true),
         (Module::On, Loaded::No) => Err(
-            "module = on, but Redis does not know TOLLGATE.VERSION: the Redis module \
-             tollgate is not loaded (see docs/deployment.md)"
+            "on, but Redis does not know TOLLGATE.VERSION: the Redis module tollgate is not \
+             loaded (see docs/deployment.md)"
                 .to_owned(),
         ),
         (Module::On, Loaded::Partly { missing }) => Err(format!(
-            "module = on, but the Redis module tollgate is not loaded on every master of the \
+            "on, but the Redis module tollgate is not loaded on every master of the \
              cluster: not on {} (load it on every node, see docs/deployment.md)",
             missing.join(", ")
         )),

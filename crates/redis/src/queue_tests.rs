@@ -36,6 +36,7 @@ async fn two_processes(url: &str, test: &str, place_ttl_us: u64) -> (RedisStore,
             namespace: namespace.clone(),
             fail_open: false,
             allow_eviction: false,
+            module: crate::Module::Auto,
             timeout: Duration::from_secs(5),
             keys_per_limit_max: 1_000,
         })

@@ -39,6 +39,7 @@ pub async fn connect(url: &str, namespace: &str) -> RedisStore {
         namespace: namespace.to_owned(),
         fail_open: false,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         timeout: Duration::from_secs(5),
         keys_per_limit_max: 100_000,
     })

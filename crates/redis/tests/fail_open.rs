@@ -19,6 +19,7 @@ async fn limiter(url: &str, namespace: &str, fail_open: bool) -> Limiter {
         namespace: namespace.to_owned(),
         fail_open,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         keys_per_limit_max: 100_000,
         // Short: a stopped Redis is found unreachable within it.
         timeout: Duration::from_secs(1),

@@ -37,6 +37,9 @@ pub const DEFAULT_PATH_MATCHING: PathMatching = PathMatching {
 
 /// Off: a Redis whose `maxmemory-policy` may evict Tollgate's keys is refused at start.
 pub const DEFAULT_REDIS_ALLOW_EVICTION: bool = false;
+/// Asked at connect: the Redis module where Redis has it loaded, else the function library,
+/// so a server starts on any Redis as it did before the module.
+pub const DEFAULT_REDIS_MODULE: tollgate_redis::Module = tollgate_redis::Module::Auto;
 /// Time a client gets to send a request's head once it connects or starts one, and again its
 /// body: enough for any client on a private network, short enough that a socket which sends
 /// half a request and holds is closed.
@@ -214,6 +217,10 @@ pub struct ServerConfig {
     /// changes to it; on, every call watches Redis's evictions, and a counter missing after
     /// one is held as lost for a period (`docs/deployment.md`).
     pub redis_allow_eviction: bool,
+    /// Redis store: whether acquires are decided by the Redis module (`tollgate-redis-module`):
+    /// `auto` uses it when Redis has it loaded, `on` refuses to start on a Redis without it,
+    /// `off` never uses it (`docs/deployment.md`).
+    pub redis_module: tollgate_redis::Module,
     /// Redis store: how long one operation may take before Redis counts as unreachable.
     pub store_timeout: Duration,
     /// Where to serve Envoy's rate limit service (gRPC); off when unset.
@@ -362,6 +369,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("redis_namespace", &self.redis_namespace)
             .field("store_fail_open", &self.store_fail_open)
             .field("redis_allow_eviction", &self.redis_allow_eviction)
+            .field("redis_module", &self.redis_module)
             .field("store_timeout", &self.store_timeout)
             .field("grpc_listen", &self.grpc_listen)
             .field("envoy_config", &self.envoy_config)

@@ -47,11 +47,11 @@ pub use config::{
     DEFAULT_BODY_BYTES_MAX, DEFAULT_CONNECTIONS_MAX, DEFAULT_FORWARD_AUTH_IPV6_PREFIX_LEN,
     DEFAULT_FORWARD_AUTH_NETWORK_KEYS_MAX, DEFAULT_HEADER_READ_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS,
     DEFAULT_KEYS_TRACKED_MAX, DEFAULT_LISTEN, DEFAULT_PATH_MATCHING, DEFAULT_PAUSE_MS_MAX,
-    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_NAMESPACE, DEFAULT_RELOAD_INTERVAL_MS,
-    DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX,
-    DEFAULT_WAITERS_MAX, DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX,
-    KEYS_PER_LIMIT_SHARE, PathEncodedSlash, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice,
-    parse_permit_secret,
+    DEFAULT_REDIS_ALLOW_EVICTION, DEFAULT_REDIS_MODULE, DEFAULT_REDIS_NAMESPACE,
+    DEFAULT_RELOAD_INTERVAL_MS, DEFAULT_RULES_URL, DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_STORE_TIMEOUT_MS, DEFAULT_WAIT_MS_MAX, DEFAULT_WAITERS_MAX,
+    DEFAULT_WAITERS_PER_LIMIT_MAX, DEFAULT_WAITERS_PER_TOKEN_MAX, KEYS_PER_LIMIT_SHARE,
+    PathEncodedSlash, RELOAD_INTERVAL_MS_MIN, ServerConfig, StoreChoice, parse_permit_secret,
 };
 pub use error::ApiError;
 pub use guard::{parse_host, parse_origin};
@@ -60,6 +60,8 @@ pub use tls::{
     TlsFiles,
 };
 pub use tollgate_api::Code;
+/// The `redis_module` setting's values (`auto`, `on`, `off`), as the Redis store reads them.
+pub use tollgate_redis::Module as RedisModule;
 
 use crate::metrics::{MeteredStore, Metrics};
 use crate::state::AppState;
@@ -134,13 +136,21 @@ async fn build_store(
                 namespace: config.redis_namespace.clone(),
                 fail_open: config.store_fail_open,
                 allow_eviction: config.redis_allow_eviction,
+                module: config.redis_module,
                 timeout: config.store_timeout,
                 keys_per_limit_max: config.keys_per_limit_max(),
             })
             .await
             .map_err(|error| ServerError::Store {
                 store: tollgate_rules::redact(url),
-                reason: error.to_string(),
+                // The store names its own field; the operator knows it as `redis_module`.
+                reason: match error {
+                    tollgate::Error::InvalidRequest {
+                        field: "module",
+                        reason,
+                    } => format!("redis_module: {reason}"),
+                    other => other.to_string(),
+                },
             })?;
             tracing::info!(
                 store = %tollgate_rules::redact(url),

@@ -112,6 +112,7 @@ async fn readyz_reports_a_redis_that_stopped_and_recovers_with_it() {
         redis_namespace: "readyz-test".into(),
         store_fail_open: false,
         redis_allow_eviction: false,
+        redis_module: tollgate_server::DEFAULT_REDIS_MODULE,
         store_timeout: Duration::from_millis(500),
         grpc_listen: None,
         envoy_config: None,

@@ -205,6 +205,7 @@ async fn redis_store(url: &str, namespace: &str, fail_open: bool) -> RedisStore 
         namespace: namespace.to_owned(),
         fail_open,
         allow_eviction: false,
+        module: tollgate_redis::Module::Auto,
         keys_per_limit_max: 100_000,
         // Short: a stopped Redis is found unreachable within it.
         timeout: Duration::from_secs(1),

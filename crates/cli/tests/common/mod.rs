@@ -16,13 +16,14 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
 
 /// Environment variables the server reads; cleared so the caller's shell cannot leak in.
-const SERVER_VARIABLES: [&str; 39] = [
+const SERVER_VARIABLES: [&str; 40] = [
     "TOLLGATE_GRPC_LISTEN",
     "TOLLGATE_ENVOY_CONFIG",
     "TOLLGATE_STATE",
     "TOLLGATE_REDIS_NAMESPACE",
     "TOLLGATE_STORE_FAIL_OPEN",
     "TOLLGATE_REDIS_ALLOW_EVICTION",
+    "TOLLGATE_REDIS_MODULE",
     "TOLLGATE_STORE_TIMEOUT_MS",
     "TOLLGATE_CONFIG",
     "TOLLGATE_LISTEN",

@@ -113,6 +113,7 @@ impl Shared {
                 namespace: self.namespace.clone(),
                 fail_open: false,
                 allow_eviction: false,
+                module: tollgate_redis::Module::Auto,
                 timeout: Duration::from_secs(2),
                 keys_per_limit_max: 100_000,
             })
