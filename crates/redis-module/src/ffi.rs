@@ -164,10 +164,11 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         )
     };
     let api = API.get_or_init(|| api);
-    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 3] = [
+    let commands: [(&std::ffi::CStr, CmdFunc, &std::ffi::CStr); 4] = [
         (c"tollgate.version", version_command, c"readonly fast"),
         (c"tollgate.identity", identity_command, c"readonly fast"),
         (c"tollgate.acquire", acquire_command, c"write deny-oom"),
+        (c"tollgate.commit", commit_command, c"write deny-oom"),
     ];
     for (name, func, flags) in commands {
         // SAFETY: the load context, NUL-terminated static strings, a command function of the
@@ -407,4 +408,13 @@ unsafe extern "C" fn acquire_command(
 ) -> c_int {
     // SAFETY: Redis runs this command with its arguments.
     unsafe { run(ctx, argv, argc, crate::acquire::command) }
+}
+
+unsafe extern "C" fn commit_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis runs this command with its arguments.
+    unsafe { run(ctx, argv, argc, crate::commit::command) }
 }

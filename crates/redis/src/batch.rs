@@ -1,5 +1,6 @@
-//! Sending the script, and natural batching of acquires; an acquire the Redis module decides
-//! natively (`native.rs`) goes to it alone instead, and to the script when the module refuses. `Caller` owns what a call needs (the
+//! Sending the script, and natural batching of acquires; an acquire or a commit the Redis module
+//! decides natively (`native.rs`) goes to it alone instead, and to the script when the module
+//! refuses. `Caller` owns what a call needs (the
 //! connection, the library or script, whether calls watch evictions) and, per slot, the calls
 //! in flight and the acquires waiting for the next.
 //!
@@ -72,11 +73,29 @@ pub(crate) struct Caller {
     /// The protocol version the module must speak (`PROTOCOL_VERSION`; another in tests).
     expected_version: u64,
     cluster: bool,
-    /// Acquires the module decided, and those it refused that the library then decided.
-    module_acquires: AtomicU64,
+    /// Acquires and commits the module decided (by `Native`), and the calls it refused that
+    /// the library then decided.
+    module_decided: [AtomicU64; 2],
     module_fallbacks: AtomicU64,
     /// Those refusals by the module's reason.
     module_refusals: Mutex<HashMap<String, u64>>,
+}
+
+/// What the module decides natively: an acquire or a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Native {
+    Acquire = 0,
+    Commit = 1,
+}
+
+impl Native {
+    /// The module's command that decides it.
+    fn command(self) -> &'static str {
+        match self {
+            Native::Acquire => "TOLLGATE.ACQUIRE",
+            Native::Commit => "TOLLGATE.COMMIT",
+        }
+    }
 }
 
 /// A slot's calls in flight (at most `CALLS_PER_SLOT`), and the acquires waiting for the
@@ -133,21 +152,22 @@ impl Caller {
             using_module: AtomicBool::new(using_module),
             expected_version,
             cluster,
-            module_acquires: AtomicU64::new(0),
+            module_decided: [AtomicU64::new(0), AtomicU64::new(0)],
             module_fallbacks: AtomicU64::new(0),
             module_refusals: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether the module decides the acquires it can.
+    /// Whether the module decides the acquires and commits it can.
     pub(crate) fn using_module(&self) -> bool {
         self.using_module.load(Ordering::Relaxed)
     }
 
-    /// Acquires the module decided, and those it refused (decided by the library after).
-    pub(crate) fn module_counts(&self) -> (u64, u64) {
+    /// The calls of `native`'s kind the module decided, and the calls of either kind it
+    /// refused (decided by the library after).
+    pub(crate) fn module_counts(&self, native: Native) -> (u64, u64) {
         (
-            self.module_acquires.load(Ordering::Relaxed),
+            self.module_decided[native as usize].load(Ordering::Relaxed),
             self.module_fallbacks.load(Ordering::Relaxed),
         )
     }
@@ -185,7 +205,7 @@ impl Caller {
         if self.using_module.swap(using, Ordering::Relaxed) != using {
             tracing::warn!(
                 module = using,
-                "Redis came back: acquires now go to the {}",
+                "Redis came back: acquires and commits now go to the {}",
                 if using {
                     "Redis module where it decides them natively"
                 } else {
@@ -195,17 +215,23 @@ impl Caller {
         }
     }
 
-    /// One acquire the module decides natively, alone (the module decides no batch): the
-    /// library decides it instead when the module refuses it (counted) or Redis lost the module.
-    async fn run_module(&self, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
-        let mut command = redis::cmd("TOLLGATE.ACQUIRE");
-        command.arg(keys.len()).arg(keys).arg(numbers);
+    /// One call the module decides natively (`keys` and `args` as the library's), alone (the
+    /// module decides no batch): the library decides it instead when the module refuses it
+    /// (counted) or Redis lost the module.
+    async fn run_module(
+        &self,
+        native: Native,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> Result<(Head, Reply)> {
+        let mut command = redis::cmd(native.command());
+        command.arg(keys.len()).arg(keys).arg(args);
         let answered = tokio::time::timeout(self.timeout, self.backend.query(&command))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?;
         match answered {
             Ok(value) => {
-                self.module_acquires.fetch_add(1, Ordering::Relaxed);
+                self.module_decided[native as usize].fetch_add(1, Ordering::Relaxed);
                 let answer = head(parse_reply(value)?)?;
                 self.saw(answer.0);
                 Ok(answer)
@@ -219,15 +245,32 @@ impl Caller {
                     .unwrap_or_else(PoisonError::into_inner)
                     .entry(reason)
                     .or_default() += 1;
-                tracing::debug!(%error, "the module refused an acquire; the library decides it");
-                self.run(keys, &[numbers]).await
+                tracing::debug!(%error, command = native.command(), "the module refused a call; the library decides it");
+                self.run(keys, args).await
             }
             Err(error) if native::unknown_command(&error) => {
                 self.choose_module_again().await;
-                self.run(keys, &[numbers]).await
+                self.run(keys, args).await
             }
             Err(error) => Err(store_error(error)),
         }
+    }
+
+    /// One operation on one counter (`operations.rs`), `args` as the library takes them: a
+    /// commit the module decides natively goes to it, anything else to the library.
+    pub(crate) async fn run_counter_operation(
+        &self,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> Result<(Head, Reply)> {
+        if self.using_module.load(Ordering::Relaxed)
+            && args.first().is_some_and(|numbers| {
+                native::native_commit(numbers, self.watch_evictions.load(Ordering::Relaxed))
+            })
+        {
+            return self.run_module(Native::Commit, keys, args).await;
+        }
+        self.run(keys, args).await
     }
 
     /// Whether acquires wait for a call in flight on their slot and go together (on), or each
@@ -252,7 +295,7 @@ impl Caller {
         if self.using_module.load(Ordering::Relaxed)
             && native::native(&numbers, self.watch_evictions.load(Ordering::Relaxed))
         {
-            return self.run_module(&keys, &numbers).await;
+            return self.run_module(Native::Acquire, &keys, &[&numbers]).await;
         }
         if !self.batching.load(Ordering::Relaxed) {
             return self.run(&keys, &[&numbers]).await;
