@@ -245,7 +245,8 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     };
     d.save();
     if refunded > 0.0 {
-        // `queue.lua`'s T.wake: the counter's key on the namespace's wake-up channel.
+        // `queue.lua`'s T.wake: the counter's key on the namespace's wake-up channel. Called
+        // to be replicated, as the library's call is: Redis sends a PUBLISH to replicas only.
         d.redis.call(&[b"PUBLISH", channel, ck], true);
     }
     answer("ok", now, &slot, &[refunded, 0.0])
