@@ -40,11 +40,11 @@
 //! (its key budget in the call), built by the bench and sent as one call, no store between,
 //! decided by the function library (`FCALL`) and by the module (`TOLLGATE.ACQUIRE`, the same
 //! keys and numbers): GCRA (a final grant), sliding (a grant recorded as a reservation) alone,
-//! and sliding with the reservation's commit, which is an `FCALL` on both rows since the
-//! module decides acquires only; then GCRA acquires in batches of 64, packed as the store
-//! packs a batch. The module's GCRA row's target is 2x `CL.THROTTLE`, its sliding + commit
-//! row's 4x, its batched row's 1.5x. `per core/s` is one over the CPU time Redis's main thread
-//! used per decision: what one Redis core could decide.
+//! and sliding with the reservation's commit (`FCALL`, or `TOLLGATE.COMMIT` on the module's
+//! row); then GCRA acquires in batches of 64, packed as the store packs a batch. The module's
+//! GCRA row's target is 2x `CL.THROTTLE`, its sliding + commit row's 4x, its batched row's
+//! 1.5x. `per core/s` is one over the CPU time Redis's main thread used per decision: what one
+//! Redis core could decide.
 //!
 //! And the floor, beside the peers: a registered function that does the I/O of one of
 //! Tollgate's decisions and decides nothing (`FLOOR_LIBRARY`'s `floor_io`), and one that returns
@@ -952,9 +952,8 @@ const ALG_GCRA: f64 = 3.0;
 /// store's default is, so admission always succeeds.
 const KEY_BUDGET: f64 = 1_000_000.0;
 
-/// Who decides a direct row's acquire: the function library (`FCALL`) or the module
-/// (`TOLLGATE.ACQUIRE`, the same keys and packed numbers). A commit is always an `FCALL`: the
-/// module decides acquires only.
+/// Who decides a direct row's acquire and commit: the function library (`FCALL`) or the
+/// module (`TOLLGATE.ACQUIRE`, `TOLLGATE.COMMIT`, the same keys and packed numbers).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Decider {
     Library,
@@ -1077,7 +1076,8 @@ fn reply_number(reply: &redis::Value, at: usize) -> Option<i64> {
 }
 
 /// One counter's acquire (its commit too for `SlidingCommit`) per decision, built here and
-/// sent as one `FCALL` or one `TOLLGATE.ACQUIRE`: no store, no batching, nothing but the call.
+/// sent as one `FCALL` or one `TOLLGATE.ACQUIRE` (and one `FCALL` or `TOLLGATE.COMMIT`): no
+/// store, no batching, nothing but the calls.
 async fn direct_case(
     connection: &MultiplexedConnection,
     keys: &Arc<Vec<String>>,
@@ -1120,8 +1120,15 @@ async fn direct_case(
             );
             if direct == Direct::SlidingCommit {
                 let seq = reply_number(&reply, 5).expect("the reservation's seq");
-                let committed: redis::Value = redis::cmd("FCALL")
-                    .arg(DIRECT_FUNCTION)
+                let mut commit = match decider {
+                    Decider::Library => {
+                        let mut call = redis::cmd("FCALL");
+                        call.arg(DIRECT_FUNCTION);
+                        call
+                    }
+                    Decider::Module => redis::cmd("TOLLGATE.COMMIT"),
+                };
+                let committed: redis::Value = commit
                     .arg(5)
                     .arg(&names[..5])
                     .arg(direct.commit(seq))
@@ -1137,7 +1144,13 @@ async fn direct_case(
             }
         }
     };
-    measure(stats, &["fcall", "tollgate.acquire"], decisions, one).await
+    measure(
+        stats,
+        &["fcall", "tollgate.acquire", "tollgate.commit"],
+        decisions,
+        one,
+    )
+    .await
 }
 
 /// Acquires in one direct batch, as the store sends those that wait for their slot's call.
@@ -1264,7 +1277,7 @@ async fn module_rows(
         (
             Direct::SlidingCommit,
             Decider::Module,
-            "sliding + commit (commit by FCALL)",
+            "sliding + commit",
             "module",
             Some(4.0),
         ),

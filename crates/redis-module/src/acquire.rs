@@ -24,9 +24,9 @@ const OP_BATCH: f64 = 10.0;
 /// Where a batch's first acquire begins (1-based): after the operation and the count.
 const BATCH_AT: usize = 3;
 const KEYS_PER_COUNTER: f64 = 3.0;
-const KIND_RATE: f64 = 1.0;
-const ALG_SLIDING: f64 = 1.0;
-const ALG_GCRA: f64 = 3.0;
+pub(crate) const KIND_RATE: f64 = 1.0;
+pub(crate) const ALG_SLIDING: f64 = 1.0;
+pub(crate) const ALG_GCRA: f64 = 3.0;
 const PRIORITY_NORMAL: f64 = 1.0;
 const PRIORITY_HIGH: f64 = 2.0;
 const OUTCOME_GRANTED: i64 = 0;
@@ -35,18 +35,18 @@ const REASON_CAPACITY: f64 = 0.0;
 const REASON_PAUSED: f64 = 1.0;
 const REASON_RECOVERING: f64 = 2.0;
 const BODY_EMPTY: f64 = 0.0;
-const BODY_SLIDING: f64 = 1.0;
-const BODY_GCRA: f64 = 3.0;
+pub(crate) const BODY_SLIDING: f64 = 1.0;
+pub(crate) const BODY_GCRA: f64 = 3.0;
 const COUNTER_TAG: u8 = b'X';
-const NUMBER_BYTES: usize = 8;
+pub(crate) const NUMBER_BYTES: usize = 8;
 const COUNTER_HEADER_NUMBERS: usize = 10;
 const GCRA_NUMBERS: usize = 3;
 const SLIDING_NUMBERS: usize = 10;
 /// A log's record: three numbers (a closed bucket: opened, stamp, units; a reservation: seq,
 /// units, at).
-const RECORD_BYTES: f64 = 24.0;
+pub(crate) const RECORD_BYTES: f64 = 24.0;
 const BUCKET_STAMP: f64 = 8.0;
-const RESERVATION_AT: f64 = 16.0;
+pub(crate) const RESERVATION_AT: f64 = 16.0;
 const SLIDING_BUCKETS_MAX: f64 = 64.0;
 const RESERVATIONS_TRACKED_MAX: f64 = 256.0;
 const GENERATION_HEADER_BYTES: usize = 2 * NUMBER_BYTES;
@@ -57,35 +57,35 @@ const COVER_SPANS: f64 = 2.0;
 const HOLD_SPANS: f64 = 3.0;
 const GRID_PER_DISTANCE: f64 = 8.0;
 const LOG_SLACK_PER_WINDOW: f64 = 16.0;
-const EXPIRY_SLACK_US: f64 = 2_000.0;
+pub(crate) const EXPIRY_SLACK_US: f64 = 2_000.0;
 const US_PER_MS: f64 = 1_000.0;
 const US_PER_S: f64 = 1_000_000.0;
 const RENEW_EVERY_US: f64 = 86_400.0 * US_PER_S;
 const GENERATION_TTL_MS: u64 = 30 * 86_400 * 1_000;
-const POLICY_NUMBERS: usize = 9;
-const ADMISSION_NUMBERS: usize = 4;
+pub(crate) const POLICY_NUMBERS: usize = 9;
+pub(crate) const ADMISSION_NUMBERS: usize = 4;
 const ACQUIRE_HEAD: usize = 4;
 const ACQUIRE_PER_COUNTER: usize = POLICY_NUMBERS + 1 + ADMISSION_NUMBERS + 1;
 
 /// A refusal: the library decides this call.
-fn not_native(what: &str) -> Reply {
+pub(crate) fn not_native(what: &str) -> Reply {
     Reply::Value(Value::Error(format!("ERR tollgate: not native: {what}")))
 }
 
-fn bad(what: &str) -> Reply {
+pub(crate) fn bad(what: &str) -> Reply {
     Reply::Value(Value::Error(format!("ERR tollgate: {what}")))
 }
 
-fn div_ceil(a: f64, b: f64) -> f64 {
+pub(crate) fn div_ceil(a: f64, b: f64) -> f64 {
     ((a + b - 1.0) / b).floor()
 }
 
-fn sub0(a: f64, b: f64) -> f64 {
+pub(crate) fn sub0(a: f64, b: f64) -> f64 {
     if a > b { a - b } else { 0.0 }
 }
 
 /// A number as Lua hands it to `redis.call` (an integer's digits, for the whole numbers here).
-fn text(n: f64) -> Vec<u8> {
+pub(crate) fn text(n: f64) -> Vec<u8> {
     // A whole number within a double's exact integers, as an integer's digits (what `{:.0}`
     // writes for it, several times faster); anything else as `{:.0}` writes it.
     if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 && !(n == 0.0 && n.is_sign_negative())
@@ -100,7 +100,7 @@ fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
     text(div_ceil(until_us - now, US_PER_MS) + 1.0)
 }
 
-fn pack(words: &[f64]) -> Vec<u8> {
+pub(crate) fn pack(words: &[f64]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(words.len() * NUMBER_BYTES);
     for word in words {
         bytes.extend_from_slice(&word.to_be_bytes());
@@ -109,15 +109,15 @@ fn pack(words: &[f64]) -> Vec<u8> {
 }
 
 /// A rate policy as `common.lua`'s T.read_policy makes it.
-struct Policy {
-    alg: f64,
-    limit: f64,
-    window: f64,
-    capacity: f64,
-    res_high: f64,
-    res_normal: f64,
-    emission: f64,
-    memory: f64,
+pub(crate) struct Policy {
+    pub(crate) alg: f64,
+    pub(crate) limit: f64,
+    pub(crate) window: f64,
+    pub(crate) capacity: f64,
+    pub(crate) res_high: f64,
+    pub(crate) res_normal: f64,
+    pub(crate) emission: f64,
+    pub(crate) memory: f64,
 }
 
 impl Policy {
@@ -132,57 +132,57 @@ impl Policy {
     }
 
     /// The logs' slack past a record's end (`floor(window / LOG_SLACK_PER_WINDOW)`).
-    fn slack(&self) -> f64 {
+    pub(crate) fn slack(&self) -> f64 {
         (self.window / LOG_SLACK_PER_WINDOW).floor()
     }
 
     /// `keys.lua`'s T.span: the longest one write can make a counter live, its logs included.
-    fn span(&self) -> f64 {
+    pub(crate) fn span(&self) -> f64 {
         self.window.max(self.memory) + self.slack() + EXPIRY_SLACK_US
     }
 }
 
 /// A counter's keys: its state, its reservations log, its bucket log.
-struct Keys<'a> {
-    ck: &'a [u8],
-    rk: &'a [u8],
-    qk: &'a [u8],
+pub(crate) struct Keys<'a> {
+    pub(crate) ck: &'a [u8],
+    pub(crate) rk: &'a [u8],
+    pub(crate) qk: &'a [u8],
 }
 
 /// A counter's value as `words.lua` lays it out: the common header, then the sliding or GCRA
 /// body (a field of the other kind's is kept but not written, as the library's table keeps it).
 #[derive(Clone, Copy)]
-struct Counter {
-    g: f64,
-    p: f64,
-    s: f64,
-    k: f64,
-    ro: f64,
-    re: f64,
-    ra: f64,
-    rl: f64,
-    rx: f64,
-    a: f64,
-    qu: f64,
-    lo: f64,
-    ls: f64,
-    lu: f64,
-    qo: f64,
-    qe: f64,
-    fs: f64,
-    fu: f64,
-    qx: f64,
-    qw: f64,
-    t: f64,
-    e: f64,
-    l: f64,
+pub(crate) struct Counter {
+    pub(crate) g: f64,
+    pub(crate) p: f64,
+    pub(crate) s: f64,
+    pub(crate) k: f64,
+    pub(crate) ro: f64,
+    pub(crate) re: f64,
+    pub(crate) ra: f64,
+    pub(crate) rl: f64,
+    pub(crate) rx: f64,
+    pub(crate) a: f64,
+    pub(crate) qu: f64,
+    pub(crate) lo: f64,
+    pub(crate) ls: f64,
+    pub(crate) lu: f64,
+    pub(crate) qo: f64,
+    pub(crate) qe: f64,
+    pub(crate) fs: f64,
+    pub(crate) fu: f64,
+    pub(crate) qx: f64,
+    pub(crate) qw: f64,
+    pub(crate) t: f64,
+    pub(crate) e: f64,
+    pub(crate) l: f64,
     /// Until when a cover just given keeps it (`keys.lua`'s T.cover); 0 none.
-    keep: f64,
-    dirty: bool,
+    pub(crate) keep: f64,
+    pub(crate) dirty: bool,
 }
 
 /// What decoding a stored value found.
-enum Decoded {
+pub(crate) enum Decoded {
     Counter(Counter),
     /// Not a counter the library wrote (another format, or damaged): lost state.
     Foreign,
@@ -221,7 +221,7 @@ impl Counter {
 
     /// `words.lua`'s T.decode; Err when the value is one of a kind decided here not yet (or
     /// one the library's decoding would stop on).
-    fn decode(raw: &[u8], now: f64) -> Result<Decoded, &'static str> {
+    pub(crate) fn decode(raw: &[u8], now: f64) -> Result<Decoded, &'static str> {
         let header = 1 + COUNTER_HEADER_NUMBERS * NUMBER_BYTES;
         if raw.first() != Some(&COUNTER_TAG) || raw.len() < header {
             return Ok(Decoded::Foreign);
@@ -314,14 +314,14 @@ impl Counter {
     }
 
     /// `keys.lua`'s T.need, from now: until when the counter may live once granted.
-    fn need(&self, p: &Policy, now: f64) -> f64 {
+    pub(crate) fn need(&self, p: &Policy, now: f64) -> f64 {
         let slack = p.slack() + EXPIRY_SLACK_US;
         (self.idle_at(p) + slack).max(now + p.span())
     }
 }
 
 /// Big-endian doubles.
-fn numbers(bytes: &[u8]) -> Vec<f64> {
+pub(crate) fn numbers(bytes: &[u8]) -> Vec<f64> {
     bytes
         .chunks_exact(NUMBER_BYTES)
         .map(|chunk| {
@@ -332,7 +332,7 @@ fn numbers(bytes: &[u8]) -> Vec<f64> {
         .collect()
 }
 
-fn bytes_of(value: &Value) -> Option<&[u8]> {
+pub(crate) fn bytes_of(value: &Value) -> Option<&[u8]> {
     match value {
         Value::Bytes(bytes) => Some(bytes),
         _ => None,
@@ -470,14 +470,19 @@ fn adopt(me: Vec<u8>, written: Option<&[u8]>) -> Vec<u8> {
 }
 
 #[derive(Clone, Copy)]
-struct Generation {
-    born: f64,
-    lost: f64,
+pub(crate) struct Generation {
+    pub(crate) born: f64,
+    pub(crate) lost: f64,
 }
 
 /// The slot's generation (`loss.lua`'s `T.generation`), written when missing, foreign or due
 /// for its daily renewal.
-fn generation(redis: &mut dyn Redis, raw: Option<&[u8]>, key: &[u8], now: f64) -> Generation {
+pub(crate) fn generation(
+    redis: &mut dyn Redis,
+    raw: Option<&[u8]>,
+    key: &[u8],
+    now: f64,
+) -> Generation {
     let written_by = |me: &[u8]| {
         raw.is_some_and(|raw| {
             raw.len() > GENERATION_HEADER_BYTES && raw[GENERATION_HEADER_BYTES..] == *me
@@ -513,7 +518,7 @@ fn generation(redis: &mut dyn Redis, raw: Option<&[u8]>, key: &[u8], now: f64) -
 }
 
 /// A reply's head, with room for the numbers that follow it (five at most).
-fn head(status: &str, now: f64, slot: &Generation) -> Vec<Value> {
+pub(crate) fn head(status: &str, now: f64, slot: &Generation) -> Vec<Value> {
     let mut reply = Vec::with_capacity(9);
     reply.extend([
         Value::Bytes(status.as_bytes().to_vec()),
@@ -532,7 +537,7 @@ fn int_of(value: &Value) -> f64 {
 }
 
 /// `logs.lua`'s T.log_read: the live records [lo, hi) (empty when the key is gone).
-fn log_read(redis: &mut dyn Redis, key: &[u8], lo: f64, hi: f64) -> Vec<u8> {
+pub(crate) fn log_read(redis: &mut dyn Redis, key: &[u8], lo: f64, hi: f64) -> Vec<u8> {
     if hi <= lo {
         return Vec::new();
     }
@@ -572,7 +577,7 @@ fn log_append(
 }
 
 /// `logs.lua`'s T.log_rewrite.
-fn log_rewrite(
+pub(crate) fn log_rewrite(
     redis: &mut dyn Redis,
     key: &[u8],
     records: &[u8],
@@ -589,12 +594,12 @@ fn log_rewrite(
 
 /// A counter being decided: its value, its keys, the policy and `now`, with Redis to reach its
 /// logs.
-struct Decision<'a, 'r> {
-    redis: &'r mut dyn Redis,
-    keys: Keys<'a>,
-    p: &'a Policy,
-    now: f64,
-    c: Counter,
+pub(crate) struct Decision<'a, 'r> {
+    pub(crate) redis: &'r mut dyn Redis,
+    pub(crate) keys: Keys<'a>,
+    pub(crate) p: &'a Policy,
+    pub(crate) now: f64,
+    pub(crate) c: Counter,
 }
 
 impl Decision<'_, '_> {
@@ -615,7 +620,7 @@ impl Decision<'_, '_> {
     }
 
     /// T.closed_buckets: the closed buckets' records, read whole.
-    fn closed_buckets(&mut self) -> Vec<u8> {
+    pub(crate) fn closed_buckets(&mut self) -> Vec<u8> {
         let records = log_read(self.redis, self.keys.qk, self.c.qo, self.c.qe);
         if records.len() as f64 != self.c.qe - self.c.qo {
             return self.repair_buckets();
@@ -748,7 +753,7 @@ impl Decision<'_, '_> {
 
     // reservations.lua
 
-    fn clear_reservations(&mut self) {
+    pub(crate) fn clear_reservations(&mut self) {
         let c = &mut self.c;
         if c.re > c.ro {
             c.dirty = true;
@@ -814,7 +819,7 @@ impl Decision<'_, '_> {
 
     /// T.normalise for a rate policy: expired state dropped, or the body carried into the
     /// policy's algorithm.
-    fn normalise(&mut self) {
+    pub(crate) fn normalise(&mut self) {
         let (p, now) = (self.p, self.now);
         if self.c.re > self.c.ro {
             self.reservations_expire();
@@ -918,7 +923,7 @@ impl Decision<'_, '_> {
     }
 
     /// T.save: the counter written back with its expiry, or deleted once idle.
-    fn save(&mut self) {
+    pub(crate) fn save(&mut self) {
         let now = self.now;
         if !self.c.dirty {
             return;
@@ -962,11 +967,11 @@ impl Decision<'_, '_> {
 /// A counter's admission (`keys.lua`'s T.read_admission): where its limit's key budget is
 /// (0 none, x >= 1 at KEYS[x], below 0 in another slot), the budget, the cover the caller
 /// brings (-x: held until x), and 1 when the budget can be lost apart from its counters.
-struct Admission {
-    tally: f64,
-    budget: f64,
-    carried: f64,
-    apart: f64,
+pub(crate) struct Admission {
+    pub(crate) tally: f64,
+    pub(crate) budget: f64,
+    pub(crate) carried: f64,
+    pub(crate) apart: f64,
 }
 
 /// `keys.lua`'s T.cover_end: the cover given at `now` to a counter that must live until `need`.
@@ -980,7 +985,7 @@ fn cover_end(now: f64, need: f64, span: f64) -> f64 {
 }
 
 /// What asking a key budget answered (`keys.lua`'s T.admit).
-enum Admitted {
+pub(crate) enum Admitted {
     Ok(f64),
     Keys(f64),
     Held(f64),
@@ -998,6 +1003,23 @@ fn admit(
     old: f64,
     need: f64,
     adm: &Admission,
+) -> Admitted {
+    admit_honouring(redis, key, now, born, p, old, need, adm, true)
+}
+
+/// `keys.lua`'s T.admit, the hold honoured or not (`honour_hold`: a request's is, an operation
+/// on a counter already made, a commit, is admitted through it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn admit_honouring(
+    redis: &mut dyn Redis,
+    key: &[u8],
+    now: f64,
+    born: f64,
+    p: &Policy,
+    old: f64,
+    need: f64,
+    adm: &Admission,
+    honour_hold: bool,
 ) -> Admitted {
     let raw = match redis.call(&[b"GET", key], false) {
         Value::Bytes(raw) => Some(raw),
@@ -1033,7 +1055,7 @@ fn admit(
             counts[i] -= 1.0;
         }
     } else {
-        if h > now {
+        if honour_hold && h > now {
             return Admitted::Held(h);
         }
         if counted >= adm.budget {
@@ -1071,7 +1093,7 @@ pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
     decide(redis, args)
 }
 
-fn ints(numbers: &[f64]) -> impl Iterator<Item = Value> + '_ {
+pub(crate) fn ints(numbers: &[f64]) -> impl Iterator<Item = Value> + '_ {
     numbers.iter().map(|&n| Value::Int(n as i64))
 }
 
@@ -1166,7 +1188,7 @@ fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]]) -> Reply {
 }
 
 /// Redis's clock, in microseconds, as the library reads it (`TIME`).
-fn clock(redis: &mut dyn Redis) -> Result<f64, Reply> {
+pub(crate) fn clock(redis: &mut dyn Redis) -> Result<f64, Reply> {
     if let Some(now) = redis.time_us() {
         return Ok(now);
     }

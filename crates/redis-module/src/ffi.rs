@@ -236,14 +236,14 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
     // Each command with where its keys are: (first, last, step), 0 for none. An acquire's are
     // those of the library's FCALL, after their count and before the packed numbers (the last
     // argument: -2 is the one before it), so a cluster routes it and checks its slot as it does
-    // the FCALL's.
+    // the FCALL's; a commit's end before its packed numbers and the wake-up channel.
     type Command = (
         &'static std::ffi::CStr,
         CmdFunc,
         &'static std::ffi::CStr,
         [c_int; 3],
     );
-    let commands: [Command; 3] = [
+    let commands: [Command; 4] = [
         (
             c"tollgate.version",
             version_command,
@@ -261,6 +261,12 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
             acquire_command,
             c"write deny-oom",
             [2, -2, 1],
+        ),
+        (
+            c"tollgate.commit",
+            commit_command,
+            c"write deny-oom",
+            [2, -3, 1],
         ),
     ];
     for (name, func, flags, [first, last, step]) in commands {
@@ -824,4 +830,13 @@ unsafe extern "C" fn acquire_command(
 ) -> c_int {
     // SAFETY: Redis runs this command with its arguments.
     unsafe { run(ctx, argv, argc, crate::acquire::command) }
+}
+
+unsafe extern "C" fn commit_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    // SAFETY: Redis runs this command with its arguments.
+    unsafe { run(ctx, argv, argc, crate::commit::command) }
 }

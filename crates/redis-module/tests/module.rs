@@ -1,6 +1,6 @@
 //! The module loaded into a real `redis-server` (started here on a free port), beside the
-//! function library: its version, and its acquire interleaved with the library's on the same
-//! counters, against the library alone, on one Redis clock the test sets: Redis reads the
+//! function library: its version, and its acquires and commits interleaved with the library's
+//! on the same counters, against the library alone, on one Redis clock the test sets: Redis reads the
 //! time of day through `gettimeofday`, which a shim preloaded into it answers from a file (a few
 //! lines of C built here with the system's `cc`, which Rust's linking needs anyway).
 
@@ -36,6 +36,7 @@ int gettimeofday(struct timeval *tv, void *tz) {
 const CLOCK_START_US: u64 = 1_780_272_000_000_000;
 const FUNCTION: &str = "tollgate_interleave";
 const OP_ACQUIRE: f64 = 1.0;
+const OP_COMMIT: f64 = 2.0;
 const OP_BEGIN: f64 = 6.0;
 
 /// A RESP2 value.
@@ -315,19 +316,11 @@ fn acquire_numbers(
 }
 
 fn fcall(conn: &mut Conn, keys: &[Vec<u8>], packed: &[u8]) -> Resp {
-    let count = keys.len().to_string();
-    let mut args: Vec<&[u8]> = vec![b"FCALL", FUNCTION.as_bytes(), count.as_bytes()];
-    args.extend(keys.iter().map(Vec::as_slice));
-    args.push(packed);
-    conn.call(&args)
+    call_on(conn, &[b"FCALL", FUNCTION.as_bytes()], keys, &[packed])
 }
 
 fn module(conn: &mut Conn, keys: &[Vec<u8>], packed: &[u8]) -> Resp {
-    let count = keys.len().to_string();
-    let mut args: Vec<&[u8]> = vec![b"TOLLGATE.ACQUIRE", count.as_bytes()];
-    args.extend(keys.iter().map(Vec::as_slice));
-    args.push(packed);
-    conn.call(&args)
+    call_on(conn, &[b"TOLLGATE.ACQUIRE"], keys, &[packed])
 }
 
 fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
@@ -336,13 +329,96 @@ fn stored(conn: &mut Conn, keys: &[Vec<u8>]) -> Vec<(Resp, Resp)> {
         .collect()
 }
 
-/// Steps of the interleaving test: a few seconds.
-const STEPS: usize = 1_000;
+/// A commit of one counter's reservation `seq`, `used` units of it: its policy and admission
+/// (its limit's key budget, when in the call, at KEYS[5]: commits name no queue).
+fn commit_numbers(policy: &[f64; 9], admission: [f64; 4], seq: f64, used: f64) -> Vec<f64> {
+    let mut numbers = vec![OP_COMMIT];
+    numbers.extend(policy);
+    numbers.extend(admission);
+    numbers.extend([seq, used]);
+    numbers
+}
 
+/// A commit's keys: the generation, the counter's three, the key budget.
+fn commit_keys(namespace: &str, counter: usize) -> Vec<Vec<u8>> {
+    let all = keys(namespace, counter);
+    vec![
+        all[0].clone(),
+        all[1].clone(),
+        all[2].clone(),
+        all[3].clone(),
+        all[5].clone(),
+    ]
+}
+
+/// `command` (`FCALL <function>` or a module command) on `keys`, then `args`.
+fn call_on(conn: &mut Conn, command: &[&[u8]], keys: &[Vec<u8>], args: &[&[u8]]) -> Resp {
+    let count = keys.len().to_string();
+    let mut all: Vec<&[u8]> = command.to_vec();
+    all.push(count.as_bytes());
+    all.extend(keys.iter().map(Vec::as_slice));
+    all.extend(args);
+    conn.call(&all)
+}
+
+/// The wake-up channel each namespace's commits publish to, and the one that ends a step.
+const WAKE_MIXED: &[u8] = b"tg:mixed:wake";
+const WAKE_ALONE: &[u8] = b"tg:alone:wake";
+const STEP_DONE: &[u8] = b"tg:step-done";
+
+/// A connection subscribed to both namespaces' wake-ups and to `STEP_DONE`.
+fn subscriber(server: &Server) -> Conn {
+    let mut conn = server.conn();
+    conn.writer
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    conn.call(&[b"SUBSCRIBE", WAKE_MIXED, WAKE_ALONE, STEP_DONE]);
+    for _ in 0..2 {
+        conn.read();
+    }
+    conn
+}
+
+/// The messages published to each namespace's wake-up channel since the last step, in order:
+/// read until the `STEP_DONE` message this publishes now arrives (Redis delivers in order).
+fn wake_ups(conn: &mut Conn, subscriber: &mut Conn) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    assert_eq!(
+        conn.call(&[b"PUBLISH", STEP_DONE, b"."]),
+        Resp::Int(1),
+        "the subscriber listens"
+    );
+    let (mut mixed, mut alone) = (Vec::new(), Vec::new());
+    loop {
+        let Resp::Array(message) = subscriber.read() else {
+            panic!("not a message");
+        };
+        let (Some(Resp::Bytes(channel)), Some(Resp::Bytes(payload))) =
+            (message.get(1), message.get(2))
+        else {
+            panic!("not a message: {message:?}");
+        };
+        match channel.as_slice() {
+            STEP_DONE => return (mixed, alone),
+            WAKE_MIXED => mixed.push(payload.clone()),
+            WAKE_ALONE => alone.push(payload.clone()),
+            other => panic!("a message on {}", String::from_utf8_lossy(other)),
+        }
+    }
+}
+
+/// Steps of the interleaving test: a few seconds.
+const STEPS: usize = 1_500;
+
+/// Acquires and commits of the same counters, each decided by the module or the library at
+/// random in one namespace and by the library alone in another, on one Redis clock: every
+/// reply, every stored value and expiry, and every wake-up published are the same. Commits
+/// name reservations still open, already committed, expired or never recorded, and seqs not
+/// yet handed out, with `used` up to one above the reservation's units.
 #[test]
 fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     let Some(server) = start() else { return };
     let mut conn = server.conn();
+    let mut wakes = subscriber(&server);
     load_library(&mut conn);
     let policies = policies();
     let seed = std::env::var("TOLLGATE_SEED")
@@ -358,8 +434,14 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     }
     let mut clock = 0;
     let (mut native, mut refused) = (0, 0);
+    let (mut native_commits, mut refused_commits, mut woken) = (0, 0, 0);
     let (mut granted, mut denied) = ([0; 5], [0; 5]);
     let mut statuses = std::collections::BTreeMap::<String, u32>::new();
+    let mut commit_statuses = std::collections::BTreeMap::<String, u32>::new();
+    // Per counter, the grants so far not committed: (seq, units, recorded as a reservation);
+    // and those committed.
+    let mut grants: Vec<Vec<(f64, f64, bool)>> = vec![Vec::new(); policies.len()];
+    let mut committed: Vec<Vec<(f64, f64, bool)>> = vec![Vec::new(); policies.len()];
     for step in 0..STEPS {
         if rng.u8(..4) == 0 {
             // Up to 3 s, to the microsecond: GCRA's intervals are 1.5 s and 2 s.
@@ -391,10 +473,16 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
         } else {
             0.0
         };
-        let record = if rng.bool() { 1.0 } else { 0.0 };
+        let record = if rng.u8(..4) == 0 { 0.0 } else { 1.0 };
+        let commit = rng.u8(..4) == 0;
         let admission = {
             let now = (CLOCK_START_US + clock) as f64;
-            let apart = f64::from(u8::from(rng.u8(..10) == 0));
+            // A budget that can be lost apart from its counters: held after a loss, which a
+            // commit is admitted through and a request is not; more often for commits, which
+            // meet it only on a counter not covered yet.
+            let apart = f64::from(u8::from(rng.u8(..if commit { 3 } else { 10 }) == 0));
+            // The key budget's place among the call's keys.
+            let here = if commit { 5.0 } else { 6.0 };
             match rng.u8(..20) {
                 // No key: counted in no budget.
                 0..=3 => [0.0; 4],
@@ -403,62 +491,167 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                 4..=5 => [-1.0, 3.0, 0.0, apart],
                 6..=7 => [-1.0, 3.0, now + rng.f64() * 60e6, apart],
                 8 => [-1.0, 3.0, -(now + rng.f64() * 2e6), apart],
-                // The budget here, at KEYS[6]: three counters of keys at most.
-                _ => [6.0, 3.0, 0.0, apart],
+                // The budget here: three counters of keys at most.
+                _ => [here, 3.0, 0.0, apart],
             }
         };
-        let packed = pack(&acquire_numbers(
-            policy, cost, priority, record, pause, admission,
-        ));
-        let mixed_keys = keys("mixed", counter);
-        let alone_keys = keys("alone", counter);
-        let mixed = if rng.bool() {
-            match module(&mut conn, &mixed_keys, &packed) {
-                Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
-                    assert_eq!(
-                        counter, NATIVE,
-                        "step {step}: a native acquire refused: {e}"
-                    );
-                    refused += 1;
-                    fcall(&mut conn, &mixed_keys, &packed)
+        let (mixed, alone, seq) = if commit {
+            let now = (CLOCK_START_US + clock) as f64;
+            let recorded: Vec<&(f64, f64, bool)> = grants[counter].iter().filter(|g| g.2).collect();
+            let finals: Vec<&(f64, f64, bool)> = grants[counter].iter().filter(|g| !g.2).collect();
+            let done = &committed[counter];
+            let (seq, units) = match rng.u8(..12) {
+                // A seq not handed out yet.
+                0 => (now + 1e9, 1.0),
+                // A final grant's: never a reservation.
+                1 if !finals.is_empty() => {
+                    let g = finals[rng.usize(..finals.len())];
+                    (g.0, g.1)
                 }
-                reply => {
-                    assert!(
-                        counter < NATIVE,
-                        "step {step}: a fixed window decided natively"
-                    );
-                    native += 1;
-                    reply
+                // A reservation committed already.
+                2 if !done.is_empty() => {
+                    let g = done[rng.usize(..done.len())];
+                    (g.0, g.1)
                 }
-            }
+                // A reservation not committed yet, mostly a recent one (open, or expired).
+                _ if !recorded.is_empty() => {
+                    let from = recorded.len().saturating_sub(3);
+                    let g = recorded[rng.usize(from..recorded.len())];
+                    (g.0, g.1)
+                }
+                _ => (now - 1e6, 1.0),
+            };
+            // Nothing used half the time, else up to one unit above the reservation's.
+            let used = if rng.bool() {
+                0.0
+            } else {
+                f64::from(rng.u8(..=(units as u8 + 1)))
+            };
+            let packed = pack(&commit_numbers(policy, admission, seq, used));
+            let mixed_keys = commit_keys("mixed", counter);
+            let alone_keys = commit_keys("alone", counter);
+            let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
+            let mixed = if rng.bool() {
+                match call_on(
+                    &mut conn,
+                    &[b"TOLLGATE.COMMIT"],
+                    &mixed_keys,
+                    &[&packed, WAKE_MIXED],
+                ) {
+                    Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                        assert_eq!(counter, NATIVE, "step {step}: a native commit refused: {e}");
+                        refused_commits += 1;
+                        call_on(&mut conn, function, &mixed_keys, &[&packed, WAKE_MIXED])
+                    }
+                    reply => {
+                        assert!(
+                            counter < NATIVE,
+                            "step {step}: a fixed window's commit decided natively"
+                        );
+                        native_commits += 1;
+                        reply
+                    }
+                }
+            } else {
+                call_on(&mut conn, function, &mixed_keys, &[&packed, WAKE_MIXED])
+            };
+            let alone = call_on(&mut conn, function, &alone_keys, &[&packed, WAKE_ALONE]);
+            (mixed, alone, seq)
         } else {
-            fcall(&mut conn, &mixed_keys, &packed)
+            let packed = pack(&acquire_numbers(
+                policy, cost, priority, record, pause, admission,
+            ));
+            let mixed_keys = keys("mixed", counter);
+            let alone_keys = keys("alone", counter);
+            let mixed = if rng.bool() {
+                match module(&mut conn, &mixed_keys, &packed) {
+                    Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                        assert_eq!(
+                            counter, NATIVE,
+                            "step {step}: a native acquire refused: {e}"
+                        );
+                        refused += 1;
+                        fcall(&mut conn, &mixed_keys, &packed)
+                    }
+                    reply => {
+                        assert!(
+                            counter < NATIVE,
+                            "step {step}: a fixed window decided natively"
+                        );
+                        native += 1;
+                        reply
+                    }
+                }
+            } else {
+                fcall(&mut conn, &mixed_keys, &packed)
+            };
+            let alone = fcall(&mut conn, &alone_keys, &packed);
+            (mixed, alone, 0.0)
         };
-        let alone = fcall(&mut conn, &alone_keys, &packed);
         assert_eq!(mixed, alone, "step {step} (seed {seed}): replies differ");
         assert_eq!(
-            stored(&mut conn, &mixed_keys),
-            stored(&mut conn, &alone_keys),
+            stored(&mut conn, &keys("mixed", counter)),
+            stored(&mut conn, &keys("alone", counter)),
             "step {step} (seed {seed}): stored values or expiries differ"
         );
+        let (mixed_wakes, alone_wakes) = wake_ups(&mut conn, &mut wakes);
+        let mixed_wakes: Vec<Vec<u8>> = mixed_wakes
+            .iter()
+            .map(|key| {
+                String::from_utf8_lossy(key)
+                    .replace(":mixed:", ":alone:")
+                    .into_bytes()
+            })
+            .collect();
+        assert_eq!(
+            mixed_wakes, alone_wakes,
+            "step {step} (seed {seed}): wake-ups published differ"
+        );
+        woken += alone_wakes.len();
         if let Resp::Array(reply) = &alone
             && let Some(Resp::Bytes(status)) = reply.first()
         {
-            *statuses
-                .entry(String::from_utf8_lossy(status).into_owned())
-                .or_default() += 1;
-            if status == b"ok" {
-                match reply.get(4) {
-                    Some(Resp::Int(0)) => granted[counter] += 1,
-                    _ => denied[counter] += 1,
+            let status = String::from_utf8_lossy(status).into_owned();
+            if commit {
+                let refunded = matches!(reply.get(4), Some(Resp::Int(n)) if *n > 0);
+                let status = if status == "ok" && refunded {
+                    "ok, refunded".to_owned()
+                } else {
+                    status
+                };
+                if status == "ok" || status == "ok, refunded" {
+                    let open = &mut grants[counter];
+                    if let Some(at) = open.iter().position(|g| g.0 == seq) {
+                        committed[counter].push(open.remove(at));
+                    }
                 }
+                *commit_statuses.entry(status).or_default() += 1;
+            } else {
+                if status == "ok" {
+                    match reply.get(4) {
+                        Some(Resp::Int(0)) => {
+                            granted[counter] += 1;
+                            if let Some(Resp::Int(seq)) = reply.get(5) {
+                                grants[counter].push((*seq as f64, cost, record == 1.0));
+                            }
+                        }
+                        _ => denied[counter] += 1,
+                    }
+                }
+                *statuses.entry(status).or_default() += 1;
             }
         }
     }
     eprintln!(
-        "native {native}, refused {refused}, granted {granted:?}, denied {denied:?}, {statuses:?}"
+        "acquires: native {native}, refused {refused}, granted {granted:?}, denied {denied:?}, \
+         {statuses:?}; commits: native {native_commits}, refused {refused_commits}, \
+         {commit_statuses:?}, wake-ups {woken}"
     );
-    assert!(native > STEPS / 3 && refused > 10, "both ways ran");
+    assert!(native > STEPS / 5 && refused > 10, "both ways ran");
+    assert!(
+        native_commits > STEPS / 12 && refused_commits > 5,
+        "both ways committed"
+    );
     for counter in 0..policies.len() {
         assert!(
             granted[counter] > 5 && denied[counter] > 5,
@@ -467,6 +660,90 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     }
     for status in ["admit", "keys"] {
         assert!(statuses.get(status) > Some(&3), "{status} answered");
+    }
+    for status in ["ok", "ok, refunded", "gone", "unknown", "used_above_cost"] {
+        assert!(
+            commit_statuses.get(status) > Some(&3),
+            "a commit answered {status}"
+        );
+    }
+    assert!(woken > 10, "wake-ups published: {woken}");
+}
+
+/// A budget that can be lost apart from its counters (a cluster's), found missing after the
+/// slot's state was lost, holds new keys of requests for a while; a commit of a counter not
+/// covered yet is admitted through the hold. The module's commit answers and writes as the
+/// library's, for a GCRA and a sliding window counter.
+#[test]
+fn a_commit_is_admitted_through_a_held_budget_as_by_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
+    for namespace in ["held-mixed", "held-alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    for (step, counter) in [0, 2].into_iter().enumerate() {
+        server.set_clock(10_000_000 * (step as u64 + 1));
+        let policy = &policies()[counter];
+        // Granted without a key budget: the counter is not covered.
+        let acquire = pack(&acquire_numbers(policy, 1.0, 2.0, 1.0, 0.0, [0.0; 4]));
+        let mut seqs = Vec::new();
+        for namespace in ["held-mixed", "held-alone"] {
+            match fcall(&mut conn, &keys(namespace, counter), &acquire) {
+                Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => {
+                    seqs.push(reply[5].clone())
+                }
+                other => panic!("not granted: {other:?}"),
+            }
+            conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
+        }
+        assert_eq!(seqs[0], seqs[1]);
+        let Resp::Int(seq) = seqs[0] else {
+            panic!("seq {:?}", seqs[0])
+        };
+        let commit = pack(&commit_numbers(
+            policy,
+            [5.0, 3.0, 0.0, 1.0],
+            seq as f64,
+            0.0,
+        ));
+        let mixed = call_on(
+            &mut conn,
+            &[b"TOLLGATE.COMMIT"],
+            &commit_keys("held-mixed", counter),
+            &[&commit, WAKE_MIXED],
+        );
+        let alone = call_on(
+            &mut conn,
+            function,
+            &commit_keys("held-alone", counter),
+            &[&commit, WAKE_ALONE],
+        );
+        assert_eq!(mixed, alone, "counter {counter}: replies differ");
+        assert!(
+            matches!(&alone, Resp::Array(reply) if reply[0] == Resp::Bytes(b"ok".to_vec()) && reply[4] == Resp::Int(1)),
+            "counter {counter}: refunded: {alone:?}"
+        );
+        assert_eq!(
+            stored(&mut conn, &keys("held-mixed", counter)),
+            stored(&mut conn, &keys("held-alone", counter)),
+            "counter {counter}: stored values or expiries differ"
+        );
+        // A request of a new key, by contrast, is held.
+        let request = pack(&acquire_numbers(
+            policy,
+            1.0,
+            2.0,
+            1.0,
+            0.0,
+            [6.0, 3.0, 0.0, 1.0],
+        ));
+        let held = fcall(&mut conn, &keys("held-alone", counter + 1), &request);
+        assert!(
+            matches!(&held, Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(2))),
+            "a request is held: {held:?}"
+        );
     }
 }
 

@@ -141,11 +141,11 @@ async fn module_stores(test: &'static str) -> Option<Stores> {
 tollgate_conformance::conformance_tests!(module_stores);
 
 /// The suite's tests of requests that never wait, run here one after another: the module
-/// decides their acquires, and none is refused and decided again by the library. (A request
+/// decides their acquires and commits, and none is refused and decided again by the library. (A request
 /// that waits leaves a place in its counter's queue, which the module leaves to the library:
 /// the acquires of others on that counter meanwhile are refused once, by what Redis holds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_module_decides_the_suites_single_counter_acquires_without_fallback() {
+async fn the_module_decides_the_suites_single_counter_acquires_and_commits_without_fallback() {
     let Some(port) = module_redis() else { return };
     let stores = |test: &'static str| async move {
         let namespace = namespace(&format!("seq_{test}"));
@@ -170,8 +170,10 @@ async fn the_module_decides_the_suites_single_counter_acquires_without_fallback(
         costs_are_taken_per_limit_all_or_nothing
     );
     let decided: u64 = used.iter().map(|store| store.module_acquires()).sum();
+    let commits: u64 = used.iter().map(|store| store.module_commits()).sum();
     let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
     assert!(decided > 0, "the module decided no acquire");
+    assert!(commits > 0, "the module decided no commit");
     assert_eq!(
         fallbacks, 0,
         "acquires the module refused, decided by the library"
@@ -301,23 +303,29 @@ fn native_calls(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-/// The store's two lists of refusals are the module's refusals, text for text.
+/// The store's lists of refusals (an acquire's, a commit's, and those only Redis can see) are
+/// the module's refusals, text for text.
 #[test]
 fn the_stores_refusals_are_the_modules() {
-    let source = include_str!("../src/acquire.rs");
     let mut module: Vec<&str> = Vec::new();
     // Each refusal's text, the literal after `not_native(` (on its line or the next) or after
     // `return Err(` (a stored value's decoding).
-    for marker in ["not_native(", "return Err("] {
-        for (at, _) in source.match_indices(marker) {
-            let rest = source[at + marker.len()..].trim_start();
-            if let Some(text) = rest.strip_prefix('"') {
-                module.push(&text[..text.find('"').expect("closing quote")]);
+    for source in [
+        include_str!("../src/acquire.rs"),
+        include_str!("../src/commit.rs"),
+    ] {
+        for marker in ["not_native(", "return Err("] {
+            for (at, _) in source.match_indices(marker) {
+                let rest = source[at + marker.len()..].trim_start();
+                if let Some(text) = rest.strip_prefix('"') {
+                    module.push(&text[..text.find('"').expect("closing quote")]);
+                }
             }
         }
     }
     let mut store: Vec<&str> = tollgate_redis::REFUSED_BEFORE_SENDING
         .iter()
+        .chain(tollgate_redis::COMMIT_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::REFUSED_IN_REDIS)
         .copied()
         .collect();

@@ -173,6 +173,21 @@ impl Backend {
         }
     }
 
+    /// `query_slot` for the slot `key` hashes to (its tag's).
+    pub(crate) async fn query_key(&self, command: &Cmd, key: &str) -> RedisResult<Value> {
+        match self {
+            Backend::Cluster(connection) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                connection
+                    .clone()
+                    .route_command(command.clone(), routing)
+                    .await
+            }
+            _ => self.query(command).await,
+        }
+    }
+
     /// Send one command to every master (one Redis is its own), each answer by its node.
     pub(crate) async fn query_masters(
         &self,

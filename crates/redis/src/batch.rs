@@ -1,5 +1,6 @@
-//! Sending the script, and natural batching of acquires; an acquire the Redis module decides
-//! natively (`native.rs`) goes to it alone instead, and to the script when the module refuses. `Caller` owns what a call needs (the
+//! Sending the script, and natural batching of acquires; an acquire or a commit the Redis module
+//! decides natively (`native.rs`) goes to it alone instead, and to the script when the module
+//! refuses. `Caller` owns what a call needs (the
 //! connection, the library or script, whether calls watch evictions) and, per slot, the calls
 //! in flight and the acquires waiting for the next.
 //!
@@ -71,11 +72,29 @@ pub(crate) struct Caller {
     using_module: AtomicBool,
     /// The protocol version the module must speak (`PROTOCOL_VERSION`; another in tests).
     expected_version: u64,
-    /// Acquires the module decided, and those it refused that the library then decided.
-    module_acquires: AtomicU64,
+    /// Acquires and commits the module decided (by `Native`), and the calls it refused that
+    /// the library then decided.
+    module_decided: [AtomicU64; 2],
     module_fallbacks: AtomicU64,
     /// Those refusals by the module's reason.
     module_refusals: Mutex<HashMap<String, u64>>,
+}
+
+/// What the module decides natively: an acquire or a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Native {
+    Acquire = 0,
+    Commit = 1,
+}
+
+impl Native {
+    /// The module's command that decides it.
+    fn command(self) -> &'static str {
+        match self {
+            Native::Acquire => "TOLLGATE.ACQUIRE",
+            Native::Commit => "TOLLGATE.COMMIT",
+        }
+    }
 }
 
 /// A slot's calls in flight (at most `CALLS_PER_SLOT`), and the acquires waiting for the
@@ -131,21 +150,22 @@ impl Caller {
             module,
             using_module: AtomicBool::new(using_module),
             expected_version,
-            module_acquires: AtomicU64::new(0),
+            module_decided: [AtomicU64::new(0), AtomicU64::new(0)],
             module_fallbacks: AtomicU64::new(0),
             module_refusals: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether the module decides the acquires it can.
+    /// Whether the module decides the acquires and commits it can.
     pub(crate) fn using_module(&self) -> bool {
         self.using_module.load(Ordering::Relaxed)
     }
 
-    /// Acquires the module decided, and those it refused (decided by the library after).
-    pub(crate) fn module_counts(&self) -> (u64, u64) {
+    /// The calls of `native`'s kind the module decided, and the calls of either kind it
+    /// refused (decided by the library after).
+    pub(crate) fn module_counts(&self, native: Native) -> (u64, u64) {
         (
-            self.module_acquires.load(Ordering::Relaxed),
+            self.module_decided[native as usize].load(Ordering::Relaxed),
             self.module_fallbacks.load(Ordering::Relaxed),
         )
     }
@@ -183,7 +203,7 @@ impl Caller {
         if self.using_module.swap(using, Ordering::Relaxed) != using {
             tracing::warn!(
                 module = using,
-                "Redis came back: acquires now go to the {}",
+                "Redis came back: acquires and commits now go to the {}",
                 if using {
                     "Redis module where it decides them natively"
                 } else {
@@ -200,15 +220,15 @@ impl Caller {
     }
 
     /// One acquire alone: by the module when it decides it, else by the library.
-    async fn run_one(&self, slot: u16, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
+    async fn run_one(&self, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
         if self.native(numbers) {
-            self.run_module(slot, keys, numbers).await
+            self.run_module(Native::Acquire, keys, &[numbers]).await
         } else {
             self.run(keys, &[numbers]).await
         }
     }
 
-    /// The module refused `error`'s acquire: counted by its reason.
+    /// The module refused `error`'s call: counted by its reason.
     fn refused_by_module(&self, error: &redis::RedisError) {
         self.module_fallbacks.fetch_add(1, Ordering::Relaxed);
         *self
@@ -217,39 +237,58 @@ impl Caller {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(native::reason(error))
             .or_default() += 1;
-        tracing::debug!(%error, "the module refused an acquire; the library decides it");
+        tracing::debug!(%error, "the module refused a call; the library decides it");
     }
 
-    /// One acquire the module decides natively, alone: the library decides it instead when
-    /// the module refuses it (counted) or Redis lost the module.
+    /// One call the module decides natively (`keys` and `args` as the library's), alone, to
+    /// its slot's master on a cluster: the library decides it instead when the module refuses
+    /// it (counted) or Redis lost the module.
     async fn run_module(
         &self,
-        slot: u16,
+        native: Native,
         keys: &[String],
-        numbers: &[u8],
+        args: &[&[u8]],
     ) -> Result<(Head, Reply)> {
-        let mut command = redis::cmd("TOLLGATE.ACQUIRE");
-        command.arg(keys.len()).arg(keys).arg(numbers);
-        let answered = tokio::time::timeout(self.timeout, self.backend.query_slot(&command, slot))
+        let mut command = redis::cmd(native.command());
+        command.arg(keys.len()).arg(keys).arg(args);
+        let first = keys.first().map_or("", String::as_str);
+        let answered = tokio::time::timeout(self.timeout, self.backend.query_key(&command, first))
             .await
             .map_err(|_| unavailable("Redis did not answer in time"))?;
         match answered {
             Ok(value) => {
-                self.module_acquires.fetch_add(1, Ordering::Relaxed);
+                self.module_decided[native as usize].fetch_add(1, Ordering::Relaxed);
                 let answer = head(parse_reply(value)?)?;
                 self.saw(answer.0);
                 Ok(answer)
             }
             Err(error) if native::refused(&error) => {
                 self.refused_by_module(&error);
-                self.run(keys, &[numbers]).await
+                self.run(keys, args).await
             }
             Err(error) if native::unknown_command(&error) => {
                 self.choose_module_again().await;
-                self.run(keys, &[numbers]).await
+                self.run(keys, args).await
             }
             Err(error) => Err(store_error(error)),
         }
+    }
+
+    /// One operation on one counter (`operations.rs`), `args` as the library takes them: a
+    /// commit the module decides natively goes to it, anything else to the library.
+    pub(crate) async fn run_counter_operation(
+        &self,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> Result<(Head, Reply)> {
+        if self.using_module.load(Ordering::Relaxed)
+            && args.first().is_some_and(|numbers| {
+                native::native_commit(numbers, self.watch_evictions.load(Ordering::Relaxed))
+            })
+        {
+            return self.run_module(Native::Commit, keys, args).await;
+        }
+        self.run(keys, args).await
     }
 
     /// Whether acquires wait for a call in flight on their slot and go together (on), or each
@@ -272,7 +311,7 @@ impl Caller {
         numbers: Vec<u8>,
     ) -> Result<(Head, Reply)> {
         if !self.batching.load(Ordering::Relaxed) {
-            return self.run_one(slot, &keys, &numbers).await;
+            return self.run_one(&keys, &numbers).await;
         }
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
@@ -293,7 +332,7 @@ impl Caller {
         match waiting {
             Err((keys, numbers)) => {
                 let _release = Release { caller: self, slot };
-                self.run_one(slot, &keys, &numbers).await
+                self.run_one(&keys, &numbers).await
             }
             Ok(answered) => match tokio::time::timeout(2 * self.timeout, answered).await {
                 Ok(Ok(answer)) => answer,
@@ -361,7 +400,7 @@ impl Caller {
         let count = batch.len();
         if count == 1 {
             if let Some(only) = batch.into_iter().next() {
-                let answer = self.run_one(slot, &only.keys, &only.numbers).await;
+                let answer = self.run_one(&only.keys, &only.numbers).await;
                 let _ = only.answer.send(answer);
             }
             return;
@@ -461,7 +500,7 @@ impl Caller {
                 self.batched.fetch_add(count as u64, Ordering::Relaxed);
                 if by_module {
                     let decided = answers.iter().flatten().count();
-                    self.module_acquires
+                    self.module_decided[Native::Acquire as usize]
                         .fetch_add(decided as u64, Ordering::Relaxed);
                 }
                 if let Some((head, _)) = answers.iter().flatten().next() {

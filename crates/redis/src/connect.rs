@@ -90,7 +90,7 @@ impl RedisStore {
         };
         tracing::info!(
             setting = %module,
-            "acquires decided by the {}",
+            "acquires and commits decided by the {}",
             if using_module {
                 "Redis module where it decides them natively, else the function library"
             } else {

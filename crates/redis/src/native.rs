@@ -1,6 +1,7 @@
 //! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
-//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires it
-//! decides natively (`native`), mirroring the module's refusals in one place. Everything the
+//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires and
+//! commits it decides natively (`native`, `native_commit`), mirroring the module's refusals in
+//! one place. Everything the
 //! module does not decide goes to the function library, as it always did.
 
 use std::fmt;
@@ -8,7 +9,7 @@ use std::str::FromStr;
 
 use redis::Value;
 
-use crate::abi::{ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE};
+use crate::abi::{ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_COMMIT};
 
 /// Whether the store decides acquires with the Redis module.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,8 +57,17 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
     "a policy other than a GCRA or sliding window rate limit",
 ];
 
-/// What the module refuses that only Redis can see (what the counter's keys hold): the store
-/// sends the acquire to the library after the refusal, one more round trip, and counts it.
+/// What the module refuses of a commit (`TOLLGATE.COMMIT`) that the store can tell from its
+/// packed numbers: such a commit goes to the library at once. `native_commit` checks exactly
+/// these; a test holds this list to the module's.
+pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
+    "an operation other than a commit (without evictions watched)",
+    "a commit of other than a GCRA or sliding window rate limit",
+];
+
+/// What the module refuses that only Redis can see (what the counter's keys hold), of an
+/// acquire or a commit: the store sends the call to the library after the refusal, one more
+/// round trip, and counts it.
 pub const REFUSED_IN_REDIS: &[&str] = &[
     "a counter with a queue of waiters",
     "a counter of another algorithm or kind",
@@ -76,22 +86,40 @@ const AT_ALGORITHM: usize = AT_KIND + 4;
 /// Head (5) and one counter's numbers (policy, pause, admission, queue: 15).
 const AT_WAITER: usize = 5 + 15;
 
+/// The number at `index` (0-based) of packed big-endian doubles.
+fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
+    numbers
+        .get(index * 8..index * 8 + 8)
+        .and_then(|bytes| bytes.try_into().ok())
+        .map(f64::from_be_bytes)
+}
+
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
 /// them, before any evictions flag): one counter of a GCRA or sliding window rate limit, not
 /// waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its order.
 pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
-    let at = |index: usize| {
-        numbers
-            .get(index * 8..index * 8 + 8)
-            .and_then(|bytes| bytes.try_into().ok())
-            .map(f64::from_be_bytes)
-    };
+    let at = |index: usize| number_at(numbers, index);
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
         && at(AT_COUNTERS) == Some(1.0)
         && at(AT_WAITER) == Some(0.0)
         && at(AT_KIND) == Some(KIND_RATE as f64)
         && matches!(at(AT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
+}
+
+/// Where a commit's numbers are (0-based, in doubles): the operation, then the policy.
+const AT_COMMIT_KIND: usize = 1;
+const AT_COMMIT_ALGORITHM: usize = AT_COMMIT_KIND + 4;
+
+/// Whether the module decides the commit packed in `numbers` (as its own call would send
+/// them, before any evictions flag): a reservation of a GCRA or sliding window rate limit's
+/// counter, with evictions not watched. The checks of `COMMIT_REFUSED_BEFORE_SENDING`.
+pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
+    let at = |index: usize| number_at(numbers, index);
+    !watching_evictions
+        && at(AT_OPERATION) == Some(OP_COMMIT as f64)
+        && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
+        && matches!(at(AT_COMMIT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
 }
 
 /// What `TOLLGATE.VERSION` answered (on a cluster, every master).

@@ -254,7 +254,7 @@ impl RedisStore {
             }
             let mut args: Vec<&[u8]> = vec![&numbers.0];
             args.extend_from_slice(rest);
-            let (head, reply) = self.run(keys, &args).await?;
+            let (head, reply) = self.caller.run_counter_operation(keys, &args).await?;
             let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
             match reply.status.as_str() {
                 "admit" => {

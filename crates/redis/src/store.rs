@@ -16,7 +16,7 @@ use tollgate::store::{
 use tollgate_core::Committed;
 
 use crate::backend::Target;
-use crate::batch::Caller;
+use crate::batch::{Caller, Native};
 use crate::call::Carried;
 use crate::errors::{failed, store_error, unavailable};
 use crate::native::Module;
@@ -186,20 +186,25 @@ impl RedisStore {
         self.caller.set_batching(on);
     }
 
-    /// Whether the Redis module decides the acquires it can (`native.rs`).
+    /// Whether the Redis module decides the acquires and commits it can (`native.rs`).
     pub fn module_in_use(&self) -> bool {
         self.caller.using_module()
     }
 
     /// Acquires the Redis module decided since the store started.
     pub fn module_acquires(&self) -> u64 {
-        self.caller.module_counts().0
+        self.caller.module_counts(Native::Acquire).0
     }
 
-    /// Acquires sent to the Redis module that it refused as not native, then decided by the
-    /// function library (one round trip more each) since the store started.
+    /// Commits the Redis module decided since the store started.
+    pub fn module_commits(&self) -> u64 {
+        self.caller.module_counts(Native::Commit).0
+    }
+
+    /// Acquires and commits sent to the Redis module that it refused as not native, then
+    /// decided by the function library (one round trip more each) since the store started.
     pub fn module_fallbacks(&self) -> u64 {
-        self.caller.module_counts().1
+        self.caller.module_counts(Native::Acquire).1
     }
 
     /// `module_fallbacks` by the module's reason (one of `REFUSED_IN_REDIS` when the store

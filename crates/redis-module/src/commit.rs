@@ -1,0 +1,371 @@
+//! `TOLLGATE.COMMIT`: the function library's commit (`tollgate-redis`'s `T.commit_op` in
+//! `lua/operations.lua`, reached through `T.decide`'s path for one counter), natively, for a
+//! reservation of one rate counter, GCRA or sliding window, its evictions not watched: the
+//! unused units refunded (or nothing to refund), `gone`, `unknown`, `used_above_cost`, the key
+//! admitted in its limit's key budget first when the counter must live past its cover (or the
+//! cover asked of the caller, `admit`; `keys`, `held`), and the wake-up published when units
+//! came back. It takes the library's keys and packed numbers unchanged
+//! (`TOLLGATE.COMMIT numkeys key... packed channel`, as `FCALL <function> numkeys key... packed
+//! channel`), writes the same bytes and expiries and answers the same reply; the arithmetic and
+//! the counter's helpers are the acquire's (`acquire.rs`). A fixed window, a concurrency lease,
+//! evictions watched, or a counter holding another algorithm's value is refused before anything
+//! is written (`ERR tollgate: not native: ...`), for the library to decide.
+
+use crate::acquire::{
+    ADMISSION_NUMBERS, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_GCRA, BODY_SLIDING,
+    Counter, Decision, Decoded, EXPIRY_SLACK_US, Generation, KIND_RATE, Keys, NUMBER_BYTES,
+    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit_honouring, bad, bytes_of, div_ceil,
+    generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+};
+use crate::{Redis, Reply, Value};
+
+const OP_COMMIT: f64 = 2.0;
+/// Where a closed bucket's units are in its record (`abi.rs`'s BUCKET_UNITS).
+const BUCKET_UNITS: f64 = 16.0;
+/// `abi.rs`'s ARG_ADMISSION and ARG_OWN: the admission after the operation and the policy,
+/// then the commit's own numbers (seq, used). 1-based, as Lua's `a[i]`.
+const ARG_ADMISSION: usize = 2 + POLICY_NUMBERS;
+const ARG_OWN: usize = ARG_ADMISSION + ADMISSION_NUMBERS;
+const RECORD: usize = RECORD_BYTES as usize;
+
+/// The command: `TOLLGATE.COMMIT numkeys key... packed channel`.
+pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
+    decide(redis, args)
+}
+
+/// A reply's head and numbers.
+fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
+    let mut reply = head(status, now, slot);
+    reply.extend(ints(rest));
+    Reply::Value(Value::Array(reply))
+}
+
+pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
+    if args.len() < 3 {
+        return Reply::WrongArity;
+    }
+    let Some(numkeys) = std::str::from_utf8(args[1])
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return bad("numkeys: not a count");
+    };
+    // Exactly the keys, then the packed numbers and the wake-up channel: Redis takes every
+    // argument between the count and the last two for a key (the command's key positions).
+    if args.len() != 2 + numkeys + 2 {
+        return bad(
+            "numkeys: not the count of the arguments between it and the packed numbers and channel",
+        );
+    }
+    let keys = &args[2..2 + numkeys];
+    let packed = args[2 + numkeys];
+    if !packed.len().is_multiple_of(NUMBER_BYTES) {
+        return bad("packed numbers: not a whole count of doubles");
+    }
+    let nums = numbers(packed);
+    let a = |i: usize| nums.get(i - 1).copied();
+    let key = |x: f64| -> Option<&[u8]> {
+        if x >= 1.0 && x.fract() == 0.0 {
+            keys.get(x as usize - 1).copied()
+        } else {
+            None
+        }
+    };
+
+    let Some(op) = a(1) else {
+        return bad("packed numbers: empty");
+    };
+    if op != OP_COMMIT {
+        return not_native("an operation other than a commit (without evictions watched)");
+    }
+    let policy: Vec<f64> = (2..2 + POLICY_NUMBERS).filter_map(a).collect();
+    let [
+        kind,
+        limit,
+        period,
+        margin,
+        alg,
+        burst,
+        _ttl,
+        res_high,
+        res_normal,
+    ] = policy[..]
+    else {
+        return bad("commit: fewer than a policy's numbers");
+    };
+    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
+        return not_native("a commit of other than a GCRA or sliding window rate limit");
+    }
+    let (Some(tally), Some(budget), Some(carried), Some(apart), Some(seq), Some(used)) = (
+        a(ARG_ADMISSION),
+        a(ARG_ADMISSION + 1),
+        a(ARG_ADMISSION + 2),
+        a(ARG_ADMISSION + 3),
+        a(ARG_OWN),
+        a(ARG_OWN + 1),
+    ) else {
+        return bad("commit: fewer than its admission's and its own numbers");
+    };
+    // The library publishes to ARGV[2] only when units come back; the store always sends it.
+    let Some(&channel) = args.get(2 + numkeys + 1) else {
+        return bad("commit: no wake-up channel after the packed numbers");
+    };
+    let adm = Admission {
+        tally,
+        budget,
+        carried,
+        apart,
+    };
+    let window = period + margin;
+    let emission = div_ceil(window, limit);
+    let (capacity, memory) = if alg == ALG_GCRA {
+        (burst, emission * burst)
+    } else {
+        (limit, window)
+    };
+    let p = Policy {
+        alg,
+        limit,
+        window,
+        capacity,
+        res_high,
+        res_normal,
+        emission,
+        memory,
+    };
+    let (Some(gen_key), Some(ck), Some(rk), Some(qk)) = (key(1.0), key(2.0), key(3.0), key(4.0))
+    else {
+        return bad("commit: fewer keys than a counter's");
+    };
+    let tally_key = if adm.tally >= 1.0 {
+        match key(adm.tally) {
+            Some(k) => Some(k),
+            None => return bad("commit: the key budget's key is not among the keys"),
+        }
+    } else {
+        None
+    };
+
+    let now = match crate::acquire::clock(redis) {
+        Ok(now) => now,
+        Err(refusal) => return refusal,
+    };
+    let values = match redis.call(&[b"MGET", gen_key, ck], false) {
+        Value::Array(values) if values.len() == 2 => values,
+        _ => return bad("MGET: not one value per key"),
+    };
+    // Decoded before the generation is written: a value decided here not is refused first.
+    let loaded = match bytes_of(&values[1]) {
+        Some(raw) => match Counter::decode(raw, now) {
+            Ok(Decoded::Counter(c)) => Some(c),
+            // Not a counter the library wrote: as forgotten (its grants no longer count).
+            Ok(Decoded::Foreign) => None,
+            Err(what) => return not_native(what),
+        },
+        None => None,
+    };
+    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    // Forgotten counters were idle: nothing they granted still counts.
+    let Some(mut c) = loaded else {
+        return answer("gone", now, &slot, &[]);
+    };
+    if seq >= c.s {
+        return answer("unknown", now, &slot, &[]);
+    }
+
+    // `keys.lua`'s T.cover, from now, the hold not honoured: the key admitted before the
+    // counter is written past its cover.
+    if adm.tally != 0.0 {
+        let need = c.need(&p, now);
+        if need > c.a {
+            let admitted = if adm.carried < 0.0 {
+                Admitted::Held(-adm.carried)
+            } else if adm.carried < need {
+                match tally_key {
+                    Some(tally_key) => admit_honouring(
+                        redis, tally_key, now, slot.born, &p, c.a, need, &adm, false,
+                    ),
+                    // The budget in another slot: the caller asks it, then calls again.
+                    None => return answer("admit", now, &slot, &[1.0, c.a, need]),
+                }
+            } else {
+                Admitted::Ok(adm.carried)
+            };
+            match admitted {
+                Admitted::Ok(cover) => {
+                    c.a = cover;
+                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
+                    c.dirty = true;
+                }
+                Admitted::Keys(budget) => return answer("keys", now, &slot, &[1.0, budget]),
+                Admitted::Held(until) => return answer("held", now, &slot, &[1.0, until]),
+            }
+        }
+    }
+
+    let mut d = Decision {
+        redis,
+        keys: Keys { ck, rk, qk },
+        p: &p,
+        now,
+        c,
+    };
+    d.normalise();
+    let Some((index, units, at, live)) = d.reservations_find(seq) else {
+        d.save();
+        return answer("gone", now, &slot, &[]);
+    };
+    if used > units {
+        d.save();
+        return answer("used_above_cost", now, &slot, &[units]);
+    }
+    d.reservations_remove(&live, index);
+    let give_back = units - used;
+    let refunded = if d.c.k == BODY_SLIDING {
+        d.sliding_refund(at, give_back)
+    } else if d.c.k == BODY_GCRA {
+        // `gcra.lua`'s T.gcra_refund: only the newest grant's time can be taken back.
+        if d.c.l == seq {
+            d.c.t = sub0(d.c.t, give_back * p.emission);
+            give_back
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
+    d.save();
+    if refunded > 0.0 {
+        // `queue.lua`'s T.wake: the counter's key on the namespace's wake-up channel. Called
+        // to be replicated, as the library's call is: Redis sends a PUBLISH to replicas only.
+        d.redis.call(&[b"PUBLISH", channel, ck], true);
+    }
+    answer("ok", now, &slot, &[refunded, 0.0])
+}
+
+/// A record's three numbers.
+fn record(records: &[u8], i: usize) -> [f64; 3] {
+    let n = numbers(&records[i * RECORD..(i + 1) * RECORD]);
+    [n[0], n[1], n[2]]
+}
+
+/// `records` without its record `i` (0-based).
+fn without(records: &[u8], i: usize) -> Vec<u8> {
+    let mut rest = records[..i * RECORD].to_vec();
+    rest.extend_from_slice(&records[(i + 1) * RECORD..]);
+    rest
+}
+
+impl Decision<'_, '_> {
+    // reservations.lua
+
+    /// T.reservations_find: the open reservation numbered `seq` (its place, 1-based as the
+    /// library's, its units and time) and the live records read; None when it is not open.
+    fn reservations_find(&mut self, seq: f64) -> Option<(usize, f64, f64, Vec<u8>)> {
+        let mut live = log_read(self.redis, self.keys.rk, self.c.ro, self.c.re);
+        if live.len() as f64 != self.c.re - self.c.ro {
+            self.clear_reservations();
+            live = Vec::new();
+        }
+        // Records are in seq order: binary search, with the library's midpoints.
+        let (mut lo, mut hi) = (1_i64, (live.len() / RECORD) as i64);
+        while lo <= hi {
+            let mid = (lo + hi) / 2;
+            let [record_seq, record_units, record_at] = record(&live, mid as usize - 1);
+            if record_seq == seq {
+                return Some((mid as usize, record_units, record_at, live));
+            } else if record_seq < seq {
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        None
+    }
+
+    /// T.reservations_remove: the reservation at `index` (1-based) of the live records.
+    fn reservations_remove(&mut self, live: &[u8], index: usize) {
+        let count = live.len() / RECORD;
+        if index == 1 {
+            self.c.ro += RECORD_BYTES;
+            self.c.ra = if count > 1 {
+                numbers(&live[RECORD + RESERVATION_AT as usize..2 * RECORD])[0]
+            } else {
+                -1.0
+            };
+        } else {
+            let live = without(live, index - 1);
+            (self.c.ro, self.c.re, self.c.rx) =
+                log_rewrite(self.redis, self.keys.rk, &live, self.c.rx, self.now);
+            self.c.ra = numbers(&live[RESERVATION_AT as usize..RECORD])[0];
+            if index == count {
+                self.c.rl = numbers(&live[live.len() - NUMBER_BYTES..])[0];
+            }
+        }
+        self.c.dirty = true;
+    }
+
+    // sliding.lua
+
+    /// T.sliding_refund: up to `give_back` units of a reservation made at `at` taken off the
+    /// bucket that holds it (the last opened at or before it), if it still counts it; the
+    /// units given back.
+    fn sliding_refund(&mut self, at: f64, give_back: f64) -> f64 {
+        let now = self.now;
+        let mut refunded = 0.0;
+        if self.c.lu > 0.0 && self.c.lo <= at {
+            if self.c.ls >= at {
+                refunded = give_back.min(self.c.lu);
+                self.c.lu -= refunded;
+                self.c.qu -= refunded;
+                if self.c.lu == 0.0 {
+                    // The newest bucket is gone: the newest closed one takes its place.
+                    let records = self.closed_buckets();
+                    if records.is_empty() {
+                        (self.c.lo, self.c.ls) = (0.0, 0.0);
+                    } else {
+                        let last = records.len() / RECORD - 1;
+                        [self.c.lo, self.c.ls, self.c.lu] = record(&records, last);
+                        let records = &records[..last * RECORD];
+                        (self.c.qo, self.c.qe, self.c.qx) =
+                            log_rewrite(self.redis, self.keys.qk, records, self.c.qx, now);
+                        if records.is_empty() {
+                            (self.c.fs, self.c.fu) = (-1.0, 0.0);
+                        }
+                    }
+                }
+            }
+        } else if self.c.qe > self.c.qo {
+            let records = self.closed_buckets();
+            for i in (0..records.len() / RECORD).rev() {
+                let [opened, stamp, bucket_units] = record(&records, i);
+                if opened <= at {
+                    if stamp >= at {
+                        refunded = give_back.min(bucket_units);
+                        self.c.qu -= refunded;
+                        let left = bucket_units - refunded;
+                        if left > 0.0 {
+                            let offset = self.c.qo + (i * RECORD) as f64 + BUCKET_UNITS;
+                            self.redis.call(
+                                &[b"SETRANGE", self.keys.qk, &text(offset), &pack(&[left])],
+                                true,
+                            );
+                            if i == 0 {
+                                self.c.fu = left;
+                            }
+                        } else {
+                            let records = without(&records, i);
+                            (self.c.qo, self.c.qe, self.c.qx) =
+                                log_rewrite(self.redis, self.keys.qk, &records, self.c.qx, now);
+                            if i == 0 {
+                                (self.c.fs, self.c.fu) = (-1.0, 0.0);
+                            }
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        refunded
+    }
+}
