@@ -1,10 +1,11 @@
 //! `TOLLGATE.ACQUIRE`: the function library's acquire (`tollgate-redis`'s `lua/acquire.lua`),
 //! natively, alone or in a batch (`entry.lua`'s, the generation read once), for the cases it
-//! decides alone so far: one rate counter, GCRA or sliding window (its bucket log kept as the
-//! library keeps it), a final grant or one recorded as a reservation a commit can refund, its
+//! decides alone so far: one rate counter, GCRA, sliding window (its bucket log kept as the
+//! library keeps it) or fixed window, a final grant or one recorded as a reservation a commit can refund, its
 //! key admitted in its limit's key budget when it has one (the budget in this slot, or the
 //! cover the caller brings), a request that does not wait, no queue of waiters on the counter,
-//! and a counter whose stored value is GCRA's, a sliding window's or none. It reads and writes
+//! and a counter whose stored value is GCRA's, a sliding or fixed window's or none (one of
+//! another rate algorithm's is carried into the policy's, as the library carries it). It reads and writes
 //! the same keys and bytes as the library, with the library's arithmetic (Lua's numbers are
 //! doubles, so this computes in doubles too) on Redis's clock (as `TIME` reads it). Every other
 //! case is refused before anything is written (`ERR tollgate: not native: ...`). It also owns
@@ -26,6 +27,7 @@ const BATCH_AT: usize = 3;
 const KEYS_PER_COUNTER: f64 = 3.0;
 pub(crate) const KIND_RATE: f64 = 1.0;
 pub(crate) const ALG_SLIDING: f64 = 1.0;
+pub(crate) const ALG_FIXED: f64 = 2.0;
 pub(crate) const ALG_GCRA: f64 = 3.0;
 const PRIORITY_NORMAL: f64 = 1.0;
 const PRIORITY_HIGH: f64 = 2.0;
@@ -36,11 +38,13 @@ const REASON_PAUSED: f64 = 1.0;
 const REASON_RECOVERING: f64 = 2.0;
 const BODY_EMPTY: f64 = 0.0;
 pub(crate) const BODY_SLIDING: f64 = 1.0;
+pub(crate) const BODY_FIXED: f64 = 2.0;
 pub(crate) const BODY_GCRA: f64 = 3.0;
 const COUNTER_TAG: u8 = b'X';
 pub(crate) const NUMBER_BYTES: usize = 8;
 const COUNTER_HEADER_NUMBERS: usize = 10;
 const GCRA_NUMBERS: usize = 3;
+const FIXED_NUMBERS: usize = 3;
 const SLIDING_NUMBERS: usize = 10;
 /// A log's record: three numbers (a closed bucket: opened, stamp, units; a reservation: seq,
 /// units, at).
@@ -149,8 +153,9 @@ pub(crate) struct Keys<'a> {
     pub(crate) qk: &'a [u8],
 }
 
-/// A counter's value as `words.lua` lays it out: the common header, then the sliding or GCRA
-/// body (a field of the other kind's is kept but not written, as the library's table keeps it).
+/// A counter's value as `words.lua` lays it out: the common header, then the sliding, fixed or
+/// GCRA body (a field of another kind's is kept but not written, as the library's table keeps
+/// it).
 #[derive(Clone, Copy)]
 pub(crate) struct Counter {
     pub(crate) g: f64,
@@ -173,6 +178,9 @@ pub(crate) struct Counter {
     pub(crate) fu: f64,
     pub(crate) qx: f64,
     pub(crate) qw: f64,
+    pub(crate) w: f64,
+    pub(crate) wu: f64,
+    pub(crate) u: f64,
     pub(crate) t: f64,
     pub(crate) e: f64,
     pub(crate) l: f64,
@@ -211,6 +219,9 @@ impl Counter {
             fu: 0.0,
             qx: 0.0,
             qw: 0.0,
+            w: 0.0,
+            wu: 0.0,
+            u: 0.0,
             t: 0.0,
             e: 0.0,
             l: 0.0,
@@ -235,10 +246,12 @@ impl Counter {
             GCRA_NUMBERS
         } else if c.k == BODY_SLIDING {
             SLIDING_NUMBERS
+        } else if c.k == BODY_FIXED {
+            FIXED_NUMBERS
         } else if c.k == BODY_EMPTY {
             0
         } else {
-            return Err("a counter of another algorithm or kind");
+            return Err("a counter of leases, or of a kind not known");
         };
         let whole = header + body * NUMBER_BYTES;
         if raw.len() < whole {
@@ -253,6 +266,8 @@ impl Counter {
         } else if c.k == BODY_SLIDING {
             [c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw] =
                 [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9]];
+        } else if c.k == BODY_FIXED {
+            [c.w, c.wu, c.u] = [b[0], b[1], b[2]];
         }
         Ok(Decoded::Counter(c))
     }
@@ -262,6 +277,7 @@ impl Counter {
             self.g, self.p, self.s, self.k, self.ro, self.re, self.ra, self.rl, self.rx, self.a,
         ];
         let gcra = [self.t, self.e, self.l];
+        let fixed = [self.w, self.wu, self.u];
         let sliding = [
             self.qu, self.lo, self.ls, self.lu, self.qo, self.qe, self.fs, self.fu, self.qx,
             self.qw,
@@ -270,6 +286,8 @@ impl Counter {
             &gcra
         } else if self.k == BODY_SLIDING {
             &sliding
+        } else if self.k == BODY_FIXED {
+            &fixed
         } else {
             &[]
         };
@@ -284,6 +302,8 @@ impl Counter {
     fn used(&self, p: &Policy, now: f64) -> f64 {
         if self.k == BODY_SLIDING {
             self.qu
+        } else if self.k == BODY_FIXED {
+            self.u
         } else if self.k == BODY_GCRA {
             div_ceil(sub0(self.t, now), p.emission)
         } else {
@@ -297,6 +317,12 @@ impl Counter {
                 0.0
             } else {
                 self.ls + p.window
+            }
+        } else if self.k == BODY_FIXED {
+            if self.u == 0.0 {
+                0.0
+            } else {
+                (self.w + 1.0) * self.wu
             }
         } else if self.k == BODY_GCRA {
             self.t
@@ -751,6 +777,19 @@ impl Decision<'_, '_> {
         at
     }
 
+    // fixed.lua
+
+    /// T.fixed_roll: the window `now` is in started, if it is a later one than the counter's.
+    fn fixed_roll(&mut self) {
+        let current = (self.now / self.p.window).floor();
+        let c = &mut self.c;
+        if c.w < current {
+            c.w = current;
+            c.u = 0.0;
+            c.dirty = true;
+        }
+    }
+
     // reservations.lua
 
     pub(crate) fn clear_reservations(&mut self) {
@@ -826,12 +865,16 @@ impl Decision<'_, '_> {
         }
         if p.alg == ALG_SLIDING && self.c.k == BODY_SLIDING {
             self.sliding_expire();
+        } else if p.alg == ALG_FIXED && self.c.k == BODY_FIXED && self.c.wu == p.window {
+            self.fixed_roll();
         } else if p.alg == ALG_GCRA && self.c.k == BODY_GCRA && self.c.e == p.emission {
             // nothing expires in a TAT
         } else {
             let c = &mut self.c;
             let used_before = if c.k == BODY_SLIDING {
                 c.qu
+            } else if c.k == BODY_FIXED {
+                c.u
             } else if c.k == BODY_GCRA {
                 div_ceil(sub0(c.t, now), c.e)
             } else {
@@ -849,6 +892,12 @@ impl Decision<'_, '_> {
                 if used_before > 0.0 {
                     (c.lo, c.ls, c.lu, c.qu) = (now, now, used_before, used_before);
                 }
+            } else if p.alg == ALG_FIXED {
+                // `fixed.lua`'s T.fixed_carried: counted in `now`'s window.
+                c.k = BODY_FIXED;
+                c.w = (now / p.window).floor();
+                c.wu = p.window;
+                c.u = used_before;
             } else {
                 c.k = BODY_GCRA;
                 c.t = now + used_before * p.emission;
@@ -865,6 +914,9 @@ impl Decision<'_, '_> {
         }
         if self.c.k == BODY_SLIDING {
             self.sliding_wait_for_room(in_use + cost - open)
+        } else if self.c.k == BODY_FIXED {
+            // `fixed.lua`'s T.fixed_wait_for_room: until the counter's window ends.
+            sub0((self.c.w + 1.0) * self.p.window, self.now)
         } else if self.c.k == BODY_GCRA {
             sub0(sub0(self.c.t, (open - cost) * self.p.emission), self.now)
         } else {
@@ -907,6 +959,8 @@ impl Decision<'_, '_> {
         let slack = p.slack();
         if self.c.k == BODY_SLIDING {
             reserved_at = self.sliding_grant(cost, slack);
+        } else if self.c.k == BODY_FIXED {
+            self.c.u += cost;
         } else if self.c.k == BODY_GCRA {
             self.c.t = self.c.t.max(now) + cost * p.emission;
             self.c.l = seq;
@@ -1295,9 +1349,9 @@ impl<'k> Acquire<'k> {
         else {
             return Err(bad("acquire: fewer than a policy's numbers"));
         };
-        if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
+        if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
             return Err(not_native(
-                "a policy other than a GCRA or sliding window rate limit",
+                "a policy other than a GCRA, sliding or fixed window rate limit",
             ));
         }
         let window = period + margin;

@@ -1,21 +1,22 @@
 //! `TOLLGATE.COMMIT`: the function library's commit (`tollgate-redis`'s `T.commit_op` in
 //! `lua/operations.lua`, reached through `T.decide`'s path for one counter), natively, for a
-//! reservation of one rate counter, GCRA or sliding window, its evictions not watched: the
+//! reservation of one rate counter, GCRA, sliding or fixed window, its evictions not watched: the
 //! unused units refunded (or nothing to refund), `gone`, `unknown`, `used_above_cost`, the key
 //! admitted in its limit's key budget first when the counter must live past its cover (or the
 //! cover asked of the caller, `admit`; `keys`, `held`), and the wake-up published when units
 //! came back. It takes the library's keys and packed numbers unchanged
 //! (`TOLLGATE.COMMIT numkeys key... packed channel`, as `FCALL <function> numkeys key... packed
 //! channel`), writes the same bytes and expiries and answers the same reply; the arithmetic and
-//! the counter's helpers are the acquire's (`acquire.rs`). A fixed window, a concurrency lease,
-//! evictions watched, or a counter holding another algorithm's value is refused before anything
-//! is written (`ERR tollgate: not native: ...`), for the library to decide.
+//! the counter's helpers are the acquire's (`acquire.rs`). A concurrency lease, evictions
+//! watched, or a counter holding leases (or a value of a kind not known) is refused before
+//! anything is written (`ERR tollgate: not native: ...`), for the library to decide.
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_GCRA, BODY_SLIDING,
-    Counter, Decision, Decoded, EXPIRY_SLACK_US, Generation, KIND_RATE, Keys, NUMBER_BYTES,
-    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit_honouring, bad, bytes_of, div_ceil,
-    generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+    ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
+    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, EXPIRY_SLACK_US, Generation, KIND_RATE,
+    Keys, NUMBER_BYTES, POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit_honouring, bad,
+    bytes_of, div_ceil, generation, head, ints, log_read, log_rewrite, not_native, numbers, pack,
+    sub0, text,
 };
 use crate::{Redis, Reply, Value};
 
@@ -93,8 +94,8 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     else {
         return bad("commit: fewer than a policy's numbers");
     };
-    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING) {
-        return not_native("a commit of other than a GCRA or sliding window rate limit");
+    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
+        return not_native("a commit of other than a GCRA, sliding or fixed window rate limit");
     }
     let (Some(tally), Some(budget), Some(carried), Some(apart), Some(seq), Some(used)) = (
         a(ARG_ADMISSION),
@@ -223,6 +224,15 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let give_back = units - used;
     let refunded = if d.c.k == BODY_SLIDING {
         d.sliding_refund(at, give_back)
+    } else if d.c.k == BODY_FIXED {
+        // `fixed.lua`'s T.fixed_refund: only a reservation made in the window that counts now.
+        if (at / p.window).floor() == d.c.w {
+            let refunded = give_back.min(d.c.u);
+            d.c.u -= refunded;
+            refunded
+        } else {
+            0.0
+        }
     } else if d.c.k == BODY_GCRA {
         // `gcra.lua`'s T.gcra_refund: only the newest grant's time can be taken back.
         if d.c.l == seq {

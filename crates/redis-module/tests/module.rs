@@ -275,7 +275,7 @@ fn keys(namespace: &str, counter: usize) -> Vec<Vec<u8>> {
     keys
 }
 
-/// A rate policy's nine numbers: kind, limit, period, margin, algorithm, burst, ttl, reserves.
+/// A policy's nine numbers: kind, limit, period, margin, algorithm, burst, ttl, reserves.
 fn policies() -> Vec<[f64; 9]> {
     let s = 1_000_000.0;
     vec![
@@ -288,13 +288,19 @@ fn policies() -> Vec<[f64; 9]> {
         // Sliding: 5 per 3 s with a margin (a shorter window: buckets switched to the other
         // sliding policy count longer).
         [1.0, 5.0, 3.0 * s, 0.5 * s, 1.0, 0.0, 0.0, 0.0, 0.0],
-        // A fixed window, 4 per 5 s: not decided natively (the module refuses it).
-        [1.0, 4.0, 5.0 * s, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0],
+        // A fixed window, 4 per 5 s with a margin, a reserve for high.
+        [1.0, 4.0, 5.0 * s, 0.25 * s, 2.0, 0.0, 0.0, 1.0, 0.0],
+        // A fixed window, 3 per 2 s (a counter switched from the other fixed window is carried
+        // into this one's windows).
+        [1.0, 3.0, 2.0 * s, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0],
+        // A concurrency limit, 3 leases of 4 s (as the store packs one: no period, margin,
+        // algorithm or burst): not decided natively (the module refuses it).
+        [2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 4.0 * s, 0.0, 0.0],
     ]
 }
 
-/// The counters decided natively: every policy but the fixed window's.
-const NATIVE: usize = 4;
+/// The counters decided natively: every policy but the concurrency limit's, the last.
+const NATIVE: usize = 6;
 
 /// An acquire of one counter: `record` 1 records a reservation; its limit's pause as the
 /// caller read it (`-paused_until`, or 0); its admission (where its limit's key budget is, the
@@ -435,7 +441,7 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     let mut clock = 0;
     let (mut native, mut refused) = (0, 0);
     let (mut native_commits, mut refused_commits, mut woken) = (0, 0, 0);
-    let (mut granted, mut denied) = ([0; 5], [0; 5]);
+    let (mut granted, mut denied) = ([0; NATIVE + 1], [0; NATIVE + 1]);
     let mut statuses = std::collections::BTreeMap::<String, u32>::new();
     let mut commit_statuses = std::collections::BTreeMap::<String, u32>::new();
     // Per counter, the grants so far not committed: (seq, units, recorded as a reservation);
@@ -546,7 +552,7 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                     reply => {
                         assert!(
                             counter < NATIVE,
-                            "step {step}: a fixed window's commit decided natively"
+                            "step {step}: a concurrency limit's commit decided natively"
                         );
                         native_commits += 1;
                         reply
@@ -576,7 +582,7 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                     reply => {
                         assert!(
                             counter < NATIVE,
-                            "step {step}: a fixed window decided natively"
+                            "step {step}: a concurrency limit decided natively"
                         );
                         native += 1;
                         reply
@@ -1018,7 +1024,8 @@ fn an_append_only_file_replays_what_the_module_wrote() {
             1.0,
             record,
             0.0,
-            [6.0, 3.0, 0.0, 0.0],
+            // A key budget with room for every counter.
+            [6.0, NATIVE as f64, 0.0, 0.0],
         ));
         match module(&mut conn, &keys, &packed) {
             Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
@@ -1082,7 +1089,7 @@ fn batch(namespace: &str, acquires: &[(usize, Vec<f64>)]) -> (Vec<Vec<u8>>, Vec<
 
 /// Batches of acquires, decided by the module on one namespace and by the library on another,
 /// from the same numbers at the same instants: the same replies, the same stored bytes and
-/// expiries, acquire by acquire. A batch with a fixed window's acquire is refused whole,
+/// expiries, acquire by acquire. A batch with a concurrency limit's acquire is refused whole,
 /// before anything is written, and made through the library.
 #[test]
 fn a_batch_decided_by_the_module_is_the_librarys() {
@@ -1143,7 +1150,7 @@ fn a_batch_decided_by_the_module_is_the_librarys() {
             reply => {
                 assert!(
                     acquires.iter().all(|(counter, _)| *counter < NATIVE),
-                    "step {step}: a batch with a fixed window decided natively"
+                    "step {step}: a batch with a concurrency limit decided natively"
                 );
                 native += 1;
                 reply

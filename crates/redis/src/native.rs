@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use redis::Value;
 
-use crate::abi::{ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_COMMIT};
+use crate::abi::{ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_COMMIT};
 
 /// Whether the store decides acquires with the Redis module.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than an acquire or a batch of them (without evictions watched)",
     "an acquire of other than one counter",
     "a waiting request (the queue across the fleet)",
-    "a policy other than a GCRA or sliding window rate limit",
+    "a policy other than a GCRA, sliding or fixed window rate limit",
 ];
 
 /// What the module refuses of a commit (`TOLLGATE.COMMIT`) that the store can tell from its
@@ -62,7 +62,7 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
 /// these; a test holds this list to the module's.
 pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than a commit (without evictions watched)",
-    "a commit of other than a GCRA or sliding window rate limit",
+    "a commit of other than a GCRA, sliding or fixed window rate limit",
 ];
 
 /// What the module refuses that only Redis can see (what the counter's keys hold), of an
@@ -70,9 +70,16 @@ pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
 /// round trip, and counts it.
 pub const REFUSED_IN_REDIS: &[&str] = &[
     "a counter with a queue of waiters",
-    "a counter of another algorithm or kind",
+    "a counter of leases, or of a kind not known",
     "a counter value shorter than its kind's",
 ];
+
+/// The rate algorithms the module decides, of an acquire and of a commit alike.
+const NATIVE_ALGORITHMS: &[u64] = &[ALG_SLIDING, ALG_FIXED, ALG_GCRA];
+
+fn native_algorithm(alg: f64) -> bool {
+    NATIVE_ALGORITHMS.iter().any(|&native| alg == native as f64)
+}
 
 /// The start of the module's refusal, after Redis's `ERR`.
 pub(crate) const NOT_NATIVE: &str = "tollgate: not native:";
@@ -95,7 +102,8 @@ fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
 }
 
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
-/// them, before any evictions flag): one counter of a GCRA or sliding window rate limit, not
+/// them, before any evictions flag): one counter of a rate limit (GCRA, sliding or fixed
+/// window), not
 /// waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its order.
 pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
@@ -104,7 +112,7 @@ pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
         && at(AT_COUNTERS) == Some(1.0)
         && at(AT_WAITER) == Some(0.0)
         && at(AT_KIND) == Some(KIND_RATE as f64)
-        && matches!(at(AT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
+        && at(AT_ALGORITHM).is_some_and(native_algorithm)
 }
 
 /// Where a commit's numbers are (0-based, in doubles): the operation, then the policy.
@@ -112,14 +120,14 @@ const AT_COMMIT_KIND: usize = 1;
 const AT_COMMIT_ALGORITHM: usize = AT_COMMIT_KIND + 4;
 
 /// Whether the module decides the commit packed in `numbers` (as its own call would send
-/// them, before any evictions flag): a reservation of a GCRA or sliding window rate limit's
-/// counter, with evictions not watched. The checks of `COMMIT_REFUSED_BEFORE_SENDING`.
+/// them, before any evictions flag): a reservation of a rate limit's counter (GCRA, sliding or
+/// fixed window), with evictions not watched. The checks of `COMMIT_REFUSED_BEFORE_SENDING`.
 pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
         && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
-        && matches!(at(AT_COMMIT_ALGORITHM), Some(alg) if alg == ALG_GCRA as f64 || alg == ALG_SLIDING as f64)
+        && at(AT_COMMIT_ALGORITHM).is_some_and(native_algorithm)
 }
 
 /// What `TOLLGATE.VERSION` answered (on a cluster, every master).
