@@ -190,6 +190,9 @@ pub(crate) struct Counter {
 }
 
 /// What decoding a stored value found.
+// Made once per decision and moved out at once: boxing the counter would add an allocation to
+// every decision for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Decoded {
     Counter(Counter),
     /// Not a counter the library wrote (another format, or damaged): lost state.
