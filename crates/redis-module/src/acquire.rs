@@ -1,15 +1,16 @@
 //! `TOLLGATE.ACQUIRE`: the function library's acquire (`tollgate-redis`'s `lua/acquire.lua`),
 //! natively, alone or in a batch (`entry.lua`'s, the generation read once), for the cases it
 //! decides alone so far: one rate counter, GCRA, sliding window (its bucket log kept as the
-//! library keeps it) or fixed window, a final grant or one recorded as a reservation a commit can refund, its
-//! key admitted in its limit's key budget when it has one (the budget in this slot, or the
-//! cover the caller brings), a request that does not wait, no queue of waiters on the counter,
-//! and a counter whose stored value is GCRA's, a sliding or fixed window's or none (one of
-//! another rate algorithm's is carried into the policy's, as the library carries it). It reads and writes
-//! the same keys and bytes as the library, with the library's arithmetic (Lua's numbers are
-//! doubles, so this computes in doubles too) on Redis's clock (as `TIME` reads it). Every other
-//! case is refused before anything is written (`ERR tollgate: not native: ...`). It also owns
-//! the identity the module and the library write generations under (`TOLLGATE.IDENTITY`).
+//! library keeps it) or fixed window, a final grant or one recorded as a reservation a commit
+//! can refund, its key admitted in its limit's key budget when it has one (the budget in this
+//! slot, or the cover the caller brings), a request that does not wait, no queue of waiters on
+//! the counter, and a counter whose stored value is GCRA's, a sliding or fixed window's or none
+//! (one of another rate algorithm's is carried into the policy's, as the library carries it).
+//! It reads and writes the same keys and bytes as the library, with the library's arithmetic
+//! (Lua's numbers are doubles, so this computes in doubles too) on Redis's clock (as `TIME`
+//! reads it). Every other case is refused before anything is written (`ERR tollgate: not
+//! native: ...`). It also owns the identity the module and the library write generations under
+//! (`TOLLGATE.IDENTITY`).
 //!
 //! The numbers below are the library's (`tollgate-redis`'s `abi.rs`, `tally.rs` and the core's
 //! bounds), which this crate cannot depend on (it is loaded into Redis); the interleaving test
