@@ -126,6 +126,30 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// `common.lua`'s T.read_policy for a rate limit: limit, period, margin, algorithm,
+    /// burst and the two reserves.
+    pub(crate) fn rate(
+        [limit, period, margin, alg, burst, res_high, res_normal]: [f64; 7],
+    ) -> Policy {
+        let window = period + margin;
+        let emission = div_ceil(window, limit);
+        let (capacity, memory) = if alg == ALG_GCRA {
+            (burst, emission * burst)
+        } else {
+            (limit, window)
+        };
+        Policy {
+            alg,
+            limit,
+            window,
+            capacity,
+            res_high,
+            res_normal,
+            emission,
+            memory,
+        }
+    }
+
     fn capacity_for(&self, priority: f64) -> f64 {
         if priority == PRIORITY_HIGH {
             self.capacity
@@ -1155,27 +1179,41 @@ pub(crate) fn ints(numbers: &[f64]) -> impl Iterator<Item = Value> + '_ {
     numbers.iter().map(|&n| Value::Int(n as i64))
 }
 
-pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
+/// A command's arguments as the library's `FCALL` takes them: `numkeys key... packed`, then
+/// exactly `trailing` more (a commit's wake-up channel). Redis takes every argument between the
+/// count and the packed numbers for a key (the command's key positions), so nothing else may
+/// follow. The keys, the packed numbers' doubles and the trailing arguments.
+#[allow(clippy::type_complexity)]
+pub(crate) fn split_call<'a>(
+    args: &'a [&'a [u8]],
+    trailing: usize,
+) -> Result<(&'a [&'a [u8]], Vec<f64>, &'a [&'a [u8]]), Reply> {
     if args.len() < 3 {
-        return Reply::WrongArity;
+        return Err(Reply::WrongArity);
     }
     let Some(numkeys) = std::str::from_utf8(args[1])
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
     else {
-        return bad("numkeys: not a count");
+        return Err(bad("numkeys: not a count"));
     };
-    // Exactly the keys, then the packed numbers: Redis takes every argument between the count
-    // and the last for a key (the command's key positions), so nothing may follow.
-    if args.len() != 2 + numkeys + 1 {
-        return bad("numkeys: not the count of the arguments between it and the packed numbers");
+    if numkeys.checked_add(3 + trailing) != Some(args.len()) {
+        return Err(bad(
+            "numkeys: not the count of the arguments between it and the packed numbers",
+        ));
     }
-    let keys = &args[2..2 + numkeys];
     let packed = args[2 + numkeys];
     if !packed.len().is_multiple_of(NUMBER_BYTES) {
-        return bad("packed numbers: not a whole count of doubles");
+        return Err(bad("packed numbers: not a whole count of doubles"));
     }
-    let nums = numbers(packed);
+    Ok((&args[2..2 + numkeys], numbers(packed), &args[3 + numkeys..]))
+}
+
+pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
+    let (keys, nums, _) = match split_call(args, 0) {
+        Ok(call) => call,
+        Err(refusal) => return refusal,
+    };
     let Some(&op) = nums.first() else {
         return bad("packed numbers: empty");
     };
@@ -1358,23 +1396,7 @@ impl<'k> Acquire<'k> {
                 "a policy other than a GCRA, sliding or fixed window rate limit",
             ));
         }
-        let window = period + margin;
-        let emission = div_ceil(window, limit);
-        let (capacity, memory) = if alg == ALG_GCRA {
-            (burst, emission * burst)
-        } else {
-            (limit, window)
-        };
-        let p = Policy {
-            alg,
-            limit,
-            window,
-            capacity,
-            res_high,
-            res_normal,
-            emission,
-            memory,
-        };
+        let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
         let shifted = |x: f64| if x >= 1.0 { x + shift as f64 } else { x };
         let counter = shift as f64 + KEYS_PER_COUNTER - 1.0;
         let (Some(gen_key), Some(ck), Some(rk), Some(qk), Some(wk)) = (

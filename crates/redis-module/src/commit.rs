@@ -15,8 +15,7 @@ use crate::acquire::{
     ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
     BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, EXPIRY_SLACK_US, Generation, KIND_RATE,
     Keys, NUMBER_BYTES, POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit_honouring, bad,
-    bytes_of, div_ceil, generation, head, ints, log_read, log_rewrite, not_native, numbers, pack,
-    sub0, text,
+    bytes_of, generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
 use crate::{Redis, Reply, Value};
 
@@ -42,28 +41,10 @@ fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
 }
 
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
-    if args.len() < 3 {
-        return Reply::WrongArity;
-    }
-    let Some(numkeys) = std::str::from_utf8(args[1])
-        .ok()
-        .and_then(|n| n.parse::<usize>().ok())
-    else {
-        return bad("numkeys: not a count");
+    let (keys, nums, trailing) = match crate::acquire::split_call(args, 1) {
+        Ok(call) => call,
+        Err(refusal) => return refusal,
     };
-    // Exactly the keys, then the packed numbers and the wake-up channel: Redis takes every
-    // argument between the count and the last two for a key (the command's key positions).
-    if args.len() != 2 + numkeys + 2 {
-        return bad(
-            "numkeys: not the count of the arguments between it and the packed numbers and channel",
-        );
-    }
-    let keys = &args[2..2 + numkeys];
-    let packed = args[2 + numkeys];
-    if !packed.len().is_multiple_of(NUMBER_BYTES) {
-        return bad("packed numbers: not a whole count of doubles");
-    }
-    let nums = numbers(packed);
     let a = |i: usize| nums.get(i - 1).copied();
     let key = |x: f64| -> Option<&[u8]> {
         if x >= 1.0 && x.fract() == 0.0 {
@@ -108,7 +89,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         return bad("commit: fewer than its admission's and its own numbers");
     };
     // The library publishes to ARGV[2] only when units come back; the store always sends it.
-    let Some(&channel) = args.get(2 + numkeys + 1) else {
+    let Some(&channel) = trailing.first() else {
         return bad("commit: no wake-up channel after the packed numbers");
     };
     let adm = Admission {
@@ -117,23 +98,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         carried,
         apart,
     };
-    let window = period + margin;
-    let emission = div_ceil(window, limit);
-    let (capacity, memory) = if alg == ALG_GCRA {
-        (burst, emission * burst)
-    } else {
-        (limit, window)
-    };
-    let p = Policy {
-        alg,
-        limit,
-        window,
-        capacity,
-        res_high,
-        res_normal,
-        emission,
-        memory,
-    };
+    let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
     let (Some(gen_key), Some(ck), Some(rk), Some(qk)) = (key(1.0), key(2.0), key(3.0), key(4.0))
     else {
         return bad("commit: fewer keys than a counter's");

@@ -160,24 +160,19 @@ impl Backend {
     /// Send one command to the master of `slot` on a cluster (a command the client cannot
     /// route by its arguments, as it routes `FCALL`), elsewhere as `query` does.
     pub(crate) async fn query_slot(&self, command: &Cmd, slot: u16) -> RedisResult<Value> {
-        match self {
-            Backend::Cluster(connection) => {
-                let route = Route::new(slot, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                connection
-                    .clone()
-                    .route_command(command.clone(), routing)
-                    .await
-            }
-            _ => self.query(command).await,
-        }
+        self.query_routed(command, Route::new(slot, SlotAddr::Master))
+            .await
     }
 
     /// `query_slot` for the slot `key` hashes to (its tag's).
     pub(crate) async fn query_key(&self, command: &Cmd, key: &str) -> RedisResult<Value> {
+        self.query_routed(command, Route::with_key(key, SlotAddr::Master))
+            .await
+    }
+
+    async fn query_routed(&self, command: &Cmd, route: Route) -> RedisResult<Value> {
         match self {
             Backend::Cluster(connection) => {
-                let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 connection
                     .clone()

@@ -471,16 +471,9 @@ fn compare_permit_results<T: PartialEq + std::fmt::Debug>(
 #[test]
 fn the_lua_script_decides_exactly_like_the_core() {
     let Some(url) = redis_url() else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let store = Arc::new(connect(&runtime, url, "differential", 100_000));
-    run_sequences(
-        64,
-        proptest::collection::vec(op(), 1..60),
-        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
-    );
+    decides_like_the_core(&runtime, &store);
 }
 
 /// The same comparison with the Redis module deciding the acquires it decides natively (and
@@ -488,18 +481,27 @@ fn the_lua_script_decides_exactly_like_the_core() {
 #[test]
 fn the_module_decides_exactly_like_the_core() {
     let Some(url) = module_url() else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = runtime();
+    let store = Arc::new(connect_module(&runtime, url, "differential-module"));
+    decides_like_the_core(&runtime, &store);
+    assert!(store.module_acquires() > 0, "the module decided nothing");
+    assert_eq!(store.module_fallbacks(), 0);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime");
-    let store = Arc::new(connect_module(&runtime, url, "differential-module"));
+        .expect("runtime")
+}
+
+/// Random operation sequences on `store`, each compared with the core.
+fn decides_like_the_core(runtime: &tokio::runtime::Runtime, store: &Arc<RedisStore>) {
     run_sequences(
         64,
         proptest::collection::vec(op(), 1..60),
-        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
+        |name, policy, ops| runtime.block_on(compare(store, name, policy, &ops)),
     );
-    assert!(store.module_acquires() > 0, "the module decided nothing");
-    assert_eq!(store.module_fallbacks(), 0);
 }
 
 /// One comparison of `compare` with the operations `op_with(extra)` adds.
@@ -1372,24 +1374,9 @@ async fn compare_batches(
 #[test]
 fn a_batch_decides_exactly_as_the_core_one_acquire_after_another() {
     let Some(url) = redis_url() else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let store = connect(&runtime, url, "differential-batch", 100_000);
-    // Declared new, so that counters start empty rather than held after a loss.
-    runtime
-        .block_on(store.begin_new_namespace())
-        .expect("declare the namespace new");
-    let seen = Seen::default();
-    run_sequences(
-        48,
-        proptest::collection::vec(round(), 1..6),
-        |name, policy, rounds| {
-            runtime.block_on(compare_batches(&store, name, policy, &rounds, &seen))
-        },
-    );
-    seen.assert_both();
+    batches_decide_like_the_core(&runtime, &store);
 }
 
 /// The batches' comparison with the Redis module deciding the batches whose acquires it all
@@ -1397,11 +1384,15 @@ fn a_batch_decides_exactly_as_the_core_one_acquire_after_another() {
 #[test]
 fn a_module_batch_decides_exactly_as_the_core_one_acquire_after_another() {
     let Some(url) = module_url() else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let store = connect_module(&runtime, url, "differential-module-batch");
+    batches_decide_like_the_core(&runtime, &store);
+    assert!(store.module_acquires() > 0, "the module decided nothing");
+}
+
+/// Rounds of acquires in flight at once on `store`, its namespace declared new (so that
+/// counters start empty rather than held after a loss), each compared with the core.
+fn batches_decide_like_the_core(runtime: &tokio::runtime::Runtime, store: &RedisStore) {
     runtime
         .block_on(store.begin_new_namespace())
         .expect("declare the namespace new");
@@ -1410,11 +1401,10 @@ fn a_module_batch_decides_exactly_as_the_core_one_acquire_after_another() {
         48,
         proptest::collection::vec(round(), 1..6),
         |name, policy, rounds| {
-            runtime.block_on(compare_batches(&store, name, policy, &rounds, &seen))
+            runtime.block_on(compare_batches(store, name, policy, &rounds, &seen))
         },
     );
     seen.assert_both();
-    assert!(store.module_acquires() > 0, "the module decided nothing");
 }
 
 /// Acquires one at a time (never batched) over one to three keys, each key with its own cost:
