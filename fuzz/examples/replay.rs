@@ -21,7 +21,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let corpus = tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("corpus");
     // The targets' SQLite URLs (`sqlite:file:...?mode=memory`) leave empty files named after
     // them in the working directory: run in a scratch directory, removed at the end.
     let scratch = std::env::temp_dir().join(format!("tollgate-fuzz-replay-{}", std::process::id()));

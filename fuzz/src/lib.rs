@@ -117,6 +117,7 @@ impl Api {
                 redis_namespace: tollgate_server::DEFAULT_REDIS_NAMESPACE.to_owned(),
                 store_fail_open: false,
                 redis_allow_eviction: false,
+                redis_module: tollgate_server::DEFAULT_REDIS_MODULE,
                 store_timeout: std::time::Duration::from_secs(1),
                 grpc_listen: None,
                 envoy_config: None,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use tollgate::DenyReason;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn read(path: &Path) -> String {

@@ -516,7 +516,8 @@ mod tests {
     /// The configuration table of the server's guide, row by row.
     fn settings_in_the_guide() -> BTreeSet<Setting> {
         let guide = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+            tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/server.md"),
         )
         .expect("docs/server.md");
         let section = guide
@@ -551,7 +552,8 @@ mod tests {
              {undocumented:?}; in the table but not read so: {unknown:?}"
         );
         let example = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tollgate.toml"),
+            tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+                .join("../../examples/tollgate.toml"),
         )
         .expect("examples/tollgate.toml");
         for (key, ..) in &code {

@@ -634,8 +634,8 @@ async fn status_shows_usage_pauses_and_denials() {
 /// The example configuration is one `serve` accepts as it stands.
 #[test]
 fn the_example_configuration_starts_a_server() {
-    let example =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tollgate.toml");
+    let example = tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/tollgate.toml");
     let example = example.display().to_string();
     let mut server = Server::start_with(Options {
         args: vec!["--config", &example],

@@ -178,7 +178,8 @@ fn a_limits_file_that_does_not_parse_stops_serve_naming_the_file() {
 /// The example limits file is one `serve` accepts whole: every entry in force, none rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_limits_file_is_served_whole() {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/limits.toml");
+    let example = tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/limits.toml");
     let rules = format!("file://{}", example.display());
     let server = Server::start_with(Options {
         args: vec!["--rules", &rules],

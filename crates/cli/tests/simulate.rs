@@ -123,7 +123,7 @@ fn assert_accounted(caller: &tollgate_cli::simulate::CallerReport) {
 #[test]
 fn the_report_accounts_for_every_call_and_says_why_calls_gave_up() {
     let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/workloads/bulk-and-interactive.toml"),
     )
     .expect("the example");
@@ -259,8 +259,8 @@ fn a_bad_workload_is_refused_naming_the_field() {
 #[test]
 fn the_shipped_workloads_run_without_overdrawing() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let examples =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/workloads");
+    let examples = tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/workloads");
     for name in [
         "bulk-and-interactive.toml",
         "escalating-vendor.toml",

@@ -2,11 +2,9 @@
 //! file on its first line, and the file is built with the tests, so a program pasted from the
 //! README compiles.
 
-use std::path::Path;
-
 #[test]
 fn every_rust_block_of_the_readme_is_an_example_file() {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = std::fs::read_to_string(workspace.join("README.md")).expect("README.md");
     let mut blocks = 0;
     let mut lines = readme.lines();

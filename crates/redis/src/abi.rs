@@ -430,12 +430,13 @@ pub(crate) mod tests {
         );
         let listed: std::collections::BTreeSet<&str> =
             PARTS.iter().map(|(name, _)| *name).collect();
-        let on_disk: std::collections::BTreeSet<String> =
-            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua"))
-                .expect("src/lua")
-                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-                .filter(|name| name.ends_with(".lua"))
-                .collect();
+        let on_disk: std::collections::BTreeSet<String> = std::fs::read_dir(
+            tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("src/lua"),
+        )
+        .expect("src/lua")
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".lua"))
+        .collect();
         assert_eq!(
             on_disk
                 .iter()

@@ -235,19 +235,17 @@ mod tests {
                 _ => problems.push(format!("T.{name} has more than one row in LUA_TWINS")),
             }
         }
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let root = &tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("../..");
         for (lua, twin) in LUA_TWINS {
             if !functions.contains_key(*lua) {
                 problems.push(format!("LUA_TWINS names T.{lua}, which no part defines"));
             }
             match twin {
-                Twin::Rust { file, function } => {
-                    match std::fs::read_to_string(format!("{root}/{file}")) {
-                        Ok(source) if defines(&source, function) => {}
-                        Ok(_) => problems.push(format!("T.{lua}: no fn {function} in {file}")),
-                        Err(error) => problems.push(format!("T.{lua}: {file}: {error}")),
-                    }
-                }
+                Twin::Rust { file, function } => match std::fs::read_to_string(root.join(file)) {
+                    Ok(source) if defines(&source, function) => {}
+                    Ok(_) => problems.push(format!("T.{lua}: no fn {function} in {file}")),
+                    Err(error) => problems.push(format!("T.{lua}: {file}: {error}")),
+                },
                 Twin::LuaOnly(reason) => {
                     if reason.trim().is_empty() {
                         problems.push(format!("T.{lua} is Lua only without a reason"));
@@ -263,13 +261,13 @@ mod tests {
 
     /// The files under `directory` (from the workspace's root) whose text holds or dispatches
     /// to an algorithm's arithmetic: each algorithm has its wait for room, `<name>_wait_for_room`.
-    fn algorithm_files(root: &str, directory: &str) -> Vec<String> {
-        let mut files: Vec<String> = std::fs::read_dir(format!("{root}/{directory}"))
+    fn algorithm_files(root: &std::path::Path, directory: &str) -> Vec<String> {
+        let mut files: Vec<String> = std::fs::read_dir(root.join(directory))
             .unwrap_or_else(|error| panic!("{directory}: {error}"))
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
             .map(|name| format!("{directory}/{name}"))
             .filter(|path| {
-                std::fs::read_to_string(format!("{root}/{path}"))
+                std::fs::read_to_string(root.join(path))
                     .is_ok_and(|text| text.contains("_wait_for_room("))
             })
             .collect();
@@ -279,9 +277,9 @@ mod tests {
 
     #[test]
     fn the_recipe_for_an_algorithm_names_every_file_it_touches_and_only_files_that_exist() {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let root = &tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR")).join("../..");
         let architecture =
-            std::fs::read_to_string(format!("{root}/ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+            std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
         let start = architecture
             .find("\n### Add an algorithm\n")
             .expect("ARCHITECTURE.md has the recipe");
@@ -295,7 +293,7 @@ mod tests {
             .collect();
         let mut problems = Vec::new();
         for path in &named {
-            if !std::path::Path::new(&format!("{root}/{path}")).exists() {
+            if !root.join(path).exists() {
                 problems.push(format!("the recipe names {path}, which does not exist"));
             }
         }

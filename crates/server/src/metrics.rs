@@ -598,7 +598,8 @@ mod tests {
     /// The metrics table of the server's guide: each metric's name and type.
     fn documented() -> BTreeMap<String, String> {
         let guide = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+            tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/server.md"),
         )
         .expect("docs/server.md");
         let section = guide

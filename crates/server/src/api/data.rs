@@ -597,7 +597,8 @@ mod tests {
     #[test]
     fn the_guide_names_every_reason() {
         let guide = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/server.md"),
+            tollgate::conformance::package_dir(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/server.md"),
         )
         .expect("docs/server.md");
         for marker in ["| `tollgate_denials_total` |", "reason is capacity"] {
