@@ -1,10 +1,11 @@
 //! `TOLLGATE.ACQUIRE`: the function library's acquire (`tollgate-redis`'s `lua/acquire.lua`),
 //! natively, alone or in a batch (`entry.lua`'s, the generation read once), for the cases it
-//! decides alone so far: one rate counter, GCRA, sliding window (its bucket log kept as the
-//! library keeps it) or fixed window, a final grant or one recorded as a reservation a commit
-//! can refund, its key admitted in its limit's key budget when it has one (the budget in this
-//! slot, or the cover the caller brings), a request that does not wait, no queue of waiters on
-//! the counter, and a counter whose stored value is GCRA's, a sliding or fixed window's or none
+//! decides alone so far: rate counters, one or several all or none, GCRA, sliding window (its
+//! bucket log kept as the library keeps it) or fixed window, a final grant or one recorded as a
+//! reservation a commit can refund, each key admitted in its limit's key budget when it has one
+//! (the budget in this slot, or the cover the caller brings), a request that does not wait, no
+//! queue of waiters on its counters, and counters whose stored value is GCRA's, a sliding or
+//! fixed window's or none
 //! (one of another rate algorithm's is carried into the policy's, as the library carries it).
 //! It reads and writes the same keys and bytes as the library, with the library's arithmetic
 //! (Lua's numbers are doubles, so this computes in doubles too) on Redis's clock (as `TIME`
@@ -33,6 +34,10 @@ pub(crate) const ALG_GCRA: f64 = 3.0;
 const PRIORITY_NORMAL: f64 = 1.0;
 const PRIORITY_HIGH: f64 = 2.0;
 const OUTCOME_GRANTED: i64 = 0;
+const OUTCOME_ALLOWED: i64 = 1;
+/// Where a reply's first counter's numbers are (0-based), and how many each has.
+const REPLY_HEAD: usize = 4;
+const OUTCOME_NUMBERS: usize = 5;
 const OUTCOME_DENIED: i64 = 2;
 const REASON_CAPACITY: f64 = 0.0;
 const REASON_PAUSED: f64 = 1.0;
@@ -1305,23 +1310,30 @@ pub(crate) fn clock(redis: &mut dyn Redis) -> Result<f64, Reply> {
     }
 }
 
-/// One acquire's numbers read (`acquire.lua`'s T.acquire, for one counter): from `nums[s]`
-/// (1-based, its cost), each key it names at `KEYS[x + shift]`, its counter's at
-/// `KEYS[shift + 2 ..]`, the generation at `KEYS[1]`.
-struct Acquire<'k> {
+/// One counter of an acquire: its policy, what the caller read of its limit's pause, its
+/// admission, and its keys (state, reservations log, bucket log, queue; the pause's and the
+/// key budget's when they are in this slot).
+struct Take<'k> {
     cost: f64,
-    record: f64,
     p: Policy,
     open: f64,
     pause: f64,
     adm: Admission,
-    gen_key: &'k [u8],
     ck: &'k [u8],
     rk: &'k [u8],
     qk: &'k [u8],
     wk: &'k [u8],
     pause_key: Option<&'k [u8]>,
     tally_key: Option<&'k [u8]>,
+}
+
+/// One acquire's numbers read (`acquire.lua`'s T.acquire): from `nums[s]` (1-based, its cost),
+/// each key it names at `KEYS[x + shift]`, its counters' at `KEYS[shift + 3i - 1 ..]`, the
+/// generation at `KEYS[1]`; every counter taken all or none.
+struct Acquire<'k> {
+    record: f64,
+    gen_key: &'k [u8],
+    takes: Vec<Take<'k>>,
 }
 
 impl<'k> Acquire<'k> {
@@ -1340,15 +1352,17 @@ impl<'k> Acquire<'k> {
                 None
             }
         };
-        let (Some(mut cost), Some(priority), Some(record), Some(n)) =
+        let (Some(cost), Some(priority), Some(record), Some(n)) =
             (a(s), a(s + 1), a(s + 2), a(s + 3))
         else {
             return Err(bad("acquire: fewer than its head's numbers"));
         };
-        if n != 1.0 {
-            return Err(not_native("an acquire of other than one counter"));
+        // Bounded by the call's own numbers before it sizes anything.
+        if n < 1.0 || n.fract() != 0.0 || n > nums.len() as f64 {
+            return Err(bad("acquire: its count of counters is not a count within the call"));
         }
-        let after = s + ACQUIRE_HEAD + ACQUIRE_PER_COUNTER;
+        let n = n as usize;
+        let after = s + ACQUIRE_HEAD + n * ACQUIRE_PER_COUNTER;
         let (Some(waiter), Some(_place_ttl)) = (a(after), a(after + 1)) else {
             return Err(bad(
                 "acquire: fewer numbers than its counters and waiter need",
@@ -1357,125 +1371,138 @@ impl<'k> Acquire<'k> {
         if waiter != 0.0 {
             return Err(not_native("a waiting request (the queue across the fleet)"));
         }
-        // A cost per counter (below 0), after the place's lifetime: the one counter's.
-        if cost < 0.0 {
-            let Some(own) = a(after + 2) else {
-                return Err(bad("acquire: no cost for its counter"));
-            };
-            cost = own;
-        }
-        let at = s + ACQUIRE_HEAD;
-        let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
-        let adm_at = at + POLICY_NUMBERS + 1;
-        let (Some(pause), Some(tally), Some(budget), Some(carried), Some(apart), Some(queue)) = (
-            a(at + POLICY_NUMBERS),
-            a(adm_at),
-            a(adm_at + 1),
-            a(adm_at + 2),
-            a(adm_at + 3),
-            a(adm_at + ADMISSION_NUMBERS),
-        ) else {
-            return Err(bad("acquire: fewer than a counter's numbers"));
+        let Some(gen_key) = key(1.0) else {
+            return Err(bad("acquire: no generation key"));
         };
-        let [
-            kind,
-            limit,
-            period,
-            margin,
-            alg,
-            burst,
-            _ttl,
-            res_high,
-            res_normal,
-        ] = policy[..]
-        else {
-            return Err(bad("acquire: fewer than a policy's numbers"));
-        };
-        if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
-            return Err(not_native(
-                "a policy other than a GCRA, sliding or fixed window rate limit",
-            ));
-        }
-        let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
         let shifted = |x: f64| if x >= 1.0 { x + shift as f64 } else { x };
-        let counter = shift as f64 + KEYS_PER_COUNTER - 1.0;
-        let (Some(gen_key), Some(ck), Some(rk), Some(qk), Some(wk)) = (
-            key(1.0),
-            key(counter),
-            key(counter + 1.0),
-            key(counter + 2.0),
-            key(shifted(queue)),
-        ) else {
-            return Err(bad(
-                "acquire: a key named by the numbers is not among the keys",
-            ));
-        };
-        let pause_key = if pause >= 1.0 {
-            match key(shifted(pause)) {
-                Some(k) => Some(k),
-                None => return Err(bad("acquire: the pause's key is not among the keys")),
+        let mut takes = Vec::with_capacity(n);
+        for i in 0..n {
+            // A cost per counter (below 0), after the place's lifetime, in the counters' order.
+            let cost = if cost < 0.0 {
+                match a(after + 2 + i) {
+                    Some(own) => own,
+                    None => return Err(bad("acquire: no cost for one of its counters")),
+                }
+            } else {
+                cost
+            };
+            let at = s + ACQUIRE_HEAD + i * ACQUIRE_PER_COUNTER;
+            let policy: Vec<f64> = (at..at + POLICY_NUMBERS).filter_map(a).collect();
+            let adm_at = at + POLICY_NUMBERS + 1;
+            let (Some(pause), Some(tally), Some(budget), Some(carried), Some(apart), Some(queue)) = (
+                a(at + POLICY_NUMBERS),
+                a(adm_at),
+                a(adm_at + 1),
+                a(adm_at + 2),
+                a(adm_at + 3),
+                a(adm_at + ADMISSION_NUMBERS),
+            ) else {
+                return Err(bad("acquire: fewer than a counter's numbers"));
+            };
+            let [
+                kind,
+                limit,
+                period,
+                margin,
+                alg,
+                burst,
+                _ttl,
+                res_high,
+                res_normal,
+            ] = policy[..]
+            else {
+                return Err(bad("acquire: fewer than a policy's numbers"));
+            };
+            if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
+                return Err(not_native(
+                    "a policy other than a GCRA, sliding or fixed window rate limit",
+                ));
             }
-        } else {
-            None
-        };
-        let tally_key = if tally >= 1.0 {
-            match key(shifted(tally)) {
-                Some(k) => Some(k),
-                None => return Err(bad("acquire: the key budget's key is not among the keys")),
-            }
-        } else {
-            None
-        };
-        let open = p.capacity_for(priority);
+            let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
+            let counter = shift as f64 + KEYS_PER_COUNTER * (i + 1) as f64 - 1.0;
+            let (Some(ck), Some(rk), Some(qk), Some(wk)) = (
+                key(counter),
+                key(counter + 1.0),
+                key(counter + 2.0),
+                key(shifted(queue)),
+            ) else {
+                return Err(bad(
+                    "acquire: a key named by the numbers is not among the keys",
+                ));
+            };
+            let pause_key = if pause >= 1.0 {
+                match key(shifted(pause)) {
+                    Some(k) => Some(k),
+                    None => return Err(bad("acquire: the pause's key is not among the keys")),
+                }
+            } else {
+                None
+            };
+            let tally_key = if tally >= 1.0 {
+                match key(shifted(tally)) {
+                    Some(k) => Some(k),
+                    None => {
+                        return Err(bad("acquire: the key budget's key is not among the keys"));
+                    }
+                }
+            } else {
+                None
+            };
+            let open = p.capacity_for(priority);
+            takes.push(Take {
+                cost,
+                p,
+                open,
+                pause,
+                adm: Admission {
+                    tally,
+                    budget,
+                    carried,
+                    apart,
+                },
+                ck,
+                rk,
+                qk,
+                wk,
+                pause_key,
+                tally_key,
+            });
+        }
         Ok(Acquire {
-            cost,
             record,
-            p,
-            open,
-            pause,
-            adm: Admission {
-                tally,
-                budget,
-                carried,
-                apart,
-            },
             gen_key,
-            ck,
-            rk,
-            qk,
-            wk,
-            pause_key,
-            tally_key,
+            takes,
         })
     }
 
-    /// Decide at `now`; `batch` the generation a batch read, else read here with the counter.
+    /// Decide at `now`; `batch` the generation a batch read, else read here with the counters.
     fn decide(&self, redis: &mut dyn Redis, now: f64, batch: Option<&Generation>) -> Reply {
-        let (p, adm, cost, open) = (&self.p, &self.adm, self.cost, self.open);
-        if cost < 1.0 || cost > open {
-            let slot = match batch {
-                Some(slot) => *slot,
-                None => {
-                    let raw = redis.call(&[b"GET", self.gen_key], false);
-                    generation(redis, bytes_of(&raw), self.gen_key, now)
-                }
-            };
-            let mut reply = head("cost", now, &slot);
-            reply.extend(ints(&[1.0, open]));
-            return Reply::Value(Value::Array(reply));
+        let n = self.takes.len();
+        for (i, take) in self.takes.iter().enumerate() {
+            if take.cost < 1.0 || take.cost > take.open {
+                let slot = match batch {
+                    Some(slot) => *slot,
+                    None => {
+                        let raw = redis.call(&[b"GET", self.gen_key], false);
+                        generation(redis, bytes_of(&raw), self.gen_key, now)
+                    }
+                };
+                let mut reply = head("cost", now, &slot);
+                reply.extend(ints(&[(i + 1) as f64, take.open]));
+                return Reply::Value(Value::Array(reply));
+            }
         }
 
-        // One read, as the library's: the generation (unless a batch read it), the counter,
-        // its queue, the limit's pause.
-        let mut names: Vec<&[u8]> = Vec::with_capacity(5);
+        // One read, as the library's: the generation (unless a batch read it), every counter,
+        // their queues, the limits' pauses kept here.
+        let mut names: Vec<&[u8]> = Vec::with_capacity(2 + 3 * n);
         names.push(b"MGET");
         if batch.is_none() {
             names.push(self.gen_key);
         }
-        names.extend([self.ck, self.wk]);
-        if let Some(pause_key) = self.pause_key {
-            names.push(pause_key);
-        }
+        names.extend(self.takes.iter().map(|take| take.ck));
+        names.extend(self.takes.iter().map(|take| take.wk));
+        names.extend(self.takes.iter().filter_map(|take| take.pause_key));
         let values = match redis.call(&names, false) {
             Value::Array(values) if values.len() == names.len() - 1 => values,
             _ => return bad("MGET: not one value per key"),
@@ -1483,132 +1510,188 @@ impl<'k> Acquire<'k> {
         // The generation first unless a batch read it; it is written (when due) only after
         // the refusals a value can make, so a refused acquire writes nothing.
         let first = usize::from(batch.is_none());
-        if values[first + 1] != Value::Nil {
+        if values[first + n..first + 2 * n]
+            .iter()
+            .any(|queue| *queue != Value::Nil)
+        {
             return not_native("a counter with a queue of waiters");
         }
-        let loaded = match bytes_of(&values[first]) {
-            Some(raw) => match Counter::decode(raw, now) {
-                Ok(c) => Some(c),
-                Err(what) => return not_native(what),
-            },
-            None => None,
-        };
+        let mut loaded = Vec::with_capacity(n);
+        for raw in &values[first..first + n] {
+            loaded.push(match bytes_of(raw) {
+                Some(raw) => match Counter::decode(raw, now) {
+                    Ok(c) => Some(c),
+                    Err(what) => return not_native(what),
+                },
+                None => None,
+            });
+        }
         let slot = match batch {
             Some(slot) => *slot,
             None => generation(redis, bytes_of(&values[0]), self.gen_key, now),
         };
         // `loss.lua`'s T.load, no evictions watched (seen 0), then T.hold.
-        let (mut c, hold_until) = match loaded {
-            Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
-            Some(Decoded::Counter(mut c)) => {
-                c.g = slot.born;
-                c.dirty = true;
-                (c, Some(slot.born + p.memory))
+        let mut counters: Vec<Counter> = Vec::with_capacity(n);
+        let mut pauses_at = first + 2 * n;
+        let mut paused_until = Vec::with_capacity(n);
+        for (take, loaded) in self.takes.iter().zip(loaded) {
+            let p = &take.p;
+            let (mut c, hold_until) = match loaded {
+                Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
+                Some(Decoded::Counter(mut c)) => {
+                    c.g = slot.born;
+                    c.dirty = true;
+                    (c, Some(slot.born + p.memory))
+                }
+                Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
+                None => (
+                    Counter::empty(now, slot.born),
+                    Some(slot.born.max(0.0) + p.memory),
+                ),
+            };
+            if let Some(hold_until) = hold_until
+                && hold_until > now
+            {
+                c.p = c.p.max(hold_until);
+                c.s = c.s.max(hold_until);
             }
-            Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
-            None => (
-                Counter::empty(now, slot.born),
-                Some(slot.born.max(0.0) + p.memory),
-            ),
-        };
-        if let Some(hold_until) = hold_until
-            && hold_until > now
-        {
-            c.p = c.p.max(hold_until);
-            c.s = c.s.max(hold_until);
+            counters.push(c);
+            paused_until.push(match take.pause_key {
+                Some(_) => {
+                    let value = bytes_of(&values[pauses_at])
+                        .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
+                        .unwrap_or(0.0);
+                    pauses_at += 1;
+                    value
+                }
+                None => -take.pause,
+            });
         }
-        let limit_paused_until = match self.pause_key {
-            Some(_) => bytes_of(&values[first + 2])
-                .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
-                .unwrap_or(0.0),
-            None => -self.pause,
-        };
 
-        // The key budget in another slot: its cover asked of the caller before anything more
+        // Keys to admit in another slot's budget: asked of the caller before anything more
         // is written.
-        if adm.tally < 0.0 && adm.carried >= 0.0 {
-            let need = c.need(p, now);
-            if need > c.a && adm.carried < need {
-                let mut reply = head("admit", now, &slot);
-                reply.extend(ints(&[1.0, c.a, need]));
-                return Reply::Value(Value::Array(reply));
+        let mut ask: Option<Vec<Value>> = None;
+        for (i, (take, c)) in self.takes.iter().zip(&counters).enumerate() {
+            let adm = &take.adm;
+            if adm.tally < 0.0 && adm.carried >= 0.0 {
+                let need = c.need(&take.p, now);
+                if need > c.a && adm.carried < need {
+                    ask.get_or_insert_with(|| head("admit", now, &slot))
+                        .extend(ints(&[(i + 1) as f64, c.a, need]));
+                }
             }
         }
-        // `keys.lua`'s T.cover: the key admitted before the counter is written past its cover.
-        let mut held = None;
-        if adm.tally != 0.0 {
+        if let Some(ask) = ask {
+            return Reply::Value(Value::Array(ask));
+        }
+        // `keys.lua`'s T.cover, counter by counter: each key admitted before its counter is
+        // written past its cover.
+        let mut held: Vec<Option<f64>> = vec![None; n];
+        for (i, (take, c)) in self.takes.iter().zip(counters.iter_mut()).enumerate() {
+            let (p, adm) = (&take.p, &take.adm);
+            if adm.tally == 0.0 {
+                continue;
+            }
             let need = c.need(p, now);
-            if need > c.a {
-                let admitted = if adm.carried < 0.0 {
-                    Admitted::Held(-adm.carried)
-                } else if adm.carried < need {
-                    match self.tally_key {
-                        Some(tally_key) => {
-                            admit(redis, tally_key, now, slot.born, p, c.a, need, adm)
-                        }
-                        None => return bad("acquire: the key budget's key is not among the keys"),
-                    }
-                } else {
-                    Admitted::Ok(adm.carried)
-                };
-                match admitted {
-                    Admitted::Ok(cover) => {
-                        c.a = cover;
-                        c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
-                        c.dirty = true;
-                    }
-                    Admitted::Keys(budget) => {
-                        let mut reply = head("keys", now, &slot);
-                        reply.extend(ints(&[1.0, budget]));
-                        return Reply::Value(Value::Array(reply));
-                    }
-                    // Held after a loss of its budget: recovering, and not written past its
-                    // cover.
-                    Admitted::Held(until) => held = Some(until),
+            if need <= c.a {
+                continue;
+            }
+            let admitted = if adm.carried < 0.0 {
+                Admitted::Held(-adm.carried)
+            } else if adm.carried < need {
+                match take.tally_key {
+                    Some(tally_key) => admit(redis, tally_key, now, slot.born, p, c.a, need, adm),
+                    None => return bad("acquire: the key budget's key is not among the keys"),
                 }
+            } else {
+                Admitted::Ok(adm.carried)
+            };
+            match admitted {
+                Admitted::Ok(cover) => {
+                    c.a = cover;
+                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
+                    c.dirty = true;
+                }
+                Admitted::Keys(budget) => {
+                    let mut reply = head("keys", now, &slot);
+                    reply.extend(ints(&[(i + 1) as f64, budget]));
+                    return Reply::Value(Value::Array(reply));
+                }
+                // Held after a loss of its budget: recovering, and not written past its cover.
+                Admitted::Held(until) => held[i] = Some(until),
             }
         }
 
-        let mut d = Decision {
-            redis,
-            keys: Keys {
-                ck: self.ck,
-                rk: self.rk,
-                qk: self.qk,
-            },
-            p,
-            now,
-            c,
-        };
-        let denial = match held {
-            Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
-            None => d.check(cost, open, limit_paused_until),
-        };
+        // Every counter checked, each its five numbers; granted on all only when all allow.
         let mut reply = head("ok", now, &slot);
-        match denial {
-            Some([retry, remaining, mut reason, left]) => {
-                // Held after a loss rather than paused by someone: recovering, when the hold
-                // is what the request waits for.
-                let c = &d.c;
-                if reason == REASON_PAUSED
-                    && c.p >= limit_paused_until
-                    && now + retry <= c.p
-                    && (c.p == slot.born + p.memory || c.p == p.memory)
-                {
-                    reason = REASON_RECOVERING;
+        let mut all_allowed = true;
+        for (i, take) in self.takes.iter().enumerate() {
+            let (p, cost, open) = (&take.p, take.cost, take.open);
+            let mut d = Decision {
+                redis: &mut *redis,
+                keys: Keys {
+                    ck: take.ck,
+                    rk: take.rk,
+                    qk: take.qk,
+                },
+                p,
+                now,
+                c: counters[i],
+            };
+            let limit_paused_until = paused_until[i];
+            let denial = match held[i] {
+                Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
+                None => d.check(cost, open, limit_paused_until),
+            };
+            counters[i] = d.c;
+            let c = &counters[i];
+            match denial {
+                Some([retry, remaining, mut reason, left]) => {
+                    all_allowed = false;
+                    // Held after a loss rather than paused by someone: recovering, when the
+                    // hold is what the request waits for.
+                    if reason == REASON_PAUSED
+                        && c.p >= limit_paused_until
+                        && now + retry <= c.p
+                        && (c.p == slot.born + p.memory || c.p == p.memory)
+                    {
+                        reason = REASON_RECOVERING;
+                    }
+                    let left = if reason == REASON_CAPACITY { left } else { 0.0 };
+                    reply.push(Value::Int(OUTCOME_DENIED));
+                    reply.extend(ints(&[retry, remaining, reason, left]));
                 }
-                let left = if reason == REASON_CAPACITY { left } else { 0.0 };
-                reply.push(Value::Int(OUTCOME_DENIED));
-                reply.extend(ints(&[retry, remaining, reason, left]));
-            }
-            None => {
-                let granted = d.grant(cost, open, self.record);
-                reply.push(Value::Int(OUTCOME_GRANTED));
-                reply.extend(ints(&granted));
+                None => {
+                    reply.push(Value::Int(OUTCOME_ALLOWED));
+                    reply.extend(ints(&[0.0, sub0(open, c.used(p, now)), 0.0, 0.0]));
+                }
             }
         }
-        if held.is_none() {
-            d.save();
+        for (i, take) in self.takes.iter().enumerate() {
+            let mut d = Decision {
+                redis: &mut *redis,
+                keys: Keys {
+                    ck: take.ck,
+                    rk: take.rk,
+                    qk: take.qk,
+                },
+                p: &take.p,
+                now,
+                c: counters[i],
+            };
+            if all_allowed {
+                let at = REPLY_HEAD + OUTCOME_NUMBERS * i;
+                reply[at] = Value::Int(OUTCOME_GRANTED);
+                let granted = d.grant(take.cost, take.open, self.record);
+                for (place, number) in reply[at + 1..at + OUTCOME_NUMBERS].iter_mut().zip(granted) {
+                    *place = Value::Int(number as i64);
+                }
+            }
+            // Denied: normalising may have dropped expired state; the store kept as small as
+            // the core's.
+            if held[i].is_none() {
+                d.save();
+            }
         }
         Reply::Value(Value::Array(reply))
     }

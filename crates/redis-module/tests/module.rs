@@ -1236,3 +1236,113 @@ fn a_batch_past_its_own_numbers_is_refused_and_redis_stays_up() {
         assert_eq!(conn.call(&[b"PING"]), Resp::Status("PONG".into()));
     }
 }
+
+/// An acquire of several counters as the store packs one: the generation, each counter's
+/// three keys, each counter's queue, then the limits' key budget; per counter its policy, no
+/// pause, its admission in that budget and its queue; not waiting; with `costs`, one cost per
+/// counter after the head's -1 marker.
+fn several(namespace: &str, counters: &[usize], cost: &[f64], priority: f64, record: f64) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let base = format!("tg:{{t}}:{namespace}");
+    let n = counters.len();
+    let mut keys = vec![format!("{base}:gen").into_bytes()];
+    for counter in counters {
+        for part in ["c", "r", "q"] {
+            keys.push(format!("{base}:{part}:{counter}").into_bytes());
+        }
+    }
+    for counter in counters {
+        keys.push(format!("{base}:w:{counter}").into_bytes());
+    }
+    keys.push(format!("{base}:k").into_bytes());
+    let budget_at = (2 + 4 * n) as f64;
+    let same = cost.iter().all(|c| *c == cost[0]);
+    let mut numbers = vec![OP_ACQUIRE, if same { cost[0] } else { -1.0 }, priority, record, n as f64];
+    let policies = policies();
+    for (i, counter) in counters.iter().enumerate() {
+        numbers.extend(policies[*counter]);
+        numbers.push(0.0);
+        numbers.extend([budget_at, 3.0 * n as f64, 0.0, 0.0]);
+        numbers.push((2 + 3 * n + i) as f64);
+    }
+    numbers.extend([0.0, 0.0]);
+    if !same {
+        numbers.extend(cost);
+    }
+    (keys, pack(&numbers))
+}
+
+/// Acquires of two or three counters, all or none, decided by the module on one namespace
+/// and by the library on another, from the same numbers at the same instants (each counter at
+/// its own cost now and then): the same replies, stored bytes and expiries. One with the
+/// concurrency limit among its counters is refused whole, unwritten.
+#[test]
+fn an_acquire_of_several_counters_is_the_librarys() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let seed = std::env::var("TOLLGATE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("TOLLGATE_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for namespace in ["smod", "slib"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    let (mut native, mut refused) = (0, 0);
+    let mut statuses = std::collections::BTreeMap::<String, u32>::new();
+    let mut clock = 0;
+    for step in 0..400 {
+        if rng.u8(..3) == 0 {
+            clock += rng.u64(1..2_000_000);
+            server.set_clock(clock);
+        }
+        let mut counters: Vec<usize> = (0..=NATIVE).collect();
+        rng.shuffle(&mut counters);
+        counters.truncate(rng.usize(2..4));
+        let cost: Vec<f64> = if rng.bool() {
+            vec![f64::from(rng.u8(1..3)); counters.len()]
+        } else {
+            counters.iter().map(|_| f64::from(rng.u8(1..4))).collect()
+        };
+        let (priority, record) = (f64::from(rng.u8(..3)), if rng.bool() { 1.0 } else { 0.0 });
+        let (mod_keys, packed) = several("smod", &counters, &cost, priority, record);
+        let (lib_keys, _) = several("slib", &counters, &cost, priority, record);
+        let by_module = match module(&mut conn, &mod_keys, &packed) {
+            Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                assert!(counters.contains(&NATIVE), "step {step}: refused: {e}");
+                refused += 1;
+                fcall(&mut conn, &mod_keys, &packed)
+            }
+            reply => {
+                assert!(!counters.contains(&NATIVE), "step {step}: a lease decided natively");
+                native += 1;
+                reply
+            }
+        };
+        let by_library = fcall(&mut conn, &lib_keys, &packed);
+        assert_eq!(by_module, by_library, "step {step} (seed {seed}): replies differ");
+        assert_eq!(
+            stored(&mut conn, &mod_keys),
+            stored(&mut conn, &lib_keys),
+            "step {step} (seed {seed}): stored values or expiries differ"
+        );
+        if let Resp::Array(reply) = &by_library
+            && let Some(Resp::Bytes(status)) = reply.first()
+        {
+            let mut status = String::from_utf8_lossy(status).into_owned();
+            if status == "ok" {
+                status = match reply.get(4) {
+                    Some(Resp::Int(0)) => "granted".into(),
+                    _ => "denied".into(),
+                };
+            }
+            *statuses.entry(status).or_default() += 1;
+        }
+    }
+    eprintln!("native {native}, refused {refused}, {statuses:?}");
+    assert!(native > 150 && refused > 30, "both ways ran");
+    for status in ["granted", "denied", "cost"] {
+        assert!(statuses.get(status) > Some(&3), "{status} answered");
+    }
+}

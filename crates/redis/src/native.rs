@@ -52,7 +52,6 @@ impl fmt::Display for Module {
 /// library at once. `native` checks exactly these; a test holds this list to the module's.
 pub const REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than an acquire or a batch of them (without evictions watched)",
-    "an acquire of other than one counter",
     "a waiting request (the queue across the fleet)",
     "a policy other than a GCRA, sliding or fixed window rate limit",
 ];
@@ -88,10 +87,11 @@ pub(crate) const NOT_NATIVE: &str = "tollgate: not native:";
 /// policy (kind first, algorithm fifth), then after the counter's numbers the waiter.
 const AT_OPERATION: usize = 0;
 const AT_COUNTERS: usize = 4;
+/// The first counter's kind (its algorithm 4 after), each counter's numbers (policy, pause,
+/// admission, queue: 15) after the last's, and the waiter after them all.
 const AT_KIND: usize = 5;
-const AT_ALGORITHM: usize = AT_KIND + 4;
-/// Head (5) and one counter's numbers (policy, pause, admission, queue: 15).
-const AT_WAITER: usize = 5 + 15;
+const ALGORITHM_AFTER_KIND: usize = 4;
+const PER_COUNTER: usize = 15;
 
 /// The number at `index` (0-based) of packed big-endian doubles.
 fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
@@ -102,17 +102,25 @@ fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
 }
 
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
-/// them, before any evictions flag): one counter of a rate limit (GCRA, sliding or fixed
-/// window), not
-/// waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its order.
+/// them, before any evictions flag): counters of rate limits (GCRA, sliding or fixed window),
+/// not waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its
+/// order.
 pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
+    let Some(counters) = at(AT_COUNTERS)
+        .filter(|n| *n >= 1.0 && n.fract() == 0.0 && *n <= (numbers.len() / 8) as f64)
+        .map(|n| n as usize)
+    else {
+        return false;
+    };
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
-        && at(AT_COUNTERS) == Some(1.0)
-        && at(AT_WAITER) == Some(0.0)
-        && at(AT_KIND) == Some(KIND_RATE as f64)
-        && at(AT_ALGORITHM).is_some_and(native_algorithm)
+        && at(AT_KIND + PER_COUNTER * counters) == Some(0.0)
+        && (0..counters).all(|i| {
+            let kind = AT_KIND + PER_COUNTER * i;
+            at(kind) == Some(KIND_RATE as f64)
+                && at(kind + ALGORITHM_AFTER_KIND).is_some_and(native_algorithm)
+        })
 }
 
 /// Where a commit's numbers are (0-based, in doubles): the operation, then the policy.
