@@ -1359,7 +1359,9 @@ impl<'k> Acquire<'k> {
         };
         // Bounded by the call's own numbers before it sizes anything.
         if n < 1.0 || n.fract() != 0.0 || n > nums.len() as f64 {
-            return Err(bad("acquire: its count of counters is not a count within the call"));
+            return Err(bad(
+                "acquire: its count of counters is not a count within the call",
+            ));
         }
         let n = n as usize;
         let after = s + ACQUIRE_HEAD + n * ACQUIRE_PER_COUNTER;
