@@ -176,7 +176,7 @@ async fn on_decides_through_the_module_and_off_does_not() {
     assert!(
         server
             .log()
-            .contains("acquires decided by the Redis module"),
+            .contains("acquires and commits decided by the Redis module"),
         "on: the log says which path is in use: {}",
         server.log()
     );
@@ -208,7 +208,7 @@ async fn on_decides_through_the_module_and_off_does_not() {
     assert!(
         server
             .log()
-            .contains("acquires decided by the function library"),
+            .contains("acquires and commits decided by the function library"),
         "off: the log says which path is in use: {}",
         server.log()
     );
