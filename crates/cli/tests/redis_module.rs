@@ -10,10 +10,8 @@ mod common;
 mod nodes;
 
 use std::path::PathBuf;
-use std::process::{ExitStatus, Stdio};
-use std::time::Instant;
 
-use common::{DEADLINE, Options, Server, post, put_limit};
+use common::{Options, Server, post, put_limit, refused_start};
 use nodes::Single;
 
 /// The module's shared library as this test's build made it (the dev-dependency on
@@ -31,41 +29,6 @@ fn module_path() -> PathBuf {
         module.display()
     );
     module
-}
-
-/// Run `tollgate serve` with `args` and `env`, expecting it to refuse to start: its exit
-/// status and its log. A server still running after `DEADLINE` fails the test.
-fn refused_start(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let directory = tempfile::tempdir().expect("tempdir");
-    let log = directory.path().join("server.log");
-    let mut command = common::command(directory.path());
-    command
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("TOLLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().expect("spawn tollgate serve");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the server started (args {args:?}, env {env:?}); its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
 }
 
 /// Calls Redis ran of `command` (`tollgate.acquire`, `fcall`), by `INFO commandstats`.

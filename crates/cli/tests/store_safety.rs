@@ -9,10 +9,7 @@ mod common;
 #[path = "../../redis/tests/nodes/mod.rs"]
 mod nodes;
 
-use std::process::Stdio;
-use std::time::{Duration, Instant};
-
-use common::{DEADLINE, Options, Server, assert_error, post, put_limit};
+use common::{Options, Server, assert_error, post, put_limit};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -174,40 +171,6 @@ async fn an_out_of_memory_redis_is_not_failed_open() {
     }
 }
 
-/// Start `tollgate serve` on `redis`, expecting it to refuse: its exit status and its log.
-fn refused_start(redis: &Single, extra_env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    let directory = tempfile::tempdir().expect("tempdir");
-    let log = directory.path().join("server.log");
-    let mut command = common::command(directory.path());
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
-        .arg(redis.node.url())
-        .env("TOLLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    for (name, value) in extra_env {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().expect("spawn tollgate serve");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the server started on an evicting Redis; its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
-
 /// A Redis whose `maxmemory-policy` can evict Tollgate's keys is refused at start, naming the
 /// policy and the fix, unless the operator allows eviction; a policy changed while serving
 /// makes `/readyz` answer 503 with the reason.
@@ -217,7 +180,7 @@ async fn a_redis_that_may_evict_is_refused_unless_allowed() {
     let Some(redis) = private_redis(test, &["--maxmemory-policy", "volatile-lru"]) else {
         return;
     };
-    let (status, log) = refused_start(&redis, &[]);
+    let (status, log) = common::refused_start(&["--store", &redis.node.url()], &[]);
     assert!(!status.success(), "{log}");
     for says in [
         "volatile-lru",

@@ -392,3 +392,39 @@ pub async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Run `tollgate serve` with `args` and `env`, expecting it to refuse to start: its exit
+/// status and its log. A server still running after `DEADLINE` fails the test.
+#[allow(dead_code)]
+pub fn refused_start(args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let log = directory.path().join("server.log");
+    let mut command = command(directory.path());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("TOLLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("spawn tollgate serve");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the server started (args {args:?}, env {env:?}); its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
