@@ -97,10 +97,11 @@ fn on_a_cluster_every_master_decides_natively() {
     let by_master: Vec<u64> = cluster.masters().into_iter().map(native_calls).collect();
     eprintln!("decided natively: {decided} by the stores' count, {by_master:?} by the masters'");
     assert!(decided > 0, "the module decided acquires");
-    assert_eq!(
-        by_master.iter().sum::<u64>(),
-        decided,
-        "every native acquire ran once, on a master (none redirected to run twice)"
+    // Each call ran once, on a master; a batch is one call for several acquires.
+    let calls: u64 = by_master.iter().sum();
+    assert!(
+        calls > 0 && calls <= decided,
+        "{calls} TOLLGATE.ACQUIRE calls on the masters for {decided} native acquires"
     );
 
     // Sent where the store sends them: no master answered a redirection (each answer would
