@@ -67,7 +67,7 @@ const COVER_SPANS: f64 = 2.0;
 const HOLD_SPANS: f64 = 3.0;
 const GRID_PER_DISTANCE: f64 = 8.0;
 const LOG_SLACK_PER_WINDOW: f64 = 16.0;
-pub(crate) const EXPIRY_SLACK_US: f64 = 2_000.0;
+const EXPIRY_SLACK_US: f64 = 2_000.0;
 const US_PER_MS: f64 = 1_000.0;
 const US_PER_S: f64 = 1_000_000.0;
 const RENEW_EVERY_US: f64 = 86_400.0 * US_PER_S;
@@ -376,6 +376,14 @@ impl Counter {
     pub(crate) fn need(&self, p: &Policy, now: f64) -> f64 {
         let slack = p.slack() + EXPIRY_SLACK_US;
         (self.idle_at(p) + slack).max(now + p.span())
+    }
+
+    /// `keys.lua`'s T.cover, once the key is admitted: covered until `cover`, and kept at
+    /// least a span from now within it.
+    pub(crate) fn covered(&mut self, p: &Policy, now: f64, cover: f64) {
+        self.a = cover;
+        self.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
+        self.dirty = true;
     }
 }
 
@@ -1078,26 +1086,10 @@ pub(crate) enum Admitted {
     Held(f64),
 }
 
-/// `keys.lua`'s T.admit for a request (the hold honoured): the key budget at `key` asked for a
-/// counter whose cover is `old` to live until `need`; a refusal writes nothing.
-#[allow(clippy::too_many_arguments)]
-fn admit(
-    redis: &mut dyn Redis,
-    key: &[u8],
-    now: f64,
-    born: f64,
-    p: &Policy,
-    old: f64,
-    need: f64,
-    adm: &Admission,
-) -> Admitted {
-    admit_honouring(redis, key, now, born, p, old, need, adm, true)
-}
-
 /// `keys.lua`'s T.admit, the hold honoured or not (`honour_hold`: a request's is, an operation
 /// on a counter already made, a commit, is admitted through it).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn admit_honouring(
+pub(crate) fn admit(
     redis: &mut dyn Redis,
     key: &[u8],
     now: f64,
@@ -1602,18 +1594,16 @@ impl<'k> Acquire<'k> {
                 Admitted::Held(-adm.carried)
             } else if adm.carried < need {
                 match take.tally_key {
-                    Some(tally_key) => admit(redis, tally_key, now, slot.born, p, c.a, need, adm),
+                    Some(tally_key) => {
+                        admit(redis, tally_key, now, slot.born, p, c.a, need, adm, true)
+                    }
                     None => return bad("acquire: the key budget's key is not among the keys"),
                 }
             } else {
                 Admitted::Ok(adm.carried)
             };
             match admitted {
-                Admitted::Ok(cover) => {
-                    c.a = cover;
-                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
-                    c.dirty = true;
-                }
+                Admitted::Ok(cover) => c.covered(p, now, cover),
                 Admitted::Keys(budget) => {
                     let mut reply = head("keys", now, &slot);
                     reply.extend(ints(&[(i + 1) as f64, budget]));

@@ -13,9 +13,9 @@
 
 use crate::acquire::{
     ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
-    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, EXPIRY_SLACK_US, Generation, KIND_RATE,
-    Keys, NUMBER_BYTES, POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit_honouring, bad,
-    bytes_of, generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, Generation, KIND_RATE, Keys, NUMBER_BYTES,
+    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit, bad, bytes_of, generation, head,
+    ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
 use crate::{Redis, Reply, Value};
 
@@ -148,9 +148,9 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
                 Admitted::Held(-adm.carried)
             } else if adm.carried < need {
                 match tally_key {
-                    Some(tally_key) => admit_honouring(
-                        redis, tally_key, now, slot.born, &p, c.a, need, &adm, false,
-                    ),
+                    Some(tally_key) => {
+                        admit(redis, tally_key, now, slot.born, &p, c.a, need, &adm, false)
+                    }
                     // The budget in another slot: the caller asks it, then calls again.
                     None => return answer("admit", now, &slot, &[1.0, c.a, need]),
                 }
@@ -158,11 +158,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
                 Admitted::Ok(adm.carried)
             };
             match admitted {
-                Admitted::Ok(cover) => {
-                    c.a = cover;
-                    c.keep = (now + p.span()).min(cover - EXPIRY_SLACK_US);
-                    c.dirty = true;
-                }
+                Admitted::Ok(cover) => c.covered(&p, now, cover),
                 Admitted::Keys(budget) => return answer("keys", now, &slot, &[1.0, budget]),
                 Admitted::Held(until) => return answer("held", now, &slot, &[1.0, until]),
             }
