@@ -374,8 +374,22 @@ impl Counter {
 
     /// `keys.lua`'s T.need, from now: until when the counter may live once granted.
     pub(crate) fn need(&self, p: &Policy, now: f64) -> f64 {
+        self.need_for(p, now, true, None)
+    }
+
+    /// `keys.lua`'s T.need: until when the counter may live once written; `from_now`: the
+    /// operation may make it count from now (a grant, a renewal); `reach`: until then (a
+    /// charge's debt).
+    pub(crate) fn need_for(&self, p: &Policy, now: f64, from_now: bool, reach: Option<f64>) -> f64 {
         let slack = p.slack() + EXPIRY_SLACK_US;
-        (self.idle_at(p) + slack).max(now + p.span())
+        let mut need = self.idle_at(p) + slack;
+        if from_now {
+            need = need.max(now + p.span());
+        }
+        if let Some(reach) = reach {
+            need = need.max(reach + slack);
+        }
+        need
     }
 
     /// `keys.lua`'s T.cover, once the key is admitted: covered until `cover`, and kept at
@@ -540,6 +554,9 @@ fn adopt(me: Vec<u8>, written: Option<&[u8]>) -> Vec<u8> {
 pub(crate) struct Generation {
     pub(crate) born: f64,
     pub(crate) lost: f64,
+    /// When an eviction was last seen in this slot (`loss.lua`'s `gen.seen`); 0 when evictions
+    /// are not watched.
+    pub(crate) seen: f64,
 }
 
 /// The slot's generation (`loss.lua`'s `T.generation`), written when missing, foreign or due
@@ -564,11 +581,19 @@ pub(crate) fn generation(
         found = Some((n[0], n[1]));
     }
     let (slot, renew) = match found {
-        Some((born, renew)) => (Generation { born, lost: 0.0 }, renew),
+        Some((born, renew)) => (
+            Generation {
+                born,
+                lost: 0.0,
+                seen: 0.0,
+            },
+            renew,
+        ),
         None => (
             Generation {
                 born: now,
                 lost: 1.0,
+                seen: 0.0,
             },
             0.0,
         ),
@@ -582,6 +607,33 @@ pub(crate) fn generation(
         redis.call(&[b"SET", key, &value, b"PX", ttl.as_bytes()], true);
     }
     slot
+}
+
+/// `loss.lua`'s T.load then T.hold: the counter `loaded` (none: not kept), or a new one, held
+/// until whatever it may have counted is over when it may have lost state: new, one the
+/// library could not read, one written before the slot's generation began, or one missing
+/// after an eviction was seen (`slot.seen`).
+pub(crate) fn load(loaded: Option<Decoded>, now: f64, slot: &Generation, p: &Policy) -> Counter {
+    let (mut c, hold_until) = match loaded {
+        Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
+        Some(Decoded::Counter(mut c)) => {
+            c.g = slot.born;
+            c.dirty = true;
+            (c, Some(slot.born + p.memory))
+        }
+        Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
+        None => (
+            Counter::empty(now, slot.born),
+            Some(slot.born.max(slot.seen) + p.memory),
+        ),
+    };
+    if let Some(hold_until) = hold_until
+        && hold_until > now
+    {
+        c.p = c.p.max(hold_until);
+        c.s = c.s.max(hold_until);
+    }
+    c
 }
 
 /// A reply's head, with room for the numbers that follow it (five at most).
@@ -1093,7 +1145,7 @@ pub(crate) fn admit(
     redis: &mut dyn Redis,
     key: &[u8],
     now: f64,
-    born: f64,
+    slot: &Generation,
     p: &Policy,
     old: f64,
     need: f64,
@@ -1122,10 +1174,10 @@ pub(crate) fn admit(
             }
         }
     }
+    let born = slot.born;
     let lost_at = if adm.apart == 1.0 { born } else { 0.0 };
-    // No evictions watched: the `seen` of the library's generation is 0.
     let h = match found {
-        None => lost_at.max(0.0) + HOLD_SPANS * span,
+        None => lost_at.max(slot.seen) + HOLD_SPANS * span,
         Some((g, h)) if g != born => h.max(lost_at + HOLD_SPANS * span),
         Some((_, h)) => h,
     };
@@ -1165,6 +1217,71 @@ pub(crate) fn admit(
     let ttl = ttl_ms(h.max(e).max(last), now);
     redis.call(&[b"SET", key, &value, b"PX", &ttl], true);
     Admitted::Ok(e)
+}
+
+/// Why `cover` stopped an operation: the key's budget is in another slot (the caller asks it
+/// for a cover reaching `need`, then calls again), full (`Keys`, the budget), or held after a
+/// loss of its counts (`Held`, until when).
+pub(crate) enum Uncovered {
+    Admit { cover: f64, need: f64 },
+    Keys(f64),
+    Held(f64),
+}
+
+impl Uncovered {
+    /// `keys.lua`'s T.uncovered: the reply to a one-counter operation `cover` stopped.
+    pub(crate) fn reply(&self, now: f64, slot: &Generation) -> Reply {
+        let (status, rest) = match *self {
+            Uncovered::Admit { cover, need } => ("admit", vec![1.0, cover, need]),
+            Uncovered::Keys(budget) => ("keys", vec![1.0, budget]),
+            Uncovered::Held(until) => ("held", vec![1.0, until]),
+        };
+        let mut reply = head(status, now, slot);
+        reply.extend(ints(&rest));
+        Reply::Value(Value::Array(reply))
+    }
+}
+
+/// `keys.lua`'s T.cover: counter `c`, of a key, about to be written by an operation that makes
+/// it live until `need` (`Counter::need_for`): if that is past its cover, its key is admitted
+/// first, with the cover the caller brings (`adm.carried`) or by asking its limit's budget at
+/// `tally_key` (this slot; `honour_hold` as `admit`'s). Called before the operation writes
+/// anything; Ok: `c` is covered (and kept a span, so that a retry finds it admitted).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cover(
+    redis: &mut dyn Redis,
+    c: &mut Counter,
+    p: &Policy,
+    now: f64,
+    need: f64,
+    adm: &Admission,
+    slot: &Generation,
+    tally_key: Option<&[u8]>,
+    honour_hold: bool,
+) -> Result<(), Uncovered> {
+    if adm.tally == 0.0 || need <= c.a {
+        return Ok(());
+    }
+    let admitted = if adm.carried < 0.0 {
+        Admitted::Held(-adm.carried)
+    } else if adm.carried < need {
+        match tally_key {
+            Some(tally_key) if adm.tally >= 1.0 => {
+                admit(redis, tally_key, now, slot, p, c.a, need, adm, honour_hold)
+            }
+            _ => return Err(Uncovered::Admit { cover: c.a, need }),
+        }
+    } else {
+        Admitted::Ok(adm.carried)
+    };
+    match admitted {
+        Admitted::Ok(cover) => {
+            c.covered(p, now, cover);
+            Ok(())
+        }
+        Admitted::Keys(budget) => Err(Uncovered::Keys(budget)),
+        Admitted::Held(until) => Err(Uncovered::Held(until)),
+    }
 }
 
 /// The command: `TOLLGATE.ACQUIRE numkeys key... packed`.
@@ -1524,31 +1641,11 @@ impl<'k> Acquire<'k> {
             Some(slot) => *slot,
             None => generation(redis, bytes_of(&values[0]), self.gen_key, now),
         };
-        // `loss.lua`'s T.load, no evictions watched (seen 0), then T.hold.
         let mut counters: Vec<Counter> = Vec::with_capacity(n);
         let mut pauses_at = first + 2 * n;
         let mut paused_until = Vec::with_capacity(n);
         for (take, loaded) in self.takes.iter().zip(loaded) {
-            let p = &take.p;
-            let (mut c, hold_until) = match loaded {
-                Some(Decoded::Counter(c)) if c.g == slot.born => (c, None),
-                Some(Decoded::Counter(mut c)) => {
-                    c.g = slot.born;
-                    c.dirty = true;
-                    (c, Some(slot.born + p.memory))
-                }
-                Some(Decoded::Foreign) => (Counter::empty(now, slot.born), Some(now + p.memory)),
-                None => (
-                    Counter::empty(now, slot.born),
-                    Some(slot.born.max(0.0) + p.memory),
-                ),
-            };
-            if let Some(hold_until) = hold_until
-                && hold_until > now
-            {
-                c.p = c.p.max(hold_until);
-                c.s = c.s.max(hold_until);
-            }
+            let c = load(loaded, now, &slot, &take.p);
             counters.push(c);
             paused_until.push(match take.pause_key {
                 Some(_) => {
@@ -1582,35 +1679,30 @@ impl<'k> Acquire<'k> {
         // written past its cover.
         let mut held: Vec<Option<f64>> = vec![None; n];
         for (i, (take, c)) in self.takes.iter().zip(counters.iter_mut()).enumerate() {
-            let (p, adm) = (&take.p, &take.adm);
-            if adm.tally == 0.0 {
-                continue;
-            }
-            let need = c.need(p, now);
-            if need <= c.a {
-                continue;
-            }
-            let admitted = if adm.carried < 0.0 {
-                Admitted::Held(-adm.carried)
-            } else if adm.carried < need {
-                match take.tally_key {
-                    Some(tally_key) => {
-                        admit(redis, tally_key, now, slot.born, p, c.a, need, adm, true)
-                    }
-                    None => return bad("acquire: the key budget's key is not among the keys"),
-                }
-            } else {
-                Admitted::Ok(adm.carried)
-            };
-            match admitted {
-                Admitted::Ok(cover) => c.covered(p, now, cover),
-                Admitted::Keys(budget) => {
+            let need = c.need(&take.p, now);
+            match cover(
+                redis,
+                c,
+                &take.p,
+                now,
+                need,
+                &take.adm,
+                &slot,
+                take.tally_key,
+                true,
+            ) {
+                Ok(()) => {}
+                Err(Uncovered::Keys(budget)) => {
                     let mut reply = head("keys", now, &slot);
                     reply.extend(ints(&[(i + 1) as f64, budget]));
                     return Reply::Value(Value::Array(reply));
                 }
                 // Held after a loss of its budget: recovering, and not written past its cover.
-                Admitted::Held(until) => held[i] = Some(until),
+                Err(Uncovered::Held(until)) => held[i] = Some(until),
+                // Asked of the caller above, before anything was written.
+                Err(Uncovered::Admit { .. }) => {
+                    return bad("acquire: the key budget's key is not among the keys");
+                }
             }
         }
 
@@ -1645,7 +1737,7 @@ impl<'k> Acquire<'k> {
                     if reason == REASON_PAUSED
                         && c.p >= limit_paused_until
                         && now + retry <= c.p
-                        && (c.p == slot.born + p.memory || c.p == p.memory)
+                        && (c.p == slot.born + p.memory || c.p == slot.seen + p.memory)
                     {
                         reason = REASON_RECOVERING;
                     }

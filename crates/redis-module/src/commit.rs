@@ -12,9 +12,9 @@
 //! anything is written (`ERR tollgate: not native: ...`), for the library to decide.
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
-    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, Generation, KIND_RATE, Keys, NUMBER_BYTES,
-    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, admit, bad, bytes_of, generation, head,
+    ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, BODY_FIXED, BODY_GCRA,
+    BODY_SLIDING, Counter, Decision, Decoded, Generation, KIND_RATE, Keys, NUMBER_BYTES,
+    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, generation, head,
     ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
 use crate::{Redis, Reply, Value};
@@ -141,28 +141,9 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
 
     // `keys.lua`'s T.cover, from now, the hold not honoured: the key admitted before the
     // counter is written past its cover.
-    if adm.tally != 0.0 {
-        let need = c.need(&p, now);
-        if need > c.a {
-            let admitted = if adm.carried < 0.0 {
-                Admitted::Held(-adm.carried)
-            } else if adm.carried < need {
-                match tally_key {
-                    Some(tally_key) => {
-                        admit(redis, tally_key, now, slot.born, &p, c.a, need, &adm, false)
-                    }
-                    // The budget in another slot: the caller asks it, then calls again.
-                    None => return answer("admit", now, &slot, &[1.0, c.a, need]),
-                }
-            } else {
-                Admitted::Ok(adm.carried)
-            };
-            match admitted {
-                Admitted::Ok(cover) => c.covered(&p, now, cover),
-                Admitted::Keys(budget) => return answer("keys", now, &slot, &[1.0, budget]),
-                Admitted::Held(until) => return answer("held", now, &slot, &[1.0, until]),
-            }
-        }
+    let need = c.need(&p, now);
+    if let Err(uncovered) = cover(redis, &mut c, &p, now, need, &adm, &slot, tally_key, false) {
+        return uncovered.reply(now, &slot);
     }
 
     let mut d = Decision {

@@ -233,47 +233,20 @@ unsafe fn init(ctx: *mut RedisModuleCtx) -> Option<()> {
         )
     };
     let api = API.get_or_init(|| api);
-    // Each command with where its keys are: (first, last, step), 0 for none. An acquire's are
-    // those of the library's FCALL, after their count and before the packed numbers (the last
-    // argument: -2 is the one before it), so a cluster routes it and checks its slot as it does
-    // the FCALL's; a commit's end before its packed numbers and the wake-up channel.
-    type Command = (
-        &'static std::ffi::CStr,
-        CmdFunc,
-        &'static std::ffi::CStr,
-        [c_int; 3],
-    );
-    let commands: [Command; 4] = [
-        (
-            c"tollgate.version",
-            version_command,
-            c"readonly fast",
-            [0, 0, 0],
-        ),
-        (
-            c"tollgate.identity",
-            identity_command,
-            c"readonly fast",
-            [0, 0, 0],
-        ),
-        (
-            c"tollgate.acquire",
-            acquire_command,
-            c"write deny-oom",
-            [2, -2, 1],
-        ),
-        (
-            c"tollgate.commit",
-            commit_command,
-            c"write deny-oom",
-            [2, -3, 1],
-        ),
-    ];
-    for (name, func, flags, [first, last, step]) in commands {
+    for command in crate::COMMANDS {
+        let [first, last, step] = command.keys;
         // SAFETY: the load context, NUL-terminated static strings, a command function of the
         // declared type.
         let created = unsafe {
-            (api.create_command)(ctx, name.as_ptr(), func, flags.as_ptr(), first, last, step)
+            (api.create_command)(
+                ctx,
+                command.name.as_ptr(),
+                dispatch,
+                command.flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
         };
         if created != REDISMODULE_OK {
             return None;
@@ -768,12 +741,7 @@ fn arguments<'a>(api: &Api, argv: *mut *mut RedisModuleString, argc: c_int) -> V
 ///
 /// # Safety
 /// Called from a command function with Redis's arguments.
-unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    command: fn(&mut Ctx, &[&[u8]]) -> Reply,
-) -> c_int {
+unsafe fn run(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
     let Some(api) = API.get() else {
         return REDISMODULE_ERR;
     };
@@ -782,6 +750,15 @@ unsafe fn run(
     unsafe { (api.auto_memory)(ctx) };
     let args = arguments(api, argv, argc);
     let mut redis = Ctx { ctx, api };
+    // Redis calls a command by the name it was registered with, in any case.
+    let Some(command) = args.first().and_then(|name| {
+        crate::COMMANDS
+            .iter()
+            .find(|command| command.name.to_bytes().eq_ignore_ascii_case(name))
+    }) else {
+        return REDISMODULE_ERR;
+    };
+    let command = command.run;
     // A panic must not unwind into Redis (it would stop the server): it is answered as an
     // error, and nothing after it is written.
     let answered =
@@ -801,42 +778,12 @@ unsafe fn run(
     REDISMODULE_OK
 }
 
-unsafe extern "C" fn version_command(
+/// Every command's entry point: the command named by its first argument, as registered.
+unsafe extern "C" fn dispatch(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
     // SAFETY: Redis runs this command with its arguments.
-    unsafe { run(ctx, argv, argc, crate::version) }
-}
-
-unsafe extern "C" fn identity_command(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis runs this command with its arguments.
-    unsafe {
-        run(ctx, argv, argc, |redis, args| {
-            crate::acquire::identity_command(redis, args)
-        })
-    }
-}
-
-unsafe extern "C" fn acquire_command(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis runs this command with its arguments.
-    unsafe { run(ctx, argv, argc, crate::acquire::command) }
-}
-
-unsafe extern "C" fn commit_command(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    // SAFETY: Redis runs this command with its arguments.
-    unsafe { run(ctx, argv, argc, crate::commit::command) }
+    unsafe { run(ctx, argv, argc) }
 }

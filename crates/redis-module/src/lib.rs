@@ -54,6 +54,51 @@ pub(crate) trait Redis {
     }
 }
 
+/// A command the module adds: its name, what runs it, its flags, and where its keys are
+/// (first, last, step; 0 for none), as `RedisModule_CreateCommand` takes them.
+pub(crate) struct Command {
+    pub(crate) name: &'static std::ffi::CStr,
+    pub(crate) run: fn(&mut ffi::Ctx, &[&[u8]]) -> Reply,
+    pub(crate) flags: &'static std::ffi::CStr,
+    pub(crate) keys: [std::ffi::c_int; 3],
+}
+
+/// Where the keys of a call taking the library's arguments are: after their count and before
+/// the packed numbers (the last argument, -2 the one before it), so that a cluster routes it
+/// and checks its slot as it does the `FCALL`'s.
+const KEYS_BEFORE_NUMBERS: [std::ffi::c_int; 3] = [2, -2, 1];
+/// The same, with one more argument after the packed numbers (a commit's wake-up channel).
+const KEYS_BEFORE_NUMBERS_AND_ONE: [std::ffi::c_int; 3] = [2, -3, 1];
+
+/// Every command the module adds. Each operation is a command of its own, so that Redis's
+/// statistics count them apart; the store names them in `tollgate_redis`'s `native.rs`.
+pub(crate) const COMMANDS: &[Command] = &[
+    Command {
+        name: c"tollgate.version",
+        run: version,
+        flags: c"readonly fast",
+        keys: [0, 0, 0],
+    },
+    Command {
+        name: c"tollgate.identity",
+        run: |redis, args| acquire::identity_command(redis, args),
+        flags: c"readonly fast",
+        keys: [0, 0, 0],
+    },
+    Command {
+        name: c"tollgate.acquire",
+        run: acquire::command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.commit",
+        run: commit::command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS_AND_ONE,
+    },
+];
+
 /// `TOLLGATE.VERSION`: the protocol version.
 fn version(_redis: &mut ffi::Ctx, args: &[&[u8]]) -> Reply {
     if args.len() != 1 {

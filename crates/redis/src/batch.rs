@@ -37,7 +37,7 @@ use crate::backend::Backend;
 use crate::call::{Head, Numbers, Reply, parse_reply, u};
 use crate::errors::{failed, lost_library, store_error, unavailable};
 use crate::keys;
-use crate::native::{self, Module};
+use crate::native::{self, Module, Native};
 
 /// Acquires in one call at most. Each has at most `COUNTERS_PER_REQUEST_MAX` counters, so a
 /// batch names at most a few thousand keys and numbers.
@@ -72,29 +72,12 @@ pub(crate) struct Caller {
     using_module: AtomicBool,
     /// The protocol version the module must speak (`PROTOCOL_VERSION`; another in tests).
     expected_version: u64,
-    /// Acquires and commits the module decided (by `Native`), and the calls it refused that
-    /// the library then decided.
-    module_decided: [AtomicU64; 2],
+    /// The calls the module decided (by `Native`, in `Native::ALL`'s order), and the calls it
+    /// refused that the library then decided.
+    module_decided: [AtomicU64; Native::ALL.len()],
     module_fallbacks: AtomicU64,
     /// Those refusals by the module's reason.
     module_refusals: Mutex<HashMap<String, u64>>,
-}
-
-/// What the module decides natively: an acquire or a commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Native {
-    Acquire = 0,
-    Commit = 1,
-}
-
-impl Native {
-    /// The module's command that decides it.
-    fn command(self) -> &'static str {
-        match self {
-            Native::Acquire => "TOLLGATE.ACQUIRE",
-            Native::Commit => "TOLLGATE.COMMIT",
-        }
-    }
 }
 
 /// A slot's calls in flight (at most `CALLS_PER_SLOT`), and the acquires waiting for the
@@ -150,7 +133,7 @@ impl Caller {
             module,
             using_module: AtomicBool::new(using_module),
             expected_version,
-            module_decided: [AtomicU64::new(0), AtomicU64::new(0)],
+            module_decided: std::array::from_fn(|_| AtomicU64::new(0)),
             module_fallbacks: AtomicU64::new(0),
             module_refusals: Mutex::new(HashMap::new()),
         }
@@ -274,19 +257,16 @@ impl Caller {
         }
     }
 
-    /// One operation on one counter (`operations.rs`), `args` as the library takes them: a
-    /// commit the module decides natively goes to it, anything else to the library.
-    pub(crate) async fn run_counter_operation(
-        &self,
-        keys: &[String],
-        args: &[&[u8]],
-    ) -> Result<(Head, Reply)> {
+    /// One call of the library's but an acquire's (`operations.rs`), `args` as the library
+    /// takes them: to the module when it decides it natively (`native::route`), else to the
+    /// library.
+    pub(crate) async fn call(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
         if self.using_module.load(Ordering::Relaxed)
-            && args.first().is_some_and(|numbers| {
-                native::native_commit(numbers, self.watch_evictions.load(Ordering::Relaxed))
+            && let Some(native) = args.first().and_then(|numbers| {
+                native::route(numbers, self.watch_evictions.load(Ordering::Relaxed))
             })
         {
-            return self.run_module(Native::Commit, keys, args).await;
+            return self.run_module(native, keys, args).await;
         }
         self.run(keys, args).await
     }

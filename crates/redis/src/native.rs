@@ -9,7 +9,10 @@ use std::str::FromStr;
 
 use redis::Value;
 
-use crate::abi::{ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_COMMIT};
+use crate::abi::{
+    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH, OP_BEGIN,
+    OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
+};
 
 /// Whether the store decides acquires with the Redis module.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -136,6 +139,101 @@ pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
         && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
         && at(AT_COMMIT_ALGORITHM).is_some_and(native_algorithm)
+}
+
+/// An operation of the function library and the module's command that decides it: one
+/// command per operation, each taking the library's keys and packed arguments unchanged
+/// (`TOLLGATE.<OPERATION> numkeys key... packed [extra]`, as `FCALL <function> numkeys key...
+/// packed [extra]`), so that Redis's own statistics count them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Native {
+    /// An acquire, or a batch of them.
+    Acquire,
+    Commit,
+    Renew,
+    Pause,
+    Usage,
+    Begin,
+    Resume,
+    Admit,
+    Leave,
+    Charge,
+}
+
+impl Native {
+    /// Every operation, in the order of its counts.
+    pub(crate) const ALL: [Native; 10] = [
+        Native::Acquire,
+        Native::Commit,
+        Native::Renew,
+        Native::Pause,
+        Native::Usage,
+        Native::Begin,
+        Native::Resume,
+        Native::Admit,
+        Native::Leave,
+        Native::Charge,
+    ];
+
+    /// The module's command that decides it.
+    pub(crate) fn command(self) -> &'static str {
+        match self {
+            Native::Acquire => "TOLLGATE.ACQUIRE",
+            Native::Commit => "TOLLGATE.COMMIT",
+            Native::Renew => "TOLLGATE.RENEW",
+            Native::Pause => "TOLLGATE.PAUSE",
+            Native::Usage => "TOLLGATE.USAGE",
+            Native::Begin => "TOLLGATE.BEGIN",
+            Native::Resume => "TOLLGATE.RESUME",
+            Native::Admit => "TOLLGATE.ADMIT",
+            Native::Leave => "TOLLGATE.LEAVE",
+            Native::Charge => "TOLLGATE.CHARGE",
+        }
+    }
+
+    /// The operation of the library's call packed in `numbers` (its code first, before any
+    /// evictions flag).
+    fn of(numbers: &[u8]) -> Option<Native> {
+        let op = number_at(numbers, AT_OPERATION)?;
+        let is = |code: u64| op == code as f64;
+        Some(if is(OP_ACQUIRE) || is(OP_BATCH) {
+            Native::Acquire
+        } else if is(OP_COMMIT) {
+            Native::Commit
+        } else if is(OP_RENEW) {
+            Native::Renew
+        } else if is(OP_PAUSE) {
+            Native::Pause
+        } else if is(OP_USAGE) {
+            Native::Usage
+        } else if is(OP_BEGIN) {
+            Native::Begin
+        } else if is(OP_RESUME) {
+            Native::Resume
+        } else if is(OP_ADMIT) {
+            Native::Admit
+        } else if is(OP_LEAVE) {
+            Native::Leave
+        } else if is(OP_CHARGE) {
+            Native::Charge
+        } else {
+            return None;
+        })
+    }
+}
+
+/// The module's command for the library's call packed in `numbers` (as its own call would send
+/// them, before any evictions flag), when the module decides it natively; None: the library
+/// decides it. An acquire alone or a batch goes through `native` (the batcher's path); every
+/// other operation through here.
+pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> {
+    let operation = Native::of(numbers)?;
+    let decided = match operation {
+        Native::Acquire => native(numbers, watching_evictions),
+        Native::Commit => native_commit(numbers, watching_evictions),
+        _ => false,
+    };
+    decided.then_some(operation)
 }
 
 /// What `TOLLGATE.VERSION` answered (on a cluster, every master).

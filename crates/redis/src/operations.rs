@@ -99,7 +99,7 @@ impl RedisStore {
 
     /// Run the script on one slot: one round trip. `keys` start with the slot's generation.
     pub(crate) async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        self.caller.run(keys, args).await
+        self.caller.call(keys, args).await
     }
 
     /// The generation and three keys of `take`'s counter, and its budget's key when in that
@@ -254,7 +254,7 @@ impl RedisStore {
             }
             let mut args: Vec<&[u8]> = vec![&numbers.0];
             args.extend_from_slice(rest);
-            let (head, reply) = self.caller.run_counter_operation(keys, &args).await?;
+            let (head, reply) = self.caller.call(keys, &args).await?;
             let number = |index: usize| u(reply.numbers.get(index).copied().unwrap_or(0));
             match reply.status.as_str() {
                 "admit" => {

@@ -16,10 +16,11 @@ use tollgate::store::{
 use tollgate_core::Committed;
 
 use crate::backend::Target;
-use crate::batch::{Caller, Native};
+use crate::batch::Caller;
 use crate::call::Carried;
 use crate::errors::{failed, store_error, unavailable};
 use crate::native::Module;
+use crate::native::Native;
 use crate::{eviction, keys, loss};
 
 /// How often a waiting request asks again, at the latest, to keep its place in the queues of
@@ -199,6 +200,15 @@ impl RedisStore {
     /// Commits the Redis module decided since the store started.
     pub fn module_commits(&self) -> u64 {
         self.caller.module_counts(Native::Commit).0
+    }
+
+    /// The calls the Redis module decided since the store started, by its command
+    /// (`TOLLGATE.ACQUIRE`, `TOLLGATE.COMMIT`, ...), every command the store may send it.
+    pub fn module_calls(&self) -> Vec<(&'static str, u64)> {
+        Native::ALL
+            .iter()
+            .map(|&native| (native.command(), self.caller.module_counts(native).0))
+            .collect()
     }
 
     /// Acquires and commits sent to the Redis module that it refused as not native, then
