@@ -232,8 +232,7 @@ impl Caller {
         keys: &[String],
         args: &[&[u8]],
     ) -> Result<(Head, Reply)> {
-        let mut command = redis::cmd(native.command());
-        command.arg(keys.len()).arg(keys).arg(args);
+        let command = self.command_by(Some(native), keys, args);
         let first = keys.first().map_or("", String::as_str);
         let answered = tokio::time::timeout(self.timeout, self.backend.query_key(&command, first))
             .await
@@ -407,8 +406,7 @@ impl Caller {
             keys.extend_from_slice(own);
         }
         let answered = if native {
-            let mut command = redis::cmd("TOLLGATE.ACQUIRE");
-            command.arg(keys.len()).arg(&keys).arg(&numbers.0);
+            let command = self.command_by(Some(Native::Acquire), &keys, &[&numbers.0]);
             tokio::time::timeout(self.timeout, self.backend.query_slot(&command, slot)).await
         } else {
             let command = self.command(&keys, &[&numbers.0]);
@@ -506,6 +504,13 @@ impl Caller {
     /// the store watches evictions, the operation carries `WATCH_EVICTIONS` and the slot's
     /// evictions record is the last key.
     pub(crate) fn command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+        self.command_by(None, keys, args)
+    }
+
+    /// The library's call of `keys` and `args` (`command`'s), sent to the module's command
+    /// for `module`, or the library's function (or script) when None: the module takes the
+    /// library's arguments unchanged, the evictions flag and record included.
+    fn command_by(&self, module: Option<Native>, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
         if self.watch_evictions.load(Ordering::Relaxed)
             && let Some((numbers, rest)) = args.split_first()
             && let Some(generation) = keys.first()
@@ -519,19 +524,25 @@ impl Caller {
             keys.push(keys::evictions_beside(generation));
             let mut args: Vec<&[u8]> = vec![&flagged];
             args.extend_from_slice(rest);
-            return self.script_command(&keys, &args);
+            return self.unflagged_command(module, &keys, &args);
         }
-        self.script_command(keys, args)
+        self.unflagged_command(module, keys, args)
     }
 
-    fn script_command(&self, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
-        let mut command = match &self.function {
-            Some((name, _)) => {
+    fn unflagged_command(
+        &self,
+        module: Option<Native>,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> redis::Cmd {
+        let mut command = match (module, &self.function) {
+            (Some(native), _) => redis::cmd(native.command()),
+            (None, Some((name, _))) => {
                 let mut command = redis::cmd("FCALL");
                 command.arg(name.as_str());
                 command
             }
-            None => {
+            (None, None) => {
                 let mut command = redis::cmd("EVALSHA");
                 command.arg(self.script.get_hash());
                 command
