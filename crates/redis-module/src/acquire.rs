@@ -1809,7 +1809,8 @@ impl<'k> Acquire<'k> {
             place_ttl: ttl,
             stands,
         };
-        if let Err(failed) = crate::queue::settle(redis, now, self.gen_key, &request, counters, queues)
+        if let Err(failed) =
+            crate::queue::settle(redis, now, self.gen_key, &request, counters, queues)
         {
             return failed;
         }

@@ -1523,7 +1523,12 @@ fn waiting_requests_and_their_queues_interleaved_decide_as_the_library_alone() {
             let packed = pack(&[OP_LEAVE, id]);
             let call = |conn: &mut Conn, namespace: &str, command: &[&[u8]]| {
                 let all = keys(namespace, counter);
-                call_on(conn, command, &[all[0].clone(), all[4].clone()], &[&packed, &all[1]])
+                call_on(
+                    conn,
+                    command,
+                    &[all[0].clone(), all[4].clone()],
+                    &[&packed, &all[1]],
+                )
             };
             let mixed = if by_module {
                 *counts.entry("native leaves").or_default() += 1;
