@@ -114,10 +114,12 @@ pub(crate) fn stand(q: &mut Vec<Place>, rank: Rank, cost: f64, now: f64, ttl: f6
 }
 
 /// `queue.lua`'s T.queue_write: the places stored until the last expires, or the key deleted.
-pub(crate) fn write(redis: &mut dyn Redis, key: &[u8], q: &[Place], now: f64) {
+/// Redis's error (an expiry not in the future, from a place's lifetime below zero) stops the
+/// call there, as it stops the library's.
+pub(crate) fn write(redis: &mut dyn Redis, key: &[u8], q: &[Place], now: f64) -> Result<(), Reply> {
     if q.is_empty() {
         redis.call(&[b"DEL", key], true);
-        return;
+        return Ok(());
     }
     let mut bytes = Vec::with_capacity(q.len() * PLACE_BYTES);
     let mut last = 0.0;
@@ -128,7 +130,10 @@ pub(crate) fn write(redis: &mut dyn Redis, key: &[u8], q: &[Place], now: f64) {
         }
     }
     let ttl = ttl_ms(last, now);
-    redis.call(&[b"SET", key, &bytes, b"PX", &ttl], true);
+    match redis.call(&[b"SET", key, &bytes, b"PX", &ttl], true) {
+        Value::Error(error) => Err(Reply::Value(Value::Error(error))),
+        _ => Ok(()),
+    }
 }
 
 /// `queue.lua`'s T.wake_channel: the namespace's wake channel from its generation's key
@@ -237,9 +242,11 @@ pub(crate) fn decide_leave(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         None => (Vec::new(), false),
     };
     if leave(&mut q, id) || expired {
-        write(redis, queue_key, &q, now);
-        if let Err(refusal) = wake(redis, gen_key, message) {
-            return refusal;
+        if let Err(failed) = write(redis, queue_key, &q, now) {
+            return failed;
+        }
+        if let Err(failed) = wake(redis, gen_key, message) {
+            return failed;
         }
     }
     Reply::Value(Value::Array(head("ok", now, &slot)))
@@ -280,7 +287,7 @@ pub(crate) fn settle<'k>(
             leave(&mut places, request.id) || expired
         };
         if changed {
-            write(redis, queue_key, &places, now);
+            write(redis, queue_key, &places, now)?;
         }
         if expired {
             wake(redis, gen_key, counter_key)?;

@@ -1677,3 +1677,51 @@ fn waiting_requests_and_their_queues_interleaved_decide_as_the_library_alone() {
         );
     }
 }
+
+/// A waiting request whose place would expire before it is taken (a lifetime far below zero)
+/// fails in Redis, by the module as by the library, rather than being answered as if its
+/// place were kept.
+#[test]
+fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    for namespace in ["mixed", "alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+        // The burst taken: the next request is denied, and would stand in the queue.
+        let all = pack(&acquire_numbers(
+            &policies()[0],
+            4.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        ));
+        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
+    }
+    let packed = waiting(
+        pack(&acquire_numbers(
+            &policies()[0],
+            1.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        )),
+        1,
+        7.0,
+        -5e6,
+    );
+    let by_module = module(&mut conn, &keys("mixed", 0), &packed);
+    let by_library = fcall(&mut conn, &keys("alone", 0), &packed);
+    for reply in [&by_module, &by_library] {
+        assert!(
+            matches!(reply, Resp::Error(error) if error.contains("invalid expire time")),
+            "{reply:?}"
+        );
+    }
+    assert_eq!(
+        stored(&mut conn, &keys("mixed", 0)),
+        stored(&mut conn, &keys("alone", 0))
+    );
+}
