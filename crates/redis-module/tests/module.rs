@@ -1725,3 +1725,64 @@ fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
         stored(&mut conn, &keys("alone", 0))
     );
 }
+
+/// A full queue keeps its best places: forty waiters of three priorities, several at each
+/// instant, stand on one counter (module and library taking turns in one namespace, the
+/// library alone in another) past the 32 places a queue keeps; a waiter ranked past the last
+/// place is not kept, one ranked before it takes the last one's. The same replies and bytes.
+#[test]
+fn a_full_queue_keeps_its_best_places_as_in_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    for namespace in ["mixed", "alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+        let all = pack(&acquire_numbers(
+            &policies()[0],
+            4.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        ));
+        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
+    }
+    let mut clock = 0;
+    for id in 1..=40u64 {
+        if id % 4 == 0 {
+            clock += 1_000;
+            server.set_clock(clock);
+        }
+        // Ids not in arrival order: equal arrivals rank by id.
+        let waiter = ((id * 7_919) % 101 + 1) as f64;
+        let packed = waiting(
+            pack(&acquire_numbers(
+                &policies()[0],
+                1.0,
+                (id % 3) as f64,
+                0.0,
+                0.0,
+                [0.0; 4],
+            )),
+            1,
+            waiter,
+            60e6,
+        );
+        let mixed = if id % 2 == 0 {
+            module(&mut conn, &keys("mixed", 0), &packed)
+        } else {
+            fcall(&mut conn, &keys("mixed", 0), &packed)
+        };
+        let alone = fcall(&mut conn, &keys("alone", 0), &packed);
+        assert_eq!(mixed, alone, "waiter {id}: replies differ");
+        assert_eq!(
+            stored(&mut conn, &keys("mixed", 0)),
+            stored(&mut conn, &keys("alone", 0)),
+            "waiter {id}: stored values or expiries differ"
+        );
+    }
+    match conn.call(&[b"STRLEN", &keys("alone", 0)[4]]) {
+        Resp::Int(length) => assert_eq!(length, 32 * 40, "a full queue"),
+        other => panic!("STRLEN: {other:?}"),
+    }
+}
