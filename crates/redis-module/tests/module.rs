@@ -1436,7 +1436,13 @@ fn reasons(reply: &Resp) -> Vec<i64> {
 
 /// Whether an acquire's reply (not a batch's) granted.
 fn granted(reply: &Resp) -> bool {
-    matches!(reply, Resp::Array(items) if items.first() == Some(&Resp::Bytes(b"ok".to_vec())) && items.get(4) == Some(&Resp::Int(0)))
+    match reply {
+        Resp::Array(items) => {
+            items.first() == Some(&Resp::Bytes(b"ok".to_vec()))
+                && items.get(4) == Some(&Resp::Int(0))
+        }
+        _ => false,
+    }
 }
 
 /// Waiting requests of several waiters (each its id and priority; two of each priority, so
