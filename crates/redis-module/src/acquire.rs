@@ -3,9 +3,10 @@
 //! decides alone so far: rate counters, one or several all or none, GCRA, sliding window (its
 //! bucket log kept as the library keeps it) or fixed window, a final grant or one recorded as a
 //! reservation a commit can refund, each key admitted in its limit's key budget when it has one
-//! (the budget in this slot, or the cover the caller brings), a request that does not wait, no
-//! queue of waiters on its counters, and counters whose stored value is GCRA's, a sliding or
-//! fixed window's or none
+//! (the budget in this slot, or the cover the caller brings), a request that waits or not, with
+//! its counters' queues of waiters across the fleet (`queue.rs`: the places ahead it leaves
+//! room for, its own place taken, renewed or left), and counters whose stored value is GCRA's,
+//! a sliding or fixed window's or none
 //! (one of another rate algorithm's is carried into the policy's, as the library carries it).
 //! It reads and writes the same keys and bytes as the library, with the library's arithmetic
 //! (Lua's numbers are doubles, so this computes in doubles too) on Redis's clock (as `TIME`
@@ -106,7 +107,7 @@ pub(crate) fn text(n: f64) -> Vec<u8> {
 }
 
 /// `common.lua`'s T.ttl_ms: an expiry in milliseconds from now, rounded up, plus one.
-fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
+pub(crate) fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
     text(div_ceil(until_us - now, US_PER_MS) + 1.0)
 }
 
@@ -332,7 +333,7 @@ impl Counter {
         bytes
     }
 
-    fn used(&self, p: &Policy, now: f64) -> f64 {
+    pub(crate) fn used(&self, p: &Policy, now: f64) -> f64 {
         if self.k == BODY_SLIDING {
             self.qu
         } else if self.k == BODY_FIXED {
@@ -1000,7 +1001,7 @@ impl Decision<'_, '_> {
         }
     }
 
-    fn wait_for_room(&mut self, cost: f64, open: f64) -> f64 {
+    pub(crate) fn wait_for_room(&mut self, cost: f64, open: f64) -> f64 {
         let in_use = self.c.used(self.p, self.now);
         if in_use + cost <= open {
             return 0.0;
@@ -1352,8 +1353,8 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
 
 /// `entry.lua`'s batch: acquires on one slot decided in order at one `now`, the generation read
 /// once. Each acquire's numbers are read before anything is: one the module does not decide
-/// refuses the whole batch, unwritten. One refused only for what Redis holds (a queue of
-/// waiters on its counter) is answered with that refusal in its place, the others decided:
+/// refuses the whole batch, unwritten. One refused only for what Redis holds (a counter of
+/// leases, or of a kind not known) is answered with that refusal in its place, the others decided:
 /// its caller makes that acquire again through the library, as if it had come after them.
 fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]]) -> Reply {
     let a = |i: usize| nums.get(i - 1).copied();
@@ -1443,6 +1444,11 @@ struct Acquire<'k> {
     record: f64,
     gen_key: &'k [u8],
     takes: Vec<Take<'k>>,
+    /// The request's priority, its waiter's id (`queue.rs`'s NEWCOMER_ID when it does not
+    /// wait) and how long a place it takes lives.
+    priority: f64,
+    waiter: f64,
+    place_ttl: f64,
 }
 
 impl<'k> Acquire<'k> {
@@ -1474,14 +1480,16 @@ impl<'k> Acquire<'k> {
         }
         let n = n as usize;
         let after = s + ACQUIRE_HEAD + n * ACQUIRE_PER_COUNTER;
-        let (Some(waiter), Some(_place_ttl)) = (a(after), a(after + 1)) else {
+        let (Some(waiter), Some(place_ttl)) = (a(after), a(after + 1)) else {
             return Err(bad(
                 "acquire: fewer numbers than its counters and waiter need",
             ));
         };
-        if waiter != 0.0 {
-            return Err(not_native("a waiting request (the queue across the fleet)"));
-        }
+        let waiter = if waiter == 0.0 {
+            crate::queue::NEWCOMER_ID
+        } else {
+            waiter
+        };
         let Some(gen_key) = key(1.0) else {
             return Err(bad("acquire: no generation key"));
         };
@@ -1583,6 +1591,9 @@ impl<'k> Acquire<'k> {
             record,
             gen_key,
             takes,
+            priority,
+            waiter,
+            place_ttl,
         })
     }
 
@@ -1621,12 +1632,6 @@ impl<'k> Acquire<'k> {
         // The generation first unless a batch read it; it is written (when due) only after
         // the refusals a value can make, so a refused acquire writes nothing.
         let first = usize::from(batch.is_none());
-        if values[first + n..first + 2 * n]
-            .iter()
-            .any(|queue| *queue != Value::Nil)
-        {
-            return not_native("a counter with a queue of waiters");
-        }
         let mut loaded = Vec::with_capacity(n);
         for raw in &values[first..first + n] {
             loaded.push(match bytes_of(raw) {
@@ -1709,6 +1714,8 @@ impl<'k> Acquire<'k> {
         // Every counter checked, each its five numbers; granted on all only when all allow.
         let mut reply = head("ok", now, &slot);
         let mut all_allowed = true;
+        // Each counter's queue, when its key holds one.
+        let mut queues: Vec<Option<crate::queue::Found>> = Vec::with_capacity(n);
         for (i, take) in self.takes.iter().enumerate() {
             let (p, cost, open) = (&take.p, take.cost, take.open);
             let mut d = Decision {
@@ -1723,10 +1730,24 @@ impl<'k> Acquire<'k> {
                 c: counters[i],
             };
             let limit_paused_until = paused_until[i];
-            let denial = match held[i] {
+            let mut denial = match held[i] {
                 Some(until) => Some([sub0(until, now), 0.0, REASON_RECOVERING, 0.0]),
                 None => d.check(cost, open, limit_paused_until),
             };
+            // Room for itself is not enough: also for every place ahead, or it waits behind
+            // them.
+            queues.push(bytes_of(&values[first + n + i]).map(|raw| {
+                let (places, expired) = crate::queue::read(raw, now);
+                let (rank, ahead) = crate::queue::rank(&places, now, self.priority, self.waiter);
+                if denial.is_none() {
+                    denial = d.queued(cost, ahead, open);
+                }
+                crate::queue::Found {
+                    places,
+                    rank,
+                    expired,
+                }
+            }));
             counters[i] = d.c;
             let c = &counters[i];
             match denial {
@@ -1776,6 +1797,22 @@ impl<'k> Acquire<'k> {
             if held[i].is_none() {
                 d.save();
             }
+        }
+        // A waiting request denied takes (or renews) its place; granted, it leaves. Places
+        // that expired are dropped, and whoever they held back is woken.
+        let counters = self.takes.iter().map(|take| (take.cost, take.wk, take.ck));
+        let stands = self.waiter < crate::queue::NEWCOMER_ID && !all_allowed;
+        let (waiter, priority, ttl) = (self.waiter, self.priority, self.place_ttl);
+        let request = crate::queue::Waiter {
+            id: waiter,
+            priority,
+            place_ttl: ttl,
+            stands,
+        };
+        if let Err(failed) =
+            crate::queue::settle(redis, now, self.gen_key, &request, counters, queues)
+        {
+            return failed;
         }
         Reply::Value(Value::Array(reply))
     }

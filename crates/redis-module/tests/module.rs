@@ -1390,3 +1390,405 @@ fn an_acquire_of_several_counters_is_the_librarys() {
         assert!(statuses.get(status) > Some(&3), "{status} answered");
     }
 }
+
+const OP_LEAVE: f64 = 9.0;
+/// Where a reply's denial reason is, after the outcome (`abi.rs`'s REASON_QUEUED: a denial
+/// owed to places ahead).
+const REASON_QUEUED: i64 = 3;
+
+/// An acquire's packed numbers, `counters` of them, made a waiting request: its waiter's id (0:
+/// it does not wait) and how long a place it takes lives, after every counter's numbers.
+fn waiting(mut packed: Vec<u8>, counters: usize, waiter: f64, place_ttl_us: f64) -> Vec<u8> {
+    let at = (5 + 15 * counters) * 8;
+    packed[at..at + 8].copy_from_slice(&waiter.to_be_bytes());
+    packed[at + 8..at + 16].copy_from_slice(&place_ttl_us.to_be_bytes());
+    packed
+}
+
+/// Every key of the native counters of `namespace`, the key budgets a batch uses among them.
+fn every_key(namespace: &str) -> Vec<Vec<u8>> {
+    let mut all: Vec<Vec<u8>> = (0..NATIVE).flat_map(|c| keys(namespace, c)).collect();
+    for budget in ["k0", "k1"] {
+        all.push(format!("tg:{{t}}:{namespace}:{budget}").into_bytes());
+    }
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// The denial reasons in an acquire's reply (one per counter denied), or a batch's.
+fn reasons(reply: &Resp) -> Vec<i64> {
+    match reply {
+        Resp::Array(items) if matches!(items.first(), Some(Resp::Array(_))) => {
+            items.iter().flat_map(reasons).collect()
+        }
+        Resp::Array(items) if items.first() == Some(&Resp::Bytes(b"ok".to_vec())) => items[4..]
+            .chunks(5)
+            .filter(|outcome| outcome[0] == Resp::Int(2))
+            .filter_map(|outcome| match outcome[3] {
+                Resp::Int(reason) => Some(reason),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether an acquire's reply (not a batch's) granted.
+fn granted(reply: &Resp) -> bool {
+    match reply {
+        Resp::Array(items) => {
+            items.first() == Some(&Resp::Bytes(b"ok".to_vec()))
+                && items.get(4) == Some(&Resp::Int(0))
+        }
+        _ => false,
+    }
+}
+
+/// Waiting requests of several waiters (each its id and priority; two of each priority, so
+/// that equal arrivals at a clock standing still rank by id) and requests that do not wait,
+/// on the native counters alone, several at once and in batches, with places living from a
+/// fraction of a second to seconds on the test's clock, and waiters leaving: each decided by
+/// the module or the library at random in one namespace and by the library alone in another.
+/// Every reply (the ranks' `queued` denials, their retry hints), every stored value and expiry
+/// (the queues' places taken, renewed, left and expired) and every wake-up published are the
+/// same.
+#[test]
+fn waiting_requests_and_their_queues_interleaved_decide_as_the_library_alone() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    let mut wakes = subscriber(&server);
+    load_library(&mut conn);
+    let policies = policies();
+    let seed = std::env::var("TOLLGATE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("TOLLGATE_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for namespace in ["mixed", "alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    // Waiters' ids as a process draws them (below 2^53); the i-th of priority i % 3.
+    let waiters: Vec<f64> = (0..6).map(|_| rng.u64(1..1 << 53) as f64).collect();
+    let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
+    let mut clock = 0;
+    let mut counts = std::collections::BTreeMap::<&str, u32>::new();
+    let wanted = [
+        ("native acquires", 200),
+        ("native batches", 30),
+        ("native several", 30),
+        ("native leaves", 30),
+        ("queued", 40),
+        ("queued newcomers", 10),
+        ("waiters granted", 40),
+        ("woken by acquires", 10),
+        ("woken by leaves", 10),
+    ];
+    for step in 0..5 * STEPS {
+        let covered = wanted
+            .iter()
+            .all(|(what, least)| counts.get(what).copied().unwrap_or(0) >= *least);
+        if step >= STEPS && covered {
+            break;
+        }
+        // The clock stands still for a few steps at a time: arrivals at one instant.
+        if rng.u8(..3) == 0 {
+            clock += rng.u64(1..1_500_000);
+            server.set_clock(clock);
+        }
+        if rng.u16(..200) == 0 {
+            for namespace in ["mixed", "alone"] {
+                conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
+            }
+        }
+        let by_module = rng.bool();
+        let place_ttl = [300_000.0, 1_000_000.0, 3_000_000.0][rng.usize(..3)];
+        // A waiter, or (one time in four) a request that does not wait.
+        let who = rng.usize(..8);
+        let (waiter, priority) = if who < waiters.len() {
+            (waiters[who], (who % 3) as f64)
+        } else {
+            (0.0, f64::from(rng.u8(..3)))
+        };
+        let record = if rng.bool() { 1.0 } else { 0.0 };
+        let pause = if rng.u8(..25) == 0 {
+            -((CLOCK_START_US + clock + rng.u64(..1_000_000)) as f64)
+        } else {
+            0.0
+        };
+        let kind = rng.u8(..10);
+        let (mixed, alone) = if kind == 0 {
+            // A waiter gives up its place on one counter (or has none there).
+            let counter = rng.usize(..NATIVE);
+            let id = if rng.u8(..6) == 0 {
+                rng.u64(1..1 << 53) as f64
+            } else {
+                waiters[rng.usize(..waiters.len())]
+            };
+            let packed = pack(&[OP_LEAVE, id]);
+            let call = |conn: &mut Conn, namespace: &str, command: &[&[u8]]| {
+                let all = keys(namespace, counter);
+                call_on(
+                    conn,
+                    command,
+                    &[all[0].clone(), all[4].clone()],
+                    &[&packed, &all[1]],
+                )
+            };
+            let mixed = if by_module {
+                *counts.entry("native leaves").or_default() += 1;
+                call(&mut conn, "mixed", &[b"TOLLGATE.LEAVE"])
+            } else {
+                call(&mut conn, "mixed", function)
+            };
+            (mixed, call(&mut conn, "alone", function))
+        } else if kind <= 2 {
+            // A batch of acquires, each its own waiter (or none), as the store batches them.
+            let acquires: Vec<(usize, Vec<f64>)> = (0..rng.usize(2..5))
+                .map(|_| {
+                    let counter = rng.usize(..NATIVE);
+                    let who = rng.usize(..8);
+                    let (id, priority) = if who < waiters.len() {
+                        (waiters[who], (who % 3) as f64)
+                    } else {
+                        (0.0, f64::from(rng.u8(..3)))
+                    };
+                    let admission = if rng.bool() {
+                        [0.0; 4]
+                    } else {
+                        [6.0, 3.0, 0.0, 0.0]
+                    };
+                    let mut numbers = acquire_numbers(
+                        &policies[counter],
+                        f64::from(rng.u8(1..3)),
+                        priority,
+                        record,
+                        0.0,
+                        admission,
+                    );
+                    let last = numbers.len();
+                    numbers[last - 2] = id;
+                    numbers[last - 1] = place_ttl;
+                    (counter, numbers)
+                })
+                .collect();
+            let (mixed_keys, packed) = batch("mixed", &acquires);
+            let (alone_keys, _) = batch("alone", &acquires);
+            let mixed = if by_module {
+                *counts.entry("native batches").or_default() += 1;
+                module(&mut conn, &mixed_keys, &packed)
+            } else {
+                fcall(&mut conn, &mixed_keys, &packed)
+            };
+            (mixed, fcall(&mut conn, &alone_keys, &packed))
+        } else if kind <= 4 {
+            // One request on two or three counters, all or none.
+            let mut counters: Vec<usize> = (0..NATIVE).collect();
+            rng.shuffle(&mut counters);
+            counters.truncate(rng.usize(2..4));
+            let cost: Vec<f64> = if rng.bool() {
+                vec![f64::from(rng.u8(1..3)); counters.len()]
+            } else {
+                counters.iter().map(|_| f64::from(rng.u8(1..3))).collect()
+            };
+            let n = counters.len();
+            let (mixed_keys, packed) = several("mixed", &counters, &cost, priority, record);
+            let (alone_keys, _) = several("alone", &counters, &cost, priority, record);
+            let packed = waiting(packed, n, waiter, place_ttl);
+            let mixed = if by_module {
+                *counts.entry("native several").or_default() += 1;
+                module(&mut conn, &mixed_keys, &packed)
+            } else {
+                fcall(&mut conn, &mixed_keys, &packed)
+            };
+            let alone = fcall(&mut conn, &alone_keys, &packed);
+            if waiter != 0.0 && granted(&alone) {
+                *counts.entry("waiters granted").or_default() += 1;
+            }
+            (mixed, alone)
+        } else {
+            // One request on one counter.
+            let counter = rng.usize(..NATIVE);
+            let admission = match rng.u8(..4) {
+                0 => [6.0, 3.0, 0.0, 0.0],
+                _ => [0.0; 4],
+            };
+            let packed = pack(&acquire_numbers(
+                &policies[counter],
+                f64::from(rng.u8(1..3)),
+                priority,
+                record,
+                pause,
+                admission,
+            ));
+            let packed = waiting(packed, 1, waiter, place_ttl);
+            let mixed = if by_module {
+                *counts.entry("native acquires").or_default() += 1;
+                module(&mut conn, &keys("mixed", counter), &packed)
+            } else {
+                fcall(&mut conn, &keys("mixed", counter), &packed)
+            };
+            let alone = fcall(&mut conn, &keys("alone", counter), &packed);
+            if waiter != 0.0 && granted(&alone) {
+                *counts.entry("waiters granted").or_default() += 1;
+            }
+            if waiter == 0.0 && reasons(&alone).contains(&REASON_QUEUED) {
+                *counts.entry("queued newcomers").or_default() += 1;
+            }
+            (mixed, alone)
+        };
+        assert_eq!(mixed, alone, "step {step} (seed {seed}): replies differ");
+        assert!(
+            !matches!(&alone, Resp::Error(_)),
+            "step {step} (seed {seed}): {alone:?}"
+        );
+        assert_eq!(
+            stored(&mut conn, &every_key("mixed")),
+            stored(&mut conn, &every_key("alone")),
+            "step {step} (seed {seed}): stored values or expiries differ"
+        );
+        let (mixed_wakes, alone_wakes) = wake_ups(&mut conn, &mut wakes);
+        let mixed_wakes: Vec<Vec<u8>> = mixed_wakes
+            .iter()
+            .map(|key| {
+                String::from_utf8_lossy(key)
+                    .replace(":mixed:", ":alone:")
+                    .into_bytes()
+            })
+            .collect();
+        assert_eq!(
+            mixed_wakes, alone_wakes,
+            "step {step} (seed {seed}): wake-ups published differ"
+        );
+        if !alone_wakes.is_empty() {
+            let by = if kind == 0 {
+                "woken by leaves"
+            } else {
+                "woken by acquires"
+            };
+            *counts.entry(by).or_default() += 1;
+        }
+        let queued = reasons(&alone)
+            .iter()
+            .filter(|reason| **reason == REASON_QUEUED)
+            .count();
+        *counts.entry("queued").or_default() += queued as u32;
+    }
+    eprintln!("{counts:?}");
+    for (what, least) in wanted {
+        assert!(
+            counts.get(what).copied().unwrap_or(0) >= least,
+            "{what}: {counts:?}"
+        );
+    }
+}
+
+/// A waiting request whose place would expire before it is taken (a lifetime far below zero)
+/// fails in Redis, by the module as by the library, rather than being answered as if its
+/// place were kept.
+#[test]
+fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    for namespace in ["mixed", "alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+        // The burst taken: the next request is denied, and would stand in the queue.
+        let all = pack(&acquire_numbers(
+            &policies()[0],
+            4.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        ));
+        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
+    }
+    let packed = waiting(
+        pack(&acquire_numbers(
+            &policies()[0],
+            1.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        )),
+        1,
+        7.0,
+        -5e6,
+    );
+    let by_module = module(&mut conn, &keys("mixed", 0), &packed);
+    let by_library = fcall(&mut conn, &keys("alone", 0), &packed);
+    for reply in [&by_module, &by_library] {
+        assert!(
+            matches!(reply, Resp::Error(error) if error.contains("invalid expire time")),
+            "{reply:?}"
+        );
+    }
+    assert_eq!(
+        stored(&mut conn, &keys("mixed", 0)),
+        stored(&mut conn, &keys("alone", 0))
+    );
+}
+
+/// A full queue keeps its best places: forty waiters of three priorities, several at each
+/// instant, stand on one counter (module and library taking turns in one namespace, the
+/// library alone in another) past the 32 places a queue keeps; a waiter ranked past the last
+/// place is not kept, one ranked before it takes the last one's. The same replies and bytes.
+#[test]
+fn a_full_queue_keeps_its_best_places_as_in_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    for namespace in ["mixed", "alone"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+        let all = pack(&acquire_numbers(
+            &policies()[0],
+            4.0,
+            2.0,
+            0.0,
+            0.0,
+            [0.0; 4],
+        ));
+        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
+    }
+    let mut clock = 0;
+    for id in 1..=40u64 {
+        if id % 4 == 0 {
+            clock += 1_000;
+            server.set_clock(clock);
+        }
+        // Ids not in arrival order: equal arrivals rank by id.
+        let waiter = ((id * 7_919) % 101 + 1) as f64;
+        let packed = waiting(
+            pack(&acquire_numbers(
+                &policies()[0],
+                1.0,
+                (id % 3) as f64,
+                0.0,
+                0.0,
+                [0.0; 4],
+            )),
+            1,
+            waiter,
+            60e6,
+        );
+        let mixed = if id % 2 == 0 {
+            module(&mut conn, &keys("mixed", 0), &packed)
+        } else {
+            fcall(&mut conn, &keys("mixed", 0), &packed)
+        };
+        let alone = fcall(&mut conn, &keys("alone", 0), &packed);
+        assert_eq!(mixed, alone, "waiter {id}: replies differ");
+        assert_eq!(
+            stored(&mut conn, &keys("mixed", 0)),
+            stored(&mut conn, &keys("alone", 0)),
+            "waiter {id}: stored values or expiries differ"
+        );
+    }
+    match conn.call(&[b"STRLEN", &keys("alone", 0)[4]]) {
+        Resp::Int(length) => assert_eq!(length, 32 * 40, "a full queue"),
+        other => panic!("STRLEN: {other:?}"),
+    }
+}

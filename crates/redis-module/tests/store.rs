@@ -104,9 +104,8 @@ async fn on(port: u16, namespace: &str) -> Arc<RedisStore> {
     store
 }
 
-/// Every store the suite made so far sent the module no acquire the store could have known it
-/// refuses: the module refused only for what Redis holds (a counter with waiters across the
-/// fleet, in the suite's waiting tests).
+/// Every store the suite made so far sent the module no call the store could have known it
+/// refuses: the module refused only for what Redis holds (`REFUSED_IN_REDIS`).
 fn unforeseen_refusals_are_none() {
     let made = made()
         .lock()
@@ -140,10 +139,10 @@ async fn module_stores(test: &'static str) -> Option<Stores> {
 
 tollgate_conformance::conformance_tests!(module_stores);
 
-/// The suite's tests of requests that never wait, run here one after another: the module
-/// decides their acquires and commits, and none is refused and decided again by the library. (A request
-/// that waits leaves a place in its counter's queue, which the module leaves to the library:
-/// the acquires of others on that counter meanwhile are refused once, by what Redis holds.)
+/// The suite's tests of rate limits, run here one after another, those of requests that wait
+/// among them (places in their counters' queues across the fleet, taken, renewed, left and
+/// expired; priorities; a limit's pause waited out): the module decides their acquires, commits
+/// and leaves, and none is refused and decided again by the library.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_module_decides_the_suites_single_counter_acquires_and_commits_without_fallback() {
     let Some(port) = module_redis() else { return };
@@ -167,9 +166,25 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
         rate_limits_grant_to_the_limit_and_hint_honestly,
         commit_refunds_unused_units_once,
         unrefundable_grants_count_the_same_and_refund_nothing,
-        costs_are_taken_per_limit_all_or_nothing
+        costs_are_taken_per_limit_all_or_nothing,
+        pauses_stop_grants_and_only_extend,
+        random_traffic_never_exceeds_the_limit,
+        bulk_and_priority_callers_never_overshoot
     );
     let decided: u64 = used.iter().map(|store| store.module_acquires()).sum();
+    // A waiter that gave up leaves its places in a task of its own: given a moment.
+    let leaves = || -> u64 {
+        used.iter()
+            .flat_map(|store| store.module_calls())
+            .filter(|(command, _)| *command == "TOLLGATE.LEAVE")
+            .map(|(_, calls)| calls)
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while leaves() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(leaves() > 0, "the module decided no leave");
     let commits: u64 = used.iter().map(|store| store.module_commits()).sum();
     let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
     assert!(decided > 0, "the module decided no acquire");
@@ -313,6 +328,7 @@ fn the_stores_refusals_are_the_modules() {
     for source in [
         include_str!("../src/acquire.rs"),
         include_str!("../src/commit.rs"),
+        include_str!("../src/queue.rs"),
     ] {
         for marker in ["not_native(", "return Err("] {
             for (at, _) in source.match_indices(marker) {
@@ -326,6 +342,7 @@ fn the_stores_refusals_are_the_modules() {
     let mut store: Vec<&str> = tollgate_redis::REFUSED_BEFORE_SENDING
         .iter()
         .chain(tollgate_redis::COMMIT_REFUSED_BEFORE_SENDING)
+        .chain(tollgate_redis::LEAVE_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::REFUSED_IN_REDIS)
         .copied()
         .collect();

@@ -458,8 +458,9 @@ impl Caller {
             items
                 .into_iter()
                 .map(|item| match item {
-                    // The module refused this acquire for what its counter holds (a queue of
-                    // waiters), having decided the others: the library decides it, after them.
+                    // The module refused this acquire for what its counter holds (leases, or a
+                    // value of a kind not known), having decided the others: the library
+                    // decides it, after them.
                     Value::ServerError(error) => {
                         let error = redis::RedisError::from(error);
                         if native::refused(&error) {

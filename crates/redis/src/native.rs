@@ -1,8 +1,8 @@
 //! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
-//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires and
-//! commits it decides natively (`native`, `native_commit`), mirroring the module's refusals in
-//! one place. Everything the
-//! module does not decide goes to the function library, as it always did.
+//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires (waiting
+//! or not), commits and leaves of a waiter's place it decides natively (`native`,
+//! `native_commit`, `native_leave`), mirroring the module's refusals in one place. Everything
+//! the module does not decide goes to the function library, as it always did.
 
 use std::fmt;
 use std::str::FromStr;
@@ -55,7 +55,6 @@ impl fmt::Display for Module {
 /// library at once. `native` checks exactly these; a test holds this list to the module's.
 pub const REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than an acquire or a batch of them (without evictions watched)",
-    "a waiting request (the queue across the fleet)",
     "a policy other than a GCRA, sliding or fixed window rate limit",
 ];
 
@@ -67,11 +66,16 @@ pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
     "a commit of other than a GCRA, sliding or fixed window rate limit",
 ];
 
+/// What the module refuses of a waiter's leave (`TOLLGATE.LEAVE`) that the store can tell from
+/// its packed numbers: such a leave goes to the library at once. `native_leave` checks exactly
+/// these; a test holds this list to the module's.
+pub const LEAVE_REFUSED_BEFORE_SENDING: &[&str] =
+    &["an operation other than a leave (without evictions watched)"];
+
 /// What the module refuses that only Redis can see (what the counter's keys hold), of an
 /// acquire or a commit: the store sends the call to the library after the refusal, one more
 /// round trip, and counts it.
 pub const REFUSED_IN_REDIS: &[&str] = &[
-    "a counter with a queue of waiters",
     "a counter of leases, or of a kind not known",
     "a counter value shorter than its kind's",
 ];
@@ -87,11 +91,11 @@ fn native_algorithm(alg: f64) -> bool {
 pub(crate) const NOT_NATIVE: &str = "tollgate: not native:";
 
 /// Where an acquire's numbers are (0-based, in doubles): the head, then the first counter's
-/// policy (kind first, algorithm fifth), then after the counter's numbers the waiter.
+/// policy (kind first, algorithm fifth).
 const AT_OPERATION: usize = 0;
 const AT_COUNTERS: usize = 4;
-/// The first counter's kind (its algorithm 4 after), each counter's numbers (policy, pause,
-/// admission, queue: 15) after the last's, and the waiter after them all.
+/// The first counter's kind (its algorithm 4 after), and each counter's numbers (policy, pause,
+/// admission, queue: 15) after the last's.
 const AT_KIND: usize = 5;
 const ALGORITHM_AFTER_KIND: usize = 4;
 const PER_COUNTER: usize = 15;
@@ -106,8 +110,8 @@ fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
 
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
 /// them, before any evictions flag): counters of rate limits (GCRA, sliding or fixed window),
-/// not waiting, with evictions not watched. The checks of `REFUSED_BEFORE_SENDING`, in its
-/// order.
+/// the request waiting or not, with evictions not watched. The checks of
+/// `REFUSED_BEFORE_SENDING`, in its order.
 pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
     let Some(counters) = at(AT_COUNTERS)
@@ -118,7 +122,6 @@ pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     };
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
-        && at(AT_KIND + PER_COUNTER * counters) == Some(0.0)
         && (0..counters).all(|i| {
             let kind = AT_KIND + PER_COUNTER * i;
             at(kind) == Some(KIND_RATE as f64)
@@ -139,6 +142,13 @@ pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
         && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
         && at(AT_COMMIT_ALGORITHM).is_some_and(native_algorithm)
+}
+
+/// Whether the module decides the leave packed in `numbers` (as its own call would send them,
+/// before any evictions flag): a waiter giving up its place, with evictions not watched. The
+/// check of `LEAVE_REFUSED_BEFORE_SENDING`.
+pub(crate) fn native_leave(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_LEAVE as f64)
 }
 
 /// An operation of the function library and the module's command that decides it: one
@@ -231,6 +241,7 @@ pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> 
     let decided = match operation {
         Native::Acquire => native(numbers, watching_evictions),
         Native::Commit => native_commit(numbers, watching_evictions),
+        Native::Leave => native_leave(numbers, watching_evictions),
         _ => false,
     };
     decided.then_some(operation)
