@@ -2,21 +2,23 @@
 //! same stored bytes as the store's Lua function library (`tollgate-redis`), so that a fleet
 //! may use module and library on one Redis at once. It owns: the FFI to Redis's module API
 //! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
-//! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them, and
-//! `TOLLGATE.COMMIT` (`commit.rs`), a commit, each taking the library's keys and packed
-//! arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
+//! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them,
+//! `TOLLGATE.COMMIT` (`commit.rs`), a commit, and `TOLLGATE.RENEW` (`leases.rs`), a lease's
+//! renewal, each taking the library's keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply, and
 //! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
 //! library write the slots' generations under.
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
-//! `native.rs`: `auto`, `on`, `off`), sending it the acquires and commits it decides natively.
+//! `native.rs`: `auto`, `on`, `off`), sending it the acquires, commits and renewals it decides
+//! natively (rate limits of its algorithms, and concurrency limits' leases).
 //! What the module does not decide yet it refuses with an error starting `ERR tollgate: not
 //! native:`, never deciding differently: the store then calls the library.
 
 mod acquire;
 mod commit;
 mod ffi;
+mod leases;
 
 /// The version of the protocol (arguments, replies, stored values) this module speaks: the
 /// function library's (`tollgate_redis::PROTOCOL_VERSION`), held equal by a test.
@@ -96,6 +98,12 @@ pub(crate) const COMMANDS: &[Command] = &[
         run: commit::command,
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS_AND_ONE,
+    },
+    Command {
+        name: c"tollgate.renew",
+        run: leases::command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
     },
 ];
 

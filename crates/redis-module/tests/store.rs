@@ -141,7 +141,8 @@ async fn module_stores(test: &'static str) -> Option<Stores> {
 tollgate_conformance::conformance_tests!(module_stores);
 
 /// The suite's tests of requests that never wait, run here one after another: the module
-/// decides their acquires and commits, and none is refused and decided again by the library. (A request
+/// decides their acquires, commits and renewals (a concurrency limit's leases too), and none
+/// is refused and decided again by the library. (A request
 /// that waits leaves a place in its counter's queue, which the module leaves to the library:
 /// the acquires of others on that counter meanwhile are refused once, by what Redis holds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,16 +168,24 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
         rate_limits_grant_to_the_limit_and_hint_honestly,
         commit_refunds_unused_units_once,
         unrefundable_grants_count_the_same_and_refund_nothing,
-        costs_are_taken_per_limit_all_or_nothing
+        costs_are_taken_per_limit_all_or_nothing,
+        leases_fence_renew_and_release_once
     );
     let decided: u64 = used.iter().map(|store| store.module_acquires()).sum();
     let commits: u64 = used.iter().map(|store| store.module_commits()).sum();
+    let renewals: u64 = used
+        .iter()
+        .flat_map(|store| store.module_calls())
+        .filter(|(command, _)| *command == "TOLLGATE.RENEW")
+        .map(|(_, calls)| calls)
+        .sum();
+    assert!(renewals > 0, "the module renewed no lease");
     let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
     assert!(decided > 0, "the module decided no acquire");
     assert!(commits > 0, "the module decided no commit");
     assert_eq!(
         fallbacks, 0,
-        "acquires the module refused, decided by the library"
+        "calls the module refused, decided by the library"
     );
     unforeseen_refusals_are_none();
 }
@@ -303,7 +312,8 @@ fn native_calls(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-/// The store's lists of refusals (an acquire's, a commit's, and those only Redis can see) are
+/// The store's lists of refusals (an acquire's, a commit's, a renewal's, and those only Redis
+/// can see) are
 /// the module's refusals, text for text.
 #[test]
 fn the_stores_refusals_are_the_modules() {
@@ -313,6 +323,7 @@ fn the_stores_refusals_are_the_modules() {
     for source in [
         include_str!("../src/acquire.rs"),
         include_str!("../src/commit.rs"),
+        include_str!("../src/leases.rs"),
     ] {
         for marker in ["not_native(", "return Err("] {
             for (at, _) in source.match_indices(marker) {
@@ -326,6 +337,7 @@ fn the_stores_refusals_are_the_modules() {
     let mut store: Vec<&str> = tollgate_redis::REFUSED_BEFORE_SENDING
         .iter()
         .chain(tollgate_redis::COMMIT_REFUSED_BEFORE_SENDING)
+        .chain(tollgate_redis::RENEW_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::REFUSED_IN_REDIS)
         .copied()
         .collect();
