@@ -884,6 +884,81 @@ fn a_counter_made_leases_and_back_is_the_librarys() {
     }
 }
 
+/// Values of leases the library reads, and those it takes for another format's (a count of
+/// leases not their records', or not whole) or stops on (shorter than the count): the module's
+/// acquire answers and writes as the library's, or refuses the last.
+#[test]
+fn leases_values_are_read_as_the_library_reads_them() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    for namespace in ["read-mod", "read-lib"] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    server.set_clock(1_000_000);
+    let now = (CLOCK_START_US + 1_000_000) as f64;
+    // Written in the generation born at 0: 'X', g p s k ro re ra rl rx a, then the leases.
+    let value = |leases: &[f64]| {
+        let mut value = vec![b'X'];
+        value.extend(pack(&[0.0, 0.0, now, 4.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0]));
+        value.extend(pack(leases));
+        value
+    };
+    let lease = [now - 10.0, 2.0, now + 2e6];
+    let mut half = value(&[0.5]);
+    half.extend([0; 12]);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("one lease", value(&[&[1.0][..], &lease].concat())),
+        ("no lease", value(&[0.0])),
+        (
+            "two counted, one recorded",
+            value(&[&[2.0][..], &lease].concat()),
+        ),
+        ("half a lease", half),
+        (
+            "none counted, one recorded",
+            value(&[&[0.0][..], &lease].concat()),
+        ),
+    ];
+    let packed = pack(&acquire_numbers(
+        &policies()[CONCURRENCY],
+        2.0,
+        2.0,
+        1.0,
+        0.0,
+        [0.0; 4],
+    ));
+    for (case, raw) in cases {
+        let mut replies = Vec::new();
+        for (namespace, by_module) in [("read-mod", true), ("read-lib", false)] {
+            let keys = keys(namespace, 0);
+            conn.call(&[b"SET", &keys[1], &raw]);
+            replies.push(if by_module {
+                module(&mut conn, &keys, &packed)
+            } else {
+                fcall(&mut conn, &keys, &packed)
+            });
+        }
+        assert_eq!(replies[0], replies[1], "{case}: replies differ");
+        assert_eq!(
+            stored(&mut conn, &keys("read-mod", 0)),
+            stored(&mut conn, &keys("read-lib", 0)),
+            "{case}: stored values differ"
+        );
+        eprintln!("{case}: {:?}", replies[1]);
+    }
+    // Shorter than its count of leases: the library stops, the module refuses it.
+    let mut short = value(&[]);
+    short.extend([0; 4]);
+    let keys = keys("read-mod", 0);
+    conn.call(&[b"SET", &keys[1], &short]);
+    assert_eq!(
+        module(&mut conn, &keys, &packed),
+        Resp::Error("ERR tollgate: not native: a counter value shorter than its kind's".into())
+    );
+    assert!(matches!(fcall(&mut conn, &keys, &packed), Resp::Error(_)));
+}
+
 /// A budget that can be lost apart from its counters (a cluster's), found missing after the
 /// slot's state was lost, holds new keys of requests for a while; a commit of a counter not
 /// covered yet is admitted through the hold. The module's commit answers and writes as the
