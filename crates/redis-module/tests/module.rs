@@ -884,8 +884,9 @@ fn a_counter_made_leases_and_back_is_the_librarys() {
     }
 }
 
-/// Values of leases the library reads, and those it takes for another format's (a count of
-/// leases not their records', or not whole) or stops on (shorter than the count): the module's
+/// Values of leases the library reads (a count whose records' bytes round to theirs), and
+/// those it takes for another format's (a count of leases not their records', or not whole)
+/// or stops on (shorter than the count): the module's
 /// acquire answers and writes as the library's, or refuses the last.
 #[test]
 fn leases_values_are_read_as_the_library_reads_them() {
@@ -919,6 +920,12 @@ fn leases_values_are_read_as_the_library_reads_them() {
             "none counted, one recorded",
             value(&[&[0.0][..], &lease].concat()),
         ),
+        (
+            "one and a half counted, one recorded",
+            value(&[&[1.5][..], &lease].concat()),
+        ),
+        // Its records' bytes round to none, as the library reckons them: no lease.
+        ("a sliver counted, none recorded", value(&[1e-300])),
     ];
     let packed = pack(&acquire_numbers(
         &policies()[CONCURRENCY],
