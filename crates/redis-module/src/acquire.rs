@@ -1,16 +1,16 @@
 //! `TOLLGATE.ACQUIRE`: the function library's acquire (`tollgate-redis`'s `lua/acquire.lua`),
 //! natively, alone or in a batch (`entry.lua`'s, the generation read once), for the cases it
-//! decides alone so far: rate counters, one or several all or none, GCRA, sliding window (its
-//! bucket log kept as the library keeps it) or fixed window, a final grant or one recorded as a
-//! reservation a commit can refund, each key admitted in its limit's key budget when it has one
-//! (the budget in this slot, or the cover the caller brings), a request that waits or not, with
-//! its counters' queues of waiters across the fleet (`queue.rs`: the places ahead it leaves
-//! room for, its own place taken, renewed or left), and counters whose stored value is GCRA's,
-//! a sliding or fixed window's or none
-//! (one of another rate algorithm's is carried into the policy's, as the library carries it).
-//! It reads and writes the same keys and bytes as the library, with the library's arithmetic
-//! (Lua's numbers are doubles, so this computes in doubles too) on Redis's clock (as `TIME`
-//! reads it). Every other case is refused before anything is written (`ERR tollgate: not
+//! decides alone so far: rate counters and concurrency limits' counters (their leases in
+//! `leases.rs`), one or several all or none, GCRA, sliding window (its bucket log kept as the
+//! library keeps it) or fixed window, a final grant or one recorded as a reservation a commit
+//! can refund, each key admitted in its limit's key budget when it has one (the budget in this
+//! slot, or the cover the caller brings), a request that waits or not, with its counters'
+//! queues of waiters across the fleet (`queue.rs`: the places ahead it leaves room for, its own
+//! place taken, renewed or left), and counters whose stored value is GCRA's, a sliding or fixed
+//! window's, leases or none (one of another kind is carried into the policy's, as the library
+//! carries it). It reads and writes the same keys and bytes as the library, with the library's
+//! arithmetic (Lua's numbers are doubles, so this computes in doubles too) on Redis's clock (as
+//! `TIME` reads it). Every other case is refused before anything is written (`ERR tollgate: not
 //! native: ...`). It also owns the identity the module and the library write generations under
 //! (`TOLLGATE.IDENTITY`).
 //!
@@ -29,6 +29,7 @@ const OP_BATCH: f64 = 10.0;
 const BATCH_AT: usize = 3;
 const KEYS_PER_COUNTER: f64 = 3.0;
 pub(crate) const KIND_RATE: f64 = 1.0;
+pub(crate) const KIND_CONCURRENCY: f64 = 2.0;
 pub(crate) const ALG_SLIDING: f64 = 1.0;
 pub(crate) const ALG_FIXED: f64 = 2.0;
 pub(crate) const ALG_GCRA: f64 = 3.0;
@@ -47,6 +48,9 @@ const BODY_EMPTY: f64 = 0.0;
 pub(crate) const BODY_SLIDING: f64 = 1.0;
 pub(crate) const BODY_FIXED: f64 = 2.0;
 pub(crate) const BODY_GCRA: f64 = 3.0;
+pub(crate) const BODY_LEASES: f64 = 4.0;
+/// A lease's numbers in a counter's value: fence, slots, expires_at.
+pub(crate) const LEASE_NUMBERS: usize = 3;
 const COUNTER_TAG: u8 = b'X';
 pub(crate) const NUMBER_BYTES: usize = 8;
 const COUNTER_HEADER_NUMBERS: usize = 10;
@@ -119,8 +123,11 @@ pub(crate) fn pack(words: &[f64]) -> Vec<u8> {
     bytes
 }
 
-/// A rate policy as `common.lua`'s T.read_policy makes it.
+/// A policy as `common.lua`'s T.read_policy makes it: a rate limit's or a concurrency
+/// limit's (whose capacity is its limit and memory its leases' ttl; `alg` and `emission`
+/// unused).
 pub(crate) struct Policy {
+    pub(crate) kind: f64,
     pub(crate) alg: f64,
     pub(crate) limit: f64,
     pub(crate) window: f64,
@@ -129,6 +136,8 @@ pub(crate) struct Policy {
     pub(crate) res_normal: f64,
     pub(crate) emission: f64,
     pub(crate) memory: f64,
+    /// A lease's lifetime (a concurrency limit's); 0 for a rate limit.
+    pub(crate) ttl: f64,
 }
 
 impl Policy {
@@ -145,6 +154,7 @@ impl Policy {
             (limit, window)
         };
         Policy {
+            kind: KIND_RATE,
             alg,
             limit,
             window,
@@ -153,6 +163,56 @@ impl Policy {
             res_normal,
             emission,
             memory,
+            ttl: 0.0,
+        }
+    }
+
+    /// `common.lua`'s T.read_policy for a concurrency limit: limit, period, margin (its window
+    /// still sizes its logs' slack and its span, as the library's), lease ttl and the two
+    /// reserves.
+    pub(crate) fn concurrency(
+        [limit, period, margin, ttl, res_high, res_normal]: [f64; 6],
+    ) -> Policy {
+        Policy {
+            kind: KIND_CONCURRENCY,
+            alg: 0.0,
+            limit,
+            window: period + margin,
+            capacity: limit,
+            res_high,
+            res_normal,
+            emission: 0.0,
+            memory: ttl,
+            ttl,
+        }
+    }
+
+    /// A policy's nine numbers (kind, limit, period, margin, algorithm, burst, ttl, reserves)
+    /// read, when the module decides its kind and algorithm natively: a concurrency limit, or
+    /// a GCRA, sliding or fixed window rate limit.
+    pub(crate) fn read(
+        [
+            kind,
+            limit,
+            period,
+            margin,
+            alg,
+            burst,
+            ttl,
+            res_high,
+            res_normal,
+        ]: [f64; 9],
+    ) -> Option<Policy> {
+        if kind == KIND_CONCURRENCY {
+            Some(Policy::concurrency([
+                limit, period, margin, ttl, res_high, res_normal,
+            ]))
+        } else if kind == KIND_RATE && (alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
+            Some(Policy::rate([
+                limit, period, margin, alg, burst, res_high, res_normal,
+            ]))
+        } else {
+            None
         }
     }
 
@@ -184,10 +244,10 @@ pub(crate) struct Keys<'a> {
     pub(crate) qk: &'a [u8],
 }
 
-/// A counter's value as `words.lua` lays it out: the common header, then the sliding, fixed or
-/// GCRA body (a field of another kind's is kept but not written, as the library's table keeps
-/// it).
-#[derive(Clone, Copy)]
+/// A counter's value as `words.lua` lays it out: the common header, then the sliding, fixed,
+/// GCRA or leases body (a field of another kind's is kept but not written, as the library's
+/// table keeps it).
+#[derive(Clone)]
 pub(crate) struct Counter {
     pub(crate) g: f64,
     pub(crate) p: f64,
@@ -215,6 +275,8 @@ pub(crate) struct Counter {
     pub(crate) t: f64,
     pub(crate) e: f64,
     pub(crate) l: f64,
+    /// The leases (`leases.lua`'s `b`): LEASE_NUMBERS numbers each, fence, slots, expires_at.
+    pub(crate) b: Vec<f64>,
     /// Until when a cover just given keeps it (`keys.lua`'s T.cover); 0 none.
     pub(crate) keep: f64,
     pub(crate) dirty: bool,
@@ -259,6 +321,7 @@ impl Counter {
             t: 0.0,
             e: 0.0,
             l: 0.0,
+            b: Vec::new(),
             keep: 0.0,
             dirty: true,
         }
@@ -282,19 +345,37 @@ impl Counter {
             SLIDING_NUMBERS
         } else if c.k == BODY_FIXED {
             FIXED_NUMBERS
+        } else if c.k == BODY_LEASES {
+            1
         } else if c.k == BODY_EMPTY {
             0
         } else {
-            return Err("a counter of leases, or of a kind not known");
+            return Err("a counter of a kind not known");
         };
         let whole = header + body * NUMBER_BYTES;
         if raw.len() < whole {
             return Err("a counter value shorter than its kind's");
         }
+        let b = &n[COUNTER_HEADER_NUMBERS..];
+        if c.k == BODY_LEASES {
+            // The count of leases, then their records: as the library's decoding reads them,
+            // in doubles (a count whose records' bytes round to the length passes; a loop to
+            // it reads its whole part), the rest another format's.
+            let nb = b[0];
+            let records = LEASE_NUMBERS * NUMBER_BYTES;
+            if raw.len() as f64 != whole as f64 + nb * records as f64 {
+                return Ok(Decoded::Foreign);
+            }
+            let read = if nb >= 1.0 { nb.floor() as usize } else { 0 };
+            if whole + read * records != raw.len() {
+                return Ok(Decoded::Foreign);
+            }
+            c.b = b[1..].to_vec();
+            return Ok(Decoded::Counter(c));
+        }
         if raw.len() != whole {
             return Ok(Decoded::Foreign);
         }
-        let b = &n[COUNTER_HEADER_NUMBERS..];
         if c.k == BODY_GCRA {
             [c.t, c.e, c.l] = [b[0], b[1], b[2]];
         } else if c.k == BODY_SLIDING {
@@ -316,21 +397,32 @@ impl Counter {
             self.qu, self.lo, self.ls, self.lu, self.qo, self.qe, self.fs, self.fu, self.qx,
             self.qw,
         ];
-        let body: &[f64] = if self.k == BODY_GCRA {
-            &gcra
+        let leases = [(self.b.len() / LEASE_NUMBERS) as f64];
+        let (body, records): (&[f64], &[f64]) = if self.k == BODY_GCRA {
+            (&gcra, &[])
         } else if self.k == BODY_SLIDING {
-            &sliding
+            (&sliding, &[])
         } else if self.k == BODY_FIXED {
-            &fixed
+            (&fixed, &[])
+        } else if self.k == BODY_LEASES {
+            (&leases, &self.b)
         } else {
-            &[]
+            (&[], &[])
         };
-        let mut bytes = Vec::with_capacity(1 + (header.len() + body.len()) * NUMBER_BYTES);
+        let words = header.len() + body.len() + records.len();
+        let mut bytes = Vec::with_capacity(1 + words * NUMBER_BYTES);
         bytes.push(COUNTER_TAG);
-        for word in header.iter().chain(body) {
+        for word in header.iter().chain(body).chain(records) {
             bytes.extend_from_slice(&word.to_be_bytes());
         }
         bytes
+    }
+
+    /// `leases.lua`'s T.leases_used: the slots of every lease.
+    fn leases_used(&self) -> f64 {
+        self.b
+            .chunks_exact(LEASE_NUMBERS)
+            .fold(0.0, |sum, lease| sum + lease[1])
     }
 
     pub(crate) fn used(&self, p: &Policy, now: f64) -> f64 {
@@ -340,6 +432,8 @@ impl Counter {
             self.u
         } else if self.k == BODY_GCRA {
             div_ceil(sub0(self.t, now), p.emission)
+        } else if self.k == BODY_LEASES {
+            self.leases_used()
         } else {
             0.0
         }
@@ -360,6 +454,14 @@ impl Counter {
             }
         } else if self.k == BODY_GCRA {
             self.t
+        } else if self.k == BODY_LEASES {
+            // `leases.lua`'s T.leases_counted_until: when the last lease ends (0 for none).
+            self.b
+                .chunks_exact(LEASE_NUMBERS)
+                .fold(
+                    0.0,
+                    |latest, lease| if lease[2] > latest { lease[2] } else { latest },
+                )
         } else {
             0.0
         }
@@ -367,7 +469,7 @@ impl Counter {
 
     fn idle_at(&self, p: &Policy) -> f64 {
         let mut idle = self.p.max(self.s).max(self.keep);
-        if self.re > self.ro {
+        if p.kind == KIND_RATE && self.re > self.ro {
             idle = idle.max(self.rl + p.window);
         }
         idle.max(self.counted_until(p))
@@ -831,7 +933,7 @@ impl Decision<'_, '_> {
         } else {
             if self.c.lu > 0.0 {
                 // The newest bucket is closed: it moves to the log.
-                let c = self.c;
+                let c = &self.c;
                 let first = c.qe == c.qo;
                 let (lost_units, lost_until) = (c.qu - c.lu, c.qx);
                 let record = pack(&[c.lo, c.ls, c.lu]);
@@ -950,10 +1052,27 @@ impl Decision<'_, '_> {
 
     // counter.lua
 
-    /// T.normalise for a rate policy: expired state dropped, or the body carried into the
-    /// policy's algorithm.
+    /// T.normalise: expired state dropped, or the body carried into the policy's algorithm
+    /// (a rate policy's) or made leases (a concurrency limit's).
     pub(crate) fn normalise(&mut self) {
         let (p, now) = (self.p, self.now);
+        if p.kind != KIND_RATE {
+            self.clear_reservations();
+            if self.c.k == BODY_LEASES {
+                self.leases_expire();
+            } else {
+                if self.c.qe > 0.0 {
+                    self.redis.call(&[b"DEL", self.keys.qk], true);
+                }
+                let c = &mut self.c;
+                c.k = BODY_LEASES;
+                c.b.clear();
+                (c.qu, c.lo, c.ls, c.lu, c.qo, c.qe, c.fs, c.fu, c.qx, c.qw) =
+                    (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0);
+                c.dirty = true;
+            }
+            return;
+        }
         if self.c.re > self.c.ro {
             self.reservations_expire();
         }
@@ -975,6 +1094,7 @@ impl Decision<'_, '_> {
                 0.0
             };
             c.dirty = true;
+            c.b.clear();
             if c.qe > 0.0 {
                 self.redis.call(&[b"DEL", self.keys.qk], true);
             }
@@ -1013,6 +1133,8 @@ impl Decision<'_, '_> {
             sub0((self.c.w + 1.0) * self.p.window, self.now)
         } else if self.c.k == BODY_GCRA {
             sub0(sub0(self.c.t, (open - cost) * self.p.emission), self.now)
+        } else if self.c.k == BODY_LEASES {
+            self.leases_wait_for_room(in_use + cost - open)
         } else {
             0.0
         }
@@ -1049,6 +1171,7 @@ impl Decision<'_, '_> {
         let seq = self.c.s.max(now);
         self.c.s = seq + 1.0;
         self.c.dirty = true;
+        let mut lease_expires_at = 0.0;
         let mut reserved_at = now;
         let slack = p.slack();
         if self.c.k == BODY_SLIDING {
@@ -1058,15 +1181,19 @@ impl Decision<'_, '_> {
         } else if self.c.k == BODY_GCRA {
             self.c.t = self.c.t.max(now) + cost * p.emission;
             self.c.l = seq;
+        } else if self.c.k == BODY_LEASES {
+            // `leases.lua`'s T.leases_grant: a lease of `cost` slots numbered `seq`.
+            lease_expires_at = now + p.ttl;
+            self.c.b.extend([seq, cost, lease_expires_at]);
         }
-        if record == 1.0 {
+        if p.kind == KIND_RATE && record == 1.0 {
             self.reservations_record(seq, cost, reserved_at, slack);
         }
         [
             seq,
             sub0(open, self.c.used(p, now)),
             sub0(self.c.counted_until(p), now).min(p.memory),
-            0.0,
+            lease_expires_at,
         ]
     }
 
@@ -1518,26 +1645,14 @@ impl<'k> Acquire<'k> {
             ) else {
                 return Err(bad("acquire: fewer than a counter's numbers"));
             };
-            let [
-                kind,
-                limit,
-                period,
-                margin,
-                alg,
-                burst,
-                _ttl,
-                res_high,
-                res_normal,
-            ] = policy[..]
-            else {
+            let Ok(policy) = <[f64; POLICY_NUMBERS]>::try_from(policy) else {
                 return Err(bad("acquire: fewer than a policy's numbers"));
             };
-            if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
+            let Some(p) = Policy::read(policy) else {
                 return Err(not_native(
-                    "a policy other than a GCRA, sliding or fixed window rate limit",
+                    "a policy other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
                 ));
-            }
-            let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
+            };
             let counter = shift as f64 + KEYS_PER_COUNTER * (i + 1) as f64 - 1.0;
             let (Some(ck), Some(rk), Some(qk), Some(wk)) = (
                 key(counter),
@@ -1727,7 +1842,7 @@ impl<'k> Acquire<'k> {
                 },
                 p,
                 now,
-                c: counters[i],
+                c: std::mem::replace(&mut counters[i], Counter::empty(now, slot.born)),
             };
             let limit_paused_until = paused_until[i];
             let mut denial = match held[i] {
@@ -1782,7 +1897,7 @@ impl<'k> Acquire<'k> {
                 },
                 p: &take.p,
                 now,
-                c: counters[i],
+                c: std::mem::replace(&mut counters[i], Counter::empty(now, slot.born)),
             };
             if all_allowed {
                 let at = REPLY_HEAD + OUTCOME_NUMBERS * i;

@@ -1,21 +1,23 @@
 //! `TOLLGATE.COMMIT`: the function library's commit (`tollgate-redis`'s `T.commit_op` in
 //! `lua/operations.lua`, reached through `T.decide`'s path for one counter), natively, for a
-//! reservation of one rate counter, GCRA, sliding or fixed window, its evictions not watched: the
-//! unused units refunded (or nothing to refund), `gone`, `unknown`, `used_above_cost`, the key
-//! admitted in its limit's key budget first when the counter must live past its cover (or the
-//! cover asked of the caller, `admit`; `keys`, `held`), and the wake-up published when units
-//! came back. It takes the library's keys and packed numbers unchanged
-//! (`TOLLGATE.COMMIT numkeys key... packed channel`, as `FCALL <function> numkeys key... packed
-//! channel`), writes the same bytes and expiries and answers the same reply; the arithmetic and
-//! the counter's helpers are the acquire's (`acquire.rs`). A concurrency lease, evictions
-//! watched, or a counter holding leases (or a value of a kind not known) is refused before
-//! anything is written (`ERR tollgate: not native: ...`), for the library to decide.
+//! reservation of one rate counter, GCRA, sliding or fixed window, or a concurrency limit's
+//! lease, its evictions not watched: the unused units refunded (or nothing to refund), the
+//! lease's slots released (`leases.rs`; `ok` with nothing released for a counter not kept),
+//! `gone`, `unknown`, `used_above_cost`, the key admitted in its limit's key budget first when
+//! the counter must live past its cover (or the cover asked of the caller, `admit`; `keys`,
+//! `held`), and the wake-up published when units or slots came back. It takes the library's
+//! keys and packed numbers unchanged (`TOLLGATE.COMMIT numkeys key... packed channel`, as
+//! `FCALL <function> numkeys key... packed channel`), writes the same bytes and expiries and
+//! answers the same reply; the arithmetic and the counter's helpers are the acquire's
+//! (`acquire.rs`). Evictions watched, a rate algorithm not known, or a value of a kind not
+//! known is refused before anything is written (`ERR tollgate: not native: ...`), for the
+//! library to decide.
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, BODY_FIXED, BODY_GCRA,
-    BODY_SLIDING, Counter, Decision, Decoded, Generation, KIND_RATE, Keys, NUMBER_BYTES,
-    POLICY_NUMBERS, Policy, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, generation, head,
-    ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+    ADMISSION_NUMBERS, Admission, BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Counter,
+    Decision, Decoded, Generation, KIND_CONCURRENCY, Keys, NUMBER_BYTES, POLICY_NUMBERS, Policy,
+    RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, generation, head, ints, log_read,
+    log_rewrite, not_native, numbers, pack, sub0, text,
 };
 use crate::{Redis, Reply, Value};
 
@@ -61,23 +63,14 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         return not_native("an operation other than a commit (without evictions watched)");
     }
     let policy: Vec<f64> = (2..2 + POLICY_NUMBERS).filter_map(a).collect();
-    let [
-        kind,
-        limit,
-        period,
-        margin,
-        alg,
-        burst,
-        _ttl,
-        res_high,
-        res_normal,
-    ] = policy[..]
-    else {
+    let Ok(policy) = <[f64; POLICY_NUMBERS]>::try_from(policy) else {
         return bad("commit: fewer than a policy's numbers");
     };
-    if kind != KIND_RATE || !(alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
-        return not_native("a commit of other than a GCRA, sliding or fixed window rate limit");
-    }
+    let Some(p) = Policy::read(policy) else {
+        return not_native(
+            "a commit of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
+        );
+    };
     let (Some(tally), Some(budget), Some(carried), Some(apart), Some(seq), Some(used)) = (
         a(ARG_ADMISSION),
         a(ARG_ADMISSION + 1),
@@ -98,7 +91,6 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         carried,
         apart,
     };
-    let p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
     let (Some(gen_key), Some(ck), Some(rk), Some(qk)) = (key(1.0), key(2.0), key(3.0), key(4.0))
     else {
         return bad("commit: fewer keys than a counter's");
@@ -133,6 +125,9 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
     // Forgotten counters were idle: nothing they granted still counts.
     let Some(mut c) = loaded else {
+        if p.kind == KIND_CONCURRENCY {
+            return answer("ok", now, &slot, &[0.0, 0.0]);
+        }
         return answer("gone", now, &slot, &[]);
     };
     if seq >= c.s {
@@ -154,6 +149,15 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         c,
     };
     d.normalise();
+    if d.c.k == BODY_LEASES {
+        // A lease's release: its slots come back at once.
+        let released = d.leases_release(seq);
+        d.save();
+        if released > 0.0 {
+            d.redis.call(&[b"PUBLISH", channel, ck], true);
+        }
+        return answer("ok", now, &slot, &[0.0, released]);
+    }
     let Some((index, units, at, live)) = d.reservations_find(seq) else {
         d.save();
         return answer("gone", now, &slot, &[]);

@@ -4,22 +4,23 @@
 //! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
 //! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them, waiting
 //! or not (the counters' queues of waiters across the fleet: `queue.rs`), `TOLLGATE.COMMIT`
-//! (`commit.rs`), a commit, and `TOLLGATE.LEAVE` (`queue.rs`), a waiter giving up its place,
-//! each taking the library's keys and packed
-//! arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
+//! (`commit.rs`), a commit, `TOLLGATE.RENEW` (`leases.rs`), a lease's renewal, and
+//! `TOLLGATE.LEAVE` (`queue.rs`), a waiter giving up its place, each taking the library's keys
+//! and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply, and
 //! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
 //! library write the slots' generations under.
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
-//! `native.rs`: `auto`, `on`, `off`), sending it the acquires, commits and leaves it decides
-//! natively.
+//! `native.rs`: `auto`, `on`, `off`), sending it the acquires, commits, renewals and leaves it
+//! decides natively (rate limits of its algorithms, and concurrency limits' leases).
 //! What the module does not decide yet it refuses with an error starting `ERR tollgate: not
 //! native:`, never deciding differently: the store then calls the library.
 
 mod acquire;
 mod commit;
 mod ffi;
+mod leases;
 mod queue;
 
 /// The version of the protocol (arguments, replies, stored values) this module speaks: the
@@ -106,6 +107,12 @@ pub(crate) const COMMANDS: &[Command] = &[
         run: queue::command,
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS_AND_ONE,
+    },
+    Command {
+        name: c"tollgate.renew",
+        run: leases::command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
     },
 ];
 

@@ -139,10 +139,11 @@ async fn module_stores(test: &'static str) -> Option<Stores> {
 
 tollgate_conformance::conformance_tests!(module_stores);
 
-/// The suite's tests of rate limits, run here one after another, those of requests that wait
-/// among them (places in their counters' queues across the fleet, taken, renewed, left and
-/// expired; priorities; a limit's pause waited out): the module decides their acquires, commits
-/// and leaves, and none is refused and decided again by the library.
+/// The suite's tests of rate and concurrency limits, run here one after another, those of
+/// requests that wait among them (places in their counters' queues across the fleet, taken,
+/// renewed, left and expired; priorities; a limit's pause waited out): the module decides
+/// their acquires, commits, renewals and leaves, and none is refused and decided again by the
+/// library.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_module_decides_the_suites_single_counter_acquires_and_commits_without_fallback() {
     let Some(port) = module_redis() else { return };
@@ -169,7 +170,8 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
         costs_are_taken_per_limit_all_or_nothing,
         pauses_stop_grants_and_only_extend,
         random_traffic_never_exceeds_the_limit,
-        bulk_and_priority_callers_never_overshoot
+        bulk_and_priority_callers_never_overshoot,
+        leases_fence_renew_and_release_once
     );
     let decided: u64 = used.iter().map(|store| store.module_acquires()).sum();
     // A waiter that gave up leaves its places in a task of its own: given a moment.
@@ -186,12 +188,19 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
     }
     assert!(leaves() > 0, "the module decided no leave");
     let commits: u64 = used.iter().map(|store| store.module_commits()).sum();
+    let renewals: u64 = used
+        .iter()
+        .flat_map(|store| store.module_calls())
+        .filter(|(command, _)| *command == "TOLLGATE.RENEW")
+        .map(|(_, calls)| calls)
+        .sum();
+    assert!(renewals > 0, "the module renewed no lease");
     let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
     assert!(decided > 0, "the module decided no acquire");
     assert!(commits > 0, "the module decided no commit");
     assert_eq!(
         fallbacks, 0,
-        "acquires the module refused, decided by the library"
+        "calls the module refused, decided by the library"
     );
     unforeseen_refusals_are_none();
 }
@@ -318,7 +327,8 @@ fn native_calls(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-/// The store's lists of refusals (an acquire's, a commit's, and those only Redis can see) are
+/// The store's lists of refusals (an acquire's, a commit's, a renewal's, and those only Redis
+/// can see) are
 /// the module's refusals, text for text.
 #[test]
 fn the_stores_refusals_are_the_modules() {
@@ -329,6 +339,7 @@ fn the_stores_refusals_are_the_modules() {
         include_str!("../src/acquire.rs"),
         include_str!("../src/commit.rs"),
         include_str!("../src/queue.rs"),
+        include_str!("../src/leases.rs"),
     ] {
         for marker in ["not_native(", "return Err("] {
             for (at, _) in source.match_indices(marker) {
@@ -343,6 +354,7 @@ fn the_stores_refusals_are_the_modules() {
         .iter()
         .chain(tollgate_redis::COMMIT_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::LEAVE_REFUSED_BEFORE_SENDING)
+        .chain(tollgate_redis::RENEW_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::REFUSED_IN_REDIS)
         .copied()
         .collect();

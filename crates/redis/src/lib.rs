@@ -80,7 +80,7 @@ pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 pub use native::{
     COMMIT_REFUSED_BEFORE_SENDING, LEAVE_REFUSED_BEFORE_SENDING, Module, REFUSED_BEFORE_SENDING,
-    REFUSED_IN_REDIS,
+    REFUSED_IN_REDIS, RENEW_REFUSED_BEFORE_SENDING,
 };
 pub use store::{LessonFn, RedisStore, RedisStoreConfig};
 /// The cross-slot plan and the loss check this store runs, as plain functions.

@@ -1,8 +1,9 @@
 //! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
 //! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires (waiting
-//! or not), commits and leaves of a waiter's place it decides natively (`native`,
-//! `native_commit`, `native_leave`), mirroring the module's refusals in one place. Everything
-//! the module does not decide goes to the function library, as it always did.
+//! or not), commits, renewals and leaves of a waiter's place it decides natively (`native`,
+//! `native_commit`, `native_renew`, `native_leave`: rate limits of its algorithms and
+//! concurrency limits' leases), mirroring the module's refusals in one place. Everything the
+//! module does not decide goes to the function library, as it always did.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,8 +11,8 @@ use std::str::FromStr;
 use redis::Value;
 
 use crate::abi::{
-    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH, OP_BEGIN,
-    OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
+    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_CONCURRENCY, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH,
+    OP_BEGIN, OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
 };
 
 /// Whether the store decides acquires with the Redis module.
@@ -55,7 +56,7 @@ impl fmt::Display for Module {
 /// library at once. `native` checks exactly these; a test holds this list to the module's.
 pub const REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than an acquire or a batch of them (without evictions watched)",
-    "a policy other than a GCRA, sliding or fixed window rate limit",
+    "a policy other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
 ];
 
 /// What the module refuses of a commit (`TOLLGATE.COMMIT`) that the store can tell from its
@@ -63,7 +64,7 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
 /// these; a test holds this list to the module's.
 pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than a commit (without evictions watched)",
-    "a commit of other than a GCRA, sliding or fixed window rate limit",
+    "a commit of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
 ];
 
 /// What the module refuses of a waiter's leave (`TOLLGATE.LEAVE`) that the store can tell from
@@ -71,12 +72,17 @@ pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
 /// these; a test holds this list to the module's.
 pub const LEAVE_REFUSED_BEFORE_SENDING: &[&str] =
     &["an operation other than a leave (without evictions watched)"];
+/// What the module refuses of a renewal (`TOLLGATE.RENEW`) that the store can tell from its
+/// packed numbers: such a renewal goes to the library at once. `native_renew` checks exactly
+/// these; a test holds this list to the module's.
+pub const RENEW_REFUSED_BEFORE_SENDING: &[&str] =
+    &["an operation other than a renew (without evictions watched)"];
 
 /// What the module refuses that only Redis can see (what the counter's keys hold), of an
-/// acquire or a commit: the store sends the call to the library after the refusal, one more
+/// acquire, a commit or a renewal: the store sends the call to the library after the refusal, one more
 /// round trip, and counts it.
 pub const REFUSED_IN_REDIS: &[&str] = &[
-    "a counter of leases, or of a kind not known",
+    "a counter of a kind not known",
     "a counter value shorter than its kind's",
 ];
 
@@ -85,6 +91,13 @@ const NATIVE_ALGORITHMS: &[u64] = &[ALG_SLIDING, ALG_FIXED, ALG_GCRA];
 
 fn native_algorithm(alg: f64) -> bool {
     NATIVE_ALGORITHMS.iter().any(|&native| alg == native as f64)
+}
+
+/// Whether the module decides a policy of `kind` and `alg`: a concurrency limit (whatever its
+/// algorithm number), or a rate limit of its algorithms.
+fn native_policy(kind: Option<f64>, alg: Option<f64>) -> bool {
+    kind == Some(KIND_CONCURRENCY as f64)
+        || (kind == Some(KIND_RATE as f64) && alg.is_some_and(native_algorithm))
 }
 
 /// The start of the module's refusal, after Redis's `ERR`.
@@ -109,9 +122,9 @@ fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
 }
 
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
-/// them, before any evictions flag): counters of rate limits (GCRA, sliding or fixed window),
-/// the request waiting or not, with evictions not watched. The checks of
-/// `REFUSED_BEFORE_SENDING`, in its order.
+/// them, before any evictions flag): counters of concurrency limits or of rate limits (GCRA,
+/// sliding or fixed window), the request waiting or not, with evictions not watched. The
+/// checks of `REFUSED_BEFORE_SENDING`, in its order.
 pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
     let Some(counters) = at(AT_COUNTERS)
@@ -124,8 +137,7 @@ pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
         && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
         && (0..counters).all(|i| {
             let kind = AT_KIND + PER_COUNTER * i;
-            at(kind) == Some(KIND_RATE as f64)
-                && at(kind + ALGORITHM_AFTER_KIND).is_some_and(native_algorithm)
+            native_policy(at(kind), at(kind + ALGORITHM_AFTER_KIND))
         })
 }
 
@@ -135,13 +147,21 @@ const AT_COMMIT_ALGORITHM: usize = AT_COMMIT_KIND + 4;
 
 /// Whether the module decides the commit packed in `numbers` (as its own call would send
 /// them, before any evictions flag): a reservation of a rate limit's counter (GCRA, sliding or
-/// fixed window), with evictions not watched. The checks of `COMMIT_REFUSED_BEFORE_SENDING`.
+/// fixed window) or a concurrency limit's lease, with evictions not watched. The checks of
+/// `COMMIT_REFUSED_BEFORE_SENDING`.
 pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
-        && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
-        && at(AT_COMMIT_ALGORITHM).is_some_and(native_algorithm)
+        && native_policy(at(AT_COMMIT_KIND), at(AT_COMMIT_ALGORITHM))
+}
+
+/// Whether the module decides the renewal packed in `numbers` (as its own call would send
+/// them, before any evictions flag): any, with evictions not watched (a rate limit's is
+/// answered `wrong_kind` there, as by the library). The checks of
+/// `RENEW_REFUSED_BEFORE_SENDING`.
+pub(crate) fn native_renew(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_RENEW as f64)
 }
 
 /// Whether the module decides the leave packed in `numbers` (as its own call would send them,
@@ -242,6 +262,7 @@ pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> 
         Native::Acquire => native(numbers, watching_evictions),
         Native::Commit => native_commit(numbers, watching_evictions),
         Native::Leave => native_leave(numbers, watching_evictions),
+        Native::Renew => native_renew(numbers, watching_evictions),
         _ => false,
     };
     decided.then_some(operation)
