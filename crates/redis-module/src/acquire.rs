@@ -70,8 +70,8 @@ const LOG_SLACK_PER_WINDOW: f64 = 16.0;
 const EXPIRY_SLACK_US: f64 = 2_000.0;
 const US_PER_MS: f64 = 1_000.0;
 const US_PER_S: f64 = 1_000_000.0;
-const RENEW_EVERY_US: f64 = 86_400.0 * US_PER_S;
-const GENERATION_TTL_MS: u64 = 30 * 86_400 * 1_000;
+pub(crate) const RENEW_EVERY_US: f64 = 86_400.0 * US_PER_S;
+pub(crate) const GENERATION_TTL_MS: u64 = 30 * 86_400 * 1_000;
 pub(crate) const POLICY_NUMBERS: usize = 9;
 pub(crate) const ADMISSION_NUMBERS: usize = 4;
 const ACQUIRE_HEAD: usize = 4;
@@ -106,7 +106,7 @@ pub(crate) fn text(n: f64) -> Vec<u8> {
 }
 
 /// `common.lua`'s T.ttl_ms: an expiry in milliseconds from now, rounded up, plus one.
-fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
+pub(crate) fn ttl_ms(until_us: f64, now: f64) -> Vec<u8> {
     text(div_ceil(until_us - now, US_PER_MS) + 1.0)
 }
 
@@ -332,7 +332,7 @@ impl Counter {
         bytes
     }
 
-    fn used(&self, p: &Policy, now: f64) -> f64 {
+    pub(crate) fn used(&self, p: &Policy, now: f64) -> f64 {
         if self.k == BODY_SLIDING {
             self.qu
         } else if self.k == BODY_FIXED {
@@ -344,7 +344,7 @@ impl Counter {
         }
     }
 
-    fn counted_until(&self, p: &Policy) -> f64 {
+    pub(crate) fn counted_until(&self, p: &Policy) -> f64 {
         if self.k == BODY_SLIDING {
             if self.lu == 0.0 {
                 0.0
@@ -505,7 +505,7 @@ pub(crate) fn loaded() {
 }
 
 /// The identity kept, read first when there is none.
-fn identity(redis: &mut dyn Redis) -> Vec<u8> {
+pub(crate) fn identity(redis: &mut dyn Redis) -> Vec<u8> {
     let mut kept = kept();
     match &kept.me {
         Some(me) if KEEPING.load(Ordering::Relaxed) => me.clone(),
@@ -813,7 +813,7 @@ impl Decision<'_, '_> {
     }
 
     /// T.sliding_grant: `cost` units in the newest bucket, or a new one; the time counted at.
-    fn sliding_grant(&mut self, cost: f64, slack: f64) -> f64 {
+    pub(crate) fn sliding_grant(&mut self, cost: f64, slack: f64) -> f64 {
         let (p, now) = (self.p, self.now);
         let span = if p.limit > SLIDING_BUCKETS_MAX {
             (p.window / SLIDING_BUCKETS_MAX).floor()

@@ -17,6 +17,7 @@
 mod acquire;
 mod commit;
 mod ffi;
+mod operations;
 
 /// The version of the protocol (arguments, replies, stored values) this module speaks: the
 /// function library's (`tollgate_redis::PROTOCOL_VERSION`), held equal by a test.
@@ -96,6 +97,42 @@ pub(crate) const COMMANDS: &[Command] = &[
         run: commit::command,
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS_AND_ONE,
+    },
+    Command {
+        name: c"tollgate.pause",
+        run: operations::pause_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.usage",
+        run: operations::usage_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.begin",
+        run: operations::begin_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.resume",
+        run: operations::resume_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.admit",
+        run: operations::admit_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.charge",
+        run: operations::charge_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
     },
 ];
 

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use redis::Value;
 
 use crate::abi::{
-    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH, OP_BEGIN,
+    ALG_FIXED, ALG_GCRA, ALG_SLIDING, ARG_OWN, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH, OP_BEGIN,
     OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
 };
 
@@ -65,6 +65,21 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
 pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
     "an operation other than a commit (without evictions watched)",
     "a commit of other than a GCRA, sliding or fixed window rate limit",
+];
+
+/// What the module refuses of a pause, resume, usage, charge, admission of a key or begin of a
+/// namespace (`TOLLGATE.PAUSE` and the others of its `operations.rs`) that the store can tell
+/// from their packed numbers: such a call goes to the library at once. `native_pause` and
+/// the others check exactly these; a test holds this list to the module's.
+pub const OPERATIONS_REFUSED_BEFORE_SENDING: &[&str] = &[
+    "an operation other than a pause (without evictions watched)",
+    "an operation other than a resume (without evictions watched)",
+    "an operation other than a usage (without evictions watched)",
+    "an operation other than a charge (without evictions watched)",
+    "an operation other than an admission of a key (without evictions watched)",
+    "an operation other than a new namespace's begin (without evictions watched)",
+    "a pause, resume or usage of a counter of other than a GCRA, sliding or fixed window rate limit",
+    "a charge of a rate limit of other than GCRA, sliding or fixed window",
 ];
 
 /// What the module refuses that only Redis can see (what the counter's keys hold), of an
@@ -139,6 +154,59 @@ pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
         && at(AT_COMMIT_KIND) == Some(KIND_RATE as f64)
         && at(AT_COMMIT_ALGORITHM).is_some_and(native_algorithm)
+}
+
+/// Where a one-counter call's own numbers start (0-based, in doubles: `abi.rs`'s ARG_OWN is
+/// 1-based): a pause's duration then whether it is a key's, a resume's whether it is a key's,
+/// a usage's limit pause, a charge's units.
+const AT_OWN: usize = ARG_OWN as usize - 1;
+
+/// Of a one-counter call packed in `numbers`: whether its policy is a rate limit's decided
+/// natively (GCRA, sliding or fixed window), and whether it is a rate limit's at all.
+fn native_rate(numbers: &[u8]) -> (bool, bool) {
+    let rate = number_at(numbers, AT_COMMIT_KIND) == Some(KIND_RATE as f64);
+    let native = rate && number_at(numbers, AT_COMMIT_ALGORITHM).is_some_and(native_algorithm);
+    (native, rate)
+}
+
+/// The checks of `OPERATIONS_REFUSED_BEFORE_SENDING` for each operation of the module's
+/// `operations.rs`, of its numbers as its own call would send them (before any evictions flag):
+/// evictions not watched, and a key's pause, resume or usage only of a rate limit's counter
+/// decided natively (a concurrency limit's holds leases).
+fn native_pause(numbers: &[u8], watching_evictions: bool) -> bool {
+    let keyed = number_at(numbers, AT_OWN + 1) == Some(1.0);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_PAUSE as f64)
+        && (!keyed || native_rate(numbers).0)
+}
+
+fn native_resume(numbers: &[u8], watching_evictions: bool) -> bool {
+    let keyed = number_at(numbers, AT_OWN) == Some(1.0);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_RESUME as f64)
+        && (!keyed || native_rate(numbers).0)
+}
+
+fn native_usage(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_USAGE as f64)
+        && native_rate(numbers).0
+}
+
+/// A charge of a concurrency limit counts nothing, natively too.
+fn native_charge(numbers: &[u8], watching_evictions: bool) -> bool {
+    let (native, rate) = native_rate(numbers);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64)
+        && (native || !rate)
+}
+
+fn native_admit(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_ADMIT as f64)
+}
+
+fn native_begin(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_BEGIN as f64)
 }
 
 /// An operation of the function library and the module's command that decides it: one
@@ -231,6 +299,12 @@ pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> 
     let decided = match operation {
         Native::Acquire => native(numbers, watching_evictions),
         Native::Commit => native_commit(numbers, watching_evictions),
+        Native::Pause => native_pause(numbers, watching_evictions),
+        Native::Resume => native_resume(numbers, watching_evictions),
+        Native::Usage => native_usage(numbers, watching_evictions),
+        Native::Charge => native_charge(numbers, watching_evictions),
+        Native::Admit => native_admit(numbers, watching_evictions),
+        Native::Begin => native_begin(numbers, watching_evictions),
         _ => false,
     };
     decided.then_some(operation)
