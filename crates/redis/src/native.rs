@@ -436,6 +436,73 @@ mod tests {
         assert!(refusal.contains("127.0.0.1:7001"), "{refusal}");
     }
 
+    /// The numbers of a call: big-endian doubles.
+    fn packed(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+    }
+
+    /// A one-counter call of `op` on a policy of `kind` and `alg`, with its `own` numbers.
+    fn one_counter(op: u64, kind: u64, alg: u64, own: &[f64]) -> Vec<u8> {
+        let mut numbers = vec![op as f64, kind as f64, 5.0, 1e6, 0.0, alg as f64, 5.0];
+        numbers.extend([0.0; 3]);
+        numbers.extend([5.0, 100.0, 0.0, 0.0]);
+        numbers.extend(own);
+        packed(&numbers)
+    }
+
+    #[test]
+    fn pauses_usage_charges_admissions_and_begins_go_to_the_module_as_it_decides_them() {
+        use crate::abi::KIND_CONCURRENCY;
+        let (rate, lease) = ((KIND_RATE, ALG_GCRA), (KIND_CONCURRENCY, 0));
+        let cases = [
+            // A key's pause, resume and usage: of a rate limit's counter only.
+            (
+                one_counter(OP_PAUSE, rate.0, rate.1, &[1e6, 1.0]),
+                Some(Native::Pause),
+            ),
+            (one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 1.0]), None),
+            (
+                one_counter(OP_RESUME, rate.0, rate.1, &[1.0]),
+                Some(Native::Resume),
+            ),
+            (one_counter(OP_RESUME, lease.0, lease.1, &[1.0]), None),
+            (
+                one_counter(OP_USAGE, rate.0, rate.1, &[5.0]),
+                Some(Native::Usage),
+            ),
+            (one_counter(OP_USAGE, lease.0, lease.1, &[5.0]), None),
+            // A whole limit's pause and resume, of any limit.
+            (
+                one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 0.0]),
+                Some(Native::Pause),
+            ),
+            (
+                one_counter(OP_RESUME, lease.0, lease.1, &[0.0]),
+                Some(Native::Resume),
+            ),
+            // A charge: of a concurrency limit too (it counts nothing).
+            (
+                one_counter(OP_CHARGE, rate.0, ALG_SLIDING, &[3.0]),
+                Some(Native::Charge),
+            ),
+            (
+                one_counter(OP_CHARGE, lease.0, lease.1, &[3.0]),
+                Some(Native::Charge),
+            ),
+            (one_counter(OP_CHARGE, rate.0, 0, &[3.0]), None),
+            (
+                one_counter(OP_ADMIT, rate.0, rate.1, &[1.0]),
+                Some(Native::Admit),
+            ),
+            (packed(&[OP_BEGIN as f64]), Some(Native::Begin)),
+        ];
+        for (numbers, native) in cases {
+            assert_eq!(route(&numbers, false), native, "{numbers:?}");
+            // Evictions watched: the library's, every one.
+            assert_eq!(route(&numbers, true), None, "{numbers:?}");
+        }
+    }
+
     #[test]
     fn the_setting_reads_its_three_words() {
         for mode in [Module::Auto, Module::On, Module::Off] {
