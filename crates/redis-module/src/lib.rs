@@ -2,15 +2,16 @@
 //! same stored bytes as the store's Lua function library (`tollgate-redis`), so that a fleet
 //! may use module and library on one Redis at once. It owns: the FFI to Redis's module API
 //! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
-//! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them, and
-//! `TOLLGATE.COMMIT` (`commit.rs`), a commit, each taking the library's keys and packed
+//! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them,
+//! `TOLLGATE.COMMIT` (`commit.rs`), a commit, and `TOLLGATE.PAUSE`, `.RESUME`, `.USAGE`,
+//! `.CHARGE`, `.ADMIT` and `.BEGIN` (`operations.rs`), each taking the library's keys and packed
 //! arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply, and
 //! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
 //! library write the slots' generations under.
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
-//! `native.rs`: `auto`, `on`, `off`), sending it the acquires and commits it decides natively.
+//! `native.rs`: `auto`, `on`, `off`), sending it the calls it decides natively.
 //! What the module does not decide yet it refuses with an error starting `ERR tollgate: not
 //! native:`, never deciding differently: the store then calls the library.
 

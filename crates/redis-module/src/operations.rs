@@ -149,8 +149,8 @@ impl<'k> CounterCall<'k> {
     }
 }
 
-/// `entry.lua`'s first read of an operation on one counter or limit: the generation, KEYS[2]
-/// and `more`, in one `MGET`.
+/// `entry.lua`'s first read of an operation on one counter or limit: `names` (the generation,
+/// KEYS[2], and the limit's pause for a usage that names it), in one `MGET`.
 fn read(redis: &mut dyn Redis, names: &[&[u8]]) -> Result<Vec<Value>, Reply> {
     let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
     args.push(b"MGET");
@@ -177,8 +177,11 @@ fn paused_until(value: &Value) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The call's keys and numbers (its operation first).
-fn split<'a>(args: &'a [&'a [u8]]) -> Result<(&'a [&'a [u8]], f64, Vec<f64>), Reply> {
+/// A call's keys, its operation and its numbers (the operation first).
+type Split<'a> = (&'a [&'a [u8]], f64, Vec<f64>);
+
+/// The call's keys, operation and numbers.
+fn split<'a>(args: &'a [&'a [u8]]) -> Result<Split<'a>, Reply> {
     let (keys, nums, _) = split_call(args, 0)?;
     match nums.first() {
         Some(&op) => Ok((keys, op, nums)),
@@ -463,7 +466,7 @@ pub(crate) fn charge(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     let mut c = load(loaded, now, &slot, &p);
     // A GCRA debt can leave a backlog of two capacities, longer than a grant's span: the key is
     // covered that far before anything is written.
-    let reach = (p.alg == ALG_GCRA).then(|| now + 2.0 * p.capacity * p.emission);
+    let reach = (p.alg == ALG_GCRA).then_some(now + 2.0 * p.capacity * p.emission);
     let need = c.need_for(&p, now, true, reach);
     if let Err(uncovered) = cover(
         redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,

@@ -1,5 +1,5 @@
-//! Sending the script, and natural batching of acquires; an acquire or a commit the Redis module
-//! decides natively (`native.rs`) goes to it alone instead, and to the script when the module
+//! Sending the script, and natural batching of acquires; a call the Redis module decides
+//! natively (`native.rs`) goes to it alone instead, and to the script when the module
 //! refuses. `Caller` owns what a call needs (the
 //! connection, the library or script, whether calls watch evictions) and, per slot, the calls
 //! in flight and the acquires waiting for the next.

@@ -1,7 +1,8 @@
 //! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
-//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires and
-//! commits it decides natively (`native`, `native_commit`), mirroring the module's refusals in
-//! one place. Everything the
+//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which calls it decides
+//! natively (`route`: acquires, commits, pauses, resumes, usage, charges, admissions of keys and
+//! begins of a namespace, each checked by its own function, `native`, `native_commit`,
+//! `native_pause` and the others), mirroring the module's refusals in one place. Everything the
 //! module does not decide goes to the function library, as it always did.
 
 use std::fmt;
@@ -496,10 +497,13 @@ mod tests {
             ),
             (packed(&[OP_BEGIN as f64]), Some(Native::Begin)),
         ];
-        for (numbers, native) in cases {
-            assert_eq!(route(&numbers, false), native, "{numbers:?}");
+        for (packed, native) in cases {
+            let numbers: Vec<f64> = (0..packed.len() / 8)
+                .filter_map(|i| number_at(&packed, i))
+                .collect();
+            assert_eq!(route(&packed, false), native, "{numbers:?}");
             // Evictions watched: the library's, every one.
-            assert_eq!(route(&numbers, true), None, "{numbers:?}");
+            assert_eq!(route(&packed, true), None, "{numbers:?}");
         }
     }
 
