@@ -439,7 +439,7 @@ impl Counter {
         }
     }
 
-    fn counted_until(&self, p: &Policy) -> f64 {
+    pub(crate) fn counted_until(&self, p: &Policy) -> f64 {
         if self.k == BODY_SLIDING {
             if self.lu == 0.0 {
                 0.0
@@ -608,7 +608,7 @@ pub(crate) fn loaded() {
 }
 
 /// The identity kept, read first when there is none.
-fn identity(redis: &mut dyn Redis) -> Vec<u8> {
+pub(crate) fn identity(redis: &mut dyn Redis) -> Vec<u8> {
     let mut kept = kept();
     match &kept.me {
         Some(me) if KEEPING.load(Ordering::Relaxed) => me.clone(),
@@ -916,7 +916,7 @@ impl Decision<'_, '_> {
     }
 
     /// T.sliding_grant: `cost` units in the newest bucket, or a new one; the time counted at.
-    fn sliding_grant(&mut self, cost: f64, slack: f64) -> f64 {
+    pub(crate) fn sliding_grant(&mut self, cost: f64, slack: f64) -> f64 {
         let (p, now) = (self.p, self.now);
         let span = if p.limit > SLIDING_BUCKETS_MAX {
             (p.window / SLIDING_BUCKETS_MAX).floor()

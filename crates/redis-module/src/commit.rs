@@ -14,20 +14,16 @@
 //! library to decide.
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, Admission, BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Counter,
-    Decision, Decoded, Generation, KIND_CONCURRENCY, Keys, NUMBER_BYTES, POLICY_NUMBERS, Policy,
-    RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, generation, head, ints, log_read,
-    log_rewrite, not_native, numbers, pack, sub0, text,
+    BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Counter, Decision, Decoded, Generation,
+    KIND_CONCURRENCY, Keys, NUMBER_BYTES, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover,
+    generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
+use crate::operations::CounterCall;
 use crate::{Redis, Reply, Value};
 
 const OP_COMMIT: f64 = 2.0;
 /// Where a closed bucket's units are in its record (`abi.rs`'s BUCKET_UNITS).
 const BUCKET_UNITS: f64 = 16.0;
-/// `abi.rs`'s ARG_ADMISSION and ARG_OWN: the admission after the operation and the policy,
-/// then the commit's own numbers (seq, used). 1-based, as Lua's `a[i]`.
-const ARG_ADMISSION: usize = 2 + POLICY_NUMBERS;
-const ARG_OWN: usize = ARG_ADMISSION + ADMISSION_NUMBERS;
 const RECORD: usize = RECORD_BYTES as usize;
 
 /// The command: `TOLLGATE.COMMIT numkeys key... packed channel`.
@@ -36,7 +32,7 @@ pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
 }
 
 /// A reply's head and numbers.
-fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
+pub(crate) fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
     let mut reply = head(status, now, slot);
     reply.extend(ints(rest));
     Reply::Value(Value::Array(reply))
@@ -47,61 +43,36 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(call) => call,
         Err(refusal) => return refusal,
     };
-    let a = |i: usize| nums.get(i - 1).copied();
-    let key = |x: f64| -> Option<&[u8]> {
-        if x >= 1.0 && x.fract() == 0.0 {
-            keys.get(x as usize - 1).copied()
-        } else {
-            None
-        }
-    };
-
-    let Some(op) = a(1) else {
+    let Some(&op) = nums.first() else {
         return bad("packed numbers: empty");
     };
     if op != OP_COMMIT {
         return not_native("an operation other than a commit (without evictions watched)");
     }
-    let policy: Vec<f64> = (2..2 + POLICY_NUMBERS).filter_map(a).collect();
-    let Ok(policy) = <[f64; POLICY_NUMBERS]>::try_from(policy) else {
-        return bad("commit: fewer than a policy's numbers");
+    let call = match CounterCall::parse(&nums, keys, 2, "commit") {
+        Ok(call) => call,
+        Err(refusal) => return refusal,
     };
-    let Some(p) = Policy::read(policy) else {
+    let Some(p) = call.policy() else {
         return not_native(
             "a commit of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
         );
     };
-    let (Some(tally), Some(budget), Some(carried), Some(apart), Some(seq), Some(used)) = (
-        a(ARG_ADMISSION),
-        a(ARG_ADMISSION + 1),
-        a(ARG_ADMISSION + 2),
-        a(ARG_ADMISSION + 3),
-        a(ARG_OWN),
-        a(ARG_OWN + 1),
-    ) else {
-        return bad("commit: fewer than its admission's and its own numbers");
+    let [seq, used] = call.own[..] else {
+        return bad("commit: fewer than its own numbers");
     };
     // The library publishes to ARGV[2] only when units come back; the store always sends it.
     let Some(&channel) = trailing.first() else {
         return bad("commit: no wake-up channel after the packed numbers");
     };
-    let adm = Admission {
-        tally,
-        budget,
-        carried,
-        apart,
+    let adm = &call.adm;
+    let (gen_key, Keys { ck, rk, qk }) = match call.counter_keys("commit") {
+        Ok(keys) => keys,
+        Err(refusal) => return refusal,
     };
-    let (Some(gen_key), Some(ck), Some(rk), Some(qk)) = (key(1.0), key(2.0), key(3.0), key(4.0))
-    else {
-        return bad("commit: fewer keys than a counter's");
-    };
-    let tally_key = if adm.tally >= 1.0 {
-        match key(adm.tally) {
-            Some(k) => Some(k),
-            None => return bad("commit: the key budget's key is not among the keys"),
-        }
-    } else {
-        None
+    let tally_key = match call.tally_key("commit") {
+        Ok(key) => key,
+        Err(refusal) => return refusal,
     };
 
     let now = match crate::acquire::clock(redis) {
@@ -137,7 +108,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     // `keys.lua`'s T.cover, from now, the hold not honoured: the key admitted before the
     // counter is written past its cover.
     let need = c.need(&p, now);
-    if let Err(uncovered) = cover(redis, &mut c, &p, now, need, &adm, &slot, tally_key, false) {
+    if let Err(uncovered) = cover(redis, &mut c, &p, now, need, adm, &slot, tally_key, false) {
         return uncovered.reply(now, &slot);
     }
 

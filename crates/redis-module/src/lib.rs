@@ -4,16 +4,16 @@
 //! (`ffi.rs`, the only `unsafe` code), `TOLLGATE.VERSION` (the protocol version, the one the
 //! library declares), `TOLLGATE.ACQUIRE` (`acquire.rs`), an acquire or a batch of them, waiting
 //! or not (the counters' queues of waiters across the fleet: `queue.rs`), `TOLLGATE.COMMIT`
-//! (`commit.rs`), a commit, `TOLLGATE.RENEW` (`leases.rs`), a lease's renewal, and
-//! `TOLLGATE.LEAVE` (`queue.rs`), a waiter giving up its place, each taking the library's keys
-//! and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
+//! (`commit.rs`), a commit, `TOLLGATE.RENEW` (`leases.rs`), a lease's renewal,
+//! `TOLLGATE.LEAVE` (`queue.rs`), a waiter giving up its place, and `TOLLGATE.PAUSE`,
+//! `.RESUME`, `.USAGE`, `.CHARGE`, `.ADMIT` and `.BEGIN` (`operations.rs`), each taking the
+//! library's keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply, and
 //! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
 //! library write the slots' generations under.
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
-//! `native.rs`: `auto`, `on`, `off`), sending it the acquires, commits, renewals and leaves it
-//! decides natively (rate limits of its algorithms, and concurrency limits' leases).
+//! `native.rs`: `auto`, `on`, `off`), sending it the calls it decides natively.
 //! What the module does not decide yet it refuses with an error starting `ERR tollgate: not
 //! native:`, never deciding differently: the store then calls the library.
 
@@ -21,6 +21,7 @@ mod acquire;
 mod commit;
 mod ffi;
 mod leases;
+mod operations;
 mod queue;
 
 /// The version of the protocol (arguments, replies, stored values) this module speaks: the
@@ -111,6 +112,42 @@ pub(crate) const COMMANDS: &[Command] = &[
     Command {
         name: c"tollgate.renew",
         run: leases::command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.pause",
+        run: operations::pause_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.usage",
+        run: operations::usage_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.begin",
+        run: operations::begin_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.resume",
+        run: operations::resume_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.admit",
+        run: operations::admit_command,
+        flags: c"write deny-oom",
+        keys: KEYS_BEFORE_NUMBERS,
+    },
+    Command {
+        name: c"tollgate.charge",
+        run: operations::charge_command,
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS,
     },

@@ -966,6 +966,380 @@ fn leases_values_are_read_as_the_library_reads_them() {
     assert!(matches!(fcall(&mut conn, &keys, &packed), Resp::Error(_)));
 }
 
+const OP_PAUSE: f64 = 4.0;
+const OP_USAGE: f64 = 5.0;
+const OP_RESUME: f64 = 7.0;
+const OP_ADMIT: f64 = 8.0;
+const OP_CHARGE: f64 = 11.0;
+
+/// A namespace's keys for the operations on one counter or limit: `keys`' (the generation, the
+/// counter's state, reservations, buckets and queue, the key budget at KEYS[6]), then the
+/// counter's limit's pause, at KEYS[7].
+fn op_keys(namespace: &str, counter: usize) -> Vec<Vec<u8>> {
+    let mut keys = keys(namespace, counter);
+    keys.push(format!("tg:{{t}}:{namespace}:p:{counter}").into_bytes());
+    keys
+}
+
+/// `op_keys`' keys at these places (1-based, as the library's KEYS).
+fn picked(all: &[Vec<u8>], places: &[usize]) -> Vec<Vec<u8>> {
+    places.iter().map(|&at| all[at - 1].clone()).collect()
+}
+
+/// A one-counter call's numbers: the operation, the policy, the admission, its own numbers.
+fn counter_numbers(op: f64, policy: &[f64; 9], admission: [f64; 4], own: &[f64]) -> Vec<f64> {
+    let mut numbers = vec![op];
+    numbers.extend(policy);
+    numbers.extend(admission);
+    numbers.extend(own);
+    numbers
+}
+
+/// A number of a reply (its `at`, 0-based), or -1.
+fn number(reply: &Resp, at: usize) -> i64 {
+    match reply {
+        Resp::Array(items) => match items.get(at) {
+            Some(Resp::Int(n)) => *n,
+            _ => -1,
+        },
+        _ => -1,
+    }
+}
+
+fn status(reply: &Resp) -> String {
+    match reply {
+        Resp::Array(items) => match items.first() {
+            Some(Resp::Bytes(status)) => String::from_utf8_lossy(status).into_owned(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }
+}
+
+/// A stored counter's pause (`c.p`, its header's second number), 0 when none is kept.
+fn counter_pause(conn: &mut Conn, key: &[u8]) -> f64 {
+    match conn.call(&[b"GET", key]) {
+        Resp::Bytes(value) if value.len() >= 17 && value[0] == b'X' => {
+            f64::from_be_bytes(value[9..17].try_into().expect("eight bytes"))
+        }
+        _ => 0.0,
+    }
+}
+
+/// Pauses (of a key, on its counter, and of a whole limit, short and long), resumes (lifting a
+/// pause, and leaving the hold after a loss of state), usage (the limit's pause read with the
+/// counter or brought by the caller), charges (past the limit, after a loss, a GCRA debt's
+/// reach), admissions of keys (the budget full, held, apart) and begins of a namespace, among
+/// acquires that make state, each decided by the module or the library at random in one
+/// namespace and by the library alone in another, on one Redis clock: every reply and every
+/// stored value and expiry are the same; it runs on until the module decided each case a few
+/// times; the module refuses none of them (a concurrency limit's counter is paused, resumed and
+/// read natively too).
+#[test]
+fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alone() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    let policies = policies();
+    let seed = std::env::var("TOLLGATE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("TOLLGATE_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (mixed_ns, alone_ns) = ("ops-mixed", "ops-alone");
+    for namespace in [mixed_ns, alone_ns] {
+        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
+    }
+    let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
+    let mut clock = 0;
+    let mut since_loss = usize::MAX;
+    // The covers the budget gave (for admissions of a key already covered).
+    let mut covers: Vec<f64> = Vec::new();
+    let mut met = std::collections::BTreeMap::<&'static str, u32>::new();
+    let cases = [
+        "pause of a key",
+        "pause of a key kept longer",
+        "pause of a limit",
+        "pause of a limit kept longer",
+        "pause uncovered",
+        "resume lifted a pause",
+        "resume left a hold",
+        "resume of a counter not kept",
+        "resume of a limit lifted",
+        "usage",
+        "usage held",
+        "usage paused by its limit",
+        "charge counted",
+        "charge past the limit",
+        "charge after a loss",
+        "charge of a GCRA debt admitted",
+        "charge uncovered",
+        "charge of leases",
+        "admit ok",
+        "admit of a key covered",
+        "admit keys",
+        "admit held",
+        "begin made",
+        "begin found",
+        "usage of leases",
+        "native",
+    ];
+    for step in 0..8 * STEPS {
+        if step >= STEPS && cases.iter().all(|case| met.get(case) > Some(&3)) {
+            break;
+        }
+        if rng.u8(..4) == 0 {
+            clock += rng.u64(1..3_000_000);
+            server.set_clock(clock);
+        }
+        let now = (CLOCK_START_US + clock) as f64;
+        since_loss = since_loss.saturating_add(1);
+        if rng.u8(..80) == 0 {
+            // A loss of state: the generation gone; counters are held, then recover.
+            for namespace in [mixed_ns, alone_ns] {
+                conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
+            }
+            since_loss = 0;
+        }
+        let counter = rng.usize(..policies.len());
+        // Now and then a rate counter under another rate policy (carried over).
+        let policy = if counter != CONCURRENCY && rng.u8(..20) == 0 {
+            &policies[rng.usize(..CONCURRENCY)]
+        } else {
+            &policies[counter]
+        };
+        let apart = f64::from(u8::from(rng.u8(..8) == 0));
+        // The key budget (four counters of keys) at KEYS[`here`] of the call, elsewhere, or
+        // none.
+        let admission = |rng: &mut fastrand::Rng, here: f64| match rng.u8(..20) {
+            0..=3 => [0.0; 4],
+            4..=5 => [-1.0, 4.0, 0.0, apart],
+            6..=7 => [-1.0, 4.0, now + rng.f64() * 60e6, apart],
+            8 => [-1.0, 4.0, -(now + rng.f64() * 2e6), apart],
+            _ => [here, 4.0, 0.0, apart],
+        };
+        let (mixed_all, alone_all) = (op_keys(mixed_ns, counter), op_keys(alone_ns, counter));
+        // What the step calls: the module's command (or None: the library only), the keys by
+        // their places in `op_keys`, and its numbers.
+        let (command, places, numbers): (Option<&[u8]>, Vec<usize>, Vec<f64>) = match rng.u8(..16) {
+            // An acquire, the limit's pause at KEYS[7] now and then.
+            0..=3 => {
+                let cost = f64::from(rng.u8(1..3));
+                let pause = if rng.u8(..3) == 0 { 7.0 } else { 0.0 };
+                let numbers = acquire_numbers(
+                    policy,
+                    cost,
+                    f64::from(rng.u8(..3)),
+                    f64::from(rng.u8(..2)),
+                    pause,
+                    admission(&mut rng, 6.0),
+                );
+                (Some(b"TOLLGATE.ACQUIRE"), (1..=7).collect(), numbers)
+            }
+            // A pause of a key or of its whole limit, short or long.
+            4..=5 => {
+                let duration = if rng.bool() {
+                    rng.f64() * 3e6
+                } else {
+                    rng.f64() * 60e6
+                }
+                .floor();
+                if rng.u8(..3) > 0 {
+                    let numbers = counter_numbers(
+                        OP_PAUSE,
+                        policy,
+                        admission(&mut rng, 5.0),
+                        &[duration, 1.0],
+                    );
+                    (Some(b"TOLLGATE.PAUSE"), vec![1, 2, 3, 4, 6], numbers)
+                } else {
+                    let numbers = counter_numbers(OP_PAUSE, policy, [0.0; 4], &[duration, 0.0]);
+                    (Some(b"TOLLGATE.PAUSE"), vec![1, 7], numbers)
+                }
+            }
+            // A resume of a key or of its whole limit.
+            6..=7 => {
+                if rng.u8(..3) > 0 {
+                    let numbers =
+                        counter_numbers(OP_RESUME, policy, admission(&mut rng, 5.0), &[1.0]);
+                    (Some(b"TOLLGATE.RESUME"), vec![1, 2, 3, 4, 6], numbers)
+                } else {
+                    let numbers = counter_numbers(OP_RESUME, policy, [0.0; 4], &[0.0]);
+                    (Some(b"TOLLGATE.RESUME"), vec![1, 7], numbers)
+                }
+            }
+            // Usage: the limit's pause read with the counter (KEYS[6]) or as the caller read
+            // it.
+            8..=9 => {
+                let pause = match rng.u8(..3) {
+                    0 => 6.0,
+                    1 => -(now + rng.f64() * 5e6).floor(),
+                    _ => 0.0,
+                };
+                let numbers = counter_numbers(OP_USAGE, policy, admission(&mut rng, 5.0), &[pause]);
+                (Some(b"TOLLGATE.USAGE"), vec![1, 2, 3, 4, 6, 7], numbers)
+            }
+            // A charge, up to three capacities' units.
+            10..=12 => {
+                let units = f64::from(rng.u8(1..13));
+                let numbers =
+                    counter_numbers(OP_CHARGE, policy, admission(&mut rng, 5.0), &[units]);
+                (Some(b"TOLLGATE.CHARGE"), vec![1, 2, 3, 4, 6], numbers)
+            }
+            // An admission of a key (a new one, or one covered), the hold honoured or not,
+            // the budget lost apart from its counters more often (held after a loss).
+            13..=14 => {
+                let apart = f64::from(u8::from(rng.u8(..3) == 0));
+                // Mostly a recent cover: one still counted, which the budget moves.
+                let old = if !covers.is_empty() && rng.u8(..3) > 0 {
+                    covers[rng.usize(covers.len().saturating_sub(3)..covers.len())]
+                } else {
+                    0.0
+                };
+                let need = (now + rng.f64() * 20e6).floor();
+                let mut numbers = vec![OP_ADMIT];
+                numbers.extend(policy);
+                numbers.extend([3.0, old, need, f64::from(rng.u8(..2)), apart]);
+                (Some(b"TOLLGATE.ADMIT"), vec![1, 6], numbers)
+            }
+            // A begin, of a namespace with a generation or without.
+            _ => {
+                if rng.u8(..3) == 0 {
+                    for namespace in [mixed_ns, alone_ns] {
+                        conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
+                    }
+                    since_loss = 0;
+                }
+                (Some(b"TOLLGATE.BEGIN"), vec![1], vec![OP_BEGIN])
+            }
+        };
+        let packed = pack(&numbers);
+        let (mixed_keys, alone_keys) = (picked(&mixed_all, &places), picked(&alone_all, &places));
+        let mut by_module = false;
+        let mixed = match command {
+            Some(command) if rng.bool() => {
+                match call_on(&mut conn, &[command], &mixed_keys, &[&packed]) {
+                    Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
+                        panic!("step {step} (seed {seed}): the module refused: {e}")
+                    }
+                    reply => {
+                        *met.entry("native").or_default() += 1;
+                        by_module = true;
+                        reply
+                    }
+                }
+            }
+            _ => fcall(&mut conn, &mixed_keys, &packed),
+        };
+        let alone = call_on(&mut conn, function, &alone_keys, &[&packed]);
+        assert_eq!(
+            mixed,
+            alone,
+            "step {step} (seed {seed}): {} replies differ",
+            String::from_utf8_lossy(command.unwrap_or(b"?"))
+        );
+        assert_eq!(
+            stored(&mut conn, &mixed_all),
+            stored(&mut conn, &alone_all),
+            "step {step} (seed {seed}): {} stored values or expiries differ",
+            String::from_utf8_lossy(command.unwrap_or(b"?"))
+        );
+
+        // The cases the module met, read from the library's reply.
+        if !by_module {
+            continue;
+        }
+        let op = numbers[0];
+        let st = status(&alone);
+        let mut meet = |case: &'static str| *met.entry(case).or_default() += 1;
+        let keyed_call = places.len() > 2;
+        let reply_at = |at: usize| number(&alone, at) as f64;
+        if op == OP_PAUSE && st == "ok" {
+            let duration = numbers[numbers.len() - 2];
+            let kept_longer = reply_at(4) > now + duration;
+            match (keyed_call, kept_longer) {
+                (true, false) => meet("pause of a key"),
+                (true, true) => meet("pause of a key kept longer"),
+                (false, false) => meet("pause of a limit"),
+                (false, true) => meet("pause of a limit kept longer"),
+            }
+        } else if op == OP_PAUSE && keyed_call {
+            meet("pause uncovered");
+        } else if op == OP_RESUME && st == "ok" {
+            if !keyed_call {
+                if reply_at(4) == 1.0 {
+                    meet("resume of a limit lifted");
+                }
+            } else if conn.call(&[b"EXISTS", &alone_all[1]]) == Resp::Int(0) {
+                meet("resume of a counter not kept");
+            } else {
+                if reply_at(4) == 1.0 {
+                    meet("resume lifted a pause");
+                }
+                if counter_pause(&mut conn, &alone_all[1]) > now {
+                    meet("resume left a hold");
+                }
+            }
+        } else if op == OP_USAGE && st == "ok" {
+            meet("usage");
+            if policy[0] == 2.0 && reply_at(4) > 0.0 {
+                meet("usage of leases");
+            }
+            if reply_at(7) > 0.0 {
+                meet("usage held");
+            }
+            if reply_at(6) > now && reply_at(7) == 0.0 {
+                meet("usage paused by its limit");
+            }
+        } else if op == OP_CHARGE {
+            let units = numbers[numbers.len() - 1];
+            match st.as_str() {
+                "ok" if policy[0] == 2.0 => meet("charge of leases"),
+                "ok" => {
+                    let charged = reply_at(4);
+                    if charged == units {
+                        meet("charge counted");
+                    } else {
+                        meet("charge past the limit");
+                    }
+                    if since_loss < 10 {
+                        meet("charge after a loss");
+                    }
+                    if policy[4] == 3.0 && numbers[10] != 0.0 {
+                        meet("charge of a GCRA debt admitted");
+                    }
+                }
+                _ => meet("charge uncovered"),
+            }
+        } else if op == OP_ADMIT {
+            match st.as_str() {
+                "ok" => {
+                    covers.push(reply_at(4));
+                    if numbers[11] > now {
+                        meet("admit of a key covered");
+                    } else {
+                        meet("admit ok");
+                    }
+                }
+                "keys" => meet("admit keys"),
+                "held" => meet("admit held"),
+                other => panic!("step {step}: admit answered {other}"),
+            }
+        } else if op == OP_BEGIN {
+            match alone {
+                Resp::Int(1) => meet("begin made"),
+                Resp::Int(0) => meet("begin found"),
+                other => panic!("step {step}: begin answered {other:?}"),
+            }
+        }
+    }
+    eprintln!("{met:?}");
+    for case in cases {
+        assert!(met.get(case) > Some(&3), "{case}: met {:?}", met.get(case));
+    }
+}
+
 /// A budget that can be lost apart from its counters (a cluster's), found missing after the
 /// slot's state was lost, holds new keys of requests for a while; a commit of a counter not
 /// covered yet is admitted through the hold. The module's commit answers and writes as the

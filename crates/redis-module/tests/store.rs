@@ -205,6 +205,54 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
     unforeseen_refusals_are_none();
 }
 
+/// The suite's tests of pauses, resumes, usage and charges, run here one after another: the
+/// module decides them (and each namespace's begin), none refused and decided again by the
+/// library. (Their concurrency limits' keys' pauses, resumes and usage go to the library
+/// unsent, as the store knows the module refuses them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_decides_the_suites_pauses_usage_and_charges_without_fallback() {
+    let Some(port) = module_redis() else { return };
+    let mut used = Vec::new();
+    macro_rules! run {
+        ($($name:ident),*) => {$(
+            let name = namespace(&format!("ops_{}", stringify!($name)));
+            let first = on(port, &name).await;
+            assert!(first.begin_new_namespace().await.expect("declare new"), "a new namespace");
+            let second = on(port, &name).await;
+            tollgate_conformance::$name(Stores { first: first.clone(), second: second.clone() }).await;
+            used.push(first);
+            used.push(second);
+        )*};
+    }
+    run!(
+        pauses_stop_grants_and_only_extend,
+        pauses_are_lifted_cut_and_not_inherited,
+        usage_shows_what_is_counted_and_takes_nothing,
+        charges_count_past_the_limit_and_are_paid_first
+    );
+    for command in [
+        "TOLLGATE.PAUSE",
+        "TOLLGATE.RESUME",
+        "TOLLGATE.USAGE",
+        "TOLLGATE.CHARGE",
+        "TOLLGATE.BEGIN",
+    ] {
+        let decided: u64 = used
+            .iter()
+            .flat_map(|store| store.module_calls())
+            .filter(|(name, _)| *name == command)
+            .map(|(_, calls)| calls)
+            .sum();
+        assert!(decided > 0, "the module decided no {command}");
+    }
+    let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
+    assert_eq!(
+        fallbacks, 0,
+        "calls the module refused, decided by the library"
+    );
+    unforeseen_refusals_are_none();
+}
+
 #[tokio::test]
 async fn a_module_of_another_version_is_refused_naming_both() {
     let Some(port) = module_redis() else { return };
@@ -327,8 +375,8 @@ fn native_calls(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-/// The store's lists of refusals (an acquire's, a commit's, a renewal's, and those only Redis
-/// can see) are
+/// The store's lists of refusals (an acquire's, a commit's, a renewal's, a leave's, the other
+/// operations', and those only Redis can see) are
 /// the module's refusals, text for text.
 #[test]
 fn the_stores_refusals_are_the_modules() {
@@ -340,6 +388,7 @@ fn the_stores_refusals_are_the_modules() {
         include_str!("../src/commit.rs"),
         include_str!("../src/queue.rs"),
         include_str!("../src/leases.rs"),
+        include_str!("../src/operations.rs"),
     ] {
         for marker in ["not_native(", "return Err("] {
             for (at, _) in source.match_indices(marker) {
@@ -355,6 +404,7 @@ fn the_stores_refusals_are_the_modules() {
         .chain(tollgate_redis::COMMIT_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::LEAVE_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::RENEW_REFUSED_BEFORE_SENDING)
+        .chain(tollgate_redis::OPERATIONS_REFUSED_BEFORE_SENDING)
         .chain(tollgate_redis::REFUSED_IN_REDIS)
         .copied()
         .collect();

@@ -1,5 +1,5 @@
-//! Sending the script, and natural batching of acquires; an acquire or a commit the Redis module
-//! decides natively (`native.rs`) goes to it alone instead, and to the script when the module
+//! Sending the script, and natural batching of acquires; a call the Redis module decides
+//! natively (`native.rs`) goes to it alone instead, and to the script when the module
 //! refuses. `Caller` owns what a call needs (the
 //! connection, the library or script, whether calls watch evictions) and, per slot, the calls
 //! in flight and the acquires waiting for the next.
@@ -232,6 +232,24 @@ impl Caller {
         keys: &[String],
         args: &[&[u8]],
     ) -> Result<(Head, Reply)> {
+        match self.module_answer(native, keys, args).await? {
+            Some(value) => {
+                let answer = head(parse_reply(value)?)?;
+                self.saw(answer.0);
+                Ok(answer)
+            }
+            None => self.run(keys, args).await,
+        }
+    }
+
+    /// The module's answer to one call it decides natively, to its slot's master on a
+    /// cluster, counted; None when it refused the call (counted) or Redis lost the module.
+    async fn module_answer(
+        &self,
+        native: Native,
+        keys: &[String],
+        args: &[&[u8]],
+    ) -> Result<Option<Value>> {
         let command = self.command_by(Some(native), keys, args);
         let first = keys.first().map_or("", String::as_str);
         let answered = tokio::time::timeout(self.timeout, self.backend.query_key(&command, first))
@@ -240,20 +258,33 @@ impl Caller {
         match answered {
             Ok(value) => {
                 self.module_decided[native as usize].fetch_add(1, Ordering::Relaxed);
-                let answer = head(parse_reply(value)?)?;
-                self.saw(answer.0);
-                Ok(answer)
+                Ok(Some(value))
             }
             Err(error) if native::refused(&error) => {
                 self.refused_by_module(&error);
-                self.run(keys, args).await
+                Ok(None)
             }
             Err(error) if native::unknown_command(&error) => {
                 self.choose_module_again().await;
-                self.run(keys, args).await
+                Ok(None)
             }
             Err(error) => Err(store_error(error)),
         }
+    }
+
+    /// One call whose answer is a plain value rather than a reply with a head (a namespace's
+    /// begin: 1 or 0), `args` as the library takes them: to the module when it decides it
+    /// natively (`native::route`), else (or when it refuses) to the library.
+    pub(crate) async fn call_value(&self, keys: &[String], args: &[&[u8]]) -> Result<Value> {
+        if self.using_module.load(Ordering::Relaxed)
+            && let Some(native) = args.first().and_then(|numbers| {
+                native::route(numbers, self.watch_evictions.load(Ordering::Relaxed))
+            })
+            && let Some(value) = self.module_answer(native, keys, args).await?
+        {
+            return Ok(value);
+        }
+        self.query(keys, args).await
     }
 
     /// One call of the library's but an acquire's (`operations.rs`), `args` as the library

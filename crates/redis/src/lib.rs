@@ -79,8 +79,9 @@ pub fn library_source(name: &str) -> String {
 pub use keys::check_namespace;
 pub use leasing::{LeasingConfig, LeasingStats, LeasingStore};
 pub use native::{
-    COMMIT_REFUSED_BEFORE_SENDING, LEAVE_REFUSED_BEFORE_SENDING, Module, REFUSED_BEFORE_SENDING,
-    REFUSED_IN_REDIS, RENEW_REFUSED_BEFORE_SENDING,
+    COMMIT_REFUSED_BEFORE_SENDING, LEAVE_REFUSED_BEFORE_SENDING, Module,
+    OPERATIONS_REFUSED_BEFORE_SENDING, REFUSED_BEFORE_SENDING, REFUSED_IN_REDIS,
+    RENEW_REFUSED_BEFORE_SENDING,
 };
 pub use store::{LessonFn, RedisStore, RedisStoreConfig};
 /// The cross-slot plan and the loss check this store runs, as plain functions.

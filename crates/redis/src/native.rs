@@ -1,8 +1,9 @@
 //! The Redis module (`tollgate-redis-module`) as the store sees it: the setting that chooses it
-//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which acquires (waiting
-//! or not), commits, renewals and leaves of a waiter's place it decides natively (`native`,
-//! `native_commit`, `native_renew`, `native_leave`: rate limits of its algorithms and
-//! concurrency limits' leases), mirroring the module's refusals in one place. Everything the
+//! (`Module`), what its `TOLLGATE.VERSION` answer means at connect, and which calls it decides
+//! natively (`route`: acquires waiting or not, commits, renewals, leaves of a waiter's place,
+//! pauses, resumes, usage, charges, admissions of keys and begins of a namespace, each checked
+//! by its own function, `native`, `native_commit`, `native_renew`, `native_leave`,
+//! `native_pause` and the others), mirroring the module's refusals in one place. Everything the
 //! module does not decide goes to the function library, as it always did.
 
 use std::fmt;
@@ -11,8 +12,8 @@ use std::str::FromStr;
 use redis::Value;
 
 use crate::abi::{
-    ALG_FIXED, ALG_GCRA, ALG_SLIDING, KIND_CONCURRENCY, KIND_RATE, OP_ACQUIRE, OP_ADMIT, OP_BATCH,
-    OP_BEGIN, OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
+    ALG_FIXED, ALG_GCRA, ALG_SLIDING, ARG_OWN, KIND_CONCURRENCY, KIND_RATE, OP_ACQUIRE, OP_ADMIT,
+    OP_BATCH, OP_BEGIN, OP_CHARGE, OP_COMMIT, OP_LEAVE, OP_PAUSE, OP_RENEW, OP_RESUME, OP_USAGE,
 };
 
 /// Whether the store decides acquires with the Redis module.
@@ -77,6 +78,20 @@ pub const LEAVE_REFUSED_BEFORE_SENDING: &[&str] =
 /// these; a test holds this list to the module's.
 pub const RENEW_REFUSED_BEFORE_SENDING: &[&str] =
     &["an operation other than a renew (without evictions watched)"];
+/// What the module refuses of a pause, resume, usage, charge, admission of a key or begin of a
+/// namespace (`TOLLGATE.PAUSE` and the others of its `operations.rs`) that the store can tell
+/// from their packed numbers: such a call goes to the library at once. `native_pause` and
+/// the others check exactly these; a test holds this list to the module's.
+pub const OPERATIONS_REFUSED_BEFORE_SENDING: &[&str] = &[
+    "an operation other than a pause (without evictions watched)",
+    "an operation other than a resume (without evictions watched)",
+    "an operation other than a usage (without evictions watched)",
+    "an operation other than a charge (without evictions watched)",
+    "an operation other than an admission of a key (without evictions watched)",
+    "an operation other than a new namespace's begin (without evictions watched)",
+    "a pause, resume or usage of a counter of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
+    "a charge of a rate limit of other than GCRA, sliding or fixed window",
+];
 
 /// What the module refuses that only Redis can see (what the counter's keys hold), of an
 /// acquire, a commit or a renewal: the store sends the call to the library after the refusal, one more
@@ -153,7 +168,7 @@ pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
     let at = |index: usize| number_at(numbers, index);
     !watching_evictions
         && at(AT_OPERATION) == Some(OP_COMMIT as f64)
-        && native_policy(at(AT_COMMIT_KIND), at(AT_COMMIT_ALGORITHM))
+        && counter_policy_native(numbers)
 }
 
 /// Whether the module decides the renewal packed in `numbers` (as its own call would send
@@ -169,6 +184,67 @@ pub(crate) fn native_renew(numbers: &[u8], watching_evictions: bool) -> bool {
 /// check of `LEAVE_REFUSED_BEFORE_SENDING`.
 pub(crate) fn native_leave(numbers: &[u8], watching_evictions: bool) -> bool {
     !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_LEAVE as f64)
+}
+
+/// Where a one-counter call's own numbers start (0-based, in doubles: `abi.rs`'s ARG_OWN is
+/// 1-based): a pause's duration then whether it is a key's, a resume's whether it is a key's,
+/// a usage's limit pause, a charge's units.
+const AT_OWN: usize = ARG_OWN as usize - 1;
+
+/// Of a one-counter call packed in `numbers`: whether its policy is a rate limit's decided
+/// natively (GCRA, sliding or fixed window), and whether it is a rate limit's at all.
+fn native_rate(numbers: &[u8]) -> (bool, bool) {
+    let rate = number_at(numbers, AT_COMMIT_KIND) == Some(KIND_RATE as f64);
+    let native = rate && number_at(numbers, AT_COMMIT_ALGORITHM).is_some_and(native_algorithm);
+    (native, rate)
+}
+
+/// Of a one-counter call packed in `numbers`: whether the module decides its policy.
+fn counter_policy_native(numbers: &[u8]) -> bool {
+    native_policy(
+        number_at(numbers, AT_COMMIT_KIND),
+        number_at(numbers, AT_COMMIT_ALGORITHM),
+    )
+}
+
+/// The checks of `OPERATIONS_REFUSED_BEFORE_SENDING` for each operation of the module's
+/// `operations.rs`, of its numbers as its own call would send them (before any evictions flag):
+/// evictions not watched, and a key's pause, resume or usage only of a counter of a policy
+/// decided natively (a concurrency limit, or a rate limit of the module's algorithms).
+fn native_pause(numbers: &[u8], watching_evictions: bool) -> bool {
+    let keyed = number_at(numbers, AT_OWN + 1) == Some(1.0);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_PAUSE as f64)
+        && (!keyed || counter_policy_native(numbers))
+}
+
+fn native_resume(numbers: &[u8], watching_evictions: bool) -> bool {
+    let keyed = number_at(numbers, AT_OWN) == Some(1.0);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_RESUME as f64)
+        && (!keyed || counter_policy_native(numbers))
+}
+
+fn native_usage(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_USAGE as f64)
+        && counter_policy_native(numbers)
+}
+
+/// A charge of a concurrency limit counts nothing, natively too.
+fn native_charge(numbers: &[u8], watching_evictions: bool) -> bool {
+    let (native, rate) = native_rate(numbers);
+    !watching_evictions
+        && number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64)
+        && (native || !rate)
+}
+
+fn native_admit(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_ADMIT as f64)
+}
+
+fn native_begin(numbers: &[u8], watching_evictions: bool) -> bool {
+    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_BEGIN as f64)
 }
 
 /// An operation of the function library and the module's command that decides it: one
@@ -263,7 +339,12 @@ pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> 
         Native::Commit => native_commit(numbers, watching_evictions),
         Native::Leave => native_leave(numbers, watching_evictions),
         Native::Renew => native_renew(numbers, watching_evictions),
-        _ => false,
+        Native::Pause => native_pause(numbers, watching_evictions),
+        Native::Resume => native_resume(numbers, watching_evictions),
+        Native::Usage => native_usage(numbers, watching_evictions),
+        Native::Charge => native_charge(numbers, watching_evictions),
+        Native::Admit => native_admit(numbers, watching_evictions),
+        Native::Begin => native_begin(numbers, watching_evictions),
     };
     decided.then_some(operation)
 }
@@ -392,6 +473,76 @@ mod tests {
         assert_eq!(choose(Module::Auto, &partly, 1), Ok(false));
         let refusal = choose(Module::On, &partly, 1).expect_err("refused");
         assert!(refusal.contains("127.0.0.1:7001"), "{refusal}");
+    }
+
+    /// The numbers of a call: big-endian doubles.
+    fn packed(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+    }
+
+    /// A one-counter call of `op` on a policy of `kind` and `alg`, with its `own` numbers.
+    fn one_counter(op: u64, kind: u64, alg: u64, own: &[f64]) -> Vec<u8> {
+        let mut numbers = vec![op as f64, kind as f64, 5.0, 1e6, 0.0, alg as f64, 5.0];
+        numbers.extend([0.0; 3]);
+        numbers.extend([5.0, 100.0, 0.0, 0.0]);
+        numbers.extend(own);
+        packed(&numbers)
+    }
+
+    #[test]
+    fn pauses_usage_charges_admissions_and_begins_go_to_the_module_as_it_decides_them() {
+        use crate::abi::KIND_CONCURRENCY;
+        let (rate, lease) = ((KIND_RATE, ALG_GCRA), (KIND_CONCURRENCY, 0));
+        let cases = [
+            // A key's pause, resume and usage: of a rate limit's counter only.
+            (
+                one_counter(OP_PAUSE, rate.0, rate.1, &[1e6, 1.0]),
+                Some(Native::Pause),
+            ),
+            (one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 1.0]), None),
+            (
+                one_counter(OP_RESUME, rate.0, rate.1, &[1.0]),
+                Some(Native::Resume),
+            ),
+            (one_counter(OP_RESUME, lease.0, lease.1, &[1.0]), None),
+            (
+                one_counter(OP_USAGE, rate.0, rate.1, &[5.0]),
+                Some(Native::Usage),
+            ),
+            (one_counter(OP_USAGE, lease.0, lease.1, &[5.0]), None),
+            // A whole limit's pause and resume, of any limit.
+            (
+                one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 0.0]),
+                Some(Native::Pause),
+            ),
+            (
+                one_counter(OP_RESUME, lease.0, lease.1, &[0.0]),
+                Some(Native::Resume),
+            ),
+            // A charge: of a concurrency limit too (it counts nothing).
+            (
+                one_counter(OP_CHARGE, rate.0, ALG_SLIDING, &[3.0]),
+                Some(Native::Charge),
+            ),
+            (
+                one_counter(OP_CHARGE, lease.0, lease.1, &[3.0]),
+                Some(Native::Charge),
+            ),
+            (one_counter(OP_CHARGE, rate.0, 0, &[3.0]), None),
+            (
+                one_counter(OP_ADMIT, rate.0, rate.1, &[1.0]),
+                Some(Native::Admit),
+            ),
+            (packed(&[OP_BEGIN as f64]), Some(Native::Begin)),
+        ];
+        for (packed, native) in cases {
+            let numbers: Vec<f64> = (0..packed.len() / 8)
+                .filter_map(|i| number_at(&packed, i))
+                .collect();
+            assert_eq!(route(&packed, false), native, "{numbers:?}");
+            // Evictions watched: the library's, every one.
+            assert_eq!(route(&packed, true), None, "{numbers:?}");
+        }
     }
 
     #[test]

@@ -71,18 +71,11 @@ impl RedisStore {
         // One command per slot, many in flight at once: a cluster pipeline may not cross slots.
         let answers: Vec<Result<Value>> = futures_util::stream::iter(slots)
             .map(|slot| {
-                let command = self
-                    .caller
-                    .command(&[self.keys.generation(slot)], &[&numbers.0]);
+                let numbers = &numbers;
                 async move {
-                    tokio::time::timeout(
-                        self.config.timeout,
-                        self.caller
-                            .with_library(|| self.caller.backend.query(&command)),
-                    )
-                    .await
-                    .map_err(|_| unavailable("Redis did not answer in time"))?
-                    .map_err(store_error)
+                    self.caller
+                        .call_value(&[self.keys.generation(slot)], &[&numbers.0])
+                        .await
                 }
             })
             .buffer_unordered(256)

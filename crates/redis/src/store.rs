@@ -211,7 +211,7 @@ impl RedisStore {
             .collect()
     }
 
-    /// Acquires and commits sent to the Redis module that it refused as not native, then
+    /// Calls sent to the Redis module that it refused as not native, then
     /// decided by the function library (one round trip more each) since the store started.
     pub fn module_fallbacks(&self) -> u64 {
         self.caller.module_counts(Native::Acquire).1
