@@ -1456,16 +1456,18 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(call) => call,
         Err(refusal) => return refusal,
     };
-    let Some(&op) = nums.first() else {
+    let Some(&code) = nums.first() else {
         return bad("packed numbers: empty");
     };
+    let (op, record) = match crate::evictions::operation(code, keys) {
+        Ok(op) => op,
+        Err(refusal) => return refusal,
+    };
     if op == OP_BATCH {
-        return batch(redis, &nums, keys);
+        return batch(redis, &nums, keys, record);
     }
     if op != OP_ACQUIRE {
-        return not_native(
-            "an operation other than an acquire or a batch of them (without evictions watched)",
-        );
+        return not_native("an operation other than an acquire or a batch of them");
     }
     let acquire = match Acquire::parse(&nums, 2, 0, keys) {
         Ok(acquire) => acquire,
@@ -1475,7 +1477,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(now) => now,
         Err(refusal) => return refusal,
     };
-    acquire.decide(redis, now, None)
+    acquire.decide(redis, now, None, record)
 }
 
 /// `entry.lua`'s batch: acquires on one slot decided in order at one `now`, the generation read
@@ -1483,7 +1485,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
 /// refuses the whole batch, unwritten. One refused only for what Redis holds (a counter of
 /// leases, or of a kind not known) is answered with that refusal in its place, the others decided:
 /// its caller makes that acquire again through the library, as if it had come after them.
-fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]]) -> Reply {
+fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]], record: Option<&[u8]>) -> Reply {
     let a = |i: usize| nums.get(i - 1).copied();
     // Every count bounded by what the call holds before it is used: a caller's numbers never
     // size an allocation or overflow an index (a panic here would stop Redis).
@@ -1513,14 +1515,21 @@ fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]]) -> Reply {
         Ok(now) => now,
         Err(refusal) => return refusal,
     };
-    let raw = redis.call(&[b"GET", gen_key], false);
-    let slot = generation(redis, bytes_of(&raw), gen_key, now);
+    let values =
+        match crate::operations::read(redis, &crate::evictions::with_record(vec![gen_key], record))
+        {
+            Ok(values) => values,
+            Err(refusal) => return refusal,
+        };
+    let slot = crate::evictions::slot(redis, &values, gen_key, record, now);
     let replies = acquires
         .iter()
-        .map(|acquire| match acquire.decide(redis, now, Some(&slot)) {
-            Reply::Value(value) => value,
-            Reply::WrongArity => Value::Error("ERR tollgate: batch: wrong arity".into()),
-        })
+        .map(
+            |acquire| match acquire.decide(redis, now, Some(&slot), None) {
+                Reply::Value(value) => value,
+                Reply::WrongArity => Value::Error("ERR tollgate: batch: wrong arity".into()),
+            },
+        )
         .collect();
     Reply::Value(Value::Array(replies))
 }
@@ -1712,8 +1721,15 @@ impl<'k> Acquire<'k> {
         })
     }
 
-    /// Decide at `now`; `batch` the generation a batch read, else read here with the counters.
-    fn decide(&self, redis: &mut dyn Redis, now: f64, batch: Option<&Generation>) -> Reply {
+    /// Decide at `now`; `batch` the generation a batch read, else read here with the counters
+    /// (and the evictions `record`, when the call watches them).
+    fn decide(
+        &self,
+        redis: &mut dyn Redis,
+        now: f64,
+        batch: Option<&Generation>,
+        record: Option<&[u8]>,
+    ) -> Reply {
         let n = self.takes.len();
         for (i, take) in self.takes.iter().enumerate() {
             if take.cost < 1.0 || take.cost > take.open {
@@ -1740,6 +1756,9 @@ impl<'k> Acquire<'k> {
         names.extend(self.takes.iter().map(|take| take.ck));
         names.extend(self.takes.iter().map(|take| take.wk));
         names.extend(self.takes.iter().filter_map(|take| take.pause_key));
+        if batch.is_none() {
+            names.extend(record);
+        }
         let values = match redis.call(&names, false) {
             Value::Array(values) if values.len() == names.len() - 1 => values,
             _ => return bad("MGET: not one value per key"),
@@ -1759,7 +1778,7 @@ impl<'k> Acquire<'k> {
         }
         let slot = match batch {
             Some(slot) => *slot,
-            None => generation(redis, bytes_of(&values[0]), self.gen_key, now),
+            None => crate::evictions::slot(redis, &values, self.gen_key, record, now),
         };
         let mut counters: Vec<Counter> = Vec::with_capacity(n);
         let mut pauses_at = first + 2 * n;

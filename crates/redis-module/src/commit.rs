@@ -1,7 +1,7 @@
 //! `TOLLGATE.COMMIT`: the function library's commit (`tollgate-redis`'s `T.commit_op` in
 //! `lua/operations.lua`, reached through `T.decide`'s path for one counter), natively, for a
 //! reservation of one rate counter, GCRA, sliding or fixed window, or a concurrency limit's
-//! lease, its evictions not watched: the unused units refunded (or nothing to refund), the
+//! lease (evictions watched or not, `evictions.rs`): the unused units refunded (or nothing to refund), the
 //! lease's slots released (`leases.rs`; `ok` with nothing released for a counter not kept),
 //! `gone`, `unknown`, `used_above_cost`, the key admitted in its limit's key budget first when
 //! the counter must live past its cover (or the cover asked of the caller, `admit`; `keys`,
@@ -9,16 +9,16 @@
 //! keys and packed numbers unchanged (`TOLLGATE.COMMIT numkeys key... packed channel`, as
 //! `FCALL <function> numkeys key... packed channel`), writes the same bytes and expiries and
 //! answers the same reply; the arithmetic and the counter's helpers are the acquire's
-//! (`acquire.rs`). Evictions watched, a rate algorithm not known, or a value of a kind not
-//! known is refused before anything is written (`ERR tollgate: not native: ...`), for the
+//! (`acquire.rs`). A rate algorithm not known, or a value of a kind not known, is refused before anything is written (`ERR tollgate: not native: ...`), for the
 //! library to decide.
 
 use crate::acquire::{
     BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Counter, Decision, Decoded, Generation,
-    KIND_CONCURRENCY, Keys, NUMBER_BYTES, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover,
-    generation, head, ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+    KIND_CONCURRENCY, Keys, NUMBER_BYTES, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, head,
+    ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
-use crate::operations::CounterCall;
+use crate::evictions::{self, with_record};
+use crate::operations::{CounterCall, read};
 use crate::{Redis, Reply, Value};
 
 const OP_COMMIT: f64 = 2.0;
@@ -43,11 +43,15 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(call) => call,
         Err(refusal) => return refusal,
     };
-    let Some(&op) = nums.first() else {
+    let Some(&code) = nums.first() else {
         return bad("packed numbers: empty");
     };
+    let (op, record) = match evictions::operation(code, keys) {
+        Ok(op) => op,
+        Err(refusal) => return refusal,
+    };
     if op != OP_COMMIT {
-        return not_native("an operation other than a commit (without evictions watched)");
+        return not_native("an operation other than a commit");
     }
     let call = match CounterCall::parse(&nums, keys, 2, "commit") {
         Ok(call) => call,
@@ -79,9 +83,9 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(now) => now,
         Err(refusal) => return refusal,
     };
-    let values = match redis.call(&[b"MGET", gen_key, ck], false) {
-        Value::Array(values) if values.len() == 2 => values,
-        _ => return bad("MGET: not one value per key"),
+    let values = match read(redis, &with_record(vec![gen_key, ck], record)) {
+        Ok(values) => values,
+        Err(refusal) => return refusal,
     };
     // Decoded before the generation is written: a value decided here not is refused first.
     let loaded = match bytes_of(&values[1]) {
@@ -93,7 +97,7 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         },
         None => None,
     };
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     // Forgotten counters were idle: nothing they granted still counts.
     let Some(mut c) = loaded else {
         if p.kind == KIND_CONCURRENCY {

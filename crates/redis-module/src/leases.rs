@@ -13,17 +13,14 @@
 //! refused before anything is written (`ERR tollgate: not native: ...`).
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, Admission, Counter, Decision, Decoded, Generation, KIND_CONCURRENCY,
-    LEASE_NUMBERS, POLICY_NUMBERS, Policy, bad, bytes_of, cover, generation, head, ints,
-    not_native, sub0,
+    Decision, Decoded, KIND_CONCURRENCY, LEASE_NUMBERS, bad, clock, cover, not_native, sub0,
 };
-use crate::{Redis, Reply, Value};
+use crate::commit::answer;
+use crate::evictions::{self, with_record};
+use crate::operations::{CounterCall, decoded, read, reply_of, split};
+use crate::{Redis, Reply};
 
 const OP_RENEW: f64 = 3.0;
-/// `abi.rs`'s ARG_ADMISSION and ARG_OWN: the admission after the operation and the policy,
-/// then the renewal's own number (the fence). 1-based, as Lua's `a[i]`.
-const ARG_ADMISSION: usize = 2 + POLICY_NUMBERS;
-const ARG_OWN: usize = ARG_ADMISSION + ADMISSION_NUMBERS;
 
 impl Decision<'_, '_> {
     /// T.leases_expire: drop the leases that have ended at `now`.
@@ -95,127 +92,60 @@ impl Decision<'_, '_> {
 
 /// The command: `TOLLGATE.RENEW numkeys key... packed`.
 pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    renew(redis, args)
-}
-
-/// A reply's head and numbers.
-fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
-    let mut reply = head(status, now, slot);
-    reply.extend(ints(rest));
-    Reply::Value(Value::Array(reply))
+    reply_of(renew(redis, args))
 }
 
 /// `T.renew_op`: the lease numbered `fence` lives `ttl` from now.
-pub(crate) fn renew(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
-    let (keys, nums, _) = match crate::acquire::split_call(args, 0) {
-        Ok(call) => call,
-        Err(refusal) => return refusal,
-    };
-    let a = |i: usize| nums.get(i - 1).copied();
-    let key = |x: f64| -> Option<&[u8]> {
-        if x >= 1.0 && x.fract() == 0.0 {
-            keys.get(x as usize - 1).copied()
-        } else {
-            None
-        }
-    };
-    let Some(op) = a(1) else {
-        return bad("packed numbers: empty");
-    };
+pub(crate) fn renew(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_RENEW {
-        return not_native("an operation other than a renew (without evictions watched)");
+        return Err(not_native("an operation other than a renew"));
     }
-    let policy: Vec<f64> = (2..2 + POLICY_NUMBERS).filter_map(a).collect();
-    let Ok(
-        [
-            kind,
-            limit,
-            period,
-            margin,
-            _alg,
-            _burst,
-            ttl,
-            res_high,
-            res_normal,
-        ],
-    ) = <[f64; POLICY_NUMBERS]>::try_from(policy)
-    else {
-        return bad("renew: fewer than a policy's numbers");
+    let call = CounterCall::parse(&nums, keys, 1, "renew")?;
+    let [fence] = call.own[..] else {
+        return Err(bad("renew: fewer than its own numbers"));
     };
-    let (Some(tally), Some(budget), Some(carried), Some(apart), Some(fence)) = (
-        a(ARG_ADMISSION),
-        a(ARG_ADMISSION + 1),
-        a(ARG_ADMISSION + 2),
-        a(ARG_ADMISSION + 3),
-        a(ARG_OWN),
-    ) else {
-        return bad("renew: fewer than its admission's and its own numbers");
-    };
-    let adm = Admission {
-        tally,
-        budget,
-        carried,
-        apart,
-    };
-    let p = Policy::concurrency([limit, period, margin, ttl, res_high, res_normal]);
-    let (Some(gen_key), Some(ck), Some(rk), Some(qk)) = (key(1.0), key(2.0), key(3.0), key(4.0))
-    else {
-        return bad("renew: fewer keys than a counter's");
-    };
-    let tally_key = if adm.tally >= 1.0 {
-        match key(adm.tally) {
-            Some(k) => Some(k),
-            None => return bad("renew: the key budget's key is not among the keys"),
-        }
+    let kind = call.kind();
+    let (gen_key, counter) = call.counter_keys("renew")?;
+    let tally_key = call.tally_key("renew")?;
+    let now = clock(redis)?;
+    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
+    // Decoded before the generation is written: a value decided here not is refused first.
+    // (A rate limit's renewal reads no counter in the library: it is answered whatever the
+    // value holds.)
+    let loaded = if kind == KIND_CONCURRENCY {
+        decoded(&values[1], now)?
     } else {
         None
     };
-
-    let now = match crate::acquire::clock(redis) {
-        Ok(now) => now,
-        Err(refusal) => return refusal,
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let Some(p) = call.policy().filter(|_| kind == KIND_CONCURRENCY) else {
+        return Ok(answer("wrong_kind", now, &slot, &[]));
     };
-    let values = match redis.call(&[b"MGET", gen_key, ck], false) {
-        Value::Array(values) if values.len() == 2 => values,
-        _ => return bad("MGET: not one value per key"),
-    };
-    // Decoded before the generation is written: a value decided here not is refused first.
-    // (A rate limit's renewal reads no counter in the library: it is refused whatever the
-    // value holds.)
-    let loaded = match bytes_of(&values[1]) {
-        Some(raw) if kind == KIND_CONCURRENCY => match Counter::decode(raw, now) {
-            Ok(Decoded::Counter(c)) => Some(c),
-            // Not a counter the library wrote: as forgotten (its leases have ended).
-            Ok(Decoded::Foreign) => None,
-            Err(what) => return not_native(what),
-        },
-        _ => None,
-    };
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
-    if kind != KIND_CONCURRENCY {
-        return answer("wrong_kind", now, &slot, &[]);
-    }
-    let Some(mut c) = loaded else {
-        return answer("lease_expired", now, &slot, &[]);
+    // Not a counter the library wrote (or none): as forgotten, its leases have ended.
+    let Some(Decoded::Counter(mut c)) = loaded else {
+        return Ok(answer("lease_expired", now, &slot, &[]));
     };
     if fence >= c.s {
-        return answer("unknown", now, &slot, &[]);
+        return Ok(answer("unknown", now, &slot, &[]));
     }
 
     // `keys.lua`'s T.cover, from now, the hold not honoured.
     let need = c.need(&p, now);
-    if let Err(uncovered) = cover(redis, &mut c, &p, now, need, &adm, &slot, tally_key, false) {
-        return uncovered.reply(now, &slot);
+    if let Err(uncovered) = cover(
+        redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
+    ) {
+        return Ok(uncovered.reply(now, &slot));
     }
     let mut d = Decision {
         redis,
-        keys: crate::acquire::Keys { ck, rk, qk },
+        keys: counter,
         p: &p,
         now,
         c,
     };
     d.normalise();
-    match d.leases_find(fence) {
+    Ok(match d.leases_find(fence) {
         Some(i) => {
             let expires_at = now + p.ttl;
             d.c.b[i + 2] = expires_at;
@@ -227,5 +157,5 @@ pub(crate) fn renew(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
             d.save();
             answer("lease_expired", now, &slot, &[])
         }
-    }
+    })
 }

@@ -10,15 +10,18 @@
 //! library's keys and packed arguments unchanged (`TOLLGATE.ACQUIRE numkeys key... packed`, as
 //! `FCALL <function> numkeys key... packed`) and answering the library's reply, and
 //! `TOLLGATE.IDENTITY` (`acquire.rs`), the identity of this Redis process that module and
-//! library write the slots' generations under.
+//! library write the slots' generations under. Every operation may watch evictions as the
+//! library's does (`evictions.rs`).
 //!
 //! The Redis store uses it where it is loaded with the same version (`tollgate_redis`'s
 //! `native.rs`: `auto`, `on`, `off`), sending it the calls it decides natively.
-//! What the module does not decide yet it refuses with an error starting `ERR tollgate: not
-//! native:`, never deciding differently: the store then calls the library.
+//! What the module does not decide (a policy or a stored value of a kind it does not know) it
+//! refuses with an error starting `ERR tollgate: not native:`, never deciding differently: the
+//! store then calls the library.
 
 mod acquire;
 mod commit;
+mod evictions;
 mod ffi;
 mod leases;
 mod operations;

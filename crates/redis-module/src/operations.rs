@@ -21,16 +21,16 @@
 //! and own numbers, as `entry.lua` lays them out), which the commit (`commit.rs`) shares. The
 //! counters' arithmetic and their load, cover and save are the acquire's (`acquire.rs`).
 //! Refused before anything is written (`ERR tollgate: not native: ...`), for the library to
-//! decide: evictions watched, a key's pause, resume or usage of a concurrency limit's counter
-//! (leases), and a counter holding leases or a value of a kind not known.
+//! decide: a policy of a kind or algorithm not known, and a value of a kind not known.
 
 use crate::acquire::{
     ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
     BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, GENERATION_TTL_MS, KIND_RATE, Keys,
-    POLICY_NUMBERS, Policy, RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, generation,
-    identity, load, not_native, pack, split_call, sub0, ttl_ms,
+    POLICY_NUMBERS, Policy, RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, identity, load,
+    not_native, pack, split_call, sub0, ttl_ms,
 };
 use crate::commit::answer;
+use crate::evictions::{self, with_record};
 use crate::{Redis, Reply, Value};
 
 const OP_PAUSE: f64 = 4.0;
@@ -156,7 +156,7 @@ impl<'k> CounterCall<'k> {
 
 /// `entry.lua`'s first read of an operation on one counter or limit: `names` (the generation,
 /// KEYS[2], and the limit's pause for a usage that names it), in one `MGET`.
-fn read(redis: &mut dyn Redis, names: &[&[u8]]) -> Result<Vec<Value>, Reply> {
+pub(crate) fn read(redis: &mut dyn Redis, names: &[&[u8]]) -> Result<Vec<Value>, Reply> {
     let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
     args.push(b"MGET");
     args.extend_from_slice(names);
@@ -168,7 +168,7 @@ fn read(redis: &mut dyn Redis, names: &[&[u8]]) -> Result<Vec<Value>, Reply> {
 
 /// The counter a value holds, decoded before anything is written: one decided here not is
 /// refused first.
-fn decoded(value: &Value, now: f64) -> Result<Option<Decoded>, Reply> {
+pub(crate) fn decoded(value: &Value, now: f64) -> Result<Option<Decoded>, Reply> {
     match bytes_of(value) {
         Some(raw) => Counter::decode(raw, now).map(Some).map_err(not_native),
         None => Ok(None),
@@ -182,19 +182,21 @@ fn paused_until(value: &Value) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A call's keys, its operation and its numbers (the operation first).
-type Split<'a> = (&'a [&'a [u8]], f64, Vec<f64>);
+/// A call's keys, its operation, its numbers (the operation first) and the evictions record's
+/// key when the call watches evictions.
+type Split<'a> = (&'a [&'a [u8]], f64, Vec<f64>, Option<&'a [u8]>);
 
-/// The call's keys, operation and numbers.
-fn split<'a>(args: &'a [&'a [u8]]) -> Result<Split<'a>, Reply> {
+/// The call's keys, operation, numbers and evictions record (`evictions::operation`).
+pub(crate) fn split<'a>(args: &'a [&'a [u8]]) -> Result<Split<'a>, Reply> {
     let (keys, nums, _) = split_call(args, 0)?;
-    match nums.first() {
-        Some(&op) => Ok((keys, op, nums)),
-        None => Err(bad("packed numbers: empty")),
-    }
+    let Some(&code) = nums.first() else {
+        return Err(bad("packed numbers: empty"));
+    };
+    let (op, record) = evictions::operation(code, keys)?;
+    Ok((keys, op, nums, record))
 }
 
-fn reply_of(result: Result<Reply, Reply>) -> Reply {
+pub(crate) fn reply_of(result: Result<Reply, Reply>) -> Reply {
     result.unwrap_or_else(|refusal| refusal)
 }
 
@@ -238,11 +240,9 @@ fn counter_not_native() -> Reply {
 /// `pauses.lua`'s T.pause_op: [ARG_OWN] duration, [ARG_OWN + 1] keyed (1: a key's counter at
 /// KEYS[2..4]; else the limit's pause at KEYS[2]). Reply: ok now born lost paused_until.
 pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, nums) = split(args)?;
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_PAUSE {
-        return Err(not_native(
-            "an operation other than a pause (without evictions watched)",
-        ));
+        return Err(not_native("an operation other than a pause"));
     }
     let call = CounterCall::parse(&nums, keys, 2, "pause")?;
     let [duration, keyed] = call.own[..] else {
@@ -253,8 +253,8 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
             return Err(bad("pause: no generation or pause key"));
         };
         let now = clock(redis)?;
-        let values = read(redis, &[gen_key, pause_key])?;
-        let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+        let values = read(redis, &with_record(vec![gen_key, pause_key], record))?;
+        let slot = evictions::slot(redis, &values, gen_key, record, now);
         let until_us = (now + duration).max(paused_until(&values[1]));
         let value = crate::acquire::text(until_us);
         redis.call(
@@ -269,9 +269,9 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
     let (gen_key, counter) = call.counter_keys("pause")?;
     let tally_key = call.tally_key("pause")?;
     let now = clock(redis)?;
-    let values = read(redis, &[gen_key, counter.ck])?;
+    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
     let loaded = decoded(&values[1], now)?;
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     let mut c = load(loaded, now, &slot, &p);
     let until_us = now + duration;
     if until_us > c.p {
@@ -299,11 +299,9 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
 /// lifted (1 when a pause was on). A hold after a loss of state stays; a counter not kept is
 /// not made.
 pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, nums) = split(args)?;
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_RESUME {
-        return Err(not_native(
-            "an operation other than a resume (without evictions watched)",
-        ));
+        return Err(not_native("an operation other than a resume"));
     }
     let call = CounterCall::parse(&nums, keys, 1, "resume")?;
     if call.own[0] != 1.0 {
@@ -311,8 +309,8 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
             return Err(bad("resume: no generation or pause key"));
         };
         let now = clock(redis)?;
-        let values = read(redis, &[gen_key, pause_key])?;
-        let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+        let values = read(redis, &with_record(vec![gen_key, pause_key], record))?;
+        let slot = evictions::slot(redis, &values, gen_key, record, now);
         let lifted = f64::from(u8::from(paused_until(&values[1]) > now));
         redis.call(&[b"DEL", pause_key], true);
         return Ok(answer("ok", now, &slot, &[lifted]));
@@ -323,9 +321,9 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     let (gen_key, counter) = call.counter_keys("resume")?;
     let tally_key = call.tally_key("resume")?;
     let now = clock(redis)?;
-    let values = read(redis, &[gen_key, counter.ck])?;
+    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
     let loaded = decoded(&values[1], now)?;
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     if values[1] == Value::Nil {
         return Ok(answer("ok", now, &slot, &[0.0]));
     }
@@ -358,11 +356,9 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
 /// (x >= 1: KEYS[x], read with the counter's state; else -x, as the caller read it). Reply: ok
 /// now born lost used reset_after paused_until held_until. A counter not kept is not made.
 pub(crate) fn usage(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, nums) = split(args)?;
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_USAGE {
-        return Err(not_native(
-            "an operation other than a usage (without evictions watched)",
-        ));
+        return Err(not_native("an operation other than a usage"));
     }
     let call = CounterCall::parse(&nums, keys, 1, "usage")?;
     let Some(p) = call.policy() else {
@@ -379,9 +375,9 @@ pub(crate) fn usage(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
         }
     }
     let now = clock(redis)?;
-    let values = read(redis, &names)?;
+    let values = read(redis, &with_record(names, record))?;
     let loaded = decoded(&values[1], now)?;
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     let limit_paused_until = if pause >= 1.0 {
         paused_until(&values[2])
     } else {
@@ -436,11 +432,9 @@ pub(crate) fn usage(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
 /// `operations.lua`'s T.charge_op: [ARG_OWN] units. Reply: ok now born lost charged. A
 /// concurrency limit counts nothing and makes nothing.
 pub(crate) fn charge(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, nums) = split(args)?;
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_CHARGE {
-        return Err(not_native(
-            "an operation other than a charge (without evictions watched)",
-        ));
+        return Err(not_native("an operation other than a charge"));
     }
     let call = CounterCall::parse(&nums, keys, 1, "charge")?;
     let rate = call.kind() == KIND_RATE;
@@ -453,14 +447,14 @@ pub(crate) fn charge(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     let (gen_key, counter) = call.counter_keys("charge")?;
     let tally_key = call.tally_key("charge")?;
     let now = clock(redis)?;
-    let values = read(redis, &[gen_key, counter.ck])?;
+    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
     // A concurrency limit's counter is not read at all (its leases are not refused).
     let loaded = if rate {
         decoded(&values[1], now)?
     } else {
         None
     };
-    let slot = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     if !rate {
         return Ok(answer("ok", now, &slot, &[0.0]));
     }
@@ -512,11 +506,9 @@ impl Decision<'_, '_> {
 /// until when it must live, [14] honour a hold, [15] apart; KEYS[2] the limit's key budget.
 /// Reply: ok now born lost cover_end, keys now born lost budget, or held now born lost until.
 pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, nums) = split(args)?;
+    let (keys, op, nums, record) = split(args)?;
     if op != OP_ADMIT {
-        return Err(not_native(
-            "an operation other than an admission of a key (without evictions watched)",
-        ));
+        return Err(not_native("an operation other than an admission of a key"));
     }
     let a = |i: usize| nums.get(i - 1).copied();
     let Some(policy) = nums
@@ -554,8 +546,8 @@ pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, 
         p.memory = ttl;
     }
     let now = clock(redis)?;
-    let raw = redis.call(&[b"GET", gen_key], false);
-    let slot = generation(redis, bytes_of(&raw), gen_key, now);
+    let values = read(redis, &with_record(vec![gen_key, tally_key], record))?;
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
     let adm = Admission {
         tally: 2.0,
         budget,
@@ -583,10 +575,10 @@ pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, 
 /// `entry.lua`'s begin: KEYS[1] a new namespace's generation, born at time zero and owned
 /// here, written unless one exists. Reply: 1 when written, else 0.
 pub(crate) fn begin(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Reply> {
-    let (keys, op, _) = split(args)?;
+    let (keys, op, _, record) = split(args)?;
     if op != OP_BEGIN {
         return Err(not_native(
-            "an operation other than a new namespace's begin (without evictions watched)",
+            "an operation other than a new namespace's begin",
         ));
     }
     let Some(&gen_key) = keys.first() else {
@@ -599,6 +591,10 @@ pub(crate) fn begin(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
     let set = redis.call(
         &[b"SET", gen_key, &value, b"NX", b"PX", ttl.as_bytes()],
         true,
-    );
-    Ok(Reply::Value(Value::Int(i64::from(set != Value::Nil))))
+    ) != Value::Nil;
+    // Nothing of a new namespace was evicted: its record starts at the count now.
+    if set && let Some(record) = record {
+        evictions::begin(redis, record, now);
+    }
+    Ok(Reply::Value(Value::Int(i64::from(set))))
 }

@@ -12,9 +12,9 @@
 //! interleaving test.
 
 use crate::acquire::{
-    Decision, Generation, bad, bytes_of, clock, generation, head, not_native, pack, split_call,
-    sub0, ttl_ms,
+    Decision, Generation, bad, bytes_of, clock, head, not_native, pack, split_call, sub0, ttl_ms,
 };
+use crate::evictions::{self, with_record};
 use crate::{Redis, Reply, Value};
 
 const OP_LEAVE: f64 = 9.0;
@@ -214,11 +214,15 @@ pub(crate) fn decide_leave(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(call) => call,
         Err(refusal) => return refusal,
     };
-    let Some(&op) = nums.first() else {
+    let Some(&code) = nums.first() else {
         return bad("packed numbers: empty");
     };
+    let (op, record) = match evictions::operation(code, keys) {
+        Ok(op) => op,
+        Err(refusal) => return refusal,
+    };
     if op != OP_LEAVE {
-        return not_native("an operation other than a leave (without evictions watched)");
+        return not_native("an operation other than a leave");
     }
     let Some(&id) = nums.get(1) else {
         return bad("leave: no waiter's id");
@@ -232,11 +236,12 @@ pub(crate) fn decide_leave(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Ok(now) => now,
         Err(refusal) => return refusal,
     };
-    let values = match redis.call(&[b"MGET", gen_key, queue_key], false) {
-        Value::Array(values) if values.len() == 2 => values,
-        _ => return bad("MGET: not one value per key"),
-    };
-    let slot: Generation = generation(redis, bytes_of(&values[0]), gen_key, now);
+    let values =
+        match crate::operations::read(redis, &with_record(vec![gen_key, queue_key], record)) {
+            Ok(values) => values,
+            Err(refusal) => return refusal,
+        };
+    let slot: Generation = evictions::slot(redis, &values, gen_key, record, now);
     let (mut q, expired) = match bytes_of(&values[1]) {
         Some(raw) => read(raw, now),
         None => (Vec::new(), false),

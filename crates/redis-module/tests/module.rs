@@ -39,6 +39,71 @@ const OP_ACQUIRE: f64 = 1.0;
 const OP_COMMIT: f64 = 2.0;
 const OP_RENEW: f64 = 3.0;
 const OP_BEGIN: f64 = 6.0;
+/// Added to an operation's code by a store that watches evictions (`abi.rs`).
+const OP_WATCH_EVICTIONS: f64 = 16.0;
+
+/// A namespace's evictions record (the generation's key with `evicted` for `gen`).
+fn evictions_record(namespace: &str) -> Vec<u8> {
+    format!("tg:{{t}}:{namespace}:evicted").into_bytes()
+}
+
+/// The call of `numbers` on the two namespaces' `keys`, watching evictions when `watch`, as a
+/// store that allows them sends it: the operation flagged, each namespace's evictions record
+/// after its keys. The numbers packed, and each namespace's keys.
+fn maybe_watching(
+    watch: bool,
+    mut numbers: Vec<f64>,
+    (mut mixed, mut alone): (Vec<Vec<u8>>, Vec<Vec<u8>>),
+    (mixed_ns, alone_ns): (&str, &str),
+) -> (Vec<u8>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    if watch {
+        numbers[0] += OP_WATCH_EVICTIONS;
+        mixed.push(evictions_record(mixed_ns));
+        alone.push(evictions_record(alone_ns));
+    }
+    (pack(&numbers), mixed, alone)
+}
+
+/// Now and then (one call in 60) Redis's count of evicted keys moves, alike for both
+/// `namespaces` of `counters` counters: one counter's keys gone in both (as if evicted) and the
+/// count reset, or every key evicted for real. Whether it moved.
+fn evictions_move(
+    conn: &mut Conn,
+    rng: &mut fastrand::Rng,
+    namespaces: [&str; 2],
+    counters: usize,
+) -> bool {
+    if rng.u8(..60) != 0 {
+        return false;
+    }
+    if rng.u8(..4) == 0 {
+        evict_everything(conn);
+    } else {
+        let gone = rng.usize(..counters);
+        for namespace in namespaces {
+            for key in &keys(namespace, gone)[1..5] {
+                conn.call(&[b"DEL", key]);
+            }
+        }
+        conn.call(&[b"CONFIG", b"RESETSTAT"]);
+    }
+    true
+}
+
+/// Redis evicts every key (every namespace alike), so its count of evicted keys moves: a
+/// memory limit it cannot meet, then none again once nothing is left.
+fn evict_everything(conn: &mut Conn) {
+    conn.call(&[b"CONFIG", b"SET", b"maxmemory-policy", b"allkeys-random"]);
+    conn.call(&[b"SET", b"tg:{t}:ballast", b"x"]);
+    conn.call(&[b"CONFIG", b"SET", b"maxmemory", b"1"]);
+    // A write makes Redis evict before it runs (and refuse it: the limit is never met).
+    conn.call(&[b"SET", b"tg:{t}:ballast", b"x"]);
+    wait_for("every key evicted", || {
+        conn.call(&[b"DBSIZE"]) == Resp::Int(0)
+    });
+    conn.call(&[b"CONFIG", b"SET", b"maxmemory", b"0"]);
+    conn.call(&[b"CONFIG", b"SET", b"maxmemory-policy", b"noeviction"]);
+}
 
 /// A RESP2 value.
 #[derive(Clone, Debug, PartialEq)]
@@ -487,6 +552,7 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
     // and those committed.
     let mut grants: Vec<Vec<(f64, f64, bool)>> = vec![Vec::new(); policies.len()];
     let mut committed: Vec<Vec<(f64, f64, bool)>> = vec![Vec::new(); policies.len()];
+    let (mut evictions, mut since_eviction, mut held_after_eviction) = (0, 0, 0);
     // At least STEPS steps, then on until every case below was met often enough (a random
     // sequence meets the rarer ones a few times per STEPS): its coverage never left to luck.
     for step in 0..5 * STEPS {
@@ -500,7 +566,9 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             && RENEW_STATUSES
                 .iter()
                 .all(|status| renew_statuses.get(*status) > Some(&3))
-            && woken > 10;
+            && woken > 10
+            && evictions > 3
+            && held_after_eviction > 3;
         if step >= STEPS && covered {
             break;
         }
@@ -515,6 +583,15 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                 conn.call(&[b"DEL", &keys(namespace, 0)[0]]);
             }
         }
+        // One step in three watches evictions, as a store allowing them calls. Now and then
+        // Redis's count of evicted keys moves: one counter's keys gone in both namespaces (as
+        // if evicted) and the count reset, or every key evicted for real.
+        let watch = rng.u8(..3) == 0;
+        if evictions_move(&mut conn, &mut rng, ["mixed", "alone"], policies.len()) {
+            evictions += 1;
+            since_eviction = 0;
+        }
+        since_eviction += 1;
         // One step in four a commit, one in eight a renewal, mostly of the concurrency limit.
         let (commit, renew) = match rng.u8(..8) {
             0 | 1 => (true, false),
@@ -585,9 +662,12 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
                 }
                 _ => now - 1e6,
             };
-            let packed = pack(&renew_numbers(policy, admission, fence));
-            let mixed_keys = commit_keys("mixed", counter);
-            let alone_keys = commit_keys("alone", counter);
+            let (packed, mixed_keys, alone_keys) = maybe_watching(
+                watch,
+                renew_numbers(policy, admission, fence),
+                (commit_keys("mixed", counter), commit_keys("alone", counter)),
+                ("mixed", "alone"),
+            );
             let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
             let mixed = if rng.bool() {
                 match call_on(&mut conn, &[b"TOLLGATE.RENEW"], &mixed_keys, &[&packed]) {
@@ -636,9 +716,12 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             } else {
                 f64::from(rng.u8(..=(units as u8 + 1)))
             };
-            let packed = pack(&commit_numbers(policy, admission, seq, used));
-            let mixed_keys = commit_keys("mixed", counter);
-            let alone_keys = commit_keys("alone", counter);
+            let (packed, mixed_keys, alone_keys) = maybe_watching(
+                watch,
+                commit_numbers(policy, admission, seq, used),
+                (commit_keys("mixed", counter), commit_keys("alone", counter)),
+                ("mixed", "alone"),
+            );
             let function: &[&[u8]] = &[b"FCALL", FUNCTION.as_bytes()];
             let mixed = if rng.bool() {
                 match call_on(
@@ -661,11 +744,12 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             let alone = call_on(&mut conn, function, &alone_keys, &[&packed, WAKE_ALONE]);
             (mixed, alone, seq)
         } else {
-            let packed = pack(&acquire_numbers(
-                policy, cost, priority, record, pause, admission,
-            ));
-            let mixed_keys = keys("mixed", counter);
-            let alone_keys = keys("alone", counter);
+            let (packed, mixed_keys, alone_keys) = maybe_watching(
+                watch,
+                acquire_numbers(policy, cost, priority, record, pause, admission),
+                (keys("mixed", counter), keys("alone", counter)),
+                ("mixed", "alone"),
+            );
             let mixed = if rng.bool() {
                 match module(&mut conn, &mixed_keys, &packed) {
                     Resp::Error(e) if e.starts_with("ERR tollgate: not native:") => {
@@ -683,11 +767,29 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
             (mixed, alone, 0.0)
         };
         assert_eq!(mixed, alone, "step {step} (seed {seed}): replies differ");
+        let kept = |conn: &mut Conn, namespace: &str| {
+            let mut kept = keys(namespace, counter);
+            kept.push(evictions_record(namespace));
+            stored(conn, &kept)
+        };
         assert_eq!(
-            stored(&mut conn, &keys("mixed", counter)),
-            stored(&mut conn, &keys("alone", counter)),
+            kept(&mut conn, "mixed"),
+            kept(&mut conn, "alone"),
             "step {step} (seed {seed}): stored values or expiries differ"
         );
+        // A watched acquire held (recovering) soon after an eviction was seen, the generation
+        // not lost.
+        if watch
+            && !commit
+            && !renew
+            && since_eviction < 30
+            && let Resp::Array(reply) = &alone
+            && reply.get(3) == Some(&Resp::Int(0))
+            && reply.get(4) == Some(&Resp::Int(2))
+            && reply.get(7) == Some(&Resp::Int(2))
+        {
+            held_after_eviction += 1;
+        }
         let (mixed_wakes, alone_wakes) = wake_ups(&mut conn, &mut wakes);
         let mixed_wakes: Vec<Vec<u8>> = mixed_wakes
             .iter()
@@ -777,6 +879,10 @@ fn the_module_and_the_library_interleaved_decide_as_the_library_alone() {
         );
     }
     assert!(woken > 10, "wake-ups published: {woken}");
+    assert!(
+        evictions > 3 && held_after_eviction > 3,
+        "evictions seen by watched calls: {evictions} events, {held_after_eviction} holds"
+    );
 }
 
 /// A counter changing kind, as the library changes it: a sliding window's with closed buckets
@@ -1081,6 +1187,7 @@ fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alon
         "admit keys",
         "admit held",
         "begin made",
+        "begin made, watching evictions",
         "begin found",
         "usage of leases",
         "native",
@@ -1102,6 +1209,9 @@ fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alon
             }
             since_loss = 0;
         }
+        // One step in three watches evictions, which move now and then.
+        let watch = rng.u8(..3) == 0;
+        evictions_move(&mut conn, &mut rng, [mixed_ns, alone_ns], policies.len());
         let counter = rng.usize(..policies.len());
         // Now and then a rate counter under another rate policy (carried over).
         let policy = if counter != CONCURRENCY && rng.u8(..20) == 0 {
@@ -1214,8 +1324,12 @@ fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alon
                 (Some(b"TOLLGATE.BEGIN"), vec![1], vec![OP_BEGIN])
             }
         };
-        let packed = pack(&numbers);
-        let (mixed_keys, alone_keys) = (picked(&mixed_all, &places), picked(&alone_all, &places));
+        let (packed, mixed_keys, alone_keys) = maybe_watching(
+            watch,
+            numbers.clone(),
+            (picked(&mixed_all, &places), picked(&alone_all, &places)),
+            (mixed_ns, alone_ns),
+        );
         let mut by_module = false;
         let mixed = match command {
             Some(command) if rng.bool() => {
@@ -1239,9 +1353,14 @@ fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alon
             "step {step} (seed {seed}): {} replies differ",
             String::from_utf8_lossy(command.unwrap_or(b"?"))
         );
+        let with_record = |all: &[Vec<u8>], namespace: &str| {
+            let mut all = all.to_vec();
+            all.push(evictions_record(namespace));
+            all
+        };
         assert_eq!(
-            stored(&mut conn, &mixed_all),
-            stored(&mut conn, &alone_all),
+            stored(&mut conn, &with_record(&mixed_all, mixed_ns)),
+            stored(&mut conn, &with_record(&alone_all, alone_ns)),
             "step {step} (seed {seed}): {} stored values or expiries differ",
             String::from_utf8_lossy(command.unwrap_or(b"?"))
         );
@@ -1328,7 +1447,12 @@ fn the_modules_pauses_usage_charges_admits_and_begins_decide_as_the_library_alon
             }
         } else if op == OP_BEGIN {
             match alone {
-                Resp::Int(1) => meet("begin made"),
+                Resp::Int(1) => {
+                    meet("begin made");
+                    if watch {
+                        meet("begin made, watching evictions");
+                    }
+                }
                 Resp::Int(0) => meet("begin found"),
                 other => panic!("step {step}: begin answered {other:?}"),
             }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,6 +20,11 @@ use tollgate_redis::{Module, RedisStore, RedisStoreConfig};
 /// it stops when the process ends (a shell watches the process, as no destructor of a static
 /// runs). `None`, said loudly, without a `redis-server`.
 fn server(with_module: bool) -> Option<u16> {
+    server_with(with_module, "")
+}
+
+/// `server`, with more of `redis-server`'s arguments.
+fn server_with(with_module: bool, more: &str) -> Option<u16> {
     let redis_server = redis_server()?;
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("tollgate-modstore-{}-{port}", std::process::id()));
@@ -27,6 +33,8 @@ fn server(with_module: bool) -> Option<u16> {
         "'{redis_server}' --port {port} --bind 127.0.0.1 --save '' --appendonly no --dir '{}'",
         dir.display()
     );
+    args.push(' ');
+    args.push_str(more);
     if with_module {
         let module = module_path();
         args.push_str(&format!(" --loadmodule '{}'", module.display()));
@@ -203,6 +211,87 @@ async fn the_module_decides_the_suites_single_counter_acquires_and_commits_witho
         "calls the module refused, decided by the library"
     );
     unforeseen_refusals_are_none();
+}
+
+/// A store that watches Redis's evictions (a policy that may evict, allowed) flags every call
+/// and names the slot's evictions record: the module decides those calls too (acquires, waiting
+/// or not, commits, renewals, leaves, pauses and usage), none refused, and the records it keeps
+/// are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_watching_evictions_has_the_module_decide_its_calls() {
+    let Some(port) = server_with(true, "--maxmemory-policy allkeys-lru") else {
+        return;
+    };
+    let watching = |test: &'static str| async move {
+        let namespace = namespace(&format!("ev_{test}"));
+        let connect = || async {
+            let config = RedisStoreConfig {
+                allow_eviction: true,
+                ..config(port, &namespace, Module::On)
+            };
+            Arc::new(
+                RedisStore::connect(config)
+                    .await
+                    .expect("connect, evictions allowed"),
+            )
+        };
+        let first = connect().await;
+        first.begin_new_namespace().await.expect("declare new");
+        let second = connect().await;
+        (first, second)
+    };
+    let mut used = Vec::new();
+    macro_rules! run {
+        ($($name:ident),*) => {$(
+            let (first, second) = watching(stringify!($name)).await;
+            tollgate_conformance::$name(Stores { first: first.clone(), second: second.clone() }).await;
+            used.push(first);
+            used.push(second);
+        )*};
+    }
+    run!(
+        rate_limits_grant_to_the_limit_and_hint_honestly,
+        commit_refunds_unused_units_once,
+        leases_fence_renew_and_release_once,
+        pauses_stop_grants_and_only_extend,
+        usage_shows_what_is_counted_and_takes_nothing,
+        random_traffic_never_exceeds_the_limit
+    );
+    let calls = |command: &str| -> u64 {
+        used.iter()
+            .flat_map(|store| store.module_calls())
+            .filter(|(name, _)| *name == command)
+            .map(|(_, calls)| calls)
+            .sum()
+    };
+    for command in [
+        "TOLLGATE.ACQUIRE",
+        "TOLLGATE.COMMIT",
+        "TOLLGATE.RENEW",
+        "TOLLGATE.PAUSE",
+        "TOLLGATE.USAGE",
+        "TOLLGATE.BEGIN",
+    ] {
+        assert!(calls(command) > 0, "the module decided no {command}");
+    }
+    let fallbacks: u64 = used.iter().map(|store| store.module_fallbacks()).sum();
+    assert_eq!(
+        fallbacks, 0,
+        "calls the module refused, decided by the library"
+    );
+    // The evictions records the calls kept (one per namespace: one Redis, one slot).
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.write_all(b"EVAL \"return #redis.call('KEYS', '*:evicted')\" 0\r\n")
+        .expect("send");
+    let mut answer = [0u8; 64];
+    let read = conn.read(&mut answer).expect("read");
+    let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+    let records: usize = answer
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap_or_else(|_| panic!("a count of records: {answer:?}"));
+    assert!(records >= 6, "evictions records kept: {records}");
 }
 
 /// The suite's tests of pauses, resumes, usage and charges, run here one after another: the

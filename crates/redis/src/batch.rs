@@ -198,8 +198,7 @@ impl Caller {
 
     /// Whether the module decides the acquire packed in `numbers`.
     fn native(&self, numbers: &[u8]) -> bool {
-        self.using_module.load(Ordering::Relaxed)
-            && native::native(numbers, self.watch_evictions.load(Ordering::Relaxed))
+        self.using_module.load(Ordering::Relaxed) && native::native(numbers)
     }
 
     /// One acquire alone: by the module when it decides it, else by the library.
@@ -277,9 +276,7 @@ impl Caller {
     /// natively (`native::route`), else (or when it refuses) to the library.
     pub(crate) async fn call_value(&self, keys: &[String], args: &[&[u8]]) -> Result<Value> {
         if self.using_module.load(Ordering::Relaxed)
-            && let Some(native) = args.first().and_then(|numbers| {
-                native::route(numbers, self.watch_evictions.load(Ordering::Relaxed))
-            })
+            && let Some(native) = args.first().and_then(|numbers| native::route(numbers))
             && let Some(value) = self.module_answer(native, keys, args).await?
         {
             return Ok(value);
@@ -292,9 +289,7 @@ impl Caller {
     /// library.
     pub(crate) async fn call(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
         if self.using_module.load(Ordering::Relaxed)
-            && let Some(native) = args.first().and_then(|numbers| {
-                native::route(numbers, self.watch_evictions.load(Ordering::Relaxed))
-            })
+            && let Some(native) = args.first().and_then(|numbers| native::route(numbers))
         {
             return self.run_module(native, keys, args).await;
         }

@@ -56,7 +56,7 @@ impl fmt::Display for Module {
 /// can tell from an acquire's packed numbers before sending it: such an acquire goes to the
 /// library at once. `native` checks exactly these; a test holds this list to the module's.
 pub const REFUSED_BEFORE_SENDING: &[&str] = &[
-    "an operation other than an acquire or a batch of them (without evictions watched)",
+    "an operation other than an acquire or a batch of them",
     "a policy other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
 ];
 
@@ -64,31 +64,29 @@ pub const REFUSED_BEFORE_SENDING: &[&str] = &[
 /// packed numbers: such a commit goes to the library at once. `native_commit` checks exactly
 /// these; a test holds this list to the module's.
 pub const COMMIT_REFUSED_BEFORE_SENDING: &[&str] = &[
-    "an operation other than a commit (without evictions watched)",
+    "an operation other than a commit",
     "a commit of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
 ];
 
 /// What the module refuses of a waiter's leave (`TOLLGATE.LEAVE`) that the store can tell from
 /// its packed numbers: such a leave goes to the library at once. `native_leave` checks exactly
 /// these; a test holds this list to the module's.
-pub const LEAVE_REFUSED_BEFORE_SENDING: &[&str] =
-    &["an operation other than a leave (without evictions watched)"];
+pub const LEAVE_REFUSED_BEFORE_SENDING: &[&str] = &["an operation other than a leave"];
 /// What the module refuses of a renewal (`TOLLGATE.RENEW`) that the store can tell from its
 /// packed numbers: such a renewal goes to the library at once. `native_renew` checks exactly
 /// these; a test holds this list to the module's.
-pub const RENEW_REFUSED_BEFORE_SENDING: &[&str] =
-    &["an operation other than a renew (without evictions watched)"];
+pub const RENEW_REFUSED_BEFORE_SENDING: &[&str] = &["an operation other than a renew"];
 /// What the module refuses of a pause, resume, usage, charge, admission of a key or begin of a
 /// namespace (`TOLLGATE.PAUSE` and the others of its `operations.rs`) that the store can tell
 /// from their packed numbers: such a call goes to the library at once. `native_pause` and
 /// the others check exactly these; a test holds this list to the module's.
 pub const OPERATIONS_REFUSED_BEFORE_SENDING: &[&str] = &[
-    "an operation other than a pause (without evictions watched)",
-    "an operation other than a resume (without evictions watched)",
-    "an operation other than a usage (without evictions watched)",
-    "an operation other than a charge (without evictions watched)",
-    "an operation other than an admission of a key (without evictions watched)",
-    "an operation other than a new namespace's begin (without evictions watched)",
+    "an operation other than a pause",
+    "an operation other than a resume",
+    "an operation other than a usage",
+    "an operation other than a charge",
+    "an operation other than an admission of a key",
+    "an operation other than a new namespace's begin",
     "a pause, resume or usage of a counter of other than a concurrency limit or a GCRA, sliding or fixed window rate limit",
     "a charge of a rate limit of other than GCRA, sliding or fixed window",
 ];
@@ -138,9 +136,9 @@ fn number_at(numbers: &[u8], index: usize) -> Option<f64> {
 
 /// Whether the module decides the acquire packed in `numbers` (as its own call would send
 /// them, before any evictions flag): counters of concurrency limits or of rate limits (GCRA,
-/// sliding or fixed window), the request waiting or not, with evictions not watched. The
+/// sliding or fixed window), the request waiting or not. The
 /// checks of `REFUSED_BEFORE_SENDING`, in its order.
-pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
+pub(crate) fn native(numbers: &[u8]) -> bool {
     let at = |index: usize| number_at(numbers, index);
     let Some(counters) = at(AT_COUNTERS)
         .filter(|n| *n >= 1.0 && n.fract() == 0.0 && *n <= (numbers.len() / 8) as f64)
@@ -148,8 +146,7 @@ pub(crate) fn native(numbers: &[u8], watching_evictions: bool) -> bool {
     else {
         return false;
     };
-    !watching_evictions
-        && at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
+    at(AT_OPERATION) == Some(OP_ACQUIRE as f64)
         && (0..counters).all(|i| {
             let kind = AT_KIND + PER_COUNTER * i;
             native_policy(at(kind), at(kind + ALGORITHM_AFTER_KIND))
@@ -162,28 +159,26 @@ const AT_COMMIT_ALGORITHM: usize = AT_COMMIT_KIND + 4;
 
 /// Whether the module decides the commit packed in `numbers` (as its own call would send
 /// them, before any evictions flag): a reservation of a rate limit's counter (GCRA, sliding or
-/// fixed window) or a concurrency limit's lease, with evictions not watched. The checks of
+/// fixed window) or a concurrency limit's lease. The checks of
 /// `COMMIT_REFUSED_BEFORE_SENDING`.
-pub(crate) fn native_commit(numbers: &[u8], watching_evictions: bool) -> bool {
+pub(crate) fn native_commit(numbers: &[u8]) -> bool {
     let at = |index: usize| number_at(numbers, index);
-    !watching_evictions
-        && at(AT_OPERATION) == Some(OP_COMMIT as f64)
-        && counter_policy_native(numbers)
+    at(AT_OPERATION) == Some(OP_COMMIT as f64) && counter_policy_native(numbers)
 }
 
 /// Whether the module decides the renewal packed in `numbers` (as its own call would send
-/// them, before any evictions flag): any, with evictions not watched (a rate limit's is
+/// them, before any evictions flag): any (a rate limit's is
 /// answered `wrong_kind` there, as by the library). The checks of
 /// `RENEW_REFUSED_BEFORE_SENDING`.
-pub(crate) fn native_renew(numbers: &[u8], watching_evictions: bool) -> bool {
-    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_RENEW as f64)
+pub(crate) fn native_renew(numbers: &[u8]) -> bool {
+    number_at(numbers, AT_OPERATION) == Some(OP_RENEW as f64)
 }
 
 /// Whether the module decides the leave packed in `numbers` (as its own call would send them,
-/// before any evictions flag): a waiter giving up its place, with evictions not watched. The
+/// before any evictions flag): a waiter giving up its place. The
 /// check of `LEAVE_REFUSED_BEFORE_SENDING`.
-pub(crate) fn native_leave(numbers: &[u8], watching_evictions: bool) -> bool {
-    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_LEAVE as f64)
+pub(crate) fn native_leave(numbers: &[u8]) -> bool {
+    number_at(numbers, AT_OPERATION) == Some(OP_LEAVE as f64)
 }
 
 /// Where a one-counter call's own numbers start (0-based, in doubles: `abi.rs`'s ARG_OWN is
@@ -209,42 +204,36 @@ fn counter_policy_native(numbers: &[u8]) -> bool {
 
 /// The checks of `OPERATIONS_REFUSED_BEFORE_SENDING` for each operation of the module's
 /// `operations.rs`, of its numbers as its own call would send them (before any evictions flag):
-/// evictions not watched, and a key's pause, resume or usage only of a counter of a policy
+/// a key's pause, resume or usage only of a counter of a policy
 /// decided natively (a concurrency limit, or a rate limit of the module's algorithms).
-fn native_pause(numbers: &[u8], watching_evictions: bool) -> bool {
+fn native_pause(numbers: &[u8]) -> bool {
     let keyed = number_at(numbers, AT_OWN + 1) == Some(1.0);
-    !watching_evictions
-        && number_at(numbers, AT_OPERATION) == Some(OP_PAUSE as f64)
+    number_at(numbers, AT_OPERATION) == Some(OP_PAUSE as f64)
         && (!keyed || counter_policy_native(numbers))
 }
 
-fn native_resume(numbers: &[u8], watching_evictions: bool) -> bool {
+fn native_resume(numbers: &[u8]) -> bool {
     let keyed = number_at(numbers, AT_OWN) == Some(1.0);
-    !watching_evictions
-        && number_at(numbers, AT_OPERATION) == Some(OP_RESUME as f64)
+    number_at(numbers, AT_OPERATION) == Some(OP_RESUME as f64)
         && (!keyed || counter_policy_native(numbers))
 }
 
-fn native_usage(numbers: &[u8], watching_evictions: bool) -> bool {
-    !watching_evictions
-        && number_at(numbers, AT_OPERATION) == Some(OP_USAGE as f64)
-        && counter_policy_native(numbers)
+fn native_usage(numbers: &[u8]) -> bool {
+    number_at(numbers, AT_OPERATION) == Some(OP_USAGE as f64) && counter_policy_native(numbers)
 }
 
 /// A charge of a concurrency limit counts nothing, natively too.
-fn native_charge(numbers: &[u8], watching_evictions: bool) -> bool {
+fn native_charge(numbers: &[u8]) -> bool {
     let (native, rate) = native_rate(numbers);
-    !watching_evictions
-        && number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64)
-        && (native || !rate)
+    number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64) && (native || !rate)
 }
 
-fn native_admit(numbers: &[u8], watching_evictions: bool) -> bool {
-    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_ADMIT as f64)
+fn native_admit(numbers: &[u8]) -> bool {
+    number_at(numbers, AT_OPERATION) == Some(OP_ADMIT as f64)
 }
 
-fn native_begin(numbers: &[u8], watching_evictions: bool) -> bool {
-    !watching_evictions && number_at(numbers, AT_OPERATION) == Some(OP_BEGIN as f64)
+fn native_begin(numbers: &[u8]) -> bool {
+    number_at(numbers, AT_OPERATION) == Some(OP_BEGIN as f64)
 }
 
 /// An operation of the function library and the module's command that decides it: one
@@ -332,19 +321,19 @@ impl Native {
 /// them, before any evictions flag), when the module decides it natively; None: the library
 /// decides it. An acquire alone or a batch goes through `native` (the batcher's path); every
 /// other operation through here.
-pub(crate) fn route(numbers: &[u8], watching_evictions: bool) -> Option<Native> {
+pub(crate) fn route(numbers: &[u8]) -> Option<Native> {
     let operation = Native::of(numbers)?;
     let decided = match operation {
-        Native::Acquire => native(numbers, watching_evictions),
-        Native::Commit => native_commit(numbers, watching_evictions),
-        Native::Leave => native_leave(numbers, watching_evictions),
-        Native::Renew => native_renew(numbers, watching_evictions),
-        Native::Pause => native_pause(numbers, watching_evictions),
-        Native::Resume => native_resume(numbers, watching_evictions),
-        Native::Usage => native_usage(numbers, watching_evictions),
-        Native::Charge => native_charge(numbers, watching_evictions),
-        Native::Admit => native_admit(numbers, watching_evictions),
-        Native::Begin => native_begin(numbers, watching_evictions),
+        Native::Acquire => native(numbers),
+        Native::Commit => native_commit(numbers),
+        Native::Leave => native_leave(numbers),
+        Native::Renew => native_renew(numbers),
+        Native::Pause => native_pause(numbers),
+        Native::Resume => native_resume(numbers),
+        Native::Usage => native_usage(numbers),
+        Native::Charge => native_charge(numbers),
+        Native::Admit => native_admit(numbers),
+        Native::Begin => native_begin(numbers),
     };
     decided.then_some(operation)
 }
@@ -494,22 +483,34 @@ mod tests {
         use crate::abi::KIND_CONCURRENCY;
         let (rate, lease) = ((KIND_RATE, ALG_GCRA), (KIND_CONCURRENCY, 0));
         let cases = [
-            // A key's pause, resume and usage: of a rate limit's counter only.
+            // A key's pause, resume and usage: of a counter of a policy the module decides.
             (
                 one_counter(OP_PAUSE, rate.0, rate.1, &[1e6, 1.0]),
                 Some(Native::Pause),
             ),
-            (one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 1.0]), None),
+            (
+                one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 1.0]),
+                Some(Native::Pause),
+            ),
+            (one_counter(OP_PAUSE, rate.0, 0, &[1e6, 1.0]), None),
             (
                 one_counter(OP_RESUME, rate.0, rate.1, &[1.0]),
                 Some(Native::Resume),
             ),
-            (one_counter(OP_RESUME, lease.0, lease.1, &[1.0]), None),
+            (
+                one_counter(OP_RESUME, lease.0, lease.1, &[1.0]),
+                Some(Native::Resume),
+            ),
+            (one_counter(OP_RESUME, rate.0, 0, &[1.0]), None),
             (
                 one_counter(OP_USAGE, rate.0, rate.1, &[5.0]),
                 Some(Native::Usage),
             ),
-            (one_counter(OP_USAGE, lease.0, lease.1, &[5.0]), None),
+            (
+                one_counter(OP_USAGE, lease.0, lease.1, &[5.0]),
+                Some(Native::Usage),
+            ),
+            (one_counter(OP_USAGE, rate.0, 0, &[5.0]), None),
             // A whole limit's pause and resume, of any limit.
             (
                 one_counter(OP_PAUSE, lease.0, lease.1, &[1e6, 0.0]),
@@ -539,9 +540,7 @@ mod tests {
             let numbers: Vec<f64> = (0..packed.len() / 8)
                 .filter_map(|i| number_at(&packed, i))
                 .collect();
-            assert_eq!(route(&packed, false), native, "{numbers:?}");
-            // Evictions watched: the library's, every one.
-            assert_eq!(route(&packed, true), None, "{numbers:?}");
+            assert_eq!(route(&packed), native, "{numbers:?}");
         }
     }
 
