@@ -476,15 +476,27 @@ fn the_lua_script_decides_exactly_like_the_core() {
     decides_like_the_core(&runtime, &store);
 }
 
-/// The same comparison with the Redis module deciding the acquires it decides natively (and
-/// the library the rest, on the same counters): it must decide some.
+/// The same comparison with the Redis module deciding every operation (the library none): it
+/// must have decided each kind the sequences make (the others:
+/// `the_modules_other_operations_decide_like_the_core`).
 #[test]
 fn the_module_decides_exactly_like_the_core() {
     let Some(url) = module_url() else { return };
     let runtime = runtime();
     let store = Arc::new(connect_module(&runtime, url, "differential-module"));
     decides_like_the_core(&runtime, &store);
-    assert!(store.module_acquires() > 0, "the module decided nothing");
+    let calls = store.module_calls();
+    for command in [
+        "TOLLGATE.ACQUIRE",
+        "TOLLGATE.COMMIT",
+        "TOLLGATE.RENEW",
+        "TOLLGATE.PAUSE",
+    ] {
+        assert!(
+            calls.iter().any(|(name, n)| *name == command && *n > 0),
+            "the module decided no {command}: {calls:?}"
+        );
+    }
     assert_eq!(store.module_fallbacks(), 0);
 }
 
@@ -510,11 +522,18 @@ fn decides_like_the_core(runtime: &tokio::runtime::Runtime, store: &Arc<RedisSto
 /// it, which the core's counter, made once, cannot follow across policy changes).
 fn compare_with(name: &str, extra: [u32; 6], new: bool) {
     let Some(url) = redis_url() else { return };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let store = Arc::new(connect(&runtime, url, name, 100_000));
+    compare_on(&runtime, &store, extra, new);
+}
+
+/// `compare_with`'s sequences on `store`.
+fn compare_on(
+    runtime: &tokio::runtime::Runtime,
+    store: &Arc<RedisStore>,
+    extra: [u32; 6],
+    new: bool,
+) {
     if new {
         runtime
             .block_on(store.begin_new_namespace())
@@ -523,8 +542,36 @@ fn compare_with(name: &str, extra: [u32; 6], new: bool) {
     run_sequences(
         32,
         proptest::collection::vec(op_with(extra), 1..60),
-        |name, policy, ops| runtime.block_on(compare(&store, name, policy, &ops)),
+        |name, policy, ops| runtime.block_on(compare(store, name, policy, &ops)),
     );
+}
+
+/// The comparisons of resumes, usage, a limit's pauses, losses of state and charges with the
+/// Redis module deciding every operation: each kind is decided by the module, none refused.
+#[test]
+fn the_modules_other_operations_decide_like_the_core() {
+    let Some(url) = module_url() else { return };
+    let runtime = runtime();
+    for (name, extra, new) in [
+        ("differential-module-ops", [0, 3, 2, 3, 0, 5], true),
+        ("differential-module-hold", [0, 2, 2, 1, 2, 4], false),
+    ] {
+        let store = Arc::new(connect_module(&runtime, url.clone(), name));
+        compare_on(&runtime, &store, extra, new);
+        let calls = store.module_calls();
+        for command in [
+            "TOLLGATE.RESUME",
+            "TOLLGATE.USAGE",
+            "TOLLGATE.CHARGE",
+            "TOLLGATE.PAUSE",
+        ] {
+            assert!(
+                calls.iter().any(|(called, n)| *called == command && *n > 0),
+                "{name}: the module decided no {command}: {calls:?}"
+            );
+        }
+        assert_eq!(store.module_fallbacks(), 0, "{name}");
+    }
 }
 
 /// A limit whose policy changes between calls (any algorithm or kind to any other): the
