@@ -139,7 +139,7 @@ async fn on_decides_through_the_module_and_off_does_not() {
     assert!(
         server
             .log()
-            .contains("acquires and commits decided by the Redis module"),
+            .contains("operations decided by the Redis module"),
         "on: the log says which path is in use: {}",
         server.log()
     );
@@ -171,7 +171,7 @@ async fn on_decides_through_the_module_and_off_does_not() {
     assert!(
         server
             .log()
-            .contains("acquires and commits decided by the function library"),
+            .contains("operations decided by the function library"),
         "off: the log says which path is in use: {}",
         server.log()
     );

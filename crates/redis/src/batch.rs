@@ -186,9 +186,9 @@ impl Caller {
         if self.using_module.swap(using, Ordering::Relaxed) != using {
             tracing::warn!(
                 module = using,
-                "Redis came back: acquires and commits now go to the {}",
+                "Redis came back: operations now go to the {}",
                 if using {
-                    "Redis module where it decides them natively"
+                    "Redis module"
                 } else {
                     "function library"
                 }

@@ -90,9 +90,9 @@ impl RedisStore {
         };
         tracing::info!(
             setting = %module,
-            "acquires and commits decided by the {}",
+            "operations decided by the {}",
             if using_module {
-                "Redis module where it decides them natively, else the function library"
+                "Redis module"
             } else {
                 "function library"
             }

@@ -59,9 +59,9 @@ pub struct RedisStoreConfig {
     /// otherwise (`Limit::keys_max`); past it, that limit's new keys get `TooManyKeysForLimit`
     /// and no other limit is affected (`tally.rs`). Bounds what one limit can make Redis hold.
     pub keys_per_limit_max: u64,
-    /// Whether acquires are decided by the Redis module (`tollgate-redis-module`). `Auto`:
-    /// asked at connect, used when loaded with this store's protocol version, the function
-    /// library when not loaded, and another version refused. `On`: the same, but a Redis
+    /// Whether the store's operations are decided by the Redis module
+    /// (`tollgate-redis-module`). `Auto`: asked at connect, used when loaded with this store's
+    /// protocol version, the function library when not loaded, and another version refused. `On`: the same, but a Redis
     /// without the module (or a cluster) is refused at connect. `Off`: the function library
     /// for everything, loaded module or not.
     pub module: Module,
