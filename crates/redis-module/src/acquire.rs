@@ -1452,15 +1452,8 @@ pub(crate) fn split_call<'a>(
 }
 
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
-    let (keys, nums, _) = match split_call(args, 0) {
+    let (keys, op, nums, record) = match crate::operations::split(args) {
         Ok(call) => call,
-        Err(refusal) => return refusal,
-    };
-    let Some(&code) = nums.first() else {
-        return bad("packed numbers: empty");
-    };
-    let (op, record) = match crate::evictions::operation(code, keys) {
-        Ok(op) => op,
         Err(refusal) => return refusal,
     };
     if op == OP_BATCH {

@@ -18,7 +18,7 @@ use crate::acquire::{
     ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
 };
 use crate::evictions::{self, with_record};
-use crate::operations::{CounterCall, read};
+use crate::operations::{CounterCall, read, split_with};
 use crate::{Redis, Reply, Value};
 
 const OP_COMMIT: f64 = 2.0;
@@ -39,15 +39,8 @@ pub(crate) fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) ->
 }
 
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
-    let (keys, nums, trailing) = match crate::acquire::split_call(args, 1) {
+    let ((keys, op, nums, record), trailing) = match split_with(args, 1) {
         Ok(call) => call,
-        Err(refusal) => return refusal,
-    };
-    let Some(&code) = nums.first() else {
-        return bad("packed numbers: empty");
-    };
-    let (op, record) = match evictions::operation(code, keys) {
-        Ok(op) => op,
         Err(refusal) => return refusal,
     };
     if op != OP_COMMIT {

@@ -9,15 +9,14 @@
 //! (or the cover asked of the caller, `admit`; `keys`, `held`). It takes the library's keys
 //! and packed numbers unchanged (`TOLLGATE.RENEW numkeys key... packed`, as `FCALL <function>
 //! numkeys key... packed`), writes the same bytes and expiries and answers the same reply.
-//! Evictions watched, or a stored value the module does not read (a kind not known), are
-//! refused before anything is written (`ERR tollgate: not native: ...`).
+//! A stored value the module does not read (a kind not known) is refused before anything is written (`ERR tollgate: not native: ...`).
 
 use crate::acquire::{
     Decision, Decoded, KIND_CONCURRENCY, LEASE_NUMBERS, bad, clock, cover, not_native, sub0,
 };
 use crate::commit::answer;
 use crate::evictions::{self, with_record};
-use crate::operations::{CounterCall, decoded, read, reply_of, split};
+use crate::operations::{CounterCall, decoded, read, split};
 use crate::{Redis, Reply};
 
 const OP_RENEW: f64 = 3.0;
@@ -88,11 +87,6 @@ impl Decision<'_, '_> {
             .position(|lease| lease[0] == fence)
             .map(|at| at * LEASE_NUMBERS)
     }
-}
-
-/// The command: `TOLLGATE.RENEW numkeys key... packed`.
-pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(renew(redis, args))
 }
 
 /// `T.renew_op`: the lease numbered `fence` lives `ttl` from now.

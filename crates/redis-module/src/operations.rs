@@ -188,46 +188,27 @@ type Split<'a> = (&'a [&'a [u8]], f64, Vec<f64>, Option<&'a [u8]>);
 
 /// The call's keys, operation, numbers and evictions record (`evictions::operation`).
 pub(crate) fn split<'a>(args: &'a [&'a [u8]]) -> Result<Split<'a>, Reply> {
-    let (keys, nums, _) = split_call(args, 0)?;
+    split_with(args, 0).map(|(split, _)| split)
+}
+
+/// `split`, with exactly `trailing` arguments after the packed numbers (a commit's wake-up
+/// channel, a leave's counter key), returned too.
+#[allow(clippy::type_complexity)]
+pub(crate) fn split_with<'a>(
+    args: &'a [&'a [u8]],
+    trailing: usize,
+) -> Result<(Split<'a>, &'a [&'a [u8]]), Reply> {
+    let (keys, nums, rest) = split_call(args, trailing)?;
     let Some(&code) = nums.first() else {
         return Err(bad("packed numbers: empty"));
     };
     let (op, record) = evictions::operation(code, keys)?;
-    Ok((keys, op, nums, record))
+    Ok(((keys, op, nums, record), rest))
 }
 
+/// A command's reply, or its refusal.
 pub(crate) fn reply_of(result: Result<Reply, Reply>) -> Reply {
     result.unwrap_or_else(|refusal| refusal)
-}
-
-/// `TOLLGATE.PAUSE numkeys key... packed`.
-pub(crate) fn pause_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(pause(redis, args))
-}
-
-/// `TOLLGATE.RESUME numkeys key... packed`.
-pub(crate) fn resume_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(resume(redis, args))
-}
-
-/// `TOLLGATE.USAGE numkeys key... packed`.
-pub(crate) fn usage_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(usage(redis, args))
-}
-
-/// `TOLLGATE.CHARGE numkeys key... packed`.
-pub(crate) fn charge_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(charge(redis, args))
-}
-
-/// `TOLLGATE.ADMIT numkeys key... packed`.
-pub(crate) fn admit_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(admit_key(redis, args))
-}
-
-/// `TOLLGATE.BEGIN numkeys key... packed`.
-pub(crate) fn begin_command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    reply_of(begin(redis, args))
 }
 
 /// The refusal of a key's pause, resume or usage of a counter of a policy not decided here.

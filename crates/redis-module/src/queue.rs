@@ -12,7 +12,7 @@
 //! interleaving test.
 
 use crate::acquire::{
-    Decision, Generation, bad, bytes_of, clock, head, not_native, pack, split_call, sub0, ttl_ms,
+    Decision, Generation, bad, bytes_of, clock, head, not_native, pack, sub0, ttl_ms,
 };
 use crate::evictions::{self, with_record};
 use crate::{Redis, Reply, Value};
@@ -210,15 +210,8 @@ pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
 /// counter's key (the argument after the numbers) published on the namespace's wake channel.
 /// Reply: ok now born lost.
 pub(crate) fn decide_leave(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
-    let (keys, nums, trailing) = match split_call(args, 1) {
+    let ((keys, op, nums, record), trailing) = match crate::operations::split_with(args, 1) {
         Ok(call) => call,
-        Err(refusal) => return refusal,
-    };
-    let Some(&code) = nums.first() else {
-        return bad("packed numbers: empty");
-    };
-    let (op, record) = match evictions::operation(code, keys) {
-        Ok(op) => op,
         Err(refusal) => return refusal,
     };
     if op != OP_LEAVE {

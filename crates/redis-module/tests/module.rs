@@ -1781,6 +1781,9 @@ fn a_module_loaded_late_takes_the_librarys_identity() {
     }
 }
 
+/// A module command, its keys and its packed numbers.
+type Call = (&'static [u8], Vec<Vec<u8>>, Vec<u8>);
+
 /// The module's writes reach the append-only file as the writes themselves: Redis started
 /// again from it holds every value and expiry the module left.
 #[test]
@@ -1815,13 +1818,69 @@ fn an_append_only_file_replays_what_the_module_wrote() {
             // A key budget with room for every counter.
             [6.0, policies.len() as f64, 0.0, 0.0],
         ));
-        match module(&mut conn, &keys, &packed) {
-            Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => granted += 1,
-            Resp::Array(_) => {}
+        let fence = match module(&mut conn, &keys, &packed) {
+            Resp::Array(reply) if reply.get(4) == Some(&Resp::Int(0)) => {
+                granted += 1;
+                number(&Resp::Array(reply), 5) as f64
+            }
+            Resp::Array(_) => 0.0,
             other => panic!("step {step}: {other:?}"),
+        };
+        // Every other operation's writes too: a waiting request's place, a key's pause and a
+        // charge (watching evictions: the slot's record), a lease renewed and released.
+        let budget = [5.0, policies.len() as f64, 0.0, 0.0];
+        let policy = &policies[counter];
+        let mut calls: Vec<Call> = Vec::new();
+        match step % 3 {
+            0 => {
+                let acquire = acquire_numbers(policy, 3.0, 1.0, 0.0, 0.0, [6.0, 7.0, 0.0, 0.0]);
+                let packed = waiting(pack(&acquire), 1, step as f64 + 1.0, 5e6);
+                calls.push((b"TOLLGATE.ACQUIRE", keys.clone(), packed));
+            }
+            1 => {
+                let pause = counter_numbers(OP_PAUSE, policy, budget, &[200_000.0, 1.0]);
+                let (packed, watched, _) = maybe_watching(
+                    true,
+                    pause,
+                    (commit_keys("appended", counter), Vec::new()),
+                    ("appended", "appended"),
+                );
+                calls.push((b"TOLLGATE.PAUSE", watched, packed));
+            }
+            _ => {
+                let charge = counter_numbers(OP_CHARGE, policy, budget, &[2.0]);
+                let (packed, watched, _) = maybe_watching(
+                    true,
+                    charge,
+                    (commit_keys("appended", counter), Vec::new()),
+                    ("appended", "appended"),
+                );
+                calls.push((b"TOLLGATE.CHARGE", watched, packed));
+            }
+        }
+        if counter == CONCURRENCY && fence > 0.0 {
+            let renew = pack(&renew_numbers(policy, budget, fence));
+            calls.push((b"TOLLGATE.RENEW", commit_keys("appended", counter), renew));
+        }
+        for (command, call_keys, packed) in calls {
+            match call_on(&mut conn, &[command], &call_keys, &[&packed]) {
+                Resp::Array(_) => {}
+                other => panic!("step {step}: {other:?}"),
+            }
+        }
+        if counter == CONCURRENCY && fence > 0.0 && step % 2 == 0 {
+            let release = pack(&commit_numbers(policy, budget, fence, 0.0));
+            let reply = call_on(
+                &mut conn,
+                &[b"TOLLGATE.COMMIT"],
+                &commit_keys("appended", counter),
+                &[&release, WAKE_MIXED],
+            );
+            assert!(matches!(reply, Resp::Array(_)), "step {step}: {reply:?}");
         }
         all_keys.extend(keys);
     }
+    all_keys.push(evictions_record("appended"));
     assert!(granted > 10, "granted {granted}");
     all_keys.sort();
     all_keys.dedup();
@@ -1833,6 +1892,21 @@ fn an_append_only_file_replays_what_the_module_wrote() {
             .count()
             > policies.len(),
         "counters, their logs and the budget written: {before:?}"
+    );
+    // The other operations' writes are among them: places in queues, the evictions record.
+    let written = |key: &[u8]| {
+        all_keys
+            .iter()
+            .zip(&before)
+            .any(|(k, (value, _))| k.as_slice() == key && *value != Resp::Nil)
+    };
+    assert!(
+        written(&evictions_record("appended")),
+        "the evictions record written"
+    );
+    assert!(
+        (0..policies.len()).any(|c| written(&keys("appended", c)[4])),
+        "places in queues written"
     );
     // Stopped and started again on the same directory and port, reading the file back.
     let port = server.port;
@@ -2490,17 +2564,11 @@ fn waiting_requests_and_their_queues_interleaved_decide_as_the_library_alone() {
     }
 }
 
-/// A waiting request whose place would expire before it is taken (a lifetime far below zero)
-/// fails in Redis, by the module as by the library, rather than being answered as if its
-/// place were kept.
-#[test]
-fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
-    let Some(server) = start() else { return };
-    let mut conn = server.conn();
-    load_library(&mut conn);
+/// Both namespaces begun, and counter 0's whole burst taken in each by the library: the next
+/// request is denied, and would stand in the queue.
+fn burst_taken(conn: &mut Conn) {
     for namespace in ["mixed", "alone"] {
-        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
-        // The burst taken: the next request is denied, and would stand in the queue.
+        fcall(conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
         let all = pack(&acquire_numbers(
             &policies()[0],
             4.0,
@@ -2509,8 +2577,19 @@ fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
             0.0,
             [0.0; 4],
         ));
-        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
+        assert!(granted(&fcall(conn, &keys(namespace, 0), &all)));
     }
+}
+
+/// A waiting request whose place would expire before it is taken (a lifetime far below zero)
+/// fails in Redis, by the module as by the library, rather than being answered as if its
+/// place were kept.
+#[test]
+fn a_place_that_expires_before_it_is_taken_fails_as_in_the_library() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    load_library(&mut conn);
+    burst_taken(&mut conn);
     let packed = waiting(
         pack(&acquire_numbers(
             &policies()[0],
@@ -2547,18 +2626,7 @@ fn a_full_queue_keeps_its_best_places_as_in_the_library() {
     let Some(server) = start() else { return };
     let mut conn = server.conn();
     load_library(&mut conn);
-    for namespace in ["mixed", "alone"] {
-        fcall(&mut conn, &keys(namespace, 0)[..1], &pack(&[OP_BEGIN]));
-        let all = pack(&acquire_numbers(
-            &policies()[0],
-            4.0,
-            2.0,
-            0.0,
-            0.0,
-            [0.0; 4],
-        ));
-        assert!(granted(&fcall(&mut conn, &keys(namespace, 0), &all)));
-    }
+    burst_taken(&mut conn);
     let mut clock = 0;
     for id in 1..=40u64 {
         if id % 4 == 0 {
