@@ -139,7 +139,7 @@ impl Caller {
         }
     }
 
-    /// Whether the module decides the acquires and commits it can.
+    /// Whether the module decides the operations it can.
     pub(crate) fn using_module(&self) -> bool {
         self.using_module.load(Ordering::Relaxed)
     }

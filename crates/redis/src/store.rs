@@ -187,7 +187,7 @@ impl RedisStore {
         self.caller.set_batching(on);
     }
 
-    /// Whether the Redis module decides the acquires and commits it can (`native.rs`).
+    /// Whether the Redis module decides the operations it can (`native.rs`).
     pub fn module_in_use(&self) -> bool {
         self.caller.using_module()
     }
