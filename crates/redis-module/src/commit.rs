@@ -13,12 +13,11 @@
 //! library to decide.
 
 use crate::acquire::{
-    BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Counter, Decision, Decoded, Generation,
-    KIND_CONCURRENCY, Keys, NUMBER_BYTES, RECORD_BYTES, RESERVATION_AT, bad, bytes_of, cover, head,
-    ints, log_read, log_rewrite, not_native, numbers, pack, sub0, text,
+    BODY_FIXED, BODY_GCRA, BODY_LEASES, BODY_SLIDING, Decision, Decoded, Generation,
+    KIND_CONCURRENCY, Keys, NUMBER_BYTES, RECORD_BYTES, RESERVATION_AT, bad, head, ints, log_read,
+    log_rewrite, not_native, numbers, pack, sub0, text,
 };
-use crate::evictions::{self, with_record};
-use crate::operations::{CounterCall, read, split_with};
+use crate::operations::{CounterCall, FirstRead, first_read, split_with};
 use crate::{Redis, Reply, Value};
 
 const OP_COMMIT: f64 = 2.0;
@@ -62,7 +61,6 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let Some(&channel) = trailing.first() else {
         return bad("commit: no wake-up channel after the packed numbers");
     };
-    let adm = &call.adm;
     let (gen_key, Keys { ck, rk, qk }) = match call.counter_keys("commit") {
         Ok(keys) => keys,
         Err(refusal) => return refusal,
@@ -72,27 +70,19 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         Err(refusal) => return refusal,
     };
 
-    let now = match crate::acquire::clock(redis) {
-        Ok(now) => now,
+    let FirstRead {
+        now, loaded, slot, ..
+    } = match first_read(redis, vec![gen_key, ck], record, true) {
+        Ok(first) => first,
         Err(refusal) => return refusal,
     };
-    let values = match read(redis, &with_record(vec![gen_key, ck], record)) {
-        Ok(values) => values,
-        Err(refusal) => return refusal,
+    // Not a counter the library wrote: as forgotten (its grants no longer count).
+    let loaded = match loaded {
+        Some(Decoded::Counter(c)) => Some(c),
+        _ => None,
     };
-    // Decoded before the generation is written: a value decided here not is refused first.
-    let loaded = match bytes_of(&values[1]) {
-        Some(raw) => match Counter::decode(raw, now) {
-            Ok(Decoded::Counter(c)) => Some(c),
-            // Not a counter the library wrote: as forgotten (its grants no longer count).
-            Ok(Decoded::Foreign) => None,
-            Err(what) => return not_native(what),
-        },
-        None => None,
-    };
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
     // Forgotten counters were idle: nothing they granted still counts.
-    let Some(mut c) = loaded else {
+    let Some(c) = loaded else {
         if p.kind == KIND_CONCURRENCY {
             return answer("ok", now, &slot, &[0.0, 0.0]);
         }
@@ -102,19 +92,12 @@ pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
         return answer("unknown", now, &slot, &[]);
     }
 
-    // `keys.lua`'s T.cover, from now, the hold not honoured: the key admitted before the
-    // counter is written past its cover.
+    // The key admitted before the counter is written past its cover.
     let need = c.need(&p, now);
-    if let Err(uncovered) = cover(redis, &mut c, &p, now, need, adm, &slot, tally_key, false) {
-        return uncovered.reply(now, &slot);
-    }
-
-    let mut d = Decision {
-        redis,
-        keys: Keys { ck, rk, qk },
-        p: &p,
-        now,
-        c,
+    let keys = Keys { ck, rk, qk };
+    let mut d = match call.decision(redis, keys, &p, now, &slot, tally_key, c, Some(need)) {
+        Ok(d) => d,
+        Err(uncovered) => return uncovered,
     };
     d.normalise();
     if d.c.k == BODY_LEASES {

@@ -11,12 +11,9 @@
 //! numkeys key... packed`), writes the same bytes and expiries and answers the same reply.
 //! A stored value the module does not read (a kind not known) is refused before anything is written (`ERR tollgate: not native: ...`).
 
-use crate::acquire::{
-    Decision, Decoded, KIND_CONCURRENCY, LEASE_NUMBERS, bad, clock, cover, not_native, sub0,
-};
+use crate::acquire::{Decision, Decoded, KIND_CONCURRENCY, LEASE_NUMBERS, bad, not_native, sub0};
 use crate::commit::answer;
-use crate::evictions::{self, with_record};
-use crate::operations::{CounterCall, decoded, read, split};
+use crate::operations::{CounterCall, FirstRead, first_read, split};
 use crate::{Redis, Reply};
 
 const OP_RENEW: f64 = 3.0;
@@ -102,42 +99,29 @@ pub(crate) fn renew(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
     let kind = call.kind();
     let (gen_key, counter) = call.counter_keys("renew")?;
     let tally_key = call.tally_key("renew")?;
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
-    // Decoded before the generation is written: a value decided here not is refused first.
-    // (A rate limit's renewal reads no counter in the library: it is answered whatever the
-    // value holds.)
-    let loaded = if kind == KIND_CONCURRENCY {
-        decoded(&values[1], now)?
-    } else {
-        None
-    };
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    // A rate limit's renewal reads no counter in the library: it is answered whatever the
+    // value holds.
+    let FirstRead {
+        now, loaded, slot, ..
+    } = first_read(
+        redis,
+        vec![gen_key, counter.ck],
+        record,
+        kind == KIND_CONCURRENCY,
+    )?;
     let Some(p) = call.policy().filter(|_| kind == KIND_CONCURRENCY) else {
         return Ok(answer("wrong_kind", now, &slot, &[]));
     };
     // Not a counter the library wrote (or none): as forgotten, its leases have ended.
-    let Some(Decoded::Counter(mut c)) = loaded else {
+    let Some(Decoded::Counter(c)) = loaded else {
         return Ok(answer("lease_expired", now, &slot, &[]));
     };
     if fence >= c.s {
         return Ok(answer("unknown", now, &slot, &[]));
     }
 
-    // `keys.lua`'s T.cover, from now, the hold not honoured.
     let need = c.need(&p, now);
-    if let Err(uncovered) = cover(
-        redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
-    ) {
-        return Ok(uncovered.reply(now, &slot));
-    }
-    let mut d = Decision {
-        redis,
-        keys: counter,
-        p: &p,
-        now,
-        c,
-    };
+    let mut d = call.decision(redis, counter, &p, now, &slot, tally_key, c, Some(need))?;
     d.normalise();
     Ok(match d.leases_find(fence) {
         Some(i) => {

@@ -25,9 +25,9 @@
 
 use crate::acquire::{
     ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
-    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, GENERATION_TTL_MS, KIND_RATE, Keys,
-    POLICY_NUMBERS, Policy, RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, identity, load,
-    not_native, pack, split_call, sub0, ttl_ms,
+    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, GENERATION_TTL_MS, Generation, KIND_RATE,
+    Keys, POLICY_NUMBERS, Policy, RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, identity,
+    load, not_native, pack, split_call, sub0, ttl_ms,
 };
 use crate::commit::answer;
 use crate::evictions::{self, with_record};
@@ -140,6 +140,37 @@ impl<'k> CounterCall<'k> {
         }
     }
 
+    /// The decision on counter `c` of this call, once `keys.lua`'s T.cover admitted its key for
+    /// `need` (none: the operation writes nothing new), the hold not honoured (the operation is
+    /// on a counter made, or makes one as the library's does); Err: the reply `cover` ends the
+    /// call with (`admit`, `keys`, `held`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn decision<'a, 'r>(
+        &self,
+        redis: &'r mut dyn Redis,
+        keys: Keys<'a>,
+        p: &'a Policy,
+        now: f64,
+        slot: &Generation,
+        tally_key: Option<&[u8]>,
+        mut c: Counter,
+        need: Option<f64>,
+    ) -> Result<Decision<'a, 'r>, Reply> {
+        if let Some(need) = need {
+            cover(
+                redis, &mut c, p, now, need, &self.adm, slot, tally_key, false,
+            )
+            .map_err(|uncovered| uncovered.reply(now, slot))?;
+        }
+        Ok(Decision {
+            redis,
+            keys,
+            p,
+            now,
+            c,
+        })
+    }
+
     /// The key budget's key, when the admission names one in this slot.
     pub(crate) fn tally_key(&self, what: &str) -> Result<Option<&'k [u8]>, Reply> {
         if self.adm.tally < 1.0 {
@@ -164,6 +195,42 @@ pub(crate) fn read(redis: &mut dyn Redis, names: &[&[u8]]) -> Result<Vec<Value>,
         Value::Array(values) if values.len() == names.len() => Ok(values),
         _ => Err(bad("MGET: not one value per key")),
     }
+}
+
+/// What a call on one key reads first, in one `MGET`: the generation, the key `names[1]` (a
+/// counter's state, a limit's pause, its key budget, a queue), any more `names`, and the
+/// evictions record when watched; then the counter in `names[1]` decoded when `decode` (before
+/// anything is written: one the module does not read is refused first), and the slot's
+/// generation written when due.
+pub(crate) struct FirstRead {
+    pub(crate) now: f64,
+    pub(crate) values: Vec<Value>,
+    pub(crate) loaded: Option<Decoded>,
+    pub(crate) slot: Generation,
+}
+
+pub(crate) fn first_read(
+    redis: &mut dyn Redis,
+    names: Vec<&[u8]>,
+    record: Option<&[u8]>,
+    decode: bool,
+) -> Result<FirstRead, Reply> {
+    let Some(&gen_key) = names.first() else {
+        return Err(bad("no generation key"));
+    };
+    let now = clock(redis)?;
+    let values = read(redis, &with_record(names, record))?;
+    let loaded = match values.get(1) {
+        Some(value) if decode => decoded(value, now)?,
+        _ => None,
+    };
+    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    Ok(FirstRead {
+        now,
+        values,
+        loaded,
+        slot,
+    })
 }
 
 /// The counter a value holds, decoded before anything is written: one decided here not is
@@ -233,9 +300,9 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
         let (Some(gen_key), Some(pause_key)) = (call.key(1.0), call.key(2.0)) else {
             return Err(bad("pause: no generation or pause key"));
         };
-        let now = clock(redis)?;
-        let values = read(redis, &with_record(vec![gen_key, pause_key], record))?;
-        let slot = evictions::slot(redis, &values, gen_key, record, now);
+        let FirstRead {
+            now, values, slot, ..
+        } = first_read(redis, vec![gen_key, pause_key], record, false)?;
         let until_us = (now + duration).max(paused_until(&values[1]));
         let value = crate::acquire::text(until_us);
         redis.call(
@@ -249,10 +316,9 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
     };
     let (gen_key, counter) = call.counter_keys("pause")?;
     let tally_key = call.tally_key("pause")?;
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
-    let loaded = decoded(&values[1], now)?;
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let FirstRead {
+        now, loaded, slot, ..
+    } = first_read(redis, vec![gen_key, counter.ck], record, true)?;
     let mut c = load(loaded, now, &slot, &p);
     let until_us = now + duration;
     if until_us > c.p {
@@ -260,18 +326,7 @@ pub(crate) fn pause(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
         c.dirty = true;
     }
     let need = c.need_for(&p, now, false, None);
-    if let Err(uncovered) = cover(
-        redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
-    ) {
-        return Ok(uncovered.reply(now, &slot));
-    }
-    let mut d = Decision {
-        redis,
-        keys: counter,
-        p: &p,
-        now,
-        c,
-    };
+    let mut d = call.decision(redis, counter, &p, now, &slot, tally_key, c, Some(need))?;
     d.save();
     Ok(answer("ok", now, &slot, &[d.c.p]))
 }
@@ -289,9 +344,9 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
         let (Some(gen_key), Some(pause_key)) = (call.key(1.0), call.key(2.0)) else {
             return Err(bad("resume: no generation or pause key"));
         };
-        let now = clock(redis)?;
-        let values = read(redis, &with_record(vec![gen_key, pause_key], record))?;
-        let slot = evictions::slot(redis, &values, gen_key, record, now);
+        let FirstRead {
+            now, values, slot, ..
+        } = first_read(redis, vec![gen_key, pause_key], record, false)?;
         let lifted = f64::from(u8::from(paused_until(&values[1]) > now));
         redis.call(&[b"DEL", pause_key], true);
         return Ok(answer("ok", now, &slot, &[lifted]));
@@ -301,10 +356,12 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     };
     let (gen_key, counter) = call.counter_keys("resume")?;
     let tally_key = call.tally_key("resume")?;
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
-    let loaded = decoded(&values[1], now)?;
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let FirstRead {
+        now,
+        values,
+        loaded,
+        slot,
+    } = first_read(redis, vec![gen_key, counter.ck], record, true)?;
     if values[1] == Value::Nil {
         return Ok(answer("ok", now, &slot, &[0.0]));
     }
@@ -317,19 +374,8 @@ pub(crate) fn resume(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
         c.dirty = true;
     }
     let need = c.need_for(&p, now, false, None);
-    if let Err(uncovered) = cover(
-        redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
-    ) {
-        return Ok(uncovered.reply(now, &slot));
-    }
-    Decision {
-        redis,
-        keys: counter,
-        p: &p,
-        now,
-        c,
-    }
-    .save();
+    call.decision(redis, counter, &p, now, &slot, tally_key, c, Some(need))?
+        .save();
     Ok(answer("ok", now, &slot, &[lifted]))
 }
 
@@ -355,32 +401,21 @@ pub(crate) fn usage(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Repl
             None => return Err(bad("usage: the pause's key is not among the keys")),
         }
     }
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(names, record))?;
-    let loaded = decoded(&values[1], now)?;
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let FirstRead {
+        now,
+        values,
+        loaded,
+        slot,
+    } = first_read(redis, names, record, true)?;
     let limit_paused_until = if pause >= 1.0 {
         paused_until(&values[2])
     } else {
         -pause
     };
     let kept = values[1] != Value::Nil;
-    let mut c = load(loaded, now, &slot, &p);
-    if kept {
-        let need = c.need(&p, now);
-        if let Err(uncovered) = cover(
-            redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
-        ) {
-            return Ok(uncovered.reply(now, &slot));
-        }
-    }
-    let mut d = Decision {
-        redis,
-        keys: counter,
-        p: &p,
-        now,
-        c,
-    };
+    let c = load(loaded, now, &slot, &p);
+    let need = kept.then(|| c.need(&p, now));
+    let mut d = call.decision(redis, counter, &p, now, &slot, tally_key, c, need)?;
     d.normalise();
     let c = &d.c;
     // Held after a loss rather than paused by someone, as an acquire tells `recovering` apart.
@@ -427,35 +462,19 @@ pub(crate) fn charge(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     let p = call.rate();
     let (gen_key, counter) = call.counter_keys("charge")?;
     let tally_key = call.tally_key("charge")?;
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(vec![gen_key, counter.ck], record))?;
     // A concurrency limit's counter is not read at all (its leases are not refused).
-    let loaded = if rate {
-        decoded(&values[1], now)?
-    } else {
-        None
-    };
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let FirstRead {
+        now, loaded, slot, ..
+    } = first_read(redis, vec![gen_key, counter.ck], record, rate)?;
     if !rate {
         return Ok(answer("ok", now, &slot, &[0.0]));
     }
-    let mut c = load(loaded, now, &slot, &p);
+    let c = load(loaded, now, &slot, &p);
     // A GCRA debt can leave a backlog of two capacities, longer than a grant's span: the key is
     // covered that far before anything is written.
     let reach = (p.alg == ALG_GCRA).then_some(now + 2.0 * p.capacity * p.emission);
     let need = c.need_for(&p, now, true, reach);
-    if let Err(uncovered) = cover(
-        redis, &mut c, &p, now, need, &call.adm, &slot, tally_key, false,
-    ) {
-        return Ok(uncovered.reply(now, &slot));
-    }
-    let mut d = Decision {
-        redis,
-        keys: counter,
-        p: &p,
-        now,
-        c,
-    };
+    let mut d = call.decision(redis, counter, &p, now, &slot, tally_key, c, Some(need))?;
     let charged = d.debit(call.own[0]);
     d.save();
     Ok(answer("ok", now, &slot, &[charged]))
@@ -526,9 +545,7 @@ pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, 
     if kind != KIND_RATE {
         p.memory = ttl;
     }
-    let now = clock(redis)?;
-    let values = read(redis, &with_record(vec![gen_key, tally_key], record))?;
-    let slot = evictions::slot(redis, &values, gen_key, record, now);
+    let FirstRead { now, slot, .. } = first_read(redis, vec![gen_key, tally_key], record, false)?;
     let adm = Admission {
         tally: 2.0,
         budget,

@@ -11,10 +11,7 @@
 //! one queue byte for byte; the bounds are the protocol's, held to the library's by the
 //! interleaving test.
 
-use crate::acquire::{
-    Decision, Generation, bad, bytes_of, clock, head, not_native, pack, sub0, ttl_ms,
-};
-use crate::evictions::{self, with_record};
+use crate::acquire::{Decision, bad, bytes_of, head, not_native, pack, sub0, ttl_ms};
 use crate::{Redis, Reply, Value};
 
 const OP_LEAVE: f64 = 9.0;
@@ -225,16 +222,12 @@ pub(crate) fn decide_leave(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     else {
         return bad("leave: fewer keys than the generation and the queue");
     };
-    let now = match clock(redis) {
-        Ok(now) => now,
+    let crate::operations::FirstRead {
+        now, values, slot, ..
+    } = match crate::operations::first_read(redis, vec![gen_key, queue_key], record, false) {
+        Ok(first) => first,
         Err(refusal) => return refusal,
     };
-    let values =
-        match crate::operations::read(redis, &with_record(vec![gen_key, queue_key], record)) {
-            Ok(values) => values,
-            Err(refusal) => return refusal,
-        };
-    let slot: Generation = evictions::slot(redis, &values, gen_key, record, now);
     let (mut q, expired) = match bytes_of(&values[1]) {
         Some(raw) => read(raw, now),
         None => (Vec::new(), false),
