@@ -143,9 +143,7 @@ pub(crate) struct Policy {
 impl Policy {
     /// `common.lua`'s T.read_policy for a rate limit: limit, period, margin, algorithm,
     /// burst and the two reserves.
-    pub(crate) fn rate(
-        [limit, period, margin, alg, burst, res_high, res_normal]: [f64; 7],
-    ) -> Policy {
+    fn rate([limit, period, margin, alg, burst, res_high, res_normal]: [f64; 7]) -> Policy {
         let window = period + margin;
         let emission = div_ceil(window, limit);
         let (capacity, memory) = if alg == ALG_GCRA {
@@ -170,9 +168,7 @@ impl Policy {
     /// `common.lua`'s T.read_policy for a concurrency limit: limit, period, margin (its window
     /// still sizes its logs' slack and its span, as the library's), lease ttl and the two
     /// reserves.
-    pub(crate) fn concurrency(
-        [limit, period, margin, ttl, res_high, res_normal]: [f64; 6],
-    ) -> Policy {
+    fn concurrency([limit, period, margin, ttl, res_high, res_normal]: [f64; 6]) -> Policy {
         Policy {
             kind: KIND_CONCURRENCY,
             alg: 0.0,
@@ -187,10 +183,10 @@ impl Policy {
         }
     }
 
-    /// A policy's nine numbers (kind, limit, period, margin, algorithm, burst, ttl, reserves)
-    /// read, when the module decides its kind and algorithm natively: a concurrency limit, or
-    /// a GCRA, sliding or fixed window rate limit.
-    pub(crate) fn read(
+    /// `common.lua`'s T.read_policy of a policy's nine numbers (kind, limit, period, margin,
+    /// algorithm, burst, ttl, reserves): a rate limit's when its kind is, else a concurrency
+    /// limit's, as the library reads every other kind.
+    pub(crate) fn of(
         [
             kind,
             limit,
@@ -202,18 +198,21 @@ impl Policy {
             res_high,
             res_normal,
         ]: [f64; 9],
-    ) -> Option<Policy> {
-        if kind == KIND_CONCURRENCY {
-            Some(Policy::concurrency([
-                limit, period, margin, ttl, res_high, res_normal,
-            ]))
-        } else if kind == KIND_RATE && (alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED) {
-            Some(Policy::rate([
-                limit, period, margin, alg, burst, res_high, res_normal,
-            ]))
+    ) -> Policy {
+        if kind == KIND_RATE {
+            Policy::rate([limit, period, margin, alg, burst, res_high, res_normal])
         } else {
-            None
+            Policy::concurrency([limit, period, margin, ttl, res_high, res_normal])
         }
+    }
+
+    /// `Policy::of`, when the module decides the policy's kind and algorithm natively: a
+    /// concurrency limit, or a GCRA, sliding or fixed window rate limit.
+    pub(crate) fn read(numbers: [f64; 9]) -> Option<Policy> {
+        let [kind, .., alg, _, _, _, _] = numbers;
+        let native = kind == KIND_CONCURRENCY
+            || (kind == KIND_RATE && (alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED));
+        native.then(|| Policy::of(numbers))
     }
 
     fn capacity_for(&self, priority: f64) -> f64 {
@@ -1266,12 +1265,14 @@ pub(crate) enum Admitted {
     Held(f64),
 }
 
-/// `keys.lua`'s T.admit, the hold honoured or not (`honour_hold`: a request's is, an operation
-/// on a counter already made, a commit, is admitted through it).
+/// `keys.lua`'s T.admit: the key budget `raw` as read from `key` asked, the hold honoured or
+/// not (`honour_hold`: a request's is, an operation on a counter already made, a commit, is
+/// admitted through it).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn admit(
     redis: &mut dyn Redis,
     key: &[u8],
+    raw: Option<&[u8]>,
     now: f64,
     slot: &Generation,
     p: &Policy,
@@ -1280,14 +1281,10 @@ pub(crate) fn admit(
     adm: &Admission,
     honour_hold: bool,
 ) -> Admitted {
-    let raw = match redis.call(&[b"GET", key], false) {
-        Value::Bytes(raw) => Some(raw),
-        _ => None,
-    };
     let span = p.span();
     let mut found = None;
     let (mut ends, mut counts, mut counted) = (Vec::new(), Vec::new(), 0.0);
-    if let Some(raw) = &raw
+    if let Some(raw) = raw
         && raw.first() == Some(&TALLY_TAG)
         && raw.len() >= TALLY_HEADER_BYTES
         && (raw.len() - TALLY_HEADER_BYTES).is_multiple_of(TALLY_RECORD_BYTES)
@@ -1395,7 +1392,20 @@ pub(crate) fn cover(
     } else if adm.carried < need {
         match tally_key {
             Some(tally_key) if adm.tally >= 1.0 => {
-                admit(redis, tally_key, now, slot, p, c.a, need, adm, honour_hold)
+                let raw = redis.call(&[b"GET", tally_key], false);
+                let raw = bytes_of(&raw);
+                admit(
+                    redis,
+                    tally_key,
+                    raw,
+                    now,
+                    slot,
+                    p,
+                    c.a,
+                    need,
+                    adm,
+                    honour_hold,
+                )
             }
             _ => return Err(Uncovered::Admit { cover: c.a, need }),
         }
@@ -1410,11 +1420,6 @@ pub(crate) fn cover(
         Admitted::Keys(budget) => Err(Uncovered::Keys(budget)),
         Admitted::Held(until) => Err(Uncovered::Held(until)),
     }
-}
-
-/// The command: `TOLLGATE.ACQUIRE numkeys key... packed`.
-pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    decide(redis, args)
 }
 
 pub(crate) fn ints(numbers: &[f64]) -> impl Iterator<Item = Value> + '_ {
@@ -1451,6 +1456,7 @@ pub(crate) fn split_call<'a>(
     Ok((&args[2..2 + numkeys], numbers(packed), &args[3 + numkeys..]))
 }
 
+/// `TOLLGATE.ACQUIRE numkeys key... packed`: an acquire, or a batch of them.
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let (keys, op, nums, record) = match crate::operations::split(args) {
         Ok(call) => call,
@@ -1504,17 +1510,11 @@ fn batch(redis: &mut dyn Redis, nums: &[f64], keys: &[&[u8]], record: Option<&[u
     let Some(&gen_key) = keys.first() else {
         return bad("batch: no generation key");
     };
-    let now = match clock(redis) {
-        Ok(now) => now,
-        Err(refusal) => return refusal,
-    };
-    let values =
-        match crate::operations::read(redis, &crate::evictions::with_record(vec![gen_key], record))
-        {
-            Ok(values) => values,
+    let crate::operations::FirstRead { now, slot, .. } =
+        match crate::operations::first_read(redis, vec![gen_key], record, false) {
+            Ok(first) => first,
             Err(refusal) => return refusal,
         };
-    let slot = crate::evictions::slot(redis, &values, gen_key, record, now);
     let replies = acquires
         .iter()
         .map(
@@ -1781,9 +1781,7 @@ impl<'k> Acquire<'k> {
             counters.push(c);
             paused_until.push(match take.pause_key {
                 Some(_) => {
-                    let value = bytes_of(&values[pauses_at])
-                        .and_then(|b| std::str::from_utf8(b).ok()?.parse::<f64>().ok())
-                        .unwrap_or(0.0);
+                    let value = crate::operations::paused_until(&values[pauses_at]);
                     pauses_at += 1;
                     value
                 }

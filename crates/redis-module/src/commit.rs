@@ -25,11 +25,6 @@ const OP_COMMIT: f64 = 2.0;
 const BUCKET_UNITS: f64 = 16.0;
 const RECORD: usize = RECORD_BYTES as usize;
 
-/// The command: `TOLLGATE.COMMIT numkeys key... packed channel`.
-pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    decide(redis, args)
-}
-
 /// A reply's head and numbers.
 pub(crate) fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) -> Reply {
     let mut reply = head(status, now, slot);
@@ -37,6 +32,7 @@ pub(crate) fn answer(status: &str, now: f64, slot: &Generation, rest: &[f64]) ->
     Reply::Value(Value::Array(reply))
 }
 
+/// `TOLLGATE.COMMIT numkeys key... packed channel`.
 pub(crate) fn decide(redis: &mut dyn Redis, args: &[&[u8]]) -> Reply {
     let ((keys, op, nums, record), trailing) = match split_with(args, 1) {
         Ok(call) => call,

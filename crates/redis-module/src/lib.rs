@@ -96,19 +96,19 @@ pub(crate) const COMMANDS: &[Command] = &[
     },
     Command {
         name: c"tollgate.acquire",
-        run: acquire::command,
+        run: |redis, args| acquire::decide(redis, args),
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS,
     },
     Command {
         name: c"tollgate.commit",
-        run: commit::command,
+        run: |redis, args| commit::decide(redis, args),
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS_AND_ONE,
     },
     Command {
         name: c"tollgate.leave",
-        run: queue::command,
+        run: |redis, args| queue::decide_leave(redis, args),
         flags: c"write deny-oom",
         keys: KEYS_BEFORE_NUMBERS_AND_ONE,
     },

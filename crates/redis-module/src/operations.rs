@@ -24,10 +24,10 @@
 //! decide: a policy of a kind or algorithm not known, and a value of a kind not known.
 
 use crate::acquire::{
-    ADMISSION_NUMBERS, ALG_FIXED, ALG_GCRA, ALG_SLIDING, Admission, Admitted, BODY_FIXED,
-    BODY_GCRA, BODY_SLIDING, Counter, Decision, Decoded, GENERATION_TTL_MS, Generation, KIND_RATE,
-    Keys, POLICY_NUMBERS, Policy, RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, identity,
-    load, not_native, pack, split_call, sub0, ttl_ms,
+    ADMISSION_NUMBERS, ALG_GCRA, Admission, Admitted, BODY_FIXED, BODY_GCRA, BODY_SLIDING, Counter,
+    Decision, Decoded, GENERATION_TTL_MS, Generation, KIND_RATE, Keys, POLICY_NUMBERS, Policy,
+    RENEW_EVERY_US, admit, bad, bytes_of, clock, cover, identity, load, not_native, pack,
+    split_call, sub0, ttl_ms,
 };
 use crate::commit::answer;
 use crate::evictions::{self, with_record};
@@ -99,28 +99,6 @@ impl<'k> CounterCall<'k> {
     /// The policy, when the module decides its kind and algorithm (`Policy::read`).
     pub(crate) fn policy(&self) -> Option<Policy> {
         Policy::read(self.policy)
-    }
-
-    /// A rate limit of an algorithm decided here: GCRA, sliding or fixed window.
-    pub(crate) fn native_rate(&self) -> bool {
-        let alg = self.policy[4];
-        self.kind() == KIND_RATE && (alg == ALG_GCRA || alg == ALG_SLIDING || alg == ALG_FIXED)
-    }
-
-    /// The rate policy (`common.lua`'s T.read_policy for a rate limit).
-    pub(crate) fn rate(&self) -> Policy {
-        let [
-            _,
-            limit,
-            period,
-            margin,
-            alg,
-            burst,
-            _,
-            res_high,
-            res_normal,
-        ] = self.policy;
-        Policy::rate([limit, period, margin, alg, burst, res_high, res_normal])
     }
 
     /// KEYS[x], when `x` names one of the call's keys.
@@ -243,7 +221,7 @@ pub(crate) fn decoded(value: &Value, now: f64) -> Result<Option<Decoded>, Reply>
 }
 
 /// A limit's pause as its key holds it (Lua's `tonumber(value) or 0`).
-fn paused_until(value: &Value) -> f64 {
+pub(crate) fn paused_until(value: &Value) -> f64 {
     bytes_of(value)
         .and_then(|b| std::str::from_utf8(b).ok()?.trim().parse::<f64>().ok())
         .unwrap_or(0.0)
@@ -454,21 +432,21 @@ pub(crate) fn charge(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, Rep
     }
     let call = CounterCall::parse(&nums, keys, 1, "charge")?;
     let rate = call.kind() == KIND_RATE;
-    if rate && !call.native_rate() {
+    let p = call.policy();
+    if rate && p.is_none() {
         return Err(not_native(
             "a charge of a rate limit of other than GCRA, sliding or fixed window",
         ));
     }
-    let p = call.rate();
     let (gen_key, counter) = call.counter_keys("charge")?;
     let tally_key = call.tally_key("charge")?;
     // A concurrency limit's counter is not read at all (its leases are not refused).
     let FirstRead {
         now, loaded, slot, ..
     } = first_read(redis, vec![gen_key, counter.ck], record, rate)?;
-    if !rate {
+    let Some(p) = p.filter(|_| rate) else {
         return Ok(answer("ok", now, &slot, &[0.0]));
-    }
+    };
     let c = load(loaded, now, &slot, &p);
     // A GCRA debt can leave a backlog of two capacities, longer than a grant's span: the key is
     // covered that far before anything is written.
@@ -530,22 +508,10 @@ pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, 
         return Err(bad("admit: no generation or key budget key"));
     };
     // Only the policy's span is read: a concurrency limit's counters live a lease's time.
-    let [
-        kind,
-        limit,
-        period,
-        margin,
-        alg,
-        burst,
-        ttl,
-        res_high,
-        res_normal,
-    ] = policy;
-    let mut p = Policy::rate([limit, period, margin, alg, burst, res_high, res_normal]);
-    if kind != KIND_RATE {
-        p.memory = ttl;
-    }
-    let FirstRead { now, slot, .. } = first_read(redis, vec![gen_key, tally_key], record, false)?;
+    let p = Policy::of(policy);
+    let FirstRead {
+        now, values, slot, ..
+    } = first_read(redis, vec![gen_key, tally_key], record, false)?;
     let adm = Admission {
         tally: 2.0,
         budget,
@@ -555,6 +521,7 @@ pub(crate) fn admit_key(redis: &mut dyn Redis, args: &[&[u8]]) -> Result<Reply, 
     let (status, value) = match admit(
         redis,
         tally_key,
+        bytes_of(&values[1]),
         now,
         &slot,
         &p,

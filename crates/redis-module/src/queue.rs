@@ -197,12 +197,8 @@ impl Decision<'_, '_> {
     }
 }
 
-/// The command: `TOLLGATE.LEAVE numkeys generation queue packed counter_key`.
-pub(crate) fn command(redis: &mut crate::ffi::Ctx, args: &[&[u8]]) -> Reply {
-    decide_leave(redis, args)
-}
-
-/// `entry.lua`'s OP_LEAVE: a waiting request, `[2]` its id, gives up its place in the queue at
+/// `TOLLGATE.LEAVE numkeys generation queue packed counter_key`, `entry.lua`'s OP_LEAVE: a
+/// waiting request, `[2]` its id, gives up its place in the queue at
 /// `KEYS[2]`; when it had one or places had expired, the queue is written back and the
 /// counter's key (the argument after the numbers) published on the namespace's wake channel.
 /// Reply: ok now born lost.

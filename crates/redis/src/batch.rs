@@ -201,15 +201,6 @@ impl Caller {
         self.using_module.load(Ordering::Relaxed) && native::native(numbers)
     }
 
-    /// One acquire alone: by the module when it decides it, else by the library.
-    async fn run_one(&self, keys: &[String], numbers: &[u8]) -> Result<(Head, Reply)> {
-        if self.native(numbers) {
-            self.run_module(Native::Acquire, keys, &[numbers]).await
-        } else {
-            self.run(keys, &[numbers]).await
-        }
-    }
-
     /// The module refused `error`'s call: counted by its reason.
     fn refused_by_module(&self, error: &redis::RedisError) {
         self.module_fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -220,25 +211,6 @@ impl Caller {
             .entry(native::reason(error))
             .or_default() += 1;
         tracing::debug!(%error, "the module refused a call; the library decides it");
-    }
-
-    /// One call the module decides natively (`keys` and `args` as the library's), alone, to
-    /// its slot's master on a cluster: the library decides it instead when the module refuses
-    /// it (counted) or Redis lost the module.
-    async fn run_module(
-        &self,
-        native: Native,
-        keys: &[String],
-        args: &[&[u8]],
-    ) -> Result<(Head, Reply)> {
-        match self.module_answer(native, keys, args).await? {
-            Some(value) => {
-                let answer = head(parse_reply(value)?)?;
-                self.saw(answer.0);
-                Ok(answer)
-            }
-            None => self.run(keys, args).await,
-        }
     }
 
     /// The module's answer to one call it decides natively, to its slot's master on a
@@ -271,9 +243,9 @@ impl Caller {
         }
     }
 
-    /// One call whose answer is a plain value rather than a reply with a head (a namespace's
-    /// begin: 1 or 0), `args` as the library takes them: to the module when it decides it
-    /// natively (`native::route`), else (or when it refuses) to the library.
+    /// One call of the library's, `args` as the library takes them: to the module when it
+    /// decides it natively (`native::route`), else (or when it refuses) to the library. Its
+    /// answer as Redis gave it (a namespace's begin answers 1 or 0, without a head).
     pub(crate) async fn call_value(&self, keys: &[String], args: &[&[u8]]) -> Result<Value> {
         if self.using_module.load(Ordering::Relaxed)
             && let Some(native) = args.first().and_then(|numbers| native::route(numbers))
@@ -284,16 +256,9 @@ impl Caller {
         self.query(keys, args).await
     }
 
-    /// One call of the library's but an acquire's (`operations.rs`), `args` as the library
-    /// takes them: to the module when it decides it natively (`native::route`), else to the
-    /// library.
+    /// `call_value`, for a call whose reply has a head (every operation but a begin).
     pub(crate) async fn call(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        if self.using_module.load(Ordering::Relaxed)
-            && let Some(native) = args.first().and_then(|numbers| native::route(numbers))
-        {
-            return self.run_module(native, keys, args).await;
-        }
-        self.run(keys, args).await
+        self.headed(self.call_value(keys, args).await?)
     }
 
     /// Whether acquires wait for a call in flight on their slot and go together (on), or each
@@ -316,7 +281,7 @@ impl Caller {
         numbers: Vec<u8>,
     ) -> Result<(Head, Reply)> {
         if !self.batching.load(Ordering::Relaxed) {
-            return self.run_one(&keys, &numbers).await;
+            return self.call(&keys, &[&numbers]).await;
         }
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
@@ -337,7 +302,7 @@ impl Caller {
         match waiting {
             Err((keys, numbers)) => {
                 let _release = Release { caller: self, slot };
-                self.run_one(&keys, &numbers).await
+                self.call(&keys, &[&numbers]).await
             }
             Ok(answered) => match tokio::time::timeout(2 * self.timeout, answered).await {
                 Ok(Ok(answer)) => answer,
@@ -405,7 +370,7 @@ impl Caller {
         let count = batch.len();
         if count == 1 {
             if let Some(only) = batch.into_iter().next() {
-                let answer = self.run_one(&only.keys, &only.numbers).await;
+                let answer = self.call(&only.keys, &[&only.numbers]).await;
                 let _ = only.answer.send(answer);
             }
             return;
@@ -618,7 +583,12 @@ impl Caller {
 
     /// Run the script on one slot: one round trip. `keys` start with the slot's generation.
     pub(crate) async fn run(&self, keys: &[String], args: &[&[u8]]) -> Result<(Head, Reply)> {
-        let answer = head(parse_reply(self.query(keys, args).await?)?)?;
+        self.headed(self.query(keys, args).await?)
+    }
+
+    /// A reply's head read, and its generation kept (`saw`).
+    fn headed(&self, value: Value) -> Result<(Head, Reply)> {
+        let answer = head(parse_reply(value)?)?;
         self.saw(answer.0);
         Ok(answer)
     }

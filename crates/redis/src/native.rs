@@ -186,14 +186,6 @@ pub(crate) fn native_leave(numbers: &[u8]) -> bool {
 /// a usage's limit pause, a charge's units.
 const AT_OWN: usize = ARG_OWN as usize - 1;
 
-/// Of a one-counter call packed in `numbers`: whether its policy is a rate limit's decided
-/// natively (GCRA, sliding or fixed window), and whether it is a rate limit's at all.
-fn native_rate(numbers: &[u8]) -> (bool, bool) {
-    let rate = number_at(numbers, AT_COMMIT_KIND) == Some(KIND_RATE as f64);
-    let native = rate && number_at(numbers, AT_COMMIT_ALGORITHM).is_some_and(native_algorithm);
-    (native, rate)
-}
-
 /// Of a one-counter call packed in `numbers`: whether the module decides its policy.
 fn counter_policy_native(numbers: &[u8]) -> bool {
     native_policy(
@@ -222,10 +214,11 @@ fn native_usage(numbers: &[u8]) -> bool {
     number_at(numbers, AT_OPERATION) == Some(OP_USAGE as f64) && counter_policy_native(numbers)
 }
 
-/// A charge of a concurrency limit counts nothing, natively too.
+/// A charge of a limit not a rate limit counts nothing, natively too.
 fn native_charge(numbers: &[u8]) -> bool {
-    let (native, rate) = native_rate(numbers);
-    number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64) && (native || !rate)
+    let rate = number_at(numbers, AT_COMMIT_KIND) == Some(KIND_RATE as f64);
+    number_at(numbers, AT_OPERATION) == Some(OP_CHARGE as f64)
+        && (!rate || counter_policy_native(numbers))
 }
 
 fn native_admit(numbers: &[u8]) -> bool {
@@ -289,30 +282,19 @@ impl Native {
     /// The operation of the library's call packed in `numbers` (its code first, before any
     /// evictions flag).
     fn of(numbers: &[u8]) -> Option<Native> {
-        let op = number_at(numbers, AT_OPERATION)?;
-        let is = |code: u64| op == code as f64;
-        Some(if is(OP_ACQUIRE) || is(OP_BATCH) {
-            Native::Acquire
-        } else if is(OP_COMMIT) {
-            Native::Commit
-        } else if is(OP_RENEW) {
-            Native::Renew
-        } else if is(OP_PAUSE) {
-            Native::Pause
-        } else if is(OP_USAGE) {
-            Native::Usage
-        } else if is(OP_BEGIN) {
-            Native::Begin
-        } else if is(OP_RESUME) {
-            Native::Resume
-        } else if is(OP_ADMIT) {
-            Native::Admit
-        } else if is(OP_LEAVE) {
-            Native::Leave
-        } else if is(OP_CHARGE) {
-            Native::Charge
-        } else {
-            return None;
+        let op = number_at(numbers, AT_OPERATION).filter(|op| *op >= 0.0 && op.fract() == 0.0)?;
+        Some(match op as u64 {
+            OP_ACQUIRE | OP_BATCH => Native::Acquire,
+            OP_COMMIT => Native::Commit,
+            OP_RENEW => Native::Renew,
+            OP_PAUSE => Native::Pause,
+            OP_USAGE => Native::Usage,
+            OP_BEGIN => Native::Begin,
+            OP_RESUME => Native::Resume,
+            OP_ADMIT => Native::Admit,
+            OP_LEAVE => Native::Leave,
+            OP_CHARGE => Native::Charge,
+            _ => return None,
         })
     }
 }
