@@ -2113,6 +2113,73 @@ fn a_batch_past_its_own_numbers_is_refused_and_redis_stays_up() {
     }
 }
 
+/// Every operation's command given fewer numbers than its operation needs, or the evictions
+/// flag without the record's key after the others, answers an error naming what is missing,
+/// writes nothing, and Redis stays up.
+#[test]
+fn each_command_refuses_a_short_call_naming_what_it_lacks() {
+    let Some(server) = start() else { return };
+    let mut conn = server.conn();
+    let keys = commit_keys("short", 0);
+    let policy = policies()[0];
+    let counter = |op: f64| counter_numbers(op, &policy, [0.0; 4], &[]);
+    let cases: Vec<(&[u8], Vec<f64>, &str)> = vec![
+        (
+            b"TOLLGATE.RENEW",
+            counter(OP_RENEW),
+            "renew: fewer than its own numbers",
+        ),
+        (
+            b"TOLLGATE.PAUSE",
+            counter(OP_PAUSE),
+            "pause: fewer than its own numbers",
+        ),
+        (
+            b"TOLLGATE.RESUME",
+            counter(OP_RESUME),
+            "resume: fewer than its own numbers",
+        ),
+        (
+            b"TOLLGATE.USAGE",
+            counter(OP_USAGE),
+            "usage: fewer than its own numbers",
+        ),
+        (
+            b"TOLLGATE.CHARGE",
+            counter(OP_CHARGE),
+            "charge: fewer than its own numbers",
+        ),
+        (
+            b"TOLLGATE.PAUSE",
+            vec![OP_PAUSE, 1.0],
+            "pause: fewer than a policy's numbers",
+        ),
+        (
+            b"TOLLGATE.ADMIT",
+            vec![OP_ADMIT, 1.0],
+            "admit: fewer than a policy's numbers",
+        ),
+        (
+            b"TOLLGATE.USAGE",
+            vec![OP_USAGE + OP_WATCH_EVICTIONS],
+            "evictions watched: no evictions record",
+        ),
+    ];
+    for (command, numbers, lacks) in cases {
+        let reply = call_on(&mut conn, &[command], &keys[..1], &[&pack(&numbers)]);
+        match reply {
+            Resp::Error(error) => assert!(
+                error.starts_with("ERR tollgate: ") && error.contains(lacks),
+                "{}: {error}",
+                String::from_utf8_lossy(command)
+            ),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(command)),
+        }
+        assert_eq!(conn.call(&[b"PING"]), Resp::Status("PONG".into()));
+    }
+    assert_eq!(conn.call(&[b"DBSIZE"]), Resp::Int(0), "nothing written");
+}
+
 /// An acquire of several counters as the store packs one: the generation, each counter's
 /// three keys, each counter's queue, then the limits' key budget; per counter its policy, no
 /// pause, its admission in that budget and its queue; not waiting; with `costs`, one cost per
